@@ -1,0 +1,3 @@
+from dfpo.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Toy lab: tabular softmax policies where learning tax and drift are measured exactly."""

@@ -1,0 +1,1 @@
+"""The shared loss core (``dfpo.trainer.loss``) and the LLM trainer (``dfpo.trainer.llm``)."""
