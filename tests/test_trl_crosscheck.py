@@ -1,0 +1,354 @@
+"""Peer cross-check: ``dfpo.policy_loss`` against TRL 1.16's own ``GRPOTrainer`` loss.
+
+For ``grpo``, ``dapo``, ``dr_grpo``, ``gspo`` (and ``grpo_fix``) the loss value and its
+gradient with respect to ``logp`` must equal what TRL's ``GRPOTrainer.compute_loss``
+returns for the matching settings, to 1e-6 in float64, on batches where
+
+- ratios are away from 1 (``old_logp != logp``) so clipping is active on BOTH sides
+  (asserted with TRL's own ``clip_ratio/low_mean`` and ``clip_ratio/high_mean`` metrics),
+- completion lengths differ, padding holds finite garbage, and there are several groups.
+
+Which TRL code runs
+-------------------
+TRL's loss lives inside ``GRPOTrainer._compute_loss`` (a method of a trainer that needs a
+model, a dataset and an accelerator to construct). We do not re-type it. We build the
+trainer with ``object.__new__(GRPOTrainer)`` (``__init__`` is skipped) and call the real
+public ``GRPOTrainer.compute_loss(model, inputs)``, i.e. TRL's ``profiling_decorator`` and
+every line of ``_compute_loss``. What is stubbed, and why:
+
+1. ``args``: a REAL ``trl.GRPOConfig`` (so ``delta``, ``use_bias_correction_kl``,
+   ``steps_per_generation``... keep TRL's defaults and validation).
+2. Instance attributes that ``GRPOTrainer.__init__`` copies from ``args`` and
+   ``_compute_loss`` reads: ``loss_type``, ``importance_sampling_level``, ``epsilon_low``,
+   ``epsilon_high``, ``beta``, ``max_completion_length``, ``top_entropy_quantile``,
+   ``off_policy_mask_threshold``, ``use_vllm``, ``vllm_importance_sampling_correction``,
+   ``_entropy_bonus_enabled``, ``_metrics``. They are set with the same expressions as
+   ``__init__`` (grpo_trainer.py lines ~782-1080), see ``_trl_trainer``.
+3. ``aux_loss_enabled = False``: ``__init__`` derives it from the model config; no MoE model here.
+4. ``_get_per_token_logps_and_entropies``: replaced on the instance by a function that
+   returns our ``logp`` tensor (and zero entropies), because it would run a transformer
+   forward pass. This is the only place a model enters the loss.
+5. ``model``: ``SimpleNamespace(training=True)`` (``_compute_loss`` only reads
+   ``self.model.training`` to choose the "train" mode).
+6. ``accelerator``: a single-process stand-in (``num_processes=1``, ``is_main_process``,
+   identity ``gather``/``reduce``); with one process accelerate's own functions are the
+   identity too. It is used by the "dapo" normaliser and by the metric logging.
+7. ``state``: a real ``transformers.TrainerState`` (read by ``profiling_decorator``).
+8. ``current_gradient_accumulation_steps = 1`` (set by ``Trainer``'s training loop), so the
+   loss is not divided by an accumulation count.
+9. ``inputs["num_items_in_batch"]`` (the "dapo" normaliser) is ``mask.sum()``, what
+   ``_generate_and_score_completions`` puts there for one process and one micro-batch per
+   generation batch (``steps_per_generation == gradient_accumulation_steps == 1``).
+
+Setting correspondence (TRL -> dfpo)
+------------------------------------
+- loss_type="grpo", importance_sampling_level="token"  -> ``grpo`` (seq_mean_token_mean)
+- loss_type="bnpo" and "dapo" (epsilon_high=0.28)      -> ``dapo`` (token_mean)
+- loss_type="dr_grpo", max_completion_length=M         -> ``dr_grpo`` (constant, M)
+- loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4
+  -> ``gspo``. TRL's sequence ratio is exp(mean_t mask*log r_it), the geometric mean of
+  the token ratios: the paper's eq (44).
+- loss_type="grpo", epsilon=1.0, epsilon_high=e, delta=1+e -> ``grpo_fix`` (eq 79-80).
+
+Advantages: TRL computes them inline in ``_generate_and_score_completions`` (not callable
+without a model, a tokenizer and reward functions). ``test_group_advantages_match_trl``
+therefore restates those lines (group mean via ``view(-1, G)``, std via TRL's own
+``trl.trainer.utils.nanstd`` -- the unbiased, Bessel-corrected std -- and ``+ 1e-4``)
+and compares ``dfpo.group_advantages`` against them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer.utils import nanstd  # noqa: E402
+
+from dfpo import group_advantages, policy_loss  # noqa: E402
+
+DTYPE = torch.float64
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# TRL side: run GRPOTrainer.compute_loss on given tensors
+# ---------------------------------------------------------------------------------------
+class _SingleProcessAccelerator:
+    """What ``_compute_loss`` asks of ``accelerate.Accelerator`` with one process."""
+
+    num_processes = 1
+    process_index = 0
+    is_main_process = True
+
+    @staticmethod
+    def gather(tensor):
+        return tensor
+
+    @staticmethod
+    def gather_for_metrics(tensor):
+        return tensor
+
+    @staticmethod
+    def reduce(tensor, reduction="sum"):
+        return tensor
+
+
+def _trl_trainer(logp: torch.Tensor, **config) -> GRPOTrainer:
+    """A ``GRPOTrainer`` without ``__init__`` whose model forward returns ``logp``."""
+    from transformers import TrainerState
+
+    args = GRPOConfig(output_dir=tempfile.gettempdir(), report_to=[], use_cpu=True, **config)
+    trainer = object.__new__(GRPOTrainer)
+    trainer.args = args
+    # The same expressions as GRPOTrainer.__init__:
+    trainer.loss_type = args.loss_type
+    trainer.importance_sampling_level = args.importance_sampling_level
+    trainer.epsilon_low = args.epsilon
+    trainer.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    trainer.beta = args.beta
+    trainer.max_completion_length = args.max_completion_length
+    trainer.top_entropy_quantile = args.top_entropy_quantile
+    trainer.off_policy_mask_threshold = args.off_policy_mask_threshold
+    trainer.use_vllm = args.use_vllm
+    trainer.vllm_importance_sampling_correction = args.vllm_importance_sampling_correction
+    trainer.entropy_coef = args.entropy_coef
+    trainer.use_adaptive_entropy = args.use_adaptive_entropy
+    trainer._entropy_bonus_enabled = trainer.entropy_coef != 0.0 or trainer.use_adaptive_entropy
+    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    # Set elsewhere by __init__ / the Trainer loop; see the module docstring.
+    trainer.aux_loss_enabled = False
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model = SimpleNamespace(training=True)
+    trainer.accelerator = _SingleProcessAccelerator()
+    trainer.state = TrainerState()
+
+    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == logp.shape[1]
+        return logp, torch.zeros_like(logp.detach()), None
+
+    trainer._get_per_token_logps_and_entropies = per_token_logps_and_entropies
+    return trainer
+
+
+def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, **config):
+    """TRL's loss for these tensors and the metrics TRL logged while computing it."""
+    B, T = logp.shape
+    config.setdefault("max_completion_length", T)
+    trainer = _trl_trainer(logp, **config)
+    completion_mask = mask.long()  # TRL builds an int64 mask
+    inputs = {
+        "prompt_ids": torch.ones(B, 3, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 3, dtype=torch.long),
+        "completion_ids": torch.ones(B, T, dtype=torch.long),
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old_logp,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    if ref_logp is not None:
+        inputs["ref_per_token_logps"] = ref_logp
+    loss = trainer.compute_loss(None, inputs)
+    return loss, {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Batches: several groups, unequal lengths, ratios on every side of the clip range
+# ---------------------------------------------------------------------------------------
+def trl_group_advantages(rewards: torch.Tensor, num_generations: int, scale: str) -> torch.Tensor:
+    """The lines of ``GRPOTrainer._generate_and_score_completions`` (TRL 1.16,
+    "sum_then_normalize") that turn rewards into advantages; groups are contiguous blocks."""
+    mean_grouped = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+    mean_grouped = mean_grouped.repeat_interleave(num_generations, dim=0)
+    if scale in ["group", "none"]:
+        std = nanstd(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations, dim=0)
+    else:  # "batch"
+        std = nanstd(rewards).expand_as(rewards)
+    advantages = rewards - mean_grouped
+    if scale != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def make_batch(seed: int, *, level: str, eps_low: float, eps_high: float, n_groups: int = 3, group_size: int = 4, T: int = 9):
+    """Random batch whose rows are grouped contiguously (TRL's layout).
+
+    Token level: every token log-ratio is uniform in (-0.6, 0.6), so with eps ~ 0.2 tokens
+    fall below, inside and above the clip range in rows of both advantage signs.
+    Sequence level: each row gets a log-ratio shift; four rows are then pinned so that a
+    positive row is clipped high, a negative row clipped low, a negative row sits above
+    1 + eps_high (the dual-clip / GRPO-fix case) and a positive row stays inside.
+    """
+    g = torch.Generator().manual_seed(seed)
+    B = n_groups * group_size
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0], lengths[1] = T, 2  # unequal lengths, one full row, for sure
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+
+    rewards = torch.rand(B, generator=g, dtype=DTYPE)  # distinct a.s.: both signs in every group
+    advantages = trl_group_advantages(rewards, group_size, "group")  # (B,)
+
+    logp = -3.0 * torch.rand(B, T, generator=g, dtype=DTYPE)  # (B, T)
+    if level == "token":
+        log_ratio = 1.2 * torch.rand(B, T, generator=g, dtype=DTYPE) - 0.6  # (B, T)
+    else:
+        shift = 8.0 * max(eps_low, eps_high) * (2 * torch.rand(B, 1, generator=g, dtype=DTYPE) - 1)  # (B, 1)
+        noise = 0.1 * eps_low * (2 * torch.rand(B, T, generator=g, dtype=DTYPE) - 1)  # (B, T)
+        log_ratio = shift + noise - (noise * mask).sum(1, keepdim=True) / lengths[:, None]  # (B, T)
+        pos, neg = torch.nonzero(advantages > 0).flatten(), torch.nonzero(advantages < 0).flatten()
+        log_ratio[pos[0]] = 3.0 * eps_high  # clipped high
+        log_ratio[neg[0]] = -3.0 * eps_low  # clipped low
+        log_ratio[neg[1]] = 3.0 * eps_high  # A < 0, ratio > 1 + eps_high
+        log_ratio[pos[1]] = 0.1 * eps_high  # inside the range
+    old_logp = logp - log_ratio  # (B, T)
+
+    # Padding: finite garbage (TRL multiplies by the mask, so it needs finite padding).
+    garbage = torch.randn(B, T, generator=g, dtype=DTYPE)  # (B, T)
+    logp = torch.where(mask, logp, garbage)
+    old_logp = torch.where(mask, old_logp, -garbage.abs())
+    group_ids = torch.arange(B) // group_size  # (B,)
+    return SimpleNamespace(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                           group_ids=group_ids, rewards=rewards, group_size=group_size)
+
+
+def run_trl(batch, **config):
+    """TRL's (loss, d loss / d logp, logged metrics) on ``batch``."""
+    logp = batch.logp.clone().requires_grad_(True)  # (B, T)
+    loss, metrics = trl_loss(logp=logp, old_logp=batch.old_logp, advantages=batch.advantages,
+                             mask=batch.mask, ref_logp=getattr(batch, "ref_logp", None), **config)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), grad, metrics
+
+
+def run_dfpo(batch, objective, **overrides):
+    """dfpo's (loss, d loss / d logp, metrics) on ``batch``."""
+    logp = batch.logp.clone().requires_grad_(True)  # (B, T)
+    loss, metrics = policy_loss(objective, logp=logp, old_logp=batch.old_logp, advantages=batch.advantages,
+                                mask=batch.mask, group_ids=batch.group_ids,
+                                ref_logp=getattr(batch, "ref_logp", None), **overrides)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return loss.detach(), grad, metrics
+
+
+# ---------------------------------------------------------------------------------------
+# Loss and gradient: dfpo presets (their own defaults) == TRL with the literature settings
+# ---------------------------------------------------------------------------------------
+# (id, dfpo objective, dfpo overrides, TRL GRPOConfig settings, batch ratio level)
+CASES = [
+    ("grpo", "grpo", {}, dict(loss_type="grpo", epsilon=0.2), "token"),
+    ("dapo", "dapo", {}, dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28), "token"),
+    ("dapo~bnpo", "dapo", {}, dict(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28), "token"),
+    ("dr_grpo", "dr_grpo", {}, dict(loss_type="dr_grpo", epsilon=0.2), "token"),
+    ("dr_grpo_M=16", "dr_grpo", {"max_completion_length": 16},
+     dict(loss_type="dr_grpo", epsilon=0.2, max_completion_length=16), "token"),
+    ("gspo", "gspo", {}, dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
+     "sequence"),
+    ("grpo_fix", "grpo_fix", {}, dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
+]
+SEEDS = [0, 1, 2, 3]
+
+
+def _batch_for(level: str, trl_config: dict, seed: int):
+    eps_low = trl_config["epsilon"]
+    eps_high = trl_config.get("epsilon_high") or eps_low
+    return make_batch(seed, level=level, eps_low=min(eps_low, 0.2), eps_high=eps_high)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_loss_and_gradient_equal_trl(objective, overrides, trl_config, level, seed):
+    batch = _batch_for(level, trl_config, seed)
+    trl_value, trl_grad, trl_metrics = run_trl(batch, **trl_config)
+    value, grad, _ = run_dfpo(batch, objective, **overrides)
+
+    # The batch exercises clipping on both sides (TRL's own clip metrics say so) ...
+    if trl_config["epsilon"] < 1.0:
+        assert trl_metrics["clip_ratio/low_mean"] > 0 and trl_metrics["clip_ratio/high_mean"] > 0
+    else:  # GRPO-fix: some negative-advantage ratio above 1 + e, where PPO clipping does not bound it
+        ratio = torch.exp(batch.logp - batch.old_logp)  # (B, T)
+        assert ((ratio > 1.0 + trl_config["epsilon_high"]) & batch.mask & (batch.advantages[:, None] < 0)).any()
+    # ... and no gradient leaks into padding on either side.
+    assert not trl_grad[~batch.mask].any() and not grad[~batch.mask].any()
+    # Some real tokens have zero gradient (clipped) and some do not.
+    assert (trl_grad[batch.mask] == 0).any() and (trl_grad[batch.mask] != 0).any()
+
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+
+
+@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
+                         [c[1:] for c in CASES if c[3]["epsilon"] < 1.0], ids=[c[0] for c in CASES if c[3]["epsilon"] < 1.0])
+def test_clip_fractions_equal_trl_logged_metrics(objective, overrides, trl_config, level):
+    """``clip/frac_low`` and ``clip/frac_high`` are TRL's ``clip_ratio/low_mean`` / ``high_mean``
+    (share of real tokens -- of sequences at sequence level -- where clipping cuts the gradient)."""
+    batch = _batch_for(level, trl_config, seed=0)
+    _, _, trl_metrics = run_trl(batch, **trl_config)
+    _, _, metrics = run_dfpo(batch, objective, **overrides)
+    assert metrics["clip/frac_low"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"], abs=1e-6)
+    assert metrics["clip/frac_high"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=1e-6)
+
+
+def test_k3_kl_term_equals_trl_without_bias_correction():
+    """beta > 0: dfpo adds beta * k3(ref, logp) per token; that is TRL with
+    ``use_bias_correction_kl=False`` (TRL's default True also multiplies k3 by the ratio)."""
+    batch = make_batch(5, level="token", eps_low=0.2, eps_high=0.2)
+    g = torch.Generator().manual_seed(55)
+    batch.ref_logp = batch.logp - 0.3 * torch.randn(batch.logp.shape, generator=g, dtype=DTYPE)  # (B, T)
+    trl_value, trl_grad, _ = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04, use_bias_correction_kl=False)
+    value, grad, metrics = run_dfpo(batch, "grpo", beta=0.04)
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+
+
+# ---------------------------------------------------------------------------------------
+# Where the two conventions part: completions with no real token
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("objective", "trl_config"), [
+    ("grpo", dict(loss_type="grpo", epsilon=0.2)),
+    ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
+    ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
+])
+def test_all_masked_rows(objective, trl_config):
+    """A completion with no real token (e.g. TRL's ``mask_truncated_completions``) adds
+    nothing to either loss. TRL's "grpo" still counts it in the mean over B rows; dfpo
+    ignores it (issue 2: "all-masked rows -> ignored"), so for seq_mean_token_mean
+    dfpo = TRL * B / (number of non-empty rows). Token-mean and constant agree exactly."""
+    batch = make_batch(7, level="token", eps_low=0.2, eps_high=0.28)
+    batch.mask[[2, 5]] = False  # two empty completions
+    B = batch.mask.shape[0]
+    trl_value, trl_grad, _ = run_trl(batch, **trl_config)
+    value, grad, _ = run_dfpo(batch, objective)
+    factor = B / (B - 2) if objective == "grpo" else 1.0
+    torch.testing.assert_close(value, trl_value * factor, **TOL)
+    torch.testing.assert_close(grad, trl_grad * factor, **TOL)
+    assert torch.isfinite(grad).all() and not grad[[2, 5]].any()
+
+
+# ---------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_group_advantages_match_trl(scale):
+    """dfpo's eq (43) == TRL's advantage lines (TRL's unbiased ``nanstd``, eps 1e-4, group mean
+    even under ``scale_rewards="batch"``), including a group whose rewards are all equal,
+    and wherever the groups' completions sit in the batch."""
+    g = torch.Generator().manual_seed(11)
+    G, n_groups = 5, 4
+    rewards = torch.randint(0, 3, (n_groups * G,), generator=g).to(DTYPE) + 0.1 * torch.rand(
+        n_groups * G, generator=g, dtype=DTYPE)  # (B,)
+    rewards[G:2 * G] = 1.0  # an all-equal group: zero advantage on both sides
+    contiguous_ids = torch.arange(n_groups * G) // G  # (B,)
+    expected = trl_group_advantages(rewards, G, scale)  # (B,)
+    torch.testing.assert_close(group_advantages(rewards, contiguous_ids, scale=scale), expected, **TOL)
+    assert not expected[G:2 * G].any()
+
+    perm = torch.randperm(n_groups * G, generator=g)  # groups scattered, labels arbitrary
+    labels = torch.tensor([7, -3, 100, 42])[contiguous_ids]
+    torch.testing.assert_close(group_advantages(rewards[perm], labels[perm], scale=scale), expected[perm], **TOL)

@@ -1,0 +1,221 @@
+"""Tasks and data: built-in offline tasks, JSONL files, reasoning-gym, HF datasets.
+
+Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
+
+- ``add``: "a+b=" -> the decimal sum ("37+45=" -> "82"); one correct surface form.
+- ``equiv``: the same prompts, but a completion is correct when it is a sum of
+  non-negative integers equal to a+b: "82", "45+37", "80+2" are all correct. This is the
+  10+10-style task of several equivalent correct solutions (paper sec. 3, Prop. 3.1: drift
+  between equivalent correct answers); ``surface_form`` names the form of a completion so
+  the trainer can log how the policy spreads its mass over them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict)
+
+
+def make_add_examples(n: int, max_operand: int, seed: int) -> list[Example]:
+    """n problems "a+b=" with operands in 0..max_operand, from a seeded generator."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        out.append(Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}))
+    return out
+
+
+def equiv_targets(a: int, b: int, rng: random.Random) -> str:
+    """One supervised target of the equiv task: a random correct surface form of a+b."""
+    form = rng.choice(("number", "swap", "split"))
+    if form == "number":
+        return str(a + b)
+    if form == "swap":
+        return f"{b}+{a}"
+    c = a + b
+    x = rng.randint(0, c)
+    return f"{x}+{c - x}"
+
+
+_SUM = re.compile(r"^\s*(\d+)(\s*\+\s*\d+)*\s*$")
+
+
+def sum_value(text: str) -> int | None:
+    """Value of a completion written as n or n+m+...; None when it is not such a sum."""
+    if not _SUM.match(text) or len(text) > 64:
+        return None
+    return sum(int(x) for x in text.split("+"))
+
+
+def surface_form(completion: str, example: Example) -> str:
+    """Name of the surface form of a completion of an arithmetic prompt (equiv diagnostics)."""
+    text = completion.strip()
+    if sum_value(text) is None:
+        return "invalid"
+    if "+" not in text:
+        return "number"
+    a, b = example.meta.get("a"), example.meta.get("b")
+    parts = [int(x) for x in text.split("+")]
+    if parts == [b, a]:
+        return "swap"
+    if parts == [a, b]:
+        return "echo"
+    return "split"
+
+
+def load_jsonl(path: str | Path) -> list[Example]:
+    """Read {prompt, answer} objects, one per line; errors name the file and line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"data.path {str(path)!r}: no such file")
+    out = []
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{p}:{lineno}: not valid JSON ({err.msg}); each line must be a JSON object") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{p}:{lineno}: expected a JSON object with fields 'prompt' and 'answer'")
+        missing = [k for k in ("prompt", "answer") if k not in obj]
+        if missing:
+            raise ValueError(f"{p}:{lineno}: missing field {', '.join(repr(m) for m in missing)}; each line needs 'prompt' and 'answer'")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise ValueError(f"{p}:{lineno}: field 'prompt' must be a non-empty string")
+        if not isinstance(obj["answer"], (str, int, float)):
+            raise ValueError(f"{p}:{lineno}: field 'answer' must be a string or number")
+        meta = {k: v for k, v in obj.items() if k not in ("prompt", "answer")}
+        out.append(Example(prompt=obj["prompt"], answer=str(obj["answer"]), meta=meta))
+    if not out:
+        raise ValueError(f"{p}: no examples")
+    return out
+
+
+def load_reasoning_gym(name: str, n: int, seed: int) -> list[Example]:
+    """Problems generated offline by reasoning-gym (e.g. 'gsm_symbolic'); meta keeps the entry."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError("data.task = \"reasoning_gym\" needs the reasoning-gym package: pip install reasoning-gym") from None
+    try:
+        ds = reasoning_gym.create_dataset(name, size=n, seed=seed)
+    except Exception as err:  # unknown generator names raise various errors
+        raise ValueError(f"data.name {name!r}: reasoning-gym cannot create it ({err})") from None
+    return [Example(prompt=e["question"], answer=str(e["answer"]), meta={"rg_name": name, "entry": e}) for e in ds]
+
+
+def _gsm8k_answer(text: str) -> str:
+    return text.split("####")[-1].strip().replace(",", "") if "####" in text else text.strip()
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether huggingface.co answers (and HF_HUB_OFFLINE is not set)."""
+    import os
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field: str) -> list[Example]:
+    """A HF dataset split (local cache first, then the hub when reachable)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("data.task = \"hf\" needs the datasets package: pip install datasets") from None
+    try:
+        ds = datasets.load_dataset(name, subset or None, split=split, download_mode="reuse_cache_if_exists")
+    except Exception as err:
+        if not hub_reachable():
+            raise ValueError(
+                f"data.name {name!r}: not in the local cache and the Hugging Face hub is not reachable. "
+                "Export it to JSONL ({\"prompt\", \"answer\"} per line) on a machine with network and use "
+                "data.task = \"jsonl\", data.path = \"FILE.jsonl\"; or use data.task = \"reasoning_gym\" offline."
+            ) from None
+        raise ValueError(f"data.name {name!r} split {split!r}: {err}") from None
+    cols = ds.column_names
+    for f in (prompt_field, answer_field):
+        if f not in cols:
+            raise ValueError(f"data.name {name!r}: no field {f!r} (fields: {cols}); set data.prompt_field / data.answer_field")
+    return [Example(prompt=row[prompt_field], answer=_gsm8k_answer(str(row[answer_field]))) for row in ds]
+
+
+def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, eval) examples of a DataConfig. Cheap for built-in tasks; raises ValueError on bad input."""
+    task = data.task
+    if task in ("add", "equiv"):
+        train = make_add_examples(data.train_size, data.max_operand, seed)
+        evals = make_add_examples(data.eval_size, data.max_operand, seed + 10_007)
+        return train, evals
+    if task == "jsonl":
+        train = load_jsonl(data.path)
+        if data.eval_path:
+            return train, load_jsonl(data.eval_path)
+        if len(train) <= data.eval_size:
+            raise ValueError(
+                f"data.path {data.path!r} has {len(train)} examples, not more than data.eval_size={data.eval_size}; "
+                "lower data.eval_size or give data.eval_path"
+            )
+        return train[data.eval_size :], train[: data.eval_size]
+    if task == "reasoning_gym":
+        train = load_reasoning_gym(data.name, data.train_size, seed)
+        evals = load_reasoning_gym(data.name, data.eval_size, seed + 10_007)
+        return train, evals
+    if task == "hf":
+        train = load_hf(data.name, data.subset, data.split, data.prompt_field, data.answer_field)
+        evals = load_hf(data.name, data.subset, data.eval_split, data.prompt_field, data.answer_field)
+        return train, evals[: data.eval_size]
+    raise ValueError(f"data.task {task!r} unknown")
+
+
+class PromptSampler:
+    """Seeded, resumable order over the train split: state is (epoch, position) only.
+
+    Each epoch is a permutation drawn from ``random.Random(seed * 1_000_003 + epoch)``, so a
+    resumed run that restores (epoch, position) draws exactly the same prompts.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation(self.epoch)

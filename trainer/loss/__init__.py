@@ -1,0 +1,50 @@
+"""The shared loss core: every objective of the paper and its peers, as pure torch functions.
+
+    from dfpo.trainer.loss import policy_loss, group_advantages, OBJECTIVES
+"""
+
+from dfpo.trainer.loss.advantages import group_advantages
+from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate
+from dfpo.trainer.loss.clipping import CLIP_MODES, clipped_weight, sign_aware_clip, symmetric_clip
+from dfpo.trainer.loss.core import asymmetry, policy_loss
+from dfpo.trainer.loss.masks import TOKEN_MASKS, low_entropy_mask, stapo_spurious_mask
+from dfpo.trainer.loss.objectives import COMPONENT_FIELDS, OBJECTIVES, ObjectiveSpec, resolve_objective, validate_spec
+from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
+from dfpo.trainer.loss.transforms import (
+    TRANSFORMS,
+    group_transform,
+    min_replace,
+    orth_projection,
+    positive_orth_projection,
+    truncate_rebalance,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "CLIP_MODES",
+    "COMPONENT_FIELDS",
+    "OBJECTIVES",
+    "ObjectiveSpec",
+    "TOKEN_MASKS",
+    "TRANSFORMS",
+    "aggregate",
+    "asymmetry",
+    "clipped_weight",
+    "group_advantages",
+    "group_transform",
+    "low_entropy_mask",
+    "min_replace",
+    "orth_projection",
+    "policy_loss",
+    "positive_orth_projection",
+    "resolve_objective",
+    "sequence_log_ratio",
+    "sequence_product_log_ratio",
+    "sequence_token_ratio",
+    "sign_aware_clip",
+    "stapo_spurious_mask",
+    "symmetric_clip",
+    "token_log_ratio",
+    "truncate_rebalance",
+    "validate_spec",
+]

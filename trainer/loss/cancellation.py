@@ -1,0 +1,84 @@
+"""Shared-token cancellation probe (paper eq 2, 9, 13, 72).
+
+Builds one group of completions whose first ``prefix_len`` positions are the same
+(context, token) event in every completion: their log-probabilities are ONE leaf tensor
+broadcast into every row, so autograd sums the per-completion coefficients on it. The
+gradient on that leaf is the paper's residual sum_i A_i d w_i / d log pi(a*|h*); it is zero
+exactly when the objective cancels the shared token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dfpo.trainer.loss.advantages import group_advantages
+from dfpo.trainer.loss.core import policy_loss
+
+
+@dataclass(frozen=True)
+class SharedPrefixGroup:
+    """One group whose first ``prefix_len`` tokens are shared by every completion."""
+
+    shared_logp: Tensor  # (prefix_len,) leaf, requires grad
+    own_logp: Tensor  # (G, T - prefix_len) leaf, requires grad
+    old_logp: Tensor  # (G, T)
+    mask: Tensor  # (G, T) bool
+    advantages: Tensor  # (G,)
+    group_ids: Tensor  # (G,)
+
+    def logp(self) -> Tensor:
+        """(G, T): the shared leaf broadcast into every row, then each row's own tokens."""
+        G = self.own_logp.shape[0]
+        return torch.cat([self.shared_logp.expand(G, -1), self.own_logp], dim=1)
+
+
+def make_shared_prefix_group(
+    rewards: Tensor,
+    lengths: list[int],
+    *,
+    prefix_len: int = 3,
+    shared_log_ratio: float = 0.0,
+    log_ratio_scale: float = 0.3,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> SharedPrefixGroup:
+    """A group with G = len(lengths) completions of the given total lengths (each > prefix_len).
+
+    Shared positions get log-ratio ``shared_log_ratio`` (one value for the shared event, as it
+    must be); each completion's own tokens get random log-ratios of scale ``log_ratio_scale``.
+    """
+    G = len(lengths)
+    if any(L <= prefix_len for L in lengths):
+        raise ValueError(f"every length must exceed prefix_len={prefix_len}, got lengths={lengths}")
+    gen = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    shared = (-0.5 - torch.rand(prefix_len, generator=gen, dtype=dtype)).requires_grad_()  # (k,)
+    own = (-0.5 - torch.rand(G, T - prefix_len, generator=gen, dtype=dtype)).requires_grad_()  # (G, T-k)
+    own_shift = log_ratio_scale * torch.randn(G, T - prefix_len, generator=gen, dtype=dtype)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (G, T)
+    logp = torch.cat([shared.detach().expand(G, -1), own.detach()], dim=1)
+    shift = torch.cat([torch.full((G, prefix_len), shared_log_ratio, dtype=dtype), own_shift], dim=1)
+    group_ids = torch.zeros(G, dtype=torch.long)
+    advantages = group_advantages(rewards.to(dtype), group_ids)
+    return SharedPrefixGroup(shared, own, logp - shift, mask, advantages, group_ids)
+
+
+def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides: object) -> Tensor:
+    """d loss / d log pi(shared token) summed over the group (prefix_len,): zero iff it cancels."""
+    logp = group.logp()
+    entropy = torch.ones_like(logp)
+    loss, _ = policy_loss(
+        objective,
+        logp=logp,
+        old_logp=group.old_logp,
+        advantages=group.advantages,
+        mask=group.mask,
+        group_ids=group.group_ids,
+        entropy=entropy,
+        **overrides,
+    )
+    (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)
+    return torch.zeros_like(group.shared_logp) if grad is None else grad

@@ -1,0 +1,37 @@
+"""Token masks that drop tokens from the policy gradient (STAPO; top-entropy "80/20")."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+TOKEN_MASKS = ("none", "stapo", "top_entropy")
+
+
+def stapo_spurious_mask(
+    logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float
+) -> Tensor:
+    """STAPO (arXiv 2602.15620): spurious tokens, True where a token is dropped (B, T).
+
+    A real token is spurious when all three hold: A_i > 0; pi(y_it) < tau_p; its entropy is
+    below the q-quantile of the entropies of the tokens satisfying the first two conditions
+    in this batch.
+    """
+    prob = torch.exp(logp.detach())  # (B, T)
+    candidate = mask & (adv[:, None] > 0) & (prob < tau_p)  # (B, T)
+    if not bool(candidate.any()):
+        return candidate
+    threshold = torch.quantile(entropy.detach()[candidate].to(torch.float64), q).to(entropy.dtype)
+    return candidate & (entropy.detach() < threshold)
+
+
+def low_entropy_mask(entropy: Tensor, mask: Tensor, *, keep_frac: float) -> Tensor:
+    """Top-entropy training (Wang et al. 2025, TRL ``top_entropy_quantile``): True where dropped (B, T).
+
+    Keeps the real tokens whose entropy is at or above the (1 - keep_frac)-quantile of the
+    real tokens' entropies in this batch; keep_frac = 1 keeps every token.
+    """
+    if keep_frac >= 1.0 or not bool(mask.any()):
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(entropy.detach()[mask].to(torch.float64), 1.0 - keep_frac).to(entropy.dtype)
+    return mask & (entropy.detach() < threshold)

@@ -1,0 +1,259 @@
+"""Objective presets: each objective is data, a composition of orthogonal components.
+
+``OBJECTIVES[name]`` is a frozen :class:`ObjectiveSpec`; ``resolve_objective(name, **overrides)``
+returns a validated copy with some components changed. ``policy_loss`` reads only the spec.
+Every preset cites the source of each default in ``sources``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from dfpo.trainer.loss.aggregation import AGGREGATIONS
+from dfpo.trainer.loss.clipping import CLIP_MODES
+from dfpo.trainer.loss.masks import TOKEN_MASKS
+from dfpo.trainer.loss.transforms import TRANSFORMS
+
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+STOPGRAD_FORMS = ("score", "ratio", "none")
+ADVANTAGE_SCALES = ("group", "batch", "none")
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective as a composition of components (see ../shared notes, objectives.md)."""
+
+    name: str
+    """Preset name, e.g. ``"dfpo_min"``."""
+    description: str
+    """One line saying what the objective is."""
+    ratio_level: str = "token"
+    """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token)."""
+    clip: str = "ppo"
+    """``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``."""
+    eps_low: float = 0.2
+    """Lower clip range: the clip interval starts at 1 - eps_low."""
+    eps_high: float = 0.2
+    """Upper clip range: 1 + eps_high (CISPO: the ratio cap itself)."""
+    transform: str = "none"
+    """DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr."""
+    tr_floor: float = 1e-6
+    """Truncation floor of truncate-and-rebalance (eq 52)."""
+    stopgrad: str = "score"
+    """How stilde enters the gradient: ``score`` (eq 68/85), ``ratio`` (eq 59-62), ``none`` (Table 3 ablation)."""
+    length_aware: bool = False
+    """Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension)."""
+    token_mask: str = "none"
+    """Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``."""
+    mask_renormalise: bool = True
+    """Aggregate over kept tokens only (STAPO) rather than over all real tokens (TRL top-entropy)."""
+    stapo_tau_p: float = 0.002
+    """STAPO probability threshold tau_p."""
+    stapo_q: float = 0.75
+    """STAPO entropy quantile q."""
+    top_entropy_frac: float = 0.2
+    """Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``."""
+    aggregation: str = "seq_mean_token_mean"
+    """seq_mean_token_mean / token_mean / constant / seq_mean_token_sum."""
+    max_completion_length: int | None = None
+    """T_max of the ``constant`` aggregation (None: the batch's T)."""
+    beta: float = 0.0
+    """Weight of the k3 KL to ``ref_logp``."""
+    adv_scale: str = "group"
+    """Advantage scaling the trainer should pass to ``group_advantages``."""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    """Where each default comes from, keyed by field name."""
+
+    def components(self) -> dict[str, object]:
+        """The component fields (everything but name, description and sources)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("name", "description", "sources")}
+
+
+COMPONENT_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveSpec) if f.name not in ("name", "description", "sources"))
+
+_CHOICES = {
+    "ratio_level": RATIO_LEVELS,
+    "clip": CLIP_MODES,
+    "transform": TRANSFORMS,
+    "stopgrad": STOPGRAD_FORMS,
+    "token_mask": TOKEN_MASKS,
+    "aggregation": AGGREGATIONS,
+    "adv_scale": ADVANTAGE_SCALES,
+}
+
+
+def _check_number(name: str, value: object, low: float, high: float, *, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
+    if value < low or value > high or (low_open and value == low):
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"{name} must be in {bound}, got {name}={value!r}")
+
+
+def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
+    """Raise ValueError naming the first bad component; return the spec unchanged otherwise."""
+    for key, choices in _CHOICES.items():
+        value = getattr(spec, key)
+        if value not in choices:
+            raise ValueError(f"{key} must be one of {choices}, got {key}={value!r}")
+    if spec.clip == "cispo":
+        _check_number("eps_high", spec.eps_high, 0.0, math.inf, low_open=True)
+    else:
+        _check_number("eps_low", spec.eps_low, 0.0, 1.0)
+        _check_number("eps_high", spec.eps_high, 0.0, math.inf)
+    _check_number("tr_floor", spec.tr_floor, 0.0, math.inf, low_open=True)
+    _check_number("stapo_tau_p", spec.stapo_tau_p, 0.0, 1.0, low_open=True)
+    _check_number("stapo_q", spec.stapo_q, 0.0, 1.0)
+    _check_number("top_entropy_frac", spec.top_entropy_frac, 0.0, 1.0, low_open=True)
+    _check_number("beta", spec.beta, 0.0, math.inf)
+    for key in ("length_aware", "mask_renormalise"):
+        if not isinstance(getattr(spec, key), bool):
+            raise ValueError(f"{key} must be a bool, got {key}={getattr(spec, key)!r}")
+    if spec.max_completion_length is not None and (
+        isinstance(spec.max_completion_length, bool) or not isinstance(spec.max_completion_length, int) or spec.max_completion_length < 1
+    ):
+        raise ValueError(f"max_completion_length must be a positive int or None, got max_completion_length={spec.max_completion_length!r}")
+    if spec.transform != "none" and spec.ratio_level != "sequence":
+        raise ValueError(
+            f"transform={spec.transform!r} acts on sequence weights and needs ratio_level='sequence', got ratio_level={spec.ratio_level!r}"
+        )
+    if spec.clip == "cispo" and spec.ratio_level != "token":
+        raise ValueError(f"clip='cispo' is a token-level objective, got ratio_level={spec.ratio_level!r}")
+    return spec
+
+
+def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> ObjectiveSpec:
+    """The preset named ``objective`` (or a spec) with ``overrides`` applied and validated."""
+    if isinstance(objective, ObjectiveSpec):
+        spec = objective
+    elif objective in OBJECTIVES:
+        spec = OBJECTIVES[objective]
+    else:
+        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
+    unknown = sorted(set(overrides) - set(COMPONENT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown override(s) {unknown} for objective {spec.name!r}; known: {', '.join(COMPONENT_FIELDS)}")
+    return validate_spec(dataclasses.replace(spec, **overrides) if overrides else spec)
+
+
+_GRPO_SRC = "DeepSeekMath (arXiv 2402.03300); TRL GRPOConfig defaults"
+_GSPO_CLIP = "GSPO (arXiv 2507.18071) sec. 5.1: eps_low=3e-4, eps_high=4e-4"
+_DFPO_CLIP = "paper gives no clip range for DFPO; GSPO's sec. 5.1 values used (DFPO is built on GSPO, App. B)"
+_DFPO_STOPGRAD = "paper eq 68/85 (stop-gradient on stilde, score form); 'ratio' (eq 59-62) keeps GSPO's zero gradient on clipped sequences"
+_SEQ_AGG = "GSPO objective eq 42: mean over the group of per-sequence terms"
+
+
+def _preset(name: str, description: str, sources: dict[str, str], **components: object) -> ObjectiveSpec:
+    return validate_spec(ObjectiveSpec(name=name, description=description, sources=MappingProxyType(sources), **components))
+
+
+def _dfpo(name: str, transform: str, description: str, eq: str) -> ObjectiveSpec:
+    return _preset(
+        name,
+        description,
+        {
+            "ratio_level": "paper eq 44 (GSPO sequence ratio)",
+            "eps_low": _DFPO_CLIP,
+            "eps_high": _DFPO_CLIP,
+            "transform": eq,
+            "stopgrad": _DFPO_STOPGRAD,
+            "aggregation": _SEQ_AGG,
+        },
+        ratio_level="sequence",
+        eps_low=3e-4,
+        eps_high=4e-4,
+        transform=transform,
+    )
+
+
+OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            _preset(
+                "grpo",
+                "GRPO: token ratio, PPO clipping, per-sequence token mean",
+                {"eps_low": _GRPO_SRC, "eps_high": _GRPO_SRC, "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'"},
+            ),
+            _preset(
+                "dr_grpo",
+                "Dr. GRPO: GRPO without std scaling and without length normalisation",
+                {
+                    "eps_low": _GRPO_SRC,
+                    "eps_high": _GRPO_SRC,
+                    "aggregation": "Dr. GRPO (arXiv 2503.20783); TRL loss_type='dr_grpo'",
+                    "adv_scale": "Dr. GRPO (arXiv 2503.20783): no std normalisation",
+                },
+                aggregation="constant",
+                adv_scale="none",
+            ),
+            _preset(
+                "dapo",
+                "DAPO: clip-higher and token-level mean",
+                {"eps_low": "DAPO (arXiv 2503.14476)", "eps_high": "DAPO (arXiv 2503.14476) clip-higher", "aggregation": "DAPO token-level loss; TRL loss_type='dapo'"},
+                eps_high=0.28,
+                aggregation="token_mean",
+            ),
+            _preset(
+                "gspo",
+                "GSPO: length-normalised sequence ratio, PPO clipping per sequence",
+                {"ratio_level": "GSPO eq (paper eq 44)", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
+                ratio_level="sequence",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "gspo_token",
+                "GSPO-token: sequence ratio value, token-wise gradient",
+                {"ratio_level": "GSPO (arXiv 2507.18071) GSPO-token", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
+                ratio_level="sequence_token",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "grpo_fix",
+                "GRPO-fix: symmetric clipping A * clip(r, 0, 1+eps) per token",
+                {
+                    "clip": "paper App. H eq 79-80",
+                    "eps_low": "paper eq 79: lower bound 0 (eps_low = 1)",
+                    "eps_high": "paper App. H (eps as GRPO's 0.2)",
+                    "aggregation": "paper eq 80 sums tokens with 1/G; GRPO's per-sequence mean kept as in the paper's GRPO baseline",
+                },
+                clip="symmetric",
+                eps_low=1.0,
+                eps_high=0.2,
+            ),
+            _dfpo("dfpo_min", "min", "DFPO Min-Replace: GSPO with stilde_i = min_j sbar_j", "paper eq 50 (App. B.4.1)"),
+            _dfpo("dfpo_orth", "orth", "DFPO Orth-Proj: GSPO with sbar projected orthogonal to A", "paper eq 18 (sec. 4.4.2)"),
+            _dfpo("dfpo_orth_pos", "orth_pos", "DFPO Positive Orth-Proj: exact non-negative projection QP", "paper eq 51 (App. B.4.2), solved exactly"),
+            _dfpo("dfpo_orth_tr", "orth_tr", "DFPO truncate-and-rebalance approximation of eq 51", "paper eqs 52-55 (beta sign corrected)"),
+            _preset(
+                "stapo",
+                "STAPO: DAPO with spurious tokens masked and the loss renormalised",
+                {
+                    "eps_high": "DAPO clip-higher (STAPO builds on DAPO)",
+                    "token_mask": "STAPO (arXiv 2602.15620)",
+                    "stapo_tau_p": "STAPO latest version: tau_p = 0.002",
+                    "stapo_q": "STAPO latest version: q = 0.75",
+                    "aggregation": "STAPO: loss divided by the number of kept tokens",
+                },
+                eps_high=0.28,
+                token_mask="stapo",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "cispo",
+                "CISPO: sg(min(r, eps_high)) * A * log pi, every token keeps a gradient",
+                {"clip": "MiniMax-M1 (arXiv 2506.13585)", "eps_high": "TRL default for loss_type='cispo' (5.0)", "aggregation": "TRL cispo: token mean"},
+                clip="cispo",
+                eps_low=0.0,
+                eps_high=5.0,
+                aggregation="token_mean",
+            ),
+        )
+    }
+)

@@ -1,0 +1,36 @@
+"""Importance ratios at token and sequence level (paper eqs 7, 11, 44)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Eq (7) in log space: l_it = log pi_theta - log pi_old on real tokens, 0 elsewhere (B, T).
+
+    ``torch.where`` (never a multiply) keeps NaN/inf padding out of values and gradients.
+    """
+    return torch.where(mask, logp - old_logp, torch.zeros_like(logp))  # (B, T)
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Eq (44) in log space: log s_i = (1/L_i) sum_t l_it, the length-normalised geometric mean (B,).
+
+    Rows with no real token get 0 (ratio 1).
+    """
+    lengths = mask.sum(-1).clamp(min=1)  # (B,)
+    return token_log_ratio(logp, old_logp, mask).sum(-1) / lengths  # (B,)
+
+
+def sequence_product_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Eq (11) in log space: log prod_t r_it, the un-normalised sequence ratio (B,)."""
+    return token_log_ratio(logp, old_logp, mask).sum(-1)  # (B,)
+
+
+def sequence_token_ratio(logp: Tensor, seq_ratio: Tensor) -> Tensor:
+    """GSPO-token: s_it = sg(s_i) * pi_theta(y_it) / sg(pi_theta(y_it)) (B, T).
+
+    Its value is s_i at every token; its gradient is s_i * grad log pi(y_it), token by token.
+    """
+    return seq_ratio.detach()[:, None] * torch.exp(logp - logp.detach())  # (B, T)

@@ -1,0 +1,148 @@
+"""DFPO's in-group transforms of the post-clip weight vector (paper App. B, eqs 18, 50-55).
+
+Each transform maps a group's post-clip weights sbar (eq 47) and advantages A to new weights
+stilde. All of them take flat (B,) tensors and arbitrary ``group_ids`` (B,).
+
+Where this departs from the paper:
+1. Eq (55) prints beta = -sum_P A s+ / sum_N (-A) s+, which is negative; the factor that makes
+   A . stilde = 0 is beta = sum_P A s+ / sum_N (-A) s+ in (0, 1]. We use the latter.
+2. ``lengths`` (optional) makes a transform length-aware (this project's extension): the
+   constraint becomes sum_i stilde_i A_i / L_i = 0, which is what cancels a shared token
+   under the 1/|y_i| normalisation of eq (70) when completion lengths differ.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dfpo.trainer.loss.groups import group_amin, group_dense, group_index, group_sum
+
+TRANSFORMS = ("none", "min", "orth", "orth_pos", "orth_tr")
+
+
+def _effective_adv(adv: Tensor, lengths: Tensor | None) -> Tensor:
+    """a_i = A_i (paper) or A_i / L_i (length-aware)."""
+    return adv if lengths is None else adv / lengths.to(adv.dtype).clamp(min=1)
+
+
+def min_replace(sbar: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """Eq (50), Min-Replace: stilde_i = min_j sbar_j over i's group (B,).
+
+    Length-aware: stilde_i = L_i * min_j (sbar_j / L_j), still <= sbar_i (no sign flip).
+    """
+    index, n = group_index(group_ids)
+    if lengths is None:
+        return group_amin(sbar, index, n)[index]
+    L = lengths.to(sbar.dtype).clamp(min=1)  # (B,)
+    return L * group_amin(sbar / L, index, n)[index]
+
+
+def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """Eq (18), Adv-Orthogonal reweighting: stilde = sbar - (a.sbar / |a|^2) a, per group (B,).
+
+    May go negative. A group with a = 0 is left unchanged.
+    """
+    a = _effective_adv(adv, lengths)
+    index, n = group_index(group_ids)
+    dot = group_sum(a * sbar, index, n)  # (n,)
+    norm2 = group_sum(a * a, index, n)  # (n,)
+    coef = torch.where(norm2 > 0, dot / torch.where(norm2 > 0, norm2, torch.ones_like(norm2)), torch.zeros_like(dot))
+    return sbar - coef[index] * a
+
+
+def _qp_multiplier(s: Tensor, a: Tensor) -> Tensor:
+    """The exact root lambda of g(lambda) = sum_i a_i max(s_i - lambda a_i, 0), per row.
+
+    s, a: (n, G) padded with a = 0, s = 0 (padding adds nothing to g). Rows must hold both
+    signs of a. g is piecewise linear and non-increasing with breakpoints s_i / a_i, so the
+    root is found exactly: bracket it between the largest breakpoint with g >= 0 and the
+    smallest with g <= 0 (no breakpoint lies between them, so g is linear there) and
+    interpolate; beyond the outermost breakpoints g is linear with a known active set.
+    """
+    nonzero = a != 0
+    safe_a = torch.where(nonzero, a, torch.ones_like(a))
+    bp = torch.where(nonzero, s / safe_a, torch.zeros_like(s))  # (n, G) breakpoints
+    # g at every breakpoint: rows j of the (n, G, G) tensor evaluate g(bp_j).
+    g = (a[:, None, :] * torch.relu(s[:, None, :] - bp[:, :, None] * a[:, None, :])).sum(-1)  # (n, G)
+    inf = torch.tensor(float("inf"), dtype=s.dtype, device=s.device)
+    lam_a = torch.where(nonzero & (g >= 0), bp, -inf).amax(-1)  # (n,)
+    lam_b = torch.where(nonzero & (g <= 0), bp, inf).amin(-1)  # (n,)
+    g_a = torch.where(nonzero & (bp == lam_a[:, None]) & (g >= 0), g, -inf).amax(-1)
+    g_b = torch.where(nonzero & (bp == lam_b[:, None]) & (g <= 0), g, inf).amin(-1)
+    both = torch.isfinite(lam_a) & torch.isfinite(lam_b)
+    span = torch.where(both, lam_b - lam_a, torch.zeros_like(lam_a))
+    drop = torch.where(both, g_a - g_b, torch.ones_like(g_a))
+    inner = torch.where(drop > 0, lam_a + torch.where(both, g_a, torch.zeros_like(g_a)) * span / torch.where(drop > 0, drop, torch.ones_like(drop)), lam_a)
+    pos, neg = a > 0, a < 0
+    # Left of every breakpoint only a_i > 0 are active; right of every breakpoint only a_i < 0.
+    left = (torch.where(pos, a * s, 0).sum(-1)) / torch.where(pos, a * a, 0).sum(-1).clamp(min=torch.finfo(s.dtype).tiny)
+    right = (torch.where(neg, a * s, 0).sum(-1)) / torch.where(neg, a * a, 0).sum(-1).clamp(min=torch.finfo(s.dtype).tiny)
+    return torch.where(both, inner, torch.where(torch.isfinite(lam_b), left, right))
+
+
+def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """Eq (51), Positive Orth-Proj, solved exactly: argmin_v 1/2|v - sbar|^2 s.t. a.v = 0, v >= 0 (B,).
+
+    KKT: v = max(sbar - lambda a, 0) with lambda the root of a piecewise-linear monotone
+    function (see ``_qp_multiplier``). Degenerate groups: a = 0 leaves sbar unchanged; if a
+    has one sign only, the only feasible points zero every v_i with a_i != 0, and the
+    projection keeps the rest.
+    """
+    a = _effective_adv(adv, lengths)
+    index, n = group_index(group_ids)
+    s_dense, position = group_dense(sbar, index, n)  # (n, G)
+    a_dense, _ = group_dense(a, index, n)  # (n, G)
+    has_pos = (a_dense > 0).any(-1)  # (n,)
+    has_neg = (a_dense < 0).any(-1)
+    lam = _qp_multiplier(s_dense, a_dense)  # (n,)
+    inf = torch.tensor(float("inf"), dtype=sbar.dtype, device=sbar.device)
+    # One-sided groups: lambda -> +inf (only positive a) or -inf (only negative a); none: 0.
+    lam = torch.where(has_pos & has_neg, lam, torch.where(has_pos, inf, torch.where(has_neg, -inf, torch.zeros_like(lam))))
+    lam_i = lam[index]  # (B,)
+    shift = torch.where(a == 0, torch.zeros_like(a), lam_i * a)  # avoid inf * 0
+    return torch.relu(sbar - shift)
+
+
+def truncate_rebalance(
+    sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None, floor: float = 1e-6
+) -> Tensor:
+    """Eqs (52)-(55), truncate-and-rebalance: floor at ``floor``, then scale one side so a.stilde = 0 (B,).
+
+    s+ = max(sbar, floor); delta = a.s+; if delta > 0 the positive-advantage side is scaled by
+    alpha = sum_N (-a) s+ / sum_P a s+; if delta < 0 the negative side by
+    beta = sum_P a s+ / sum_N (-a) s+ (the paper's eq 55 prints beta with a wrong sign).
+    """
+    a = _effective_adv(adv, lengths)
+    index, n = group_index(group_ids)
+    s_plus = sbar.clamp(min=floor)  # (B,)
+    pos_mass = group_sum(torch.where(a > 0, a * s_plus, 0), index, n)  # (n,)
+    neg_mass = group_sum(torch.where(a < 0, -a * s_plus, 0), index, n)  # (n,)
+    delta = pos_mass - neg_mass
+    alpha = neg_mass / torch.where(pos_mass > 0, pos_mass, torch.ones_like(pos_mass))
+    beta = pos_mass / torch.where(neg_mass > 0, neg_mass, torch.ones_like(neg_mass))
+    scale_pos = torch.where(delta > 0, alpha, torch.ones_like(alpha))[index]
+    scale_neg = torch.where(delta < 0, beta, torch.ones_like(beta))[index]
+    return torch.where(a > 0, scale_pos * s_plus, torch.where(a < 0, scale_neg * s_plus, s_plus))
+
+
+def group_transform(
+    kind: str,
+    sbar: Tensor,
+    adv: Tensor,
+    group_ids: Tensor,
+    lengths: Tensor | None = None,
+    floor: float = 1e-6,
+) -> Tensor:
+    """Dispatch one of the DFPO transforms on the post-clip weights (B,) -> (B,)."""
+    if kind == "none":
+        return sbar
+    if kind == "min":
+        return min_replace(sbar, group_ids, lengths)
+    if kind == "orth":
+        return orth_projection(sbar, adv, group_ids, lengths)
+    if kind == "orth_pos":
+        return positive_orth_projection(sbar, adv, group_ids, lengths)
+    if kind == "orth_tr":
+        return truncate_rebalance(sbar, adv, group_ids, lengths, floor)
+    raise ValueError(f"transform must be one of {TRANSFORMS}, got transform={kind!r}")
