@@ -60,6 +60,7 @@ and compares ``dfpo.group_advantages`` against them.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections import defaultdict
 from types import SimpleNamespace
 
@@ -104,7 +105,9 @@ def _trl_trainer(logp: torch.Tensor, **config) -> GRPOTrainer:
     """A ``GRPOTrainer`` without ``__init__`` whose model forward returns ``logp``."""
     from transformers import TrainerState
 
-    args = GRPOConfig(output_dir=tempfile.gettempdir(), report_to=[], use_cpu=True, **config)
+    with warnings.catch_warnings():  # transformers' FutureWarning about gradient_checkpointing
+        warnings.simplefilter("ignore", FutureWarning)
+        args = GRPOConfig(output_dir=tempfile.gettempdir(), report_to=[], use_cpu=True, **config)
     trainer = object.__new__(GRPOTrainer)
     trainer.args = args
     # The same expressions as GRPOTrainer.__init__:
@@ -249,6 +252,9 @@ CASES = [
      dict(loss_type="dr_grpo", epsilon=0.2, max_completion_length=16), "token"),
     ("gspo", "gspo", {}, dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
      "sequence"),
+    # GSPO-token with one advantage per sequence has GSPO's value and gradient (GSPO paper sec. 4.3).
+    ("gspo_token", "gspo_token", {},
+     dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
     ("grpo_fix", "grpo_fix", {}, dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
 ]
 SEEDS = [0, 1, 2, 3]
@@ -283,16 +289,42 @@ def test_loss_and_gradient_equal_trl(objective, overrides, trl_config, level, se
     torch.testing.assert_close(grad, trl_grad, **TOL)
 
 
+TOKEN_PPO_CASES = [c for c in CASES if c[4] == "token" and c[3]["epsilon"] < 1.0]
+
+
 @pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
-                         [c[1:] for c in CASES if c[3]["epsilon"] < 1.0], ids=[c[0] for c in CASES if c[3]["epsilon"] < 1.0])
-def test_clip_fractions_equal_trl_logged_metrics(objective, overrides, trl_config, level):
-    """``clip/frac_low`` and ``clip/frac_high`` are TRL's ``clip_ratio/low_mean`` / ``high_mean``
-    (share of real tokens -- of sequences at sequence level -- where clipping cuts the gradient)."""
+                         [c[1:] for c in TOKEN_PPO_CASES], ids=[c[0] for c in TOKEN_PPO_CASES])
+def test_token_clip_fractions_equal_trl_logged_metrics(objective, overrides, trl_config, level):
+    """``clip/frac_low`` / ``clip/frac_high`` are TRL's ``clip_ratio/low_mean`` / ``high_mean``:
+    the share of real tokens where A < 0 and r < 1 - eps_low (A > 0 and r > 1 + eps_high)."""
     batch = _batch_for(level, trl_config, seed=0)
     _, _, trl_metrics = run_trl(batch, **trl_config)
     _, _, metrics = run_dfpo(batch, objective, **overrides)
     assert metrics["clip/frac_low"].item() == pytest.approx(trl_metrics["clip_ratio/low_mean"], abs=1e-6)
     assert metrics["clip/frac_high"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=1e-6)
+
+
+def test_gspo_clip_fractions_are_token_weighted_where_trl_counts_sequences():
+    """At sequence level both sides flag the same sequences, but weigh them differently:
+    TRL's ``clip_ratio/*_mean`` is the share of SEQUENCES, dfpo's ``clip/frac_*`` the share of
+    real TOKENS in clipped sequences. The per-sequence flags come from TRL itself (one row at a time)."""
+    trl_config = CASES[[c[0] for c in CASES].index("gspo")][3]
+    batch = _batch_for("sequence", trl_config, seed=0)
+    flags = {"low": [], "high": []}
+    for i in range(batch.mask.shape[0]):
+        row = SimpleNamespace(**{k: getattr(batch, k)[i:i + 1] for k in ("logp", "old_logp", "advantages", "mask")})
+        _, _, row_metrics = run_trl(row, **trl_config)
+        for side in flags:
+            flags[side].append(row_metrics[f"clip_ratio/{side}_mean"])
+    _, _, trl_metrics = run_trl(batch, **trl_config)
+    _, _, metrics = run_dfpo(batch, "gspo")
+    lengths = batch.mask.sum(-1).to(DTYPE)  # (B,)
+    for side in flags:
+        flag = torch.tensor(flags[side], dtype=DTYPE)  # (B,) in {0, 1}
+        assert 0 < flag.sum() < len(flag)
+        assert trl_metrics[f"clip_ratio/{side}_mean"] == pytest.approx(flag.mean().item(), abs=1e-6)
+        token_share = (flag * lengths).sum() / lengths.sum()
+        assert metrics[f"clip/frac_{side}"].item() == pytest.approx(token_share.item(), abs=1e-6)
 
 
 def test_k3_kl_term_equals_trl_without_bias_correction():
@@ -301,10 +333,12 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     batch = make_batch(5, level="token", eps_low=0.2, eps_high=0.2)
     g = torch.Generator().manual_seed(55)
     batch.ref_logp = batch.logp - 0.3 * torch.randn(batch.logp.shape, generator=g, dtype=DTYPE)  # (B, T)
-    trl_value, trl_grad, _ = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04, use_bias_correction_kl=False)
+    trl_value, trl_grad, trl_metrics = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04,
+                                               use_bias_correction_kl=False)
     value, grad, metrics = run_dfpo(batch, "grpo", beta=0.04)
     torch.testing.assert_close(value, trl_value, **TOL)
     torch.testing.assert_close(grad, trl_grad, **TOL)
+    assert metrics["kl/ref"].item() == pytest.approx(trl_metrics["kl"], rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------------
