@@ -1,6 +1,6 @@
 """Peer cross-check: ``dfpo.policy_loss`` against TRL 1.16's own ``GRPOTrainer`` loss.
 
-For ``grpo``, ``dapo``, ``dr_grpo``, ``gspo`` (and ``grpo_fix``) the loss value and its
+For ``grpo``, ``dapo``, ``dr_grpo``, ``gspo`` (and ``gspo_token``, ``grpo_fix``) the loss value and its
 gradient with respect to ``logp`` must equal what TRL's ``GRPOTrainer.compute_loss``
 returns for the matching settings, to 1e-6 in float64, on batches where
 
@@ -34,11 +34,12 @@ every line of ``_compute_loss``. What is stubbed, and why:
    identity ``gather``/``reduce``); with one process accelerate's own functions are the
    identity too. It is used by the "dapo" normaliser and by the metric logging.
 7. ``state``: a real ``transformers.TrainerState`` (read by ``profiling_decorator``).
-8. ``current_gradient_accumulation_steps = 1`` (set by ``Trainer``'s training loop), so the
-   loss is not divided by an accumulation count.
-9. ``inputs["num_items_in_batch"]`` (the "dapo" normaliser) is ``mask.sum()``, what
-   ``_generate_and_score_completions`` puts there for one process and one micro-batch per
-   generation batch (``steps_per_generation == gradient_accumulation_steps == 1``).
+8. ``current_gradient_accumulation_steps = args.gradient_accumulation_steps`` (``Trainer``'s
+   training loop sets it to the number of micro-batches in the accumulation window; 1 by default).
+9. ``inputs["num_items_in_batch"]`` (the "dapo" normaliser) is the number of real tokens of the
+   generation batch, what ``_generate_and_score_completions`` puts there for one process;
+   TRL's own ``split_tensor_dict`` cuts a generation batch into micro-batches in
+   ``test_accumulated_micro_batches_equal_one_dfpo_call``.
 
 Setting correspondence (TRL -> dfpo)
 ------------------------------------
@@ -48,7 +49,23 @@ Setting correspondence (TRL -> dfpo)
 - loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4
   -> ``gspo``. TRL's sequence ratio is exp(mean_t mask*log r_it), the geometric mean of
   the token ratios: the paper's eq (44).
+- the same with dfpo ``gspo_token`` (one advantage per sequence: GSPO's value and gradient).
 - loss_type="grpo", epsilon=1.0, epsilon_high=e, delta=1+e -> ``grpo_fix`` (eq 79-80).
+  (TRL computes coef_2 = clamp(r, 1-1, 1+e) BEFORE clamping coef_1 at delta, so
+  -min(min(r, 1+e) A, clamp(r, 0, 1+e) A) = -A clip(r, 0, 1+e).)
+- beta > 0 -> TRL with ``use_bias_correction_kl=False``.
+
+Where the two sides part (each pinned by a test, so a change on either side shows up)
+-----------------------------------------------------------------------------------
+1. Completions with no real token: TRL "grpo" counts them in its mean over B rows; dfpo
+   ignores them, so dfpo = TRL * B / (non-empty rows) (``test_all_masked_rows``).
+2. GSPO clip metrics: TRL logs the share of clipped SEQUENCES, dfpo the share of real
+   TOKENS in clipped sequences (``test_gspo_clip_fractions_are_token_weighted_...``).
+3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's
+   k3 term has no such factor (it matches TRL with the option off).
+4. Gradient accumulation: TRL "dapo" divides every micro-batch by the token count of the
+   whole generation batch, "bnpo" by its own; dfpo sees one call, so a trainer that splits a
+   batch must weight micro-batches by their token share to get TRL's "dapo".
 
 Advantages: TRL computes them inline in ``_generate_and_score_completions`` (not callable
 without a model, a tokenizer and reward functions). ``test_group_advantages_match_trl``
@@ -70,7 +87,7 @@ import torch
 trl = pytest.importorskip("trl")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
-from trl.trainer.utils import nanstd  # noqa: E402
+from trl.trainer.utils import nanstd, split_tensor_dict  # noqa: E402
 
 from dfpo import group_advantages, policy_loss  # noqa: E402
 
@@ -127,7 +144,7 @@ def _trl_trainer(logp: torch.Tensor, **config) -> GRPOTrainer:
     trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
     # Set elsewhere by __init__ / the Trainer loop; see the module docstring.
     trainer.aux_loss_enabled = False
-    trainer.current_gradient_accumulation_steps = 1
+    trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
     trainer.model = SimpleNamespace(training=True)
     trainer.accelerator = _SingleProcessAccelerator()
     trainer.state = TrainerState()
@@ -140,8 +157,11 @@ def _trl_trainer(logp: torch.Tensor, **config) -> GRPOTrainer:
     return trainer
 
 
-def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, **config):
-    """TRL's loss for these tensors and the metrics TRL logged while computing it."""
+def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, num_items_in_batch=None, **config):
+    """TRL's loss for these tensors and the metrics TRL logged while computing it.
+
+    ``num_items_in_batch``: real tokens of the whole generation batch (default: of this one).
+    """
     B, T = logp.shape
     config.setdefault("max_completion_length", T)
     trainer = _trl_trainer(logp, **config)
@@ -153,7 +173,7 @@ def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, **config):
         "completion_mask": completion_mask,
         "advantages": advantages,
         "old_per_token_logps": old_logp,
-        "num_items_in_batch": completion_mask.sum(),
+        "num_items_in_batch": completion_mask.sum() if num_items_in_batch is None else num_items_in_batch,
     }
     if ref_logp is not None:
         inputs["ref_per_token_logps"] = ref_logp
@@ -227,6 +247,21 @@ def run_trl(batch, **config):
                              mask=batch.mask, ref_logp=getattr(batch, "ref_logp", None), **config)
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, metrics
+
+
+def run_trl_accumulated(batch, steps: int, **config):
+    """TRL over one generation batch cut into ``steps`` micro-batches by TRL's ``split_tensor_dict``
+    (as ``_prepare_inputs`` does, without the shuffle), gradients accumulated as ``Trainer`` does:
+    (sum of the micro-batch losses, d sum / d logp)."""
+    logp = batch.logp.clone().requires_grad_(True)  # (B, T)
+    whole = {"logp": logp, "old_logp": batch.old_logp, "advantages": batch.advantages, "mask": batch.mask}
+    total = 0.0
+    for micro in split_tensor_dict(whole, steps):
+        loss, _ = trl_loss(**micro, num_items_in_batch=batch.mask.sum(), gradient_accumulation_steps=steps,
+                           steps_per_generation=steps, **config)
+        total = total + loss
+    (grad,) = torch.autograd.grad(total, logp)
+    return total.detach(), grad
 
 
 def run_dfpo(batch, objective, **overrides):
@@ -339,6 +374,41 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     torch.testing.assert_close(value, trl_value, **TOL)
     torch.testing.assert_close(grad, trl_grad, **TOL)
     assert metrics["kl/ref"].item() == pytest.approx(trl_metrics["kl"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("objective", "trl_config"), [
+    ("grpo", dict(loss_type="grpo", epsilon=0.2)),
+    ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
+    ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
+])
+def test_accumulated_micro_batches_equal_one_dfpo_call(objective, trl_config):
+    """TRL trains on a generation batch as ``steps_per_generation`` micro-batches whose gradients
+    are accumulated. For grpo (equal-size micro-batches), dapo (every micro-batch divided by the
+    generation batch's token count) and dr_grpo, the accumulated TRL loss and gradient equal ONE
+    dfpo call on the whole batch. (TRL's "bnpo" divides each micro-batch by its own tokens:
+    it is dfpo's token_mean per micro-batch, averaged; see the next test.)"""
+    batch = make_batch(3, level="token", eps_low=0.2, eps_high=0.28)
+    trl_value, trl_grad = run_trl_accumulated(batch, 2, **trl_config)
+    value, grad, _ = run_dfpo(batch, objective)
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+
+
+def test_bnpo_accumulates_micro_batch_token_means():
+    """TRL "bnpo" over 2 micro-batches = the mean of dfpo ``dapo`` (token_mean) on each half,
+    which differs from dapo on the whole batch when the halves hold different token counts."""
+    batch = make_batch(3, level="token", eps_low=0.2, eps_high=0.28)
+    trl_value, trl_grad = run_trl_accumulated(batch, 2, loss_type="bnpo", epsilon=0.2, epsilon_high=0.28)
+    B = batch.mask.shape[0]
+    halves = [SimpleNamespace(**{k: getattr(batch, k)[sl] for k in ("logp", "old_logp", "advantages", "mask",
+                                                                      "group_ids")})
+              for sl in (slice(0, B // 2), slice(B // 2, B))]
+    assert halves[0].mask.sum() != halves[1].mask.sum()
+    parts = [run_dfpo(half, "dapo") for half in halves]
+    torch.testing.assert_close(sum(p[0] for p in parts) / 2, trl_value, **TOL)
+    torch.testing.assert_close(torch.cat([p[1] for p in parts]) / 2, trl_grad, **TOL)
+    whole_value, _, _ = run_dfpo(batch, "dapo")
+    assert abs(whole_value - trl_value) > 1e-4
 
 
 # ---------------------------------------------------------------------------------------
