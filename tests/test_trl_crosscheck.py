@@ -374,6 +374,9 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     torch.testing.assert_close(value, trl_value, **TOL)
     torch.testing.assert_close(grad, trl_grad, **TOL)
     assert metrics["kl/ref"].item() == pytest.approx(trl_metrics["kl"], rel=1e-6)
+    # TRL's default (use_bias_correction_kl=True) weighs k3 by the ratio: not dfpo's term.
+    default_value, _, _ = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04)
+    assert abs(default_value - value) > 1e-5
 
 
 @pytest.mark.parametrize(("objective", "trl_config"), [
