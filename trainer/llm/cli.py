@@ -1,0 +1,67 @@
+"""`dfpo train`: group-relative RL fine-tuning of a transformers model (imports stay light here).
+
+    dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
+    dfpo train --resume RUN_DIR [--set train.steps=N]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Keys that may change when resuming without breaking exact continuation.
+RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from dfpo.trainer.llm.config import apply_overrides, config_from_dict, load_config
+
+    sets = list(args.set or [])
+    if args.resume:
+        run_dir = Path(args.resume)
+        cfg_path = run_dir / "config.toml"
+        if not cfg_path.is_file():
+            raise ValueError(f"--resume {args.resume}: no config.toml in it; is it a dfpo run folder?")
+        if args.config:
+            raise ValueError("--resume reads RUN_DIR/config.toml; drop --config (use --set train.steps=N to extend)")
+        bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
+        if bad:
+            raise ValueError(f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}")
+        import tomllib
+
+        raw = apply_overrides(tomllib.loads(cfg_path.read_text()), sets)
+        raw["run_dir"] = str(run_dir)
+        cfg = config_from_dict(raw)
+    else:
+        if not args.config:
+            raise ValueError("--config FILE.toml is required (or --resume RUN_DIR); see configs/tiny-cpu.toml")
+        cfg = load_config(args.config, sets)
+
+    from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
+
+    trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
+    try:
+        summary = trainer.run()
+    except NonFiniteLossError as err:
+        print(f"dfpo: error: {err}", file=sys.stderr)
+        return 1
+    import json
+
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="RL fine-tuning of a transformers model with any objective (offline tiny preset by default)",
+        description="Group-relative RL fine-tuning with every objective of dfpo.OBJECTIVES. "
+        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt).",
+    )
+    p.add_argument("--config", default=None, help="TOML config file (see configs/)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. --set optim.lr=1e-4 (repeatable)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint, exactly")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.set_defaults(func=_cmd_train)

@@ -1,0 +1,196 @@
+"""Policy loading: the offline ``tiny`` preset, local/hub transformers models, LoRA, reference.
+
+The tiny preset (no network, no downloaded weights):
+1. a character-level tokenizer built with ``tokenizers`` (WordLevel over printable ASCII,
+   each character one token, special tokens <pad> <eos> <unk>), wrapped in
+   ``PreTrainedTokenizerFast``;
+2. a small ``Qwen2Config`` model initialised from scratch with the run's seed;
+3. a short supervised warm-start on the task's train split (prompt -> answer<eos>), so that
+   group-relative RL starts with some reward signal.
+The result is saved under ``RUN_DIR/init_model`` so resume and the reference model reload it.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError('device = "cuda" but no CUDA device is available; use device = "auto" or "cpu"')
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_char_tokenizer():
+    """Character-level tokenizer: one token per printable ASCII character."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + list(CHARS))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def build_tiny_model(mcfg, tokenizer, seed: int, max_positions: int = 256):
+    """A small Qwen2 causal LM initialised from scratch (deterministic given ``seed``)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    heads = mcfg.tiny_heads
+    if mcfg.tiny_hidden % heads:
+        raise ValueError(f"model.tiny_hidden={mcfg.tiny_hidden} must be divisible by model.tiny_heads={heads}")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=mcfg.tiny_hidden,
+        intermediate_size=mcfg.tiny_intermediate,
+        num_hidden_layers=mcfg.tiny_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    return model.float()
+
+
+def sft_warm_start(model, tokenizer, examples, *, target_fn, steps: int, batch_size: int, lr: float, seed: int, device) -> list[float]:
+    """Supervised steps on prompt -> target<eos> (loss on target tokens only). Returns the losses.
+
+    ``target_fn(example, rng) -> str`` gives the supervised target (the answer, or one of the
+    equivalent surface forms for the equiv task).
+    """
+    if steps <= 0:
+        return []
+    rng = random.Random(seed + 77)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    eos = tokenizer.eos_token_id
+    losses = []
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 78)
+        for _ in range(steps):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+            seqs = []
+            for ex in batch:
+                p = tokenizer(ex.prompt, add_special_tokens=False).input_ids
+                c = tokenizer(target_fn(ex, rng), add_special_tokens=False).input_ids + [eos]
+                seqs.append((p, c))
+            width = max(len(p) + len(c) for p, c in seqs)
+            ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
+            att = torch.zeros(batch_size, width, dtype=torch.long)  # (B, L)
+            labels = torch.full((batch_size, width), -100, dtype=torch.long)  # (B, L)
+            for i, (p, c) in enumerate(seqs):
+                s = p + c
+                ids[i, : len(s)] = torch.tensor(s)
+                att[i, : len(s)] = 1
+                labels[i, len(p) : len(s)] = torch.tensor(c)
+            out = model(input_ids=ids.to(device), attention_mask=att.to(device), labels=labels.to(device))
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+    return losses
+
+
+def check_pad_token(tokenizer, pad_token: str) -> None:
+    """Give the tokenizer a pad token as configured, or fail saying what to set."""
+    if tokenizer.pad_token is not None and not pad_token:
+        return
+    if not pad_token:
+        raise ValueError(
+            "the tokenizer has no pad token; set model.pad_token = \"eos\" to reuse its EOS token "
+            "(safe here: the trainer masks by length, not by token id) or name a token string"
+        )
+    if pad_token == "eos":
+        if tokenizer.eos_token is None:
+            raise ValueError("model.pad_token = \"eos\" but the tokenizer has no EOS token either; name a token string")
+        tokenizer.pad_token = tokenizer.eos_token
+    else:
+        tokenizer.pad_token = pad_token
+
+
+def _load_pretrained(name: str, dtype, trust_remote_code: bool):
+    """(model, tokenizer) from a local directory, the local HF cache, or the hub when reachable."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dfpo.trainer.llm.tasks import hub_reachable
+
+    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if Path(name).is_dir():
+        return AutoModelForCausalLM.from_pretrained(name, **kwargs), AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    try:  # a hub name already in the local cache works offline
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=trust_remote_code)
+        return AutoModelForCausalLM.from_pretrained(name, local_files_only=True, **kwargs), tok
+    except Exception:
+        pass
+    if not hub_reachable():
+        raise ValueError(
+            f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
+            "not reachable. Download the model on a machine with network (huggingface-cli download NAME --local-dir DIR) "
+            "and set model.name = \"DIR\", or use model.name = \"tiny\" (offline preset)."
+        )
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs), AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+
+
+def check_model_available(name: str) -> None:
+    """Cheap check, before any data or weights load, that ``model.name`` can be loaded."""
+    if name == "tiny" or Path(name).is_dir():
+        return
+    from dfpo.trainer.llm.tasks import hub_reachable
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except Exception:
+        pass
+    if not hub_reachable():
+        raise ValueError(
+            f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
+            "not reachable. Download it where there is network and set model.name = \"DIR\", or use model.name = \"tiny\"."
+        )
+
+
+def load_pretrained_policy(path_or_name: str, mcfg, device, dtype):
+    """Model and tokenizer from a path or hub name, with the pad-token check and LoRA."""
+    model, tok = _load_pretrained(path_or_name, dtype, mcfg.trust_remote_code)
+    check_pad_token(tok, mcfg.pad_token)
+    return model.to(device), tok
+
+
+def wrap_lora(model, mcfg):
+    """peft LoRA adapters on ``model`` when model.lora_r > 0 (only adapters train)."""
+    if mcfg.lora_r <= 0:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ValueError("model.lora_r > 0 needs the peft package: pip install peft") from None
+    targets = mcfg.lora_target_modules
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lcfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM")
+    return get_peft_model(model, lcfg)

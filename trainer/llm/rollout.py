@@ -1,0 +1,167 @@
+"""Rollouts: a small engine interface, the transformers ``generate`` engine, batch tensors.
+
+``RolloutEngine.generate(prompt_ids, n, params)`` takes token ids and returns, prompt-major,
+``len(prompt_ids) * n`` completions as token-id lists (EOS kept when produced). That is all
+a vLLM engine has to implement to plug in (it also speaks token ids).
+
+``build_batch`` lays completions out for the trainer::
+
+    input_ids  (B, P + T)   [left-padded prompt | completion, right-padded]
+    mask       (B, T)       1 on real completion tokens (EOS included; nothing after it)
+
+so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> list[list[int]]:
+        """Completions (token ids), prompt-major: [p0 s0, p0 s1, ..., p1 s0, ...]."""
+        ...
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from ``model``'s current weights (no-op when it holds the model)."""
+        ...
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention) (N, W) with each sequence right-aligned."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (N, W)
+    att = torch.zeros(len(seqs), width, dtype=torch.long)  # (N, W)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s)
+            att[i, width - len(s) :] = 1
+    return ids, att
+
+
+def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Tokens up to and including the first EOS; (tokens, ended_with_eos)."""
+    for j, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: j + 1], True
+    return ids, False
+
+
+class HFGenerateEngine:
+    """Batched ``model.generate`` over prompts x n with sampling; stops on EOS."""
+
+    def __init__(self, model, pad_id: int, eos_ids: set[int], batch_size: int = 0):
+        self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> list[list[int]]:
+        expanded = [p for p in prompt_ids for _ in range(n)]
+        chunk = self.batch_size or len(expanded)
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        out: list[list[int]] = []
+        for start in range(0, len(expanded), chunk):
+            ids, att = left_pad(expanded[start : start + chunk], self.pad_id)  # (N, W)
+            gen = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=att.to(device),
+                do_sample=True,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                max_new_tokens=params.max_new_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=sorted(self.eos_ids),
+            )  # (N, W + T')
+            for row in gen[:, ids.shape[1] :].tolist():
+                out.append(cut_at_eos(row, self.eos_ids)[0])
+        self.model.train(was_training)
+        return out
+
+
+@dataclass
+class RolloutBatch:
+    """Tensors of one rollout batch (B = prompts x G completions)."""
+
+    input_ids: torch.Tensor  # (B, P + T)
+    attention_mask: torch.Tensor  # (B, P + T)
+    mask: torch.Tensor  # (B, T) bool, real completion tokens
+    completion_ids: torch.Tensor  # (B, T), pad after the end
+    group_ids: torch.Tensor  # (B,)
+    truncated: torch.Tensor  # (B,) bool, hit max_new_tokens without EOS
+    prompt_width: int
+
+    def rows(self, index: torch.Tensor) -> "RolloutBatch":
+        return RolloutBatch(
+            self.input_ids[index], self.attention_mask[index], self.mask[index], self.completion_ids[index],
+            self.group_ids[index], self.truncated[index], self.prompt_width,
+        )
+
+
+def build_batch(prompt_ids: list[list[int]], completions: list[list[int]], n: int, *, pad_id: int, eos_ids: set[int], max_new_tokens: int) -> RolloutBatch:
+    """Lay out prompt-major completions (n per prompt) as trainer tensors."""
+    B = len(completions)
+    prompts = [p for p in prompt_ids for _ in range(n)]
+    p_ids, p_att = left_pad(prompts, pad_id)  # (B, P)
+    T = max(1, max(len(c) for c in completions))
+    c_ids = torch.full((B, T), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(B, T, dtype=torch.bool)  # (B, T)
+    truncated = torch.zeros(B, dtype=torch.bool)  # (B,)
+    for i, c in enumerate(completions):
+        if c:
+            c_ids[i, : len(c)] = torch.tensor(c)
+            mask[i, : len(c)] = True
+        truncated[i] = len(c) >= max_new_tokens and (not c or c[-1] not in eos_ids)
+    group_ids = torch.arange(len(prompt_ids)).repeat_interleave(n)  # (B,)
+    return RolloutBatch(
+        input_ids=torch.cat([p_ids, c_ids], dim=1),
+        attention_mask=torch.cat([p_att, mask.long()], dim=1),
+        mask=mask,
+        completion_ids=c_ids,
+        group_ids=group_ids,
+        truncated=truncated,
+        prompt_width=p_ids.shape[1],
+    )
+
+
+def completion_logits(model, batch: RolloutBatch, device) -> torch.Tensor:
+    """Logits predicting each completion token (B, T, V)."""
+    att = batch.attention_mask.to(device)  # (B, L)
+    position_ids = (att.cumsum(-1) - 1).clamp(min=0)  # (B, L) left padding aware
+    out = model(input_ids=batch.input_ids.to(device), attention_mask=att, position_ids=position_ids, use_cache=False)
+    P, T = batch.prompt_width, batch.mask.shape[1]
+    return out.logits[:, P - 1 : P + T - 1]  # (B, T, V)
+
+
+def token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log pi(y_t) (B, T) in float32 without materialising a second (B, T, V) tensor."""
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (B, T)
+
+
+@torch.no_grad()
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(entropy, pi(y_t), collision sum_n pi_n^2), each (B, T), computed in row chunks, no grad."""
+    ent, prob, coll = [], [], []
+    for s in range(0, logits.shape[0], chunk):
+        lp = torch.log_softmax(logits[s : s + chunk].detach().float(), dim=-1)  # (b, T, V)
+        p = lp.exp()
+        ent.append(-(p * lp).sum(-1))
+        prob.append(p.gather(-1, targets[s : s + chunk, :, None]).squeeze(-1))
+        coll.append((p * p).sum(-1))
+    return torch.cat(ent), torch.cat(prob), torch.cat(coll)

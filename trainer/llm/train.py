@@ -1,0 +1,607 @@
+"""The LLM trainer: rollouts -> rewards -> group advantages -> K off-policy optimiser steps.
+
+One training step (one rollout batch):
+
+1. take ``prompts_per_step`` prompts (seeded, resumable cursor), generate G completions each;
+2. rewards (timeouts and errors give 0 and are counted), ``group_advantages``;
+3. old log-probs recomputed by the trainer (no grad), reference log-probs when beta > 0;
+4. ``epochs`` passes over the batch in mini-batches of ``minibatch_groups`` whole groups
+   (K = epochs * prompts_per_step / minibatch_groups optimiser steps); each mini-batch is
+   split into micro-batches of whole groups whose losses are weighted so that the summed
+   gradient equals the mini-batch loss gradient exactly (``accumulation_weights``);
+   grad-norm clipping, AdamW, cosine schedule with linear warmup and a floor;
+5. diagnostics from ``d loss / d logp`` (Energy, shared-prefix residual), metrics line,
+   samples, checkpoint.
+
+All loss maths is ``dfpo.policy_loss``; this file never writes an objective formula.
+
+Choices where the issue is silent:
+1. Micro-batch weights are exact for token_mask = "none". With a token mask (STAPO,
+   top-entropy) the mask thresholds depend on the batch a loss call sees, so accumulation
+   is exact only without micro-batching (optim.microbatch_groups = 0).
+2. ``constant`` aggregation gets max_completion_length = rollout.max_new_tokens unless the
+   config overrides it, as TRL's dr_grpo does.
+3. A non-finite loss or gradient skips that optimiser step (no parameter, optimiser or
+   scheduler change); ``train.max_nonfinite_in_row`` skips in a row stop the run with the
+   last good checkpoint kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo.trainer.llm import diagnostics as diag
+from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
+from dfpo.trainer.llm.rollout import (
+    HFGenerateEngine,
+    RolloutBatch,
+    SamplingParams,
+    build_batch,
+    completion_logits,
+    token_logp,
+    token_stats,
+)
+from dfpo.trainer.llm.runlog import JsonlLog, Scalars, finite_only, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.tasks import PromptSampler, equiv_targets, load_splits, surface_form
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimiser steps in a row had a non-finite loss or gradient."""
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def lr_factor(step: int, *, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` at ``total``."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def group_minibatches(group_ids: torch.Tensor, groups_per_batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Row indices of mini-batches that each hold ``groups_per_batch`` whole groups, in random group order."""
+    groups = torch.unique(group_ids)  # sorted
+    order = groups[torch.randperm(len(groups), generator=generator)]
+    out = []
+    for s in range(0, len(order), groups_per_batch):
+        chosen = order[s : s + groups_per_batch]
+        out.append(torch.isin(group_ids, chosen).nonzero().flatten())
+    return out
+
+
+def split_groups(rows: torch.Tensor, group_ids: torch.Tensor, groups_per_micro: int) -> list[torch.Tensor]:
+    """Split the rows of a mini-batch into micro-batches of ``groups_per_micro`` whole groups (0: one micro)."""
+    if groups_per_micro <= 0:
+        return [rows]
+    groups = []
+    for g in group_ids[rows].tolist():
+        if g not in groups:
+            groups.append(g)
+    out = []
+    for s in range(0, len(groups), groups_per_micro):
+        chosen = torch.tensor(groups[s : s + groups_per_micro])
+        out.append(rows[torch.isin(group_ids[rows], chosen)])
+    return out
+
+
+def accumulation_weights(masks: list[torch.Tensor], aggregation: str) -> list[float]:
+    """Weights w_u with sum_u w_u * loss(micro u) == loss(whole mini-batch) for an aggregation.
+
+    The loss core averages over non-empty rows (sequence means, ``constant`` with a fixed
+    T_max) or over real tokens (``token_mean``), so each micro-batch's share is its count
+    over the mini-batch's count.
+    """
+    if aggregation == "token_mean":
+        counts = [float(m.sum()) for m in masks]
+    elif aggregation == "constant":
+        counts = [float(m.shape[0]) for m in masks]
+    else:
+        counts = [float((m.sum(-1) > 0).sum()) for m in masks]
+    total = sum(counts)
+    return [c / total if total > 0 else 0.0 for c in counts]
+
+
+@dataclass
+class MicroBatch:
+    batch: RolloutBatch
+    old_logp: torch.Tensor  # (b, T)
+    ref_logp: torch.Tensor | None  # (b, T)
+    advantages: torch.Tensor  # (b,)
+    weight: float
+
+
+@dataclass
+class StepDiagnostics:
+    """Running sums of one training step's diagnostics over its optimiser steps."""
+
+    energy: torch.Tensor | None = None
+    shared_num: float = 0.0
+    shared_den: float = 0.0
+    shared_positions: int = 0
+
+    def add_energy(self, sums: torch.Tensor) -> None:
+        self.energy = sums.cpu() if self.energy is None else self.energy + sums.cpu()
+
+
+def accumulate_gradients(
+    model,
+    micro_batches: list[MicroBatch],
+    objective: str,
+    overrides: dict,
+    device,
+    *,
+    need_stats: bool = True,
+    buckets: torch.Tensor | None = None,
+    diagnostics: StepDiagnostics | None = None,
+) -> tuple[dict, bool]:
+    """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
+
+    Gradients accumulate in ``.grad``; on a non-finite loss the remaining micro-batches
+    are skipped and (metrics, False) returned (the caller zeroes the gradients).
+    """
+    sums: dict[str, float] = {}
+    maxes: dict[str, float] = {}
+    for mb in micro_batches:
+        b = mb.batch
+        logits = completion_logits(model, b, device)  # (b, T, V)
+        targets = b.completion_ids.to(device)  # (b, T)
+        mask = b.mask.to(device)  # (b, T)
+        logp = token_logp(logits, targets)  # (b, T)
+        entropy = prob = coll = None
+        if need_stats:
+            entropy, prob, coll = token_stats(logits, targets)
+        del logits
+        if not bool(torch.isfinite(logp.detach())[mask].all()):
+            return sums, False
+        logp.retain_grad()
+        loss, metrics = policy_loss(
+            objective,
+            logp=logp,
+            old_logp=mb.old_logp.to(device),
+            advantages=mb.advantages.to(device),
+            mask=mask,
+            group_ids=b.group_ids.to(device),
+            entropy=entropy,
+            ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
+            **overrides,
+        )
+        if not bool(torch.isfinite(loss.detach())):
+            return sums, False
+        (loss * mb.weight).backward()
+        for k, v in metrics.items():
+            v = float(v)
+            if k == "ratio/max":
+                maxes[k] = max(maxes.get(k, -math.inf), v)
+            else:
+                sums[k] = sums.get(k, 0.0) + mb.weight * v
+        if entropy is not None:
+            sums["entropy/mean"] = sums.get("entropy/mean", 0.0) + mb.weight * float(entropy[mask].mean()) if bool(mask.any()) else sums.get("entropy/mean", 0.0)
+        if diagnostics is not None and prob is not None and logp.grad is not None:
+            coef = logp.grad.detach()  # (b, T) = d loss_minibatch / d logp, weight included
+            factor = (1 - 2 * prob + coll).clamp(min=0).sqrt()  # (b, T)
+            norm = coef.abs() * factor  # (b, T) closed-form logit-gradient norm
+            if buckets is not None:
+                diagnostics.add_energy(diag.energy_sums(norm, targets, mask, buckets))
+            num, den, n = diag.shared_prefix_sums(coef, factor, targets, mask, b.group_ids.to(device))
+            diagnostics.shared_num += num
+            diagnostics.shared_den += den
+            diagnostics.shared_positions += n
+    sums.update(maxes)
+    return sums, True
+
+
+@torch.no_grad()
+def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp, entropy) (B, T) under ``model``, in chunks of rows, no grad."""
+    lps, ents = [], []
+    for s in range(0, batch.mask.shape[0], rows_per_chunk):
+        part = batch.rows(torch.arange(s, min(s + rows_per_chunk, batch.mask.shape[0])))
+        logits = completion_logits(model, part, device)
+        targets = part.completion_ids.to(device)
+        lps.append(token_logp(logits, targets).cpu())
+        ents.append(token_stats(logits, targets)[0].cpu())
+    return torch.cat(lps), torch.cat(ents)
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """Builds everything from a Config (cheap checks first) and runs or resumes a run."""
+
+    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
+        from dfpo.trainer.llm.policy import check_model_available, resolve_device, resolve_dtype
+        from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
+
+        self.cfg, self.resume, self.quiet = cfg, resume, quiet
+        self.run_dir = Path(cfg.run_dir)
+        if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise ValueError(
+                f"run_dir {str(self.run_dir)!r} exists and is not empty; choose another (--set run_dir=...) "
+                f"or continue it with --resume {self.run_dir}"
+            )
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+        self.overrides = dict(cfg.objective.overrides)
+        if self.spec.aggregation == "constant" and "max_completion_length" not in self.overrides:
+            self.overrides["max_completion_length"] = cfg.rollout.max_new_tokens
+        self.adv_scale = self.spec.adv_scale if cfg.objective.advantage_scale == "auto" else cfg.objective.advantage_scale
+        self.rewards = RewardComputer(
+            correctness_fn(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
+            format_weight=cfg.reward.format_weight,
+            format_regex=cfg.reward.format_regex,
+            timeout_s=cfg.reward.timeout_s,
+        )
+        self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
+        check_model_available(cfg.model.name)
+        self.groups_per_step = cfg.rollout.prompts_per_step
+        self.k_updates = cfg.optim.epochs * (self.groups_per_step // cfg.optim.minibatch_groups)
+        self.total_updates = cfg.train.steps * self.k_updates
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def _load_model(self):
+        from dfpo.trainer.llm.policy import (
+            build_char_tokenizer,
+            build_tiny_model,
+            check_pad_token,
+            load_pretrained_policy,
+            sft_warm_start,
+            wrap_lora,
+        )
+
+        cfg, m = self.cfg, self.cfg.model
+        init_dir = self.run_dir / "init_model"
+        if m.name == "tiny":
+            if not self.resume:
+                tok = build_char_tokenizer()
+                model = build_tiny_model(m, tok, cfg.seed).to(self.device)
+                t0 = time.time()
+                target = (lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng)) if cfg.data.task == "equiv" else (lambda ex, rng: ex.answer)
+                losses = sft_warm_start(
+                    model, tok, self.train_examples, target_fn=target, steps=m.sft_steps, batch_size=m.sft_batch_size,
+                    lr=m.sft_lr, seed=cfg.seed, device=self.device,
+                )
+                if losses:
+                    self._say(f"tiny preset: {m.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+                model.save_pretrained(init_dir)
+                tok.save_pretrained(init_dir)
+            source = str(init_dir)
+        else:
+            source = m.name
+        model, tok = load_pretrained_policy(source, m, self.device, self.dtype if m.name != "tiny" else torch.float32)
+        check_pad_token(tok, m.pad_token)
+        ref = None
+        if self.spec.beta > 0 and m.lora_r <= 0:
+            ref, _ = load_pretrained_policy(source, m, self.device, self.dtype if m.name != "tiny" else torch.float32)
+            ref.eval().requires_grad_(False)
+        if m.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model = wrap_lora(model, m)
+        model.train()
+        return model, tok, ref
+
+    def _prompt_ids(self, examples) -> list[list[int]]:
+        d = self.cfg.data
+        has_template = bool(getattr(self.tok, "chat_template", None))
+        if d.chat_template == "on" and not has_template:
+            raise ValueError("data.chat_template = \"on\" but the tokenizer has no chat template; set it to \"auto\" or \"off\"")
+        out = []
+        for ex in examples:
+            text = d.prompt_template.format(prompt=ex.prompt)
+            if has_template and d.chat_template != "off":
+                ids = self.tok.apply_chat_template(
+                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, enable_thinking=d.enable_thinking
+                )
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+                out.append(list(ids))
+            else:
+                out.append(self.tok(text, add_special_tokens=False).input_ids)
+        return out
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.resume:
+            (self.run_dir / "config.toml").write_text(config_to_toml(cfg))
+        torch.manual_seed(cfg.seed)
+        self.model, self.tok, self.ref_model = self._load_model()
+        self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
+        self.eos_ids.discard(None)
+        self.engine = HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
+        warmup = int(round(o.warmup_ratio * self.total_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, total=self.total_updates, warmup=warmup, min_ratio=o.min_lr_ratio)
+        )
+        self.sampler = PromptSampler(len(self.train_examples), cfg.seed, cfg.data.shuffle)
+        self.start_step, self.nonfinite_in_row, self.updates_done = 0, 0, 0
+        if self.resume:
+            self._restore()
+        else:
+            self._save(0)
+        self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
+        self.eval_log = JsonlLog(self.run_dir / "eval.jsonl")
+        self.samples_log = JsonlLog(self.run_dir / "samples.jsonl")
+        self.scalars = Scalars(self.run_dir, cfg.log.tensorboard, cfg.log.wandb_project, self.start_step or None, config_to_dict(cfg))
+        self.eval_prompt_ids = self._prompt_ids(self.eval_examples)
+
+    def _trainable_state(self) -> dict:
+        return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _save(self, step: int) -> Path:
+        state = {
+            "step": step,
+            "model": self._trainable_state(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "nonfinite_in_row": self.nonfinite_in_row,
+            "updates_done": self.updates_done,
+        }
+        self.last_checkpoint_step = step
+        return save_checkpoint(self.run_dir, state)
+
+    def _restore(self) -> None:
+        state = load_checkpoint(self.run_dir)
+        names = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(state["model"]) != names:
+            raise ValueError(f"--resume {self.run_dir}: checkpoint parameters do not match the model (was the config edited?)")
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                if n in state["model"]:
+                    p.copy_(state["model"][n].to(p.device, p.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.start_step = int(state["step"])
+        self.last_checkpoint_step = self.start_step
+        self.nonfinite_in_row = int(state["nonfinite_in_row"])
+        self.updates_done = int(state["updates_done"])
+        c = self.start_step
+        JsonlLog.truncate(self.run_dir / "metrics.jsonl", lambda r: r.get("step", 0) <= c)
+        JsonlLog.truncate(self.run_dir / "samples.jsonl", lambda r: r.get("step", 0) <= c)
+        JsonlLog.truncate(self.run_dir / "eval.jsonl", lambda r: r.get("step", 0) < c)
+        self._say(f"resumed {self.run_dir} at step {c}")
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def _sampling(self, temperature: float) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p, top_k=r.top_k)
+
+    def rollout(self, examples) -> tuple[RolloutBatch, list[str], dict]:
+        G = self.cfg.rollout.group_size
+        prompt_ids = self._prompt_ids(examples)
+        completions = self.engine.generate(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
+        batch = build_batch(prompt_ids, completions, G, pad_id=self.tok.pad_token_id, eos_ids=self.eos_ids, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        texts = self.tok.batch_decode(completions, skip_special_tokens=True)
+        prompts = [ex.prompt for ex in examples for _ in range(G)]
+        rew = self.rewards(prompts, texts, [ex for ex in examples for _ in range(G)])
+        return batch, texts, rew
+
+    def train_step(self, step: int) -> dict:
+        cfg = self.cfg
+        t0 = time.time()
+        idx = self.sampler.take(self.groups_per_step)
+        examples = [self.train_examples[i] for i in idx]
+        batch, texts, rew = self.rollout(examples)
+        t_roll = time.time() - t0
+        rewards = torch.tensor(rew["total"], dtype=torch.float32)  # (B,)
+        adv = group_advantages(rewards, batch.group_ids, scale=self.adv_scale, eps=cfg.objective.advantage_eps)  # (B,)
+        if cfg.rollout.mask_truncated:
+            batch.mask &= ~batch.truncated[:, None]
+        G = cfg.rollout.group_size
+        micro_groups = cfg.optim.microbatch_groups or cfg.optim.minibatch_groups
+        old_logp, entropy = batch_logp(self.model, batch, self.device, micro_groups * G)  # (B, T)
+        ref_logp = None
+        if self.spec.beta > 0:
+            if self.ref_model is not None:
+                ref_logp, _ = batch_logp(self.ref_model, batch, self.device, micro_groups * G)
+            else:  # LoRA: the base model is the reference
+                with self.model.disable_adapter():
+                    ref_logp, _ = batch_logp(self.model, batch, self.device, micro_groups * G)
+        buckets = None
+        if cfg.log.diagnostics:
+            buckets = diag.frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
+        step_diag = StepDiagnostics()
+        loss_metrics: list[dict] = []
+        grad_norms: list[float] = []
+        skipped = 0
+        t1 = time.time()
+        for epoch in range(cfg.optim.epochs):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch)
+            for rows in group_minibatches(batch.group_ids, cfg.optim.minibatch_groups, gen):
+                micro_rows = split_groups(rows, batch.group_ids, cfg.optim.microbatch_groups)
+                weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
+                micros = [
+                    MicroBatch(batch.rows(r), old_logp[r], None if ref_logp is None else ref_logp[r], adv[r], w)
+                    for r, w in zip(micro_rows, weights)
+                ]
+                metrics, finite = accumulate_gradients(
+                    self.model, micros, cfg.objective.name, self.overrides, self.device,
+                    need_stats=True, buckets=buckets, diagnostics=step_diag if cfg.log.diagnostics else None,
+                )
+                norm = None
+                if finite:
+                    max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+                    norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                    finite = math.isfinite(norm)
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    self.nonfinite_in_row += 1
+                    self._say(f"step {step}: non-finite loss or gradient, optimiser step skipped ({self.nonfinite_in_row} in a row)")
+                    if self.nonfinite_in_row >= cfg.train.max_nonfinite_in_row:
+                        raise NonFiniteLossError(
+                            f"{self.nonfinite_in_row} optimiser steps in a row had a non-finite loss or gradient (at training step {step}); "
+                            f"stopped. The last good checkpoint is {self.run_dir / 'checkpoint.pt'} (step {self.last_checkpoint_step}). "
+                            "Lower optim.lr, set optim.max_grad_norm > 0, or check the reward function; then --resume the run "
+                            "or start again, or raise train.max_nonfinite_in_row."
+                        )
+                    continue
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.nonfinite_in_row = 0
+                self.updates_done += 1
+                loss_metrics.append(metrics)
+                grad_norms.append(norm)
+        t_upd = time.time() - t1
+        out = self._step_metrics(step, batch, texts, rew, examples, rewards, entropy, loss_metrics, grad_norms, skipped, step_diag)
+        out["time/rollout_s"], out["time/update_s"], out["time/step_s"] = t_roll, t_upd, time.time() - t0
+        self._write_samples(step, examples, texts, rew)
+        return out
+
+    def _step_metrics(self, step, batch, texts, rew, examples, rewards, entropy, loss_metrics, grad_norms, skipped, step_diag) -> dict:
+        cfg = self.cfg
+        lengths = batch.mask.sum(-1).float()
+        m: dict = {
+            "step": step,
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std(unbiased=False)),
+            "reward/correct": sum(rew["correct"]) / len(rew["correct"]),
+            "reward/format": sum(rew["format"]) / len(rew["format"]),
+            "reward/errors": rew["errors"],
+            "reward/timeouts": rew["timeouts"],
+            "completion/length": float(lengths.mean()),
+            "completion/truncated_frac": float(batch.truncated.float().mean()),
+            "completion/empty_frac": sum(1 for t in texts if not t.strip()) / len(texts),
+            "groups/zero_var_frac": diag.zero_variance_fraction(rewards, batch.group_ids),
+            "entropy/rollout": float(entropy[batch.mask].mean()) if bool(batch.mask.any()) else 0.0,
+            "optim/lr": self.scheduler.get_last_lr()[0],
+            "optim/updates": self.updates_done,
+            "optim/skipped_nonfinite": skipped,
+        }
+        if grad_norms:
+            m["grad/norm"] = sum(grad_norms) / len(grad_norms)
+        keys = sorted({k for lm in loss_metrics for k in lm})
+        for k in keys:
+            vals = [lm[k] for lm in loss_metrics if k in lm]
+            m[k] = max(vals) if k == "ratio/max" else sum(vals) / len(vals)
+        if step_diag.energy is not None and float(step_diag.energy.sum()) > 0:
+            share = step_diag.energy / step_diag.energy.sum()
+            for b, v in enumerate(share.tolist()):
+                m[f"energy/bucket{b}"] = v
+        m["diag/shared_positions"] = step_diag.shared_positions
+        if step_diag.shared_den > 0:
+            m["diag/shared_residual"] = step_diag.shared_num / step_diag.shared_den
+        if cfg.data.task in ("equiv", "add"):
+            forms = [surface_form(t, ex) for t, ex in zip(texts, [e for e in examples for _ in range(cfg.rollout.group_size)])]
+            for name in ("number", "swap", "split", "echo", "invalid"):
+                m[f"forms/{name}"] = forms.count(name) / len(forms)
+        clean, dropped = finite_only(m)
+        if dropped:
+            clean["log/dropped_nonfinite"] = len(dropped)
+            self._say(f"step {step}: non-finite metrics not logged: {dropped}")
+        return clean
+
+    def _write_samples(self, step, examples, texts, rew) -> None:
+        every = self.cfg.log.samples_every
+        if not every or (step % every and step != 1):
+            return
+        G = self.cfg.rollout.group_size
+        for i in range(min(self.cfg.log.samples_per_step, len(texts))):
+            ex = examples[i // G]
+            self.samples_log.write({"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": texts[i], "reward": rew["total"][i]})
+
+    def evaluate(self, step: int) -> dict:
+        """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked."""
+        cfg = self.cfg
+        k = cfg.eval.k
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed * 7919 + step)
+            completions = self.engine.generate(self.eval_prompt_ids, k, self._sampling(cfg.eval.temperature))
+        texts = self.tok.batch_decode(completions, skip_special_tokens=True)
+        exs = [ex for ex in self.eval_examples for _ in range(k)]
+        rew = self.rewards([e.prompt for e in exs], texts, exs)
+        correct = torch.tensor(rew["correct"]).view(len(self.eval_examples), k)
+        out = {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}
+        self.eval_log.write(out)
+        self.scalars.log(out, step)
+        return out
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self.setup()
+        cfg = self.cfg
+        bar = None
+        if cfg.log.progress and not self.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.train.steps, initial=self.start_step, desc="dfpo train", unit="step", dynamic_ncols=True)
+        t_start = time.time()
+        try:
+            for s in range(self.start_step, cfg.train.steps):
+                if cfg.eval.every and s % cfg.eval.every == 0:
+                    self.evaluate(s)
+                m = self.train_step(s + 1)
+                self.metrics_log.write(m)
+                self.scalars.log(m, s + 1)
+                if (s + 1) % cfg.train.save_every == 0 or s + 1 == cfg.train.steps:
+                    self._save(s + 1)
+                if bar is not None:
+                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}")
+                    bar.update(1)
+            final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
+        finally:
+            if bar is not None:
+                bar.close()
+            self.metrics_log.close()
+            self.eval_log.close()
+            self.samples_log.close()
+            self.scalars.close()
+        summary = run_summary(self.run_dir, cfg.eval.kappa)
+        summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        return summary
+
+
+def _generation_eos(model) -> list[int]:
+    gc = getattr(model, "generation_config", None)
+    eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+def run_summary(run_dir: Path, kappa: float) -> dict:
+    """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19)."""
+    rows = JsonlLog.read(Path(run_dir) / "metrics.jsonl")
+    steps = [r["step"] for r in rows]
+    reward = [r["reward/mean"] for r in rows]
+    return {
+        "steps": len(rows),
+        "reward/first": reward[0] if reward else None,
+        "reward/last": reward[-1] if reward else None,
+        "reward/jitter2": diag.jitter2(reward),
+        "reward/steps_to_kappa": diag.steps_to_threshold(steps, reward, kappa),
+        "kappa": kappa,
+    }
+
+
+def train(cfg: Config, *, resume: bool = False, quiet: bool = False) -> dict:
+    """Run (or resume) a training run; returns the run summary."""
+    return Trainer(cfg, resume=resume, quiet=quiet).run()
