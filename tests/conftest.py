@@ -1,0 +1,15 @@
+"""Shared pytest configuration: Hypothesis profiles and small batch builders."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -1,0 +1,232 @@
+"""Shared-token cancellation (paper eq 2): which objective cancels a token shared by a whole group.
+
+A shared (context, token) event is one leaf tensor broadcast into every completion of a group
+(see ``dfpo.trainer.loss.cancellation``); its gradient is the residual sum_i c_i. Each test
+states, for one family of objectives, exactly when that residual is zero, and checks both
+directions: it is zero where it should be and non-zero where the paper (or we) say it is not.
+
+Summary (policy term; beta = 0):
+
+| objective family            | equal L, r* in range | unequal L | r* outside clip range |
+|-----------------------------|----------------------|-----------|-----------------------|
+| token PPO, length-free agg. | cancels              | cancels   | fails (Cor. F.1)      |
+| token PPO, seq_mean_token_mean | cancels           | fails     | fails                 |
+| grpo_fix (symmetric clip)   | cancels              | fails*    | cancels (zero grad)   |
+| cispo                       | cancels              | fails*    | cancels               |
+| gspo, gspo_token            | fails                | fails     | fails                 |
+| dfpo_* (score form)         | cancels              | fails*    | cancels               |
+| dfpo_* length_aware         | cancels              | cancels   | cancels               |
+| dfpo_* stopgrad="ratio"     | cancels iff no sequence of the group is clipped |
+| stapo                       | cancels unless the shared token is masked (then fails) |
+
+(*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dfpo import policy_loss
+from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+
+TOL = 1e-12
+DFPO = ["dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"]
+LENGTH_FREE = ["token_mean", "constant", "seq_mean_token_sum"]
+
+group_sizes = st.integers(min_value=2, max_value=8)
+seeds = st.integers(min_value=0, max_value=2**16)
+
+
+@st.composite
+def groups(draw, equal_lengths: bool, shared_log_ratio: float = 0.0):
+    """A group with both reward signs present (otherwise every advantage is 0)."""
+    G = draw(group_sizes)
+    rewards = [1.0, 0.0] + draw(st.lists(st.sampled_from([0.0, 1.0]), min_size=G - 2, max_size=G - 2))
+    if equal_lengths:
+        lengths = [draw(st.integers(4, 10))] * G
+    else:
+        lengths = draw(st.lists(st.integers(4, 12), min_size=G, max_size=G).filter(lambda ls: len(set(ls)) > 1))
+    seed = draw(seeds)
+    return make_shared_prefix_group(torch.tensor(rewards), lengths, shared_log_ratio=shared_log_ratio, seed=seed)
+
+
+def clipped_sequences(group, eps_low: float = 3e-4, eps_high: float = 4e-4) -> torch.Tensor:
+    """(G,) True where PPO clipping zeroes sequence i's gradient (or A_i = 0)."""
+    log_s = torch.where(group.mask, group.logp().detach() - group.old_logp, 0).sum(-1) / group.mask.sum(-1)
+    s, A = torch.exp(log_s), group.advantages
+    return ((A > 0) & (s > 1 + eps_high)) | ((A < 0) & (s < 1 - eps_low)) | (A == 0)
+
+
+def eq72_residual(objective: str, group, unclipped_only: bool = False) -> float:
+    """max over shared positions of |(1/G) sum_i stilde_i A_i / L_i| (eq 72), from the core's transform."""
+    from dfpo.trainer.loss import OBJECTIVES, group_transform, sign_aware_clip
+
+    spec = OBJECTIVES[objective]
+    log_s = torch.where(group.mask, group.logp().detach() - group.old_logp, 0).sum(-1) / group.mask.sum(-1)
+    sbar = sign_aware_clip(torch.exp(log_s), group.advantages, spec.eps_low, spec.eps_high)
+    stilde = group_transform(spec.transform, sbar, group.advantages, group.group_ids)
+    L = group.mask.sum(-1).to(stilde.dtype)
+    terms = stilde * group.advantages / L
+    if unclipped_only:
+        terms = torch.where(clipped_sequences(group), 0, terms)
+    return abs(terms.sum().item()) / len(L)
+
+
+def residual(objective: str, group, **overrides) -> float:
+    return shared_token_gradient(objective, group, **overrides).abs().max().item()
+
+
+# --- token-level objectives -------------------------------------------------------------
+
+
+@given(groups(equal_lengths=False), st.sampled_from(["grpo", "dapo", "dr_grpo", "stapo", "grpo_fix", "cispo"]), st.sampled_from(LENGTH_FREE))
+def test_token_level_cancels_at_any_lengths_with_length_free_aggregation(group, objective, aggregation):
+    """A token ratio shared by the group, weighted by a length-free constant, cancels because sum_i A_i = 0."""
+    assert residual(objective, group, aggregation=aggregation) < TOL
+
+
+@given(groups(equal_lengths=True), st.sampled_from(["grpo", "dapo", "dr_grpo", "grpo_fix", "cispo"]))
+def test_token_level_cancels_at_equal_lengths_with_per_sequence_mean(group, objective):
+    """At equal lengths the 1/L_i of seq_mean_token_mean is a group constant, so GRPO cancels (eq 9)."""
+    assert residual(objective, group, aggregation="seq_mean_token_mean") < TOL
+
+
+@given(groups(equal_lengths=False), st.sampled_from(["grpo", "grpo_fix", "cispo"]))
+def test_per_sequence_mean_breaks_token_cancellation_at_unequal_lengths(group, objective):
+    """1/L_i differs across the group, so sum_i A_i r* / L_i != 0: GRPO's own normalisation breaks eq 9."""
+    assert residual(objective, group, aggregation="seq_mean_token_mean") > 1e-8
+
+
+@given(groups(equal_lengths=True, shared_log_ratio=0.5), st.sampled_from(["grpo", "dapo", "dr_grpo"]))
+def test_ppo_clipping_outside_range_breaks_cancellation(group, objective):
+    """Cor. F.1: r* > 1 + eps clips only the A > 0 copies of the shared token, the A < 0 copies still push."""
+    assert residual(objective, group) > 1e-8
+
+
+@given(groups(equal_lengths=True, shared_log_ratio=0.5), st.sampled_from([0.1, 0.3, 0.6]))
+def test_symmetric_clipping_cancels_outside_range(group, eps):
+    """Cor. H.1 (eq 82): phi(r*) does not depend on the sign of A, so the shared token cancels."""
+    assert residual("grpo_fix", group, eps_high=eps) < TOL
+
+
+@given(groups(equal_lengths=True, shared_log_ratio=-0.5))
+def test_symmetric_clipping_cancels_below_range(group):
+    """Below 1 - eps the GRPO-fix weight is still the same for the whole group: it cancels."""
+    assert residual("grpo_fix", group, eps_low=0.2, eps_high=0.2) < TOL
+
+
+# --- sequence-level objectives ---------------------------------------------------------
+
+
+@given(groups(equal_lengths=True), st.sampled_from(["gspo", "gspo_token"]))
+def test_gspo_does_not_cancel_unless_every_sequence_is_clipped(group, objective):
+    """Eq 13: each unclipped completion adds A_i s_i / L_i, with its own s_i: no cancellation.
+
+    The one exception is trivial: when every sequence of the group is clipped the gradient is 0.
+    """
+    if bool(clipped_sequences(group).all()):
+        assert residual(objective, group) < TOL
+    else:
+        assert residual(objective, group) > 1e-8
+
+
+@given(groups(equal_lengths=True), st.sampled_from(["gspo", "gspo_token"]))
+def test_gspo_does_not_cancel_without_clipping_either(group, objective):
+    """Even with clipping switched off, u_1 != u_2 (eq 13) leaves a residual."""
+    assert residual(objective, group, clip="none") > 1e-8
+
+
+@given(groups(equal_lengths=True), st.sampled_from(DFPO))
+def test_dfpo_cancels_at_equal_lengths(group, objective):
+    """Sec. 4.4 / eq 72-73: sum_i stilde_i A_i = 0 and a common 1/L make the shared token cancel."""
+    assert residual(objective, group) < TOL
+
+
+@given(groups(equal_lengths=True, shared_log_ratio=0.5), st.sampled_from(DFPO))
+def test_dfpo_score_form_cancels_with_clipping_active(group, objective):
+    """Score form (eq 68): clipped sequences keep weight stilde_i, so clipping does not break cancellation."""
+    assert residual(objective, group) < TOL
+
+
+@given(groups(equal_lengths=False), st.sampled_from(DFPO))
+def test_dfpo_residual_at_unequal_lengths_is_eq_72(group, objective):
+    """Eq 72/74: the residual is (1/G) sum_i stilde_i A_i / L_i, which sum_i stilde_i A_i = 0 does not zero."""
+    assert residual(objective, group) == pytest.approx(eq72_residual(objective, group), abs=1e-13, rel=1e-9)
+
+
+@pytest.mark.parametrize("objective", DFPO)
+def test_dfpo_fails_at_unequal_lengths(objective):
+    """A concrete group (lengths 5, 9, 12, 7) where DFPO leaves a shared-token residual."""
+    group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [5, 9, 12, 7], seed=0)
+    assert eq72_residual(objective, group) > 1e-4
+    assert residual(objective, group) == pytest.approx(eq72_residual(objective, group), rel=1e-9)
+
+
+@given(groups(equal_lengths=False), st.sampled_from(DFPO))
+def test_dfpo_length_aware_cancels_at_unequal_lengths(group, objective):
+    """With a_i = A_i / L_i the transforms enforce sum_i stilde_i A_i / L_i = 0: exact cancellation."""
+    assert residual(objective, group, length_aware=True) < TOL
+
+
+@given(groups(equal_lengths=False), st.sampled_from(DFPO))
+def test_dfpo_with_token_mean_cancels_at_unequal_lengths(group, objective):
+    """Under token_mean the coefficient is stilde_i A_i / N: sum_i stilde_i A_i = 0 suffices."""
+    assert residual(objective, group, aggregation="token_mean") < TOL
+
+
+@given(groups(equal_lengths=True), st.sampled_from(DFPO))
+def test_dfpo_ratio_form_cancels_when_nothing_is_clipped(group, objective):
+    """Eq 59-62 form with a clip range no sequence reaches: same coefficients as the score form."""
+    assert residual(objective, group, stopgrad="ratio", eps_low=0.99, eps_high=100.0) < TOL
+
+
+@given(groups(equal_lengths=True), st.sampled_from(DFPO))
+def test_dfpo_ratio_form_cancels_iff_all_or_none_of_the_group_is_clipped(group, objective):
+    """Eq 59-62 keeps GSPO's zero gradient on clipped sequences: the unclipped rest do not sum to 0."""
+    clipped = clipped_sequences(group)
+    if bool(clipped.all()) or not bool(clipped.any()):
+        assert residual(objective, group, stopgrad="ratio") < TOL
+    else:  # the unclipped completions alone: (1/G) sum_{i unclipped} stilde_i A_i / L_i
+        expected = eq72_residual(objective, group, unclipped_only=True)
+        assert residual(objective, group, stopgrad="ratio") == pytest.approx(expected, abs=1e-13, rel=1e-9)
+
+
+def test_dfpo_ratio_form_fails_when_part_of_the_group_is_clipped():
+    """A concrete group where the ratio form leaves a residual and the score form does not."""
+    group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [8, 8, 8, 8], seed=1)
+    clipped = clipped_sequences(group)
+    assert bool(clipped.any()) and not bool(clipped.all())
+    assert residual("dfpo_min", group, stopgrad="ratio") > 1e-4
+    assert residual("dfpo_min", group) < TOL
+
+
+@given(groups(equal_lengths=False), st.sampled_from(DFPO))
+def test_dfpo_without_stop_gradient_has_zero_gradient(group, objective):
+    """Table 3's "no stop-grad": the objective (1/G) sum_i A_i stilde_i(theta) is identically 0, so is its gradient."""
+    loss, _ = policy_loss(objective, logp=group.logp(), old_logp=group.old_logp, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, stopgrad="none")
+    grads = torch.autograd.grad(loss, [group.shared_logp, group.own_logp], allow_unused=True)
+    assert max((g.abs().max().item() for g in grads if g is not None), default=0.0) < 1e-12
+
+
+# --- STAPO -----------------------------------------------------------------------------
+
+
+def test_stapo_masking_the_shared_token_breaks_cancellation():
+    """STAPO masks only A > 0 tokens: a shared token it flags as spurious keeps only its A < 0 copies."""
+    group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [6, 6, 6, 6], seed=3)
+    logp = group.logp() - 8.0  # every token below tau_p = 0.002
+    entropy = torch.ones_like(logp)
+    entropy[:, :3] = 0.01  # the shared prefix has the lowest entropy: below the q-quantile
+    loss, metrics = policy_loss("stapo", logp=logp, old_logp=group.old_logp - 8.0, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, entropy=entropy)
+    (grad,) = torch.autograd.grad(loss, group.shared_logp)
+    assert metrics["mask/frac"] > 0
+    assert grad.abs().max().item() > 1e-8
+
+
+@given(groups(equal_lengths=False))
+def test_stapo_cancels_when_the_shared_token_is_not_masked(group):
+    """With no token below tau_p nothing is masked and STAPO is DAPO: token_mean cancels."""
+    assert residual("stapo", group) < TOL
