@@ -339,10 +339,10 @@ def test_token_clip_fractions_equal_trl_logged_metrics(objective, overrides, trl
     assert metrics["clip/frac_high"].item() == pytest.approx(trl_metrics["clip_ratio/high_mean"], abs=1e-6)
 
 
-def test_gspo_clip_fractions_are_token_weighted_where_trl_counts_sequences():
-    """At sequence level both sides flag the same sequences, but weigh them differently:
-    TRL's ``clip_ratio/*_mean`` is the share of SEQUENCES, dfpo's ``clip/frac_*`` the share of
-    real TOKENS in clipped sequences. The per-sequence flags come from TRL itself (one row at a time)."""
+def test_gspo_clip_fractions_count_sequences_as_trl_does():
+    """At sequence level both sides flag the same sequences and both report the share of
+    SEQUENCES clipped (TRL ``clip_ratio/*_mean``, dfpo ``clip/frac_*``). The per-sequence
+    flags come from TRL itself (one row at a time)."""
     trl_config = CASES[[c[0] for c in CASES].index("gspo")][3]
     batch = _batch_for("sequence", trl_config, seed=0)
     flags = {"low": [], "high": []}
@@ -353,13 +353,11 @@ def test_gspo_clip_fractions_are_token_weighted_where_trl_counts_sequences():
             flags[side].append(row_metrics[f"clip_ratio/{side}_mean"])
     _, _, trl_metrics = run_trl(batch, **trl_config)
     _, _, metrics = run_dfpo(batch, "gspo")
-    lengths = batch.mask.sum(-1).to(DTYPE)  # (B,)
     for side in flags:
         flag = torch.tensor(flags[side], dtype=DTYPE)  # (B,) in {0, 1}
         assert 0 < flag.sum() < len(flag)
         assert trl_metrics[f"clip_ratio/{side}_mean"] == pytest.approx(flag.mean().item(), abs=1e-6)
-        token_share = (flag * lengths).sum() / lengths.sum()
-        assert metrics[f"clip/frac_{side}"].item() == pytest.approx(token_share.item(), abs=1e-6)
+        assert metrics[f"clip/frac_{side}"].item() == pytest.approx(flag.mean().item(), abs=1e-6)
 
 
 def test_k3_kl_term_equals_trl_without_bias_correction():

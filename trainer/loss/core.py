@@ -175,15 +175,19 @@ def policy_loss(
     if spec.ratio_level == "sequence":
         surrogate, seq_ratio, seq_weight = _sequence_weights(spec, logp, old_logp, adv, mask, group_ids)
         ratio = seq_ratio.detach()[:, None].expand_as(logp)  # (B, T), for the metrics
-        low, high = clip_fractions(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)
+        # Clip fractions count sequences (as TRL logs GSPO): one flag per non-empty row.
+        low, high = clip_fractions(spec.clip, seq_ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B,)
+        clip_low, clip_high = _masked_mean(low.to(logp.dtype), valid_rows), _masked_mean(high.to(logp.dtype), valid_rows)
     else:
         surrogate, ratio, token_weight = _token_weights(spec, logp, old_logp, adv, mask)
         ratio = ratio.detach()
-        low, high = clip_fractions(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)
+        low, high = clip_fractions(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)  # (B, T)
         seq_weight = _row_mean(token_weight.detach(), mask)  # (B,)
 
     dropped = _token_mask(spec, logp, entropy, adv, mask) & mask  # (B, T)
     kept = mask & ~dropped
+    if spec.ratio_level != "sequence":  # token level: share of kept tokens where clipping bites
+        clip_low, clip_high = _masked_mean(low.to(logp.dtype), kept), _masked_mean(high.to(logp.dtype), kept)
     per_token = -torch.where(kept, surrogate, torch.zeros_like(surrogate))  # (B, T)
     agg_mask = kept if spec.mask_renormalise else mask
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length)
@@ -198,8 +202,8 @@ def policy_loss(
     metrics.update(
         {
             "loss/policy": policy.detach(),
-            "clip/frac_low": _masked_mean(low.to(logp.dtype), kept),
-            "clip/frac_high": _masked_mean(high.to(logp.dtype), kept),
+            "clip/frac_low": clip_low,
+            "clip/frac_high": clip_high,
             "ratio/mean": _masked_mean(ratio, mask),
             "ratio/max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).amax() if bool(mask.any()) else ratio.new_ones(()),
             "weights/asym": asymmetry(seq_weight, adv, group_ids, valid_rows),
