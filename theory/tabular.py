@@ -173,3 +173,36 @@ def shared_gradient(
 def fmt(x: float) -> str:
     """Short float for evidence strings."""
     return f"{x:.3g}"
+
+
+def own_token_coefficients(
+    objective: str,
+    group: TabularGroup,
+    advantages: Sequence[float],
+    *,
+    group_ids: Sequence[int] | None = None,
+    **overrides: object,
+) -> Tensor:
+    """(B, T) coefficient of grad log pi(y_it) for every non-shared token (t >= 1), NaN elsewhere.
+
+    Each non-shared position has a context of its own, so its row of d loss / d table is
+    c_it * (e_{y_it} - pi(. | h_it)); c_it is read off by projection. The sign of -c_it is the
+    direction in which the update moves log pi(y_it) (the loss is minimised).
+    """
+    from dfpo import policy_loss
+
+    B = group.mask.shape[0]
+    adv = torch.tensor([float(a) for a in advantages], dtype=torch.float64)  # (B,)
+    gids = torch.tensor(list(group_ids) if group_ids is not None else [0] * B, dtype=torch.long)
+    loss, _ = policy_loss(objective, logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=gids, **overrides)
+    (grad,) = torch.autograd.grad(loss, group.table)  # (S, V)
+    probs = torch.softmax(group.table.detach(), -1)  # (S, V)
+    out = torch.full(group.mask.shape, float("nan"), dtype=torch.float64)
+    for i in range(B):
+        for t in range(1, group.mask.shape[1]):
+            if group.mask[i, t]:
+                s = int(group.states[i, t])
+                d = -probs[s].clone()
+                d[int(group.tokens[i, t])] += 1.0
+                out[i, t] = grad[s] @ d / (d @ d)
+    return out
