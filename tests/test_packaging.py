@@ -1,0 +1,78 @@
+"""One distribution `dfpo`, one namespace, one console command."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+MAPPING = PYPROJECT["tool"]["setuptools"]["package-dir"]
+
+
+def test_every_package_folder_is_listed_under_the_dfpo_namespace():
+    """A folder with __init__.py that pyproject does not list would silently not install."""
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = set()
+    for name, folder in MAPPING.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]) if rel.parts else name)
+    assert found == listed
+    assert all(name == "dfpo" or name.startswith("dfpo.") for name in listed)
+
+
+def test_installed_distribution_has_no_bare_top_level_modules(tmp_path):
+    """Outside the source tree, `import app` / `import trainer` must fail: only `dfpo.*` is installed."""
+    code = "import importlib.util as u; print([m for m in ('app', 'trainer', 'toy', 'theory') if u.find_spec(m)]); import dfpo.trainer.loss, dfpo.app, dfpo.toy, dfpo.theory"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_api():
+    import dfpo
+
+    assert callable(dfpo.policy_loss) and callable(dfpo.group_advantages)
+    assert {"grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "grpo_fix", "dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr", "stapo"} <= set(dfpo.OBJECTIVES)
+
+
+def _dfpo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dfpo", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_version():
+    import dfpo
+
+    out = _dfpo("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"dfpo {dfpo.__version__}"
+
+
+def test_cli_objectives_lists_every_preset_with_its_sources():
+    import dfpo
+
+    out = _dfpo("objectives")
+    assert out.returncode == 0
+    for name, spec in dfpo.OBJECTIVES.items():
+        assert name in out.stdout
+        for source in spec.sources.values():
+            assert source in out.stdout
+    assert "paper gives no clip range for DFPO" in out.stdout
+
+
+def test_cli_objectives_unknown_name_is_a_clear_error():
+    out = _dfpo("objectives", "ppo2")
+    assert out.returncode == 2 and "ppo2" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_demo_shows_gspo_failing_and_dfpo_cancelling():
+    out = _dfpo("demo")
+    assert out.returncode == 0
+    rows = {line.split()[0] + (" LA" if "length_aware" in line else ""): line for line in out.stdout.splitlines() if line and line.split()[0] in {"gspo", "dfpo_min", "grpo_fix"}}
+    assert "cancels" not in rows["gspo"]
+    assert rows["dfpo_min"].count("0 (cancels)") == 2
+    assert rows["dfpo_min LA"].count("0 (cancels)") == 4

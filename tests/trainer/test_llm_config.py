@@ -1,0 +1,74 @@
+"""Config parsing of `dfpo train`: strict keys, typed values, --set, and a TOML round trip."""
+
+import tomllib
+
+import pytest
+
+from dfpo.trainer.llm.config import Config, apply_overrides, config_from_dict, config_to_toml, load_config
+
+
+def test_defaults_validate():
+    cfg = config_from_dict({})
+    assert cfg == Config()
+
+
+def test_unknown_key_names_key_and_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown config key optim\.lrr.*valid keys of \[optim\].*\blr\b"):
+        config_from_dict({"optim": {"lrr": 1e-4}})
+    with pytest.raises(ValueError, match="unknown config key 'bogus'"):
+        config_from_dict({"bogus": 1})
+
+
+@pytest.mark.parametrize(
+    "raw, pattern",
+    [
+        ({"optim": {"lr": "fast"}}, r"optim\.lr must be of type float"),
+        ({"optim": {"lr": -1.0}}, r"optim\.lr must be > 0"),
+        ({"rollout": {"group_size": 1}}, r"rollout\.group_size must be >= 2"),
+        ({"objective": {"name": "ppo2"}}, r"objective\.name must be one of"),
+        ({"objective": {"overrides": {"eps_hgh": 0.3}}}, r"objective\.overrides.*eps_hgh"),
+        ({"rollout": {"prompts_per_step": 6}, "optim": {"minibatch_groups": 4}}, r"minibatch_groups=4 must divide"),
+        ({"optim": {"minibatch_groups": 4, "microbatch_groups": 3}}, r"microbatch_groups=3 must divide"),
+        ({"data": {"task": "jsonl"}}, r"needs data\.path"),
+        ({"device": "tpu"}, r"device must be one of"),
+        ({"optim": {"warmup_ratio": 1.5}}, r"warmup_ratio must be in"),
+        ({"reward": {"kind": "user"}}, r"module:function"),
+    ],
+)
+def test_invalid_values_say_what_to_change(raw, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        config_from_dict(raw)
+
+
+def test_set_overrides_parse_toml_values_and_bare_words():
+    raw = apply_overrides({}, ["optim.lr=3e-4", "objective.name=gspo", "objective.overrides.eps_high=0.3", "log.progress=false"])
+    cfg = config_from_dict(raw)
+    assert cfg.optim.lr == 3e-4
+    assert cfg.objective.name == "gspo"
+    assert cfg.objective.overrides == {"eps_high": 0.3}
+    assert cfg.log.progress is False
+
+
+def test_int_is_accepted_for_float_and_bool_is_not_int():
+    assert config_from_dict({"optim": {"lr": 1}}).optim.lr == 1.0
+    with pytest.raises(ValueError, match="train.steps must be an integer"):
+        config_from_dict({"train": {"steps": True}})
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path):
+    cfg = config_from_dict(apply_overrides({}, ["objective.overrides.eps_low=0.1", "data.prompt_template=\"Q: {prompt}\\nA:\""]))
+    text = config_to_toml(cfg)
+    assert config_from_dict(tomllib.loads(text)) == cfg
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+
+
+def test_shipped_configs_parse():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert files, "no configs shipped"
+    for f in files:
+        load_config(f)

@@ -1,0 +1,98 @@
+"""Tasks, JSONL loading and reward functions of the LLM trainer."""
+
+import json
+import time
+
+import pytest
+
+from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn, equiv_match, exact_match, math_verify_match
+from dfpo.trainer.llm.tasks import Example, PromptSampler, load_jsonl, make_add_examples, sum_value, surface_form
+
+
+def test_add_task_answers_are_sums():
+    for ex in make_add_examples(50, 99, seed=3):
+        a, b = (int(x) for x in ex.prompt[:-1].split("+"))
+        assert ex.answer == str(a + b)
+
+
+def test_equiv_task_accepts_every_correct_surface_form():
+    ex = Example("37+45=", "82", {"a": 37, "b": 45})
+    for text in ("82", "45+37", "80+2", "37+45", " 82"):
+        assert equiv_match("", text, ex) == 1.0
+    for text in ("83", "45+36", "8 2x", "", "+82"):
+        assert equiv_match("", text, ex) == 0.0
+    assert exact_match("", "45+37", ex) == 0.0
+    assert [surface_form(t, ex) for t in ("82", "45+37", "80+2", "37+45", "x")] == ["number", "swap", "split", "echo", "invalid"]
+    assert sum_value("1+2+3") == 6
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: missing field 'answer'"):
+        load_jsonl(path)
+    path.write_text("{not json\n")
+    with pytest.raises(ValueError, match=rf"{path}:1: not valid JSON"):
+        load_jsonl(path)
+    path.write_text(json.dumps({"prompt": "q", "answer": 3, "id": 7}) + "\n\n")
+    assert load_jsonl(path) == [Example("q", "3", {"id": 7})]
+
+
+def test_math_verify_reward_reads_the_boxed_final_answer():
+    ex = Example("q", "72")
+    assert math_verify_match("", "first 70, so the answer is \\boxed{72}", ex) == 1.0
+    assert math_verify_match("", "\\boxed{144/2}", ex) == 1.0
+    assert math_verify_match("", "it is 72 ... no: \\boxed{71}", ex) == 0.0
+
+
+def _raises(prompt, completion, example):
+    raise RuntimeError("broken user reward")
+
+
+def _sleeps(prompt, completion, example):
+    time.sleep(2.0)
+    return 1.0
+
+
+def _nan(prompt, completion, example):
+    return float("nan")
+
+
+def test_broken_reward_gives_zero_and_is_counted():
+    out = RewardComputer(_raises)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
+    assert out["total"] == [0.0, 0.0] and out["errors"] == 2
+    out = RewardComputer(_nan)(["p"], ["a"], [Example("p", "a")])
+    assert out["total"] == [0.0] and out["errors"] == 1
+
+
+def test_slow_reward_times_out_to_zero_and_is_counted():
+    t0 = time.time()
+    out = RewardComputer(_sleeps, timeout_s=0.1)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
+    assert out["total"] == [0.0, 0.0] and out["timeouts"] == 2
+    assert time.time() - t0 < 1.5
+
+
+def test_format_reward_adds_weighted_regex_match():
+    rc = RewardComputer(exact_match, format_weight=0.5, format_regex=r"^\d+$")
+    out = rc(["p"] * 3, ["5", "x", "6"], [Example("p", "5")] * 3)
+    assert out["total"] == [1.5, 0.0, 0.5]
+
+
+def test_user_reward_callable_is_imported_and_bad_spec_rejected():
+    fn = correctness_fn("user", "add", "json:dumps")
+    assert callable(fn)
+    with pytest.raises(ValueError, match="cannot import module"):
+        correctness_fn("user", "add", "no_such_module_xyz:f")
+    with pytest.raises(ValueError, match="has no callable"):
+        correctness_fn("user", "add", "json:nope")
+
+
+def test_prompt_sampler_resumes_exactly():
+    a = PromptSampler(7, seed=1)
+    first = a.take(5)
+    state = a.state_dict()
+    rest = a.take(12)
+    b = PromptSampler(7, seed=1)
+    b.load_state_dict(state)
+    assert b.take(12) == rest
+    assert sorted(first + rest[:2]) == list(range(7))

@@ -1,0 +1,106 @@
+"""Update mechanics: mini-batches hold whole groups; accumulation is exact; LR schedule."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dfpo.trainer.llm.config import ModelConfig
+from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.llm.rollout import build_batch
+from dfpo.trainer.llm.train import MicroBatch, accumulate_gradients, accumulation_weights, group_minibatches, lr_factor, split_groups
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_groups=st.integers(1, 8),
+    g=st.integers(2, 5),
+    per_batch=st.integers(1, 8),
+    per_micro=st.integers(0, 4),
+    seed=st.integers(0, 1000),
+)
+def test_no_minibatch_or_microbatch_holds_part_of_a_group(n_groups, g, per_batch, per_micro, seed):
+    labels = torch.randperm(n_groups * 10, generator=torch.Generator().manual_seed(seed))[:n_groups]
+    group_ids = labels.repeat_interleave(g)[torch.randperm(n_groups * g, generator=torch.Generator().manual_seed(seed + 1))]
+    batches = group_minibatches(group_ids, per_batch, torch.Generator().manual_seed(seed))
+    seen = torch.cat(batches)
+    assert sorted(seen.tolist()) == list(range(n_groups * g))  # every row exactly once
+    for rows in batches:
+        for gid in group_ids[rows].unique():
+            assert int((group_ids[rows] == gid).sum()) == g  # the whole group is here
+        assert len(group_ids[rows].unique()) <= per_batch
+        for micro in split_groups(rows, group_ids, per_micro):
+            for gid in group_ids[micro].unique():
+                assert int((group_ids[micro] == gid).sum()) == g
+
+
+def _tiny():
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
+    return model, tok
+
+
+def _batch(tok, n_groups=4, g=3, seed=0):
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [tok(f"{i}+{i + 1}=", add_special_tokens=False).input_ids for i in range(n_groups)]
+    completions = []
+    for _ in range(n_groups * g):
+        length = int(torch.randint(1, 6, (1,), generator=rng))
+        completions.append(torch.randint(3, 13, (length,), generator=rng).tolist())
+    return build_batch(prompts, completions, g, pad_id=tok.pad_token_id, eos_ids={tok.eos_token_id}, max_new_tokens=6)
+
+
+CASES = [
+    ("grpo", {}),
+    ("dapo", {}),
+    ("dr_grpo", {"max_completion_length": 6}),
+    ("gspo", {"eps_low": 0.05, "eps_high": 0.05}),
+    ("dfpo_min", {"eps_low": 0.05, "eps_high": 0.05}),
+    ("dfpo_orth_pos", {"eps_low": 0.05, "eps_high": 0.05}),
+    ("grpo", {"aggregation": "seq_mean_token_sum", "beta": 0.1}),
+]
+
+
+@pytest.mark.parametrize("objective, overrides", CASES)
+def test_accumulated_gradient_equals_whole_minibatch_gradient(objective, overrides):
+    torch.manual_seed(0)
+    model, tok = _tiny()
+    batch = _batch(tok)
+    B, T = batch.mask.shape
+    old = -2.0 + 0.3 * torch.randn(B, T)  # off-policy: ratios far from 1, some clipped
+    ref = -2.0 + 0.3 * torch.randn(B, T)
+    adv = torch.randn(B)
+    agg = {"dapo": "token_mean", "dr_grpo": "constant"}.get(objective, overrides.get("aggregation", "seq_mean_token_mean"))
+    rows = torch.arange(B)
+
+    def grads(groups_per_micro):
+        model.zero_grad(set_to_none=True)
+        micro_rows = split_groups(rows, batch.group_ids, groups_per_micro)
+        weights = accumulation_weights([batch.mask[r] for r in micro_rows], agg)
+        micros = [MicroBatch(batch.rows(r), old[r], ref[r], adv[r], w) for r, w in zip(micro_rows, weights)]
+        _, finite = accumulate_gradients(model, micros, objective, overrides, torch.device("cpu"), need_stats=True)
+        assert finite
+        return [p.grad.clone() for p in model.parameters()]
+
+    whole = grads(0)
+    assert any(float(g.abs().sum()) > 0 for g in whole)
+    for per_micro in (1, 2):
+        for a, b in zip(whole, grads(per_micro)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_accumulation_weights_sum_to_one_and_follow_the_normaliser():
+    masks = [torch.tensor([[1, 1, 0], [1, 0, 0]]).bool(), torch.tensor([[1, 1, 1], [0, 0, 0]]).bool()]
+    assert accumulation_weights(masks, "token_mean") == [0.5, 0.5]  # 3 and 3 tokens
+    assert accumulation_weights(masks, "seq_mean_token_mean") == [2 / 3, 1 / 3]  # empty row not counted
+    assert accumulation_weights(masks, "constant") == [0.5, 0.5]
+
+
+def test_lr_schedule_warms_up_linearly_then_decays_to_the_floor():
+    f = [lr_factor(s, total=100, warmup=10, min_ratio=0.2) for s in range(101)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+    assert f[100] == pytest.approx(0.2)
+    assert f[55] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
