@@ -16,7 +16,15 @@ def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     fmt = "  ".join("{:<%d}" % w for w in widths)
-    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(spec, column: str) -> str:
+    value = getattr(spec, column)
+    if column == "stopgrad" and spec.transform == "none":
+        return "-"  # the stop-gradient form only matters for a group transform
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def objectives_table(markdown: bool = False, objective: str | None = None) -> str:
@@ -24,7 +32,7 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
     if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
     names = [objective] if objective else list(OBJECTIVES)
-    rows = [[name, *(f"{getattr(OBJECTIVES[name], c):g}" if isinstance(getattr(OBJECTIVES[name], c), float) else str(getattr(OBJECTIVES[name], c)) for c in _COLUMNS)] for name in names]
+    rows = [[name, *(_cell(OBJECTIVES[name], c) for c in _COLUMNS)] for name in names]
     out = [_table(["objective", *_COLUMNS], rows, markdown), ""]
     for name in names:
         spec = OBJECTIVES[name]
@@ -73,7 +81,8 @@ def cancellation_demo(seed: int = 0) -> str:
         "",
         _table(["objective", *cases], rows, markdown=False),
         "",
-        "GSPO couples the shared token to each completion's whole-sequence ratio: it never cancels.",
+        "GSPO couples the shared token to each completion's whole-sequence ratio: it does not cancel",
+        "(unless every sequence of the group is clipped and the gradient is zero).",
         "DFPO's group transforms restore cancellation at equal lengths; at unequal lengths the",
         "1/|y_i| normalisation breaks it unless length_aware=True. GRPO-style PPO clipping breaks it",
         "once the shared token's ratio leaves the clip range (Cor. F.1); symmetric clipping does not.",

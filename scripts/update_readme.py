@@ -42,10 +42,12 @@ BLOCKS = {"objectives": _objectives, "demo": _demo, "ledger": _ledger}
 
 def render(text: str) -> str:
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->\n).*?(\n<!-- END generated:{name} -->)", re.S)
+        if f"<!-- BEGIN generated:{name} -->" not in text:
+            raise ValueError(f"README.md has no generated block {name!r}")
+        pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->\n)(?:.*?\n)?(<!-- END generated:{name} -->)", re.S)
         if pattern.search(text):
             body = make()
-            text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+            text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 
