@@ -1,0 +1,175 @@
+"""Metrics of the toy lab: exact policy quantities, mechanism metrics and run summaries.
+
+Pure functions, batched over seeds (leading dimension S). Equation numbers are the paper's.
+
+Where this departs from the paper:
+1. Asym (eq 23) uses the *effective* sequence coefficient kappa_i = w_i A_i read off the
+   gradient of the loss (zero for a sequence whose gradient is clipped away), because
+   cancellation (eq 2) is a statement about gradient coefficients. The loss core's
+   ``weights/asym`` uses the post-clip value instead; the two agree when nothing is clipped.
+2. Energy (eq 24) buckets tokens by in-batch frequency: a token type is "frequent" when it
+   occurs in at least half of a seed's sampled completions (the template tokens, typically).
+3. Learning tax (Prop. 3.1) is measured as KL(pi_new || pi_old) at the task's template rows,
+   the contexts whose every token leads to the same next state, so their true policy
+   gradient is zero and any drift there is reward-irrelevant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dfpo.toy.tasks import WRONG, Enumeration
+
+
+def kl_rows(logp_new: Tensor, logp_old: Tensor, rows: Tensor) -> Tensor:
+    """Mean over ``rows`` (R,) bool of KL(pi_new(.|r) || pi_old(.|r)): (S, R, V) x2 -> (S,). 0 if no row."""
+    if not bool(rows.any()):
+        return torch.zeros(logp_new.shape[0])
+    p = logp_new.exp()  # (S, R, V)
+    kl = torch.where(p > 0, p * (logp_new - logp_old), torch.zeros_like(p)).sum(-1)  # (S, R)
+    return kl[:, rows].mean(-1)
+
+
+def exact_policy_metrics(logpi: Tensor, enum: Enumeration, n_prompts: int, n_forms: int) -> dict[str, Tensor]:
+    """Expected reward, sequence entropy and equivalent-set metrics (Cor. 3.2) by enumeration.
+
+    logpi (S, R, V). Returns per-seed (S,) tensors averaged over prompts:
+    ``reward`` E[R]; ``entropy/sequence`` H(pi(y|x)); ``equiv/entropy`` entropy of the
+    normalised distribution over correct answer forms; ``equiv/logodds`` log P(form 0) - log P(form 1).
+    """
+    from dfpo.toy.policy import sequence_logprob
+
+    S = logpi.shape[0]
+    ex = lambda x: x[None].expand(S, *x.shape)  # noqa: E731
+    lp = sequence_logprob(logpi, ex(enum.rows), ex(enum.tokens), ex(enum.mask))  # (S, C)
+    p = lp.exp()  # (S, C)
+    by_prompt = torch.zeros(S, n_prompts)
+    reward = by_prompt.index_add(1, enum.prompt, p * enum.reward)  # (S, P)
+    ent = torch.zeros(S, n_prompts).index_add(1, enum.prompt, -torch.where(p > 0, p * lp, torch.zeros_like(p)))  # (S, P)
+    out = {"reward": reward.mean(-1), "entropy/sequence": ent.mean(-1)}
+    if n_forms >= 2:
+        correct = enum.form != WRONG
+        key = enum.prompt[correct] * n_forms + enum.form[correct]
+        mass = torch.zeros(S, n_prompts * n_forms).index_add(1, key, p[:, correct]).reshape(S, n_prompts, n_forms)
+        mass = mass.clamp(min=1e-300)
+        q = mass / mass.sum(-1, keepdim=True)  # (S, P, F)
+        out["equiv/entropy"] = (-(q * q.log()).sum(-1)).mean(-1)
+        out["equiv/logodds"] = (mass[..., 0].log() - mass[..., 1].log()).mean(-1)
+    return out
+
+
+def sequence_coefficients(coef: Tensor, mask: Tensor, aggregation: str, max_len: int) -> Tensor:
+    """Effective sequence coefficient kappa_i = w_i A_i from the loss gradient d loss / d logp.
+
+    coef (S, B, T) holds each seed's own d loss_s / d logp_it. kappa_i = -norm_i * sum_t coef_it
+    with norm_i chosen so that GRPO at ratio 1 gives kappa_i = A_i: B_s (seq_mean_token_mean),
+    N_s / L_i (token_mean), B_s * T / L_i (constant), B_s / L_i (seq_mean_token_sum). (S, B).
+    """
+    maskf = mask.to(coef.dtype)
+    total = (coef * maskf).sum(-1)  # (S, B)
+    lengths = maskf.sum(-1).clamp(min=1)  # (S, B)
+    n_seq = (maskf.sum(-1) > 0).sum(-1, keepdim=True).to(coef.dtype)  # (S, 1)
+    if aggregation == "seq_mean_token_mean":
+        norm = n_seq.expand_as(total)
+    elif aggregation == "token_mean":
+        norm = maskf.sum((-1, -2))[:, None] / lengths
+    elif aggregation == "constant":
+        norm = n_seq * max_len / lengths
+    elif aggregation == "seq_mean_token_sum":
+        norm = n_seq / lengths
+    else:
+        raise ValueError(f"unknown aggregation={aggregation!r}")
+    return -norm * total
+
+
+def group_variance(x: Tensor, group: Tensor, weight: Tensor, n_groups: int) -> Tensor:
+    """Weighted population variance of x within each group, averaged over groups: (S, B) -> (S,)."""
+    S = x.shape[0]
+    wsum = torch.zeros(S, n_groups).index_add(1, group[0], weight)  # (S, n)
+    mean = torch.zeros(S, n_groups).index_add(1, group[0], weight * x) / wsum.clamp(min=1e-300)
+    dev = weight * (x - torch.gather(mean, 1, group)) ** 2  # (S, B)
+    var = torch.zeros(S, n_groups).index_add(1, group[0], dev) / wsum.clamp(min=1e-300)
+    has = (wsum > 0).to(x.dtype)
+    return (var * has).sum(-1) / has.sum(-1).clamp(min=1)
+
+
+def score_norm(logpi_tokens: Tensor, collision: Tensor) -> Tensor:
+    """|e_y - pi|_2 = sqrt(1 - 2 pi(y) + sum_v pi_v^2) per token (STAPO's identity): (S, B, T)."""
+    return torch.sqrt((1 - 2 * logpi_tokens.exp() + collision).clamp(min=0))
+
+
+def frequent_energy(coef: Tensor, norms: Tensor, tokens: Tensor, mask: Tensor, vocab: int) -> Tensor:
+    """Eq (24), Energy(frequent): share of sum_t |grad_theta l_t| on frequent token types. (S,).
+
+    |grad_theta l_t| = |coef_t| * |e_y - pi| for a table row. A type is frequent when it occurs in
+    at least half of the seed's completions. 0 when the gradient is zero.
+    """
+    S, B, T = tokens.shape
+    present = torch.zeros(S, B, vocab).scatter_(2, tokens, mask.to(coef.dtype)).clamp(max=1)  # (S, B, V)
+    frequent = present.mean(1) >= 0.5  # (S, V)
+    per_tok = torch.where(mask, coef.abs() * norms, torch.zeros_like(coef))  # (S, B, T)
+    on_freq = torch.gather(frequent, 1, tokens.reshape(S, -1)).reshape(S, B, T)
+    total = per_tok.sum((-1, -2))
+    return torch.where(total > 0, (per_tok * on_freq).sum((-1, -2)) / total.clamp(min=1e-300), torch.zeros_like(total))
+
+
+def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """Gradient residual on shared context-token events (eq 2, Prop. 3.1). (S,), (S,).
+
+    An event is a group and a position t where every member has the same row and token
+    (groups sit contiguously, ``group_size`` members each). Its gradient on the row's logits is
+    (sum_i coef_it) (e_y - pi). Returns the norm sqrt(sum_events |.|^2) and the relative residual
+    sum_events |sum_i coef_it| / sum_events sum_i |coef_it| (0: exact cancellation, 1: none).
+    """
+    S, B, T = tokens.shape
+    shape = (S, B // group_size, group_size, T)
+    r, y, m, c = rows.reshape(shape), tokens.reshape(shape), mask.reshape(shape), coef.reshape(shape)
+    shared = ((r == r[:, :, :1]) & (y == y[:, :, :1]) & m).all(2)  # (S, n, T)
+    net = c.sum(2)  # (S, n, T)
+    gross = c.abs().sum(2)
+    n0 = norms.reshape(shape)[:, :, 0]  # (S, n, T) every member has the same |e_y - pi| on an event
+    zero = torch.zeros_like(net)
+    norm = torch.sqrt(torch.where(shared, (net * n0) ** 2, zero).sum((-1, -2)))
+    g = torch.where(shared, gross, zero).sum((-1, -2))
+    rel = torch.where(g > 0, torch.where(shared, net.abs(), zero).sum((-1, -2)) / g.clamp(min=1e-300), torch.zeros_like(g))
+    return norm, rel
+
+
+# ----- run summaries (numpy, over seeds) -----
+
+
+def jitter2(curve: np.ndarray) -> np.ndarray:
+    """Eq (20), Jitter2(m) = mean_t |m_{t+2} - 2 m_{t+1} + m_t| along the last axis."""
+    curve = np.asarray(curve, dtype=float)
+    if curve.shape[-1] < 3:
+        return np.zeros(curve.shape[:-1])
+    return np.abs(curve[..., 2:] - 2 * curve[..., 1:-1] + curve[..., :-2]).mean(-1)
+
+
+def steps_to(curve: np.ndarray, kappa: float) -> tuple[np.ndarray, np.ndarray]:
+    """Eq (19), Steps(m >= kappa): first step (1-based) reaching kappa along the last axis.
+
+    Returns (steps, reached); a curve that never reaches kappa is censored at its length + 1.
+    """
+    curve = np.asarray(curve, dtype=float)
+    hit = curve >= kappa
+    reached = hit.any(-1)
+    first = np.where(reached, hit.argmax(-1) + 1, curve.shape[-1] + 1)
+    return first.astype(float), reached
+
+
+def bootstrap_ci(values: np.ndarray, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over seeds and its percentile bootstrap interval: (mean, low, high)."""
+    values = np.asarray(values, dtype=float)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        raise ValueError(f"bootstrap_ci needs finite values, got {values!r}")
+    mean = float(values.mean())
+    if values.size == 1:
+        return mean, mean, mean
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, values.size, size=(n_boot, values.size))
+    means = values[idx].mean(-1)
+    a = (1 - level) / 2
+    return mean, float(np.quantile(means, a)), float(np.quantile(means, 1 - a))

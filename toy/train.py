@@ -1,0 +1,374 @@
+"""The toy training loop: rollouts, group advantages, K optimiser steps, exact metrics.
+
+Every objective goes through ``dfpo.policy_loss``; seeds are folded into the batch with
+distinct group ids (group = seed * n_groups + group_in_seed) so one loss call trains all seeds.
+
+Seeds stay independent, exactly: the loss core aggregates over the whole batch, so the
+batched loss is a weighted sum of the per-seed losses, sum_s loss_s * n_s / n with n_s the
+seed's aggregation normaliser (its number of sequences, tokens, or B*T). Seed s's parameters
+only receive gradient from seed s's rows, so rescaling seed s's gradient (and its per-token
+coefficients) by n / n_s makes each seed's update the update of its own loss. Objectives whose
+token mask reads batch statistics (STAPO's entropy quantile) are coupled across seeds by the
+core and are run with one loss call per seed instead.
+
+Where this departs from real training:
+1. ``exact`` mode is the infinite-group limit: one "group" per prompt holding every completion,
+   advantages standardised with the policy's own mean and std of the reward (eq 43 with
+   population moments), each completion weighted by pi_old(y). The weight enters through the
+   advantage (A_i -> c_i A_i with c_i proportional to pi_old(y_i)): every surrogate of the core is
+   positively homogeneous in A and the DFPO transforms are invariant to scaling A, so the loss
+   is the pi_old-weighted expectation of the per-completion terms. Min-Replace then takes the
+   minimum over the whole support (the G -> infinity limit of a group minimum) and the
+   projections enforce sum_y pi_old(y) A(y) stilde(y) = 0. Token-mask objectives (STAPO) depend
+   on which tokens are sampled and are refused in exact mode.
+2. For mean-centred advantages the sampled expected gradient is (1 - 1/G) times the exact one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo.trainer.loss import low_entropy_mask, stapo_spurious_mask
+from dfpo.toy import metrics as M
+from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
+from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
+
+MODES = ("sampled", "exact")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    """One toy experiment: a task, training options and the objectives to compare."""
+
+    task: str = "tenplusten"
+    """Task name (``tenplusten`` or ``family``)."""
+    task_options: Mapping[str, object] = field(default_factory=dict)
+    """Keyword options of the task builder (e.g. ``k``, ``distractors`` for ``family``)."""
+    objectives: tuple[str, ...] = ("gspo", "dfpo_min", "dfpo_orth_pos", "grpo", "grpo_fix", "stapo")
+    """Objective presets of ``dfpo.OBJECTIVES``."""
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    """Component overrides applied to every objective (e.g. ``eps_high``)."""
+    mode: str = "sampled"
+    """``sampled``: G completions per group; ``exact``: every completion weighted by its probability."""
+    seeds: int = 8
+    """Independent runs, a batch dimension."""
+    steps: int = 300
+    """Rollout batches."""
+    group_size: int = 8
+    """G, completions per group (sampled mode)."""
+    inner_steps: int = 4
+    """K, optimiser steps per rollout batch (K > 1 moves the ratios away from 1)."""
+    minibatches: int = 1
+    """Mini-batches per rollout batch, whole groups each; optimiser step k uses mini-batch k mod this."""
+    groups_per_step: int = 0
+    """Groups per rollout batch; 0 means one per prompt. Prompts are used in turn."""
+    optimizer: str = "adam"
+    """``adam`` or ``sgd``."""
+    lr: float = 0.05
+    """Learning rate."""
+    init_noise: float = 0.1
+    """Std of the Gaussian noise added to the prior logits, per seed."""
+    seed: int = 0
+    """Base random seed (initial noise and sampling; the same for every objective)."""
+    kappa: float = 0.9
+    """Threshold of Steps(reward >= kappa) (eq 19)."""
+    exact_limit: int = 200_000
+    """Most completions exact mode (and the exact metrics) will enumerate."""
+
+
+def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
+    """Check every option before any compute; return the task and the resolved objectives.
+
+    Raises ValueError naming the bad option and its value.
+    """
+    c = config
+    for name, low in (("seeds", 1), ("steps", 1), ("group_size", 2), ("inner_steps", 1), ("minibatches", 1), ("groups_per_step", 0)):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
+    if c.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got mode={c.mode!r}")
+    if c.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got optimizer={c.optimizer!r}")
+    for name in ("lr", "init_noise", "kappa"):
+        value = getattr(c, name)
+        if not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+            raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
+    if c.lr <= 0:
+        raise ValueError(f"lr must be > 0, got lr={c.lr!r}")
+    if c.init_noise < 0:
+        raise ValueError(f"init_noise must be >= 0, got init_noise={c.init_noise!r}")
+    if not c.objectives:
+        raise ValueError("objectives must name at least one objective, got objectives=()")
+    specs = {}
+    for name in c.objectives:
+        spec = resolve_objective(name, **dict(c.overrides))  # ValueError for unknown names/overrides
+        if c.mode == "exact" and spec.token_mask != "none":
+            raise ValueError(
+                f"objective {name!r} masks tokens by batch statistics (token_mask={spec.token_mask!r}); exact mode cannot take its expectation"
+            )
+        specs[name] = spec
+    task = make_task(c.task, **dict(c.task_options))
+    n_groups = c.groups_per_step or len(task.prompts)
+    if c.mode == "exact":
+        n_groups = len(task.prompts)
+        total = count_completions(task)
+        if total > c.exact_limit:
+            raise ValueError(
+                f"task {c.task!r} has {total} completions, too many for exact mode (exact_limit={c.exact_limit}); use mode='sampled' or a smaller task"
+            )
+    if c.minibatches > n_groups:
+        raise ValueError(f"minibatches must be <= the number of groups per step ({n_groups}), got minibatches={c.minibatches}")
+    return task, specs
+
+
+@dataclass
+class _Batch:
+    """One rollout batch, per seed: S seeds, B completions, T tokens."""
+
+    roll: Rollouts
+    old_logp: Tensor  # (S, B, T)
+    entropy: Tensor  # (S, B, T)
+    adv: Tensor  # (S, B) advantages passed to the loss (exact mode: times the weights c_i)
+    weight: Tensor  # (S, B) weight of each completion within its group (uniform or pi_old)
+    scale: Tensor  # (S, B) c_i (1 in sampled mode)
+    n_groups: int
+
+
+def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps: float, scale: str) -> Tensor:
+    """Eq (43) with the policy's moments: (R - E R) / (std R + eps) per prompt. (S, C)."""
+    S = p_old.shape[0]
+    R = enum.reward[None].expand(S, -1)
+    mass = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old).clamp(min=1e-300)
+    mean = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old * R) / mass
+    centred = R - mean[:, enum.prompt]
+    if scale == "none":
+        return centred
+    var = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old * centred**2) / mass
+    std = var.sqrt()
+    if scale == "batch":
+        std = (p_old * centred**2).sum(-1, keepdim=True).div(n_prompts).sqrt().expand(S, n_prompts)
+    degenerate = var[:, enum.prompt] <= 1e-12
+    return torch.where(degenerate, torch.zeros_like(centred), centred / (std[:, enum.prompt] + eps))
+
+
+def _exact_scale(enum: Enumeration, p_old: Tensor, aggregation: str, n_prompts: int) -> Tensor:
+    """c_i such that the loss core's aggregation of c_i-scaled terms is the pi_old-expectation. (S, C)."""
+    C = enum.size
+    if aggregation == "token_mean":
+        lengths = enum.mask.sum(-1).to(p_old.dtype)  # (C,)
+        expected_len = (p_old * lengths).sum(-1, keepdim=True)  # (S, 1) sum over prompts of E_p[L]
+        return lengths.sum() * p_old / expected_len
+    return C * p_old / n_prompts  # sequence means and the constant normaliser
+
+
+def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int, enum: Enumeration | None, gen: torch.Generator) -> _Batch:
+    """Roll out (sampled) or enumerate (exact) under the frozen policy, with advantages."""
+    S = logpi_old.shape[0]
+    if config.mode == "exact":
+        roll = expand_enumeration(enum, S)
+        n_groups = len(task.prompts)
+    else:
+        n_groups = config.groups_per_step or len(task.prompts)
+        prompts = (torch.arange(n_groups) + step * n_groups) % len(task.prompts)
+        roll = sample(task, logpi_old, prompts, config.group_size, gen)
+    old = gather_tokens(logpi_old, roll.rows, roll.tokens)  # (S, B, T)
+    old = torch.where(roll.mask, old, torch.zeros_like(old))
+    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), roll.rows, roll.tokens)  # (S, B, T)
+    if config.mode == "exact":
+        p_old = old.sum(-1).exp()  # (S, C)
+        adv = _population_advantages(enum, p_old, n_groups, 1e-4, spec.adv_scale)
+        scale = _exact_scale(enum, p_old, spec.aggregation, n_groups)
+        weight = p_old
+    else:
+        gid = (torch.arange(S)[:, None] * n_groups + roll.group).reshape(-1)
+        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, -1)
+        scale = torch.ones_like(adv)
+        weight = torch.ones_like(adv)
+    return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)
+
+
+def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
+    """Completions of the given groups (whole groups), per seed."""
+    r = batch.roll
+    if groups.numel() == batch.n_groups:  # the whole batch
+        return r.rows, r.tokens, r.mask, r.group, batch.old_logp, batch.entropy, batch.adv, batch.weight, batch.scale
+    keep = torch.isin(r.group[0], groups)  # (B,)
+    return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], batch.entropy[:, keep], batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
+
+
+def _aggregation_size(mask: Tensor, aggregation: str) -> Tensor:
+    """Each seed's aggregation normaliser n_s: (S, B, T) mask -> (S,)."""
+    if aggregation == "token_mean":
+        return mask.sum((-1, -2)).to(torch.float32)
+    return (mask.sum(-1) > 0).sum(-1).to(torch.float32)  # rows (B*T for 'constant' is proportional)
+
+
+def _drop_mask(spec, lp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """The core's token mask (STAPO / top-entropy), computed for each seed on its own batch. (S, B, T)."""
+    out = []
+    for s in range(lp.shape[0]):
+        if spec.token_mask == "stapo":
+            out.append(stapo_spurious_mask(lp[s], entropy[s], adv[s], mask[s], tau_p=spec.stapo_tau_p, q=spec.stapo_q))
+        else:
+            out.append(low_entropy_mask(entropy[s], mask[s], keep_frac=spec.top_entropy_frac))
+    return torch.stack(out) & mask
+
+
+def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, group: Tensor, entropy: Tensor, n_groups: int, max_len: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """Each seed's own d loss_s / d logp_it, (S, B, T), from one batched loss call, and the core's
+    metrics (pooled over seeds).
+
+    A token mask that reads batch statistics (STAPO's entropy quantile) would couple the seeds:
+    for token-level objectives it is computed per seed with the core's own mask function and
+    passed as the completion mask (dropped tokens then leave the aggregation, which is STAPO's
+    renormalisation); any other masked objective is run with one loss call per seed.
+    """
+    S, B, T = lp.shape
+    leaf = lp.detach().requires_grad_(True)
+    kwargs = dict(max_completion_length=max_len)
+    if spec.token_mask != "none" and spec.ratio_level != "token":  # coupled: one call per seed
+        coefs, pooled = [], []
+        for s in range(S):
+            loss, m = policy_loss(spec, logp=leaf[s], old_logp=old[s], advantages=adv[s], mask=mask[s], group_ids=group[s], entropy=entropy[s], **kwargs)
+            coefs.append(torch.autograd.grad(loss, leaf)[0][s])
+            pooled.append(m)
+        return torch.stack(coefs), {k: torch.stack([m[k] for m in pooled]).mean() for k in pooled[0]}
+    if spec.token_mask != "none":
+        dropped = _drop_mask(spec, lp.detach(), entropy, adv, mask)  # (S, B, T)
+        loss_mask = mask & ~dropped if spec.mask_renormalise else mask
+        if not spec.mask_renormalise:
+            raise ValueError("token masks without renormalisation are not supported by the toy's batched loss")
+        kwargs["token_mask"] = "none"
+    else:
+        dropped, loss_mask = None, mask
+    gid = (torch.arange(S)[:, None] * n_groups + group).reshape(-1)
+    loss, m = policy_loss(
+        spec,
+        logp=leaf.reshape(S * B, T),
+        old_logp=old.reshape(S * B, T),
+        advantages=adv.reshape(-1),
+        mask=loss_mask.reshape(S * B, T),
+        group_ids=gid,
+        entropy=entropy.reshape(S * B, T),
+        **kwargs,
+    )
+    coef = torch.autograd.grad(loss, leaf)[0]
+    n_s = _aggregation_size(loss_mask, spec.aggregation)  # (S,)
+    coef = coef * (n_s.sum() / n_s.clamp(min=1))[:, None, None]  # seed s's own loss gradient
+    if dropped is not None:
+        m = dict(m)
+        m["mask/frac"] = dropped.sum() / mask.sum().clamp(min=1)
+    return coef, m
+
+
+StepCallback = Callable[[int, dict[str, Tensor]], None]
+
+
+def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enumeration | None = None, callback: StepCallback | None = None) -> dict[str, Tensor]:
+    """Train ``config.seeds`` tabular policies with one objective; per-step metrics (steps, S).
+
+    Metrics (see README table): reward, reward/sampled, tax/kl_step, tax/kl_cum, tax/kl_init,
+    grad/template, residual/shared, residual/shared_rel, equiv/logodds, equiv/entropy,
+    entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high.
+    """
+    spec = resolve_objective(objective, **dict(config.overrides))
+    S, K = config.seeds, config.inner_steps
+    gen = torch.Generator().manual_seed(config.seed)
+    theta = init_params(task, S, noise=config.init_noise, generator=gen).requires_grad_(True)  # (S, R, V)
+    legal = task.legal
+    opt = torch.optim.Adam([theta], lr=config.lr) if config.optimizer == "adam" else torch.optim.SGD([theta], lr=config.lr)
+    if enum is None and count_completions(task) <= config.exact_limit:
+        enum = enumerate_completions(task, limit=config.exact_limit)
+    if config.mode == "exact" and enum is None:
+        raise ValueError("exact mode needs the enumeration of the task")
+    logpi_init = log_policy(theta.detach(), legal)
+    tpl = task.template_rows
+    n_forms = len(task.form_names)
+    history: dict[str, list[Tensor]] = {}
+    kl_cum = torch.zeros(S)
+    for step in range(config.steps):
+        with torch.no_grad():
+            logpi_old = log_policy(theta.detach(), legal)  # (S, R, V) frozen rollout policy
+        batch = make_batch(task, spec, logpi_old, config, step, enum, gen)
+        mb_groups = torch.arange(batch.n_groups).chunk(config.minibatches)
+        acc: dict[str, Tensor] = {}
+        for k in range(K):
+            rows, toks, mask, group, old, ent, adv, weight, scale = _select(batch, mb_groups[k % len(mb_groups)])
+            with torch.no_grad():
+                logpi = log_policy(theta, legal)  # (S, R, V)
+                lp = gather_tokens(logpi, rows, toks)  # (S, B, T)
+                lp = torch.where(mask, lp, torch.zeros_like(lp))
+            coef, core = loss_coefficients(spec, lp, old, adv, mask, group, ent, batch.n_groups, task.max_len)
+            with torch.no_grad():
+                theta.grad = table_gradient(coef, logpi, rows, toks, mask)  # (S, R, V) closed form of autograd's
+                upd = _update_metrics(task, spec, config, theta.grad, logpi.detach(), coef, rows, toks, mask, group, weight, scale, batch.n_groups)
+                upd["clip/frac_low"] = core["clip/frac_low"].expand(S)
+                upd["clip/frac_high"] = core["clip/frac_high"].expand(S)
+                for key, val in upd.items():
+                    acc[key] = acc.get(key, 0) + val / K
+            opt.step()
+        with torch.no_grad():
+            logpi_new = log_policy(theta.detach(), legal)
+            kl = M.kl_rows(logpi_new, logpi_old, tpl)
+            kl_cum = kl_cum + kl
+            row = dict(acc)
+            row["tax/kl_step"], row["tax/kl_cum"], row["tax/kl_init"] = kl, kl_cum.clone(), M.kl_rows(logpi_new, logpi_init, tpl)
+            w = batch.weight / batch.weight.sum(-1, keepdim=True)
+            row["reward/sampled"] = (w * batch.roll.reward).sum(-1)
+            ent_rows = row_entropy(logpi_new)  # (S, R)
+            row["entropy/token"] = ent_rows[:, tpl].mean(-1) if bool(tpl.any()) else torch.zeros(S)
+            if enum is not None:
+                row.update(M.exact_policy_metrics(logpi_new, enum, len(task.prompts), n_forms))
+            else:
+                row["reward"] = row["reward/sampled"]
+            for key, val in row.items():
+                if not bool(torch.isfinite(val).all()):
+                    raise FloatingPointError(f"metric {key} is not finite at step {step} for objective {objective!r}")
+                history.setdefault(key, []).append(val.detach().clone())
+        if callback is not None:
+            callback(step, row)
+    return {key: torch.stack(vals) for key, vals in history.items()}
+
+
+def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Tensor, coef: Tensor, rows, toks, mask, group, weight, scale, n_groups: int) -> dict[str, Tensor]:
+    """Per-update mechanism metrics, each (S,)."""
+    S = grad.shape[0]
+    tpl = task.template_rows
+    out = {"grad/template": grad[:, tpl].flatten(1).norm(dim=-1) if bool(tpl.any()) else torch.zeros(S)}
+    kappa = M.sequence_coefficients(coef, mask, spec.aggregation, task.max_len)  # (S, B)
+    if config.mode == "exact":
+        kappa = torch.where(scale > 0, kappa / scale.clamp(min=1e-300), torch.zeros_like(kappa))
+    out["asym"] = M.group_variance(kappa, group, weight, n_groups)
+    collision = (logpi.exp() ** 2).sum(-1)  # (S, R)
+    lp_tok = gather_tokens(logpi, rows, toks)
+    coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
+    norms = M.score_norm(torch.where(mask, lp_tok, torch.zeros_like(lp_tok)), coll_tok)  # (S, B, T)
+    if config.mode == "sampled":
+        out["energy/frequent"] = M.frequent_energy(coef, norms, toks, mask, len(task.vocab))
+        out["residual/shared"], out["residual/shared_rel"] = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size)
+    return out
+
+
+def run(config: ToyConfig, *, progress: Callable[[str], None] | None = None) -> tuple[Task, dict[str, dict[str, Tensor]]]:
+    """Validate, then train every objective of ``config``: {objective: {metric: (steps, S)}}."""
+    task, _ = validate(config)
+    enum = enumerate_completions(task, limit=config.exact_limit) if count_completions(task) <= config.exact_limit else None
+    results = {}
+    for name in config.objectives:
+        if progress:
+            progress(name)
+        results[name] = train_objective(task, name, config, enum=enum)
+    return task, results
+
+
+def with_options(config: ToyConfig, **changes: object) -> ToyConfig:
+    """A copy of ``config`` with some fields changed."""
+    return dataclasses.replace(config, **changes)
