@@ -206,3 +206,49 @@ def own_token_coefficients(
                 d[int(group.tokens[i, t])] += 1.0
                 out[i, t] = grad[s] @ d / (d @ d)
     return out
+
+
+def trie_group(
+    token_seqs: Sequence[Sequence[str]],
+    *,
+    token_log_ratios: Sequence[Sequence[float]] | None = None,
+    seed: int = 0,
+) -> tuple[TabularGroup, dict[tuple[str, ...], int], list[str]]:
+    """A group of word sequences on a softmax table whose contexts are the sequences' prefixes.
+
+    Completions that start with the same words share those contexts (the prefix trie), as in
+    the paper's App. A ("The answer is 25." / "The answer is 20."). Returns the group, the map
+    prefix -> state (row of the table) and the vocabulary (column order). ``token_log_ratios``
+    defaults to 0 everywhere (on-policy); it must give equal values to equal (prefix, token)
+    pairs, which a ValueError enforces.
+    """
+    vocab = sorted({w for seq in token_seqs for w in seq})
+    col = {w: k for k, w in enumerate(vocab)}
+    states: dict[tuple[str, ...], int] = {}
+    for seq in token_seqs:
+        for t in range(len(seq)):
+            states.setdefault(tuple(seq[:t]), len(states))
+    B, T = len(token_seqs), max(len(s) for s in token_seqs)
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(len(states), len(vocab), generator=gen, dtype=torch.float64).requires_grad_(True)
+    st = torch.zeros(B, T, dtype=torch.long)
+    tok = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    lr = torch.zeros(B, T, dtype=torch.float64)
+    seen: dict[tuple[tuple[str, ...], str], float] = {}
+    for i, seq in enumerate(token_seqs):
+        for t, w in enumerate(seq):
+            st[i, t], tok[i, t], mask[i, t] = states[tuple(seq[:t])], col[w], True
+            value = 0.0 if token_log_ratios is None else float(token_log_ratios[i][t])
+            key = (tuple(seq[:t]), w)
+            if seen.setdefault(key, value) != value:
+                raise ValueError(f"the pair {key} has one ratio in the whole group, got {seen[key]} and {value}")
+            lr[i, t] = value
+    return TabularGroup(table=table, states=st, tokens=tok, mask=mask, log_ratio=lr), states, vocab
+
+
+def row_coefficient(grad: Tensor, table: Tensor, state: int, token: int) -> float:
+    """c such that grad[state] = c * (e_token - pi(.|state)) + (rest); the projection onto that score."""
+    d = -torch.softmax(table.detach()[state], -1)
+    d[token] += 1.0
+    return float(grad[state] @ d / (d @ d))

@@ -1,0 +1,62 @@
+"""`dfpo theory`: run the claims ledger and print / write it.
+
+    dfpo theory                         table of every claim and its verdict
+    dfpo theory --verbose               ... with statement, conditions, evidence and notes
+    dfpo theory --only eq-55 cor-H.1    a subset (ids as in the table)
+    dfpo theory --json PATH             also write the ledger as JSON (the app reads it)
+    dfpo theory --markdown PATH         also write it as markdown (docs/ledger.md)
+
+Module-level imports stay light (argparse only); the checks import torch and sympy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _check_out_path(flag: str, path: str | None) -> None:
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path!r}: directory {parent!r} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a directory, expected a file path")
+
+
+def _run(args: argparse.Namespace) -> int:
+    _check_out_path("--json", args.json)
+    _check_out_path("--markdown", args.markdown)
+    import time
+
+    from dfpo.theory.ledger import render_json, render_markdown, render_table, run_ledger, validate_ids
+
+    ids = validate_ids(args.only)  # ValueError on an unknown id, before any check runs
+    start = time.perf_counter()
+    claims = run_ledger(ids)
+    elapsed = time.perf_counter() - start
+    print(render_table(claims, verbose=args.verbose))
+    print(f"ledger ran in {elapsed:.1f} s")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(render_json(claims))
+        print(f"wrote {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(render_markdown(claims))
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "theory",
+        help="claims ledger: verify or refute every claim of the paper (sympy + softmax tables through the loss core)",
+        description="Run the claims ledger and print each claim's verdict (holds / holds-under-conditions / fails).",
+    )
+    p.add_argument("--json", metavar="PATH", default=None, help="write the ledger as JSON to PATH")
+    p.add_argument("--markdown", metavar="PATH", default=None, help="write the ledger as markdown to PATH (docs/ledger.md)")
+    p.add_argument("--only", metavar="ID", nargs="+", action="extend", default=None, help="run only these claim ids")
+    p.add_argument("--verbose", "-v", action="store_true", help="print statement, conditions, evidence and notes of each claim")
+    p.set_defaults(func=_run)
