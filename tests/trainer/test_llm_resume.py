@@ -1,0 +1,82 @@
+"""A run SIGKILLed at a random point and resumed ends exactly like a run never killed (CPU)."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+STEPS = 6
+SETS = [
+    "model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "model.tiny_intermediate=64",
+    "model.sft_steps=3", "model.sft_batch_size=8",
+    "data.max_operand=9", "data.train_size=40", "data.eval_size=4",
+    "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
+    "reward.format_weight=1.0", 'reward.format_regex="^1"',
+    "objective.name=dfpo_min", "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
+    f"train.steps={STEPS}", "train.save_every=1", "eval.every=2", "eval.k=2",
+    "log.tensorboard=false", "log.progress=false", "log.samples_every=1",
+]
+
+
+def _cmd(run_dir: Path) -> list[str]:
+    config = run_dir.parent / "empty.toml"
+    config.write_text("# every key comes from --set\n")
+    cmd = [sys.executable, "-m", "dfpo", "train", "--quiet", "--config", str(config)]
+    for s in SETS + [f"run_dir={run_dir}"]:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _records(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    full = tmp_path / "full"
+    subprocess.run(_cmd(full), check=True, env=env, timeout=300, capture_output=True)
+
+    seed = int(time.time())
+    kill_after = random.Random(seed).randint(1, STEPS - 1)  # metrics lines to wait for
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+            break
+        time.sleep(0.01)
+    time.sleep(random.Random(seed + 1).uniform(0.0, 0.3))  # land anywhere inside the next step
+    assert proc.poll() is None, f"run finished before the kill (seed {seed})"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    resume = [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(killed)]
+    out = subprocess.run(resume, env=env, timeout=300, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+    a = torch.load(full / "checkpoint.pt", weights_only=False)
+    b = torch.load(killed / "checkpoint.pt", weights_only=False)
+    assert a["step"] == b["step"] == STEPS
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs (kill seed {seed})"
+    assert _records(full / "metrics.jsonl") == _records(killed / "metrics.jsonl"), f"kill seed {seed}"
+    assert _records(full / "eval.jsonl") == _records(killed / "eval.jsonl")
+    assert _records(full / "samples.jsonl") == _records(killed / "samples.jsonl")
+
+
+def test_resume_refuses_changes_that_break_exactness(tmp_path):
+    from dfpo.cli import main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.toml").write_text("seed = 0\n")
+    assert main(["train", "--resume", str(run), "--set", "optim.lr=1.0"]) == 2
+    assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
