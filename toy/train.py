@@ -69,15 +69,16 @@ class ToyConfig:
     """Mini-batches per rollout batch, whole groups each; optimiser step k uses mini-batch k mod this."""
     groups_per_step: int = 0
     """Groups per rollout batch; 0 means one per prompt. Prompts are used in turn."""
-    optimizer: str = "adam"
-    """``adam`` or ``sgd``."""
-    lr: float = 0.05
+    optimizer: str = "sgd"
+    """``sgd`` (the update theta + eta g that Prop. 3.1 analyses) or ``adam`` (per-coordinate
+    normalisation: it turns even float-noise gradients at template rows into steps of size lr)."""
+    lr: float = 0.5
     """Learning rate."""
     init_noise: float = 0.1
     """Std of the Gaussian noise added to the prior logits, per seed."""
     seed: int = 0
     """Base random seed (initial noise and sampling; the same for every objective)."""
-    kappa: float = 0.9
+    kappa: float = 0.95
     """Threshold of Steps(reward >= kappa) (eq 19)."""
     exact_limit: int = 200_000
     """Most completions exact mode (and the exact metrics) will enumerate."""

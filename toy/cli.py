@@ -1,0 +1,153 @@
+"""``dfpo toy``: the tabular softmax lab from the command line.
+
+    dfpo toy run --task tenplusten --objectives gspo,dfpo_min,grpo_fix --seeds 4 --steps 100 --out runs/toy-demo
+    dfpo toy sweep-g --task tenplusten --gs 2,4,8,16 --out runs/toy-sweep-g
+
+Module-level imports stay light (argparse only); torch and the lab load inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_OBJECTIVES = "gspo,dfpo_min,dfpo_orth_pos,grpo,grpo_fix,stapo"
+
+
+def _parse_value(text: str) -> object:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, object]:
+    """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated)."""
+    out: dict[str, object] = {}
+    for item in items or []:
+        for pair in filter(None, item.split(",")):
+            if "=" not in pair:
+                raise ValueError(f"{flag} takes KEY=VALUE pairs, got {flag} {pair!r}")
+            key, value = pair.split("=", 1)
+            out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return out
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {flag} {text!r}") from None
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default="tenplusten", help="tenplusten (paper App. A) or family (parametric)")
+    p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. k=4 distractors=2 (family) or distractors=false")
+    p.add_argument("--mode", default="sampled", help="sampled (G completions a group) or exact (every completion, weighted)")
+    p.add_argument("--seeds", type=int, default=8, help="independent runs, batched (default 8)")
+    p.add_argument("--steps", type=int, default=300, help="rollout batches (default 300)")
+    p.add_argument("-K", "--inner-steps", type=int, default=4, help="optimiser steps per rollout batch (default 4)")
+    p.add_argument("--minibatches", type=int, default=1, help="mini-batches (whole groups) per rollout batch (default 1)")
+    p.add_argument("--groups-per-step", type=int, default=0, help="groups per rollout batch (default: one per prompt)")
+    p.add_argument("--optimizer", default="sgd", help="sgd (default; the update Prop. 3.1 analyses) or adam")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5 for sgd, 0.05 for adam)")
+    p.add_argument("--init-noise", type=float, default=0.1, help="std of the per-seed noise on the prior logits (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+    p.add_argument("--kappa", type=float, default=0.95, help="threshold of Steps(E[R] >= kappa), eq 19 (default 0.95)")
+    p.add_argument("--override", action="append", metavar="KEY=VALUE", help="objective component override for every objective, e.g. eps_low=0.2")
+    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+
+
+def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
+    from dfpo.toy.train import ToyConfig
+
+    lr = args.lr if args.lr is not None else (0.05 if args.optimizer == "adam" else 0.5)
+    return ToyConfig(
+        task=args.task,
+        task_options=_pairs(args.task_opt, "--task-opt"),
+        objectives=objectives,
+        overrides=_pairs(args.override, "--override"),
+        mode=args.mode,
+        seeds=args.seeds,
+        steps=args.steps,
+        group_size=group_size,
+        inner_steps=args.inner_steps,
+        minibatches=args.minibatches,
+        groups_per_step=args.groups_per_step,
+        optimizer=args.optimizer,
+        lr=lr,
+        init_noise=args.init_noise,
+        seed=args.seed,
+        kappa=args.kappa,
+    )
+
+
+def _objectives(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise ValueError(f"--objectives must name at least one objective, got --objectives {text!r}")
+    return names
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = _config(args, _objectives(args.objectives), args.group_size)
+    import time
+
+    import torch
+
+    from dfpo.toy.report import write_run
+    from dfpo.toy.train import run, validate
+
+    validate(config)  # every bad option fails here, before any compute
+    torch.set_num_threads(1)  # tiny tensors: threads only add overhead
+    start = time.perf_counter()
+    task, results = run(config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True))
+    elapsed = time.perf_counter() - start
+    summary = write_run(args.out, config, task, results, plots=not args.no_plots, findings=[f"Wall time of the training: {elapsed:.1f} s."])
+    print(summary.read_text())
+    print(f"toy: wrote {args.out} in {elapsed:.1f} s")
+    return 0
+
+
+def _cmd_sweep_g(args: argparse.Namespace) -> int:
+    gs = _ints(args.gs, "--gs")
+    if not gs or min(gs) < 2:
+        raise ValueError(f"--gs must list group sizes >= 2, got --gs {args.gs!r}")
+    objectives = (args.baseline, args.method)
+    configs = [_config(args, objectives, g) for g in gs]
+    import torch
+
+    from dfpo.toy.sweep import sweep_group_size
+    from dfpo.toy.train import validate
+
+    for c in configs:
+        validate(c)
+    torch.set_num_threads(1)
+    path = sweep_group_size(configs, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
+    print(path.read_text())
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``dfpo toy`` with its ``run`` and ``sweep-g`` subcommands."""
+    toy = subparsers.add_parser("toy", help="tabular softmax lab: learning tax, equivalent-answer drift, entropy collapse")
+    sub = toy.add_subparsers(dest="toy_command", metavar="TOY_COMMAND")
+    toy.set_defaults(func=lambda args: (toy.print_help(), 0)[1])
+
+    p = sub.add_parser("run", help="train every objective on a toy task and write a run folder")
+    p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated presets (default {DEFAULT_OBJECTIVES})")
+    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
+    _add_common(p)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("sweep-g", help="gain of a DFPO variant over GSPO as the group size grows (the toy's Table 4)")
+    p.add_argument("--gs", default="2,4,8,16", help="group sizes (default 2,4,8,16)")
+    p.add_argument("--baseline", default="gspo", help="baseline objective (default gspo)")
+    p.add_argument("--method", default="dfpo_min", help="method objective (default dfpo_min)")
+    _add_common(p)
+    p.set_defaults(func=_cmd_sweep_g)

@@ -1,0 +1,239 @@
+"""Run folders of the toy lab: per-step metrics, a markdown summary with bootstrap intervals, PNG curves.
+
+Layout of a run folder::
+
+    config.json         the ToyConfig and the task's shape
+    metrics.jsonl       one line per objective, seed and step, every metric
+    metrics_mean.csv    per objective and step, each metric's mean over seeds
+    summary.md          summary table (mean [95% bootstrap CI] over seeds) and the paper checks
+    reward.png, tax.png, equiv_entropy.png, asym.png, overview.png
+
+The paper checks compare a DFPO variant with GSPO on paired seeds (same seed index, same
+initial noise): "reproduced" when the 95% bootstrap interval of the paired difference lies on
+the predicted side of 0, "contradicted" when it lies on the other side, else "inconclusive".
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dfpo.toy.metrics import bootstrap_ci, jitter2, steps_to
+
+PLOTS = {
+    "reward": ("reward", "expected reward E[R]"),
+    "tax": ("tax/kl_cum", "learning tax: cumulative KL at template rows"),
+    "equiv_entropy": ("equiv/entropy", "entropy over the equivalent correct answers (nats)"),
+    "asym": ("asym", "Asym (eq 23): within-group Var of w_i A_i"),
+}
+
+
+def to_numpy(results: dict) -> dict[str, dict[str, np.ndarray]]:
+    """{objective: {metric: (steps, S) array}} from torch tensors."""
+    return {o: {k: v.detach().cpu().numpy().astype(float) for k, v in h.items()} for o, h in results.items()}
+
+
+def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[str, dict[str, object]]:
+    """Per objective: per-seed summary values (arrays over seeds) of the run."""
+    out = {}
+    for name, h in results.items():
+        reward = h["reward"].T  # (S, steps)
+        steps, reached = steps_to(reward, kappa)
+        row = {
+            "steps_to_kappa": steps,
+            "reached": reached,
+            "jitter2_reward": jitter2(reward),
+            "final_reward": reward[:, -1],
+            "mean_reward": reward.mean(-1),
+            "tax_kl_cum": h["tax/kl_cum"][-1],
+            "tax_kl_init": h["tax/kl_init"][-1],
+            "asym": h["asym"].mean(0),
+        }
+        for key, col in (("equiv/entropy", "final_equiv_entropy"), ("equiv/logodds", "final_equiv_logodds"), ("entropy/sequence", "final_entropy"), ("residual/shared_rel", "residual_rel"), ("energy/frequent", "energy_frequent")):
+            if key in h:
+                row[col] = h[key][-1] if key.startswith(("equiv", "entropy")) else h[key].mean(0)
+        out[name] = row
+    return out
+
+
+COLUMNS = [
+    ("steps_to_kappa", "Steps(R>=kappa) eq 19", "{:.1f}"),
+    ("jitter2_reward", "Jitter2(R) eq 20", "{:.2e}"),
+    ("final_reward", "final E[R]", "{:.3f}"),
+    ("mean_reward", "mean E[R] over steps", "{:.3f}"),
+    ("tax_kl_cum", "tax: cum. KL", "{:.2e}"),
+    ("tax_kl_init", "tax: KL to init", "{:.2e}"),
+    ("final_equiv_entropy", "equiv-set entropy", "{:.3f}"),
+    ("final_equiv_logodds", "equiv log-odds", "{:+.2f}"),
+    ("final_entropy", "sequence entropy", "{:.3f}"),
+    ("asym", "Asym eq 23 (mean)", "{:.2e}"),
+    ("residual_rel", "shared residual (rel.)", "{:.3f}"),
+    ("energy_frequent", "Energy(frequent) eq 24", "{:.3f}"),
+]
+
+
+def _cell(values: np.ndarray, fmt: str) -> str:
+    mean, lo, hi = bootstrap_ci(values)
+    return f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def summary_table(summary: dict[str, dict[str, object]]) -> str:
+    """Markdown table: one row per objective, mean [95% bootstrap CI] over seeds."""
+    cols = [c for c in COLUMNS if all(c[0] in s for s in summary.values())]
+    lines = ["| objective | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, s in summary.items():
+        cells = [_cell(s[key], fmt) for key, _, fmt in cols]
+        n_reached, n = int(np.sum(s["reached"])), len(s["reached"])
+        cells[0] += f" ({n_reached}/{n} reached)" if cols[0][0] == "steps_to_kappa" else ""
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# Predictions of the paper, as (summary key, direction of DFPO - GSPO, what the paper says).
+PREDICTIONS = [
+    ("steps_to_kappa", -1, "Prediction 1 (eq 19): DFPO reaches the reward threshold in fewer steps"),
+    ("jitter2_reward", -1, "Prediction 2 (eq 21): DFPO's reward curve jitters less"),
+    ("final_reward", +1, "Prediction 3 (eq 22): DFPO's final reward is higher"),
+    ("tax_kl_cum", -1, "Prop. 3.1: DFPO pays less learning tax (drift at reward-irrelevant template rows)"),
+    ("final_equiv_entropy", +1, "Cor. 3.2: DFPO keeps more entropy over the equivalent correct answers"),
+]
+
+
+def paired_verdict(diff: np.ndarray, direction: int) -> tuple[str, tuple[float, float, float]]:
+    """'reproduced' / 'contradicted' / 'inconclusive' from the bootstrap CI of a paired difference."""
+    mean, lo, hi = bootstrap_ci(diff)
+    if np.allclose(diff, 0, atol=1e-12):
+        return "inconclusive (no difference)", (mean, lo, hi)
+    low_side, high_side = (lo, hi) if direction > 0 else (-hi, -lo)  # the interval of direction * diff
+    if low_side > 0:
+        return "reproduced", (mean, lo, hi)
+    if high_side < 0:
+        return "contradicted", (mean, lo, hi)
+    return "inconclusive", (mean, lo, hi)
+
+
+def prediction_checks(summary: dict[str, dict[str, object]], baseline: str = "gspo") -> list[str]:
+    """Markdown lines: each paper prediction checked for every DFPO variant against ``baseline``."""
+    methods = [m for m in summary if m.startswith("dfpo")]
+    if baseline not in summary or not methods:
+        return [f"(no check: needs {baseline!r} and a dfpo_* objective in the run)"]
+    lines = ["| prediction | method | paired difference (method - " + baseline + ") [95% CI] | verdict |", "|---|---|---|---|"]
+    for key, direction, text in PREDICTIONS:
+        if key not in summary[baseline]:
+            continue
+        for m in methods:
+            diff = np.asarray(summary[m][key], float) - np.asarray(summary[baseline][key], float)
+            verdict, (mean, lo, hi) = paired_verdict(diff, direction)
+            lines.append(f"| {text} | {m} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] | {verdict} |")
+    return lines
+
+
+def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str) -> list[Path]:
+    """One PNG per metric of PLOTS (a curve per objective, band = mean +- 1.96 s.e. over seeds) and an overview."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    keys = [(fname, key, label) for fname, (key, label) in PLOTS.items() if all(key in h for h in results.values())]
+    colors = plt.get_cmap("tab10")
+
+    def draw(ax, key, label):
+        for i, (name, h) in enumerate(results.items()):
+            y = h[key]  # (steps, S)
+            x = np.arange(1, y.shape[0] + 1)
+            mean = y.mean(1)
+            half = 1.96 * y.std(1, ddof=1) / np.sqrt(y.shape[1]) if y.shape[1] > 1 else np.zeros_like(mean)
+            ax.plot(x, mean, color=colors(i % 10), label=name, lw=1.6)
+            ax.fill_between(x, mean - half, mean + half, color=colors(i % 10), alpha=0.2, lw=0)
+        ax.set_xlabel("step (rollout batch)")
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3)
+
+    for fname, key, label in keys:
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        draw(ax, key, label)
+        ax.set_title(f"{title}\n{label}", fontsize=10)
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        path = out / f"{fname}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    if keys:
+        fig, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=100)
+        for ax, (fname, key, label) in zip(axes.flat, keys):
+            draw(ax, key, label)
+            ax.set_title(label, fontsize=10)
+        for ax in list(axes.flat)[len(keys):]:
+            ax.axis("off")
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9)
+        fig.suptitle(f"{title} (band: mean +- 1.96 s.e. over seeds)", fontsize=11)
+        fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+        path = out / "overview.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
+    """metrics.jsonl (every objective, seed, step) and metrics_mean.csv (means over seeds)."""
+    with open(out / "metrics.jsonl", "w") as f:
+        for name, h in results.items():
+            keys = sorted(h)
+            steps, seeds = h[keys[0]].shape
+            for s in range(seeds):
+                for t in range(steps):
+                    rec = {"objective": name, "seed": s, "step": t + 1}
+                    rec.update({k: float(h[k][t, s]) for k in keys})
+                    f.write(json.dumps(rec) + "\n")
+    keys = sorted({k for h in results.values() for k in h})
+    with open(out / "metrics_mean.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["objective", "step", *keys])
+        for name, h in results.items():
+            steps = next(iter(h.values())).shape[0]
+            for t in range(steps):
+                w.writerow([name, t + 1, *[f"{h[k][t].mean():.6g}" if k in h else "" for k in keys]])
+
+
+def write_run(out: Path, config, task, results: dict, *, findings: list[str] | None = None, plots: bool = True) -> Path:
+    """Write the whole run folder; return the path of summary.md."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = to_numpy(results)
+    cfg = dataclasses.asdict(config)
+    cfg["task_shape"] = {"prompts": len(task.prompts), "rows": task.n_rows, "vocab": len(task.vocab), "max_len": task.max_len}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+    write_metrics(res, out)
+    summary = summarise(res, config.kappa)
+    title = f"toy {config.task} ({config.mode}), G={config.group_size}, K={config.inner_steps}, {config.optimizer} lr={config.lr}, {config.seeds} seeds"
+    lines = [
+        f"# {title}",
+        "",
+        f"Steps: {config.steps}; kappa = {config.kappa}; every cell is the mean over seeds with its 95% percentile bootstrap interval.",
+        "E[R] is the exact expected reward of the policy (enumeration), not the sampled batch mean.",
+        "",
+        summary_table(summary),
+        "",
+        "## The paper's predictions in this toy (paired over seeds, DFPO variant vs GSPO)",
+        "",
+        *prediction_checks(summary),
+        "",
+        "A prediction that is not reproduced here is a finding about this toy, not a failure of the run.",
+    ]
+    if findings:
+        lines += ["", "## Notes", "", *findings]
+    if plots:
+        written = plot_curves(res, out, title)
+        lines += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in written]]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
