@@ -190,3 +190,8 @@ def ledger_summary_markdown(claims: Sequence[Claim] | None = None) -> str:
             f"record with its evidence; `{REPRODUCE}` regenerates the full ledger with evidence and notes.",
         ]
     )
+
+
+def load_json(text: str) -> list[Claim]:
+    """Claims back from ``render_json``'s output (for the app and for README generation without re-running)."""
+    return [Claim(**record) for record in json.loads(text)["claims"]]

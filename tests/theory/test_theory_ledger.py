@@ -1,0 +1,128 @@
+"""The claims ledger: every claim's verdict is pinned, so a change in the maths or in the loss core
+that flips a verdict fails here, loudly, with the claim's evidence in the message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, METHODS, VERDICTS, Claim
+from dfpo.theory.ledger import (
+    REGISTRY,
+    ledger_summary_markdown,
+    load_json,
+    render_json,
+    render_markdown,
+    render_table,
+    run_ledger,
+    validate_ids,
+)
+
+H, C, F = HOLDS, HOLDS_UNDER_CONDITIONS, FAILS
+
+# The verdict we obtained for each claim, written out by hand. Changing one is a finding: say why in the commit.
+EXPECTED = {
+    "prop-3.1": H,
+    "cor-3.2": C,  # needs orthogonal equal-norm scores; a softmax's shared normaliser breaks eq 5 (sign included)
+    "cor-3.3": C,  # 'requires u_1 = ... = u_G' only for G = 2; for G >= 3 the set is the hyperplane A.u = 0
+    "cor-3.4": H,
+    "eq-9": C,  # GRPO cancels only with a length-independent normalisation or equal lengths
+    "eq-10": H,
+    "eq-13": H,
+    "sec-4.4.1": C,  # Group-Constant cancels only at equal lengths (1/|y_i|), score-form stop-grad
+    "eq-18": H,
+    "eq-23": C,  # Min-Replace lowers Asym; Orth-Proj can raise it
+    "tab-3-no-stopgrad": F,  # without stop-grad the DFPO objective is identically 0: no gradient at all
+    "eq-30": H,
+    "eq-38": H,
+    "eq-41": C,  # equal weights still drift on a softmax with a shared template
+    "eq-49": H,
+    "eq-51": H,
+    "eq-55": F,  # beta printed with the wrong sign; 'stilde >= eps' is false
+    "thm-C.1": H,
+    "eq-74": H,
+    "cor-F.1": H,
+    "eq-75-76": F,  # value coefficients, not gradient coefficients
+    "cor-G.1": C,  # needs E[A | C] = 0 exactly
+    "eq-81": F,  # not the gradient of eq 80 when clipping is active
+    "cor-H.1": H,
+    "sec-H.3": F,  # symmetric clipping is the less pessimistic surrogate; neither is uniformly more conservative
+    "eq-92": H,
+    "eq-93": H,
+    "sec-K.4": F,  # the summed Min-Replace update can be larger than the baseline's
+    "eq-96": H,
+    "thm-K.1": H,
+    "stapo-grad-norm": H,
+    "stapo-bounds": H,
+    "stapo-cancel": F,  # the A > 0-only mask breaks shared-token cancellation
+}
+
+ISSUE_IDS = (
+    "prop-3.1 cor-3.2 cor-3.3 cor-3.4 eq-9 eq-10 eq-13 eq-30 eq-38 eq-41 eq-49 sec-4.4.1 eq-51 eq-55 thm-C.1 "
+    "eq-74 cor-F.1 cor-G.1 cor-H.1 sec-H.3 eq-92 eq-93 eq-96 thm-K.1 stapo-grad-norm stapo-bounds"
+).split()
+
+
+@pytest.fixture(scope="module")
+def ledger() -> dict[str, Claim]:
+    return {c.id: c for c in run_ledger()}
+
+
+def test_every_claim_the_issue_names_is_in_the_registry():
+    assert set(ISSUE_IDS) <= set(REGISTRY)
+
+
+def test_every_registered_claim_has_a_pinned_verdict():
+    assert set(EXPECTED) == set(REGISTRY)
+
+
+@pytest.mark.parametrize("claim_id", list(EXPECTED))
+def test_verdict_is_pinned(ledger, claim_id):
+    claim = ledger[claim_id]
+    assert claim.verdict == EXPECTED[claim_id], f"{claim_id} flipped to {claim.verdict}: {claim.evidence}"
+
+
+@pytest.mark.parametrize("claim_id", list(EXPECTED))
+def test_every_record_is_complete(ledger, claim_id):
+    claim = ledger[claim_id]
+    for field in ("source", "statement", "conditions", "evidence"):
+        assert getattr(claim, field).strip(), f"{claim_id}: empty {field}"
+    assert all(part in METHODS for part in claim.method.split("+"))
+    assert "nan" not in claim.evidence.lower().replace("nanogpt", ""), f"{claim_id}: NaN in evidence"
+    if claim.verdict != HOLDS:
+        assert claim.notes.strip(), f"{claim_id}: a conditional or failed claim must say why in notes"
+
+
+def test_json_round_trips(ledger):
+    claims = list(ledger.values())
+    doc = json.loads(render_json(claims))
+    assert doc["summary"] == {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
+    assert [c["id"] for c in doc["claims"]] == list(REGISTRY)
+    assert load_json(render_json(claims)) == claims
+
+
+def test_markdown_and_table_name_every_claim(ledger):
+    claims = list(ledger.values())
+    md, table, summary = render_markdown(claims), render_table(claims, verbose=True), ledger_summary_markdown(claims)
+    for claim_id in REGISTRY:
+        assert f"`{claim_id}`" in md and claim_id in table and f"`{claim_id}`" in summary
+    assert "dfpo theory --markdown docs/ledger.md" in md and "dfpo theory" in summary
+    assert summary.count("\n| `") == len(REGISTRY)
+
+
+def test_only_runs_a_subset_in_paper_order():
+    claims = run_ledger(["eq-55", "eq-30"])
+    assert [c.id for c in claims] == ["eq-30", "eq-55"]
+
+
+def test_unknown_id_is_refused_with_its_name():
+    with pytest.raises(ValueError, match="eq-999"):
+        validate_ids(["eq-30", "eq-999"])
+
+
+def test_claim_refuses_an_unknown_verdict_or_method():
+    with pytest.raises(ValueError, match="verdict"):
+        Claim("x", "s", "st", "c", "numeric", "true", "e")
+    with pytest.raises(ValueError, match="method"):
+        Claim("x", "s", "st", "c", "vibes", HOLDS, "e")
