@@ -16,13 +16,14 @@ import time
 from collections import Counter
 from typing import Callable, Iterable, Mapping, Sequence
 
-from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, stapo, transforms
+from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, gradients, stapo, transforms
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
 REPRODUCE = "dfpo theory --markdown docs/ledger.md"
 
-# Paper order. The first 26 ids are the ones the issue asked for; the rest are further claims we found.
+# Paper order (the issue's 26 ids plus further claims we found: eq-18, eq-23, eq-66-67, eq-75-76, eq-81,
+# sec-K.4, tab-3-no-stopgrad, tab-3-scale, stapo-cancel).
 REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "prop-3.1": drift.check_prop_3_1,
     "cor-3.2": drift.check_cor_3_2,
@@ -31,10 +32,12 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "eq-9": cancellation.check_eq_9,
     "eq-10": cancellation.check_eq_10,
     "eq-13": cancellation.check_eq_13,
+    "eq-66-67": gradients.check_eq_66_67,
     "sec-4.4.1": cancellation.check_sec_4_4_1,
     "eq-18": transforms.check_eq_18,
     "eq-23": transforms.check_eq_23,
     "tab-3-no-stopgrad": transforms.check_tab_3_no_stopgrad,
+    "tab-3-scale": transforms.check_tab_3_scale,
     "eq-30": appendix_a.check_eq_30,
     "eq-38": appendix_a.check_eq_38,
     "eq-41": appendix_a.check_eq_41,

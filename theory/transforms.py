@@ -326,3 +326,51 @@ def check_eq_23() -> Claim:
 
 
 CHECKS = (check_eq_18, check_eq_51, check_eq_55, check_thm_c_1, check_thm_k_1, check_tab_3_no_stopgrad, check_eq_23)
+
+
+def check_tab_3_scale() -> Claim:
+    """Table 3's 'DFPO (scale by 0.5)': does a global factor 0.5 on the weights give smaller updates?"""
+    from dfpo import policy_loss
+
+    seq = [math.log(1.2), math.log(0.9), math.log(1.05), math.log(0.8)]
+    adv = torch.tensor([-0.75, -0.25, 0.25, 0.75], dtype=torch.float64)
+
+    def train(scale: float, optimizer: str, steps: int = 30) -> torch.Tensor:
+        group = tabular_group(log_ratios_for(seq, (3, 4, 5, 6), 0.02), seed=3)
+        old = group.old_logp()
+        opt = torch.optim.Adam([group.table], lr=1e-2) if optimizer == "adam" else torch.optim.SGD([group.table], lr=1e-1)
+        for _ in range(steps):
+            loss, _ = policy_loss("gspo", logp=group.logp(), old_logp=old, advantages=adv, mask=group.mask,
+                                  group_ids=torch.zeros(4, dtype=torch.long), clip="none")
+            opt.zero_grad()
+            (scale * loss).backward()
+            opt.step()
+        return group.table.detach().clone()
+
+    start = tabular_group(log_ratios_for(seq, (3, 4, 5, 6), 0.02), seed=3).table.detach()
+    moved = {}
+    for optimizer in ("adam", "sgd"):
+        full, half = train(1.0, optimizer) - start, train(0.5, optimizer) - start
+        moved[optimizer] = (float(half.norm() / full.norm()), float((full - half).norm() / full.norm()))
+    ok = abs(moved["adam"][0] - 1) < 1e-4 and abs(moved["sgd"][0] - 0.5) < 0.05
+    return Claim(
+        id="tab-3-scale",
+        source="sec. 6.2 Table 3 ('DFPO (scale by 0.5)' rules out 'gains merely due to smaller updates')",
+        statement="Replacing eq 50 by stilde = 0.5 sbar makes the updates smaller, so it controls for step size.",
+        conditions="Stop-gradient, GSPO loss on a softmax table (G=4, unequal lengths), 30 optimiser steps with Adam (eps=1e-8) and with SGD.",
+        method="numeric",
+        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
+        evidence=(
+            f"parameter displacement of the 0.5-scaled run relative to the unscaled one: Adam {moved['adam'][0]:.6f} "
+            f"(relative difference of the two trajectories {fmt(moved['adam'][1])}); SGD {moved['sgd'][0]:.3f}"
+        ),
+        notes=(
+            "Only with an optimiser whose step scales with the gradient (SGD). Adam/AdamW -- the default in verl and TRL, and the "
+            "optimiser the paper's App. E discusses -- normalises the gradient by its running RMS, so a constant loss factor 0.5 "
+            "changes the update only through eps: 'scale by 0.5' is then GSPO with the same step size, not a smaller one. "
+            "The paper does not name its optimiser (App. I)."
+        ),
+    )
+
+
+CHECKS = CHECKS + (check_tab_3_scale,)

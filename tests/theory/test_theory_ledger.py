@@ -30,10 +30,12 @@ EXPECTED = {
     "eq-9": C,  # GRPO cancels only with a length-independent normalisation or equal lengths
     "eq-10": H,
     "eq-13": H,
+    "eq-66-67": H,
     "sec-4.4.1": C,  # Group-Constant cancels only at equal lengths (1/|y_i|), score-form stop-grad
     "eq-18": H,
     "eq-23": C,  # Min-Replace lowers Asym; Orth-Proj can raise it
     "tab-3-no-stopgrad": F,  # without stop-grad the DFPO objective is identically 0: no gradient at all
+    "tab-3-scale": C,  # a global factor 0.5 shrinks the step only for SGD-like optimisers, not Adam
     "eq-30": H,
     "eq-38": H,
     "eq-41": C,  # equal weights still drift on a softmax with a shared template
