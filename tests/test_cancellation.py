@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+import hypothesis
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo import policy_loss
@@ -230,3 +231,46 @@ def test_stapo_masking_the_shared_token_breaks_cancellation():
 def test_stapo_cancels_when_the_shared_token_is_not_masked(group):
     """With no token below tau_p nothing is masked and STAPO is DAPO: token_mean cancels."""
     assert residual("stapo", group) < TOL
+
+
+# --- the full matrix: every objective x aggregation x lengths x clipping ---------------
+
+AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum"]
+ALL_OBJECTIVES = ["grpo", "dr_grpo", "dapo", "stapo", "grpo_fix", "cispo", "gspo", "gspo_token", *DFPO]
+
+
+def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, shared_clipped: bool, group) -> bool:
+    """The verdict this project states for each cell (see the module docstring).
+
+    ``shared_clipped``: the shared token's ratio is e^0.5, outside every token clip range.
+    """
+    length_free = aggregation != "seq_mean_token_mean"
+    if objective in ("gspo", "gspo_token"):
+        return bool(clipped_sequences(group).all())  # only the trivial all-clipped case
+    if objective in ("grpo", "dr_grpo", "dapo", "stapo") and shared_clipped:
+        return False  # Cor. F.1: PPO clipping keeps only one sign's copies
+    if objective == "grpo_fix" and shared_clipped:
+        return True  # every copy clipped: zero gradient
+    return equal_lengths or length_free
+
+
+@pytest.mark.parametrize("objective", ALL_OBJECTIVES)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("equal_lengths", [True, False], ids=["equal_L", "unequal_L"])
+@pytest.mark.parametrize("shared_clipped", [False, True], ids=["r*=1", "r*=e^0.5"])
+@given(data=st.data())
+@settings(max_examples=8)
+def test_cancellation_matrix(objective, aggregation, equal_lengths, shared_clipped, data):
+    """Each (objective, aggregation, lengths, clipping) cell cancels exactly when expected_to_cancel says so."""
+    group = data.draw(groups(equal_lengths=equal_lengths, shared_log_ratio=0.5 if shared_clipped else 0.0))
+    value = residual(objective, group, aggregation=aggregation)
+    if expected_to_cancel(objective, aggregation, equal_lengths, shared_clipped, group):
+        assert value < TOL
+    else:
+        # Skip the measure-zero lengths that conspire, e.g. A = (2, -1, -1)/c with L = (6, 4, 12):
+        # sum_i A_i / L_i = 0 (and, for DFPO's varying weights, eq 72's sum) vanishes by arithmetic.
+        L = group.mask.sum(-1).to(group.advantages.dtype)
+        length_driven = not equal_lengths and not shared_clipped and not objective.startswith("gspo")
+        hypothesis.assume(not length_driven or abs(float((group.advantages / L).sum())) > 1e-9)
+        hypothesis.assume(not objective.startswith("dfpo") or eq72_residual(objective, group) > 1e-9)
+        assert value > 1e-8
