@@ -53,7 +53,7 @@ def exact_policy_metrics(logpi: Tensor, enum: Enumeration, n_prompts: int, n_for
         correct = enum.form != WRONG
         key = enum.prompt[correct] * n_forms + enum.form[correct]
         mass = torch.zeros(S, n_prompts * n_forms).index_add(1, key, p[:, correct]).reshape(S, n_prompts, n_forms)
-        mass = mass.clamp(min=1e-300)
+        mass = mass.clamp(min=1e-30)
         q = mass / mass.sum(-1, keepdim=True)  # (S, P, F)
         out["equiv/entropy"] = (-(q * q.log()).sum(-1)).mean(-1)
         out["equiv/logodds"] = (mass[..., 0].log() - mass[..., 1].log()).mean(-1)
@@ -88,9 +88,9 @@ def group_variance(x: Tensor, group: Tensor, weight: Tensor, n_groups: int) -> T
     """Weighted population variance of x within each group, averaged over groups: (S, B) -> (S,)."""
     S = x.shape[0]
     wsum = torch.zeros(S, n_groups).index_add(1, group[0], weight)  # (S, n)
-    mean = torch.zeros(S, n_groups).index_add(1, group[0], weight * x) / wsum.clamp(min=1e-300)
+    mean = torch.zeros(S, n_groups).index_add(1, group[0], weight * x) / wsum.clamp(min=1e-30)
     dev = weight * (x - torch.gather(mean, 1, group)) ** 2  # (S, B)
-    var = torch.zeros(S, n_groups).index_add(1, group[0], dev) / wsum.clamp(min=1e-300)
+    var = torch.zeros(S, n_groups).index_add(1, group[0], dev) / wsum.clamp(min=1e-30)
     has = (wsum > 0).to(x.dtype)
     return (var * has).sum(-1) / has.sum(-1).clamp(min=1)
 
@@ -112,7 +112,7 @@ def frequent_energy(coef: Tensor, norms: Tensor, tokens: Tensor, mask: Tensor, v
     per_tok = torch.where(mask, coef.abs() * norms, torch.zeros_like(coef))  # (S, B, T)
     on_freq = torch.gather(frequent, 1, tokens.reshape(S, -1)).reshape(S, B, T)
     total = per_tok.sum((-1, -2))
-    return torch.where(total > 0, (per_tok * on_freq).sum((-1, -2)) / total.clamp(min=1e-300), torch.zeros_like(total))
+    return torch.where(total > 0, (per_tok * on_freq).sum((-1, -2)) / total.clamp(min=1e-30), torch.zeros_like(total))
 
 
 def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
@@ -133,7 +133,7 @@ def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, m
     zero = torch.zeros_like(net)
     norm = torch.sqrt(torch.where(shared, (net * n0) ** 2, zero).sum((-1, -2)))
     g = torch.where(shared, gross, zero).sum((-1, -2))
-    rel = torch.where(g > 0, torch.where(shared, net.abs(), zero).sum((-1, -2)) / g.clamp(min=1e-300), torch.zeros_like(g))
+    rel = torch.where(g > 0, torch.where(shared, net.abs(), zero).sum((-1, -2)) / g.clamp(min=1e-30), torch.zeros_like(g))
     return norm, rel
 
 

@@ -147,7 +147,7 @@ def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps
     """Eq (43) with the policy's moments: (R - E R) / (std R + eps) per prompt. (S, C)."""
     S = p_old.shape[0]
     R = enum.reward[None].expand(S, -1)
-    mass = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old).clamp(min=1e-300)
+    mass = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old).clamp(min=1e-30)
     mean = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old * R) / mass
     centred = R - mean[:, enum.prompt]
     if scale == "none":
@@ -346,7 +346,7 @@ def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Te
     out = {"grad/template": grad[:, tpl].flatten(1).norm(dim=-1) if bool(tpl.any()) else torch.zeros(S)}
     kappa = M.sequence_coefficients(coef, mask, spec.aggregation, task.max_len)  # (S, B)
     if config.mode == "exact":
-        kappa = torch.where(scale > 0, kappa / scale.clamp(min=1e-300), torch.zeros_like(kappa))
+        kappa = torch.where(scale > 1e-30, kappa / scale.clamp(min=1e-30), torch.zeros_like(kappa))  # pi_old(y) ~ 0 rows carry no weight
     out["asym"] = M.group_variance(kappa, group, weight, n_groups)
     collision = (logpi.exp() ** 2).sum(-1)  # (S, R)
     lp_tok = gather_tokens(logpi, rows, toks)
@@ -373,3 +373,30 @@ def run(config: ToyConfig, *, progress: Callable[[str], None] | None = None) -> 
 def with_options(config: ToyConfig, **changes: object) -> ToyConfig:
     """A copy of ``config`` with some fields changed."""
     return dataclasses.replace(config, **changes)
+
+
+def shared_prefix_residual(task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object) -> tuple[Tensor, Tensor]:
+    """Exact gradient residual on the context-token pairs shared by a whole hand-picked group.
+
+    ``completions`` (G,) indexes ``enum`` (one prompt); theta_old / theta (S, R, V) are the rollout
+    and current parameters. Returns (norm, relative) per seed, (S,) each: see
+    :func:`dfpo.toy.metrics.shared_residual`. Zero for objectives that cancel on shared tokens
+    (eq 2), non-zero for GSPO with unclipped ratios away from 1 (eq 13, eq 38).
+    """
+    spec = resolve_objective(objective, **overrides)
+    S, G = theta.shape[0], completions.shape[0]
+    ex = lambda x: x[completions][None].expand(S, *x[completions].shape)  # noqa: E731
+    rows, toks, mask, reward = ex(enum.rows), ex(enum.tokens), ex(enum.mask), ex(enum.reward)
+    logpi_old, logpi = log_policy(theta_old, task.legal), log_policy(theta, task.legal)
+    old = torch.where(mask, gather_tokens(logpi_old, rows, toks), torch.zeros(()))  # (S, G, T)
+    lp = torch.where(mask, gather_tokens(logpi, rows, toks), torch.zeros(()))
+    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), rows, toks)
+    group = torch.zeros(S, G, dtype=torch.long)
+    gid = (torch.arange(S)[:, None] + group).reshape(-1)
+    adv = group_advantages(reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, G)
+    coef, _ = loss_coefficients(spec, lp, old, adv, mask, group, ent, 1, task.max_len)
+    p_new = logpi.exp()
+    collision = (p_new**2).sum(-1)  # (S, R)
+    coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
+    norms = M.score_norm(lp, coll_tok)
+    return M.shared_residual(coef, norms, rows, toks, mask, group, G)
