@@ -171,7 +171,13 @@ def shared_gradient(
 
 
 def fmt(x: float) -> str:
-    """Short float for evidence strings."""
+    """Short float for evidence strings; float round-off below 1e-13 prints as '<1e-13'.
+
+    Round-off residues differ between CPUs and BLAS builds; printing them as a bound keeps the
+    generated ledger identical across machines while still saying how small they were.
+    """
+    if x != 0 and abs(x) < 1e-13:
+        return "<1e-13" if x > 0 else "-<1e-13"
     return f"{x:.3g}"
 
 

@@ -73,7 +73,12 @@ def check_eq_18() -> Claim:
         method="numeric+symbolic",
         verdict=HOLDS if ok else FAILS,
         evidence=f"max |a.stilde| over 600 loss-core projections = {fmt(worst)}; exact: A=(-1/3,-1/3,2/3), sbar=(10,1,1) -> stilde = ({', '.join(str(x) for x in v)}), loss core agrees",
-        notes="A negative stilde_i flips the sign of A_i*stilde_i: a reverse update on sequence i (the case Thm. K.1 excludes for Min-Replace). Negative weights need a negative-advantage sequence with a large ratio, which PPO-style clipping never bounds.",
+        notes=(
+            "A negative stilde_i flips the sign of A_i*stilde_i: a reverse update on sequence i (the case Thm. K.1 excludes for "
+            "Min-Replace). It happens when one side of the group carries a weight far from the others: a negative-advantage "
+            "sequence far above the clip range (the example), or a positive-advantage sequence with a tiny ratio; PPO-style "
+            "clipping bounds neither."
+        ),
     )
 
 
