@@ -19,7 +19,7 @@ TINY = [
     "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
     "reward.format_weight=1.0", 'reward.format_regex="^1"',
     "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
-    "train.steps=2", "train.save_every=1",
+    "train.steps=2", "train.save_every=1", "threads=1",
     "eval.every=2", "eval.k=2",
     "log.tensorboard=false", "log.progress=false", "log.samples_every=1",
 ]

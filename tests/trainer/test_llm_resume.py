@@ -20,7 +20,7 @@ SETS = [
     "reward.format_weight=1.0", 'reward.format_regex="^1"',
     "objective.name=dfpo_min", "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
     f"train.steps={STEPS}", "train.save_every=1", "eval.every=2", "eval.k=2",
-    "log.tensorboard=false", "log.progress=false", "log.samples_every=1",
+    "log.tensorboard=false", "log.progress=false", "log.samples_every=1", "threads=1",
 ]
 
 

@@ -36,6 +36,15 @@ def test_no_minibatch_or_microbatch_holds_part_of_a_group(n_groups, g, per_batch
                 assert int((group_ids[micro] == gid).sum()) == g
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls run fastest (and steadiest on a busy 2-core machine) on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _tiny():
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
@@ -104,3 +113,27 @@ def test_lr_schedule_warms_up_linearly_then_decays_to_the_floor():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
     assert f[100] == pytest.approx(0.2)
     assert f[55] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+@pytest.mark.parametrize("objective", ["grpo", "gspo", "dfpo_min"])
+def test_a_small_step_raises_positive_advantage_completions_relative_to_negative(objective):
+    from dfpo.trainer.llm.rollout import completion_logits, token_logp
+
+    torch.manual_seed(1)
+    model, tok = _tiny()
+    batch = _batch(tok, n_groups=2, g=4, seed=3)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0, -1.0])
+
+    def seq_logp():
+        with torch.no_grad():
+            lp = token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids)
+        return torch.where(batch.mask, lp, torch.zeros_like(lp)).sum(-1)  # (B,)
+
+    before = seq_logp()
+    micro = MicroBatch(batch, torch.where(batch.mask, 0.0, 0.0) + token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids).detach(), None, adv, 1.0)
+    accumulate_gradients(model, [micro], objective, {}, torch.device("cpu"), need_stats=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 1e-2 * p.grad
+    delta = seq_logp() - before
+    assert float(delta[adv > 0].mean()) > float(delta[adv < 0].mean())

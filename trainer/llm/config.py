@@ -41,7 +41,9 @@ class ModelConfig:
     name: str = "tiny"
     """'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub)."""
     dtype: str = "auto"
-    """Parameter dtype: auto (float32 on CPU, bfloat16 on CUDA when supported), float32, bfloat16, float16."""
+    """Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16."""
+    amp: str = "auto"
+    """Autocast of forward passes: auto (bf16 on CUDA, none on CPU), bf16, fp16, none."""
     pad_token: str = ""
     """Pad token to use when the tokenizer has none: '' (fail with a message), 'eos', or a token string."""
     trust_remote_code: bool = False
@@ -99,7 +101,7 @@ class DataConfig:
     eval_size: int = 64
     """Number of held-out problems for evaluation."""
     prompt_template: str = "{prompt}"
-    """Python format string applied to each prompt ('{prompt}' is the raw prompt)."""
+    """Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."""
     chat_template: str = "auto"
     """auto (use the tokenizer's chat template when it has one), on (require one), off."""
     enable_thinking: bool = False
@@ -230,6 +232,8 @@ class Config:
     """Output folder (created; must be empty or absent unless resuming)."""
     device: str = "auto"
     """auto (cuda when available), cpu, cuda."""
+    threads: int = 0
+    """CPU threads for torch (0 = torch's default). 1 is fastest for the tiny preset on a busy machine."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -355,6 +359,7 @@ def validate(cfg: Config) -> None:
 
     _choice("device", cfg.device, DEVICES)
     _choice("model.dtype", cfg.model.dtype, DTYPES)
+    _choice("model.amp", cfg.model.amp, ("auto", "bf16", "fp16", "none"))
     _choice("data.task", cfg.data.task, TASKS)
     _choice("data.chat_template", cfg.data.chat_template, CHAT_TEMPLATE)
     _choice("reward.kind", cfg.reward.kind, REWARD_KINDS)
@@ -387,6 +392,7 @@ def validate(cfg: Config) -> None:
         ("optim.weight_decay", cfg.optim.weight_decay),
         ("optim.max_grad_norm", cfg.optim.max_grad_norm),
         ("optim.microbatch_groups", cfg.optim.microbatch_groups),
+        ("threads", cfg.threads),
         ("rollout.top_k", cfg.rollout.top_k),
         ("rollout.batch_size", cfg.rollout.batch_size),
         ("eval.every", cfg.eval.every),

@@ -31,11 +31,20 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Parameter dtype. 'auto' keeps float32 master weights: bf16 parameters would round away
+    updates of the size RL fine-tuning makes (lr ~1e-6), so speed comes from autocast instead."""
     if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype of forward passes (None = no autocast)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if name != "none" and device.type != "cuda":
+        raise ValueError(f'model.amp = "{name}" needs a CUDA device; use "auto" or "none" on CPU')
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[name]
 
 
 def build_char_tokenizer():

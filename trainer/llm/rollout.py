@@ -61,8 +61,9 @@ def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
 class HFGenerateEngine:
     """Batched ``model.generate`` over prompts x n with sampling; stops on EOS."""
 
-    def __init__(self, model, pad_id: int, eos_ids: set[int], batch_size: int = 0):
+    def __init__(self, model, pad_id: int, eos_ids: set[int], batch_size: int = 0, amp_dtype: torch.dtype | None = None):
         self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
+        self.amp_dtype = amp_dtype
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -77,17 +78,18 @@ class HFGenerateEngine:
         out: list[list[int]] = []
         for start in range(0, len(expanded), chunk):
             ids, att = left_pad(expanded[start : start + chunk], self.pad_id)  # (N, W)
-            gen = self.model.generate(
-                input_ids=ids.to(device),
-                attention_mask=att.to(device),
-                do_sample=True,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                max_new_tokens=params.max_new_tokens,
-                pad_token_id=self.pad_id,
-                eos_token_id=sorted(self.eos_ids),
-            )  # (N, W + T')
+            with autocast(device, self.amp_dtype):
+                gen = self.model.generate(
+                    input_ids=ids.to(device),
+                    attention_mask=att.to(device),
+                    do_sample=True,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    max_new_tokens=params.max_new_tokens,
+                    pad_token_id=self.pad_id,
+                    eos_token_id=sorted(self.eos_ids),
+                )  # (N, W + T')
             for row in gen[:, ids.shape[1] :].tolist():
                 out.append(cut_at_eos(row, self.eos_ids)[0])
         self.model.train(was_training)
@@ -139,11 +141,18 @@ def build_batch(prompt_ids: list[list[int]], completions: list[list[int]], n: in
     )
 
 
-def completion_logits(model, batch: RolloutBatch, device) -> torch.Tensor:
+def autocast(device, dtype: torch.dtype | None):
+    """torch.autocast on ``device`` with ``dtype``, or a no-op when dtype is None."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def completion_logits(model, batch: RolloutBatch, device, amp_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Logits predicting each completion token (B, T, V)."""
     att = batch.attention_mask.to(device)  # (B, L)
     position_ids = (att.cumsum(-1) - 1).clamp(min=0)  # (B, L) left padding aware
-    out = model(input_ids=batch.input_ids.to(device), attention_mask=att, position_ids=position_ids, use_cache=False)
+    with autocast(device, amp_dtype):
+        out = model(input_ids=batch.input_ids.to(device), attention_mask=att, position_ids=position_ids, use_cache=False)
     P, T = batch.prompt_width, batch.mask.shape[1]
     return out.logits[:, P - 1 : P + T - 1]  # (B, T, V)
 

@@ -145,6 +145,7 @@ def accumulate_gradients(
     need_stats: bool = True,
     buckets: torch.Tensor | None = None,
     diagnostics: StepDiagnostics | None = None,
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
@@ -155,7 +156,7 @@ def accumulate_gradients(
     maxes: dict[str, float] = {}
     for mb in micro_batches:
         b = mb.batch
-        logits = completion_logits(model, b, device)  # (b, T, V)
+        logits = completion_logits(model, b, device, amp_dtype)  # (b, T, V)
         targets = b.completion_ids.to(device)  # (b, T)
         mask = b.mask.to(device)  # (b, T)
         logp = token_logp(logits, targets)  # (b, T)
@@ -203,12 +204,12 @@ def accumulate_gradients(
 
 
 @torch.no_grad()
-def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) (B, T) under ``model``, in chunks of rows, no grad."""
     lps, ents = [], []
     for s in range(0, batch.mask.shape[0], rows_per_chunk):
         part = batch.rows(torch.arange(s, min(s + rows_per_chunk, batch.mask.shape[0])))
-        logits = completion_logits(model, part, device)
+        logits = completion_logits(model, part, device, amp_dtype)
         targets = part.completion_ids.to(device)
         lps.append(token_logp(logits, targets).cpu())
         ents.append(token_stats(logits, targets)[0].cpu())
@@ -222,10 +223,13 @@ class Trainer:
     """Builds everything from a Config (cheap checks first) and runs or resumes a run."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
-        from dfpo.trainer.llm.policy import check_model_available, resolve_device, resolve_dtype
+        from dfpo.trainer.llm.policy import check_model_available, resolve_amp, resolve_device, resolve_dtype
         from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
 
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
+        self._threads_before = torch.get_num_threads()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)  # restored when run() returns
         self.run_dir = Path(cfg.run_dir)
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ValueError(
@@ -234,6 +238,7 @@ class Trainer:
             )
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
+        self.amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
         self.overrides = dict(cfg.objective.overrides)
         if self.spec.aggregation == "constant" and "max_completion_length" not in self.overrides:
@@ -305,7 +310,7 @@ class Trainer:
             raise ValueError("data.chat_template = \"on\" but the tokenizer has no chat template; set it to \"auto\" or \"off\"")
         out = []
         for ex in examples:
-            text = d.prompt_template.format(prompt=ex.prompt)
+            text = d.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
             if has_template and d.chat_template != "off":
                 ids = self.tok.apply_chat_template(
                     [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, enable_thinking=d.enable_thinking
@@ -317,6 +322,9 @@ class Trainer:
         return out
 
     def setup(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.resume:
@@ -325,7 +333,7 @@ class Trainer:
         self.model, self.tok, self.ref_model = self._load_model()
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
         self.eos_ids.discard(None)
-        self.engine = HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size)
+        self.engine = HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size, self.amp)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
@@ -414,14 +422,14 @@ class Trainer:
             batch.mask &= ~batch.truncated[:, None]
         G = cfg.rollout.group_size
         micro_groups = cfg.optim.microbatch_groups or cfg.optim.minibatch_groups
-        old_logp, entropy = batch_logp(self.model, batch, self.device, micro_groups * G)  # (B, T)
+        old_logp, entropy = batch_logp(self.model, batch, self.device, micro_groups * G, self.amp)  # (B, T)
         ref_logp = None
         if self.spec.beta > 0:
             if self.ref_model is not None:
-                ref_logp, _ = batch_logp(self.ref_model, batch, self.device, micro_groups * G)
+                ref_logp, _ = batch_logp(self.ref_model, batch, self.device, micro_groups * G, self.amp)
             else:  # LoRA: the base model is the reference
                 with self.model.disable_adapter():
-                    ref_logp, _ = batch_logp(self.model, batch, self.device, micro_groups * G)
+                    ref_logp, _ = batch_logp(self.model, batch, self.device, micro_groups * G, self.amp)
         buckets = None
         if cfg.log.diagnostics:
             buckets = diag.frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
@@ -442,6 +450,7 @@ class Trainer:
                 metrics, finite = accumulate_gradients(
                     self.model, micros, cfg.objective.name, self.overrides, self.device,
                     need_stats=True, buckets=buckets, diagnostics=step_diag if cfg.log.diagnostics else None,
+                    amp_dtype=self.amp,
                 )
                 norm = None
                 if finite:
@@ -573,6 +582,7 @@ class Trainer:
             self.eval_log.close()
             self.samples_log.close()
             self.scalars.close()
+            torch.set_num_threads(self._threads_before)
         summary = run_summary(self.run_dir, cfg.eval.kappa)
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
