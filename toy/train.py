@@ -40,6 +40,8 @@ from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_pa
 from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
 MODES = ("sampled", "exact")
+ORTH_POS_EXACT_LIMIT = 4096
+"""Largest exact-mode group for the positive orth projection (the core's QP solver is O(G^2) in memory)."""
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -121,6 +123,13 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     if c.mode == "exact":
         n_groups = len(task.prompts)
         total = count_completions(task)
+        per_prompt = -(-total // len(task.prompts))
+        for name, spec in specs.items():
+            if spec.transform == "orth_pos" and per_prompt > ORTH_POS_EXACT_LIMIT:
+                raise ValueError(
+                    f"objective {name!r} solves its QP with (G x G) memory in the loss core; exact mode puts about {per_prompt} completions "
+                    f"in one group (more than {ORTH_POS_EXACT_LIMIT}); use mode='sampled' or a smaller task"
+                )
         if total > c.exact_limit:
             raise ValueError(
                 f"task {c.task!r} has {total} completions, too many for exact mode (exact_limit={c.exact_limit}); use mode='sampled' or a smaller task"
@@ -136,7 +145,7 @@ class _Batch:
 
     roll: Rollouts
     old_logp: Tensor  # (S, B, T)
-    entropy: Tensor  # (S, B, T)
+    entropy: Tensor | None  # (S, B, T), only for token-mask objectives
     adv: Tensor  # (S, B) advantages passed to the loss (exact mode: times the weights c_i)
     weight: Tensor  # (S, B) weight of each completion within its group (uniform or pi_old)
     scale: Tensor  # (S, B) c_i (1 in sampled mode)
@@ -182,7 +191,10 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         roll = sample(task, logpi_old, prompts, config.group_size, gen)
     old = gather_tokens(logpi_old, roll.rows, roll.tokens)  # (S, B, T)
     old = torch.where(roll.mask, old, torch.zeros_like(old))
-    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), roll.rows, roll.tokens)  # (S, B, T)
+    if spec.token_mask != "none":  # only token masks read the entropy
+        ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), roll.rows, roll.tokens)  # (S, B, T)
+    else:
+        ent = None
     if config.mode == "exact":
         p_old = old.sum(-1).exp()  # (S, C)
         adv = _population_advantages(enum, p_old, n_groups, 1e-4, spec.adv_scale)
@@ -202,7 +214,8 @@ def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
     if groups.numel() == batch.n_groups:  # the whole batch
         return r.rows, r.tokens, r.mask, r.group, batch.old_logp, batch.entropy, batch.adv, batch.weight, batch.scale
     keep = torch.isin(r.group[0], groups)  # (B,)
-    return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], batch.entropy[:, keep], batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
+    ent = None if batch.entropy is None else batch.entropy[:, keep]
+    return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], ent, batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
 
 
 def _aggregation_size(mask: Tensor, aggregation: str) -> Tensor:
@@ -238,7 +251,7 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
     if spec.token_mask != "none" and spec.ratio_level != "token":  # coupled: one call per seed
         coefs, pooled = [], []
         for s in range(S):
-            loss, m = policy_loss(spec, logp=leaf[s], old_logp=old[s], advantages=adv[s], mask=mask[s], group_ids=group[s], entropy=entropy[s], **kwargs)
+            loss, m = policy_loss(spec, logp=leaf[s], old_logp=old[s], advantages=adv[s], mask=mask[s], group_ids=group[s], entropy=None if entropy is None else entropy[s], **kwargs)
             coefs.append(torch.autograd.grad(loss, leaf)[0][s])
             pooled.append(m)
         return torch.stack(coefs), {k: torch.stack([m[k] for m in pooled]).mean() for k in pooled[0]}
@@ -258,7 +271,7 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
         advantages=adv.reshape(-1),
         mask=loss_mask.reshape(S * B, T),
         group_ids=gid,
-        entropy=entropy.reshape(S * B, T),
+        entropy=None if entropy is None else entropy.reshape(S * B, T),
         **kwargs,
     )
     coef = torch.autograd.grad(loss, leaf)[0]
