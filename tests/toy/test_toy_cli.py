@@ -1,0 +1,108 @@
+"""``dfpo toy run`` / ``dfpo toy sweep-g``: bad input fails fast with one clear line; a run writes its folder."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dfpo.cli import main
+from dfpo.toy.metrics import bootstrap_ci, jitter2, kl_rows, steps_to
+from dfpo.toy.report import paired_verdict
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-G", "1"], "group_size must be an int >= 2, got group_size=1"),
+        (["-K", "0"], "inner_steps must be an int >= 1, got inner_steps=0"),
+        (["--task", "nope"], "unknown task='nope'"),
+        (["--objectives", "gspo,nope"], "unknown objective='nope'"),
+        (["--mode", "exact", "--objectives", "gspo", "--task", "family", "--task-opt", "k=6,distractors=9"], "too many for exact mode"),
+        (["--mode", "exact", "--objectives", "dfpo_orth_pos", "--task", "family", "--task-opt", "k=4,distractors=9"], "(G x G) memory"),
+        (["--task-opt", "width"], "--task-opt takes KEY=VALUE pairs"),
+        (["--override", "eps_lo=0.1"], "unknown override"),
+    ],
+)
+def test_bad_options_fail_before_any_compute(argv, message, tmp_path, capsys):
+    start = time.perf_counter()
+    code = main(["toy", "run", "--steps", "100000", "--out", str(tmp_path / "run"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("dfpo: error: ") and message in err
+    assert time.perf_counter() - start < 10  # 100000 steps would take far longer: nothing ran
+    assert not (tmp_path / "run").exists()
+
+
+def test_sweep_g_refuses_a_group_size_below_two(tmp_path, capsys):
+    assert main(["toy", "sweep-g", "--gs", "1,4", "--out", str(tmp_path)]) == 2
+    assert "--gs must list group sizes >= 2" in capsys.readouterr().err
+
+
+def test_run_writes_metrics_summary_and_plots(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["toy", "run", "--objectives", "gspo,dfpo_min,grpo_fix", "--seeds", "2", "--steps", "6", "--out", str(out)])
+    assert code == 0
+    for name in ("config.json", "metrics.jsonl", "metrics_mean.csv", "summary.md", "reward.png", "tax.png", "equiv_entropy.png", "asym.png", "overview.png"):
+        assert (out / name).exists(), name
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3 * 2 * 6
+    rec = json.loads(lines[0])
+    assert {"objective", "seed", "step", "reward", "tax/kl_cum", "equiv/entropy", "asym", "clip/frac_high"} <= set(rec)
+    summary = (out / "summary.md").read_text()
+    assert "| gspo |" in summary and "Prediction 1" in summary and "Prop. 3.1" in summary
+    assert (out / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "nan" not in (out / "metrics_mean.csv").read_text().lower()
+
+
+def test_sweep_g_writes_a_gain_table(tmp_path):
+    out = tmp_path / "sweep"
+    assert main(["toy", "sweep-g", "--gs", "2,4", "--seeds", "2", "--steps", "5", "--no-plots", "--out", str(out)]) == 0
+    gains = json.loads((out / "gains.json").read_text())
+    assert [g["G"] for g in gains] == [2, 4]
+    assert "paper Table 4" in (out / "summary.md").read_text()
+
+
+# ----- summary statistics -----
+
+
+def test_jitter2_is_zero_on_a_line_and_measures_curvature():
+    assert jitter2(np.arange(10.0))[()] == 0.0
+    assert jitter2(np.array([0.0, 1.0, 0.0, 1.0]))[()] == pytest.approx(2.0)  # |0 - 2 + 0| = |1 - 0 + 1| = 2
+
+
+def test_steps_to_kappa_is_first_crossing_and_censors_misses():
+    steps, reached = steps_to(np.array([[0.1, 0.5, 0.9, 0.95], [0.1, 0.2, 0.3, 0.4]]), 0.9)
+    assert steps.tolist() == [3.0, 5.0] and reached.tolist() == [True, False]
+
+
+def test_bootstrap_interval_contains_the_mean_and_refuses_nan():
+    mean, lo, hi = bootstrap_ci(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert lo <= mean <= hi and mean == 2.5
+    with pytest.raises(ValueError):
+        bootstrap_ci(np.array([1.0, float("nan")]))
+
+
+def test_paired_verdicts():
+    assert paired_verdict(np.array([-1.0, -1.2, -0.9, -1.1]), -1)[0] == "reproduced"
+    assert paired_verdict(np.array([1.0, 1.2, 0.9, 1.1]), -1)[0] == "contradicted"
+    assert paired_verdict(np.array([1.0, -1.2, 0.9, -1.1]), -1)[0] == "inconclusive"
+
+
+def test_kl_rows_is_zero_for_equal_policies_and_positive_otherwise():
+    a = torch.log_softmax(torch.randn(2, 3, 4), -1)
+    rows = torch.tensor([True, False, True])
+    assert torch.all(kl_rows(a, a, rows) == 0)
+    b = torch.log_softmax(torch.randn(2, 3, 4), -1)
+    assert torch.all(kl_rows(a, b, rows) > 0)
