@@ -173,3 +173,26 @@ def test_symmetric_clip_surrogate_is_never_below_ppo(r, A, eps):
     ppo = min(r * A, _clip(r, 1 - eps, 1 + eps) * A)
     sym = A * _clip(r, Fr(0), 1 + eps)
     assert sym >= ppo
+
+
+@settings(max_examples=25, deadline=None)
+@given(g=groups(min_g=3, max_g=6), L=st.integers(2, 6))
+def test_cor_3_3_gspo_cancels_anywhere_on_the_hyperplane_not_only_the_diagonal(g, L):
+    adv, seq, _ = g
+    a = torch.tensor(adv, dtype=torch.float64)
+    s = torch.exp(torch.tensor(seq, dtype=torch.float64))
+    s = s - (a @ s) / (a @ a) * a  # onto sum_i A_i s_i = 0
+    assume(bool((s > 0.05).all()) and float(s.max() - s.min()) > 1e-3)
+    res = shared_gradient("gspo", tabular_group(log_ratios_for(torch.log(s).tolist(), [L] * len(adv), 0.0)), adv, clip="none")
+    assert abs(res.coef) < 1e-10
+
+
+@settings(max_examples=20, deadline=None)
+@given(g=groups(max_g=6), objective=st.sampled_from(["dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"]))
+def test_without_stop_gradient_dfpo_has_no_gradient_at_all(g, objective):
+    """Away from truncate-and-rebalance's kink delta = A.s = 0 (there autograd takes the identity branch)."""
+    adv, seq, lengths = g
+    if objective == "dfpo_orth_tr":
+        assume(abs(sum(a * math.exp(x) for a, x in zip(adv, seq))) > 1e-6)
+    res = shared_gradient(objective, tabular_group(log_ratios_for(seq, lengths, 0.02)), adv, stopgrad="none")
+    assert res.total_norm < 1e-12
