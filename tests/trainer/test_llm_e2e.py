@@ -11,13 +11,13 @@ from dfpo.trainer.llm.config import apply_overrides, config_from_dict
 from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 
 # A reward with variance from the first step: the format reward pays completions that start
-# with "1", so groups are rarely all-equal even before the model can add.
+# with a letter or digit (about 2 in 3 characters), so groups are rarely all-equal.
 TINY = [
     "model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "model.tiny_intermediate=64",
     "model.sft_steps=3", "model.sft_batch_size=8",
     "data.max_operand=9", "data.train_size=50", "data.eval_size=4",
     "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-    "reward.format_weight=1.0", 'reward.format_regex="^1"',
+    "reward.format_weight=1.0", 'reward.format_regex="^[0-9a-zA-Z]"',
     "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
     "train.steps=2", "train.save_every=1", "threads=1",
     "eval.every=2", "eval.k=2",
@@ -124,3 +124,87 @@ def test_missing_hub_model_fails_clearly_offline(tmp_path, monkeypatch):
     cfg = tiny_config(tmp_path, "model.name=someone/not-a-local-model")
     with pytest.raises(ValueError, match="not a local directory.*not reachable.*model.name"):
         Trainer(cfg, quiet=True)
+
+
+def test_cli_bad_input_exits_2_naming_the_problem(tmp_path, capsys):
+    from dfpo.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[optim]\nlrr = 1e-4\n")
+    assert main(["train", "--config", str(bad)]) == 2
+    assert "unknown config key optim.lrr" in capsys.readouterr().err
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"question": "2+2="}\n')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'run_dir = "{tmp_path / "run"}"\n[data]\ntask = "jsonl"\npath = "{data}"\neval_size = 1\n')
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2: missing field 'prompt'" in err
+    assert not (tmp_path / "run").exists()  # failed before any work
+
+
+@pytest.mark.slow
+def test_tiny_cpu_config_raises_reward(tmp_path):
+    """configs/tiny-cpu.toml as shipped: the last 50 steps beat the first 20 and the final eval beats step 0."""
+    from pathlib import Path
+
+    from dfpo.trainer.llm.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / "tiny-cpu.toml", [f'run_dir="{tmp_path / "run"}"', "log.progress=false"])
+    Trainer(cfg, quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["reward/mean"] for r in rows[:20]) / 20
+    last = sum(r["reward/mean"] for r in rows[-50:]) / 50
+    evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert last > first + 0.05, (first, last)
+    assert evals[-1]["eval/avg@4"] > evals[0]["eval/avg@4"], evals
+
+
+def test_lora_and_reference_kl_train_only_adapters(tmp_path):
+    cfg = tiny_config(tmp_path, "model.lora_r=4", "objective.name=grpo", "objective.overrides.beta=0.1")
+    trainer = Trainer(cfg, quiet=True)
+    trainer.setup = _capture_initial(trainer)
+    trainer.run()
+    after = _params(trainer.model)
+    changed = {n for n in after if not torch.equal(after[n], trainer.initial[n])}
+    assert changed and all("lora_" in n for n in changed)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all("kl/ref" in r and r["kl/ref"] >= 0 for r in rows)
+
+
+def test_full_finetune_with_reference_model_logs_kl(tmp_path):
+    cfg = tiny_config(tmp_path, "objective.name=dapo", "objective.overrides.beta=0.05")
+    Trainer(cfg, quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["kl/ref"] > 0  # the policy moved away from the frozen initial model
+
+
+def test_chat_template_is_applied_when_the_tokenizer_has_one():
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.policy import build_char_tokenizer
+    from dfpo.trainer.llm.tasks import Example
+    from dfpo.trainer.llm.train import encode_prompts
+
+    tok = build_char_tokenizer()
+    ex = [Example("1+2=", "3")]
+    plain = encode_prompts(tok, ex, DataConfig(prompt_template="Q {prompt} \\boxed{}"))
+    assert tok.decode(plain[0]) == "Q 1+2= \\boxed{}"
+    with pytest.raises(ValueError, match="no chat template"):
+        encode_prompts(tok, ex, DataConfig(chat_template="on"))
+    tok.chat_template = "{% for m in messages %}U:{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
+    assert tok.decode(encode_prompts(tok, ex, DataConfig())[0]) == "U:1+2=A:"
+    assert tok.decode(encode_prompts(tok, ex, DataConfig(chat_template="off"))[0]) == "1+2="
+
+
+def test_reasoning_gym_problems_load_offline_and_score():
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.rewards import correctness_fn
+    from dfpo.trainer.llm.tasks import load_splits
+
+    train, evals = load_splits(DataConfig(task="reasoning_gym", name="gsm_symbolic", train_size=3, eval_size=2), seed=0)
+    assert len(train) == 3 and len(evals) == 2
+    fn = correctness_fn("auto", "reasoning_gym")
+    ex = train[0]
+    assert fn(ex.prompt, f"so \\boxed{{{ex.answer}}}", ex) == 1.0
+    assert fn(ex.prompt, "\\boxed{-1}", ex) < 0.5  # reasoning-gym gives small partial credit

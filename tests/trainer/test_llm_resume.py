@@ -17,7 +17,7 @@ SETS = [
     "model.sft_steps=3", "model.sft_batch_size=8",
     "data.max_operand=9", "data.train_size=40", "data.eval_size=4",
     "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-    "reward.format_weight=1.0", 'reward.format_regex="^1"',
+    "reward.format_weight=1.0", 'reward.format_regex="^[0-9a-zA-Z]"',
     "objective.name=dfpo_min", "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
     f"train.steps={STEPS}", "train.save_every=1", "eval.every=2", "eval.k=2",
     "log.tensorboard=false", "log.progress=false", "log.samples_every=1", "threads=1",

@@ -304,22 +304,7 @@ class Trainer:
         return model, tok, ref
 
     def _prompt_ids(self, examples) -> list[list[int]]:
-        d = self.cfg.data
-        has_template = bool(getattr(self.tok, "chat_template", None))
-        if d.chat_template == "on" and not has_template:
-            raise ValueError("data.chat_template = \"on\" but the tokenizer has no chat template; set it to \"auto\" or \"off\"")
-        out = []
-        for ex in examples:
-            text = d.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
-            if has_template and d.chat_template != "off":
-                ids = self.tok.apply_chat_template(
-                    [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, enable_thinking=d.enable_thinking
-                )
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-                out.append(list(ids))
-            else:
-                out.append(self.tok(text, add_special_tokens=False).input_ids)
-        return out
+        return encode_prompts(self.tok, examples, self.cfg.data)
 
     def setup(self) -> None:
         from transformers.utils import logging as hf_logging
@@ -587,6 +572,23 @@ class Trainer:
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
         return summary
+
+
+def encode_prompts(tok, examples, data) -> list[list[int]]:
+    """Prompt token ids: the template applied, then the tokenizer's chat template when it has one
+    (data.chat_template = "auto"/"on") or plain text ("off", or no template)."""
+    has_template = bool(getattr(tok, "chat_template", None))
+    if data.chat_template == "on" and not has_template:
+        raise ValueError('data.chat_template = "on" but the tokenizer has no chat template; set it to "auto" or "off"')
+    out = []
+    for ex in examples:
+        text = data.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
+        if has_template and data.chat_template != "off":
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, enable_thinking=data.enable_thinking
+            )
+        out.append(tok(text, add_special_tokens=False).input_ids)
+    return out
 
 
 def _generation_eos(model) -> list[int]:
