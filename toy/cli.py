@@ -108,7 +108,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     task, results = run(config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True))
     elapsed = time.perf_counter() - start
-    summary = write_run(args.out, config, task, results, plots=not args.no_plots, findings=[f"Wall time of the training: {elapsed:.1f} s."])
+    summary = write_run(args.out, config, task, results, plots=not args.no_plots, findings=[f"- Wall time of the training: {elapsed:.1f} s."])
     print(summary.read_text())
     print(f"toy: wrote {args.out} in {elapsed:.1f} s")
     return 0

@@ -52,6 +52,8 @@ def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[s
             "tax_kl_cum": h["tax/kl_cum"][-1],
             "tax_kl_init": h["tax/kl_init"][-1],
             "asym": h["asym"].mean(0),
+            "tax_at_kappa": h["tax/kl_cum"][np.minimum(steps.astype(int), reward.shape[1]) - 1, np.arange(reward.shape[0])],
+            "clip_frac": (h["clip/frac_low"] + h["clip/frac_high"]).mean(0),
         }
         for key, col in (("equiv/entropy", "final_equiv_entropy"), ("equiv/logodds", "final_equiv_logodds"), ("entropy/sequence", "final_entropy"), ("residual/shared_rel", "residual_rel"), ("energy/frequent", "energy_frequent")):
             if key in h:
@@ -67,12 +69,14 @@ COLUMNS = [
     ("mean_reward", "mean E[R] over steps", "{:.3f}"),
     ("tax_kl_cum", "tax: cum. KL", "{:.2e}"),
     ("tax_kl_init", "tax: KL to init", "{:.2e}"),
+    ("tax_at_kappa", "tax paid to reach kappa", "{:.2e}"),
     ("final_equiv_entropy", "equiv-set entropy", "{:.3f}"),
     ("final_equiv_logodds", "equiv log-odds", "{:+.2f}"),
     ("final_entropy", "sequence entropy", "{:.3f}"),
     ("asym", "Asym eq 23 (mean)", "{:.2e}"),
     ("residual_rel", "shared residual (rel.)", "{:.3f}"),
     ("energy_frequent", "Energy(frequent) eq 24", "{:.3f}"),
+    ("clip_frac", "clipped fraction", "{:.3f}"),
 ]
 
 
@@ -99,15 +103,23 @@ PREDICTIONS = [
     ("jitter2_reward", -1, "Prediction 2 (eq 21): DFPO's reward curve jitters less"),
     ("final_reward", +1, "Prediction 3 (eq 22): DFPO's final reward is higher"),
     ("tax_kl_cum", -1, "Prop. 3.1: DFPO pays less learning tax (drift at reward-irrelevant template rows)"),
+    ("tax_at_kappa", -1, "Prop. 3.1 at matched progress: DFPO pays less tax to reach the reward threshold"),
     ("final_equiv_entropy", +1, "Cor. 3.2: DFPO keeps more entropy over the equivalent correct answers"),
 ]
 
 
-def paired_verdict(diff: np.ndarray, direction: int) -> tuple[str, tuple[float, float, float]]:
-    """'reproduced' / 'contradicted' / 'inconclusive' from the bootstrap CI of a paired difference."""
+NEGLIGIBLE = 0.02
+"""A paired difference smaller than this fraction of the baseline's mean is called negligible."""
+
+
+def paired_verdict(diff: np.ndarray, direction: int, baseline: float | None = None) -> tuple[str, tuple[float, float, float]]:
+    """'reproduced' / 'contradicted' / 'inconclusive' from the bootstrap CI of a paired difference;
+    'negligible' when |mean difference| < NEGLIGIBLE * |baseline mean| (significant or not)."""
     mean, lo, hi = bootstrap_ci(diff)
     if np.allclose(diff, 0, atol=1e-12):
         return "inconclusive (no difference)", (mean, lo, hi)
+    if baseline is not None and abs(mean) < NEGLIGIBLE * abs(baseline):
+        return f"negligible (< {NEGLIGIBLE:.0%} of the baseline)", (mean, lo, hi)
     low_side, high_side = (lo, hi) if direction > 0 else (-hi, -lo)  # the interval of direction * diff
     if low_side > 0:
         return "reproduced", (mean, lo, hi)
@@ -126,10 +138,43 @@ def prediction_checks(summary: dict[str, dict[str, object]], baseline: str = "gs
         if key not in summary[baseline]:
             continue
         for m in methods:
-            diff = np.asarray(summary[m][key], float) - np.asarray(summary[baseline][key], float)
-            verdict, (mean, lo, hi) = paired_verdict(diff, direction)
+            base = np.asarray(summary[baseline][key], float)
+            diff = np.asarray(summary[m][key], float) - base
+            verdict, (mean, lo, hi) = paired_verdict(diff, direction, float(base.mean()))
             lines.append(f"| {text} | {m} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] | {verdict} |")
     return lines
+
+
+def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
+    """Plain-language notes that explain the table (computed from the run, not hard-coded verdicts)."""
+    notes = []
+    mean = lambda o, k: float(np.mean(summary[o][k]))  # noqa: E731
+    if config.inner_steps == 1:
+        notes.append("- K = 1: every ratio is 1 at the only update of each batch, so DFPO's transforms are the identity and DFPO trains exactly as GSPO.")
+    taxes = {o: mean(o, "tax_kl_cum") for o in summary}
+    if all(abs(t) < 1e-8 for t in taxes.values()):
+        notes.append(
+            "- No objective moved the template rows (cumulative KL < 1e-8 for all). The template choice is independent of everything the "
+            "sequence weights depend on (its contexts merge into the same next state), so the expected gradient there is zero for every "
+            "objective, GSPO included: in this setting the learning tax of sampled runs is finite-group noise, not a systematic drift."
+        )
+    for o in summary:
+        spec_clip = mean(o, "clip_frac")
+        if o in ("gspo",) and spec_clip > 0.2:
+            notes.append(
+                f"- {o} clips {spec_clip:.0%} of its sequences on average (the GSPO paper's clip range 3e-4 / 4e-4): after the first inner "
+                "step most of its gradient is clipped away, so it learns more slowly and its policy moves less. A lower tax for GSPO then "
+                "means 'moved less', not 'cancelled': compare the column 'tax paid to reach kappa'. DFPO's default score-form stop-gradient "
+                "(eq 68) keeps a gradient stilde_i A_i on clipped sequences, which is why it learns faster here."
+            )
+    if config.task == "tenplusten" and all("final_equiv_entropy" in s for s in summary.values()):
+        notes.append(
+            "- In tenplusten the equivalent-set entropy also falls for a legitimate reason: while '25' is still likely, the context 'The' "
+            "can still lead to a wrong answer and '10' cannot, so the policy gradient itself moves mass to '10 + 10 = 20 .' before the "
+            "rewards saturate (after that every advantage is 0 and the entropy freezes). The family task, where every correct form is "
+            "chosen at the same context as the wrong ones, isolates the objective-induced drift of Cor. 3.2 better."
+        )
+    return notes
 
 
 def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str) -> list[Path]:
@@ -229,8 +274,9 @@ def write_run(out: Path, config, task, results: dict, *, findings: list[str] | N
         "",
         "A prediction that is not reproduced here is a finding about this toy, not a failure of the run.",
     ]
-    if findings:
-        lines += ["", "## Notes", "", *findings]
+    notes = auto_notes(config, summary) + list(findings or [])
+    if notes:
+        lines += ["", "## Notes", "", *notes]
     if plots:
         written = plot_curves(res, out, title)
         lines += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in written]]

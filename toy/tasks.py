@@ -204,7 +204,7 @@ def family(
     n_wrong: int = 2,
     distractors: int = 1,
     prompts: int = 2,
-    p_canonical: float = 0.8,
+    p_canonical: float = 0.9,
 ) -> Task:
     """A parametric family: a shared template of ``k`` tokens (each position with ``distractors``
     reward-irrelevant alternatives), then an answer: ``n_correct`` equivalent correct answers of
