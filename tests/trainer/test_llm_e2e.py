@@ -208,3 +208,17 @@ def test_reasoning_gym_problems_load_offline_and_score():
     ex = train[0]
     assert fn(ex.prompt, f"so \\boxed{{{ex.answer}}}", ex) == 1.0
     assert fn(ex.prompt, "\\boxed{-1}", ex) < 0.5  # reasoning-gym gives small partial credit
+
+
+def test_equiv_task_logs_surface_forms_and_a_local_model_directory_loads(tmp_path):
+    cfg = tiny_config(tmp_path, "data.task=equiv", "reward.format_weight=0.0", "model.sft_steps=20")
+    Trainer(cfg, quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    forms = ("number", "swap", "split", "echo", "invalid")
+    assert all(sum(r[f"forms/{f}"] for f in forms) == pytest.approx(1.0) for r in rows)
+    # the saved warm-started model is an ordinary transformers directory: train from it by path
+    cfg2 = config_from_dict(
+        apply_overrides({}, TINY + [f'run_dir="{tmp_path / "run2"}"', f'model.name="{tmp_path / "run" / "init_model"}"'])
+    )
+    Trainer(cfg2, quiet=True).run()
+    assert (tmp_path / "run2" / "checkpoint.pt").exists() and not (tmp_path / "run2" / "init_model").exists()

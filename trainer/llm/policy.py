@@ -141,18 +141,16 @@ def check_pad_token(tokenizer, pad_token: str) -> None:
         tokenizer.pad_token = pad_token
 
 
-def _load_pretrained(name: str, dtype, trust_remote_code: bool):
-    """(model, tokenizer) from a local directory, the local HF cache, or the hub when reachable."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _pretrained_source(name: str, trust_remote_code: bool):
+    """(tokenizer, from_pretrained kwargs) for a local directory, the local HF cache, or the hub."""
+    from transformers import AutoTokenizer
 
     from dfpo.trainer.llm.tasks import hub_reachable
 
-    kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if Path(name).is_dir():
-        return AutoModelForCausalLM.from_pretrained(name, **kwargs), AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
     try:  # a hub name already in the local cache works offline
-        tok = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=trust_remote_code)
-        return AutoModelForCausalLM.from_pretrained(name, local_files_only=True, **kwargs), tok
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=trust_remote_code), {"local_files_only": True}
     except Exception:
         pass
     if not hub_reachable():
@@ -161,7 +159,7 @@ def _load_pretrained(name: str, dtype, trust_remote_code: bool):
             "not reachable. Download the model on a machine with network (huggingface-cli download NAME --local-dir DIR) "
             "and set model.name = \"DIR\", or use model.name = \"tiny\" (offline preset)."
         )
-    return AutoModelForCausalLM.from_pretrained(name, **kwargs), AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
 
 
 def check_model_available(name: str) -> None:
@@ -185,9 +183,13 @@ def check_model_available(name: str) -> None:
 
 
 def load_pretrained_policy(path_or_name: str, mcfg, device, dtype):
-    """Model and tokenizer from a path or hub name, with the pad-token check and LoRA."""
-    model, tok = _load_pretrained(path_or_name, dtype, mcfg.trust_remote_code)
+    """Model and tokenizer from a path or hub name; the tokenizer (and its pad token) is checked
+    before the weights load."""
+    from transformers import AutoModelForCausalLM
+
+    tok, kwargs = _pretrained_source(path_or_name, mcfg.trust_remote_code)
     check_pad_token(tok, mcfg.pad_token)
+    model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, trust_remote_code=mcfg.trust_remote_code, **kwargs)
     return model.to(device), tok
 
 

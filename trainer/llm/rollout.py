@@ -164,8 +164,10 @@ def token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def token_stats(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(entropy, pi(y_t), collision sum_n pi_n^2), each (B, T), computed in row chunks, no grad."""
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, max_elements: int = 2**27) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(entropy, pi(y_t), collision sum_n pi_n^2), each (B, T), no grad, in row chunks of at
+    most ``max_elements`` logits (so a 150k vocabulary never needs a second full (B, T, V) copy)."""
+    chunk = max(1, max_elements // max(1, logits.shape[1] * logits.shape[2]))
     ent, prob, coll = [], [], []
     for s in range(0, logits.shape[0], chunk):
         lp = torch.log_softmax(logits[s : s + chunk].detach().float(), dim=-1)  # (b, T, V)

@@ -298,7 +298,7 @@ class Trainer:
             ref, _ = load_pretrained_policy(source, m, self.device, self.dtype if m.name != "tiny" else torch.float32)
             ref.eval().requires_grad_(False)
         if m.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model = wrap_lora(model, m)
         model.train()
         return model, tok, ref
@@ -524,7 +524,7 @@ class Trainer:
         """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked."""
         cfg = self.cfg
         k = cfg.eval.k
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.device.type == "cuda" else []):
             torch.manual_seed(cfg.seed * 7919 + step)
             completions = self.engine.generate(self.eval_prompt_ids, k, self._sampling(cfg.eval.temperature))
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
