@@ -28,7 +28,7 @@ def kl_rows(logp_new: Tensor, logp_old: Tensor, rows: Tensor) -> Tensor:
     if not bool(rows.any()):
         return torch.zeros(logp_new.shape[0])
     p = logp_new.exp()  # (S, R, V)
-    kl = torch.where(p > 0, p * (logp_new - logp_old), torch.zeros_like(p)).sum(-1)  # (S, R)
+    kl = torch.where(p > 0, p * (logp_new - logp_old), torch.zeros_like(p)).sum(-1).clamp(min=0)  # (S, R); >= 0 up to float rounding
     return kl[:, rows].mean(-1)
 
 
@@ -115,13 +115,14 @@ def frequent_energy(coef: Tensor, norms: Tensor, tokens: Tensor, mask: Tensor, v
     return torch.where(total > 0, (per_tok * on_freq).sum((-1, -2)) / total.clamp(min=1e-30), torch.zeros_like(total))
 
 
-def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int, *, parts: bool = False):
     """Gradient residual on shared context-token events (eq 2, Prop. 3.1). (S,), (S,).
 
     An event is a group and a position t where every member has the same row and token
     (groups sit contiguously, ``group_size`` members each). Its gradient on the row's logits is
     (sum_i coef_it) (e_y - pi). Returns the norm sqrt(sum_events |.|^2) and the relative residual
     sum_events |sum_i coef_it| / sum_events sum_i |coef_it| (0: exact cancellation, 1: none).
+    With ``parts`` also the numerator and denominator of the relative residual, (S,) each.
     """
     S, B, T = tokens.shape
     shape = (S, B // group_size, group_size, T)
@@ -133,8 +134,9 @@ def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, m
     zero = torch.zeros_like(net)
     norm = torch.sqrt(torch.where(shared, (net * n0) ** 2, zero).sum((-1, -2)))
     g = torch.where(shared, gross, zero).sum((-1, -2))
-    rel = torch.where(g > 0, torch.where(shared, net.abs(), zero).sum((-1, -2)) / g.clamp(min=1e-30), torch.zeros_like(g))
-    return norm, rel
+    num = torch.where(shared, net.abs(), zero).sum((-1, -2))
+    rel = torch.where(g > 0, num / g.clamp(min=1e-30), torch.zeros_like(g))
+    return (norm, rel, num, g) if parts else (norm, rel)
 
 
 # ----- run summaries (numpy, over seeds) -----

@@ -55,7 +55,10 @@ def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[s
             "tax_at_kappa": h["tax/kl_cum"][np.minimum(steps.astype(int), reward.shape[1]) - 1, np.arange(reward.shape[0])],
             "clip_frac": (h["clip/frac_low"] + h["clip/frac_high"]).mean(0),
         }
-        for key, col in (("equiv/entropy", "final_equiv_entropy"), ("equiv/logodds", "final_equiv_logodds"), ("entropy/sequence", "final_entropy"), ("residual/shared_rel", "residual_rel"), ("energy/frequent", "energy_frequent")):
+        if "residual/shared_net" in h:  # ratio of sums over the run: updates with no shared event or zero gradient do not dilute it
+            gross = h["residual/shared_gross"].sum(0)
+            row["residual_rel"] = np.where(gross > 0, h["residual/shared_net"].sum(0) / np.maximum(gross, 1e-300), 0.0)
+        for key, col in (("equiv/entropy", "final_equiv_entropy"), ("equiv/logodds", "final_equiv_logodds"), ("entropy/sequence", "final_entropy"), ("energy/frequent", "energy_frequent")):
             if key in h:
                 row[col] = h[key][-1] if key.startswith(("equiv", "entropy")) else h[key].mean(0)
         out[name] = row
@@ -74,7 +77,7 @@ COLUMNS = [
     ("final_equiv_logodds", "equiv log-odds", "{:+.2f}"),
     ("final_entropy", "sequence entropy", "{:.3f}"),
     ("asym", "Asym eq 23 (mean)", "{:.2e}"),
-    ("residual_rel", "shared residual (rel.)", "{:.3f}"),
+    ("residual_rel", "shared-token residual sum|net|/sum gross", "{:.3f}"),
     ("energy_frequent", "Energy(frequent) eq 24", "{:.3f}"),
     ("clip_frac", "clipped fraction", "{:.3f}"),
 ]
@@ -157,6 +160,20 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
             "- No objective moved the template rows (cumulative KL < 1e-8 for all). The template choice is independent of everything the "
             "sequence weights depend on (its contexts merge into the same next state), so the expected gradient there is zero for every "
             "objective, GSPO included: in this setting the learning tax of sampled runs is finite-group noise, not a systematic drift."
+        )
+    if "residual_rel" in summary.get("gspo", {}):
+        res = {o: mean(o, "residual_rel") for o in summary if "residual_rel" in summary[o]}
+        notes.append(
+            "- Shared-token cancellation (eq 2), measured directly on the events where a whole group shares a context-token pair: "
+            + ", ".join(f"{o} {r:.3f}" for o, r in res.items())
+            + " (sum over the run of |sum_i coef_i| over sum_i |coef_i|; 0 = exact cancellation). This is the paper's mechanism; whether "
+            "it turns into more drift depends on how far each objective moves the policy (the tax columns)."
+        )
+    if config.mode == "exact":
+        notes.append(
+            "- Exact mode is the infinite-group limit: advantages use the policy's own mean and std, every completion is weighted by "
+            "pi_old(y), Min-Replace takes the minimum over the whole support. Even plain policy gradient on a softmax moves mass towards "
+            "the more likely of two equally good answers (d z_a ~ pi_a A), so some equivalent-set entropy loss is not specific to any objective."
         )
     for o in summary:
         spec_clip = mean(o, "clip_frac")

@@ -367,7 +367,8 @@ def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Te
     norms = M.score_norm(torch.where(mask, lp_tok, torch.zeros_like(lp_tok)), coll_tok)  # (S, B, T)
     if config.mode == "sampled":
         out["energy/frequent"] = M.frequent_energy(coef, norms, toks, mask, len(task.vocab))
-        out["residual/shared"], out["residual/shared_rel"] = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size)
+        res = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size, parts=True)
+        out["residual/shared"], out["residual/shared_rel"], out["residual/shared_net"], out["residual/shared_gross"] = res
     return out
 
 
