@@ -222,3 +222,18 @@ def test_equiv_task_logs_surface_forms_and_a_local_model_directory_loads(tmp_pat
     )
     Trainer(cfg2, quiet=True).run()
     assert (tmp_path / "run2" / "checkpoint.pt").exists() and not (tmp_path / "run2" / "init_model").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_run_on_cuda_with_bf16_autocast(tmp_path):
+    cfg = tiny_config(tmp_path, "device=cuda", "objective.name=dfpo_min")
+    trainer = Trainer(cfg, quiet=True)
+    trainer.setup = _capture_initial(trainer)
+    trainer.run()
+    assert next(trainer.model.parameters()).is_cuda
+    assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay float32
+    after = _params(trainer.model)
+    assert sum(float((after[n] - trainer.initial[n]).abs().sum()) for n in after) > 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))

@@ -134,21 +134,34 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _in_hub_cache(name: str) -> bool:
+    """Whether the HF hub cache holds a snapshot of dataset ``name``."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        return any(r.repo_id == name and r.repo_type == "dataset" for r in scan_cache_dir().repos)
+    except Exception:
+        return False
+
+
 def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field: str) -> list[Example]:
     """A HF dataset split (local cache first, then the hub when reachable)."""
     try:
         import datasets
     except ImportError:
         raise ValueError("data.task = \"hf\" needs the datasets package: pip install datasets") from None
+    offline_msg = (
+        f"data.name {name!r}: not in the local cache and the Hugging Face hub is not reachable. "
+        "Export it to JSONL ({\"prompt\", \"answer\"} per line) on a machine with network and use "
+        "data.task = \"jsonl\", data.path = \"FILE.jsonl\"; or use data.task = \"reasoning_gym\" offline."
+    )
+    if not Path(name).exists() and not hub_reachable() and not _in_hub_cache(name):
+        raise ValueError(offline_msg)  # fail fast instead of datasets' retries
     try:
-        ds = datasets.load_dataset(name, subset or None, split=split, download_mode="reuse_cache_if_exists")
+        ds = datasets.load_dataset(name, subset or None, split=split)
     except Exception as err:
         if not hub_reachable():
-            raise ValueError(
-                f"data.name {name!r}: not in the local cache and the Hugging Face hub is not reachable. "
-                "Export it to JSONL ({\"prompt\", \"answer\"} per line) on a machine with network and use "
-                "data.task = \"jsonl\", data.path = \"FILE.jsonl\"; or use data.task = \"reasoning_gym\" offline."
-            ) from None
+            raise ValueError(offline_msg) from None
         raise ValueError(f"data.name {name!r} split {split!r}: {err}") from None
     cols = ds.column_names
     for f in (prompt_field, answer_field):

@@ -250,8 +250,8 @@ class Trainer:
             format_regex=cfg.reward.format_regex,
             timeout_s=cfg.reward.timeout_s,
         )
-        self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
         check_model_available(cfg.model.name)
+        self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
         self.groups_per_step = cfg.rollout.prompts_per_step
         self.k_updates = cfg.optim.epochs * (self.groups_per_step // cfg.optim.minibatch_groups)
         self.total_updates = cfg.train.steps * self.k_updates
