@@ -28,8 +28,12 @@ PLOTS = {
     "reward": ("reward", "expected reward E[R]"),
     "tax": ("tax/kl_cum", "learning tax: cumulative KL at template rows"),
     "equiv_entropy": ("equiv/entropy", "entropy over the equivalent correct answers (nats)"),
-    "asym": ("asym", "Asym (eq 23): within-group Var of w_i A_i"),
+    "asym": ("asym", "Asym (eq 23): within-group Var of w_i A_i (rolling mean, 10 steps)"),
 }
+YLABELS = {"reward": "E[R]", "tax/kl_cum": "cumulative KL", "equiv/entropy": "entropy (nats)", "asym": "Asym"}
+SMOOTH = {"asym": 10}
+"""Metrics drawn as a trailing rolling mean (window in steps): per-step values are very noisy."""
+STYLES = ("-", "--", ":", "-.")
 
 
 def to_numpy(results: dict) -> dict[str, dict[str, np.ndarray]]:
@@ -208,13 +212,17 @@ def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str
     def draw(ax, key, label):
         for i, (name, h) in enumerate(results.items()):
             y = h[key]  # (steps, S)
+            window = SMOOTH.get(key, 1)
+            if window > 1 and y.shape[0] >= window:
+                c = np.cumsum(np.vstack([np.zeros((1, y.shape[1])), y]), axis=0)
+                y = np.vstack([c[1:window] / np.arange(1, window)[:, None], (c[window:] - c[:-window]) / window])
             x = np.arange(1, y.shape[0] + 1)
             mean = y.mean(1)
             half = 1.96 * y.std(1, ddof=1) / np.sqrt(y.shape[1]) if y.shape[1] > 1 else np.zeros_like(mean)
-            ax.plot(x, mean, color=colors(i % 10), label=name, lw=1.6)
+            ax.plot(x, mean, color=colors(i % 10), label=name, lw=1.6, ls=STYLES[i % len(STYLES)])
             ax.fill_between(x, mean - half, mean + half, color=colors(i % 10), alpha=0.2, lw=0)
         ax.set_xlabel("step (rollout batch)")
-        ax.set_ylabel(label, fontsize=9)
+        ax.set_ylabel(YLABELS.get(key, key), fontsize=9)
         ax.grid(alpha=0.3)
 
     for fname, key, label in keys:
