@@ -59,7 +59,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
     p.add_argument("--kappa", type=float, default=0.95, help="threshold of Steps(E[R] >= kappa), eq 19 (default 0.95)")
     p.add_argument("--override", action="append", metavar="KEY=VALUE", help="objective component override for every objective, e.g. eps_low=0.2")
-    p.add_argument("--out", required=True, help="run folder to write")
+    p.add_argument("--out", default=None, help="run folder to write (default runs/toy-TASK-MODE, or runs/toy-sweep-g-TASK-MODE)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
@@ -96,6 +96,7 @@ def _objectives(text: str) -> tuple[str, ...]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _config(args, _objectives(args.objectives), args.group_size)
+    args.out = args.out or f"runs/toy-{args.task}-{args.mode}"
     import time
 
     import torch
@@ -120,6 +121,7 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
         raise ValueError(f"--gs must list group sizes >= 2, got --gs {args.gs!r}")
     objectives = (args.baseline, args.method)
     configs = [_config(args, objectives, g) for g in gs]
+    args.out = args.out or f"runs/toy-sweep-g-{args.task}-{args.mode}"
     import torch
 
     from dfpo.toy.sweep import sweep_group_size
