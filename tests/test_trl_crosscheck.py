@@ -290,7 +290,12 @@ CASES = [
     # GSPO-token with one advantage per sequence has GSPO's value and gradient (GSPO paper sec. 4.3).
     ("gspo_token", "gspo_token", {},
      dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
-    ("grpo_fix", "grpo_fix", {}, dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
+    # GRPO-fix's preset follows eq 80 (seq_mean_token_sum); TRL reaches it through its loss types:
+    # grpo (per-sequence mean) and dr_grpo (sum / (B * T_max)), with epsilon=1, delta=1+e.
+    ("grpo_fix~grpo", "grpo_fix", {"aggregation": "seq_mean_token_mean"},
+     dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
+    ("grpo_fix~dr_grpo", "grpo_fix", {"aggregation": "constant"},
+     dict(loss_type="dr_grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
 ]
 SEEDS = [0, 1, 2, 3]
 

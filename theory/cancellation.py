@@ -255,9 +255,11 @@ def check_cor_h_1() -> Claim:
                     "grpo_fix", tabular_group(_tokens(lengths, lr, 0.1)), A3, aggregation=agg
                 ).coef
     eq80_ok = all(abs(v) < ZERO_TOL for v in got.values())
-    preset_equal = shared_gradient("grpo_fix", tabular_group(_tokens((3, 3, 3), 0.04879, 0.1)), A3).coef
     preset_unequal = shared_gradient("grpo_fix", tabular_group(_tokens((2, 3, 5), 0.04879, 0.1)), A3).coef
-    ok = ok_sym and eq80_ok and abs(preset_equal) < ZERO_TOL
+    grpo_mean_unequal = shared_gradient(
+        "grpo_fix", tabular_group(_tokens((2, 3, 5), 0.04879, 0.1)), A3, aggregation="seq_mean_token_mean"
+    ).coef
+    ok = ok_sym and eq80_ok and abs(preset_unequal) < ZERO_TOL
     return Claim(
         id="cor-H.1",
         source="App. H, Cor. H.1, eqs 79-82 (GRPO-fix, symmetric clipping)",
@@ -267,13 +269,13 @@ def check_cor_h_1() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact sum_i A_i phi'(r) r for r=1/2,1,3/2: {results}; loss core grpo_fix with a length-independent aggregation: "
-            f"max |c| over 18 cases = {fmt(max(abs(v) for v in got.values()))}; preset grpo_fix (seq_mean_token_mean): "
-            f"equal lengths c={fmt(preset_equal)}, lengths (2,3,5) c={fmt(preset_unequal)}"
+            f"max |c| over 18 cases = {fmt(max(abs(v) for v in got.values()))}; preset grpo_fix (eq 80, seq_mean_token_sum) "
+            f"at lengths (2,3,5): c={fmt(preset_unequal)}; with GRPO's per-sequence mean instead: c={fmt(grpo_mean_unequal)}"
         ),
         notes=(
-            "Holds for eq 80 as printed. The loss core's grpo_fix preset keeps GRPO's per-sequence token mean (1/|y_i|); "
-            "with it the shared token does NOT cancel at unequal lengths (c above). Use aggregation='token_mean', "
-            "'constant' or 'seq_mean_token_sum' to keep Cor. H.1. Eq 81's gradient formula is checked separately (eq-81)."
+            "Holds for eq 80 as printed, which the loss core's grpo_fix preset follows (seq_mean_token_sum). With GRPO's "
+            "per-sequence token mean (1/|y_i|, aggregation='seq_mean_token_mean') the shared token does NOT cancel at "
+            "unequal lengths (c above). Eq 81's gradient formula is checked separately (eq-81)."
         ),
     )
 
