@@ -61,8 +61,8 @@ def sweep_group_size(
     lines = [
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",
-        f"{c.seeds} paired seeds, {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [95% bootstrap CI];",
-        f"in brackets after G, the baseline's own value. Paper Table 4 (AIME25 points): {PAPER_TABLE4}.",
+        f"{c.seeds} paired seeds, {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [95% bootstrap CI].",
+        f"Steps of a seed that never reaches kappa = {c.kappa} are censored at steps + 1. Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
         "",
         "| G | " + " | ".join(f"gain in {label}" for _, label in GAINS) + f" | {baseline} final E[R] | paper Table 4 |",
         "|---" * (len(GAINS) + 3) + "|",
