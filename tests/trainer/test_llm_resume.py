@@ -80,3 +80,18 @@ def test_resume_refuses_changes_that_break_exactness(tmp_path):
     (run / "config.toml").write_text("seed = 0\n")
     assert main(["train", "--resume", str(run), "--set", "optim.lr=1.0"]) == 2
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+
+
+def test_resume_with_more_steps_extends_a_finished_run(tmp_path):
+    from dfpo.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    run = tmp_path / "run"
+    sets = []
+    for s in [x for x in SETS if not x.startswith("train.steps")] + ["train.steps=2", f"run_dir={run}"]:
+        sets += ["--set", s]
+    assert main(["train", "--quiet", "--config", str(config), *sets]) == 0
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

@@ -312,8 +312,7 @@ class Trainer:
         hf_logging.disable_progress_bar()
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if not self.resume:
-            (self.run_dir / "config.toml").write_text(config_to_toml(cfg))
+        (self.run_dir / "config.toml").write_text(config_to_toml(cfg))  # on resume: with any --set train.steps
         torch.manual_seed(cfg.seed)
         self.model, self.tok, self.ref_model = self._load_model()
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
