@@ -154,7 +154,16 @@ def prediction_checks(summary: dict[str, dict[str, object]], baseline: str = "gs
 
 def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
     """Plain-language notes that explain the table (computed from the run, not hard-coded verdicts)."""
+    from dfpo import resolve_objective
+
     notes = []
+    aggs = {o: resolve_objective(o, **dict(config.overrides)).aggregation for o in summary}
+    if len(set(aggs.values())) > 1:
+        notes.append(
+            "- The objectives aggregate differently (" + ", ".join(f"{o}: {a}" for o, a in aggs.items()) + "). At one learning rate "
+            "a token sum takes steps about L times larger than a per-sequence token mean, so speed and drift differences between "
+            "aggregations are partly step-size differences; compare objectives that share an aggregation, or tune lr per objective."
+        )
     mean = lambda o, k: float(np.mean(summary[o][k]))  # noqa: E731
     if config.inner_steps == 1:
         notes.append("- K = 1: every ratio is 1 at the only update of each batch, so DFPO's transforms are the identity and DFPO trains exactly as GSPO.")
