@@ -28,10 +28,8 @@ Choices where the issue is silent:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -243,6 +241,13 @@ class Trainer:
         self.overrides = dict(cfg.objective.overrides)
         if self.spec.aggregation == "constant" and "max_completion_length" not in self.overrides:
             self.overrides["max_completion_length"] = cfg.rollout.max_new_tokens
+        micro = cfg.optim.microbatch_groups
+        if self.spec.token_mask != "none" and micro and micro < cfg.optim.minibatch_groups:
+            self._say(
+                f"warning: token_mask={self.spec.token_mask!r} picks tokens by thresholds over the batch a loss call sees; "
+                "with micro-batches (optim.microbatch_groups < optim.minibatch_groups) accumulation is not exact. "
+                "Set optim.microbatch_groups = 0 for the exact mini-batch loss."
+            )
         self.adv_scale = self.spec.adv_scale if cfg.objective.advantage_scale == "auto" else cfg.objective.advantage_scale
         self.rewards = RewardComputer(
             correctness_fn(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
