@@ -81,7 +81,7 @@ COLUMNS = [
     ("final_equiv_logodds", "equiv log-odds", "{:+.2f}"),
     ("final_entropy", "sequence entropy", "{:.3f}"),
     ("asym", "Asym eq 23 (mean)", "{:.2e}"),
-    ("residual_rel", "shared-token residual sum|net|/sum gross", "{:.3f}"),
+    ("residual_rel", "shared-token residual (net/gross)", "{:.3f}"),
     ("energy_frequent", "Energy(frequent) eq 24", "{:.3f}"),
     ("clip_frac", "clipped fraction", "{:.3f}"),
 ]
@@ -190,7 +190,7 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
         )
     for o in summary:
         spec_clip = mean(o, "clip_frac")
-        if o in ("gspo",) and spec_clip > 0.2:
+        if o in ("gspo",) and spec_clip > 0.1:
             notes.append(
                 f"- {o} clips {spec_clip:.0%} of its sequences on average (the GSPO paper's clip range 3e-4 / 4e-4): after the first inner "
                 "step most of its gradient is clipped away, so it learns more slowly and its policy moves less. A lower tax for GSPO then "
