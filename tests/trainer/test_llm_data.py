@@ -96,3 +96,14 @@ def test_prompt_sampler_resumes_exactly():
     b.load_state_dict(state)
     assert b.take(12) == rest
     assert sorted(first + rest[:2]) == list(range(7))
+
+
+def test_builtin_eval_split_is_held_out():
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.tasks import load_splits
+
+    train, evals = load_splits(DataConfig(task="add", max_operand=9, train_size=500, eval_size=30), seed=0)
+    assert len({e.prompt for e in evals}) == 30
+    assert not {e.prompt for e in evals} & {e.prompt for e in train}
+    with pytest.raises(ValueError, match="eval_size=100 must be below the 100 distinct problems"):
+        load_splits(DataConfig(task="add", max_operand=9, eval_size=100), seed=0)

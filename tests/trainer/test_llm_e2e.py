@@ -145,7 +145,8 @@ def test_cli_bad_input_exits_2_naming_the_problem(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_tiny_cpu_config_raises_reward(tmp_path):
-    """configs/tiny-cpu.toml as shipped: the last 50 steps beat the first 20 and the final eval beats step 0."""
+    """configs/tiny-cpu.toml as shipped: the last 50 steps beat the first 20, and the last three
+    held-out evaluations beat the one at step 0."""
     from pathlib import Path
 
     from dfpo.trainer.llm.config import load_config
@@ -158,7 +159,7 @@ def test_tiny_cpu_config_raises_reward(tmp_path):
     last = sum(r["reward/mean"] for r in rows[-50:]) / 50
     evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert last > first + 0.05, (first, last)
-    assert evals[-1]["eval/avg@4"] > evals[0]["eval/avg@4"], evals
+    assert sum(e["eval/avg@4"] for e in evals[-3:]) / 3 > evals[0]["eval/avg@4"], evals
 
 
 def test_lora_and_reference_kl_train_only_adapters(tmp_path):

@@ -26,14 +26,35 @@ class Example:
     meta: dict = field(default_factory=dict)
 
 
-def make_add_examples(n: int, max_operand: int, seed: int) -> list[Example]:
-    """n problems "a+b=" with operands in 0..max_operand, from a seeded generator."""
+def make_add_examples(n: int, max_operand: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[Example]:
+    """n problems "a+b=" with operands in 0..max_operand, from a seeded generator, avoiding the
+    (a, b) pairs in ``exclude`` (so an eval split can be held out)."""
+    if len(exclude) >= (max_operand + 1) ** 2:
+        raise ValueError(f"data.eval_size leaves no train problems with data.max_operand={max_operand}; lower data.eval_size")
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
+    while len(out) < n:
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        if (a, b) in exclude:
+            continue
         out.append(Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}))
     return out
+
+
+def held_out_pairs(n: int, max_operand: int, seed: int) -> list[tuple[int, int]]:
+    """n distinct (a, b) pairs for the eval split of the built-in tasks."""
+    space = (max_operand + 1) ** 2
+    if n >= space:
+        raise ValueError(f"data.eval_size={n} must be below the {space} distinct problems of data.max_operand={max_operand}")
+    rng = random.Random(seed)
+    pairs: list[tuple[int, int]] = []
+    seen = set()
+    while len(pairs) < n:
+        p = (rng.randint(0, max_operand), rng.randint(0, max_operand))
+        if p not in seen:
+            seen.add(p)
+            pairs.append(p)
+    return pairs
 
 
 def equiv_targets(a: int, b: int, rng: random.Random) -> str:
@@ -173,9 +194,10 @@ def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field:
 def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples of a DataConfig. Cheap for built-in tasks; raises ValueError on bad input."""
     task = data.task
-    if task in ("add", "equiv"):
-        train = make_add_examples(data.train_size, data.max_operand, seed)
-        evals = make_add_examples(data.eval_size, data.max_operand, seed + 10_007)
+    if task in ("add", "equiv"):  # eval problems are held out: no train problem has their (a, b)
+        pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007)
+        evals = [Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}) for a, b in pairs]
+        train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs))
         return train, evals
     if task == "jsonl":
         train = load_jsonl(data.path)
