@@ -158,3 +158,18 @@ def test_transforms_act_per_group_wherever_groups_sit(g1, g2, rnd):
         unpermuted[perm] = mixed
         alone = torch.cat([fn(s1, a1, torch.zeros(len(s1), dtype=torch.long)), fn(s2, a2, torch.zeros(len(s2), dtype=torch.long))])
         torch.testing.assert_close(unpermuted, alone, rtol=1e-10, atol=1e-12)
+
+
+def test_positive_projection_scales_to_large_groups():
+    """O(G log G) memory: a group of 20 000 completions (the toy's exact mode) meets constraints and KKT."""
+    gen = torch.Generator().manual_seed(0)
+    G = 20_000
+    s = 2.0 * torch.rand(G, generator=gen, dtype=torch.float64)
+    a = torch.randn(G, generator=gen, dtype=torch.float64)
+    a = a - a.mean()
+    v = positive_orth_projection(s, a, torch.zeros(G, dtype=torch.long))
+    assert bool((v >= 0).all()) and abs(float(a @ v)) < 1e-8 * float(a.abs() @ s)
+    support = v > 0
+    lam = ((s - v)[support] / a[support]).median()
+    torch.testing.assert_close(v[support], (s - lam * a)[support], rtol=1e-9, atol=1e-9)
+    assert bool(((s - lam * a)[~support] <= 1e-9).all())

@@ -59,7 +59,7 @@ def _check_inputs(
             raise ValueError("mask must be bool or hold only 0 and 1")
         mask = mask.bool()
     for name, x in (("logp", logp), ("old_logp", old_logp), ("entropy", entropy), ("ref_logp", ref_logp)):
-        if x is not None and not bool(torch.isfinite(x.detach())[mask].all()):
+        if x is not None and not bool((torch.isfinite(x.detach()) | ~mask).all()):  # no boolean-index copy
             bad = torch.nonzero(mask & ~torch.isfinite(x.detach()))[:3].tolist()
             raise ValueError(f"{name} holds non-finite values at real (unmasked) positions {bad}")
     if not bool(torch.isfinite(advantages.detach()).all()):

@@ -54,30 +54,41 @@ def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tenso
 def _qp_multiplier(s: Tensor, a: Tensor) -> Tensor:
     """The exact root lambda of g(lambda) = sum_i a_i max(s_i - lambda a_i, 0), per row.
 
-    s, a: (n, G) padded with a = 0, s = 0 (padding adds nothing to g). Rows must hold both
-    signs of a. g is piecewise linear and non-increasing with breakpoints s_i / a_i, so the
-    root is found exactly: bracket it between the largest breakpoint with g >= 0 and the
-    smallest with g <= 0 (no breakpoint lies between them, so g is linear there) and
-    interpolate; beyond the outermost breakpoints g is linear with a known active set.
+    s, a: (n, G) padded with a = 0 (padding adds nothing to g). Rows must hold both signs of
+    a. g is piecewise linear and non-increasing with breakpoints b_i = s_i / a_i. With the
+    breakpoints sorted, g at each of them is a pair of prefix/suffix sums (O(G log G) time,
+    O(G) memory): at lambda = b_k the active terms are a_i > 0 with b_i > b_k and a_i < 0
+    with b_i < b_k (a term at its own breakpoint is 0). The root is bracketed between the
+    largest breakpoint with g >= 0 and the smallest with g <= 0, where g is linear, and found
+    by interpolation; beyond the outermost breakpoints g is linear with a known active set.
     """
     nonzero = a != 0
-    safe_a = torch.where(nonzero, a, torch.ones_like(a))
-    bp = torch.where(nonzero, s / safe_a, torch.zeros_like(s))  # (n, G) breakpoints
-    # g at every breakpoint: rows j of the (n, G, G) tensor evaluate g(bp_j).
-    g = (a[:, None, :] * torch.relu(s[:, None, :] - bp[:, :, None] * a[:, None, :])).sum(-1)  # (n, G)
     inf = torch.tensor(float("inf"), dtype=s.dtype, device=s.device)
-    lam_a = torch.where(nonzero & (g >= 0), bp, -inf).amax(-1)  # (n,)
-    lam_b = torch.where(nonzero & (g <= 0), bp, inf).amin(-1)  # (n,)
-    g_a = torch.where(nonzero & (bp == lam_a[:, None]) & (g >= 0), g, -inf).amax(-1)
-    g_b = torch.where(nonzero & (bp == lam_b[:, None]) & (g <= 0), g, inf).amin(-1)
+    bp = torch.where(nonzero, s / torch.where(nonzero, a, torch.ones_like(a)), inf)  # (n, G)
+    bp, order = torch.sort(bp, dim=-1)  # padding and a = 0 sort last
+    a_sorted, s_sorted = a.gather(-1, order), s.gather(-1, order)  # (n, G)
+    valid = torch.isfinite(bp)
+    pos, neg = a_sorted > 0, a_sorted < 0
+    zero = torch.zeros_like(s_sorted)
+    p_as, p_a2 = torch.where(pos, a_sorted * s_sorted, zero), torch.where(pos, a_sorted**2, zero)  # (n, G)
+    n_as, n_a2 = torch.where(neg, a_sorted * s_sorted, zero), torch.where(neg, a_sorted**2, zero)
+    bk = torch.where(valid, bp, zero)
+    # positives after k (suffix, exclusive) + negatives before k (prefix, exclusive)
+    g = (p_as.sum(-1, keepdim=True) - p_as.cumsum(-1)) - bk * (p_a2.sum(-1, keepdim=True) - p_a2.cumsum(-1))
+    g = g + (n_as.cumsum(-1) - n_as) - bk * (n_a2.cumsum(-1) - n_a2)  # (n, G): g(b_k)
+    lam_a = torch.where(valid & (g >= 0), bp, -inf).amax(-1)  # (n,)
+    lam_b = torch.where(valid & (g <= 0), bp, inf).amin(-1)  # (n,)
+    g_a = torch.where(valid & (bp == lam_a[:, None]) & (g >= 0), g, -inf).amax(-1)
+    g_b = torch.where(valid & (bp == lam_b[:, None]) & (g <= 0), g, inf).amin(-1)
     both = torch.isfinite(lam_a) & torch.isfinite(lam_b)
-    span = torch.where(both, lam_b - lam_a, torch.zeros_like(lam_a))
-    drop = torch.where(both, g_a - g_b, torch.ones_like(g_a))
-    inner = torch.where(drop > 0, lam_a + torch.where(both, g_a, torch.zeros_like(g_a)) * span / torch.where(drop > 0, drop, torch.ones_like(drop)), lam_a)
-    pos, neg = a > 0, a < 0
+    ones = torch.ones_like(lam_a)
+    span = torch.where(both, lam_b - lam_a, 0 * ones)
+    drop = torch.where(both, g_a - g_b, ones)
+    inner = torch.where(drop > 0, lam_a + torch.where(both, g_a, 0 * ones) * span / torch.where(drop > 0, drop, ones), lam_a)
+    tiny = torch.finfo(s.dtype).tiny
     # Left of every breakpoint only a_i > 0 are active; right of every breakpoint only a_i < 0.
-    left = (torch.where(pos, a * s, 0).sum(-1)) / torch.where(pos, a * a, 0).sum(-1).clamp(min=torch.finfo(s.dtype).tiny)
-    right = (torch.where(neg, a * s, 0).sum(-1)) / torch.where(neg, a * a, 0).sum(-1).clamp(min=torch.finfo(s.dtype).tiny)
+    left = p_as.sum(-1) / p_a2.sum(-1).clamp(min=tiny)
+    right = n_as.sum(-1) / n_a2.sum(-1).clamp(min=tiny)
     return torch.where(both, inner, torch.where(torch.isfinite(lam_b), left, right))
 
 
