@@ -40,8 +40,6 @@ from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_pa
 from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
 MODES = ("sampled", "exact")
-ORTH_POS_EXACT_LIMIT = 4096
-"""Largest exact-mode group for the positive orth projection (the core's QP solver is O(G^2) in memory)."""
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -123,13 +121,6 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     if c.mode == "exact":
         n_groups = len(task.prompts)
         total = count_completions(task)
-        per_prompt = -(-total // len(task.prompts))
-        for name, spec in specs.items():
-            if spec.transform == "orth_pos" and per_prompt > ORTH_POS_EXACT_LIMIT:
-                raise ValueError(
-                    f"objective {name!r} solves its QP with (G x G) memory in the loss core; exact mode puts about {per_prompt} completions "
-                    f"in one group (more than {ORTH_POS_EXACT_LIMIT}); use mode='sampled' or a smaller task"
-                )
         if total > c.exact_limit:
             raise ValueError(
                 f"task {c.task!r} has {total} completions, too many for exact mode (exact_limit={c.exact_limit}); use mode='sampled' or a smaller task"

@@ -30,7 +30,6 @@ def _one_thread():
         (["--task", "nope"], "unknown task='nope'"),
         (["--objectives", "gspo,nope"], "unknown objective='nope'"),
         (["--mode", "exact", "--objectives", "gspo", "--task", "family", "--task-opt", "k=6,distractors=9"], "too many for exact mode"),
-        (["--mode", "exact", "--objectives", "dfpo_orth_pos", "--task", "family", "--task-opt", "k=4,distractors=9"], "(G x G) memory"),
         (["--task-opt", "width"], "--task-opt takes KEY=VALUE pairs"),
         (["--override", "eps_lo=0.1"], "unknown override"),
     ],
