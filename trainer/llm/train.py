@@ -225,9 +225,6 @@ class Trainer:
         from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
 
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
-        self._threads_before = torch.get_num_threads()
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)  # restored when run() returns
         self.run_dir = Path(cfg.run_dir)
         if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ValueError(
@@ -543,6 +540,15 @@ class Trainer:
     # -- run ---------------------------------------------------------------------------------
 
     def run(self) -> dict:
+        threads_before = torch.get_num_threads()
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads_before)  # the process-wide setting is left as found
+
+    def _run(self) -> dict:
         self.setup()
         cfg = self.cfg
         bar = None
@@ -571,7 +577,6 @@ class Trainer:
             self.eval_log.close()
             self.samples_log.close()
             self.scalars.close()
-            torch.set_num_threads(self._threads_before)
         summary = run_summary(self.run_dir, cfg.eval.kappa)
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
