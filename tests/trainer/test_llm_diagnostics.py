@@ -39,6 +39,12 @@ def test_jitter2_and_steps_to_threshold():
     assert diag.steps_to_threshold([1, 2], [0.1, 0.2], 0.5) is None
 
 
+def test_trailing_mean_smooths_a_single_spike():
+    curve = [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert diag.trailing_mean(curve, 2) == [0.0, 0.0, 0.5, 0.5, 0.0]
+    assert diag.steps_to_threshold([1, 2, 3, 4, 5], diag.trailing_mean(curve, 3), 0.5) is None
+
+
 def test_zero_variance_fraction_counts_all_equal_groups():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
     assert diag.zero_variance_fraction(rewards, torch.tensor([0, 0, 1, 1, 2, 2])) == pytest.approx(2 / 3)

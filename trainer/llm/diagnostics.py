@@ -103,3 +103,14 @@ def steps_to_threshold(steps: list[int], curve: list[float], kappa: float) -> in
         if m is not None and math.isfinite(m) and m >= kappa:
             return s
     return None
+
+
+def trailing_mean(curve: list[float], window: int) -> list[float]:
+    """Mean of the last ``window`` points at each step (fewer at the start)."""
+    out, acc = [], 0.0
+    for t, m in enumerate(curve):
+        acc += m
+        if t >= window:
+            acc -= curve[t - window]
+        out.append(acc / min(t + 1, window))
+    return out

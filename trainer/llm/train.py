@@ -609,7 +609,8 @@ def _generation_eos(model) -> list[int]:
 
 
 def run_summary(run_dir: Path, kappa: float) -> dict:
-    """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19)."""
+    """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19),
+    the latter also on the 10-step trailing mean (one noisy step should not count as reaching kappa)."""
     rows = JsonlLog.read(Path(run_dir) / "metrics.jsonl")
     steps = [r["step"] for r in rows]
     reward = [r["reward/mean"] for r in rows]
@@ -619,6 +620,7 @@ def run_summary(run_dir: Path, kappa: float) -> dict:
         "reward/last": reward[-1] if reward else None,
         "reward/jitter2": diag.jitter2(reward),
         "reward/steps_to_kappa": diag.steps_to_threshold(steps, reward, kappa),
+        "reward/steps_to_kappa_ma10": diag.steps_to_threshold(steps, diag.trailing_mean(reward, 10), kappa),
         "kappa": kappa,
     }
 
