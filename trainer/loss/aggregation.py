@@ -21,7 +21,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_completion_length:
     - constant:            sum loss / (B * T_max)        (TRL dr_grpo; T_max = max_completion_length or T)
     - seq_mean_token_sum:  mean_i sum_t loss_it          (verl seq-mean-token-sum)
     """
-    masked = torch.where(mask, per_token, torch.zeros_like(per_token))  # (B, T)
+    masked = torch.where(mask, per_token, 0.0)  # (B, T)
     row_sum = masked.sum(-1)  # (B,)
     lengths = mask.sum(-1)  # (B,)
     n_rows = (lengths > 0).sum().clamp(min=1)

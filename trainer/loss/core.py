@@ -59,7 +59,9 @@ def _check_inputs(
             raise ValueError("mask must be bool or hold only 0 and 1")
         mask = mask.bool()
     for name, x in (("logp", logp), ("old_logp", old_logp), ("entropy", entropy), ("ref_logp", ref_logp)):
-        if x is not None and not bool((torch.isfinite(x.detach()) | ~mask).all()):  # no boolean-index copy
+        if x is None or bool(torch.isfinite(x.detach()).all()):  # the common case: one pass, no mask
+            continue
+        if not bool((torch.isfinite(x.detach()) | ~mask).all()):  # non-finite values outside padding
             bad = torch.nonzero(mask & ~torch.isfinite(x.detach()))[:3].tolist()
             raise ValueError(f"{name} holds non-finite values at real (unmasked) positions {bad}")
     if not bool(torch.isfinite(advantages.detach()).all()):
@@ -70,7 +72,7 @@ def _check_inputs(
 
 def _sanitise(x: Tensor | None, mask: Tensor) -> Tensor | None:
     """Zero the padded positions with ``torch.where`` so NaN/inf padding never propagates."""
-    return None if x is None else torch.where(mask, x, torch.zeros_like(x))
+    return None if x is None else torch.where(mask, x, 0.0)
 
 
 def _sequence_weights(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, group_ids: Tensor):
@@ -126,7 +128,7 @@ def _token_mask(spec: ObjectiveSpec, logp: Tensor, entropy: Tensor | None, adv: 
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor, valid: Tensor) -> Tensor:
@@ -188,7 +190,7 @@ def policy_loss(
     kept = mask & ~dropped
     if spec.ratio_level != "sequence":  # token level: share of kept tokens where clipping bites
         clip_low, clip_high = _masked_mean(low.to(logp.dtype), kept), _masked_mean(high.to(logp.dtype), kept)
-    per_token = -torch.where(kept, surrogate, torch.zeros_like(surrogate))  # (B, T)
+    per_token = -surrogate if spec.token_mask == "none" else -torch.where(kept, surrogate, 0.0)  # (B, T)
     agg_mask = kept if spec.mask_renormalise else mask
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length)
     loss = policy

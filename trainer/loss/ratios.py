@@ -11,7 +11,7 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
     ``torch.where`` (never a multiply) keeps NaN/inf padding out of values and gradients.
     """
-    return torch.where(mask, logp - old_logp, torch.zeros_like(logp))  # (B, T)
+    return torch.where(mask, logp - old_logp, 0.0)  # (B, T)
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
