@@ -48,7 +48,7 @@ def bench_exact_step(repeats: int) -> None:
     theta = init_params(task, 1, noise=0.3, generator=torch.Generator().manual_seed(0))
     logpi_old = log_policy(theta, task.legal)
     theta_new = theta + 0.05 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(1))  # ratios != 1
-    for name in ("dfpo_min", "gspo", "grpo", "dfpo_orth"):  # dfpo_orth_pos: the core's QP is O(G^2) memory, refused here
+    for name in ("dfpo_min", "gspo", "grpo", "dfpo_orth", "dfpo_orth_pos"):
         spec = resolve_objective(name)
         times = []
         for _ in range(repeats + 1):
