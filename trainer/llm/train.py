@@ -555,7 +555,7 @@ class Trainer:
         if cfg.log.progress and not self.quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.train.steps, initial=self.start_step, desc="dfpo train", unit="step", dynamic_ncols=True)
+            bar = tqdm(total=cfg.train.steps, initial=self.start_step, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
         t_start = time.time()
         try:
             for s in range(self.start_step, cfg.train.steps):
@@ -567,7 +567,7 @@ class Trainer:
                 if (s + 1) % cfg.train.save_every == 0 or s + 1 == cfg.train.steps:
                     self._save(s + 1)
                 if bar is not None:
-                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}")
+                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
                     bar.update(1)
             final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
         finally:
