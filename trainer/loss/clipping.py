@@ -18,8 +18,12 @@ def sign_aware_clip(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float)
 
     Then min(r A, c A) = A * sbar exactly (eq 49). ``adv`` broadcasts against ``ratio``.
     """
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    return torch.where(adv >= 0, torch.minimum(ratio, clipped), torch.maximum(ratio, clipped))
+    # min(r, clip(r, lo, hi)) = min(r, hi) and max(r, clip(r, lo, hi)) = max(r, lo): one clamp
+    # whose bound depends on the sign of A (a single pass over (B, T), forward and backward).
+    inf = torch.tensor(float("inf"), dtype=ratio.dtype, device=ratio.device)
+    low = torch.where(adv >= 0, -inf, torch.tensor(1.0 - eps_low, dtype=ratio.dtype, device=ratio.device))
+    high = torch.where(adv >= 0, torch.tensor(1.0 + eps_high, dtype=ratio.dtype, device=ratio.device), inf)
+    return torch.clamp(ratio, min=low, max=high)
 
 
 def symmetric_clip(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:

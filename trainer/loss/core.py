@@ -24,7 +24,7 @@ from torch import Tensor
 
 from dfpo.trainer.loss.aggregation import aggregate
 from dfpo.trainer.loss.clipping import clip_fractions, clipped_weight
-from dfpo.trainer.loss.groups import group_count, group_index, group_mean, group_sum
+from dfpo.trainer.loss.groups import Groups, group_sum
 from dfpo.trainer.loss.masks import low_entropy_mask, stapo_spurious_mask
 from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
 from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_token_ratio, token_log_ratio
@@ -75,27 +75,28 @@ def _sanitise(x: Tensor | None, mask: Tensor) -> Tensor | None:
     return None if x is None else torch.where(mask, x, 0.0)
 
 
-def _sequence_weights(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, group_ids: Tensor):
+def _sequence_weights(
+    spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, groups: Groups, lengths: Tensor
+):
     """Sequence level: per-token surrogate (B, T), ratio s (B,), post-transform weight (B,)."""
-    lengths = mask.sum(-1)  # (B,)
-    seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # (B,) eq 44
+    seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask, lengths))  # (B,) eq 44
     sbar = clipped_weight(spec.clip, seq_ratio, adv, spec.eps_low, spec.eps_high)  # (B,) eq 47
     if spec.transform == "none":
         surrogate = adv * sbar  # (B,) eq 49
         return surrogate[:, None].expand_as(logp), seq_ratio, sbar.detach()
-    # Empty rows take no part in a group transform: each becomes a group of its own.
-    index, n_groups = group_index(group_ids)
-    solo = n_groups + torch.arange(index.numel(), device=index.device)
-    transform_groups = torch.where(lengths > 0, index, solo)
+    empty = lengths == 0
+    if bool(empty.any()):  # empty rows take no part in a group transform: each is a group of its own
+        solo = groups.n + torch.arange(lengths.numel(), device=lengths.device)
+        groups = Groups(torch.where(empty, solo, groups.index), groups.n + lengths.numel())
     transform_lengths = lengths if spec.length_aware else None
     if spec.stopgrad == "none":  # Table 3 ablation: the transform stays in the graph
-        stilde = group_transform(spec.transform, sbar, adv, transform_groups, transform_lengths, spec.tr_floor)
+        stilde = group_transform(spec.transform, sbar, adv, groups, transform_lengths, spec.tr_floor)
         return (adv * stilde)[:, None].expand_as(logp), seq_ratio, stilde.detach()
     with torch.no_grad():
-        stilde = group_transform(spec.transform, sbar.detach(), adv, transform_groups, transform_lengths, spec.tr_floor)
+        stilde = group_transform(spec.transform, sbar.detach(), adv, groups, transform_lengths, spec.tr_floor)
     if spec.stopgrad == "ratio":  # eq 59-62: sg(stilde / sbar) * sbar(theta), zero gradient where clipped
-        sbar_safe = torch.where(sbar.detach() > 0, sbar.detach(), torch.ones_like(sbar))
-        factor = torch.where(sbar.detach() > 0, stilde / sbar_safe, torch.zeros_like(stilde))
+        positive = sbar.detach() > 0
+        factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)
         return (adv * factor * sbar)[:, None].expand_as(logp), seq_ratio, stilde
     # score form, eq 68: value stilde * A, gradient stilde * A * grad log pi(y_it) at every token
     score = torch.exp(logp - logp.detach())  # (B, T), value 1
@@ -105,7 +106,7 @@ def _sequence_weights(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: 
 def _token_weights(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor):
     """Token / sequence_token level: per-token surrogate (B, T), ratio (B, T), post-clip weight (B, T)."""
     if spec.ratio_level == "sequence_token":
-        seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # (B,)
+        seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask, mask.sum(-1)))  # (B,)
         ratio = sequence_token_ratio(logp, seq_ratio)  # (B, T)
     else:
         ratio = torch.exp(token_log_ratio(logp, old_logp, mask))  # (B, T) eq 7
@@ -127,22 +128,24 @@ def _token_mask(spec: ObjectiveSpec, logp: Tensor, entropy: Tensor | None, adv: 
     return low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac)
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
+def _share(flags: Tensor, within: Tensor, dtype: torch.dtype) -> Tensor:
+    """Share of the True entries of ``within`` where ``flags`` is True too (bool ops, no float pass)."""
+    return ((flags & within).sum() / within.sum().clamp(min=1)).to(dtype)
 
 
-def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor, valid: Tensor) -> Tensor:
+def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: Tensor) -> Tensor:
     """Eq (23), Asym = Var_i(w_i A_i) within each group, averaged over groups (population variance).
 
     weights, adv, group_ids, valid: (B,). Rows with valid = False are left out.
     """
-    coef = torch.where(valid, weights * adv, torch.zeros_like(adv))  # (B,)
-    index, n_groups = group_index(group_ids)
+    groups = Groups.of(group_ids)
+    index, n_groups = groups.index, groups.n
+    coef = torch.where(valid, weights * adv, 0.0)  # (B,)
     count = group_sum(valid.to(coef.dtype), index, n_groups)  # (n,)
     mean = group_sum(coef, index, n_groups) / count.clamp(min=1)
-    var = group_sum(torch.where(valid, (coef - mean[index]) ** 2, torch.zeros_like(coef)), index, n_groups) / count.clamp(min=1)
+    var = group_sum(torch.where(valid, (coef - mean[index]) ** 2, 0.0), index, n_groups) / count.clamp(min=1)
     has = count > 0
-    return torch.where(has, var, torch.zeros_like(var)).sum() / has.sum().clamp(min=1)
+    return torch.where(has, var, 0.0).sum() / has.sum().clamp(min=1)
 
 
 def policy_loss(
@@ -172,49 +175,57 @@ def policy_loss(
     entropy = _sanitise(entropy, mask)
     adv = advantages.detach().to(logp.dtype)  # (B,)
     lengths = mask.sum(-1)  # (B,)
+    n_real = lengths.sum().clamp(min=1).to(logp.dtype)
     valid_rows = lengths > 0  # (B,)
+    groups = Groups.of(group_ids)
 
     if spec.ratio_level == "sequence":
-        surrogate, seq_ratio, seq_weight = _sequence_weights(spec, logp, old_logp, adv, mask, group_ids)
-        ratio = seq_ratio.detach()[:, None].expand_as(logp)  # (B, T), for the metrics
+        surrogate, seq_ratio, seq_weight = _sequence_weights(spec, logp, old_logp, adv, mask, groups, lengths)
+        seq_ratio = seq_ratio.detach()  # (B,)
         # Clip fractions count sequences (as TRL logs GSPO): one flag per non-empty row.
-        low, high = clip_fractions(spec.clip, seq_ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B,)
-        clip_low, clip_high = _masked_mean(low.to(logp.dtype), valid_rows), _masked_mean(high.to(logp.dtype), valid_rows)
+        low, high = clip_fractions(spec.clip, seq_ratio, adv, spec.eps_low, spec.eps_high)  # (B,)
+        clip_low, clip_high = _share(low, valid_rows, logp.dtype), _share(high, valid_rows, logp.dtype)
+        ratio_mean = (lengths * seq_ratio).sum() / n_real  # token-weighted, as for token ratios
+        ratio_max = torch.where(valid_rows, seq_ratio, float("-inf")).amax() if bool(valid_rows.any()) else seq_ratio.new_ones(())
     else:
         surrogate, ratio, token_weight = _token_weights(spec, logp, old_logp, adv, mask)
-        ratio = ratio.detach()
+        ratio = ratio.detach()  # (B, T)
         low, high = clip_fractions(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)  # (B, T)
-        seq_weight = _row_mean(token_weight.detach(), mask)  # (B,)
+        seq_weight = torch.where(mask, token_weight.detach(), 0.0).sum(-1) / lengths.clamp(min=1)  # (B,) row means
+        ratio_mean = torch.where(mask, ratio, 0.0).sum() / n_real
+        ratio_max = torch.where(mask, ratio, float("-inf")).amax() if bool(valid_rows.any()) else ratio.new_ones(())
 
-    dropped = _token_mask(spec, logp, entropy, adv, mask) & mask  # (B, T)
-    kept = mask & ~dropped
+    if spec.token_mask == "none":
+        kept, agg_mask, agg_lengths = mask, mask, lengths
+        per_token = -surrogate  # (B, T); aggregate reads it only where mask holds
+        mask_frac = torch.zeros((), dtype=logp.dtype)
+    else:
+        dropped = _token_mask(spec, logp, entropy, adv, mask) & mask  # (B, T)
+        kept = mask & ~dropped
+        agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise else (mask, lengths)
+        per_token = -torch.where(kept, surrogate, 0.0)  # (B, T)
+        mask_frac = (dropped.sum() / n_real).to(logp.dtype)
     if spec.ratio_level != "sequence":  # token level: share of kept tokens where clipping bites
-        clip_low, clip_high = _masked_mean(low.to(logp.dtype), kept), _masked_mean(high.to(logp.dtype), kept)
-    per_token = -surrogate if spec.token_mask == "none" else -torch.where(kept, surrogate, 0.0)  # (B, T)
-    agg_mask = kept if spec.mask_renormalise else mask
-    policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length)
+        clip_low, clip_high = _share(low, kept, logp.dtype), _share(high, kept, logp.dtype)
+    policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
     loss = policy
     metrics: dict[str, Tensor] = {}
     if spec.beta > 0:
         ref = _sanitise(ref_logp, mask).detach()
         k3 = torch.exp(ref - logp) - (ref - logp) - 1  # (B, T) k3 estimator
-        loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length)
-        metrics["kl/ref"] = _masked_mean(k3.detach(), mask)
+        loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
+        metrics["kl/ref"] = torch.where(mask, k3.detach(), 0.0).sum() / n_real
 
     metrics.update(
         {
             "loss/policy": policy.detach(),
             "clip/frac_low": clip_low,
             "clip/frac_high": clip_high,
-            "ratio/mean": _masked_mean(ratio, mask),
-            "ratio/max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).amax() if bool(mask.any()) else ratio.new_ones(()),
-            "weights/asym": asymmetry(seq_weight, adv, group_ids, valid_rows),
-            "mask/frac": dropped.sum().to(logp.dtype) / mask.sum().clamp(min=1).to(logp.dtype),
+            "ratio/mean": ratio_mean,
+            "ratio/max": ratio_max,
+            "weights/asym": asymmetry(seq_weight, adv, groups, valid_rows),
+            "mask/frac": mask_frac,
         }
     )
     return loss, metrics
 
-
-def _row_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Mean of x (B, T) over each row's real tokens (B,); 0 for empty rows."""
-    return torch.where(mask, x, torch.zeros_like(x)).sum(-1) / mask.sum(-1).clamp(min=1)

@@ -7,6 +7,8 @@ batch (with its ids) permutes the results and nothing else.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -16,6 +18,21 @@ def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     _, index = torch.unique(group_ids, return_inverse=True)  # (B,)
     n_groups = int(index.max().item()) + 1 if index.numel() else 0
     return index, n_groups
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Contiguous group indices (B,) and the number of groups, computed once per loss call."""
+
+    index: Tensor  # (B,) in 0..n-1
+    n: int
+
+    @classmethod
+    def of(cls, group_ids: "Tensor | Groups") -> "Groups":
+        """Groups from arbitrary integer labels (B,), or the object itself."""
+        if isinstance(group_ids, Groups):
+            return group_ids
+        return cls(*group_index(group_ids))
 
 
 def group_sum(x: Tensor, index: Tensor, n_groups: int) -> Tensor:

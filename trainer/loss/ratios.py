@@ -14,13 +14,13 @@ def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, logp - old_logp, 0.0)  # (B, T)
 
 
-def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, lengths: Tensor | None = None) -> Tensor:
     """Eq (44) in log space: log s_i = (1/L_i) sum_t l_it, the length-normalised geometric mean (B,).
 
-    Rows with no real token get 0 (ratio 1).
+    Rows with no real token get 0 (ratio 1). ``lengths`` (B,) saves a pass when known.
     """
-    lengths = mask.sum(-1).clamp(min=1)  # (B,)
-    return token_log_ratio(logp, old_logp, mask).sum(-1) / lengths  # (B,)
+    lengths = mask.sum(-1) if lengths is None else lengths  # (B,)
+    return token_log_ratio(logp, old_logp, mask).sum(-1) / lengths.clamp(min=1)  # (B,)
 
 
 def sequence_product_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

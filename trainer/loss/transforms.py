@@ -1,7 +1,7 @@
 """DFPO's in-group transforms of the post-clip weight vector (paper App. B, eqs 18, 50-55).
 
 Each transform maps a group's post-clip weights sbar (eq 47) and advantages A to new weights
-stilde. All of them take flat (B,) tensors and arbitrary ``group_ids`` (B,).
+stilde. All of them take flat (B,) tensors and arbitrary ``group_ids`` (B,) (or a precomputed ``Groups``).
 
 Where this departs from the paper:
 1. Eq (55) prints beta = -sum_P A s+ / sum_N (-A) s+, which is negative; the factor that makes
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfpo.trainer.loss.groups import group_amin, group_dense, group_index, group_sum
+from dfpo.trainer.loss.groups import Groups, group_amin, group_dense, group_sum
 
 TRANSFORMS = ("none", "min", "orth", "orth_pos", "orth_tr")
 
@@ -26,25 +26,27 @@ def _effective_adv(adv: Tensor, lengths: Tensor | None) -> Tensor:
     return adv if lengths is None else adv / lengths.to(adv.dtype).clamp(min=1)
 
 
-def min_replace(sbar: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+def min_replace(sbar: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None) -> Tensor:
     """Eq (50), Min-Replace: stilde_i = min_j sbar_j over i's group (B,).
 
     Length-aware: stilde_i = L_i * min_j (sbar_j / L_j), still <= sbar_i (no sign flip).
     """
-    index, n = group_index(group_ids)
+    groups = Groups.of(group_ids)
+    index, n = groups.index, groups.n
     if lengths is None:
         return group_amin(sbar, index, n)[index]
     L = lengths.to(sbar.dtype).clamp(min=1)  # (B,)
     return L * group_amin(sbar / L, index, n)[index]
 
 
-def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None) -> Tensor:
     """Eq (18), Adv-Orthogonal reweighting: stilde = sbar - (a.sbar / |a|^2) a, per group (B,).
 
     May go negative. A group with a = 0 is left unchanged.
     """
     a = _effective_adv(adv, lengths)
-    index, n = group_index(group_ids)
+    groups = Groups.of(group_ids)
+    index, n = groups.index, groups.n
     dot = group_sum(a * sbar, index, n)  # (n,)
     norm2 = group_sum(a * a, index, n)  # (n,)
     coef = torch.where(norm2 > 0, dot / torch.where(norm2 > 0, norm2, torch.ones_like(norm2)), torch.zeros_like(dot))
@@ -92,7 +94,7 @@ def _qp_multiplier(s: Tensor, a: Tensor) -> Tensor:
     return torch.where(both, inner, torch.where(torch.isfinite(lam_b), left, right))
 
 
-def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None) -> Tensor:
+def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None) -> Tensor:
     """Eq (51), Positive Orth-Proj, solved exactly: argmin_v 1/2|v - sbar|^2 s.t. a.v = 0, v >= 0 (B,).
 
     KKT: v = max(sbar - lambda a, 0) with lambda the root of a piecewise-linear monotone
@@ -101,7 +103,8 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengt
     projection keeps the rest.
     """
     a = _effective_adv(adv, lengths)
-    index, n = group_index(group_ids)
+    groups = Groups.of(group_ids)
+    index, n = groups.index, groups.n
     s_dense, position = group_dense(sbar, index, n)  # (n, G)
     a_dense, _ = group_dense(a, index, n)  # (n, G)
     has_pos = (a_dense > 0).any(-1)  # (n,)
@@ -116,7 +119,7 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor, lengt
 
 
 def truncate_rebalance(
-    sbar: Tensor, adv: Tensor, group_ids: Tensor, lengths: Tensor | None = None, floor: float = 1e-6
+    sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None, floor: float = 1e-6
 ) -> Tensor:
     """Eqs (52)-(55), truncate-and-rebalance: floor at ``floor``, then scale one side so a.stilde = 0 (B,).
 
@@ -125,7 +128,8 @@ def truncate_rebalance(
     beta = sum_P a s+ / sum_N (-a) s+ (the paper's eq 55 prints beta with a wrong sign).
     """
     a = _effective_adv(adv, lengths)
-    index, n = group_index(group_ids)
+    groups = Groups.of(group_ids)
+    index, n = groups.index, groups.n
     s_plus = sbar.clamp(min=floor)  # (B,)
     pos_mass = group_sum(torch.where(a > 0, a * s_plus, 0), index, n)  # (n,)
     neg_mass = group_sum(torch.where(a < 0, -a * s_plus, 0), index, n)  # (n,)
@@ -141,7 +145,7 @@ def group_transform(
     kind: str,
     sbar: Tensor,
     adv: Tensor,
-    group_ids: Tensor,
+    group_ids: Tensor | Groups,
     lengths: Tensor | None = None,
     floor: float = 1e-6,
 ) -> Tensor:
