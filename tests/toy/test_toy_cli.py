@@ -14,12 +14,7 @@ from dfpo.toy.metrics import bootstrap_ci, jitter2, kl_rows, steps_to
 from dfpo.toy.report import paired_verdict
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,7 @@ from dfpo.toy.policy import gather_tokens, init_params, log_policy, sample, sequ
 from dfpo.toy.tasks import END, ILLEGAL, count_completions, enumerate_completions, family, make_task, tenplusten
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The toy's tensors are tiny: intra-op threads only add overhead (and contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _np_log_softmax_grad(logits: np.ndarray, y: int) -> np.ndarray:

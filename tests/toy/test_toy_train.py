@@ -11,13 +11,7 @@ from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy,
 from dfpo.toy.tasks import enumerate_completions, family, tenplusten
 from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, shared_prefix_residual, train_objective, validate
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The toy's tensors are tiny: intra-op threads only add overhead (and contention)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 BATCHABLE = ["grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "grpo_fix", "dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr", "stapo", "cispo"]

@@ -36,13 +36,7 @@ def test_no_minibatch_or_microbatch_holds_part_of_a_group(n_groups, g, per_batch
                 assert int((group_ids[micro] == gid).sum()) == g
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls run fastest (and steadiest on a busy 2-core machine) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny():
