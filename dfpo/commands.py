@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dfpo.trainer.loss import OBJECTIVES
+from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
+from dfpo.trainer.loss.objectives import COMMON_SOURCES
 from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
@@ -31,13 +32,19 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
     """Every preset with its components, defaults and sources."""
     if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
-    names = [objective] if objective else list(OBJECTIVES)
+    if objective is not None:  # one preset: every component, its value and its source
+        spec = OBJECTIVES[objective]
+        rows = [[c, _cell(spec, c), spec.source(c)] for c in COMPONENT_FIELDS]
+        return f"{objective}: {spec.description}\n\n" + _table(["component", "value", "source"], rows, markdown)
+    names = list(OBJECTIVES)
     rows = [[name, *(_cell(OBJECTIVES[name], c) for c in _COLUMNS)] for name in names]
     out = [_table(["objective", *_COLUMNS], rows, markdown), ""]
     for name in names:
         spec = OBJECTIVES[name]
         out.append(f"{name}: {spec.description}")
         out.extend(f"    {key}: {src}" for key, src in spec.sources.items())
+    out += ["", "Every other component takes the shared default (`dfpo objectives NAME` lists all of one preset):"]
+    out.extend(f"    {key}: {src}" for key, src in COMMON_SOURCES.items())
     return "\n".join(out)
 
 

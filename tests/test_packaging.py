@@ -76,3 +76,19 @@ def test_cli_demo_shows_gspo_failing_and_dfpo_cancelling():
     assert "cancels" not in rows["gspo"]
     assert rows["dfpo_min"].count("0 (cancels)") == 2
     assert rows["dfpo_min LA"].count("0 (cancels)") == 4
+
+
+def test_every_preset_value_that_differs_from_the_shared_default_cites_its_own_source():
+    """Each preset is data: a component it changes must say where the new value comes from."""
+    import dataclasses
+
+    import dfpo
+    from dfpo.trainer.loss.objectives import COMMON_SOURCES
+
+    defaults = {f.name: f.default for f in dataclasses.fields(dfpo.ObjectiveSpec) if f.name in COMMON_SOURCES}
+    assert set(COMMON_SOURCES) == set(dfpo.trainer.loss.COMPONENT_FIELDS)
+    for name, spec in dfpo.OBJECTIVES.items():
+        for component, default in defaults.items():
+            assert spec.source(component)
+            if getattr(spec, component) != default:
+                assert component in spec.sources, f"{name}.{component} changes the default without a source"

@@ -68,12 +68,40 @@ class ObjectiveSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Where each default comes from, keyed by field name."""
 
+    def source(self, component: str) -> str:
+        """Where this preset's value of ``component`` comes from (preset-specific, else the shared default's)."""
+        if component not in COMPONENT_FIELDS:
+            raise ValueError(f"unknown component={component!r}; known: {', '.join(COMPONENT_FIELDS)}")
+        return self.sources.get(component) or COMMON_SOURCES[component]
+
     def components(self) -> dict[str, object]:
         """The component fields (everything but name, description and sources)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("name", "description", "sources")}
 
 
 COMPONENT_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveSpec) if f.name not in ("name", "description", "sources"))
+
+COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "ratio_level": "token ratio r_it (paper eq 7; PPO, GRPO)",
+        "clip": "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
+        "eps_low": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+        "eps_high": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+        "transform": "none: no in-group transform (the baselines)",
+        "tr_floor": "paper eq 52 names a small floor without a value; 1e-6 chosen here",
+        "stopgrad": "score form (paper eq 68, 85); only read when a transform is set",
+        "length_aware": "False: the paper's transforms (length-aware is this project's extension)",
+        "token_mask": "none: every real token gets a gradient",
+        "mask_renormalise": "STAPO: the loss is divided by the number of kept tokens",
+        "stapo_tau_p": "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
+        "stapo_q": "STAPO (arXiv 2602.15620) latest version: q = 0.75",
+        "top_entropy_frac": "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
+        "aggregation": "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
+        "max_completion_length": "None: the batch's T (TRL: max_completion_length)",
+        "beta": "0: no KL term (TRL GRPOConfig default; DAPO, Dr. GRPO and GSPO drop it)",
+        "adv_scale": "group mean and std (paper eq 43; TRL scale_rewards='group')",
+    }
+)
 
 _CHOICES = {
     "ratio_level": RATIO_LEVELS,
@@ -249,7 +277,12 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
             _preset(
                 "cispo",
                 "CISPO: sg(min(r, eps_high)) * A * log pi, every token keeps a gradient",
-                {"clip": "MiniMax-M1 (arXiv 2506.13585)", "eps_high": "TRL default for loss_type='cispo' (5.0)", "aggregation": "TRL cispo: token mean"},
+                {
+                    "clip": "MiniMax-M1 (arXiv 2506.13585)",
+                    "eps_low": "unused: CISPO only caps the ratio from above",
+                    "eps_high": "TRL default for loss_type='cispo' (5.0)",
+                    "aggregation": "TRL cispo: token mean",
+                },
                 clip="cispo",
                 eps_low=0.0,
                 eps_high=5.0,
