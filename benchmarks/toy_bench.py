@@ -16,6 +16,7 @@ import time
 import torch
 
 from dfpo import resolve_objective
+from dfpo.toy.cli import toy_threads
 from dfpo.toy.policy import init_params, log_policy, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family
 from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, run, validate
@@ -74,12 +75,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--naive-steps", type=int, default=60, help="steps of the per-seed loop actually timed")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: tiny tensors)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both parts (default: as `dfpo toy` runs each mode)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s)")
-    bench_exact_step(args.repeats)
-    bench_comparison(args.steps, args.seeds, args.naive_steps)
+    for mode, bench in (("exact", lambda: bench_exact_step(args.repeats)), ("sampled", lambda: bench_comparison(args.steps, args.seeds, args.naive_steps))):
+        torch.set_num_threads(args.threads or toy_threads(mode))
+        print(f"torch {torch.__version__}, {mode} mode: {torch.get_num_threads()} intra-op thread(s)")
+        bench()
 
 
 if __name__ == "__main__":
