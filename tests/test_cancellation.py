@@ -31,6 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo import policy_loss
+from dfpo.trainer.loss import sequence_log_ratio
 from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
 
 TOL = 1e-12
@@ -56,7 +57,7 @@ def groups(draw, equal_lengths: bool, shared_log_ratio: float = 0.0):
 
 def clipped_sequences(group, eps_low: float = 3e-4, eps_high: float = 4e-4) -> torch.Tensor:
     """(G,) True where PPO clipping zeroes sequence i's gradient (or A_i = 0)."""
-    log_s = torch.where(group.mask, group.logp().detach() - group.old_logp, 0).sum(-1) / group.mask.sum(-1)
+    log_s = sequence_log_ratio(group.logp().detach(), group.old_logp, group.mask)  # (G,) eq 44
     s, A = torch.exp(log_s), group.advantages
     return ((A > 0) & (s > 1 + eps_high)) | ((A < 0) & (s < 1 - eps_low)) | (A == 0)
 
@@ -66,7 +67,7 @@ def eq72_residual(objective: str, group, unclipped_only: bool = False) -> float:
     from dfpo.trainer.loss import OBJECTIVES, group_transform, sign_aware_clip
 
     spec = OBJECTIVES[objective]
-    log_s = torch.where(group.mask, group.logp().detach() - group.old_logp, 0).sum(-1) / group.mask.sum(-1)
+    log_s = sequence_log_ratio(group.logp().detach(), group.old_logp, group.mask)  # (G,) eq 44
     sbar = sign_aware_clip(torch.exp(log_s), group.advantages, spec.eps_low, spec.eps_high)
     stilde = group_transform(spec.transform, sbar, group.advantages, group.group_ids)
     L = group.mask.sum(-1).to(stilde.dtype)

@@ -71,12 +71,7 @@ def test_one_batch_equals_its_groups_computed_apart(name, seed):
         rows = batch.group_ids == g
         logp = batch.logp.detach()[rows].clone().requires_grad_()
         part, _ = policy_loss(name, logp=logp, old_logp=batch.old_logp[rows], advantages=batch.advantages[rows], mask=batch.mask[rows], group_ids=batch.group_ids[rows], entropy=batch.entropy[rows])
-        if spec.aggregation == "seq_mean_token_mean" or spec.aggregation == "seq_mean_token_sum":
-            w = rows.sum()
-        elif spec.aggregation == "token_mean":
-            w = batch.mask[rows].sum()
-        else:
-            w = rows.sum()
+        w = batch.mask[rows].sum() if spec.aggregation == "token_mean" else rows.sum()  # tokens or rows
         (g_part,) = torch.autograd.grad(part, logp)
         parts.append(part * w)
         grads[rows] = g_part * w

@@ -172,7 +172,6 @@ def policy_loss(
         raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
     logp = _sanitise(logp, mask)  # (B, T)
     old_logp = _sanitise(old_logp, mask).detach()  # (B, T)
-    entropy = _sanitise(entropy, mask)
     adv = advantages.detach().to(logp.dtype)  # (B,)
     lengths = mask.sum(-1)  # (B,)
     n_real = lengths.sum().clamp(min=1).to(logp.dtype)
@@ -200,7 +199,7 @@ def policy_loss(
         per_token = -surrogate  # (B, T); aggregate reads it only where mask holds
         mask_frac = torch.zeros((), dtype=logp.dtype)
     else:
-        dropped = _token_mask(spec, logp, entropy, adv, mask) & mask  # (B, T)
+        dropped = _token_mask(spec, logp, _sanitise(entropy, mask), adv, mask) & mask  # (B, T); only masks read entropy
         kept = mask & ~dropped
         agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise else (mask, lengths)
         per_token = -torch.where(kept, surrogate, 0.0)  # (B, T)
