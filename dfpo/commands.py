@@ -53,9 +53,12 @@ DEMO_OBJECTIVES = (
     ("dapo", {}),
     ("gspo", {}),
     ("grpo_fix", {}),
+    ("gspo_noclip", {}),
     ("dfpo_min", {}),
-    ("dfpo_orth_pos", {}),
-    ("dfpo_min", {"length_aware": True}),
+    ("dfpo_min", {"clip": "none"}),
+    ("dfpo_min", {"stopgrad": "score"}),
+    ("dfpo_orth_pos", {"stopgrad": "score"}),
+    ("dfpo_min", {"stopgrad": "score", "length_aware": True}),
     ("stapo", {}),
 )
 
@@ -90,8 +93,12 @@ def cancellation_demo(seed: int = 0) -> str:
         "",
         "GSPO couples the shared token to each completion's whole-sequence ratio: it does not cancel",
         "(unless every sequence of the group is clipped and the gradient is zero).",
-        "DFPO's group transforms restore cancellation at equal lengths; at unequal lengths the",
-        "1/|y_i| normalisation breaks it unless length_aware=True. GRPO-style PPO clipping breaks it",
-        "once the shared token's ratio leaves the clip range (Cor. F.1); symmetric clipping does not.",
+        "DFPO's group transforms restore cancellation at equal lengths where no sequence is clipped.",
+        "In the default ratio form (eqs 59-62) a clipped sequence keeps GSPO's zero gradient, so once",
+        "part of the group clips (here, at GSPO's 3e-4/4e-4 range) its share of the balance is missing",
+        "and the shared token does not cancel. The score form (eq 68) cancels with clipping active,",
+        "because it drops the trust region on clipped sequences (compare gspo_noclip). At unequal",
+        "lengths the 1/|y_i| normalisation breaks it unless length_aware=True. GRPO-style PPO clipping",
+        "breaks it once the shared token's ratio leaves the clip range (Cor. F.1); symmetric clipping does not.",
     ]
     return "\n".join(lines)

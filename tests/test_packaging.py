@@ -70,12 +70,16 @@ def test_cli_objectives_unknown_name_is_a_clear_error():
 
 
 def test_cli_demo_shows_gspo_failing_and_dfpo_cancelling():
+    """Default (ratio-form) DFPO at GSPO's clip range does not cancel once part of the group clips;
+    the score form and the unclipped ratio form cancel at equal lengths, length-aware at all lengths."""
     out = _dfpo("demo")
     assert out.returncode == 0
-    rows = {line.split()[0] + (" LA" if "length_aware" in line else ""): line for line in out.stdout.splitlines() if line and line.split()[0] in {"gspo", "dfpo_min", "grpo_fix"}}
+    rows = {line.split("  ")[0].strip(): line for line in out.stdout.splitlines() if line.split()[:1] and line.split()[0] in {"gspo", "dfpo_min"}}
     assert "cancels" not in rows["gspo"]
-    assert rows["dfpo_min"].count("0 (cancels)") == 2
-    assert rows["dfpo_min LA"].count("0 (cancels)") == 4
+    assert "cancels" not in rows["dfpo_min"]
+    assert rows["dfpo_min clip=none"].count("0 (cancels)") == 2
+    assert rows["dfpo_min stopgrad=score"].count("0 (cancels)") == 2
+    assert rows["dfpo_min stopgrad=score length_aware=True"].count("0 (cancels)") == 4
 
 
 def test_every_preset_value_that_differs_from_the_shared_default_cites_its_own_source():

@@ -9,9 +9,10 @@ every read of a padded tensor goes through ``torch.where`` on the mask.
 
 Where this departs from the paper / peers:
 1. Rows with no real token are ignored by the sequence means (TRL divides by B).
-2. DFPO's default stop-gradient form is ``score`` (eq 68, 85): clipped sequences keep a
-   gradient scaled by stilde; ``stopgrad="ratio"`` (eq 59-62) keeps GSPO's zero gradient
-   on clipped sequences instead.
+2. DFPO's default stop-gradient form is ``ratio`` (eqs 59-62): sg(stilde/sbar) * sbar(theta), so a
+   sequence GSPO clips gets no gradient, as the paper intends (App. B, K.3, K.5). The override
+   ``stopgrad="score"`` (eq 68, 85, derived on the unclipped segment) gives clipped sequences a
+   gradient scaled by stilde: no trust region on clipped sequences; ``gspo_noclip`` is its control.
 3. ``weights/asym`` (eq 23) needs a per-sequence weight w_i for every objective: the
    post-transform weight stilde_i at sequence level, the token mean of the post-clip token
    weights at token level; Var is the population variance within a group, averaged over groups.

@@ -43,8 +43,9 @@ class ObjectiveSpec:
     """DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr."""
     tr_floor: float = 1e-6
     """Truncation floor of truncate-and-rebalance (eq 52)."""
-    stopgrad: str = "score"
-    """How stilde enters the gradient: ``score`` (eq 68/85), ``ratio`` (eq 59-62), ``none`` (Table 3 ablation)."""
+    stopgrad: str = "ratio"
+    """How stilde enters the gradient: ``ratio`` (eq 59-62, keeps GSPO's trust region), ``score`` (eq 68/85:
+    no trust region on clipped sequences), ``none`` (Table 3 ablation)."""
     length_aware: bool = False
     """Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension)."""
     token_mask: str = "none"
@@ -89,7 +90,7 @@ COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
         "eps_high": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
         "transform": "none: no in-group transform (the baselines)",
         "tr_floor": "paper eq 52 names a small floor without a value; 1e-6 chosen here",
-        "stopgrad": "score form (paper eq 68, 85); only read when a transform is set",
+        "stopgrad": "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); only read when a transform is set",
         "length_aware": "False: the paper's transforms (length-aware is this project's extension)",
         "token_mask": "none: every real token gets a gradient",
         "mask_renormalise": "STAPO: the loss is divided by the number of kept tokens",
@@ -171,7 +172,10 @@ def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> Ob
 _GRPO_SRC = "DeepSeekMath (arXiv 2402.03300); TRL GRPOConfig defaults"
 _GSPO_CLIP = "GSPO (arXiv 2507.18071) sec. 5.1: eps_low=3e-4, eps_high=4e-4"
 _DFPO_CLIP = "paper gives no clip range for DFPO; GSPO's sec. 5.1 values used (DFPO is built on GSPO, App. B)"
-_DFPO_STOPGRAD = "paper eq 68/85 (stop-gradient on stilde, score form); 'ratio' (eq 59-62) keeps GSPO's zero gradient on clipped sequences"
+_DFPO_STOPGRAD = (
+    "paper eqs 59-62 (ratio form: sg(stilde/sbar) * sbar(theta), GSPO's zero gradient on clipped sequences kept); "
+    "the override stopgrad='score' (eq 68/85) removes the trust region on clipped sequences"
+)
 _SEQ_AGG = "GSPO objective eq 42: mean over the group of per-sequence terms"
 
 
@@ -231,6 +235,21 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 "GSPO: length-normalised sequence ratio, PPO clipping per sequence",
                 {"ratio_level": "GSPO eq (paper eq 44)", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
                 ratio_level="sequence",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "gspo_noclip",
+                "GSPO without clipping: the matched control for score-form DFPO (stopgrad='score' has no trust region on clipped sequences)",
+                {
+                    "ratio_level": "GSPO eq (paper eq 44)",
+                    "clip": "clipping off: what stopgrad='score' does to clipped sequences, as a baseline",
+                    "eps_low": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                    "eps_high": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                    "aggregation": _SEQ_AGG,
+                },
+                ratio_level="sequence",
+                clip="none",
                 eps_low=3e-4,
                 eps_high=4e-4,
             ),
