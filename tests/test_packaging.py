@@ -96,3 +96,10 @@ def test_every_preset_value_that_differs_from_the_shared_default_cites_its_own_s
             assert spec.source(component)
             if getattr(spec, component) != default:
                 assert component in spec.sources, f"{name}.{component} changes the default without a source"
+
+
+def test_the_python_floor_in_pyproject_is_the_one_the_code_needs():
+    """The code imports tomllib (3.11+); requires-python states that floor, and this interpreter meets it."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["requires-python"].startswith(">=3.11")
+    assert sys.version_info >= (3, 11)
