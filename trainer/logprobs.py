@@ -1,0 +1,120 @@
+"""Per-token log-probs (and entropy) from last hidden states and the LM-head weight, in chunks.
+
+``token_logprobs(hidden, lm_head_weight, targets)`` computes, for each position n,
+
+    logp_n = z_n[y_n] - logsumexp(z_n),   H_n = -sum_k p_nk log p_nk,   z_n = W h_n / temperature
+
+without ever holding the (N, V) logits of the whole batch: the LM head runs on ``chunk_size``
+positions at a time, in float32, and the backward pass recomputes each chunk's logits instead of
+saving them (a custom ``autograd.Function``), so the extra memory of forward plus backward is
+O(chunk_size * V) rather than O(N * V). Pass only the positions whose next token is scored
+(completion positions): prompt positions never reach the LM head.
+
+Gradients (per position, with upstream gradients g of logp and e of H):
+
+    d logp / d z_k = 1[k = y] - p_k
+    d H / d z_k    = -p_k (log p_k + H)
+
+and d/dh = (dz)^T W / temperature, d/dW = sum_n dz_n h_n^T / temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """Logits of one chunk in float32 (float64 stays float64): (n, H) x (V, H) -> (n, V)."""
+    z = hidden @ weight.T  # (n, V)
+    return z.to(torch.promote_types(z.dtype, torch.float32)) / temperature
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """Forward and backward of ``token_logprobs`` on flat (N, H) hidden states, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int, with_entropy: bool):
+        n_pos = hidden.shape[0]
+        logp = torch.empty(n_pos, dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)  # (N,)
+        lse = torch.empty_like(logp)  # (N,) saved: the backward needs p = exp(z - lse)
+        entropy = torch.empty_like(logp) if with_entropy else None  # (N,)
+        for s in range(0, n_pos, chunk_size):
+            z = _chunk_logits(hidden[s : s + chunk_size], weight, temperature)  # (n, V)
+            lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
+            logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse[s : s + chunk_size]
+            if with_entropy:
+                logp_all = z - lse[s : s + chunk_size, None]  # (n, V)
+                entropy[s : s + chunk_size] = -(logp_all.exp() * logp_all).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        if entropy is None:
+            return logp, logp.new_zeros(0)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk_size
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None  # (N, H)
+        acc_dtype = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if need_w else None  # (V, H)
+        with_entropy_grad = grad_entropy is not None and grad_entropy.numel() > 0
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]  # (n, H)
+            logp_all = _chunk_logits(h, weight, temperature).sub_(lse[s : s + chunk, None])  # (n, V)
+            g = grad_logp[s : s + chunk].to(logp_all.dtype) / temperature  # (n,); 1/temperature folded in
+            if with_entropy_grad:
+                e = grad_entropy[s : s + chunk].to(logp_all.dtype) / temperature  # (n,)
+                p = logp_all.exp()  # (n, V)
+                ent = -(p * logp_all).sum(-1)  # (n,)
+                dz = logp_all.add_(ent[:, None]).mul_(e[:, None]).add_(g[:, None]).mul_(p).neg_()  # -p (g + e (log p + H))
+            else:
+                dz = logp_all.exp_().mul_(-g[:, None])  # (n, V): -p g, in place of the logits
+            dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # + g at the target: g (onehot - p)
+            dz = dz.to(hidden.dtype)
+            if need_h:
+                grad_h[s : s + chunk] = dz @ weight.to(hidden.dtype)
+            if need_w:
+                grad_w += (dz.T @ h).to(acc_dtype)
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+
+
+def token_logprobs(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of ``targets`` and (optionally) the entropy under softmax(W h / temperature).
+
+    Shapes: hidden (..., H), lm_head_weight (V, H), targets (...) int64 in [0, V).
+    Returns logp (...) and entropy (...) in float32 (float64 for float64 inputs) (None when ``with_entropy`` is False);
+    both are differentiable with respect to ``hidden`` and ``lm_head_weight``.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got targets.shape={tuple(targets.shape)}")
+    if lm_head_weight.ndim != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"lm_head_weight must have shape (V, {hidden.shape[-1]}), got lm_head_weight.shape={tuple(lm_head_weight.shape)}")
+    if not (temperature > 0):
+        raise ValueError(f"temperature must be > 0, got temperature={temperature!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got chunk_size={chunk_size!r}")
+    lead = targets.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
+    flat_t = targets.reshape(-1).long()  # (N,)
+    if flat_t.numel() and (int(flat_t.min()) < 0 or int(flat_t.max()) >= lm_head_weight.shape[0]):
+        raise ValueError(f"targets must lie in [0, {lm_head_weight.shape[0]}), got values in [{int(flat_t.min())}, {int(flat_t.max())}]")
+    logp, entropy = _ChunkedTokenLogprobs.apply(flat_h, lm_head_weight, flat_t, float(temperature), chunk_size, with_entropy)
+    return logp.reshape(lead), entropy.reshape(lead) if with_entropy else None
+
+
+def naive_token_logprobs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """The reference: full (..., V) float32 logits, ``log_softmax`` and a gather (what ``token_logprobs`` avoids)."""
+    z = hidden @ lm_head_weight.T  # (..., V)
+    logp_all = torch.log_softmax(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature, dim=-1)  # (..., V)
+    return logp_all.gather(-1, targets[..., None].long()).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
