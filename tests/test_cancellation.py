@@ -14,9 +14,11 @@ Summary (policy term; beta = 0):
 | grpo_fix (symmetric clip)   | cancels              | fails*    | cancels (zero grad)   |
 | cispo                       | cancels              | fails*    | cancels               |
 | gspo, gspo_token            | fails                | fails     | fails                 |
-| dfpo_* (score form)         | cancels              | fails*    | cancels               |
-| dfpo_* length_aware         | cancels              | cancels   | cancels               |
-| dfpo_* stopgrad="ratio"     | cancels iff no sequence of the group is clipped |
+| gspo_noclip                 | fails                | fails     | fails                 |
+| dfpo_* stopgrad="score"     | cancels              | fails*    | cancels               |
+| dfpo_* score, length_aware  | cancels              | cancels   | cancels               |
+| dfpo_* (default "ratio")    | as the score form where no sequence of the group (or every one) is clipped; |
+|                             | otherwise fails: clipped sequences keep GSPO's zero gradient, the rest don't sum to 0 |
 | stapo                       | cancels unless the shared token is masked (then fails) |
 
 (*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
@@ -62,8 +64,11 @@ def clipped_sequences(group, eps_low: float = 3e-4, eps_high: float = 4e-4) -> t
     return ((A > 0) & (s > 1 + eps_high)) | ((A < 0) & (s < 1 - eps_low)) | (A == 0)
 
 
-def eq72_residual(objective: str, group, unclipped_only: bool = False) -> float:
-    """max over shared positions of |(1/G) sum_i stilde_i A_i / L_i| (eq 72), from the core's transform."""
+def eq72_residual(objective: str, group, unclipped_only: bool = False, per_length: bool = True) -> float:
+    """max over shared positions of |(1/G) sum_i stilde_i A_i / L_i| (eq 72), from the core's transform.
+
+    ``per_length=False``: the length-free aggregations' sum_i stilde_i A_i (up to a common factor).
+    """
     from dfpo.trainer.loss import OBJECTIVES, group_transform, sign_aware_clip
 
     spec = OBJECTIVES[objective]
@@ -71,7 +76,7 @@ def eq72_residual(objective: str, group, unclipped_only: bool = False) -> float:
     sbar = sign_aware_clip(torch.exp(log_s), group.advantages, spec.eps_low, spec.eps_high)
     stilde = group_transform(spec.transform, sbar, group.advantages, group.group_ids)
     L = group.mask.sum(-1).to(stilde.dtype)
-    terms = stilde * group.advantages / L
+    terms = stilde * group.advantages / (L if per_length else 1.0)
     if unclipped_only:
         terms = torch.where(clipped_sequences(group), 0, terms)
     return abs(terms.sum().item()) / len(L)
@@ -149,41 +154,41 @@ def test_gspo_does_not_cancel_without_clipping_either(group, objective):
 
 
 @given(groups(equal_lengths=True), st.sampled_from(DFPO))
-def test_dfpo_cancels_at_equal_lengths(group, objective):
-    """Sec. 4.4 / eq 72-73: sum_i stilde_i A_i = 0 and a common 1/L make the shared token cancel."""
-    assert residual(objective, group) < TOL
+def test_dfpo_score_form_cancels_at_equal_lengths(group, objective):
+    """Sec. 4.4 / eq 72-73 (score form): sum_i stilde_i A_i = 0 and a common 1/L make the shared token cancel."""
+    assert residual(objective, group, stopgrad="score") < TOL
 
 
 @given(groups(equal_lengths=True, shared_log_ratio=0.5), st.sampled_from(DFPO))
 def test_dfpo_score_form_cancels_with_clipping_active(group, objective):
     """Score form (eq 68): clipped sequences keep weight stilde_i, so clipping does not break cancellation."""
-    assert residual(objective, group) < TOL
+    assert residual(objective, group, stopgrad="score") < TOL
 
 
 @given(groups(equal_lengths=False), st.sampled_from(DFPO))
 def test_dfpo_residual_at_unequal_lengths_is_eq_72(group, objective):
-    """Eq 72/74: the residual is (1/G) sum_i stilde_i A_i / L_i, which sum_i stilde_i A_i = 0 does not zero."""
-    assert residual(objective, group) == pytest.approx(eq72_residual(objective, group), abs=1e-13, rel=1e-9)
+    """Eq 72/74 (score form): the residual is (1/G) sum_i stilde_i A_i / L_i, which sum_i stilde_i A_i = 0 does not zero."""
+    assert residual(objective, group, stopgrad="score") == pytest.approx(eq72_residual(objective, group), abs=1e-13, rel=1e-9)
 
 
 @pytest.mark.parametrize("objective", DFPO)
 def test_dfpo_fails_at_unequal_lengths(objective):
-    """A concrete group (lengths 5, 9, 12, 7) where DFPO leaves a shared-token residual."""
+    """A concrete group (lengths 5, 9, 12, 7) where score-form DFPO leaves a shared-token residual."""
     group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [5, 9, 12, 7], seed=0)
     assert eq72_residual(objective, group) > 1e-4
-    assert residual(objective, group) == pytest.approx(eq72_residual(objective, group), rel=1e-9)
+    assert residual(objective, group, stopgrad="score") == pytest.approx(eq72_residual(objective, group), rel=1e-9)
 
 
 @given(groups(equal_lengths=False), st.sampled_from(DFPO))
 def test_dfpo_length_aware_cancels_at_unequal_lengths(group, objective):
-    """With a_i = A_i / L_i the transforms enforce sum_i stilde_i A_i / L_i = 0: exact cancellation."""
-    assert residual(objective, group, length_aware=True) < TOL
+    """Score form with a_i = A_i / L_i: the transforms enforce sum_i stilde_i A_i / L_i = 0, exact cancellation."""
+    assert residual(objective, group, length_aware=True, stopgrad="score") < TOL
 
 
 @given(groups(equal_lengths=False), st.sampled_from(DFPO))
 def test_dfpo_with_token_mean_cancels_at_unequal_lengths(group, objective):
-    """Under token_mean the coefficient is stilde_i A_i / N: sum_i stilde_i A_i = 0 suffices."""
-    assert residual(objective, group, aggregation="token_mean") < TOL
+    """Score form under token_mean: the coefficient is stilde_i A_i / N, so sum_i stilde_i A_i = 0 suffices."""
+    assert residual(objective, group, aggregation="token_mean", stopgrad="score") < TOL
 
 
 @given(groups(equal_lengths=True), st.sampled_from(DFPO))
@@ -208,8 +213,8 @@ def test_dfpo_ratio_form_fails_when_part_of_the_group_is_clipped():
     group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [8, 8, 8, 8], seed=1)
     clipped = clipped_sequences(group)
     assert bool(clipped.any()) and not bool(clipped.all())
-    assert residual("dfpo_min", group, stopgrad="ratio") > 1e-4
-    assert residual("dfpo_min", group) < TOL
+    assert residual("dfpo_min", group) > 1e-4  # the default is the ratio form
+    assert residual("dfpo_min", group, stopgrad="score") < TOL
 
 
 @given(groups(equal_lengths=False), st.sampled_from(DFPO))
@@ -244,7 +249,27 @@ def test_stapo_cancels_when_the_shared_token_is_not_masked(group):
 # --- the full matrix: every objective x aggregation x lengths x clipping ---------------
 
 AGGREGATIONS = ["seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum"]
-ALL_OBJECTIVES = ["grpo", "dr_grpo", "dapo", "stapo", "grpo_fix", "cispo", "gspo", "gspo_token", *DFPO]
+# The family whose verdict each objective follows. An objective missing here fails
+# test_every_objective_has_a_stated_verdict: no objective enters the core untested.
+VERDICT_FAMILY = {
+    **dict.fromkeys(["grpo", "dr_grpo", "dapo", "stapo"], "token_ppo"),
+    "grpo_fix": "symmetric",
+    "cispo": "cispo",
+    **dict.fromkeys(["gspo", "gspo_token"], "gspo"),
+    "gspo_noclip": "gspo_noclip",
+    **dict.fromkeys(DFPO, "dfpo_ratio"),
+}
+
+
+def test_every_objective_has_a_stated_verdict():
+    from dfpo import OBJECTIVES
+
+    assert sorted(OBJECTIVES) == sorted(VERDICT_FAMILY)
+
+
+def partly_clipped(group) -> bool:
+    clipped = clipped_sequences(group)
+    return bool(clipped.any()) and not bool(clipped.all())
 
 
 def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, shared_clipped: bool, group) -> bool:
@@ -252,17 +277,24 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
 
     ``shared_clipped``: the shared token's ratio is e^0.5, outside every token clip range.
     """
+    family = VERDICT_FAMILY[objective]
     length_free = aggregation != "seq_mean_token_mean"
-    if objective in ("gspo", "gspo_token"):
+    if family == "gspo":
         return bool(clipped_sequences(group).all())  # only the trivial all-clipped case
-    if objective in ("grpo", "dr_grpo", "dapo", "stapo") and shared_clipped:
+    if family == "gspo_noclip":
+        return False  # eq 13: each completion's own s_i
+    if family == "token_ppo" and shared_clipped:
         return False  # Cor. F.1: PPO clipping keeps only one sign's copies
-    if objective == "grpo_fix" and shared_clipped:
+    if family == "symmetric" and shared_clipped:
         return True  # every copy clipped: zero gradient
+    if family == "dfpo_ratio" and bool(clipped_sequences(group).all()):
+        return True  # eqs 59-62: every sequence clipped, zero gradient (as GSPO)
+    if family == "dfpo_ratio" and partly_clipped(group):
+        return False  # eqs 59-62: the clipped sequences' share of sum_i stilde_i A_i = 0 has no gradient
     return equal_lengths or length_free
 
 
-@pytest.mark.parametrize("objective", ALL_OBJECTIVES)
+@pytest.mark.parametrize("objective", sorted(VERDICT_FAMILY))
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("equal_lengths", [True, False], ids=["equal_L", "unequal_L"])
 @pytest.mark.parametrize("shared_clipped", [False, True], ids=["r*=1", "r*=e^0.5"])
@@ -279,5 +311,7 @@ def test_cancellation_matrix(objective, aggregation, equal_lengths, shared_clipp
         # sum_i A_i / L_i = 0 (and, for DFPO's varying weights, eq 72's sum) vanishes by arithmetic.
         length_driven = not equal_lengths and not shared_clipped and not objective.startswith("gspo")
         hypothesis.assume(not (length_driven and lengths_conspire(group)))
-        hypothesis.assume(not objective.startswith("dfpo") or eq72_residual(objective, group) > 1e-9)
+        if objective.startswith("dfpo"):
+            per_length = aggregation == "seq_mean_token_mean"
+            hypothesis.assume(eq72_residual(objective, group, unclipped_only=partly_clipped(group), per_length=per_length) > 1e-9)
         assert value > 1e-8
