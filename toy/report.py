@@ -135,29 +135,60 @@ def paired_verdict(diff: np.ndarray, direction: int, baseline: float | None = No
     return "inconclusive", (mean, lo, hi)
 
 
-def prediction_checks(summary: dict[str, dict[str, object]], baseline: str = "gspo") -> list[str]:
-    """Markdown lines: each paper prediction checked for every DFPO variant against ``baseline``."""
-    methods = [m for m in summary if m.startswith("dfpo")]
-    if baseline not in summary or not methods:
-        return [f"(no check: needs {baseline!r} and a dfpo_* objective in the run)"]
-    lines = ["| prediction | method | paired difference (method - " + baseline + ") [95% CI] | verdict |", "|---|---|---|---|"]
+def _specs(labels, config) -> dict:
+    from dfpo.trainer.loss import objective_from_label
+
+    return {o: objective_from_label(o, **dict(getattr(config, "overrides", {}) or {})) for o in labels}
+
+
+def comparison_pairs(labels, config) -> list[tuple[str, str, list[str]]]:
+    """(method, baseline, unmatched components) for every DFPO label and every GSPO-family label of the run.
+
+    A baseline is a sequence-level objective without an in-group transform (gspo, gspo_noclip, gspo with
+    overrides). The pair is a matched control when ``unmatched`` is empty: same clip range and
+    stop-gradient form (the score form counts as no clipping), aggregation, advantage scale, token mask
+    and KL weight. The learning rate and seeds are the run's, shared by every objective.
+    """
+    from dfpo.trainer.loss import unmatched_components
+
+    specs = _specs(labels, config)
+    methods = [o for o, sp in specs.items() if sp.transform != "none"]
+    baselines = [o for o, sp in specs.items() if sp.transform == "none" and sp.ratio_level == "sequence"]
+    return [(m, b, unmatched_components(specs[m], specs[b])) for m in methods for b in baselines]
+
+
+def prediction_checks(summary: dict[str, dict[str, object]], config=None) -> list[str]:
+    """Markdown lines: each paper prediction checked for every DFPO variant against every GSPO-family
+    baseline of the run. Only a matched control can reproduce or contradict a prediction; against an
+    unmatched baseline the verdict reads "not attributable" (the difference may come from the trust
+    region, not from the transform)."""
+    pairs = comparison_pairs(list(summary), config)
+    if not pairs:
+        return ["(no check: needs a dfpo_* objective and a GSPO-family baseline (gspo, gspo_noclip) in the run)"]
+    lines = [
+        "| prediction | method | baseline | matched control? | paired difference (method - baseline) [95% CI] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, direction, text in PREDICTIONS:
-        if key not in summary[baseline]:
-            continue
-        for m in methods:
-            base = np.asarray(summary[baseline][key], float)
+        for m, b, unmatched in pairs:
+            if key not in summary[b]:
+                continue
+            base = np.asarray(summary[b][key], float)
             diff = np.asarray(summary[m][key], float) - base
             verdict, (mean, lo, hi) = paired_verdict(diff, direction, float(base.mean()))
-            lines.append(f"| {text} | {m} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] | {verdict} |")
+            match = "yes" if not unmatched else "no: " + ", ".join(unmatched)
+            if unmatched and verdict in ("reproduced", "contradicted"):
+                verdict = f"not attributable ({verdict} against an unmatched baseline)"
+            lines.append(f"| {text} | {m} | {b} | {match} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] | {verdict} |")
     return lines
 
 
 def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
     """Plain-language notes that explain the table (computed from the run, not hard-coded verdicts)."""
-    from dfpo import resolve_objective
+    from dfpo.trainer.loss import objective_from_label
 
     notes = []
-    aggs = {o: resolve_objective(o, **dict(config.overrides)).aggregation for o in summary}
+    aggs = {o: objective_from_label(o, **dict(config.overrides)).aggregation for o in summary}
     if len(set(aggs.values())) > 1:
         notes.append(
             "- The objectives aggregate differently (" + ", ".join(f"{o}: {a}" for o, a in aggs.items()) + "). At one learning rate "
@@ -190,12 +221,12 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
         )
     for o in summary:
         spec_clip = mean(o, "clip_frac")
-        if o in ("gspo",) and spec_clip > 0.1:
+        if o == "gspo" and spec_clip > 0.1:
             notes.append(
                 f"- {o} clips {spec_clip:.0%} of its sequences on average (the GSPO paper's clip range 3e-4 / 4e-4): after the first inner "
-                "step most of its gradient is clipped away, so it learns more slowly and its policy moves less. A lower tax for GSPO then "
-                "means 'moved less', not 'cancelled': compare the column 'tax paid to reach kappa'. DFPO's default score-form stop-gradient "
-                "(eq 68) keeps a gradient stilde_i A_i on clipped sequences, which is why it learns faster here."
+                "step most of its gradient is clipped away. Ratio-form DFPO (the default, eqs 59-62) keeps exactly that clipping, so at this "
+                "range it can differ from GSPO only on the few unclipped sequences. Score-form DFPO (stopgrad=score, eq 68) keeps a gradient "
+                "on clipped sequences: it has no trust region there, and its matched control is gspo_noclip, not gspo."
             )
     if config.task == "tenplusten" and all("final_equiv_entropy" in s for s in summary.values()):
         notes.append(
@@ -302,10 +333,13 @@ def write_run(out: Path, config, task, results: dict, *, findings: list[str] | N
         "",
         summary_table(summary),
         "",
-        "## The paper's predictions in this toy (paired over seeds, DFPO variant vs GSPO)",
+        "## The paper's predictions in this toy (paired over seeds, DFPO variant vs each GSPO-family baseline)",
         "",
-        *prediction_checks(summary),
+        *prediction_checks(summary, config),
         "",
+        "Only a matched control (same clip range and stop-gradient form, aggregation, advantage scale; lr and seeds are shared",
+        "by the whole run) can reproduce or contradict a prediction. A difference that shows against an unmatched baseline and",
+        "not against the matched one comes from the trust region, not from cancellation.",
         "A prediction that is not reproduced here is a finding about this toy, not a failure of the run.",
     ]
     notes = auto_notes(config, summary) + list(findings or [])

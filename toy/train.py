@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo.trainer.loss import objective_from_label, sequence_log_ratio
 from dfpo.trainer.loss import low_entropy_mask, stapo_spurious_mask
 from dfpo.toy import metrics as M
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
@@ -52,9 +53,10 @@ class ToyConfig:
     task_options: Mapping[str, object] = field(default_factory=dict)
     """Keyword options of the task builder (e.g. ``k``, ``distractors`` for ``family``)."""
     objectives: tuple[str, ...] = ("gspo", "dfpo_min", "dfpo_orth_pos", "grpo", "grpo_fix", "stapo")
-    """Objective presets of ``dfpo.OBJECTIVES``."""
+    """Objective labels: a preset of ``dfpo.OBJECTIVES``, optionally with its own overrides
+    (``"dfpo_min:stopgrad=score"``, ``"gspo:eps_low=0.2:eps_high=0.2"``)."""
     overrides: Mapping[str, object] = field(default_factory=dict)
-    """Component overrides applied to every objective (e.g. ``eps_high``)."""
+    """Component overrides applied to every objective (e.g. ``eps_high``); a label's own overrides win."""
     mode: str = "sampled"
     """``sampled``: G completions per group; ``exact``: every completion weighted by its probability."""
     seeds: int = 8
@@ -108,9 +110,11 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
         raise ValueError(f"init_noise must be >= 0, got init_noise={c.init_noise!r}")
     if not c.objectives:
         raise ValueError("objectives must name at least one objective, got objectives=()")
+    if len(set(c.objectives)) != len(c.objectives):
+        raise ValueError(f"objectives must not repeat a label, got objectives={c.objectives!r}")
     specs = {}
     for name in c.objectives:
-        spec = resolve_objective(name, **dict(c.overrides))  # ValueError for unknown names/overrides
+        spec = objective_from_label(name, **dict(c.overrides))  # ValueError for unknown names/overrides
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
                 f"objective {name!r} masks tokens by batch statistics (token_mask={spec.token_mask!r}); exact mode cannot take its expectation"
@@ -282,9 +286,10 @@ def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enum
 
     Metrics (see README table): reward, reward/sampled, tax/kl_step, tax/kl_cum, tax/kl_init,
     grad/template, residual/shared, residual/shared_rel, equiv/logodds, equiv/entropy,
-    entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high.
+    entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high,
+    ratio/spread (within-group std of the sequence log-ratio log s_i at each update, averaged over groups).
     """
-    spec = resolve_objective(objective, **dict(config.overrides))
+    spec = objective_from_label(objective, **dict(config.overrides))
     S, K = config.seeds, config.inner_steps
     gen = torch.Generator().manual_seed(config.seed)
     theta = init_params(task, S, noise=config.init_noise, generator=gen).requires_grad_(True)  # (S, R, V)
@@ -315,6 +320,8 @@ def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enum
             with torch.no_grad():
                 theta.grad = table_gradient(coef, logpi, rows, toks, mask)  # (S, R, V) closed form of autograd's
                 upd = _update_metrics(task, spec, config, theta.grad, logpi.detach(), coef, rows, toks, mask, group, weight, scale, batch.n_groups)
+                seq_log_ratio = sequence_log_ratio(lp, old, mask)  # (S, B) eq 44 in log space
+                upd["ratio/spread"] = M.group_variance(seq_log_ratio, group, weight, batch.n_groups).sqrt()  # (S,)
                 upd["clip/frac_low"] = core["clip/frac_low"].expand(S)
                 upd["clip/frac_high"] = core["clip/frac_high"].expand(S)
                 for key, val in upd.items():

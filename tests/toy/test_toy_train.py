@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dfpo import OBJECTIVES, group_advantages, policy_loss, resolve_objective
+from dfpo.trainer.loss import parse_objective_label
 from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family, tenplusten
 from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, shared_prefix_residual, train_objective, validate
@@ -61,16 +62,23 @@ def test_stapo_mask_is_exercised_in_the_batched_check():
 
 
 def test_with_one_update_per_batch_every_dfpo_transform_is_the_identity():
-    """K = 1, on-policy: every ratio is 1, so DFPO's transforms change nothing and DFPO == GSPO == GRPO."""
+    """K = 1, on-policy: every ratio is 1, so DFPO's transforms change nothing and DFPO == GSPO == GRPO.
+    With K = 4 at GSPO's own clip range ratio-form DFPO still trains as GSPO (everything past the first
+    inner step is clipped); only a wider, matched clip range lets the transform act."""
     config = ToyConfig(objectives=("gspo",), seeds=3, steps=10, inner_steps=1, lr=0.5)
     task, _ = validate(config)
     runs = {o: train_objective(task, o, config) for o in ("gspo", "dfpo_min", "dfpo_orth_pos", "grpo")}
     for o in ("dfpo_min", "dfpo_orth_pos", "grpo"):
         torch.testing.assert_close(runs[o]["reward"], runs["gspo"]["reward"], atol=1e-5, rtol=0)
         torch.testing.assert_close(runs[o]["tax/kl_cum"], runs["gspo"]["tax/kl_cum"], atol=1e-6, rtol=1e-3)
-    # and with K = 4 they differ
+    # K = 4 at GSPO's clip range (3e-4, 4e-4): after the first inner step every sequence of a group is
+    # clipped, and ratio-form DFPO (eqs 59-62) keeps GSPO's zero gradient there, so it trains as GSPO.
     config4 = ToyConfig(objectives=("gspo",), seeds=3, steps=10, inner_steps=4, lr=0.5)
     a, b = train_objective(task, "gspo", config4), train_objective(task, "dfpo_min", config4)
+    torch.testing.assert_close(b["reward"], a["reward"], atol=1e-5, rtol=0)
+    # at a matched clip range the sequences stay unclipped and the transform changes the update
+    wide = ":eps_low=0.2:eps_high=0.2"
+    a, b = train_objective(task, "gspo" + wide, config4), train_objective(task, "dfpo_min" + wide, config4)
     assert not torch.allclose(a["reward"], b["reward"], atol=1e-4)
 
 
@@ -142,12 +150,18 @@ def _perturbed_params(task, scale):
     return theta_old, theta_old + scale * torch.randn(theta_old.shape, generator=g)
 
 
-@pytest.mark.parametrize("objective", ["grpo", "dapo", "grpo_fix", "dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr", "cispo"])
+DFPO_CANCELS = [f"{o}:{form}" for o in ("dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr") for form in ("stopgrad=score", "eps_low=0.5:eps_high=0.5")]
+
+
+@pytest.mark.parametrize("objective", ["grpo", "dapo", "grpo_fix", "cispo", *DFPO_CANCELS])
 def test_shared_prefix_residual_is_zero_for_cancelling_objectives(objective):
-    """Eq 2 / eq 9: on the shared 'The answer is' (equal lengths) these objectives cancel exactly."""
+    """Eq 2 / eq 9: on the shared 'The answer is' (equal lengths) these objectives cancel exactly.
+
+    DFPO cancels in the score form (eq 68), and in the default ratio form where no sequence clips."""
     task, enum, group = _tenplusten_group()
     theta_old, theta = _perturbed_params(task, 0.05)  # shared-token ratios inside GRPO's clip range
-    norm, rel = shared_prefix_residual(task, objective, theta_old, theta, group, enum)
+    name, overrides = parse_objective_label(objective)
+    norm, rel = shared_prefix_residual(task, name, theta_old, theta, group, enum, **overrides)
     assert float(rel.max()) < 1e-5 and float(norm.max()) < 1e-6
 
 
@@ -215,3 +229,24 @@ def test_exact_mode_is_deterministic_and_minibatches_keep_groups_whole():
     for key in a:
         torch.testing.assert_close(a[key], b[key])
     assert float(a["reward"][-1].mean()) > float(a["reward"][0].mean())
+
+
+@pytest.mark.parametrize("objective", ["dfpo_min", "dfpo_orth_pos"])
+def test_ratio_form_dfpo_leaves_a_residual_when_part_of_the_group_clips(objective):
+    """Eqs 59-62 at GSPO's range: the clipped completions drop out of the balance, so the shared prefix
+    keeps a gradient, which the score form (eq 68) cancels."""
+    task, enum, group = _tenplusten_group()
+    theta_old, theta = _perturbed_params(task, 0.05)
+    _, rel_ratio = shared_prefix_residual(task, objective, theta_old, theta, group, enum)
+    _, rel_score = shared_prefix_residual(task, objective, theta_old, theta, group, enum, stopgrad="score")
+    assert float(rel_ratio.min()) > 1e-3 and float(rel_score.max()) < 1e-5
+
+
+def test_ratio_spread_is_the_within_group_std_of_the_sequence_log_ratio():
+    """K = 1: the only update of each batch is on-policy, so every log s_i is 0 and the spread is 0;
+    with K = 4 the later updates see s_i != 1."""
+    config = ToyConfig(objectives=("gspo",), seeds=2, steps=3, inner_steps=1, lr=0.5)
+    task, _ = validate(config)
+    assert float(train_objective(task, "gspo", config)["ratio/spread"].abs().max()) < 1e-7
+    spread = train_objective(task, "gspo", ToyConfig(objectives=("gspo",), seeds=2, steps=3, inner_steps=4, lr=0.5))["ratio/spread"]
+    assert float(spread.mean()) > 1e-3  # (a batch whose rewards are all equal moves nothing: its spread stays 0)

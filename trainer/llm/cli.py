@@ -53,6 +53,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from dfpo.trainer.llm.compare import compare, make_plan
+
+    plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, args.config, args.set, args.out)
+    print(compare(plan, jobs=args.jobs).read_text())
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
@@ -65,3 +73,17 @@ def register(subparsers) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint, exactly")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.set_defaults(func=_cmd_train)
+
+    p = subparsers.add_parser(
+        "compare",
+        help="objectives on the LLM trainer over paired seeds: paired differences with bootstrap CIs and a matched-control check",
+    )
+    p.add_argument("--objectives", default="gspo,dfpo_min", help="comma-separated labels, e.g. gspo,dfpo_min,dfpo_min:stopgrad=score (default gspo,dfpo_min)")
+    p.add_argument("--baseline", default=None, help="label every other one is compared with (default: the first)")
+    p.add_argument("--seeds", type=int, default=10, help="paired seeds (default 10)")
+    p.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--config", default="configs/tiny-cpu.toml", help="base config of every run (default configs/tiny-cpu.toml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")
+    p.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    p.set_defaults(func=_cmd_compare)

@@ -8,7 +8,17 @@ from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate
 from dfpo.trainer.loss.clipping import CLIP_MODES, clipped_weight, sign_aware_clip, symmetric_clip
 from dfpo.trainer.loss.core import asymmetry, policy_loss
 from dfpo.trainer.loss.masks import TOKEN_MASKS, low_entropy_mask, stapo_spurious_mask
-from dfpo.trainer.loss.objectives import COMPONENT_FIELDS, OBJECTIVES, ObjectiveSpec, resolve_objective, validate_spec
+from dfpo.trainer.loss.objectives import (
+    COMPONENT_FIELDS,
+    OBJECTIVES,
+    ObjectiveSpec,
+    objective_from_label,
+    parse_objective_label,
+    resolve_objective,
+    trust_region,
+    unmatched_components,
+    validate_spec,
+)
 from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
 from dfpo.trainer.loss.transforms import (
     TRANSFORMS,
@@ -34,7 +44,9 @@ __all__ = [
     "group_transform",
     "low_entropy_mask",
     "min_replace",
+    "objective_from_label",
     "orth_projection",
+    "parse_objective_label",
     "policy_loss",
     "positive_orth_projection",
     "resolve_objective",
@@ -45,6 +57,8 @@ __all__ = [
     "stapo_spurious_mask",
     "symmetric_clip",
     "token_log_ratio",
+    "trust_region",
     "truncate_rebalance",
+    "unmatched_components",
     "validate_spec",
 ]

@@ -310,3 +310,70 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
         )
     }
 )
+
+
+def _typed_component(key: str, text: str) -> object:
+    """The value of one ``key=text`` override, converted to the component's declared type."""
+    kind = next(f.type for f in dataclasses.fields(ObjectiveSpec) if f.name == key)  # e.g. "float", "int | None"
+    low = text.strip().lower()
+    try:
+        if kind == "bool":
+            if low not in ("true", "false"):
+                raise ValueError
+            return low == "true"
+        if kind == "float":
+            return float(text)
+        if kind.startswith("int"):
+            return None if low == "none" and "None" in kind else int(text)
+    except ValueError:
+        raise ValueError(f"{key} takes a {kind} value, got {key}={text!r}") from None
+    return text.strip()
+
+
+def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
+    """``"dfpo_min:stopgrad=score:eps_low=0.2"`` -> ``("dfpo_min", {"stopgrad": "score", "eps_low": 0.2})``.
+
+    A label names a preset and, after colons, component overrides of that one objective; values take
+    the type of the component (bool, number, string). Raises ValueError naming the bad part.
+    """
+    name, *parts = [p.strip() for p in label.strip().split(":")]
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective={name!r} in {label!r}; known: {', '.join(OBJECTIVES)}")
+    overrides: dict[str, object] = {}
+    for part in parts:
+        key, sep, text = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"objective {label!r}: override {part!r} is not KEY=VALUE")
+        if key not in COMPONENT_FIELDS:
+            raise ValueError(f"objective {label!r}: unknown component {key!r}; known: {', '.join(COMPONENT_FIELDS)}")
+        overrides[key] = _typed_component(key, text)
+    return name, overrides
+
+
+def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
+    """The validated spec of an objective label; the label's own overrides win over ``base_overrides``."""
+    name, overrides = parse_objective_label(label)
+    return resolve_objective(name, **{**base_overrides, **overrides})
+
+
+TRUST_REGION_FIELDS = ("ratio_level", "clip", "eps_low", "eps_high", "aggregation", "adv_scale", "token_mask", "beta")
+
+
+def trust_region(spec: ObjectiveSpec) -> dict[str, object]:
+    """What a fair comparison must hold fixed between two objectives: everything but the transform.
+
+    Score-form DFPO (eq 68) gives clipped sequences a gradient, so its effective clipping is none;
+    ratio-form DFPO (eqs 59-62) keeps its clip range. Two specs with equal ``trust_region`` differ
+    only in the in-group transform, which is the mechanism a comparison should isolate.
+    """
+    out = {key: getattr(spec, key) for key in TRUST_REGION_FIELDS}
+    if (spec.transform != "none" and spec.stopgrad == "score") or out["clip"] == "none":
+        out.update(clip="none", eps_low=None, eps_high=None)
+    return out
+
+
+def unmatched_components(method: ObjectiveSpec, baseline: ObjectiveSpec) -> list[str]:
+    """Components (of ``trust_region``) in which ``method`` and ``baseline`` differ; [] for a matched control."""
+    a, b = trust_region(method), trust_region(baseline)
+    return [key for key in TRUST_REGION_FIELDS if a[key] != b[key]]
