@@ -1,7 +1,13 @@
 """``dfpo toy``: the tabular softmax lab from the command line.
 
     dfpo toy run --task tenplusten --objectives gspo,dfpo_min,grpo_fix --seeds 4 --steps 100 --out runs/toy-demo
+    dfpo toy run --objectives gspo,dfpo_min:stopgrad=score,gspo:clip=none --out runs/toy-labels
+    dfpo toy ablate --task tenplusten --seeds 8 --out runs/toy-ablate
+    dfpo toy spread --knob inner_steps --values 1,2,4,8,16 --seeds 16 --out runs/toy-spread
     dfpo toy sweep-g --task tenplusten --gs 2,4,8,16 --out runs/toy-sweep-g
+
+An objective label is a preset with optional overrides of its own, after colons
+(``dfpo_min:stopgrad=score:eps_low=0.2``); ``--override`` applies to every objective.
 
 Module-level imports stay light (argparse only); torch and the lab load inside the handlers.
 """
@@ -11,6 +17,18 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_OBJECTIVES = "gspo,dfpo_min,dfpo_orth_pos,grpo,grpo_fix,stapo"
+
+# The standard ablation: DFPO in both stop-gradient forms, each next to its matched GSPO control.
+ABLATION = (
+    "gspo",  # GSPO's clip range 3e-4 / 4e-4 ...
+    "dfpo_min",  # ... and ratio-form DFPO at that range (matched with gspo)
+    "gspo_noclip",  # no trust region ...
+    "dfpo_min:stopgrad=score",  # ... and score-form DFPO, whose clipped sequences keep a gradient (matched with gspo_noclip)
+    "dfpo_min:clip=none",  # ratio form without clipping (matched with gspo_noclip)
+    "gspo:eps_low=0.2:eps_high=0.2",  # a clip range few sequences reach ...
+    "dfpo_min:eps_low=0.2:eps_high=0.2",  # ... and DFPO at the same range
+)
+SPREAD_PAIR = ("gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0.2")
 
 
 def _parse_value(text: str) -> object:
@@ -115,6 +133,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    args.objectives = ",".join(ABLATION)
+    args.out = args.out or f"runs/toy-ablate-{args.task}-{args.mode}"
+    return _cmd_run(args)
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, got {flag} {text!r}") from None
+
+
+def _cmd_spread(args: argparse.Namespace) -> int:
+    values = _floats(args.values, "--values")
+    if not values:
+        raise ValueError(f"--values must list at least one value, got --values {args.values!r}")
+    config = _config(args, (args.baseline, args.method), args.group_size)
+    args.out = args.out or f"runs/toy-spread-{args.task}-{args.knob}"
+    import dataclasses
+
+    import torch
+
+    from dfpo.toy.spread import KNOBS, spread_sweep
+    from dfpo.toy.train import validate
+
+    if args.knob not in KNOBS:
+        raise ValueError(f"--knob must be one of {KNOBS}, got --knob {args.knob!r}")
+    for v in values:  # every configuration of the sweep is checked before any compute
+        validate(dataclasses.replace(config, **{args.knob: type(getattr(config, args.knob))(v)}))
+    torch.set_num_threads(toy_threads(args.mode))
+    path = spread_sweep(config, args.knob, values, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
+    print(path.read_text())
+    return 0
+
+
 def toy_threads(mode: str) -> int:
     """Intra-op threads: 1 for sampled mode (tiny tensors, threads only add overhead), every core
     for exact mode (10^5-completion tensors split well)."""
@@ -150,10 +204,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     toy.set_defaults(func=lambda args: (toy.print_help(), 0)[1])
 
     p = sub.add_parser("run", help="train every objective on a toy task and write a run folder")
-    p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated presets (default {DEFAULT_OBJECTIVES})")
+    p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})")
     p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
     _add_common(p)
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("ablate", help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls")
+    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
+    _add_common(p)
+    p.set_defaults(func=_cmd_ablate)
+
+    p = sub.add_parser("spread", help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows")
+    p.add_argument("--knob", default="inner_steps", help="config field to sweep: inner_steps, lr, group_size or init_noise (default inner_steps)")
+    p.add_argument("--values", default="1,2,4,8,16", help="values of the knob (default 1,2,4,8,16)")
+    p.add_argument("--baseline", default=SPREAD_PAIR[0], help=f"baseline label (default {SPREAD_PAIR[0]})")
+    p.add_argument("--method", default=SPREAD_PAIR[1], help=f"method label, matched with the baseline (default {SPREAD_PAIR[1]})")
+    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
+    _add_common(p)
+    p.set_defaults(func=_cmd_spread)
 
     p = sub.add_parser("sweep-g", help="gain of a DFPO variant over GSPO as the group size grows (the toy's Table 4)")
     p.add_argument("--gs", default="2,4,8,16", help="group sizes (default 2,4,8,16)")

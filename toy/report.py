@@ -142,7 +142,8 @@ def _specs(labels, config) -> dict:
 
 
 def comparison_pairs(labels, config) -> list[tuple[str, str, list[str]]]:
-    """(method, baseline, unmatched components) for every DFPO label and every GSPO-family label of the run.
+    """(method, baseline, unmatched components) for every DFPO label: each matched GSPO-family control
+    of the run, and plain ``gspo`` too when it is not matched (the comparison a reader would make).
 
     A baseline is a sequence-level objective without an in-group transform (gspo, gspo_noclip, gspo with
     overrides). The pair is a matched control when ``unmatched`` is empty: same clip range and
@@ -154,7 +155,8 @@ def comparison_pairs(labels, config) -> list[tuple[str, str, list[str]]]:
     specs = _specs(labels, config)
     methods = [o for o, sp in specs.items() if sp.transform != "none"]
     baselines = [o for o, sp in specs.items() if sp.transform == "none" and sp.ratio_level == "sequence"]
-    return [(m, b, unmatched_components(specs[m], specs[b])) for m in methods for b in baselines]
+    pairs = [(m, b, unmatched_components(specs[m], specs[b])) for m in methods for b in baselines]
+    return [(m, b, u) for m, b, u in pairs if not u or b == "gspo"]
 
 
 def prediction_checks(summary: dict[str, dict[str, object]], config=None) -> list[str]:
