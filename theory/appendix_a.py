@@ -105,30 +105,50 @@ def _drift(objective: str, seqs, adv, **overrides) -> float:
     return float((d * -g).sum())
 
 
+def _eq_40_drift(s2, s3, a2, a3):
+    """Eq 40's model: each trajectory's log-prob moves only with its own coefficient, c A_i s_i (c = 1)."""
+    return a2 * s2 - a3 * s3
+
+
 def check_eq_41() -> Claim:
     adv = [-2 / 3, 1 / 3, 1 / 3]
+    # Eq 40's independence model, exactly: no drift at equal weights, drift at unequal ones.
+    s2, s3 = sp.symbols("s_2 s_3", positive=True)
+    third = sp.Rational(1, 3)
+    model_equal = sp.simplify(_eq_40_drift(s2, s2, third, third))
+    model_unequal = sp.simplify(_eq_40_drift(s2, s3, third, third))
+    model_ok = model_equal == 0 and model_unequal != 0
+    # A real softmax on the same three trajectories, on-policy (every s_i = 1, equal weights for tau_2, tau_3).
     drifts = {obj: _drift(obj, TAU, adv) for obj in ("grpo", "dr_grpo", "gspo", "dfpo_min", "grpo_fix")}
-    # Without the shared template (tau_1 rephrased), drift remains from the shared root context and lengths.
-    alt = (("Answer", ":", "25", "."),) + TAU[1:]
+    alt = (("Answer", ":", "25", "."),) + TAU[1:]  # tau_1 rephrased: no template shared with tau_2
     drift_alt = _drift("dr_grpo", alt, adv)
-    ok = all(abs(v) > 1e-6 for v in drifts.values())
+    softmax_drifts = any(abs(v) > 1e-6 for v in drifts.values())
+    if not model_ok:
+        verdict = FAILS
+    else:  # the claim is eq 40's consequence; it holds outright only if a real softmax shows no drift either
+        verdict = HOLDS_UNDER_CONDITIONS if softmax_drifts else HOLDS
     return Claim(
         id="eq-41",
         source="App. A.3, eqs 39-41",
         statement="Delta log(pi(tau_2)/pi(tau_3)) ~ eta c (A_2 s_2 - A_3 s_3): two equally correct answers drift apart only when their weights s_2, s_3 differ.",
-        conditions="On-policy (every ratio 1, so s_2 = s_3 = 1) and A_2 = A_3 = 1/3: eq 41 predicts no drift. Softmax table whose contexts are the completions' prefixes; five objectives of the loss core.",
-        method="numeric",
-        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
+        conditions=(
+            "Eq 40's independence model: each trajectory's log-prob moves only with its own coefficient, with one common c "
+            "(no context or normaliser shared between trajectories). On a softmax whose contexts are the completions' "
+            "prefixes the claim fails: the drift is non-zero on-policy, with s_2 = s_3 = 1 and A_2 = A_3."
+        ),
+        method="symbolic+numeric",
+        verdict=verdict,
         evidence=(
-            "first-order drift of log pi(tau_2) - log pi(tau_3) per unit step, on-policy: "
+            f"sympy, eq 40 model with A_2 = A_3 = 1/3: drift/eta at s_2 = s_3: {model_equal}; at s_2 != s_3: {model_unequal}. "
+            "Softmax table, on-policy, first-order drift of log pi(tau_2) - log pi(tau_3) per unit step: "
             + ", ".join(f"{k}: {fmt(v)}" for k, v in drifts.items())
             + f"; with tau_1 rephrased so it shares no template with tau_2 (dr_grpo): {fmt(drift_alt)}"
         ),
         notes=(
-            "Eq 41 follows from eq 40's model (each trajectory's log-prob moves only with its own coefficient, with one common c). "
-            "On a real softmax that model fails: tau_1 (wrong) shares 'The answer is' with tau_2, so tau_2's template is pushed down "
-            "by tau_1's negative advantage -- a shared event that covers only part of the group never cancels, whatever the weights -- "
-            "and outputs sharing a context also share its normaliser. Equal weights do not prevent the drift; unequal weights are not needed for it."
+            "Eq 41 follows from eq 40's model. On a real softmax that model fails: tau_1 (wrong) shares 'The answer is' with tau_2, "
+            "so tau_2's template is pushed down by tau_1's negative advantage -- a shared event that covers only part of the group "
+            "never cancels, whatever the weights -- and outputs sharing a context also share its normaliser. Equal weights do not "
+            "prevent the drift; unequal weights are not needed for it."
         ),
     )
 

@@ -199,14 +199,14 @@ def check_sec_4_4_1() -> Claim:
 
     seq = [math.log(1.4), math.log(0.7), math.log(1.1)]
     results = {}
-    results["equal L, score"] = shared_gradient("dfpo_min", tabular_group(log_ratios_for(seq, (3, 3, 3), 0.05)), A3).coef
+    results["equal L, score"] = shared_gradient("dfpo_min", tabular_group(log_ratios_for(seq, (3, 3, 3), 0.05)), A3, stopgrad="score").coef
     results["equal L, G=4"] = shared_gradient(
-        "dfpo_min", tabular_group(log_ratios_for(seq + [0.2], (4, 4, 4, 4), 0.05)), A4
+        "dfpo_min", tabular_group(log_ratios_for(seq + [0.2], (4, 4, 4, 4), 0.05)), A4, stopgrad="score"
     ).coef
     unequal = tabular_group(log_ratios_for(seq, (2, 3, 5), 0.05))
-    results["unequal L, score"] = shared_gradient("dfpo_min", unequal, A3).coef
-    results["unequal L, length_aware"] = shared_gradient("dfpo_min", unequal, A3, length_aware=True).coef
-    results["unequal L, token_mean"] = shared_gradient("dfpo_min", unequal, A3, aggregation="token_mean").coef
+    results["unequal L, score"] = shared_gradient("dfpo_min", unequal, A3, stopgrad="score").coef
+    results["unequal L, length_aware"] = shared_gradient("dfpo_min", unequal, A3, length_aware=True, stopgrad="score").coef
+    results["unequal L, token_mean"] = shared_gradient("dfpo_min", unequal, A3, aggregation="token_mean", stopgrad="score").coef
     results["equal L, stopgrad=ratio, clipped"] = shared_gradient(
         "dfpo_min", tabular_group(log_ratios_for(seq, (3, 3, 3), 0.05)), A3, stopgrad="ratio"
     ).coef

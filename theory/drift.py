@@ -136,24 +136,39 @@ def check_cor_3_4() -> Claim:
     ok = True
     for obj, kind in (("dfpo_orth", "orth"), ("dfpo_min", "min"), ("dfpo_orth_pos", "orth_pos"), ("dfpo_orth_tr", "orth_tr")):
         group = tabular_group(log_ratios_for(seq, (3, 3, 3), 0.05))
-        res = shared_gradient(obj, group, adv)
+        score = shared_gradient(obj, group, adv, stopgrad="score")  # eq 68: clipped sequences keep stilde_i
+        ratio = shared_gradient(obj, group, adv)  # eqs 59-62 (default): clipped sequences get GSPO's zero gradient
+        unclipped = shared_gradient(obj, group, adv, clip="none")  # ratio form where nothing is clipped
         with torch.no_grad():
             s = torch.exp(sequence_log_ratio(group.logp(), group.old_logp(), group.mask))
             a = torch.tensor(adv, dtype=torch.float64)
             sbar = sign_aware_clip(s, a, 3e-4, 4e-4)
             st = group_transform(kind, sbar, a, torch.zeros(3, dtype=torch.long))
         dot = float((a * st).sum())
-        rows.append(f"{obj}: A.stilde={fmt(dot)}, shared c={fmt(res.coef)}, |grad|={fmt(res.total_norm)}")
-        ok &= abs(dot) < 1e-12 and abs(res.coef) < ZERO_TOL and res.total_norm > 1e-3
+        rows.append(
+            f"{obj}: A.stilde={fmt(dot)}; score form: shared c={fmt(score.coef)}, |grad|={fmt(score.total_norm)}; "
+            f"ratio form, partly clipped: c={fmt(ratio.coef)}; ratio form, unclipped: c={fmt(unclipped.coef)}, |grad|={fmt(unclipped.total_norm)}"
+        )
+        ok &= abs(dot) < 1e-12 and abs(score.coef) < ZERO_TOL and score.total_norm > 1e-3
+        ok &= abs(ratio.coef) > 1e-6 and abs(unclipped.coef) < ZERO_TOL and unclipped.total_norm > 1e-3
     return Claim(
         id="cor-3.4",
         source="sec. 3.3, Cor. 3.4; App. D",
         statement="Weights with sum_i stilde_i A_i = 0 (stop-gradient) cancel the shared-token subspace but do not force the overall policy gradient to zero.",
-        conditions="Softmax table, G=3, equal lengths, clipping active, the four DFPO transforms of the loss core.",
+        conditions=(
+            "Softmax table, G=3, equal lengths, the four DFPO transforms of the loss core. Cancellation holds in the score form "
+            "(eq 68) with clipping active, and in the ratio form (eqs 59-62, the default) only where no sequence of the group "
+            "is clipped (or every one is)."
+        ),
         method="numeric",
-        verdict=HOLDS if ok else FAILS,
+        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
         evidence="; ".join(rows),
-        notes="The 'cancels the shared subspace' half needs equal lengths or a length-independent normalisation (see sec-4.4.1); the 'not zero overall' half holds without conditions.",
+        notes=(
+            "The 'cancels the shared subspace' half needs equal lengths or a length-independent normalisation (see sec-4.4.1) "
+            "and, in the ratio form, a group that clipping leaves whole: a clipped sequence keeps GSPO's zero gradient, so its "
+            "share of sum_i stilde_i A_i = 0 is missing from the gradient (see stopgrad-forms). The 'not zero overall' half "
+            "holds without conditions."
+        ),
     )
 
 

@@ -22,8 +22,9 @@ from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Cl
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
 REPRODUCE = "dfpo theory --markdown docs/ledger.md"
 
-# Paper order (the 26 ids plus further claims we found: eq-18, eq-23, eq-66-67, eq-75-76, eq-81,
-# sec-K.4, tab-3-no-stopgrad, tab-3-scale, stapo-cancel).
+# Paper order: the 26 claims the paper states as propositions, corollaries and key equations, plus further
+# claims found while checking them (eq-18, eq-23, eq-66-67, eq-75-76, eq-81, sec-K.4, tab-3-no-stopgrad,
+# stopgrad-forms, tab-3-scale, stapo-cancel).
 REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "prop-3.1": drift.check_prop_3_1,
     "cor-3.2": drift.check_cor_3_2,
@@ -37,6 +38,7 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "eq-18": transforms.check_eq_18,
     "eq-23": transforms.check_eq_23,
     "tab-3-no-stopgrad": transforms.check_tab_3_no_stopgrad,
+    "stopgrad-forms": transforms.check_stopgrad_forms,
     "tab-3-scale": transforms.check_tab_3_scale,
     "eq-30": appendix_a.check_eq_30,
     "eq-38": appendix_a.check_eq_38,

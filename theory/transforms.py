@@ -338,7 +338,57 @@ def check_eq_23() -> Claim:
     )
 
 
-CHECKS = (check_eq_18, check_eq_51, check_eq_55, check_thm_c_1, check_thm_k_1, check_tab_3_no_stopgrad, check_eq_23)
+def check_stopgrad_forms() -> Claim:
+    """Eq 68 (score form) vs eqs 59-62 (ratio form): how stilde enters the gradient."""
+    from dfpo import policy_loss
+    from dfpo.trainer.loss import sequence_log_ratio, sign_aware_clip
+
+    theta, w, A, eps = sp.symbols("theta w A epsilon", positive=True)
+    s = sp.exp(theta)  # a one-token sequence: log s = theta
+    score = sp.diff(w * A * theta, theta)  # sg(stilde) A log pi: d/dtheta = w A
+    ratio_linear = sp.simplify(sp.diff((w / s).subs(theta, sp.Symbol("theta0")) * s * A, theta).subs(sp.Symbol("theta0"), theta))
+    ratio_clipped = sp.diff((w / (1 + eps)) * (1 + eps) * A, theta)  # sbar = 1 + eps is constant once clipped
+    # Loss core: G = 4, equal lengths, sequence ratios around GSPO's clip range, both forms, per-row gradients.
+    g = torch.Generator().manual_seed(0)
+    logp = (-1.0 + 0.1 * torch.randn(4, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    old = (logp.detach() - torch.tensor([[0.0], [2e-4], [3e-3], [-2e-3]], dtype=torch.float64)).contiguous()  # log s_i = 0, 2e-4, 3e-3, -2e-3
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
+    mask, gid = torch.ones(4, 5, dtype=torch.bool), torch.zeros(4, dtype=torch.long)
+    grads = {}
+    for form in ("score", "ratio"):
+        loss, _ = policy_loss("dfpo_min", logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=gid, stopgrad=form)
+        grads[form] = torch.autograd.grad(loss, logp)[0]  # (4, 5)
+    with torch.no_grad():
+        sr = torch.exp(sequence_log_ratio(logp, old, mask))
+        clipped = sign_aware_clip(sr, adv, 3e-4, 4e-4) != sr  # (4,) sequences on the clipped segment
+    same_unclipped = bool(torch.allclose(grads["score"][~clipped], grads["ratio"][~clipped], atol=1e-15))
+    zero_clipped = bool((grads["ratio"][clipped] == 0).all())
+    score_moves_clipped = bool((grads["score"][clipped].abs().sum(-1) > 1e-6).all())
+    ok = score == w * A and ratio_linear == w * A and ratio_clipped == 0 and bool(clipped.any()) and bool((~clipped).any())
+    ok &= same_unclipped and zero_clipped and score_moves_clipped
+    return Claim(
+        id="stopgrad-forms",
+        source="App. D eq 68, App. K eq 85 (score form) vs App. B eqs 59-62 (ratio form: 'gradient of phi neglected')",
+        statement="The two stop-gradient forms the paper writes for DFPO give the same update.",
+        conditions="They agree on the linear segment (no sequence clipped), where both give stilde_i A_i grad log s_i; they differ once clipping is active.",
+        method="symbolic+numeric",
+        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
+        evidence=(
+            f"sympy, one sequence with log s = theta: score form d/dtheta = {score}; ratio form on the linear segment = {ratio_linear}, "
+            f"on the clipped segment (sbar = 1 + epsilon) = {ratio_clipped}. Loss core dfpo_min, G=4, log s = (0, 2e-4, 3e-3, -2e-3), "
+            f"A = (1, -1, 1, -1), GSPO's range: clipped = {clipped.tolist()}; unclipped rows: score == ratio gradient {same_unclipped}; "
+            f"clipped rows: ratio form gradient 0 {zero_clipped}, score form gradient non-zero {score_moves_clipped}"
+        ),
+        notes=(
+            "Eqs 68 and 85 are derived on the linear segment (D.1 'excluding clipping terms', K.2), where they equal eqs 59-62. On a "
+            "clipped sequence the ratio form keeps GSPO's zero gradient (the trust region) while the score form gives it stilde_i A_i "
+            "grad log s_i: no trust region there. The score form cancels shared tokens with clipping active; the ratio form (the "
+            "default, as App. B, K.3 and K.5 intend: GSPO's clipping stays) cancels them only where clipping leaves the group whole."
+        ),
+    )
+
+
+CHECKS = (check_eq_18, check_eq_51, check_eq_55, check_thm_c_1, check_thm_k_1, check_tab_3_no_stopgrad, check_eq_23, check_stopgrad_forms)
 
 
 def check_tab_3_scale() -> Claim:

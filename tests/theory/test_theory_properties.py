@@ -57,9 +57,10 @@ def test_eq_49_loss_core_clip_times_advantage_equals_ppo_min(r, A, el, eh):
 @settings(max_examples=25, deadline=None)
 @given(g=groups(), objective=st.sampled_from(["dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"]), shared=st.floats(-0.5, 0.5))
 def test_dfpo_cancels_a_shared_token_at_equal_lengths(g, objective, shared):
+    """Score form (eq 68): the shared token cancels at equal lengths whatever is clipped, and the rest still moves."""
     adv, seq, lengths = g
     L = lengths[0]
-    res = shared_gradient(objective, tabular_group(log_ratios_for(seq, [L] * len(adv), shared)), adv)
+    res = shared_gradient(objective, tabular_group(log_ratios_for(seq, [L] * len(adv), shared)), adv, stopgrad="score")
     assert abs(res.coef) < 1e-10
     assert res.total_norm > 0
 
@@ -67,8 +68,9 @@ def test_dfpo_cancels_a_shared_token_at_equal_lengths(g, objective, shared):
 @settings(max_examples=25, deadline=None)
 @given(g=groups(), objective=st.sampled_from(["dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"]))
 def test_length_aware_dfpo_cancels_at_unequal_lengths(g, objective):
+    """Score form with a_i = A_i / L_i: the shared token cancels at any lengths."""
     adv, seq, lengths = g
-    res = shared_gradient(objective, tabular_group(log_ratios_for(seq, lengths, 0.05)), adv, length_aware=True)
+    res = shared_gradient(objective, tabular_group(log_ratios_for(seq, lengths, 0.05)), adv, length_aware=True, stopgrad="score")
     assert abs(res.coef) < 1e-10
 
 
@@ -190,9 +192,20 @@ def test_cor_3_3_gspo_cancels_anywhere_on_the_hyperplane_not_only_the_diagonal(g
 @settings(max_examples=20, deadline=None)
 @given(g=groups(max_g=6), objective=st.sampled_from(["dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"]))
 def test_without_stop_gradient_dfpo_has_no_gradient_at_all(g, objective):
-    """Away from truncate-and-rebalance's kink delta = A.s = 0 (there autograd takes the identity branch)."""
+    """Without the stop-gradient sum_i A_i stilde_i(theta) = 0 identically, so the gradient is 0 everywhere.
+
+    Truncate-and-rebalance has a true kink at delta = A.s = 0 (the side it rescales switches), where autograd
+    takes the identity branch; that point is left out. The positive projection has no kink at equal ratios:
+    its derivative there must be (and is) the exact one, also when breakpoints s_i / A_i tie."""
     adv, seq, lengths = g
     if objective == "dfpo_orth_tr":
         assume(abs(sum(a * math.exp(x) for a, x in zip(adv, seq))) > 1e-6)
     res = shared_gradient(objective, tabular_group(log_ratios_for(seq, lengths, 0.02)), adv, stopgrad="none")
+    assert res.total_norm < 1e-12
+
+
+def test_positive_projection_has_no_gradient_without_stop_gradient_at_tied_breakpoints():
+    """On-policy (every ratio 1) with two equal advantages: the case a fixed Hypothesis seed once hid."""
+    adv = [-0.5772502865071343, -0.5772502865071343, 1.1545005730142688]
+    res = shared_gradient("dfpo_orth_pos", tabular_group(log_ratios_for([0.0, 0.0, 0.0], [2, 2, 2], 0.02)), adv, stopgrad="none")
     assert res.total_norm < 1e-12

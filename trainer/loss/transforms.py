@@ -110,6 +110,13 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Grou
     has_pos = (a_dense > 0).any(-1)  # (n,)
     has_neg = (a_dense < 0).any(-1)
     lam = _qp_multiplier(s_dense, a_dense)  # (n,)
+    # The same root in closed form on its active set: lambda = sum_active a s / sum_active a^2. Equal in value;
+    # its gradient is the exact derivative of the projection wherever the active set is locally constant,
+    # which the breakpoint search's selection does not give when breakpoints tie (e.g. every ratio 1).
+    active = (s_dense - lam.detach()[:, None] * a_dense > 0) & (a_dense != 0)  # (n, G)
+    num = torch.where(active, a_dense * s_dense, 0.0).sum(-1)  # (n,)
+    den = torch.where(active, a_dense**2, 0.0).sum(-1)  # (n,)
+    lam = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), lam)
     inf = torch.tensor(float("inf"), dtype=sbar.dtype, device=sbar.device)
     # One-sided groups: lambda -> +inf (only positive a) or -inf (only negative a); none: 0.
     lam = torch.where(has_pos & has_neg, lam, torch.where(has_pos, inf, torch.where(has_neg, -inf, torch.zeros_like(lam))))
