@@ -86,6 +86,11 @@ def _significant(ci: tuple[float, float, float]) -> bool:
     return ci[1] > 0 or ci[2] < 0
 
 
+def _relative(row: dict, key: str) -> str:
+    base = row[f"{key}/baseline"]
+    return f" ({100 * row[key][0] / base:+.1f}%)" if abs(base) > 1e-12 else ""
+
+
 def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: str) -> list[str]:
     effects = [e for e in EFFECTS if e[0] in rows[0]]
     lines = [
@@ -94,13 +99,17 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
         f"{base.seeds} paired seeds, {base.steps} steps, G = {base.group_size}, K = {base.inner_steps}, {base.optimizer} lr = {base.lr}"
         f" (the swept knob, {knob}, overrides its base value). Matched control: same clip range, stop-gradient form,",
         "aggregation, advantage scale, lr and seeds. Cells: mean paired difference (method - baseline) [95% bootstrap CI];",
-        "* where the interval excludes 0. Spread: within-group std of log s_i at each update (baseline's run).",
+        "* where the interval excludes 0; (x%) is the mean difference relative to the baseline's mean. Spread: within-group",
+        "std of log s_i at each update (baseline's run).",
         "",
         f"| {knob} | ratio spread | {baseline} clipped fraction | " + " | ".join(label for _, label, _ in effects) + " |",
         "|---" * (len(effects) + 3) + "|",
     ]
     for row in rows:
-        cells = [f"{fmt.format(row[k][0])} [{fmt.format(row[k][1])}, {fmt.format(row[k][2])}]" + (" *" if _significant(row[k]) else "") for k, _, fmt in effects]
+        cells = [
+            f"{fmt.format(row[k][0])} [{fmt.format(row[k][1])}, {fmt.format(row[k][2])}]" + (" *" if _significant(row[k]) else "") + _relative(row, k)
+            for k, _, fmt in effects
+        ]
         lines.append(f"| {row[knob]:g} | {row['spread']:.4f} | {row['clip_frac']:.3f} | " + " | ".join(cells) + " |")
     hits = [(row[knob], label) for row in rows for k, label, _ in effects if _significant(row[k])]
     lines += [""]

@@ -30,7 +30,7 @@ import numpy as np
 OUTCOMES = (
     ("eval", "final eval avg@k", "{:+.3f}"),
     ("reward_last10", "train reward, last 10 steps", "{:+.3f}"),
-    ("steps_to_kappa", "steps to kappa (10-step mean; censored at the run's length)", "{:+.1f}"),
+    ("steps_to_kappa", "steps to kappa (10-step mean)", "{:+.1f}"),
     ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
     ("asym", "Asym eq 23 (mean over steps)", "{:+.2e}"),
 )
@@ -198,6 +198,7 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print) -> Path:
         f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}" + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
         "",
         "Paired difference per seed (method - baseline), mean [95% percentile bootstrap CI over seeds]; * where the interval excludes 0.",
+        "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does counts its length.",
         "",
         *paired_table(records, plan.baseline, matched),
         "",
