@@ -58,11 +58,16 @@ def sweep_group_size(
         rows.append(row)
     (out / "gains.json").write_text(json.dumps(rows, indent=2) + "\n")
     c = configs[0]
+    from dfpo.trainer.loss import objective_from_label, unmatched_components
+
+    unmatched = unmatched_components(objective_from_label(method, **dict(c.overrides)), objective_from_label(baseline, **dict(c.overrides)))
+    match = "yes" if not unmatched else "NO, they differ in " + ", ".join(unmatched) + ": a gain may come from the trust region, not the transform"
     lines = [
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",
         f"{c.seeds} paired seeds, {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [95% bootstrap CI].",
         f"Steps of a seed that never reaches kappa = {c.kappa} are censored at steps + 1. Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
+        f"Matched control (same clip range, stop-gradient form, aggregation, advantage scale): {match}.",
         "",
         "| G | " + " | ".join(f"gain in {label}" for _, label in GAINS) + f" | {baseline} final E[R] | paper Table 4 |",
         "|---" * (len(GAINS) + 3) + "|",

@@ -66,6 +66,10 @@ def test_sweep_g_writes_a_gain_table(tmp_path):
     gains = json.loads((out / "gains.json").read_text())
     assert [g["G"] for g in gains] == [2, 4]
     assert "paper Table 4" in (out / "summary.md").read_text()
+    assert "advantage scale): yes." in (out / "summary.md").read_text()
+    out2 = tmp_path / "sweep-score"
+    assert main(["toy", "sweep-g", "--gs", "2", "--method", "dfpo_min:stopgrad=score", "--seeds", "2", "--steps", "2", "--no-plots", "--out", str(out2)]) == 0
+    assert "NO, they differ in clip, eps_low, eps_high" in (out2 / "summary.md").read_text()
 
 
 # ----- summary statistics -----
