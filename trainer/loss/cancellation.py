@@ -82,3 +82,51 @@ def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides:
     )
     (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)
     return torch.zeros_like(group.shared_logp) if grad is None else grad
+
+
+@dataclass(frozen=True)
+class GroupBreakdown:
+    """Per completion of a shared-prefix group: what each one contributes to the shared token.
+
+    All (G,): ``coefficient`` = d loss / d log pi(first shared token) read in that completion (its
+    sum over the group is the residual), ``seq_ratio`` s_i (eq 44), ``post_clip`` sbar_i (eq 47),
+    ``weight`` stilde_i after the objective's transform (eq 18 / 50-55; sbar_i without one),
+    ``clipped`` whether clipping zeroes the sequence's ratio gradient.
+    """
+
+    advantages: Tensor
+    lengths: Tensor
+    coefficient: Tensor
+    seq_ratio: Tensor
+    post_clip: Tensor
+    weight: Tensor
+    clipped: Tensor
+    metrics: dict[str, Tensor]
+
+    @property
+    def residual(self) -> float:
+        return float(self.coefficient.sum())
+
+
+def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) -> GroupBreakdown:
+    """Decompose one group's shared-token gradient by completion, with the weights behind it."""
+    from dfpo.trainer.loss.clipping import clipped_weight
+    from dfpo.trainer.loss.objectives import resolve_objective
+    from dfpo.trainer.loss.ratios import sequence_log_ratio
+    from dfpo.trainer.loss.transforms import group_transform
+
+    spec = resolve_objective(objective, **overrides)
+    logp = group.logp().detach().requires_grad_()  # (G, T): one leaf per completion's copy of the shared token
+    loss, metrics = policy_loss(
+        spec, logp=logp, old_logp=group.old_logp, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, entropy=torch.ones_like(logp)
+    )
+    (grad,) = torch.autograd.grad(loss, logp)
+    lengths = group.mask.sum(-1)
+    with torch.no_grad():
+        s = torch.exp(sequence_log_ratio(logp, group.old_logp, group.mask, lengths))  # (G,) eq 44
+        sbar = clipped_weight(spec.clip, s, group.advantages, spec.eps_low, spec.eps_high) if spec.ratio_level == "sequence" else s
+        weight = sbar
+        if spec.transform != "none":
+            weight = group_transform(spec.transform, sbar, group.advantages, group.group_ids, lengths if spec.length_aware else None, spec.tr_floor)
+        clipped = (sbar != s) if spec.clip != "none" else torch.zeros_like(s, dtype=torch.bool)
+    return GroupBreakdown(group.advantages, lengths, grad[:, 0].detach(), s, sbar, weight, clipped, {k: v.detach() for k, v in metrics.items()})

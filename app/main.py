@@ -1,0 +1,17 @@
+"""Entry script of the explorer: ``dfpo app`` runs it with Streamlit."""
+
+from pathlib import Path
+
+import streamlit as st
+
+HERE = Path(__file__).resolve().parent
+
+st.set_page_config(page_title="dfpo explorer", page_icon=":material/functions:", layout="wide")
+pages = [
+    st.Page(HERE / "page_cancel.py", title="Cancellation by hand", icon=":material/calculate:", default=True),
+    st.Page(HERE / "page_atlas.py", url_path="atlas", title="Cancellation atlas", icon=":material/grid_on:"),
+    st.Page(HERE / "page_toy.py", url_path="toy", title="Toy lab", icon=":material/science:"),
+    st.Page(HERE / "page_ledger.py", url_path="ledger", title="Claims ledger", icon=":material/fact_check:"),
+    st.Page(HERE / "page_runs.py", url_path="runs", title="Training runs", icon=":material/monitoring:"),
+]
+st.navigation(pages).run()

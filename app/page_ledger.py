@@ -1,0 +1,36 @@
+"""Page 4: the claims ledger, filterable, every claim with its evidence."""
+
+import pandas as pd
+import streamlit as st
+
+from dfpo.app import data
+
+
+@st.cache_data(show_spinner="Running the claims ledger (sympy and the loss core) ...")
+def records() -> list[dict]:
+    return data.ledger_records()
+
+
+st.title("Claims ledger")
+st.caption("Every proposition, corollary and key equation of the paper, tried hard to break: holds, holds under a condition the paper does not state, or fails with a counterexample.")
+if st.button("Re-run the ledger", key="rerun_ledger"):
+    records.clear()
+claims = records()
+frame = pd.DataFrame(claims)
+c1, c2, c3 = st.columns([2, 2, 3])
+verdicts = c1.multiselect("Verdict", sorted(frame["verdict"].unique()), default=sorted(frame["verdict"].unique()), key="ledger_verdicts")
+methods = c2.multiselect("Method", sorted(frame["method"].unique()), default=sorted(frame["method"].unique()), key="ledger_methods")
+text = c3.text_input("Search (id, section, statement)", "", key="ledger_search")
+shown = frame[frame["verdict"].isin(verdicts) & frame["method"].isin(methods)]
+if text.strip():
+    needle = text.strip().lower()
+    shown = shown[shown.apply(lambda r: needle in f"{r['id']} {r['source']} {r['statement']}".lower(), axis=1)]
+counts = shown["verdict"].value_counts().to_dict()
+st.markdown(f"**{len(shown)} of {len(frame)} claims shown**: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+st.dataframe(shown[["id", "verdict", "method", "source", "statement"]], hide_index=True, width="stretch")
+for claim in shown.to_dict("records"):
+    with st.expander(f"{claim['id']}: {claim['verdict']}"):
+        st.markdown(f"**Source.** {claim['source']}\n\n**Claim.** {claim['statement']}\n\n**Conditions.** {claim['conditions']}")
+        st.markdown(f"**Evidence ({claim['method']}).** {claim['evidence']}")
+        if claim.get("notes"):
+            st.markdown(f"**Notes.** {claim['notes']}")
