@@ -28,8 +28,13 @@ from dfpo.trainer.loss.clipping import clip_fractions, clipped_weight
 from dfpo.trainer.loss.groups import Groups, group_sum
 from dfpo.trainer.loss.masks import low_entropy_mask, stapo_spurious_mask
 from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
-from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_token_ratio, token_log_ratio
+from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share, sequence_log_ratio, sequence_token_ratio, token_log_ratio
 from dfpo.trainer.loss.transforms import group_transform
+
+
+LOGP_FLOOR = 1e4
+"""Log-probs below -LOGP_FLOOR at a real token are refused: float64's smallest positive number is
+e^-745, so no softmax produces them, and objectives that use log pi directly (CISPO) would overflow."""
 
 
 def _check_inputs(
@@ -65,6 +70,8 @@ def _check_inputs(
         if not bool((torch.isfinite(x.detach()) | ~mask).all()):  # non-finite values outside padding
             bad = torch.nonzero(mask & ~torch.isfinite(x.detach()))[:3].tolist()
             raise ValueError(f"{name} holds non-finite values at real (unmasked) positions {bad}")
+    if bool((mask & (logp.detach() < -LOGP_FLOOR)).any()):  # no softmax gives these; CISPO would overflow A * logp
+        raise ValueError(f"logp must be >= -{LOGP_FLOOR:g} at real tokens (a log-probability), got min logp={float(torch.where(mask, logp.detach(), 0).min()):.3g}")
     if not bool(torch.isfinite(advantages.detach()).all()):
         bad = torch.nonzero(~torch.isfinite(advantages.detach())).flatten()[:5].tolist()
         raise ValueError(f"advantages must be finite; non-finite at indices {bad}")
@@ -137,16 +144,20 @@ def _share(flags: Tensor, within: Tensor, dtype: torch.dtype) -> Tensor:
 def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: Tensor) -> Tensor:
     """Eq (23), Asym = Var_i(w_i A_i) within each group, averaged over groups (population variance).
 
-    weights, adv, group_ids, valid: (B,). Rows with valid = False are left out.
+    weights, adv, group_ids, valid: (B,). Rows with valid = False are left out. Computed in float64
+    and saturated at the input dtype's largest finite value, so huge advantages or ratios cannot
+    make the metric overflow to inf.
     """
     groups = Groups.of(group_ids)
     index, n_groups = groups.index, groups.n
-    coef = torch.where(valid, weights * adv, 0.0)  # (B,)
+    out_dtype = weights.dtype
+    coef = torch.where(valid, weights.double() * adv.double(), 0.0)  # (B,) float64
     count = group_sum(valid.to(coef.dtype), index, n_groups)  # (n,)
     mean = group_sum(coef, index, n_groups) / count.clamp(min=1)
     var = group_sum(torch.where(valid, (coef - mean[index]) ** 2, 0.0), index, n_groups) / count.clamp(min=1)
     has = count > 0
-    return torch.where(has, var, 0.0).sum() / has.sum().clamp(min=1)
+    asym = torch.where(has, var, 0.0).sum() / has.sum().clamp(min=1)
+    return asym.clamp(max=torch.finfo(out_dtype).max).to(out_dtype)
 
 
 def policy_loss(
@@ -212,7 +223,8 @@ def policy_loss(
     metrics: dict[str, Tensor] = {}
     if spec.beta > 0:
         ref = _sanitise(ref_logp, mask).detach()
-        k3 = torch.exp(ref - logp) - (ref - logp) - 1  # (B, T) k3 estimator
+        ref_gap = (ref - logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B, T), bounded like the ratios
+        k3 = torch.exp(ref_gap) - ref_gap - 1  # (B, T) k3 estimator
         loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
         metrics["kl/ref"] = torch.where(mask, k3.detach(), 0.0).sum() / n_real
 
@@ -225,6 +237,7 @@ def policy_loss(
             "ratio/max": ratio_max,
             "weights/asym": asymmetry(seq_weight, adv, groups, valid_rows),
             "mask/frac": mask_frac,
+            "ratio/clamped_frac": clamped_share(logp, old_logp, mask),
         }
     )
     return loss, metrics

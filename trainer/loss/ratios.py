@@ -6,12 +6,25 @@ import torch
 from torch import Tensor
 
 
+LOG_RATIO_BOUND = 20.0
+"""|log pi_theta - log pi_old| is clamped here before any exp (as verl and OpenRLHF do): e^20 ~ 5e8
+is far past every clip range, and no finite input can then overflow a ratio. A clamped token gets
+no gradient through its ratio; ``policy_loss`` counts such tokens in ``ratio/clamped_frac``."""
+
+
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """Eq (7) in log space: l_it = log pi_theta - log pi_old on real tokens, 0 elsewhere (B, T).
+    """Eq (7) in log space: l_it = log pi_theta - log pi_old on real tokens, 0 elsewhere (B, T),
+    clamped to +-LOG_RATIO_BOUND.
 
     ``torch.where`` (never a multiply) keeps NaN/inf padding out of values and gradients.
     """
-    return torch.where(mask, logp - old_logp, 0.0)  # (B, T)
+    return torch.where(mask, (logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND), 0.0)  # (B, T)
+
+
+def clamped_share(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Share of real tokens whose log-ratio was clamped by ``token_log_ratio`` (0-d)."""
+    outside = ((logp - old_logp).detach().abs() > LOG_RATIO_BOUND) & mask  # (B, T)
+    return (outside.sum() / mask.sum().clamp(min=1)).to(logp.dtype)
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, lengths: Tensor | None = None) -> Tensor:

@@ -16,14 +16,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfpo.trainer.loss.groups import Groups, group_amin, group_dense, group_sum
+from dfpo.trainer.loss.groups import Groups, group_amax, group_amin, group_dense, group_sum
 
 TRANSFORMS = ("none", "min", "orth", "orth_pos", "orth_tr")
 
 
-def _effective_adv(adv: Tensor, lengths: Tensor | None) -> Tensor:
-    """a_i = A_i (paper) or A_i / L_i (length-aware)."""
-    return adv if lengths is None else adv / lengths.to(adv.dtype).clamp(min=1)
+def _effective_adv(adv: Tensor, lengths: Tensor | None, groups: Groups) -> Tensor:
+    """a_i = A_i (paper) or A_i / L_i (length-aware), divided by the largest |a_j| of i's group (B,).
+
+    The projections and truncate-and-rebalance are invariant to scaling a within a group (a.v = 0
+    and the rebalancing ratios do not change), and the scaling keeps a . a finite for any finite
+    advantages (1e20 squared overflows float32).
+    """
+    a = adv if lengths is None else adv / lengths.to(adv.dtype).clamp(min=1)
+    scale = group_amax(a.abs(), groups.index, groups.n)[groups.index]  # (B,) group max |a|
+    return torch.where(scale > 0, a / torch.where(scale > 0, scale, 1.0), 0.0)
 
 
 def min_replace(sbar: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None) -> Tensor:
@@ -44,9 +51,9 @@ def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengt
 
     May go negative. A group with a = 0 is left unchanged.
     """
-    a = _effective_adv(adv, lengths)
     groups = Groups.of(group_ids)
     index, n = groups.index, groups.n
+    a = _effective_adv(adv, lengths, groups)
     dot = group_sum(a * sbar, index, n)  # (n,)
     norm2 = group_sum(a * a, index, n)  # (n,)
     coef = torch.where(norm2 > 0, dot / torch.where(norm2 > 0, norm2, torch.ones_like(norm2)), torch.zeros_like(dot))
@@ -102,9 +109,11 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Grou
     has one sign only, the only feasible points zero every v_i with a_i != 0, and the
     projection keeps the rest.
     """
-    a = _effective_adv(adv, lengths)
+    if sbar.numel() == 0:  # an empty batch: nothing to project (shape metadata, no device sync)
+        return sbar.clone()
     groups = Groups.of(group_ids)
     index, n = groups.index, groups.n
+    a = _effective_adv(adv, lengths, groups)
     s_dense, position = group_dense(sbar, index, n)  # (n, G)
     a_dense, _ = group_dense(a, index, n)  # (n, G)
     has_pos = (a_dense > 0).any(-1)  # (n,)
@@ -134,9 +143,9 @@ def truncate_rebalance(
     alpha = sum_N (-a) s+ / sum_P a s+; if delta < 0 the negative side by
     beta = sum_P a s+ / sum_N (-a) s+ (the paper's eq 55 prints beta with a wrong sign).
     """
-    a = _effective_adv(adv, lengths)
     groups = Groups.of(group_ids)
     index, n = groups.index, groups.n
+    a = _effective_adv(adv, lengths, groups)
     s_plus = sbar.clamp(min=floor)  # (B,)
     pos_mass = group_sum(torch.where(a > 0, a * s_plus, 0), index, n)  # (n,)
     neg_mass = group_sum(torch.where(a < 0, -a * s_plus, 0), index, n)  # (n,)
