@@ -12,22 +12,14 @@ Module-level imports stay light (argparse only); the checks import torch and sym
 from __future__ import annotations
 
 import argparse
-import os
-
-
-def _check_out_path(flag: str, path: str | None) -> None:
-    if path is None:
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ValueError(f"{flag} {path!r}: directory {parent!r} does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r} is a directory, expected a file path")
 
 
 def _run(args: argparse.Namespace) -> int:
-    _check_out_path("--json", args.json)
-    _check_out_path("--markdown", args.markdown)
+    from dfpo.files import check_output_file, write_text_atomic
+
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path is not None:
+            check_output_file(flag, path)  # before the ledger runs
     import time
 
     from dfpo.theory.ledger import render_json, render_markdown, render_table, run_ledger, validate_ids
@@ -39,12 +31,10 @@ def _run(args: argparse.Namespace) -> int:
     print(render_table(claims, verbose=args.verbose))
     print(f"ledger ran in {elapsed:.1f} s")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(render_json(claims))
+        write_text_atomic(args.json, render_json(claims))
         print(f"wrote {args.json}")
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(render_markdown(claims))
+        write_text_atomic(args.markdown, render_markdown(claims))
         print(f"wrote {args.markdown}")
     return 0
 

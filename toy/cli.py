@@ -79,6 +79,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--override", action="append", metavar="KEY=VALUE", help="objective component override for every objective, e.g. eps_low=0.2")
     p.add_argument("--out", default=None, help="run folder to write (default runs/toy-TASK-MODE, or runs/toy-sweep-g-TASK-MODE)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--force", action="store_true", help="overwrite an earlier run in --out (refused otherwise)")
 
 
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
@@ -123,6 +124,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from dfpo.toy.train import run, validate
 
     validate(config)  # every bad option fails here, before any compute
+    from dfpo.files import check_output_dir
+
+    check_output_dir("--out", args.out, force=args.force, marker="config.json")
     torch.set_num_threads(toy_threads(config.mode))
     start = time.perf_counter()
     task, results = run(config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True))
@@ -163,6 +167,9 @@ def _cmd_spread(args: argparse.Namespace) -> int:
         raise ValueError(f"--knob must be one of {KNOBS}, got --knob {args.knob!r}")
     for v in values:  # every configuration of the sweep is checked before any compute
         validate(dataclasses.replace(config, **{args.knob: type(getattr(config, args.knob))(v)}))
+    from dfpo.files import check_output_dir
+
+    check_output_dir("--out", args.out, force=args.force, marker="spread.json")
     torch.set_num_threads(toy_threads(args.mode))
     path = spread_sweep(config, args.knob, values, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
     print(path.read_text())
@@ -191,6 +198,9 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
 
     for c in configs:
         validate(c)
+    from dfpo.files import check_output_dir
+
+    check_output_dir("--out", args.out, force=args.force, marker="gains.json")
     torch.set_num_threads(toy_threads(args.mode))
     path = sweep_group_size(configs, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
     print(path.read_text())

@@ -1,0 +1,52 @@
+"""Output paths checked before any work, and files written so that nothing is lost half-way."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def check_output_file(flag: str, path: str | os.PathLike) -> None:
+    """ValueError naming ``flag`` and the path unless a file can be written there."""
+    path = Path(path)
+    parent = path.resolve().parent
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory, expected a file path")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{flag} {str(path)!r} cannot be written (permission denied)")
+
+
+def check_output_dir(flag: str, path: str | os.PathLike, *, force: bool, marker: str) -> None:
+    """ValueError unless ``path`` can hold a new run: creatable, writable, and not an earlier run
+    (a folder holding ``marker``) unless ``force``. Touches nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a file, expected a folder")
+    if path.is_dir():
+        if (path / marker).exists() and not force:
+            raise ValueError(f"{flag} {str(path)!r} already holds a run ({marker}); pass --force to overwrite it or choose another folder")
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {str(path)!r} cannot be written (permission denied)")
+        return
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(existing)!r} is not a writable folder")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader
+    (or a crash half-way) sees the old file or the new one, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
