@@ -72,3 +72,43 @@ def test_shipped_configs_parse():
     assert files, "no configs shipped"
     for f in files:
         load_config(f)
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("model.sft_batch_size=0", "model.sft_batch_size must be >= 1, got 0"),
+        ("model.tiny_hidden=0", "model.tiny_hidden must be >= 1, got 0"),
+        ("data.train_size=0", "data.train_size must be >= 1, got 0"),
+        ("objective.advantage_eps=-1", "objective.advantage_eps must be >= 0, got -1.0"),
+        ("model.sft_lr=-1", "model.sft_lr must be > 0, got -1.0"),
+        ("optim.beta1=2.0", "optim.beta1 must be in [0, 1), got 2.0"),
+        ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
+        ("rollout.group_size=1", "rollout.group_size must be >= 2, got 1"),
+        ("model.lora_dropout=1.0", "model.lora_dropout must be in [0, 1), got 1.0"),
+        ("device=tpu", "device must be one of auto, cpu, cuda; got 'tpu'"),
+        ("seed=-3", "seed must be >= 0, got -3"),
+    ],
+)
+def test_every_numeric_key_is_bounded_in_validation_naming_the_key(assignment, message):
+    from dfpo.trainer.llm.config import load_config
+
+    with pytest.raises(ValueError) as err:
+        load_config("configs/tiny-cpu.toml", [assignment])
+    assert message in str(err.value)
+
+
+def test_every_numeric_and_choice_field_declares_its_bounds_with_its_definition():
+    """A new numeric key cannot be added without bounds: validation reads them from the field."""
+    import dataclasses
+    import typing
+
+    from dfpo.trainer.llm import config as C
+
+    for section in [C.Config, *(t for t in typing.get_type_hints(C.Config).values() if dataclasses.is_dataclass(t))]:
+        hints = typing.get_type_hints(section)
+        for f in dataclasses.fields(section):
+            if hints[f.name] in (int, float):
+                assert "bounds" in f.metadata, f"{section.__name__}.{f.name} has no bounds"
+                low, high, *_ = f.metadata["bounds"]
+                assert low <= f.default <= high, f"{section.__name__}.{f.name}: default {f.default} outside its bounds"

@@ -34,15 +34,48 @@ TASKS = ("add", "equiv", "jsonl", "reasoning_gym", "hf")
 REWARD_KINDS = ("auto", "exact", "math_verify", "equiv", "reasoning_gym", "user")
 CHAT_TEMPLATE = ("auto", "on", "off")
 ADV_SCALES = ("auto", "group", "batch", "none")
+AMPS = ("auto", "bf16", "fp16", "none")
+ENGINES = ("hf",)
+
+
+def bounded(default: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    """A numeric field whose bounds live with its definition; ``validate`` reads them."""
+    return field(default=default, metadata={"bounds": (low, high, low_open, high_open)})
+
+
+def one_of(default: str, choices: tuple[str, ...]):
+    """A string field with a fixed set of values; ``validate`` reads them."""
+    return field(default=default, metadata={"choices": choices})
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    if high == math.inf:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def field_checks(cfg: Config) -> None:
+    """Every field's bounds and choices, from the dataclass metadata; ValueError naming the key."""
+    sections = [("", cfg)] + [(f.name + ".", getattr(cfg, f.name)) for f in fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))]
+    for prefix, section in sections:
+        for f in fields(section):
+            value, where = getattr(section, f.name), prefix + f.name
+            if "choices" in f.metadata and value not in f.metadata["choices"]:
+                raise ValueError(f"{where} must be one of {', '.join(f.metadata['choices'])}; got {value!r}")
+            if "bounds" in f.metadata:
+                low, high, low_open, high_open = f.metadata["bounds"]
+                inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+                if not inside:
+                    raise ValueError(f"{where} must be {_interval(low, high, low_open, high_open)}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "tiny"
     """'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub)."""
-    dtype: str = "auto"
+    dtype: str = one_of("auto", DTYPES)
     """Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16."""
-    amp: str = "auto"
+    amp: str = one_of("auto", AMPS)
     """Autocast of forward passes: auto (bf16 on CUDA, none on CPU), bf16, fp16, none."""
     pad_token: str = ""
     """Pad token to use when the tokenizer has none: '' (fail with a message), 'eos', or a token string."""
@@ -50,33 +83,33 @@ class ModelConfig:
     """Passed to from_pretrained."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory on large models)."""
-    lora_r: int = 0
+    lora_r: int = bounded(0, 0, math.inf)
     """LoRA rank through peft; 0 trains every parameter."""
-    lora_alpha: int = 16
+    lora_alpha: int = bounded(16, 0, math.inf, low_open=True)
     """LoRA alpha."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = bounded(0.0, 0, 1, high_open=True)
     """LoRA dropout (keep 0 for exact old/new log-prob agreement)."""
     lora_target_modules: str = "all-linear"
     """peft target_modules: 'all-linear' or a comma-separated list of module names."""
-    tiny_hidden: int = 64
+    tiny_hidden: int = bounded(64, 1, math.inf)
     """Tiny preset: hidden size."""
-    tiny_layers: int = 2
+    tiny_layers: int = bounded(2, 1, math.inf)
     """Tiny preset: number of decoder layers."""
-    tiny_heads: int = 4
+    tiny_heads: int = bounded(4, 1, math.inf)
     """Tiny preset: attention heads (key/value heads are half of these, at least 1)."""
-    tiny_intermediate: int = 256
+    tiny_intermediate: int = bounded(256, 1, math.inf)
     """Tiny preset: MLP width."""
-    sft_steps: int = 300
+    sft_steps: int = bounded(300, 0, math.inf)
     """Tiny preset: supervised warm-start steps on the task's train split (0 = none)."""
-    sft_batch_size: int = 64
+    sft_batch_size: int = bounded(64, 1, math.inf)
     """Tiny preset: supervised batch size."""
-    sft_lr: float = 3e-3
+    sft_lr: float = bounded(3e-3, 0, math.inf, low_open=True)
     """Tiny preset: supervised AdamW learning rate."""
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: str = "add"
+    task: str = one_of("add", TASKS)
     """add (integer 'a+b='), equiv (a+b with several correct surface forms), jsonl, reasoning_gym, hf."""
     path: str = ""
     """task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line."""
@@ -94,15 +127,15 @@ class DataConfig:
     """task=hf: field holding the prompt."""
     answer_field: str = "answer"
     """task=hf: field holding the answer (gsm8k's '#### 72' tail is extracted)."""
-    max_operand: int = 99
+    max_operand: int = bounded(99, 1, math.inf)
     """Built-in tasks: operands are drawn from 0..max_operand."""
-    train_size: int = 5000
+    train_size: int = bounded(5000, 1, math.inf)
     """Built-in and reasoning_gym tasks: number of train problems generated."""
-    eval_size: int = 64
+    eval_size: int = bounded(64, 1, math.inf)
     """Number of held-out problems for evaluation."""
     prompt_template: str = "{prompt}"
     """Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."""
-    chat_template: str = "auto"
+    chat_template: str = one_of("auto", CHAT_TEMPLATE)
     """auto (use the tokenizer's chat template when it has one), on (require one), off."""
     enable_thinking: bool = False
     """Passed to chat templates that understand it (Qwen3)."""
@@ -112,37 +145,37 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    kind: str = "auto"
+    kind: str = one_of("auto", REWARD_KINDS)
     """Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user."""
     user_fn: str = ""
     """kind=user: 'module:function' called as fn(prompt=, completion=, answer=) -> float."""
-    format_weight: float = 0.0
+    format_weight: float = bounded(0.0, 0, math.inf)
     """Weight of the format reward added to correctness (0 = off)."""
     format_regex: str = r"\\boxed\{.+\}"
     """A completion earns the format reward when this regex is found in it."""
-    timeout_s: float = 5.0
+    timeout_s: float = bounded(5.0, 0, math.inf, low_open=True)
     """A reward call running longer than this gives 0 and is counted in reward/timeouts."""
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "hf"
+    engine: str = one_of("hf", ENGINES)
     """Rollout engine: 'hf' (transformers generate). vLLM plugs in through RolloutEngine."""
-    prompts_per_step: int = 8
+    prompts_per_step: int = bounded(8, 1, math.inf)
     """Prompts sampled per rollout batch."""
-    group_size: int = 8
+    group_size: int = bounded(8, 2, math.inf)
     """Completions per prompt (G)."""
-    max_new_tokens: int = 8
+    max_new_tokens: int = bounded(8, 1, math.inf)
     """Generation length limit; completions that hit it are counted as truncated."""
-    temperature: float = 1.0
+    temperature: float = bounded(1.0, 0, math.inf, low_open=True)
     """Sampling temperature."""
-    top_p: float = 1.0
+    top_p: float = bounded(1.0, 0, 1, low_open=True)
     """Nucleus sampling (1 = off)."""
-    top_k: int = 0
+    top_k: int = bounded(0, 0, math.inf)
     """Top-k sampling (0 = off)."""
     mask_truncated: bool = False
     """Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering)."""
-    batch_size: int = 0
+    batch_size: int = bounded(0, 0, math.inf)
     """Completions generated per generate() call; 0 = all at once."""
 
 
@@ -152,65 +185,65 @@ class ObjectiveConfig:
     """A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...)."""
     overrides: dict = field(default_factory=dict)
     """ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...)."""
-    advantage_scale: str = "auto"
+    advantage_scale: str = one_of("auto", ADV_SCALES)
     """Advantage scaling: auto (the preset's), group, batch or none."""
-    advantage_eps: float = 1e-4
+    advantage_eps: float = bounded(1e-4, 0, math.inf)
     """Epsilon added to the std in advantage scaling."""
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-4
+    lr: float = bounded(1e-4, 0, math.inf, low_open=True)
     """Peak learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, 0, math.inf)
     """AdamW weight decay."""
-    beta1: float = 0.9
+    beta1: float = bounded(0.9, 0, 1, high_open=True)
     """AdamW beta1."""
-    beta2: float = 0.999
+    beta2: float = bounded(0.999, 0, 1, high_open=True)
     """AdamW beta2."""
-    adam_eps: float = 1e-8
+    adam_eps: float = bounded(1e-8, 0, math.inf, low_open=True)
     """AdamW epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, 0, math.inf)
     """Clip the global gradient norm to this (0 = no clipping)."""
-    warmup_ratio: float = 0.03
+    warmup_ratio: float = bounded(0.03, 0, 1, high_open=True)
     """Linear warmup over this share of all optimiser steps (the paper: 3%)."""
-    min_lr_ratio: float = 0.2
+    min_lr_ratio: float = bounded(0.2, 0, 1)
     """Cosine decay ends at lr * min_lr_ratio (the paper: 0.2)."""
-    minibatch_groups: int = 1
+    minibatch_groups: int = bounded(1, 1, math.inf)
     """Whole groups per optimiser step; prompts_per_step / minibatch_groups steps per epoch."""
-    microbatch_groups: int = 0
+    microbatch_groups: int = bounded(0, 0, math.inf)
     """Whole groups per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
-    epochs: int = 1
+    epochs: int = bounded(1, 1, math.inf)
     """Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups."""
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 50
+    steps: int = bounded(50, 1, math.inf)
     """Rollout batches (training steps) in the run."""
-    save_every: int = 10
+    save_every: int = bounded(10, 1, math.inf)
     """Write a checkpoint every this many steps (and at the end)."""
-    max_nonfinite_in_row: int = 3
+    max_nonfinite_in_row: int = bounded(3, 1, math.inf)
     """Stop after this many optimiser steps in a row with a non-finite loss or gradient."""
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = 10
+    every: int = bounded(10, 0, math.inf)
     """Evaluate every this many steps (0 = never); also at step 0 and the end."""
-    k: int = 4
+    k: int = bounded(4, 1, math.inf)
     """Samples per eval prompt for avg@k."""
-    temperature: float = 1.0
+    temperature: float = bounded(1.0, 0, math.inf, low_open=True)
     """Eval sampling temperature."""
-    kappa: float = 0.5
+    kappa: float = bounded(0.5, -math.inf, math.inf)
     """Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve."""
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    samples_every: int = 10
+    samples_every: int = bounded(10, 0, math.inf)
     """Write sample completions every this many steps (0 = never)."""
-    samples_per_step: int = 4
+    samples_per_step: int = bounded(4, 0, math.inf)
     """Completions written per sampled step."""
     tensorboard: bool = True
     """Write TensorBoard events under RUN_DIR/tb."""
@@ -226,13 +259,13 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = 0
+    seed: int = bounded(0, 0, math.inf)
     """Seed of data, model init, sampling."""
     run_dir: str = "runs/default"
     """Output folder (created; must be empty or absent unless resuming)."""
-    device: str = "auto"
+    device: str = one_of("auto", DEVICES)
     """auto (cuda when available), cpu, cuda."""
-    threads: int = 0
+    threads: int = bounded(0, 0, math.inf)
     """CPU threads for torch (0 = torch's default). 1 is fastest for the tiny preset on a busy machine."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -343,71 +376,17 @@ def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
     return config_from_dict(apply_overrides(raw, list(assignments)))
 
 
-def _choice(where: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{where} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _positive(where: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-
-
 def validate(cfg: Config) -> None:
     """Cross-field checks that need no model, data or network. Raises ValueError."""
     from dfpo import OBJECTIVES, resolve_objective
 
-    _choice("device", cfg.device, DEVICES)
-    _choice("model.dtype", cfg.model.dtype, DTYPES)
-    _choice("model.amp", cfg.model.amp, ("auto", "bf16", "fp16", "none"))
-    _choice("data.task", cfg.data.task, TASKS)
-    _choice("data.chat_template", cfg.data.chat_template, CHAT_TEMPLATE)
-    _choice("reward.kind", cfg.reward.kind, REWARD_KINDS)
-    _choice("rollout.engine", cfg.rollout.engine, ("hf",))
-    _choice("objective.advantage_scale", cfg.objective.advantage_scale, ADV_SCALES)
+    field_checks(cfg)
     if cfg.objective.name not in OBJECTIVES:
         raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
     try:
         resolve_objective(cfg.objective.name, **cfg.objective.overrides)
     except (TypeError, ValueError) as err:
         raise ValueError(f"objective.overrides {cfg.objective.overrides!r}: {err}") from None
-    for where, value in [
-        ("rollout.prompts_per_step", cfg.rollout.prompts_per_step),
-        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
-        ("rollout.temperature", cfg.rollout.temperature),
-        ("optim.lr", cfg.optim.lr),
-        ("optim.minibatch_groups", cfg.optim.minibatch_groups),
-        ("optim.epochs", cfg.optim.epochs),
-        ("train.steps", cfg.train.steps),
-        ("train.save_every", cfg.train.save_every),
-        ("train.max_nonfinite_in_row", cfg.train.max_nonfinite_in_row),
-        ("eval.k", cfg.eval.k),
-        ("data.eval_size", cfg.data.eval_size),
-        ("reward.timeout_s", cfg.reward.timeout_s),
-    ]:
-        _positive(where, value)
-    if cfg.rollout.group_size < 2:
-        raise ValueError(f"rollout.group_size must be >= 2 (group-relative advantages), got {cfg.rollout.group_size}")
-    for where, value in [
-        ("optim.weight_decay", cfg.optim.weight_decay),
-        ("optim.max_grad_norm", cfg.optim.max_grad_norm),
-        ("optim.microbatch_groups", cfg.optim.microbatch_groups),
-        ("threads", cfg.threads),
-        ("rollout.top_k", cfg.rollout.top_k),
-        ("rollout.batch_size", cfg.rollout.batch_size),
-        ("eval.every", cfg.eval.every),
-        ("log.samples_every", cfg.log.samples_every),
-        ("model.lora_r", cfg.model.lora_r),
-        ("model.sft_steps", cfg.model.sft_steps),
-        ("reward.format_weight", cfg.reward.format_weight),
-    ]:
-        _positive(where, value, allow_zero=True)
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ValueError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p}")
-    if not 0 <= cfg.optim.warmup_ratio < 1:
-        raise ValueError(f"optim.warmup_ratio must be in [0, 1), got {cfg.optim.warmup_ratio}")
-    if not 0 <= cfg.optim.min_lr_ratio <= 1:
-        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
     if cfg.rollout.prompts_per_step % cfg.optim.minibatch_groups:
         raise ValueError(
             f"optim.minibatch_groups={cfg.optim.minibatch_groups} must divide rollout.prompts_per_step="
