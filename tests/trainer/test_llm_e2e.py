@@ -81,8 +81,9 @@ def test_run_folder_holds_config_logs_samples_and_checkpoint(tmp_path):
 def test_existing_run_dir_is_refused_before_any_work(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "x").write_text("")
-    with pytest.raises(ValueError, match="exists and is not empty.*--resume"):
+    with pytest.raises(ValueError, match="exists, is not empty and is not a dfpo run folder"):
         Trainer(tiny_config(tmp_path), quiet=True)
+    assert (tmp_path / "run" / "x").exists()  # nothing of the user's is touched
 
 
 def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_path, monkeypatch):

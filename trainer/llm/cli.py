@@ -39,6 +39,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise ValueError("--config FILE.toml is required (or --resume RUN_DIR); see configs/tiny-cpu.toml")
         cfg = load_config(args.config, sets)
 
+    from dfpo.trainer.llm.runlog import TrainingInterrupted
     from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 
     trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
@@ -47,6 +48,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as err:
         print(f"dfpo: error: {err}", file=sys.stderr)
         return 1
+    except TrainingInterrupted as stop:
+        print(f"dfpo: {stop}", file=sys.stderr)
+        return stop.exit_code
     import json
 
     print(json.dumps(summary, indent=2, sort_keys=True))

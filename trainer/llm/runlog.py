@@ -132,8 +132,14 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+CHECKPOINT_META = "checkpoint.json"
+"""The step of checkpoint.pt, readable without loading the checkpoint (checked before any work)."""
+LOCK = ".lock"
+
+
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
-    """torch.save to a temp file, fsync, then rename over checkpoint.pt (atomic on POSIX)."""
+    """torch.save to a temp file, fsync, then rename over checkpoint.pt (atomic on POSIX); then the
+    small checkpoint.json with its step, the same way."""
     path = run_dir / CHECKPOINT
     tmp = run_dir / (CHECKPOINT + ".tmp")
     with open(tmp, "wb") as fh:
@@ -141,11 +147,172 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    meta_tmp = run_dir / (CHECKPOINT_META + ".tmp")
+    meta_tmp.write_text(json.dumps({"step": int(state["step"])}))
+    os.replace(meta_tmp, run_dir / CHECKPOINT_META)
     return path
 
 
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run folder's checkpoint from checkpoint.json (None if there is none)."""
+    try:
+        return int(json.loads((run_dir / CHECKPOINT_META).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_checkpoint(run_dir: Path) -> dict:
+    """checkpoint.pt, or a ValueError that says why it cannot be used (missing, empty, truncated)."""
     path = run_dir / CHECKPOINT
     if not path.is_file():
         raise ValueError(f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    if path.stat().st_size == 0:
+        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is empty (a write was cut off); start the run again")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated zip, bad pickle: torch raises several kinds
+        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is truncated or corrupt ({type(err).__name__}: {err}); start the run again") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is not a dfpo checkpoint")
+    return state
+
+
+class RunFolderLock:
+    """Exclusive use of a run folder: ``flock`` on RUN_DIR/.lock, the holder's PID written in it.
+
+    The operating system releases the lock when its process dies, however it dies, so a lock
+    left by a killed run is simply taken over; a live holder makes ``acquire`` fail at once.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self._fh = None
+        self.created_folder = False  # set by prepare_run_folder when it made the folder
+
+    def acquire(self) -> None:
+        import fcntl
+
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise ValueError(f"run_dir {str(self.path.parent)!r} is in use by process {holder} (another dfpo train); wait for it or stop it") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing the file drops the flock
+            self._fh = None
+
+    def abandon(self) -> None:
+        """Release, and remove the folder again if this run made it and nothing else was written."""
+        self.release()
+        folder = self.path.parent
+        if self.created_folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK}:
+            self.path.unlink(missing_ok=True)
+            folder.rmdir()
+
+
+def missing_steps(rows: list[dict], last: int) -> list[int]:
+    """Steps 1..last that have no line in a metrics log (lost to a crash)."""
+    have = {r.get("step") for r in rows}
+    return [s for s in range(1, last + 1) if s not in have]
+
+
+def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderLock:
+    """Check and lock a run folder before any expensive work; return the held lock.
+
+    Refused at once, naming the folder: a file in the way, a folder that cannot be written, a
+    folder another process is using, a fresh start into a folder that holds a run (use --resume)
+    or into one that is not a dfpo run, a resume without a checkpoint, or a resume whose
+    ``train.steps`` is below the checkpoint's step. A run folder that was started but stopped
+    before its first checkpoint (config.toml, no checkpoint.pt) is emptied and started again.
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"run_dir {str(run_dir)!r} is a file, expected a folder")
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"run_dir {str(run_dir)!r} cannot be written ({str(existing)!r} is not writable)")
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunFolderLock(run_dir)
+    lock.created_folder = created
+    lock.acquire()
+    try:
+        has_checkpoint = (run_dir / CHECKPOINT).is_file()
+        if resume:
+            if not has_checkpoint:
+                raise ValueError(f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again with --config")
+            step = checkpoint_step(run_dir)
+            if step is not None and steps < step:
+                raise ValueError(f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {step}; give train.steps >= {step}")
+            return lock
+        contents = [p for p in run_dir.iterdir() if p.name != LOCK]
+        if contents and has_checkpoint:
+            raise ValueError(
+                f"run_dir {str(run_dir)!r} holds a run (checkpoint at step {checkpoint_step(run_dir)}); continue it with "
+                f"--resume {run_dir} or choose another folder (--set run_dir=...)"
+            )
+        if contents and not (run_dir / "config.toml").is_file():
+            raise ValueError(f"run_dir {str(run_dir)!r} exists, is not empty and is not a dfpo run folder; choose another (--set run_dir=...)")
+        for p in contents:  # a run that stopped before its first checkpoint: start it again
+            if p.is_dir() and not p.is_symlink():
+                import shutil
+
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        return lock
+    except BaseException:
+        lock.abandon()
+        raise
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was written."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        import signal as _signal
+
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+        name = _signal.Signals(signum).name
+        super().__init__(f"{name}: stopped after step {step}, checkpoint written; resume with: dfpo train --resume {run_dir}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class GracefulStop:
+    """While active, SIGINT and SIGTERM only record themselves (``signum``); the training loop
+    checks it between steps, finishes the step it is in, writes a checkpoint and stops."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict = {}
+
+    def __enter__(self) -> GracefulStop:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)

@@ -49,7 +49,19 @@ from dfpo.trainer.llm.rollout import (
     token_logp,
     token_stats,
 )
-from dfpo.trainer.llm.runlog import JsonlLog, Scalars, finite_only, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.runlog import (
+    GracefulStop,
+    JsonlLog,
+    Scalars,
+    TrainingInterrupted,
+    finite_only,
+    load_checkpoint,
+    missing_steps,
+    prepare_run_folder,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from dfpo.trainer.llm.tasks import PromptSampler, equiv_targets, load_splits, surface_form
 
 
@@ -221,16 +233,19 @@ class Trainer:
     """Builds everything from a Config (cheap checks first) and runs or resumes a run."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
+        self.cfg, self.resume, self.quiet = cfg, resume, quiet
+        self.run_dir = Path(cfg.run_dir)
+        self.lock = prepare_run_folder(self.run_dir, resume=resume, steps=cfg.train.steps)  # checked and locked first
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.lock.abandon()  # a refused config leaves no empty run folder behind
+            raise
+
+    def _build(self, cfg: Config) -> None:
         from dfpo.trainer.llm.policy import check_model_available, resolve_amp, resolve_device, resolve_dtype
         from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
 
-        self.cfg, self.resume, self.quiet = cfg, resume, quiet
-        self.run_dir = Path(cfg.run_dir)
-        if not resume and self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise ValueError(
-                f"run_dir {str(self.run_dir)!r} exists and is not empty; choose another (--set run_dir=...) "
-                f"or continue it with --resume {self.run_dir}"
-            )
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
@@ -377,6 +392,10 @@ class Trainer:
         JsonlLog.truncate(self.run_dir / "metrics.jsonl", lambda r: r.get("step", 0) <= c)
         JsonlLog.truncate(self.run_dir / "samples.jsonl", lambda r: r.get("step", 0) <= c)
         JsonlLog.truncate(self.run_dir / "eval.jsonl", lambda r: r.get("step", 0) < c)
+        lost = missing_steps(JsonlLog.read(self.run_dir / "metrics.jsonl"), c)
+        if lost:  # said even with --quiet: the log will have a gap
+            print(f"dfpo: warning: metrics.jsonl of {self.run_dir} has no line for step(s) {lost[:10]}{' ...' if len(lost) > 10 else ''} "
+                  f"(lost before the checkpoint at step {c}); they are not re-run", file=sys.stderr, flush=True)  # fmt: skip
         self._say(f"resumed {self.run_dir} at step {c}")
 
     # -- one step ----------------------------------------------------------------------------
@@ -540,13 +559,25 @@ class Trainer:
     # -- run ---------------------------------------------------------------------------------
 
     def run(self) -> dict:
+        """Train to cfg.train.steps; SIGINT/SIGTERM stop after the current step with a checkpoint
+        (``TrainingInterrupted``). The run folder's lock is released however the run ends."""
         threads_before = torch.get_num_threads()
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         try:
-            return self._run()
+            with GracefulStop() as self.stop:
+                return self._run()
         finally:
             torch.set_num_threads(threads_before)  # the process-wide setting is left as found
+            self.lock.release()
+
+    def _stop_if_asked(self, step: int) -> None:
+        """After a finished step: on a recorded signal, checkpoint this step (unless just written) and stop."""
+        if self.stop.signum is None:
+            return
+        if self.last_checkpoint_step != step:
+            self._save(step)
+        raise TrainingInterrupted(self.stop.signum, step, self.run_dir)
 
     def _run(self) -> dict:
         self.setup()
@@ -558,6 +589,7 @@ class Trainer:
             bar = tqdm(total=cfg.train.steps, initial=self.start_step, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
         t_start = time.time()
         try:
+            self._stop_if_asked(self.start_step)  # a signal during start-up: the step-0 (or resumed) checkpoint is there
             for s in range(self.start_step, cfg.train.steps):
                 if cfg.eval.every and s % cfg.eval.every == 0:
                     self.evaluate(s)
@@ -569,6 +601,7 @@ class Trainer:
                 if bar is not None:
                     bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
                     bar.update(1)
+                self._stop_if_asked(s + 1)
             final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
         finally:
             if bar is not None:
@@ -614,8 +647,10 @@ def run_summary(run_dir: Path, kappa: float) -> dict:
     rows = JsonlLog.read(Path(run_dir) / "metrics.jsonl")
     steps = [r["step"] for r in rows]
     reward = [r["reward/mean"] for r in rows]
+    last = max(steps, default=0)
     return {
-        "steps": len(rows),
+        "steps": last,
+        "steps_missing_from_log": missing_steps(rows, last),
         "reward/first": reward[0] if reward else None,
         "reward/last": reward[-1] if reward else None,
         "reward/jitter2": diag.jitter2(reward),
