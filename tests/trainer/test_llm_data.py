@@ -62,7 +62,7 @@ def test_broken_reward_gives_zero_and_is_counted():
     out = RewardComputer(_raises)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
     assert out["total"] == [0.0, 0.0] and out["errors"] == 2
     out = RewardComputer(_nan)(["p"], ["a"], [Example("p", "a")])
-    assert out["total"] == [0.0] and out["errors"] == 1
+    assert out["total"] == [0.0] and out["invalid"] == 1 and out["errors"] == 0
 
 
 def test_slow_reward_times_out_to_zero_and_is_counted():

@@ -19,7 +19,7 @@ Metrics (one JSONL line per training step in RUN_DIR/metrics.jsonl, same keys in
 |---|---|
 | reward/mean, reward/std | total reward of the rollout batch (correctness + format_weight * format) |
 | reward/correct, reward/format | mean correctness and format rewards |
-| reward/errors, reward/timeouts | reward calls that raised / timed out (each gave 0) |
+| reward/errors, reward/timeouts, reward/invalid | reward calls that raised / timed out / returned no finite number within +-1e6 (each gave 0) |
 | completion/length, completion/truncated_frac, completion/empty_frac | lengths in tokens (EOS counted) |
 | groups/zero_var_frac | share of groups whose rewards are all equal (no signal) |
 | entropy/rollout, entropy/mean | policy entropy at completion tokens: rollout policy / during updates |

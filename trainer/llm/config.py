@@ -154,7 +154,8 @@ class RewardConfig:
     format_regex: str = r"\\boxed\{.+\}"
     """A completion earns the format reward when this regex is found in it."""
     timeout_s: float = bounded(5.0, 0, math.inf, low_open=True)
-    """A reward call running longer than this gives 0 and is counted in reward/timeouts."""
+    """Time limit of a reward call (calls of a batch run concurrently, up to 64 at a time); a call still running
+    after it gives 0 and is counted in reward/timeouts."""
 
 
 @dataclass(frozen=True)

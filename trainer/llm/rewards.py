@@ -1,24 +1,32 @@
 """Reward functions: correctness (exact, math-verify, equiv, reasoning-gym, user) + format.
 
 A reward function has the signature ``fn(prompt: str, completion: str, example) -> float``.
-``RewardComputer`` calls it in a worker thread with a timeout: a call that raises, times out
-or returns a non-finite value gives reward 0 for that completion and is counted
-(``reward/errors``, ``reward/timeouts``), so a broken reward never stops training silently
-and never poisons a batch with NaN.
+``RewardComputer`` calls it for a whole batch at once, in up to ``max_workers`` daemon threads,
+and waits at most ``timeout_s`` per round of ``max_workers`` calls. A call that raises (``sys.exit``
+included), does not return in time, or returns something that is not a finite number within
++-1e6 gives reward 0 for that completion and is counted (``reward/errors``, ``reward/timeouts``,
+``reward/invalid``): a broken reward never stops or hangs training, and never poisons a batch
+with NaN. When more than half of a batch's calls fail, a warning with the first failure of each
+kind is printed, with or without --quiet.
 
 Departures / choices:
 1. math-verify runs with its signal-based timeouts off (``parsing_timeout=None``,
    ``timeout_seconds=None``): signals do not work in threads; the thread timeout replaces them.
-2. A timed-out call cannot be killed (Python threads); its worker is abandoned and a fresh
-   pool takes over, so later calls are not queued behind it.
+2. Threads, not processes: a reward function sees the process's imports and objects and costs
+   no pickling. A call that never returns cannot be killed; its daemon thread is left behind
+   (it cannot keep the process alive at exit), and the batch goes on without it. A function that
+   hangs costs one timeout per batch (of up to ``max_workers`` completions), not one per completion.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import importlib
 import math
+import queue
 import re
+import sys
+import threading
+import time
 from typing import Callable
 
 from dfpo.trainer.llm.tasks import Example, sum_value
@@ -118,10 +126,25 @@ def correctness_fn(kind: str, task: str, user_fn: str = "") -> RewardFn:
     raise ValueError(f"reward.kind {kind!r} unknown")
 
 
-class RewardComputer:
-    """Correctness + format_weight * format, with per-call timeout and error counting."""
+MAX_ABS_REWARD = 1e6
+"""A reward outside +-MAX_ABS_REWARD (e.g. 1e308) is treated as invalid: it would swamp the group's advantages."""
 
-    def __init__(self, correctness: RewardFn, *, format_weight: float = 0.0, format_regex: str = "", timeout_s: float = 5.0):
+
+def as_reward(raw: object) -> float | None:
+    """A reward function's return value as a float, or None when it is not a finite number within bounds."""
+    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__float__"):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and abs(value) <= MAX_ABS_REWARD else None
+
+
+class RewardComputer:
+    """Correctness + format_weight * format; a batch's calls run concurrently with a time limit."""
+
+    def __init__(self, correctness: RewardFn, *, format_weight: float = 0.0, format_regex: str = "", timeout_s: float = 5.0, max_workers: int = 64):
         self.correctness = correctness
         self.format_weight = format_weight
         try:
@@ -129,31 +152,62 @@ class RewardComputer:
         except re.error as err:
             raise ValueError(f"reward.format_regex {format_regex!r} is not a valid regex: {err}") from None
         self.timeout_s = timeout_s
-        self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
+        self.max_workers = max_workers
+        self._warned: set[str] = set()
 
-    def _safe(self, prompt: str, completion: str, example: Example) -> tuple[float, str]:
-        """(value, status) with status in ok | error | timeout."""
-        future = self._pool.submit(self.correctness, prompt, completion, example)
-        try:
-            value = float(future.result(timeout=self.timeout_s))
-        except cf.TimeoutError:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="reward")
-            return 0.0, "timeout"
-        except Exception:  # a broken user reward counts as 0, never crashes the run
-            return 0.0, "error"
-        if not math.isfinite(value):
-            return 0.0, "error"
-        return value, "ok"
+    def _call_all(self, prompts: list[str], completions: list[str], examples: list[Example]) -> list[tuple[float, str, str]]:
+        """(value, status, detail) per completion, status in ok | error | timeout | invalid."""
+        n = len(prompts)
+        results: list[tuple[object, BaseException | None] | None] = [None] * n
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(n):
+            todo.put(i)
+
+        def work() -> None:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    results[i] = (self.correctness(prompts[i], completions[i], examples[i]), None)
+                except BaseException as err:  # noqa: BLE001 - sys.exit or KeyboardInterrupt from user code must not end the run
+                    results[i] = (None, err)
+
+        workers = [threading.Thread(target=work, daemon=True, name="dfpo-reward") for _ in range(min(self.max_workers, n))]
+        for t in workers:
+            t.start()
+        deadline = time.monotonic() + self.timeout_s * math.ceil(n / max(1, len(workers)))
+        for t in workers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        out = []
+        for r in list(results):
+            if r is None:
+                out.append((0.0, "timeout", f"no result within reward.timeout_s={self.timeout_s:g}"))
+            elif r[1] is not None:
+                out.append((0.0, "error", f"{type(r[1]).__name__}: {r[1]}"))
+            else:
+                value = as_reward(r[0])
+                out.append((value, "ok", "") if value is not None else (0.0, "invalid", f"returned {r[0]!r:.80} (not a finite number within +-{MAX_ABS_REWARD:g})"))
+        return out
+
+    def _warn(self, results: list[tuple[float, str, str]]) -> None:
+        """More than half the calls failed: the first failure of each kind, once per kind per run, on stderr."""
+        failed = [(status, detail) for _, status, detail in results if status != "ok"]
+        if 2 * len(failed) <= len(results):
+            return
+        for status, detail in failed:
+            kind = detail.split(":")[0] if status == "error" else status
+            if kind not in self._warned:
+                self._warned.add(kind)
+                print(f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step; first {status}: {detail}", file=sys.stderr, flush=True)
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[Example]) -> dict:
-        """Rewards of a batch: dict with lists 'total', 'correct', 'format' and counts 'errors', 'timeouts'."""
-        correct, fmt, errors, timeouts = [], [], 0, 0
-        for p, c, e in zip(prompts, completions, examples):
-            value, status = self._safe(p, c, e)
-            errors += status == "error"
-            timeouts += status == "timeout"
-            correct.append(value)
-            fmt.append(float(bool(self.format_re.search(c))) if self.format_re is not None else 0.0)
+        """Rewards of a batch: lists 'total', 'correct', 'format' and counts 'errors', 'timeouts', 'invalid'."""
+        results = self._call_all(prompts, completions, examples)
+        self._warn(results)
+        correct = [value for value, _, _ in results]
+        fmt = [float(bool(self.format_re.search(c))) if self.format_re is not None else 0.0 for c in completions]
         total = [c + self.format_weight * f for c, f in zip(correct, fmt)]
-        return {"total": total, "correct": correct, "format": fmt, "errors": errors, "timeouts": timeouts}
+        counts = {k: sum(status == k for _, status, _ in results) for k in ("error", "timeout", "invalid")}
+        return {"total": total, "correct": correct, "format": fmt, "errors": counts["error"], "timeouts": counts["timeout"], "invalid": counts["invalid"]}

@@ -499,6 +499,7 @@ class Trainer:
             "reward/format": sum(rew["format"]) / len(rew["format"]),
             "reward/errors": rew["errors"],
             "reward/timeouts": rew["timeouts"],
+            "reward/invalid": rew["invalid"],
             "completion/length": float(lengths.mean()),
             "completion/truncated_frac": float(batch.truncated.float().mean()),
             "completion/empty_frac": sum(1 for t in texts if not t.strip()) / len(texts),
