@@ -50,3 +50,13 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """A text file's content; ValueError ``FILE:LINE: not UTF-8`` at the first line that does not decode."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 ({err.reason} at byte {err.start})") from None

@@ -107,3 +107,54 @@ def test_builtin_eval_split_is_held_out():
     assert not {e.prompt for e in evals} & {e.prompt for e in train}
     with pytest.raises(ValueError, match="eval_size=100 must be below the 100 distinct problems"):
         load_splits(DataConfig(task="add", max_operand=9, eval_size=100), seed=0)
+
+
+def test_files_that_are_not_utf8_are_named_with_their_line(tmp_path):
+    from dfpo.trainer.llm.config import load_config
+    from dfpo.trainer.llm.tasks import load_jsonl
+
+    bad = tmp_path / "d.jsonl"
+    bad.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:2: not UTF-8"):
+        load_jsonl(bad)
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(b"seed = 0\n# \xff\n")
+    with pytest.raises(ValueError, match=r"c.toml:2: not UTF-8"):
+        load_config(cfg)
+
+
+@pytest.mark.parametrize("answer", ["true", "null", "[1]", '{"x": 1}'])
+def test_an_answer_that_is_not_a_string_or_number_is_rejected(tmp_path, answer):
+    from dfpo.trainer.llm.tasks import load_jsonl
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": ' + answer + "}\n")
+    with pytest.raises(ValueError, match=r"d.jsonl:2: field 'answer' must be a string or number"):
+        load_jsonl(path)
+
+
+def test_duplicate_prompts_across_the_split_are_found():
+    from dfpo.trainer.llm.tasks import duplicate_prompts
+
+    train = [Example("1+1=", "2"), Example("2+2=", "4")]
+    assert duplicate_prompts(train, [Example("2+2=", "4"), Example("3+3=", "6")]) == ["2+2="]
+
+
+def test_a_prompt_longer_than_the_context_names_file_and_line_or_is_truncated(tmp_path, capsys):
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _sys.path.insert(0, str(_Path(__file__).parent))
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.llm.train import Trainer
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)] + [{"prompt": "9" * 400 + "+1=", "answer": "x"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"prompt": "0+1=", "answer": "1"}) + "\n")
+    sets = ["data.task=jsonl", f'data.path="{data}"', "data.eval_size=2"]
+    with pytest.raises(ValueError, match=r"d.jsonl:9: the prompt has 403 tokens"):
+        Trainer(tiny_config(tmp_path, *sets), quiet=True).run()
+    assert "eval prompt(s) also appear in the train split" in capsys.readouterr().err
+    summary = Trainer(tiny_config(tmp_path, *sets, "data.truncate_prompts=true", 'run_dir="' + str(tmp_path / "run2") + '"'), quiet=True).run()
+    assert summary["steps"] == 2

@@ -95,3 +95,21 @@ def test_resume_with_more_steps_extends_a_finished_run(tmp_path):
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 0
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_sigkill_during_the_warm_start_leaves_a_folder_that_starts_again(tmp_path):
+    """Killed before the first checkpoint (inside the supervised warm start): the same command runs
+    the whole run again in the same folder."""
+    run = tmp_path / "warm"
+    cmd = _cmd(run) + ["--set", "model.sft_steps=400", "--set", "train.steps=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "config.toml").exists():
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert proc.poll() is None and not (run / "checkpoint.pt").exists(), "the warm start ended before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(_cmd(run) + ["--set", "model.sft_steps=3", "--set", "train.steps=2"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2

@@ -31,7 +31,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}")
         import tomllib
 
-        raw = apply_overrides(tomllib.loads(cfg_path.read_text()), sets)
+        from dfpo.files import read_utf8
+
+        raw = apply_overrides(tomllib.loads(read_utf8(cfg_path)), sets)
         raw["run_dir"] = str(run_dir)
         cfg = config_from_dict(raw)
     else:

@@ -141,6 +141,9 @@ class DataConfig:
     """Passed to chat templates that understand it (Qwen3)."""
     shuffle: bool = True
     """Shuffle the train split each epoch (seeded, resumable)."""
+    truncate_prompts: bool = False
+    """A prompt longer than the model's context minus rollout.max_new_tokens is an error naming its
+    file and line; true keeps its last tokens instead (left truncation)."""
 
 
 @dataclass(frozen=True)
@@ -370,8 +373,10 @@ def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"--config {path}: no such file")
+        from dfpo.files import read_utf8
+
         try:
-            raw = tomllib.loads(p.read_text())
+            raw = tomllib.loads(read_utf8(p))
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"--config {path}: not valid TOML: {err}") from None
     return config_from_dict(apply_overrides(raw, list(assignments)))

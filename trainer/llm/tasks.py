@@ -24,6 +24,8 @@ class Example:
     prompt: str
     answer: str
     meta: dict = field(default_factory=dict)
+    source: str = field(default="", compare=False)
+    """Where the example comes from, e.g. 'data.jsonl:12' (named in errors about it)."""
 
 
 def make_add_examples(n: int, max_operand: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[Example]:
@@ -100,8 +102,10 @@ def load_jsonl(path: str | Path) -> list[Example]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"data.path {str(path)!r}: no such file")
+    from dfpo.files import read_utf8
+
     out = []
-    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(read_utf8(p).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -115,10 +119,11 @@ def load_jsonl(path: str | Path) -> list[Example]:
             raise ValueError(f"{p}:{lineno}: missing field {', '.join(repr(m) for m in missing)}; each line needs 'prompt' and 'answer'")
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise ValueError(f"{p}:{lineno}: field 'prompt' must be a non-empty string")
-        if not isinstance(obj["answer"], (str, int, float)):
-            raise ValueError(f"{p}:{lineno}: field 'answer' must be a string or number")
+        answer = obj["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{p}:{lineno}: field 'answer' must be a string or number, got {answer!r}")
         meta = {k: v for k, v in obj.items() if k not in ("prompt", "answer")}
-        out.append(Example(prompt=obj["prompt"], answer=str(obj["answer"]), meta=meta))
+        out.append(Example(prompt=obj["prompt"], answer=str(answer), meta=meta, source=f"{p}:{lineno}"))
     if not out:
         raise ValueError(f"{p}: no examples")
     return out
@@ -254,3 +259,9 @@ class PromptSampler:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation(self.epoch)
+
+
+def duplicate_prompts(train: list[Example], evals: list[Example]) -> list[str]:
+    """Prompts that appear in both splits (an eval on them measures memorisation, not generalisation)."""
+    seen = {ex.prompt for ex in train}
+    return sorted({ex.prompt for ex in evals if ex.prompt in seen})

@@ -62,7 +62,7 @@ from dfpo.trainer.llm.runlog import (
     save_checkpoint,
     set_rng_state,
 )
-from dfpo.trainer.llm.tasks import PromptSampler, equiv_targets, load_splits, surface_form
+from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 
 
 class NonFiniteLossError(RuntimeError):
@@ -269,6 +269,10 @@ class Trainer:
         )
         check_model_available(cfg.model.name)
         self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
+        shared = duplicate_prompts(self.train_examples, self.eval_examples)
+        if shared:
+            print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
+                  "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
         self.groups_per_step = cfg.rollout.prompts_per_step
         self.k_updates = cfg.optim.epochs * (self.groups_per_step // cfg.optim.minibatch_groups)
         self.total_updates = cfg.train.steps * self.k_updates
@@ -321,7 +325,7 @@ class Trainer:
         return model, tok, ref
 
     def _prompt_ids(self, examples) -> list[list[int]]:
-        return encode_prompts(self.tok, examples, self.cfg.data)
+        return encode_prompts(self.tok, examples, self.cfg.data, self.max_prompt_tokens)
 
     def setup(self) -> None:
         from transformers.utils import logging as hf_logging
@@ -332,6 +336,9 @@ class Trainer:
         (self.run_dir / "config.toml").write_text(config_to_toml(cfg))  # on resume: with any --set train.steps
         torch.manual_seed(cfg.seed)
         self.model, self.tok, self.ref_model = self._load_model()
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        self.max_prompt_tokens = context - cfg.rollout.max_new_tokens if context else None
+        self._prompt_ids(self.train_examples)  # every prompt fits the context, checked before the first step
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
         self.eos_ids.discard(None)
         self.engine = HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size, self.amp)
@@ -617,9 +624,10 @@ class Trainer:
         return summary
 
 
-def encode_prompts(tok, examples, data) -> list[list[int]]:
+def encode_prompts(tok, examples, data, max_tokens: int | None = None) -> list[list[int]]:
     """Prompt token ids: the template applied, then the tokenizer's chat template when it has one
-    (data.chat_template = "auto"/"on") or plain text ("off", or no template)."""
+    (data.chat_template = "auto"/"on") or plain text ("off", or no template). A prompt longer than
+    ``max_tokens`` is an error naming its source, or keeps its last tokens with data.truncate_prompts."""
     has_template = bool(getattr(tok, "chat_template", None))
     if data.chat_template == "on" and not has_template:
         raise ValueError('data.chat_template = "on" but the tokenizer has no chat template; set it to "auto" or "off"')
@@ -630,7 +638,16 @@ def encode_prompts(tok, examples, data) -> list[list[int]]:
             text = tok.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, enable_thinking=data.enable_thinking
             )
-        out.append(tok(text, add_special_tokens=False).input_ids)
+        ids = tok(text, add_special_tokens=False).input_ids
+        if max_tokens is not None and len(ids) > max_tokens:
+            if not data.truncate_prompts:
+                where = ex.source or f"prompt {ex.prompt[:40]!r}"
+                raise ValueError(
+                    f"{where}: the prompt has {len(ids)} tokens, more than the {max_tokens} the model's context leaves beside "
+                    "rollout.max_new_tokens; shorten it, lower rollout.max_new_tokens, or set data.truncate_prompts = true"
+                )
+            ids = ids[-max_tokens:]
+        out.append(ids)
     return out
 
 
