@@ -55,11 +55,13 @@ def _pairs(items: list[str] | None, flag: str) -> dict[str, object]:
     return out
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _numbers(text: str, flag: str, cast=int) -> list:
+    """'2,4,8' -> [2, 4, 8] (or floats with cast=float); ValueError naming the flag."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        return [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"{flag} takes comma-separated integers, got {flag} {text!r}") from None
+        kind = "integers" if cast is int else "numbers"
+        raise ValueError(f"{flag} takes comma-separated {kind}, got {flag} {text!r}") from None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -143,15 +145,8 @@ def _cmd_ablate(args: argparse.Namespace) -> int:
     return _cmd_run(args)
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{flag} takes comma-separated numbers, got {flag} {text!r}") from None
-
-
 def _cmd_spread(args: argparse.Namespace) -> int:
-    values = _floats(args.values, "--values")
+    values = _numbers(args.values, "--values", float)
     if not values:
         raise ValueError(f"--values must list at least one value, got --values {args.values!r}")
     config = _config(args, (args.baseline, args.method), args.group_size)
@@ -185,7 +180,7 @@ def toy_threads(mode: str) -> int:
 
 
 def _cmd_sweep_g(args: argparse.Namespace) -> int:
-    gs = _ints(args.gs, "--gs")
+    gs = _numbers(args.gs, "--gs")
     if not gs or min(gs) < 2:
         raise ValueError(f"--gs must list group sizes >= 2, got --gs {args.gs!r}")
     objectives = (args.baseline, args.method)
