@@ -7,7 +7,6 @@ import subprocess
 import sys
 import tomllib
 
-import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -240,7 +240,6 @@ def check_sec_4_4_1() -> Claim:
 
 def check_cor_h_1() -> Claim:
     # Symbolic: gradient coefficient of A*phi(r) is A*phi'(r)*r, the same for every member: sum = 0.
-    r = sp.Symbol("r", positive=True)
     eps = sp.Rational(1, 5)
     results = []
     for rv in (sp.Rational(1, 2), sp.Rational(1), sp.Rational(3, 2)):
