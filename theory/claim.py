@@ -52,10 +52,3 @@ class Claim:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
-
-
-def verdict_of(ok_everywhere: bool, ok_under_paper_conditions: bool = True) -> str:
-    """Map two booleans to a verdict: broke nowhere -> holds; broke only outside -> conditional."""
-    if ok_everywhere:
-        return HOLDS
-    return HOLDS_UNDER_CONDITIONS if ok_under_paper_conditions else FAILS
