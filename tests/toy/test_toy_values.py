@@ -73,3 +73,20 @@ def test_bootstrap_interval_on_skewed_data_is_the_percentile_interval_of_resampl
     means = values[rng.integers(0, 10, (4000, 10))].mean(1)
     assert mean == pytest.approx(1.0) and (lo, hi) == pytest.approx((np.percentile(means, 2.5), np.percentile(means, 97.5)), abs=1e-12)
     assert lo == 0.0 and hi > 2.0  # asymmetric around the mean: skewed data
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum"])
+def test_sequence_coefficients_recover_the_advantages_of_grpo_at_ratio_one(aggregation):
+    """kappa_i = w_i A_i with w_i = 1 for GRPO on-policy, whatever the aggregation and the lengths."""
+    from dfpo import resolve_objective
+    from dfpo.toy.train import loss_coefficients
+
+    lengths = torch.tensor([2, 5, 3, 4])
+    mask = (torch.arange(5)[None, :] < lengths[:, None])[None]  # (1, 4, 5)
+    lp = torch.where(mask, -0.7 * torch.ones(1, 4, 5), torch.zeros(()))
+    adv = torch.tensor([[1.5, -0.5, 0.25, -1.25]])
+    group = torch.zeros(1, 4, dtype=torch.long)
+    spec = resolve_objective("grpo", aggregation=aggregation)
+    coef, _ = loss_coefficients(spec, lp, lp.clone(), adv, mask, group, None, 1, 5)
+    kappa = M.sequence_coefficients(coef, mask, aggregation, 5)
+    torch.testing.assert_close(kappa, adv)
