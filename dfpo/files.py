@@ -19,21 +19,23 @@ def check_output_file(flag: str, path: str | os.PathLike) -> None:
         raise ValueError(f"{flag} {str(path)!r} cannot be written (permission denied)")
 
 
-def check_output_dir(flag: str, path: str | os.PathLike, *, force: bool, marker: str) -> None:
-    """ValueError unless ``path`` can hold a new run: creatable, writable, and not an earlier run
-    (a folder holding ``marker``) unless ``force``. Touches nothing."""
+def check_writable_folder(flag: str, path: str | os.PathLike) -> None:
+    """ValueError naming ``flag`` unless ``path`` is a writable folder or can be created. Touches nothing."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is a file, expected a folder")
-    if path.is_dir():
-        if (path / marker).exists() and not force:
-            raise ValueError(f"{flag} {str(path)!r} already holds a run ({marker}); pass --force to overwrite it or choose another folder")
-        if not os.access(path, os.W_OK):
-            raise ValueError(f"{flag} {str(path)!r} cannot be written (permission denied)")
-        return
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ValueError(f"{flag} {str(path)!r} cannot be created: {str(existing)!r} is not a writable folder")
+        what = "written" if existing == path else "created"
+        raise ValueError(f"{flag} {str(path)!r} cannot be {what}: {str(existing)!r} is not a writable folder")
+
+
+def check_output_dir(flag: str, path: str | os.PathLike, *, force: bool, marker: str) -> None:
+    """ValueError unless ``path`` can hold a new run: creatable, writable, and not an earlier run
+    (a folder holding ``marker``) unless ``force``. Touches nothing."""
+    check_writable_folder(flag, path)
+    if (Path(path) / marker).exists() and not force:
+        raise ValueError(f"{flag} {str(path)!r} already holds a run ({marker}); pass --force to overwrite it or choose another folder")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -64,7 +64,9 @@ def _numbers(text: str, flag: str, cast=int) -> list:
         raise ValueError(f"{flag} takes comma-separated {kind}, got {flag} {text!r}") from None
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
+    if group_size:  # sweep-g sets G itself
+        p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
     p.add_argument("--task", default="tenplusten", help="tenplusten (paper App. A) or family (parametric)")
     p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. k=4 distractors=2 (family) or distractors=false")
     p.add_argument("--mode", default="sampled", help="sampled (G completions a group) or exact (every completion, weighted)")
@@ -210,12 +212,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("run", help="train every objective on a toy task and write a run folder")
     p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})")
-    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
     _add_common(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("ablate", help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls")
-    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
     _add_common(p)
     p.set_defaults(func=_cmd_ablate)
 
@@ -224,7 +224,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--values", default="1,2,4,8,16", help="values of the knob (default 1,2,4,8,16)")
     p.add_argument("--baseline", default=SPREAD_PAIR[0], help=f"baseline label (default {SPREAD_PAIR[0]})")
     p.add_argument("--method", default=SPREAD_PAIR[1], help=f"method label, matched with the baseline (default {SPREAD_PAIR[1]})")
-    p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
     _add_common(p)
     p.set_defaults(func=_cmd_spread)
 
@@ -232,5 +231,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gs", default="2,4,8,16", help="group sizes (default 2,4,8,16)")
     p.add_argument("--baseline", default="gspo", help="baseline objective (default gspo)")
     p.add_argument("--method", default="dfpo_min", help="method objective (default dfpo_min)")
-    _add_common(p)
+    _add_common(p, group_size=False)
     p.set_defaults(func=_cmd_sweep_g)

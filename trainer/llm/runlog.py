@@ -235,12 +235,10 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
     ``train.steps`` is below the checkpoint's step. A run folder that was started but stopped
     before its first checkpoint (config.toml, no checkpoint.pt) is emptied and started again.
     """
+    from dfpo.files import check_writable_folder
+
     run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"run_dir {str(run_dir)!r} is a file, expected a folder")
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"run_dir {str(run_dir)!r} cannot be written ({str(existing)!r} is not writable)")
+    check_writable_folder("run_dir", run_dir)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunFolderLock(run_dir)
