@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from dfpo import group_advantages, policy_loss, resolve_objective
-from dfpo.trainer.loss import objective_from_label, sequence_log_ratio
+from dfpo.trainer.loss import aggregation_count, objective_from_label, sequence_log_ratio
 from dfpo.trainer.loss import low_entropy_mask, stapo_spurious_mask
 from dfpo.toy import metrics as M
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
@@ -213,13 +213,6 @@ def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
     return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], ent, batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
 
 
-def _aggregation_size(mask: Tensor, aggregation: str) -> Tensor:
-    """Each seed's aggregation normaliser n_s: (S, B, T) mask -> (S,)."""
-    if aggregation == "token_mean":
-        return mask.sum((-1, -2)).to(torch.float32)
-    return (mask.sum(-1) > 0).sum(-1).to(torch.float32)  # rows (B*T for 'constant' is proportional)
-
-
 def _drop_mask(spec, lp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     """The core's token mask (STAPO / top-entropy), computed for each seed on its own batch. (S, B, T)."""
     out = []
@@ -270,7 +263,7 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
         **kwargs,
     )
     coef = torch.autograd.grad(loss, leaf)[0]
-    n_s = _aggregation_size(loss_mask, spec.aggregation)  # (S,)
+    n_s = aggregation_count(loss_mask, spec.aggregation).to(torch.float32)  # (S,)
     coef = coef * (n_s.sum() / n_s.clamp(min=1))[:, None, None]  # seed s's own loss gradient
     if dropped is not None:
         m = dict(m)

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo.trainer.loss import aggregation_count
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.rollout import (
@@ -107,18 +108,9 @@ def split_groups(rows: torch.Tensor, group_ids: torch.Tensor, groups_per_micro: 
 
 
 def accumulation_weights(masks: list[torch.Tensor], aggregation: str) -> list[float]:
-    """Weights w_u with sum_u w_u * loss(micro u) == loss(whole mini-batch) for an aggregation.
-
-    The loss core averages over non-empty rows (sequence means, ``constant`` with a fixed
-    T_max) or over real tokens (``token_mean``), so each micro-batch's share is its count
-    over the mini-batch's count.
-    """
-    if aggregation == "token_mean":
-        counts = [float(m.sum()) for m in masks]
-    elif aggregation == "constant":
-        counts = [float(m.shape[0]) for m in masks]
-    else:
-        counts = [float((m.sum(-1) > 0).sum()) for m in masks]
+    """Weights w_u with sum_u w_u * loss(micro u) == loss(whole mini-batch) for an aggregation:
+    each micro-batch's ``aggregation_count`` over the mini-batch's."""
+    counts = [float(aggregation_count(m, aggregation)) for m in masks]
     total = sum(counts)
     return [c / total if total > 0 else 0.0 for c in counts]
 

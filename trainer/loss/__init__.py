@@ -4,7 +4,7 @@
 """
 
 from dfpo.trainer.loss.advantages import group_advantages
-from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate
+from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate, aggregation_count
 from dfpo.trainer.loss.clipping import CLIP_MODES, clipped_weight, sign_aware_clip, symmetric_clip
 from dfpo.trainer.loss.core import asymmetry, policy_loss
 from dfpo.trainer.loss.masks import TOKEN_MASKS, low_entropy_mask, stapo_spurious_mask
@@ -38,6 +38,7 @@ __all__ = [
     "TOKEN_MASKS",
     "TRANSFORMS",
     "aggregate",
+    "aggregation_count",
     "asymmetry",
     "clipped_weight",
     "group_advantages",

@@ -13,6 +13,22 @@ from torch import Tensor
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum")
 
 
+def aggregation_count(mask: Tensor, mode: str) -> Tensor:
+    """What an aggregation mode counts in its denominator, per batch: mask (..., B, T) -> (...).
+
+    token_mean: real tokens; constant: rows (the divisor is rows * T_max); the sequence means:
+    rows with at least one real token. A batch's loss is the sum of its parts weighted by their
+    counts over the batch's count (gradient accumulation, several seeds in one call).
+    """
+    if mode == "token_mean":
+        return mask.sum((-1, -2))
+    if mode == "constant":
+        return torch.full(mask.shape[:-2], mask.shape[-2], dtype=torch.long, device=mask.device)
+    if mode in ("seq_mean_token_mean", "seq_mean_token_sum"):
+        return (mask.sum(-1) > 0).sum(-1)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got aggregation={mode!r}")
+
+
 def aggregate(
     per_token: Tensor, mask: Tensor, mode: str, max_completion_length: int | None = None, lengths: Tensor | None = None
 ) -> Tensor:
@@ -25,17 +41,13 @@ def aggregate(
 
     ``lengths`` (B,), the row sums of ``mask``, saves a pass when known.
     """
-    masked = torch.where(mask, per_token, 0.0)  # (B, T)
-    row_sum = masked.sum(-1)  # (B,)
-    lengths = mask.sum(-1) if lengths is None else lengths  # (B,)
-    n_rows = (lengths > 0).sum().clamp(min=1)
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got aggregation={mode!r}")
+    row_sum = torch.where(mask, per_token, 0.0).sum(-1)  # (B,)
     if mode == "seq_mean_token_mean":
-        return (row_sum / lengths.clamp(min=1)).sum() / n_rows
-    if mode == "token_mean":
-        return row_sum.sum() / lengths.sum().clamp(min=1)
+        lengths = mask.sum(-1) if lengths is None else lengths  # (B,)
+        row_sum = row_sum / lengths.clamp(min=1)
+    count = aggregation_count(mask, mode).clamp(min=1)  # 0-d
     if mode == "constant":
-        t_max = per_token.shape[-1] if max_completion_length is None else max_completion_length
-        return row_sum.sum() / max(per_token.shape[0] * t_max, 1)
-    if mode == "seq_mean_token_sum":
-        return row_sum.sum() / n_rows
-    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got aggregation={mode!r}")
+        count = count * (per_token.shape[-1] if max_completion_length is None else max_completion_length)
+    return row_sum.sum() / count
