@@ -107,14 +107,17 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
     adv = [float(a) for a in advantages]
     # per-token surrogate terms u[i][t] (with autograd through logp)
     u: dict[tuple[int, int], Tensor] = {}
-    if spec.ratio_level == "sequence":
-        seq_ratio, sbar = {}, {}
+    if spec.ratio_level in ("sequence", "geometric"):
+        sbar = {}
         for i in range(B):
             if lengths[i] == 0:
                 continue
-            log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
-            seq_ratio[i] = torch.exp(log_s)
-            sbar[i] = _clip_weight(spec, seq_ratio[i], adv[i])
+            if spec.ratio_level == "sequence":  # GSPO: clip the geometric mean of the token ratios
+                log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
+                sbar[i] = _clip_weight(spec, torch.exp(log_s), adv[i])
+            else:  # GMPO: the geometric mean of the clipped token ratios
+                logs = [torch.log(_clip_weight(spec, torch.exp(logp[i, t] - old_logp[i, t]), adv[i])) for t in range(lengths[i])]
+                sbar[i] = torch.exp(sum(logs) / lengths[i])
         weight = dict(sbar)
         if spec.transform != "none":
             for g in set(int(x) for x in group_ids):

@@ -5,9 +5,9 @@
 
 from dfpo.trainer.loss.advantages import group_advantages
 from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate, aggregation_count
-from dfpo.trainer.loss.clipping import CLIP_MODES, clipped_weight, sign_aware_clip, symmetric_clip
+from dfpo.trainer.loss.clipping import CLIP_MODES, CLIP_RULES, ClipRule, clipped_weight, sign_aware_clip, symmetric_clip
 from dfpo.trainer.loss.core import asymmetry, policy_loss
-from dfpo.trainer.loss.masks import TOKEN_MASKS, low_entropy_mask, stapo_spurious_mask
+from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
 from dfpo.trainer.loss.objectives import (
     COMPONENT_FIELDS,
     OBJECTIVES,
@@ -19,8 +19,10 @@ from dfpo.trainer.loss.objectives import (
     unmatched_components,
     validate_spec,
 )
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, STOPGRAD_FUNCTIONS, LossBatch, PolicyTerms, register_ratio_shape
 from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
 from dfpo.trainer.loss.transforms import (
+    TRANSFORM_FUNCTIONS,
     TRANSFORMS,
     group_transform,
     min_replace,
@@ -32,15 +34,24 @@ from dfpo.trainer.loss.transforms import (
 __all__ = [
     "AGGREGATIONS",
     "CLIP_MODES",
+    "CLIP_RULES",
     "COMPONENT_FIELDS",
+    "ClipRule",
+    "LossBatch",
     "OBJECTIVES",
     "ObjectiveSpec",
+    "PolicyTerms",
+    "RATIO_SHAPES",
+    "STOPGRAD_FUNCTIONS",
     "TOKEN_MASKS",
+    "TOKEN_MASK_FUNCTIONS",
     "TRANSFORMS",
+    "TRANSFORM_FUNCTIONS",
     "aggregate",
     "aggregation_count",
     "asymmetry",
     "clipped_weight",
+    "dropped_tokens",
     "group_advantages",
     "group_transform",
     "low_entropy_mask",
@@ -50,6 +61,7 @@ __all__ = [
     "parse_objective_label",
     "policy_loss",
     "positive_orth_projection",
+    "register_ratio_shape",
     "resolve_objective",
     "sequence_log_ratio",
     "sequence_product_log_ratio",
@@ -58,8 +70,8 @@ __all__ = [
     "stapo_spurious_mask",
     "symmetric_clip",
     "token_log_ratio",
-    "trust_region",
     "truncate_rebalance",
+    "trust_region",
     "unmatched_components",
     "validate_spec",
 ]

@@ -16,6 +16,10 @@ from torch import Tensor
 
 from dfpo.trainer.loss.advantages import group_advantages
 from dfpo.trainer.loss.core import policy_loss
+from dfpo.trainer.loss.groups import Groups
+from dfpo.trainer.loss.objectives import resolve_objective
+from dfpo.trainer.loss.ratios import sequence_log_ratio
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch
 
 
 @dataclass(frozen=True)
@@ -110,11 +114,6 @@ class GroupBreakdown:
 
 def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) -> GroupBreakdown:
     """Decompose one group's shared-token gradient by completion, with the weights behind it."""
-    from dfpo.trainer.loss.clipping import clipped_weight
-    from dfpo.trainer.loss.objectives import resolve_objective
-    from dfpo.trainer.loss.ratios import sequence_log_ratio
-    from dfpo.trainer.loss.transforms import group_transform
-
     spec = resolve_objective(objective, **overrides)
     logp = group.logp().detach().requires_grad_()  # (G, T): one leaf per completion's copy of the shared token
     loss, metrics = policy_loss(
@@ -123,10 +122,8 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)
     with torch.no_grad():
+        batch = LossBatch(logp.detach(), group.old_logp, group.advantages, group.mask, lengths, Groups.of(group.group_ids))
+        terms = RATIO_SHAPES[spec.ratio_level](spec, batch)
         s = torch.exp(sequence_log_ratio(logp, group.old_logp, group.mask, lengths))  # (G,) eq 44
-        sbar = clipped_weight(spec.clip, s, group.advantages, spec.eps_low, spec.eps_high) if spec.ratio_level == "sequence" else s
-        weight = sbar
-        if spec.transform != "none":
-            weight = group_transform(spec.transform, sbar, group.advantages, group.group_ids, lengths if spec.length_aware else None, spec.tr_floor)
-        clipped = (sbar != s) if spec.clip != "none" else torch.zeros_like(s, dtype=torch.bool)
-    return GroupBreakdown(group.advantages, lengths, grad[:, 0].detach(), s, sbar, weight, clipped, {k: v.detach() for k, v in metrics.items()})
+        clipped = ((terms.clip_low | terms.clip_high) | ~group.mask).all(-1) & (lengths > 0)  # (G,) every real token clipped
+    return GroupBreakdown(group.advantages, lengths, grad[:, 0].detach(), s, terms.post_clip, terms.weight, clipped, {k: v.detach() for k, v in metrics.items()})

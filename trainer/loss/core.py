@@ -1,7 +1,8 @@
 """``policy_loss``: every objective as one composition of the components in this package.
 
-    ratio level -> clipped weight (eq 47/79) -> [DFPO group transform (eqs 18, 50-55)]
-    -> stop-gradient form -> per-token surrogate -> token mask -> KL -> aggregation
+    ratio shape (``RATIO_SHAPES``: ratio, clip rule eq 47/79, [DFPO group transform eqs 18,
+    50-55 through a stop-gradient form]) -> PolicyTerms -> token mask -> KL -> aggregation,
+    and every metric computed once from the PolicyTerms, whatever the ratio level.
 
 Pure torch: tensors in, ``(loss, metrics)`` out; no I/O, no global state, no ``.item()``
 on the hot path (group bookkeeping aside). Padding may hold anything, NaN and inf included:
@@ -24,12 +25,11 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.aggregation import aggregate
-from dfpo.trainer.loss.clipping import clip_fractions, clipped_weight
 from dfpo.trainer.loss.groups import Groups, group_sum
-from dfpo.trainer.loss.masks import low_entropy_mask, stapo_spurious_mask
+from dfpo.trainer.loss.masks import dropped_tokens
 from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
-from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share, sequence_log_ratio, sequence_token_ratio, token_log_ratio
-from dfpo.trainer.loss.transforms import group_transform
+from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms
 
 
 LOGP_FLOOR = 1e4
@@ -83,59 +83,6 @@ def _sanitise(x: Tensor | None, mask: Tensor) -> Tensor | None:
     return None if x is None else torch.where(mask, x, 0.0)
 
 
-def _sequence_weights(
-    spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, groups: Groups, lengths: Tensor
-):
-    """Sequence level: per-token surrogate (B, T), ratio s (B,), post-transform weight (B,)."""
-    seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask, lengths))  # (B,) eq 44
-    sbar = clipped_weight(spec.clip, seq_ratio, adv, spec.eps_low, spec.eps_high)  # (B,) eq 47
-    if spec.transform == "none":
-        surrogate = adv * sbar  # (B,) eq 49
-        return surrogate[:, None].expand_as(logp), seq_ratio, sbar.detach()
-    empty = lengths == 0
-    if bool(empty.any()):  # empty rows take no part in a group transform: each is a group of its own
-        solo = groups.n + torch.arange(lengths.numel(), device=lengths.device)
-        groups = Groups(torch.where(empty, solo, groups.index), groups.n + lengths.numel())
-    transform_lengths = lengths if spec.length_aware else None
-    if spec.stopgrad == "none":  # Table 3 ablation: the transform stays in the graph
-        stilde = group_transform(spec.transform, sbar, adv, groups, transform_lengths, spec.tr_floor)
-        return (adv * stilde)[:, None].expand_as(logp), seq_ratio, stilde.detach()
-    with torch.no_grad():
-        stilde = group_transform(spec.transform, sbar.detach(), adv, groups, transform_lengths, spec.tr_floor)
-    if spec.stopgrad == "ratio":  # eq 59-62: sg(stilde / sbar) * sbar(theta), zero gradient where clipped
-        positive = sbar.detach() > 0
-        factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)
-        return (adv * factor * sbar)[:, None].expand_as(logp), seq_ratio, stilde
-    # score form, eq 68: value stilde * A, gradient stilde * A * grad log pi(y_it) at every token
-    score = torch.exp(logp - logp.detach())  # (B, T), value 1
-    return (adv * stilde)[:, None] * score, seq_ratio, stilde
-
-
-def _token_weights(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor):
-    """Token / sequence_token level: per-token surrogate (B, T), ratio (B, T), post-clip weight (B, T)."""
-    if spec.ratio_level == "sequence_token":
-        seq_ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask, mask.sum(-1)))  # (B,)
-        ratio = sequence_token_ratio(logp, seq_ratio)  # (B, T)
-    else:
-        ratio = torch.exp(token_log_ratio(logp, old_logp, mask))  # (B, T) eq 7
-    if spec.clip == "cispo":  # MiniMax-M1 / TRL: -sg(min(r, eps_high)) * A * log pi
-        weight = ratio.clamp(max=spec.eps_high).detach()
-        return weight * adv[:, None] * logp, ratio, weight
-    weight = clipped_weight(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)  # (B, T)
-    return adv[:, None] * weight, ratio, weight
-
-
-def _token_mask(spec: ObjectiveSpec, logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
-    """Tokens dropped from the policy gradient (B, T) bool."""
-    if spec.token_mask == "none":
-        return torch.zeros_like(mask)
-    if entropy is None:
-        raise ValueError(f"entropy is required for token_mask={spec.token_mask!r}, got entropy=None")
-    if spec.token_mask == "stapo":
-        return stapo_spurious_mask(logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q)
-    return low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac)
-
-
 def _share(flags: Tensor, within: Tensor, dtype: torch.dtype) -> Tensor:
     """Share of the True entries of ``within`` where ``flags`` is True too (bool ops, no float pass)."""
     return ((flags & within).sum() / within.sum().clamp(min=1)).to(dtype)
@@ -160,6 +107,20 @@ def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: T
     return asym.clamp(max=torch.finfo(out_dtype).max).to(out_dtype)
 
 
+def _clip_shares(terms: PolicyTerms, kept: Tensor, valid_rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """clip/frac_low and clip/frac_high: share of non-empty sequences (sequence clip) or of kept tokens."""
+    if terms.clip_per_sequence:
+        return _share(terms.clip_low.any(-1), valid_rows, dtype), _share(terms.clip_high.any(-1), valid_rows, dtype)
+    return _share(terms.clip_low, kept, dtype), _share(terms.clip_high, kept, dtype)
+
+
+def _ratio_max(ratio: Tensor, mask: Tensor) -> Tensor:
+    """Largest ratio at a real token (1 for a batch with none)."""
+    if not bool(mask.any()):
+        return ratio.new_ones(())
+    return torch.where(mask, ratio, float("-inf")).amax()
+
+
 def policy_loss(
     objective: str | ObjectiveSpec,
     *,
@@ -175,49 +136,31 @@ def policy_loss(
     """The loss (to minimise) of one objective on a batch of completions, and its metrics.
 
     Shapes: logp, old_logp, mask, entropy, ref_logp (B, T); advantages, group_ids (B,).
-    ``objective`` names a preset of ``OBJECTIVES`` (or is an ObjectiveSpec); ``overrides``
-    change its components one by one (see ``ObjectiveSpec``).
+    ``objective`` is an ObjectiveSpec (used as it is: a spec is valid by construction) or the
+    name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
     """
-    spec = resolve_objective(objective, **overrides)
+    spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
     mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp)
     if spec.beta > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
     logp = _sanitise(logp, mask)  # (B, T)
-    old_logp = _sanitise(old_logp, mask).detach()  # (B, T)
-    adv = advantages.detach().to(logp.dtype)  # (B,)
     lengths = mask.sum(-1)  # (B,)
+    x = LossBatch(
+        logp=logp,
+        old_logp=_sanitise(old_logp, mask).detach(),  # (B, T)
+        adv=advantages.detach().to(logp.dtype),  # (B,)
+        mask=mask,
+        lengths=lengths,
+        groups=Groups.of(group_ids),
+    )
+    terms = RATIO_SHAPES[spec.ratio_level](spec, x)
     n_real = lengths.sum().clamp(min=1).to(logp.dtype)
     valid_rows = lengths > 0  # (B,)
-    groups = Groups.of(group_ids)
 
-    if spec.ratio_level == "sequence":
-        surrogate, seq_ratio, seq_weight = _sequence_weights(spec, logp, old_logp, adv, mask, groups, lengths)
-        seq_ratio = seq_ratio.detach()  # (B,)
-        # Clip fractions count sequences (as TRL logs GSPO): one flag per non-empty row.
-        low, high = clip_fractions(spec.clip, seq_ratio, adv, spec.eps_low, spec.eps_high)  # (B,)
-        clip_low, clip_high = _share(low, valid_rows, logp.dtype), _share(high, valid_rows, logp.dtype)
-        ratio_mean = (lengths * seq_ratio).sum() / n_real  # token-weighted, as for token ratios
-        ratio_max = torch.where(valid_rows, seq_ratio, float("-inf")).amax() if bool(valid_rows.any()) else seq_ratio.new_ones(())
-    else:
-        surrogate, ratio, token_weight = _token_weights(spec, logp, old_logp, adv, mask)
-        ratio = ratio.detach()  # (B, T)
-        low, high = clip_fractions(spec.clip, ratio, adv[:, None], spec.eps_low, spec.eps_high)  # (B, T)
-        seq_weight = torch.where(mask, token_weight.detach(), 0.0).sum(-1) / lengths.clamp(min=1)  # (B,) row means
-        ratio_mean = torch.where(mask, ratio, 0.0).sum() / n_real
-        ratio_max = torch.where(mask, ratio, float("-inf")).amax() if bool(valid_rows.any()) else ratio.new_ones(())
-
-    if spec.token_mask == "none":
-        kept, agg_mask, agg_lengths = mask, mask, lengths
-        per_token = -surrogate  # (B, T); aggregate reads it only where mask holds
-        mask_frac = torch.zeros((), dtype=logp.dtype)
-    else:
-        dropped = _token_mask(spec, logp, _sanitise(entropy, mask), adv, mask) & mask  # (B, T); only masks read entropy
-        kept = mask & ~dropped
-        agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise else (mask, lengths)
-        per_token = -torch.where(kept, surrogate, 0.0)  # (B, T)
-        mask_frac = (dropped.sum() / n_real).to(logp.dtype)
-    if spec.ratio_level != "sequence":  # token level: share of kept tokens where clipping bites
-        clip_low, clip_high = _share(low, kept, logp.dtype), _share(high, kept, logp.dtype)
+    dropped = dropped_tokens(spec, logp, _sanitise(entropy, mask), x.adv, mask)  # (B, T)
+    kept = mask & ~dropped
+    agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise and spec.token_mask != "none" else (mask, lengths)
+    per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
     loss = policy
     metrics: dict[str, Tensor] = {}
@@ -228,17 +171,17 @@ def policy_loss(
         loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
         metrics["kl/ref"] = torch.where(mask, k3.detach(), 0.0).sum() / n_real
 
+    clip_low, clip_high = _clip_shares(terms, kept, valid_rows, logp.dtype)
     metrics.update(
         {
             "loss/policy": policy.detach(),
             "clip/frac_low": clip_low,
             "clip/frac_high": clip_high,
-            "ratio/mean": ratio_mean,
-            "ratio/max": ratio_max,
-            "weights/asym": asymmetry(seq_weight, adv, groups, valid_rows),
-            "mask/frac": mask_frac,
-            "ratio/clamped_frac": clamped_share(logp, old_logp, mask),
+            "ratio/mean": torch.where(mask, terms.ratio, 0.0).sum() / n_real,
+            "ratio/max": _ratio_max(terms.ratio, mask),
+            "weights/asym": asymmetry(terms.weight, x.adv, x.groups, valid_rows),
+            "mask/frac": (dropped.sum() / n_real).to(logp.dtype),
+            "ratio/clamped_frac": clamped_share(logp, x.old_logp, mask),
         }
     )
     return loss, metrics
-

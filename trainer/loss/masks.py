@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-TOKEN_MASKS = ("none", "stapo", "top_entropy")
-
-
 def stapo_spurious_mask(
     logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float
 ) -> Tensor:
@@ -35,3 +32,23 @@ def low_entropy_mask(entropy: Tensor, mask: Tensor, *, keep_frac: float) -> Tens
         return torch.zeros_like(mask)
     threshold = torch.quantile(entropy.detach()[mask].to(torch.float64), 1.0 - keep_frac).to(entropy.dtype)
     return mask & (entropy.detach() < threshold)
+
+
+def _no_tokens_dropped(spec, logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+    return torch.zeros_like(mask)
+
+
+TOKEN_MASK_FUNCTIONS = {
+    "none": _no_tokens_dropped,
+    "stapo": lambda spec, logp, entropy, adv, mask: stapo_spurious_mask(logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q),
+    "top_entropy": lambda spec, logp, entropy, adv, mask: low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac),
+}
+"""Every token mask, keyed by the ``token_mask`` component: (spec, logp, entropy, adv, mask) -> dropped (B, T) bool."""
+TOKEN_MASKS = tuple(TOKEN_MASK_FUNCTIONS)
+
+
+def dropped_tokens(spec, logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+    """Real tokens the spec's token mask drops from the policy gradient (B, T) bool."""
+    if spec.token_mask != "none" and entropy is None:
+        raise ValueError(f"entropy is required for token_mask={spec.token_mask!r}, got entropy=None")
+    return TOKEN_MASK_FUNCTIONS[spec.token_mask](spec, logp, entropy, adv, mask) & mask

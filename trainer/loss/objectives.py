@@ -13,26 +13,26 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from dfpo.trainer.loss.advantages import ADVANTAGE_SCALES
 from dfpo.trainer.loss.aggregation import AGGREGATIONS
-from dfpo.trainer.loss.clipping import CLIP_MODES
-from dfpo.trainer.loss.masks import TOKEN_MASKS
-from dfpo.trainer.loss.transforms import TRANSFORMS
+from dfpo.trainer.loss.clipping import CLIP_RULES
+from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FORMS, STOPGRAD_FUNCTIONS
+from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
 
-RATIO_LEVELS = ("token", "sequence", "sequence_token")
-STOPGRAD_FORMS = ("score", "ratio", "none")
-ADVANTAGE_SCALES = ("group", "batch", "none")
+RATIO_LEVELS = tuple(RATIO_SHAPES)
 
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """One objective as a composition of components (see ../shared notes, objectives.md)."""
+    """One objective as a composition of components; valid by construction (``validate_spec`` runs on init)."""
 
     name: str
     """Preset name, e.g. ``"dfpo_min"``."""
     description: str
     """One line saying what the objective is."""
     ratio_level: str = "token"
-    """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token)."""
+    """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO)."""
     clip: str = "ppo"
     """``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``."""
     eps_low: float = 0.2
@@ -69,6 +69,9 @@ class ObjectiveSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Where each default comes from, keyed by field name."""
 
+    def __post_init__(self) -> None:
+        validate_spec(self)
+
     def source(self, component: str) -> str:
         """Where this preset's value of ``component`` comes from (preset-specific, else the shared default's)."""
         if component not in COMPONENT_FIELDS:
@@ -104,12 +107,12 @@ COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
     }
 )
 
-_CHOICES = {
-    "ratio_level": RATIO_LEVELS,
-    "clip": CLIP_MODES,
-    "transform": TRANSFORMS,
-    "stopgrad": STOPGRAD_FORMS,
-    "token_mask": TOKEN_MASKS,
+_CHOICES = {  # the registries themselves, so a shape registered later is a valid choice
+    "ratio_level": RATIO_SHAPES,
+    "clip": CLIP_RULES,
+    "transform": TRANSFORM_FUNCTIONS,
+    "stopgrad": STOPGRAD_FUNCTIONS,
+    "token_mask": TOKEN_MASK_FUNCTIONS,
     "aggregation": AGGREGATIONS,
     "adv_scale": ADVANTAGE_SCALES,
 }
@@ -128,7 +131,7 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     for key, choices in _CHOICES.items():
         value = getattr(spec, key)
         if value not in choices:
-            raise ValueError(f"{key} must be one of {choices}, got {key}={value!r}")
+            raise ValueError(f"{key} must be one of {tuple(choices)}, got {key}={value!r}")
     if spec.clip == "cispo":
         _check_number("eps_high", spec.eps_high, 0.0, math.inf, low_open=True)
     else:
@@ -146,12 +149,15 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
         isinstance(spec.max_completion_length, bool) or not isinstance(spec.max_completion_length, int) or spec.max_completion_length < 1
     ):
         raise ValueError(f"max_completion_length must be a positive int or None, got max_completion_length={spec.max_completion_length!r}")
-    if spec.transform != "none" and spec.ratio_level != "sequence":
+    if spec.transform != "none" and spec.ratio_level not in SEQUENCE_WEIGHT_LEVELS:
         raise ValueError(
-            f"transform={spec.transform!r} acts on sequence weights and needs ratio_level='sequence', got ratio_level={spec.ratio_level!r}"
+            f"transform={spec.transform!r} acts on sequence weights and needs ratio_level in {sorted(SEQUENCE_WEIGHT_LEVELS)}, "
+            f"got ratio_level={spec.ratio_level!r}"
         )
-    if spec.clip == "cispo" and spec.ratio_level != "token":
-        raise ValueError(f"clip='cispo' is a token-level objective, got ratio_level={spec.ratio_level!r}")
+    if not CLIP_RULES[spec.clip].sequence_level and spec.ratio_level != "token":
+        raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
+    if spec.ratio_level == "geometric" and spec.clip != "none" and spec.eps_low >= 1.0:
+        raise ValueError(f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}")
     return spec
 
 
@@ -166,7 +172,7 @@ def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> Ob
     unknown = sorted(set(overrides) - set(COMPONENT_FIELDS))
     if unknown:
         raise ValueError(f"unknown override(s) {unknown} for objective {spec.name!r}; known: {', '.join(COMPONENT_FIELDS)}")
-    return validate_spec(dataclasses.replace(spec, **overrides) if overrides else spec)
+    return dataclasses.replace(spec, **overrides) if overrides else spec
 
 
 _GRPO_SRC = "DeepSeekMath (arXiv 2402.03300); TRL GRPOConfig defaults"
@@ -177,10 +183,11 @@ _DFPO_STOPGRAD = (
     "the override stopgrad='score' (eq 68/85) removes the trust region on clipped sequences"
 )
 _SEQ_AGG = "GSPO objective eq 42: mean over the group of per-sequence terms"
+_GMPO_CLIP = "GMPO (arXiv 2507.20673): token log-ratios clipped to [-0.4, 0.4], i.e. r in [e^-0.4, e^0.4]"
 
 
 def _preset(name: str, description: str, sources: dict[str, str], **components: object) -> ObjectiveSpec:
-    return validate_spec(ObjectiveSpec(name=name, description=description, sources=MappingProxyType(sources), **components))
+    return ObjectiveSpec(name=name, description=description, sources=MappingProxyType(sources), **components)
 
 
 def _dfpo(name: str, transform: str, description: str, eq: str) -> ObjectiveSpec:
@@ -306,6 +313,19 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 eps_low=0.0,
                 eps_high=5.0,
                 aggregation="token_mean",
+            ),
+            _preset(
+                "gmpo",
+                "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
+                {
+                    "ratio_level": "GMPO (arXiv 2507.20673) eq 4: geometric mean of token-level clipped ratios",
+                    "eps_low": _GMPO_CLIP,
+                    "eps_high": _GMPO_CLIP,
+                    "aggregation": "GMPO eq 4: (1/G) sum_i of per-sequence terms (verl geo_mean: mean over sequences)",
+                },
+                ratio_level="geometric",
+                eps_low=1.0 - math.exp(-0.4),
+                eps_high=math.exp(0.4) - 1.0,
             ),
         )
     }

@@ -13,12 +13,12 @@ Where this departs from the paper:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.groups import Groups, group_amax, group_amin, group_dense, group_sum
-
-TRANSFORMS = ("none", "min", "orth", "orth_pos", "orth_tr")
 
 
 def _effective_adv(adv: Tensor, lengths: Tensor | None, groups: Groups) -> Tensor:
@@ -157,6 +157,20 @@ def truncate_rebalance(
     return torch.where(a > 0, scale_pos * s_plus, torch.where(a < 0, scale_neg * s_plus, s_plus))
 
 
+TransformFn = Callable[[Tensor, Tensor, Groups, "Tensor | None", float], Tensor]
+"""(sbar, adv, groups, lengths or None, floor) -> stilde, all (B,)."""
+
+TRANSFORM_FUNCTIONS: dict[str, TransformFn] = {
+    "none": lambda sbar, adv, groups, lengths, floor: sbar,
+    "min": lambda sbar, adv, groups, lengths, floor: min_replace(sbar, groups, lengths),
+    "orth": lambda sbar, adv, groups, lengths, floor: orth_projection(sbar, adv, groups, lengths),
+    "orth_pos": lambda sbar, adv, groups, lengths, floor: positive_orth_projection(sbar, adv, groups, lengths),
+    "orth_tr": lambda sbar, adv, groups, lengths, floor: truncate_rebalance(sbar, adv, groups, lengths, floor),
+}
+"""Every in-group transform, keyed by the ``transform`` component; a new one is one entry here."""
+TRANSFORMS = tuple(TRANSFORM_FUNCTIONS)
+
+
 def group_transform(
     kind: str,
     sbar: Tensor,
@@ -165,15 +179,7 @@ def group_transform(
     lengths: Tensor | None = None,
     floor: float = 1e-6,
 ) -> Tensor:
-    """Dispatch one of the DFPO transforms on the post-clip weights (B,) -> (B,)."""
-    if kind == "none":
-        return sbar
-    if kind == "min":
-        return min_replace(sbar, group_ids, lengths)
-    if kind == "orth":
-        return orth_projection(sbar, adv, group_ids, lengths)
-    if kind == "orth_pos":
-        return positive_orth_projection(sbar, adv, group_ids, lengths)
-    if kind == "orth_tr":
-        return truncate_rebalance(sbar, adv, group_ids, lengths, floor)
-    raise ValueError(f"transform must be one of {TRANSFORMS}, got transform={kind!r}")
+    """Apply the registered DFPO transform ``kind`` to the post-clip weights (B,) -> (B,)."""
+    if kind not in TRANSFORM_FUNCTIONS:
+        raise ValueError(f"transform must be one of {TRANSFORMS}, got transform={kind!r}")
+    return TRANSFORM_FUNCTIONS[kind](sbar, adv, Groups.of(group_ids), lengths, floor)

@@ -1,0 +1,215 @@
+"""Ratio shapes: how each ``ratio_level`` turns log-probs into a per-token surrogate.
+
+A ratio shape is one function ``(spec, batch) -> PolicyTerms`` registered in ``RATIO_SHAPES``
+under its ratio level. It computes the importance ratio its level defines, clips it with the
+spec's ``ClipRule`` and, for shapes that give one weight per sequence, hands that weight to
+DFPO's group transform and stop-gradient form (``sequence_surrogate``). ``policy_loss`` then
+masks, aggregates and computes every metric from the returned ``PolicyTerms``, whatever the
+level, so a new objective with a new ratio shape is one new function here.
+
+    token           r_it = pi/pi_old per token (eq 7), clipped per token (eq 47/79)
+    sequence_token  GSPO-token: value s_i, gradient token by token
+    sequence        GSPO's s_i = (prod_t r_it)^(1/L_i) (eq 44), clipped per sequence (eq 47)
+    geometric       GMPO (arXiv 2507.20673): each r_it clipped first, then the geometric mean
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from dfpo.trainer.loss.clipping import clip_rule
+from dfpo.trainer.loss.groups import Groups
+from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_token_ratio, token_log_ratio
+from dfpo.trainer.loss.transforms import group_transform
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """The checked inputs of one loss call; padded positions of logp/old_logp are already zero."""
+
+    logp: Tensor  # (B, T) with the graph
+    old_logp: Tensor  # (B, T) detached
+    adv: Tensor  # (B,) detached, logp's dtype
+    mask: Tensor  # (B, T) bool, real tokens
+    lengths: Tensor  # (B,) real tokens per row
+    groups: Groups
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """What a ratio shape returns; every field means the same at every ratio level."""
+
+    surrogate: Tensor
+    """(B, T) per-token surrogate to maximise (read only where the mask holds)."""
+    ratio: Tensor
+    """(B, T) detached: the ratio the clip acts on, at each token (a sequence ratio repeats along its row)."""
+    post_clip: Tensor
+    """(B,) detached post-clip weight sbar_i (eq 47) before any group transform; a row's mean token weight at token level."""
+    weight: Tensor
+    """(B,) detached per-sequence weight w_i of Asym (eq 23): stilde_i after the group transform (sbar_i without one)."""
+    clip_low: Tensor
+    """(B, T) bool: where clipping zeroes the gradient from below (constant along a row for a sequence clip)."""
+    clip_high: Tensor
+    """(B, T) bool: the same from above."""
+    clip_per_sequence: bool
+    """True: ``clip/frac_*`` counts sequences (as TRL logs GSPO); False: it counts kept tokens."""
+
+
+RatioShape = Callable[[object, LossBatch], PolicyTerms]
+RATIO_SHAPES: dict[str, RatioShape] = {}
+SEQUENCE_WEIGHT_LEVELS: set[str] = set()
+"""Ratio levels that give one weight per sequence, which DFPO's transforms can act on."""
+
+
+def register_ratio_shape(level: str, *, sequence_weight: bool = False) -> Callable[[RatioShape], RatioShape]:
+    """Register ``fn`` as the shape of ``ratio_level=level``; ``sequence_weight`` allows DFPO's transforms on it."""
+
+    def register(fn: RatioShape) -> RatioShape:
+        if level in RATIO_SHAPES:
+            raise ValueError(f"ratio_level={level!r} is already registered")
+        RATIO_SHAPES[level] = fn
+        if sequence_weight:
+            SEQUENCE_WEIGHT_LEVELS.add(level)
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------- stop-gradient forms
+
+
+def _transform_in_graph(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """``stopgrad="none"`` (Table 3 ablation): the transform stays in the graph; surrogate A_i stilde_i."""
+    stilde = stilde_of(sbar)  # (B,)
+    return (x.adv * stilde)[:, None].expand_as(x.logp), stilde.detach()
+
+
+def _ratio_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Eqs 59-62: sg(stilde / sbar) * sbar(theta), so a sequence the clip holds gets no gradient."""
+    with torch.no_grad():
+        stilde = stilde_of(sbar.detach())  # (B,)
+    positive = sbar.detach() > 0
+    factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)  # (B,)
+    return (x.adv * factor * sbar)[:, None].expand_as(x.logp), stilde
+
+
+def _score_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Eq 68/85: value stilde_i A_i, gradient stilde_i A_i grad log pi(y_it) at every token (no trust region)."""
+    with torch.no_grad():
+        stilde = stilde_of(sbar.detach())  # (B,)
+    score = torch.exp(x.logp - x.logp.detach())  # (B, T), value 1
+    return (x.adv * stilde)[:, None] * score, stilde
+
+
+STOPGRAD_FUNCTIONS = {"ratio": _ratio_form, "score": _score_form, "none": _transform_in_graph}
+"""How the transformed weight stilde enters the gradient, keyed by the ``stopgrad`` component."""
+STOPGRAD_FORMS = tuple(STOPGRAD_FUNCTIONS)
+
+
+def sequence_surrogate(spec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Per-token surrogate (B, T) and detached weight (B,) from post-clip sequence weights sbar (B,).
+
+    Without a transform: A_i sbar_i at every token (eq 49). With one: DFPO's group transform
+    (eqs 18, 50-55) through the spec's stop-gradient form. Empty rows take no part in a group
+    transform: each is a group of its own.
+    """
+    if spec.transform == "none":
+        return (x.adv * sbar)[:, None].expand_as(x.logp), sbar.detach()
+    groups, empty = x.groups, x.lengths == 0
+    if bool(empty.any()):
+        solo = groups.n + torch.arange(x.lengths.numel(), device=x.lengths.device)
+        groups = Groups(torch.where(empty, solo, groups.index), groups.n + x.lengths.numel())
+    lengths = x.lengths if spec.length_aware else None
+
+    def stilde_of(weights: Tensor) -> Tensor:
+        return group_transform(spec.transform, weights, x.adv, groups, lengths, spec.tr_floor)
+
+    return STOPGRAD_FUNCTIONS[spec.stopgrad](spec, sbar, stilde_of, x)
+
+
+def _row_mean(values: Tensor, mask: Tensor, lengths: Tensor) -> Tensor:
+    """Mean of (B, T) values over each row's real tokens (B,); 0 for an empty row."""
+    return torch.where(mask, values, 0.0).sum(-1) / lengths.clamp(min=1)
+
+
+# ----------------------------------------------------------------------------- the shapes
+
+
+@register_ratio_shape("token")
+def token_shape(spec, x: LossBatch) -> PolicyTerms:
+    """Token ratio r_it (eq 7) clipped per token (eq 47, 79; CISPO's cap)."""
+    ratio = torch.exp(token_log_ratio(x.logp, x.old_logp, x.mask))  # (B, T)
+    return _token_terms(spec, ratio, x)
+
+
+@register_ratio_shape("sequence_token")
+def sequence_token_shape(spec, x: LossBatch) -> PolicyTerms:
+    """GSPO-token: s_it = sg(s_i) pi/sg(pi), value s_i (eq 44) and a token-wise gradient, clipped per token."""
+    seq_ratio = torch.exp(sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))  # (B,)
+    return _token_terms(spec, sequence_token_ratio(x.logp, seq_ratio), x)
+
+
+def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
+    rule = clip_rule(spec.clip)
+    adv = x.adv[:, None]  # (B, 1)
+    weight = rule.weight(ratio, adv, spec.eps_low, spec.eps_high)  # (B, T)
+    low, high = rule.flags(ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B, T)
+    row_weight = _row_mean(weight.detach(), x.mask, x.lengths)  # (B,)
+    return PolicyTerms(
+        surrogate=rule.surrogate(weight, adv, x.logp),
+        ratio=ratio.detach(),
+        post_clip=row_weight,
+        weight=row_weight,
+        clip_low=low,
+        clip_high=high,
+        clip_per_sequence=False,
+    )
+
+
+@register_ratio_shape("sequence", sequence_weight=True)
+def sequence_shape(spec, x: LossBatch) -> PolicyTerms:
+    """GSPO: s_i = exp((1/L_i) sum_t log r_it) (eq 44), clipped per sequence (eq 47), then DFPO's transform."""
+    seq_ratio = torch.exp(sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))  # (B,)
+    rule = clip_rule(spec.clip)
+    sbar = rule.weight(seq_ratio, x.adv, spec.eps_low, spec.eps_high)  # (B,) eq 47
+    surrogate, weight = sequence_surrogate(spec, sbar, x)
+    low, high = rule.flags(seq_ratio.detach(), x.adv, spec.eps_low, spec.eps_high)  # (B,)
+    return PolicyTerms(
+        surrogate=surrogate,
+        ratio=seq_ratio.detach()[:, None].expand_as(x.logp),
+        post_clip=sbar.detach(),
+        weight=weight,
+        clip_low=low[:, None].expand_as(x.mask),
+        clip_high=high[:, None].expand_as(x.mask),
+        clip_per_sequence=True,
+    )
+
+
+@register_ratio_shape("geometric", sequence_weight=True)
+def geometric_shape(spec, x: LossBatch) -> PolicyTerms:
+    """GMPO (arXiv 2507.20673): w_i = exp((1/L_i) sum_t log clip(r_it)), each token clipped first.
+
+    The clip is the sign-aware PPO clip (eq 47) per token, so a clipped token drops out of the
+    gradient while the others keep theirs: grad w_i = w_i (1/L_i) sum_{t unclipped} grad log pi(y_it).
+    GMPO states its range in log space, |log r| <= 0.4, i.e. eps_low = 1 - e^-0.4, eps_high = e^0.4 - 1.
+    """
+    ratio = torch.exp(token_log_ratio(x.logp, x.old_logp, x.mask))  # (B, T)
+    rule = clip_rule(spec.clip)
+    adv = x.adv[:, None]  # (B, 1)
+    clipped = rule.weight(ratio, adv, spec.eps_low, spec.eps_high)  # (B, T), > 0 (eps_low < 1)
+    sbar = torch.exp(_row_mean(torch.log(clipped), x.mask, x.lengths))  # (B,) geometric mean
+    surrogate, weight = sequence_surrogate(spec, sbar, x)
+    low, high = rule.flags(ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B, T)
+    return PolicyTerms(
+        surrogate=surrogate,
+        ratio=ratio.detach(),
+        post_clip=sbar.detach(),
+        weight=weight,
+        clip_low=low,
+        clip_high=high,
+        clip_per_sequence=False,
+    )
