@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dfpo.trainer.loss.cancellation import ATLAS_COLUMNS, CANCEL_TOL, AtlasCell, atlas, atlas_rows  # noqa: F401  the atlas lives with the core
+
 PREFIX_LEN = 3
 """Shared positions of the hand-made group ('The answer is' in the paper's 10+10 example)."""
 DEFAULT_REWARDS = (0.0, 1.0, 1.0, 0.0)
 """The paper's App. A group: 'The answer is 25 .', 'The answer is 20 .' twice, '... 25 .' again."""
 DEFAULT_LENGTHS = (5, 5, 5, 5)
-ATLAS_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum")
-CANCEL_TOL = 1e-12
 
 
 def parse_numbers(text: str, name: str, cast=float) -> list:
@@ -72,60 +72,6 @@ def breakdown_table(b) -> list[dict]:
         }
         for i in range(len(b.advantages))
     ]
-
-
-@dataclass(frozen=True)
-class AtlasCell:
-    objective: str
-    aggregation: str
-    equal_lengths: bool
-    shared_clipped: bool
-    residual: float
-
-    @property
-    def label(self) -> str:
-        return "cancels" if self.residual < CANCEL_TOL else f"{self.residual:.1e}"
-
-
-def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]:
-    """For every objective: the largest shared-token residual over ``groups`` random groups (G = 4,
-    both reward signs), per aggregation x equal/unequal lengths x shared ratio inside (1) or
-    outside (e^0.5) the clip range. The same cells the loss core's cancellation tests state."""
-    from dfpo.trainer.loss import OBJECTIVES
-    from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
-
-    rng = np.random.default_rng(seed)
-    cases = []
-    for _ in range(groups):
-        rewards = [1.0, 0.0] + rng.integers(0, 2, 2).astype(float).tolist()
-        unequal = rng.integers(4, 12, 4).tolist()
-        while len(set(unequal)) == 1:
-            unequal = rng.integers(4, 12, 4).tolist()
-        cases.append((rewards, [8] * 4, unequal, int(rng.integers(0, 2**16))))
-    out = []
-    for name in objectives or OBJECTIVES:
-        for agg in ATLAS_AGGREGATIONS:
-            for equal in (True, False):
-                for clipped in (False, True):
-                    worst = 0.0
-                    for rewards, eq_len, uneq_len, s in cases:
-                        group = make_shared_prefix_group(
-                            torch.tensor(rewards, dtype=torch.float64), eq_len if equal else uneq_len, shared_log_ratio=0.5 if clipped else 0.0, seed=s
-                        )
-                        worst = max(worst, float(shared_token_gradient(name, group, aggregation=agg).abs().max()))
-                    out.append(AtlasCell(name, agg, equal, clipped, worst))
-    return out
-
-
-def atlas_rows(cells: list[AtlasCell]) -> tuple[list[str], list[dict]]:
-    """(column names, one row per objective x aggregation) of the atlas."""
-    columns = ["equal L, r*=1", "equal L, r*=e^0.5", "unequal L, r*=1", "unequal L, r*=e^0.5"]
-    rows: dict[tuple[str, str], dict] = {}
-    for c in cells:
-        key = (c.objective, c.aggregation)
-        row = rows.setdefault(key, {"objective": c.objective, "aggregation": c.aggregation})
-        row[columns[(0 if c.equal_lengths else 2) + int(c.shared_clipped)]] = c.label
-    return columns, list(rows.values())
 
 
 # ----------------------------------------------------------------------------- run folders

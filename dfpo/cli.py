@@ -32,6 +32,13 @@ def _version() -> str:
 def _cmd_objectives(args: argparse.Namespace) -> int:
     from dfpo.commands import objectives_table
 
+    if args.atlas:
+        if args.name:
+            raise SystemExit(f"dfpo objectives: --atlas shows every objective; drop the name {args.name!r}")
+        from dfpo.commands import atlas_table
+
+        print(atlas_table(markdown=args.markdown, own_aggregation=args.own_aggregation))
+        return 0
     print(objectives_table(markdown=args.markdown, objective=args.name))
     return 0
 
@@ -54,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("objectives", help="table of every objective with its components, defaults and sources")
     p.add_argument("name", nargs="?", default=None, help="show one objective only")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument("--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core")
+    p.add_argument("--own-aggregation", action="store_true", help="with --atlas: one row per objective, its preset's own aggregation")
     p.set_defaults(func=_cmd_objectives)
 
     p = sub.add_parser("demo", help="numeric demo of shared-token cancellation (GRPO, GSPO, DFPO, GRPO-fix)")

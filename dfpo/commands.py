@@ -102,3 +102,17 @@ def cancellation_demo(seed: int = 0) -> str:
         "breaks it once the shared token's ratio leaves the clip range (Cor. F.1); symmetric clipping does not.",
     ]
     return "\n".join(lines)
+
+
+def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggregation: bool = False) -> str:
+    """The cancellation verdict of every objective, computed now from the loss core (as the app's atlas page).
+
+    A cell is "cancels" when the shared token's gradient is below 1e-12 in every one of ``groups`` random
+    groups, else the largest residual seen. ``own_aggregation``: one row per objective, its preset's aggregation.
+    """
+    from dfpo.trainer.loss.cancellation import atlas, atlas_rows
+
+    columns, rows = atlas_rows(atlas(groups=groups, seed=seed))
+    if own_aggregation:
+        rows = [r for r in rows if r["aggregation"] == OBJECTIVES[r["objective"]].aggregation]
+    return _table(["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown)

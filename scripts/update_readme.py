@@ -37,7 +37,13 @@ def _ledger() -> str:
     return ledger_summary_markdown()
 
 
-BLOCKS = {"objectives": _objectives, "demo": _demo, "ledger": _ledger}
+def _atlas() -> str:
+    from dfpo.commands import atlas_table
+
+    return atlas_table(markdown=True, own_aggregation=True)
+
+
+BLOCKS = {"objectives": _objectives, "demo": _demo, "atlas": _atlas, "ledger": _ledger}
 
 
 def render(text: str) -> str:

@@ -17,14 +17,41 @@ from dfpo import ObjectiveSpec
 
 
 def _clip_weight(spec: ObjectiveSpec, r: Tensor, a: float) -> Tensor:
+    """The weight w with surrogate a * w, for the ratio-times-advantage rules."""
     if spec.clip == "none":
         return r
+    if spec.clip == "sapo":
+        tau = spec.sapo_tau_pos if a > 0 else spec.sapo_tau_neg
+        return 4.0 / tau / (1.0 + torch.exp(-tau * (r - 1.0)))
     lo, hi = 1.0 - spec.eps_low, 1.0 + spec.eps_high
     c = torch.clamp(r, lo, hi)
     if spec.clip == "symmetric":
         return c
     # PPO: the surrogate is min(r a, c a); return it divided by a (a != 0) or r's min form.
-    return torch.minimum(r, c) if a >= 0 else torch.maximum(r, c)
+    w = torch.minimum(r, c) if a >= 0 else torch.maximum(r, c)
+    if spec.dual_clip_c is not None and a < 0:  # dual-clip: max(min(r a, c a), dual_c a) for a < 0
+        w = torch.clamp(w, max=spec.dual_clip_c)
+    return w
+
+
+def _score_weight(spec: ObjectiveSpec, r: float, a: float, p_old: float, log_w_seq: float | None = None) -> float:
+    """The detached weight of the score-function rules (surrogate w * a * log pi)."""
+    if spec.clip == "cispo":
+        return min(r, spec.eps_high)
+    if spec.clip == "pg":
+        return 1.0
+    if spec.clip == "vespo":
+        k, lam = (spec.vespo_k_pos, spec.vespo_lambda_pos) if a >= 0 else (spec.vespo_k_neg, spec.vespo_lambda_neg)
+        log_w = min(max(log_w_seq, math.log(1e-8)), 20.0)
+        return math.exp(lam + k * log_w - lam * math.exp(log_w))
+    p_old = min(p_old, 1.0)  # DPPO: is the probability change inside the divergence bound? (log-probs > 0 read as 1)
+    p = min(r * p_old, 1.0)
+    if spec.clip == "dppo_tv":
+        inside = (p - p_old <= spec.eps_high) if a > 0 else (p - p_old >= -spec.eps_low)
+    else:
+        kl = -p_old * math.log(r) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        inside = (kl <= spec.eps_high or p <= p_old) if a > 0 else (kl <= spec.eps_low or p >= p_old)
+    return min(r, spec.dual_clip_c) if inside else 0.0
 
 
 def qp_by_active_sets(s: list[float], a: list[float]) -> list[float]:
@@ -84,11 +111,14 @@ def _quantile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _dropped(spec: ObjectiveSpec, logp: Tensor, entropy: Tensor, adv: Tensor, lengths: list[int]) -> set[tuple[int, int]]:
+def _dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor, adv: Tensor, lengths: list[int]) -> set[tuple[int, int]]:
     B = len(lengths)
     real = [(i, t) for i in range(B) for t in range(lengths[i])]
     if spec.token_mask == "none":
         return set()
+    if spec.token_mask == "opsm":  # whole sequences: A < 0 and mean log(pi_old / pi) > delta
+        gone = {i for i in range(B) if lengths[i] and adv[i] < 0 and sum(float(old_logp[i, t] - logp[i, t]) for t in range(lengths[i])) / lengths[i] > spec.opsm_delta}
+        return {(i, t) for i, t in real if i in gone}
     if spec.token_mask == "stapo":
         cand = [(i, t) for i, t in real if adv[i] > 0 and math.exp(float(logp[i, t])) < spec.stapo_tau_p]
         if not cand:
@@ -107,7 +137,12 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
     adv = [float(a) for a in advantages]
     # per-token surrogate terms u[i][t] (with autograd through logp)
     u: dict[tuple[int, int], Tensor] = {}
-    if spec.ratio_level in ("sequence", "geometric"):
+    if spec.clip == "vespo":  # a detached Gamma weight of prod_t r_it times a * log pi at every token
+        for i in range(B):
+            log_w = sum(float(logp[i, t] - old_logp[i, t]) for t in range(lengths[i]))
+            for t in range(lengths[i]):
+                u[i, t] = _score_weight(spec, 0.0, adv[i], 0.0, log_w) * adv[i] * logp[i, t]
+    elif spec.ratio_level in ("sequence", "geometric"):
         sbar = {}
         for i in range(B):
             if lengths[i] == 0:
@@ -148,11 +183,12 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
                     r = torch.exp(log_s).detach() * torch.exp(logp[i, t] - logp[i, t].detach())
                 else:
                     r = torch.exp(logp[i, t] - old_logp[i, t])
-                if spec.clip == "cispo":
-                    u[i, t] = torch.clamp(r, max=spec.eps_high).detach() * adv[i] * logp[i, t]
+                if spec.clip in ("cispo", "pg", "dppo_tv", "dppo_kl"):
+                    w = _score_weight(spec, float(r.detach()), adv[i], math.exp(float(old_logp[i, t])))
+                    u[i, t] = w * adv[i] * logp[i, t]
                 else:
                     u[i, t] = adv[i] * _clip_weight(spec, r, adv[i])
-    dropped = _dropped(spec, logp.detach(), entropy, advantages, lengths)
+    dropped = _dropped(spec, logp.detach(), old_logp, entropy, advantages, lengths)
     kept_len = [sum(1 for t in range(lengths[i]) if (i, t) not in dropped) for i in range(B)]
     norm_len = kept_len if spec.mask_renormalise else lengths
 
@@ -172,6 +208,9 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
 
     kept = {k: -v for k, v in u.items() if k not in dropped}
     loss = agg(kept)
+    if spec.entropy_coef > 0:  # minus the coefficient times the mean entropy of the kept tokens
+        kept_tokens = [(i, t) for i in range(B) for t in range(lengths[i]) if (i, t) not in dropped]
+        loss = loss - spec.entropy_coef * sum(entropy[i, t] for i, t in kept_tokens) / max(len(kept_tokens), 1)
     if spec.beta > 0:
         kl = {}
         for i in range(B):

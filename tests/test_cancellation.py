@@ -16,6 +16,12 @@ Summary (policy term; beta = 0):
 | gspo, gspo_token            | fails                | fails     | fails                 |
 | gspo_noclip                 | fails                | fails     | fails                 |
 | gmpo (geometric mean)       | fails                | fails     | fails                 |
+| luspo (GSPO, length-scaled) | as gspo              | as gspo   | as gspo               |
+| sapo (soft gate)            | cancels              | fails*    | fails (tau differs by the sign of A) |
+| vespo (Gamma weight)        | fails                | fails     | fails                 |
+| gpg (A log pi)              | cancels              | fails*    | cancels (no ratio)    |
+| dppo_tv, dppo_kl            | cancels              | fails*    | cancels iff the shared token stays inside the bound for A > 0 |
+| opsm                        | as token PPO unless a negative sequence is dropped (then fails) |
 | dfpo_* stopgrad="score"     | cancels              | fails*    | cancels               |
 | dfpo_* score, length_aware  | cancels              | cancels   | cancels               |
 | dfpo_* (default "ratio")    | as the score form where no sequence of the group (or every one) is clipped; |
@@ -259,6 +265,12 @@ VERDICT_FAMILY = {
     **dict.fromkeys(["gspo", "gspo_token"], "gspo"),
     "gspo_noclip": "gspo_noclip",
     "gmpo": "gmpo",
+    "luspo": "gspo",
+    "sapo": "soft_gate",
+    "vespo": "vespo",
+    "gpg": "pg",
+    **dict.fromkeys(["dppo_tv", "dppo_kl"], "dppo"),
+    "opsm": "opsm",
     **dict.fromkeys(DFPO, "dfpo_ratio"),
 }
 
@@ -266,6 +278,24 @@ VERDICT_FAMILY = {
 def test_every_objective_has_a_stated_verdict():
     """No objective enters the core without a stated verdict, and no verdict names a missing objective."""
     assert sorted(OBJECTIVES) == sorted(VERDICT_FAMILY)
+
+
+def dppo_shared_inside(objective: str, group) -> bool:
+    """Whether every shared token's probability rise p - p_old stays inside DPPO's bound for A > 0 (by hand)."""
+    spec = OBJECTIVES[objective]
+    k = group.shared_logp.numel()
+    p = torch.exp(group.shared_logp.detach())  # (k,)
+    p_old = torch.exp(group.old_logp[0, :k])  # (k,)
+    if objective == "dppo_tv":
+        return bool((p - p_old <= spec.eps_high).all())
+    kl = p_old * torch.log(p_old / p) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    return bool(((kl <= spec.eps_high) | (p <= p_old)).all())
+
+
+def opsm_drops_a_sequence(group) -> bool:
+    """Whether a negative-advantage completion's mean log(pi_old / pi) exceeds OPSM's delta (by hand)."""
+    gap = torch.where(group.mask, group.old_logp - group.logp().detach(), 0.0).sum(-1) / group.mask.sum(-1)
+    return bool(((group.advantages < 0) & (gap > OBJECTIVES["opsm"].opsm_delta)).any())
 
 
 def partly_clipped(group) -> bool:
@@ -286,9 +316,15 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         return bool(clipped_sequences(group).all())  # only the trivial all-clipped case
     if family == "gspo_noclip":
         return False  # eq 13: each completion's own s_i
-    if family == "gmpo":
-        return False  # w_i differs across the group; at r* = e^0.5 only the A < 0 copies keep a gradient
-    if family == "token_ppo" and shared_clipped:
+    if family in ("gmpo", "vespo"):
+        return False  # one weight per sequence that differs across the group (GMPO at r* = e^0.5: only A < 0 copies move)
+    if family == "soft_gate" and shared_clipped:
+        return False  # 4 sigmoid(1 - sigmoid) r* differs between tau_pos and tau_neg once r* != 1
+    if family == "dppo" and shared_clipped and not dppo_shared_inside(objective, group):
+        return False  # the A > 0 copies are masked, the A < 0 ones are not
+    if family == "opsm" and opsm_drops_a_sequence(group):
+        return False  # a dropped negative sequence leaves its copy of the shared token out of sum_i A_i
+    if family in ("token_ppo", "opsm") and shared_clipped:
         return False  # Cor. F.1: PPO clipping keeps only one sign's copies
     if family == "symmetric" and shared_clipped:
         return True  # every copy clipped: zero gradient

@@ -98,9 +98,9 @@ def arithmetic_shape():
         ratio = torch.exp(torch.where(x.mask, x.logp - x.old_logp, 0.0))  # (B, T)
         mean = torch.where(x.mask, ratio, 0.0).sum(-1) / x.lengths.clamp(min=1)  # (B,)
         rule = clip_rule(spec.clip)
-        sbar = rule.weight(mean, x.adv, spec.eps_low, spec.eps_high)  # (B,)
+        sbar = rule.weight(mean, x.adv, spec, None)  # (B,)
         surrogate, weight = sequence_surrogate(spec, sbar, x)
-        low, high = rule.flags(mean.detach(), x.adv, spec.eps_low, spec.eps_high)
+        low, high = rule.flags(mean.detach(), x.adv, spec, None)
         return PolicyTerms(surrogate, mean.detach()[:, None].expand_as(x.logp), sbar.detach(), weight, low[:, None].expand_as(x.mask), high[:, None].expand_as(x.mask), True)
 
     register_ratio_shape("arithmetic", sequence_weight=True)(arithmetic)
@@ -129,10 +129,10 @@ def test_registries_are_the_component_choices():
     from dfpo.trainer.loss import CLIP_MODES, CLIP_RULES, STOPGRAD_FUNCTIONS, TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, TRANSFORM_FUNCTIONS, TRANSFORMS
     from dfpo.trainer.loss.objectives import RATIO_LEVELS, STOPGRAD_FORMS
 
-    assert RATIO_LEVELS == tuple(RATIO_SHAPES) == ("token", "sequence_token", "sequence", "geometric")
+    assert RATIO_LEVELS == tuple(RATIO_SHAPES) == ("token", "sequence_token", "sequence", "sequence_product", "geometric")
     assert CLIP_MODES == tuple(CLIP_RULES) and TRANSFORMS == tuple(TRANSFORM_FUNCTIONS)
     assert TOKEN_MASKS == tuple(TOKEN_MASK_FUNCTIONS) and STOPGRAD_FORMS == tuple(STOPGRAD_FUNCTIONS)
     assert ObjectiveSpec(name="x", description="", clip="cispo").ratio_level == "token"
-    for level in ("sequence_token", "sequence", "geometric"):  # CISPO's cap is defined per token only
+    for level in ("sequence_token", "sequence", "sequence_product", "geometric"):  # CISPO's cap is defined per token only
         with pytest.raises(ValueError, match="token-level"):
             ObjectiveSpec(name="x", description="", ratio_level=level, clip="cispo")

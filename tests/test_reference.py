@@ -24,6 +24,14 @@ VARIANTS = [(name, {}) for name in OBJECTIVES] + [
     ("stapo", {"stapo_tau_p": 0.5, "stapo_q": 0.5}),  # thresholds that mask real tokens here
     ("grpo", {"clip": "none"}),
     ("dr_grpo", {"max_completion_length": 16}),
+    ("grpo", {"dual_clip_c": 1.05}),  # tight, so that negative-advantage tokens hit the dual clip here
+    ("gspo", {"dual_clip_c": 1.0001, "eps_low": 0.2, "eps_high": 0.2}),
+    ("sapo", {"sapo_tau_neg": 2.0}),
+    ("opsm", {"opsm_delta": 0.0}),  # every negative sample the policy moved away from is dropped
+    ("grpo", {"entropy_coef": 0.1}),
+    ("dppo_tv", {"eps_low": 0.01, "eps_high": 0.01}),  # bounds that mask real tokens here
+    ("dppo_kl", {"eps_low": 0.001, "eps_high": 0.001}),
+    ("gpg", {"aggregation": "seq_mean_token_mean"}),
 ]
 
 
@@ -48,3 +56,20 @@ def test_stapo_thresholds_in_variants_really_mask_tokens():
     batch = random_batch(0)
     _, metrics = policy_loss("stapo", **batch.kwargs(), stapo_tau_p=0.5, stapo_q=0.5)
     assert 0 < metrics["mask/frac"] < 1
+
+
+@pytest.mark.parametrize(
+    "name,overrides,metric",
+    [
+        ("grpo", {"dual_clip_c": 1.05}, "clip/frac_high"),
+        ("opsm", {"opsm_delta": 0.0}, "mask/frac"),
+        ("dppo_tv", {"eps_low": 0.01, "eps_high": 0.01}, "clip/frac_high"),
+        ("dppo_kl", {"eps_low": 0.001, "eps_high": 0.001}, "clip/frac_high"),
+    ],
+)
+def test_variants_that_should_bite_do_bite(name, overrides, metric):
+    """A variant above checks its mechanism only if the batch triggers it: dual-clip, OPSM and DPPO's masks act here."""
+    batch = random_batch(0)
+    base, _ = policy_loss(name, **batch.kwargs(), **{k: v for k, v in overrides.items() if k == "aggregation"})
+    _, metrics = policy_loss(name, **batch.kwargs(), **overrides)
+    assert metrics[metric] > 0

@@ -329,6 +329,35 @@ def test_loss_and_gradient_equal_trl(objective, overrides, trl_config, level, se
     torch.testing.assert_close(grad, trl_grad, **TOL)
 
 
+# The losses TRL 1.16 added beside GRPO: soft gates, length-scaled GSPO, Gamma weights, two-sided
+# clipping and off-policy sequence masking. (id, dfpo objective, dfpo overrides, TRL settings, batch level)
+PEER_CASES = [
+    ("sapo", "sapo", {}, dict(loss_type="sapo", epsilon=0.2), "token"),
+    ("luspo", "luspo", {}, dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+    ("vespo", "vespo", {}, dict(loss_type="vespo", epsilon=0.2), "token"),
+    ("delta~dual_clip", "grpo", {"dual_clip_c": 1.3}, dict(loss_type="grpo", epsilon=0.2, delta=1.3), "token"),
+    ("off_policy_mask~opsm", "opsm", {"opsm_delta": 0.02}, dict(loss_type="grpo", epsilon=0.2, off_policy_mask_threshold=0.02), "token"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
+                         [c[1:] for c in PEER_CASES], ids=[c[0] for c in PEER_CASES])
+def test_newer_trl_losses_equal_dfpo_presets(objective, overrides, trl_config, level, seed):
+    """SAPO, LUSPO, VESPO, TRL's delta (dfpo's dual_clip_c) and OPSM: value and gradient equal TRL's to 1e-6."""
+    batch = _batch_for(level, trl_config, seed)
+    trl_value, trl_grad, _ = run_trl(batch, **trl_config)
+    value, grad, metrics = run_dfpo(batch, objective, **overrides)
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+    assert not grad[~batch.mask].any()
+    if objective == "opsm":  # the threshold bites: some negative sequences are dropped, not all
+        assert 0 < metrics["mask/frac"] < 1
+    if "dual_clip_c" in overrides:  # some A < 0 token sits above the cap, where both sides give no gradient
+        ratio = torch.exp(batch.logp - batch.old_logp)
+        assert ((ratio > overrides["dual_clip_c"]) & batch.mask & (batch.advantages[:, None] < 0)).any()
+
+
 TOKEN_PPO_CASES = [c for c in CASES if c[4] == "token" and c[3]["epsilon"] < 1.0]
 
 

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import Callable, Iterable, Mapping, Sequence
 
-from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, gradients, stapo, transforms
+from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, gradients, peers, stapo, transforms
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
@@ -24,7 +24,8 @@ REPRODUCE = "dfpo theory --markdown docs/ledger.md"
 
 # Paper order: the 26 claims the paper states as propositions, corollaries and key equations, plus further
 # claims found while checking them (eq-18, eq-23, eq-66-67, eq-75-76, eq-81, sec-K.4, tab-3-no-stopgrad,
-# stopgrad-forms, tab-3-scale, stapo-cancel).
+# stopgrad-forms, tab-3-scale, stapo-cancel), and two for the peers' losses and estimators (soft-gate-cancel,
+# advantage-zero-sum).
 REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "prop-3.1": drift.check_prop_3_1,
     "cor-3.2": drift.check_cor_3_2,
@@ -62,6 +63,8 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "stapo-grad-norm": stapo.check_stapo_grad_norm,
     "stapo-bounds": stapo.check_stapo_bounds,
     "stapo-cancel": stapo.check_stapo_cancel,
+    "soft-gate-cancel": peers.check_soft_gate_cancel,
+    "advantage-zero-sum": peers.check_advantage_zero_sum,
 }
 
 

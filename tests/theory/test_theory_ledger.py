@@ -59,6 +59,8 @@ EXPECTED = {
     "stapo-grad-norm": H,
     "stapo-bounds": H,
     "stapo-cancel": F,  # the A > 0-only mask breaks shared-token cancellation
+    "soft-gate-cancel": C,  # SAPO's tau differs by the sign of A: cancels only at r* = 1 or with equal taus
+    "advantage-zero-sum": C,  # RLOO keeps sum_i A_i = 0; REINFORCE++'s batch baseline does not
 }
 
 PAPER_IDS = (

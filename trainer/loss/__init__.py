@@ -6,7 +6,7 @@
 from dfpo.trainer.loss.advantages import group_advantages
 from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate, aggregation_count
 from dfpo.trainer.loss.clipping import CLIP_MODES, CLIP_RULES, ClipRule, clipped_weight, sign_aware_clip, symmetric_clip
-from dfpo.trainer.loss.core import asymmetry, policy_loss
+from dfpo.trainer.loss.core import asymmetry, group_variance, policy_loss
 from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
 from dfpo.trainer.loss.objectives import (
     COMPONENT_FIELDS,
@@ -54,6 +54,7 @@ __all__ = [
     "dropped_tokens",
     "group_advantages",
     "group_transform",
+    "group_variance",
     "low_entropy_mask",
     "min_replace",
     "objective_from_label",

@@ -127,3 +127,64 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
         s = torch.exp(sequence_log_ratio(logp, group.old_logp, group.mask, lengths))  # (G,) eq 44
         clipped = ((terms.clip_low | terms.clip_high) | ~group.mask).all(-1) & (lengths > 0)  # (G,) every real token clipped
     return GroupBreakdown(group.advantages, lengths, grad[:, 0].detach(), s, terms.post_clip, terms.weight, clipped, {k: v.detach() for k, v in metrics.items()})
+
+
+# ----------------------------------------------------------------------------- the atlas
+
+CANCEL_TOL = 1e-12
+"""A residual below this is "cancels" (float64 round-off is ~1e-16)."""
+ATLAS_COLUMNS = ("equal L, r*=1", "equal L, r*=e^0.5", "unequal L, r*=1", "unequal L, r*=e^0.5")
+
+
+@dataclass(frozen=True)
+class AtlasCell:
+    """The largest shared-token residual of one objective in one (aggregation, lengths, shared ratio) cell."""
+
+    objective: str
+    aggregation: str
+    equal_lengths: bool
+    shared_clipped: bool
+    residual: float
+
+    @property
+    def label(self) -> str:
+        return "cancels" if self.residual < CANCEL_TOL else f"{self.residual:.1e}"
+
+
+def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]:
+    """For every objective: the largest shared-token residual over ``groups`` random groups (G = 4,
+    both reward signs), per aggregation x equal/unequal lengths x shared ratio inside (1) or
+    outside (e^0.5) the clip range. The same cells the cancellation tests state verdicts for."""
+    from dfpo.trainer.loss.aggregation import AGGREGATIONS
+    from dfpo.trainer.loss.objectives import OBJECTIVES
+
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for _ in range(groups):
+        rewards = [1.0, 0.0] + torch.randint(0, 2, (2,), generator=gen).double().tolist()
+        unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
+        while len(set(unequal)) == 1:
+            unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
+        cases.append((rewards, [8] * 4, unequal, int(torch.randint(0, 2**16, (1,), generator=gen))))
+    out = []
+    for name in objectives or OBJECTIVES:
+        for agg in AGGREGATIONS:
+            for equal in (True, False):
+                for clipped in (False, True):
+                    worst = 0.0
+                    for rewards, eq_len, uneq_len, s in cases:
+                        group = make_shared_prefix_group(
+                            torch.tensor(rewards, dtype=torch.float64), eq_len if equal else uneq_len, shared_log_ratio=0.5 if clipped else 0.0, seed=s
+                        )
+                        worst = max(worst, float(shared_token_gradient(name, group, aggregation=agg).abs().max()))
+                    out.append(AtlasCell(name, agg, equal, clipped, worst))
+    return out
+
+
+def atlas_rows(cells: list[AtlasCell]) -> tuple[list[str], list[dict]]:
+    """(column names, one row per objective x aggregation) of the atlas."""
+    rows: dict[tuple[str, str], dict] = {}
+    for c in cells:
+        row = rows.setdefault((c.objective, c.aggregation), {"objective": c.objective, "aggregation": c.aggregation})
+        row[ATLAS_COLUMNS[(0 if c.equal_lengths else 2) + int(c.shared_clipped)]] = c.label
+    return list(ATLAS_COLUMNS), list(rows.values())

@@ -3,7 +3,7 @@
 Every clipped surrogate here is written "clip first, then multiply by the advantage"
 (eq 49): surrogate = A * w(r, A). For PPO-style clipping the sign-aware post-clip weight
 w is eq (47); for symmetric clipping (GRPO-fix, eq 79) w does not depend on the sign of A.
-CISPO's weight is a detached cap that multiplies the score A * log pi instead.
+Score-function rules (CISPO, VESPO, DPPO, GPG) give a detached weight that multiplies A * log pi instead.
 
 Each clip mode is one ``ClipRule`` in ``CLIP_RULES``: its weight, where it zeroes the gradient
 (the clip-fraction flags) and its surrogate form. A new clip mode is one new entry there.
@@ -11,6 +11,7 @@ Each clip mode is one ``ClipRule`` in ``CLIP_RULES``: its weight, where it zeroe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,41 +39,114 @@ def symmetric_clip(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     return ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
 
 
-def _ppo_flags(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Flags:
-    """PPO (as TRL logs it): low when A < 0 and r < 1-eps_low, high when A > 0 and r > 1+eps_high."""
-    return (adv < 0) & (ratio < 1.0 - eps_low), (adv > 0) & (ratio > 1.0 + eps_high)
+def _ppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """Eq (47), with dual-clip (Ye et al. 2020; verl clip_ratio_c, TRL delta) when ``dual_clip_c`` is set:
+    for A < 0 the weight is also capped at c, so min(r A, clip(r) A) never falls below c A."""
+    weight = sign_aware_clip(ratio, adv, spec.eps_low, spec.eps_high)
+    if spec.dual_clip_c is None:
+        return weight
+    return torch.where(adv < 0, weight.clamp(max=spec.dual_clip_c), weight)
 
 
-def _symmetric_flags(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Flags:
+def _ppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+    """PPO (as TRL logs it): low when A < 0 and r < 1-eps_low, high when A > 0 and r > 1+eps_high;
+    dual-clip adds A < 0 and r > c to the high side (its gradient is zero there too)."""
+    low = (adv < 0) & (ratio < 1.0 - spec.eps_low)
+    high = (adv > 0) & (ratio > 1.0 + spec.eps_high)
+    if spec.dual_clip_c is not None:
+        high = high | ((adv < 0) & (ratio > spec.dual_clip_c))
+    return low, high
+
+
+def _symmetric_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
     """Symmetric: r below / above the clip range whatever the sign of A."""
-    return ratio < 1.0 - eps_low, ratio > 1.0 + eps_high
+    return ratio < 1.0 - spec.eps_low, ratio > 1.0 + spec.eps_high
 
 
-def _cispo_weight(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
+def _cispo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
     """CISPO (MiniMax-M1; TRL loss_type='cispo'): the detached cap sg(min(r, eps_high))."""
-    return ratio.clamp(max=eps_high).detach()
+    return ratio.clamp(max=spec.eps_high).detach()
 
 
-def _cispo_flags(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Flags:
+def _cispo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
     """CISPO: the cap binds where r > eps_high."""
-    return torch.zeros_like(ratio, dtype=torch.bool), ratio > eps_high
+    return torch.zeros_like(ratio, dtype=torch.bool), ratio > spec.eps_high
 
 
-def _no_flags(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Flags:
+def _no_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
     no = torch.zeros_like(ratio, dtype=torch.bool)
     return no, no
 
 
+def _by_sign(condition: Tensor, if_true: float, if_false: float, like: Tensor) -> Tensor:
+    """A per-element parameter chosen by ``condition``, in ``like``'s dtype (no float32 rounding of the values)."""
+    return torch.where(condition, torch.tensor(if_true, dtype=like.dtype, device=like.device), torch.tensor(if_false, dtype=like.dtype, device=like.device))
+
+
+def _sapo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """SAPO (arXiv 2511.20347) soft gate f(r) = sigmoid(tau (r - 1)) * 4 / tau, tau by the sign of A.
+
+    Its gradient in log pi is 4 sigmoid (1 - sigmoid) r: 1 at r = 1 whatever tau, decaying smoothly
+    away from it instead of a hard clip.
+    """
+    tau = _by_sign(adv > 0, spec.sapo_tau_pos, spec.sapo_tau_neg, ratio)
+    return torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+
+
+def _vespo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """VESPO (arXiv 2602.10693) Gamma weight phi(w) = e^lambda w^k e^(-lambda w), detached (phi(1) = 1).
+
+    log w is clamped to [log 1e-8, 20] as in TRL; k and lambda by the sign of A (A >= 0: the positive pair).
+    """
+    nonneg = adv >= 0
+    k = _by_sign(nonneg, spec.vespo_k_pos, spec.vespo_k_neg, ratio)
+    lam = _by_sign(nonneg, spec.vespo_lambda_pos, spec.vespo_lambda_neg, ratio).clamp(min=1e-4)
+    log_w = torch.log(ratio.detach()).clamp(math.log(1e-8), 20.0)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _pg_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """GPG / REINFORCE (verl 'gpg'): weight 1, so the surrogate is A * log pi."""
+    return torch.ones_like(ratio)
+
+
+def _dppo_inside(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor) -> Tensor:
+    """DPPO (arXiv 2602.04879): True where the token's probability change stays inside the divergence bound.
+
+    ``dppo_tv``: p - p_old <= eps_high for A > 0, >= -eps_low otherwise. ``dppo_kl``: the binary KL
+    between Bernoulli(p_old) and Bernoulli(p) <= eps_high (A > 0, when p rises) or eps_low (A <= 0, when p falls).
+    """
+    p_old = torch.exp(old_logp).clamp(max=1.0)  # (B, T); a log-prob above 0 (no softmax gives one) reads as 1
+    p = (ratio.detach() * p_old).clamp(max=1.0)  # (B, T)
+    if spec.clip == "dppo_tv":
+        return torch.where(adv > 0, p - p_old <= spec.eps_high, p - p_old >= -spec.eps_low)
+    log_r = torch.log(ratio.detach())
+    binary_kl = p_old * (-log_r) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    return torch.where(adv > 0, (binary_kl <= spec.eps_high) | (p <= p_old), (binary_kl <= spec.eps_low) | (p >= p_old))
+
+
+def _dppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """DPPO: sg(min(r, c)) where the divergence bound holds, 0 elsewhere (multiplies A * log pi)."""
+    cap = 20.0 if spec.dual_clip_c is None else spec.dual_clip_c
+    return torch.where(_dppo_inside(ratio, adv, spec, old_logp), ratio.clamp(max=cap), 0.0).detach()
+
+
+def _dppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+    """DPPO: outside the bound, on the side where the probability fell (low) or rose (high)."""
+    outside = ~_dppo_inside(ratio, adv, spec, old_logp)
+    return outside & (ratio < 1), outside & (ratio >= 1)
+
+
 @dataclass(frozen=True)
 class ClipRule:
-    """One clip mode: weight w(r, A, eps_low, eps_high), clip flags, and how w enters the surrogate."""
+    """One clip mode: weight w(r, A, spec, old_logp), clip flags, and how w enters the surrogate."""
 
-    weight: Callable[[Tensor, Tensor, float, float], Tensor]
-    flags: Callable[[Tensor, Tensor, float, float], Flags]
+    weight: Callable[[Tensor, Tensor, object, "Tensor | None"], Tensor]
+    flags: Callable[[Tensor, Tensor, object, "Tensor | None"], Flags]
     score_function: bool = False
-    """False: surrogate = A * w (eq 49). True: surrogate = w * A * log pi with w detached (CISPO)."""
+    """False: surrogate = A * w (eq 49). True: surrogate = w * A * log pi with w detached (CISPO, VESPO, DPPO, GPG)."""
     sequence_level: bool = True
-    """Whether the rule may clip a sequence ratio s_i (CISPO is defined per token only)."""
+    """Whether the rule may act on a sequence weight (the token-probability rules are defined per token only)."""
 
     def surrogate(self, weight: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
         """Per-token surrogate to maximise from the clipped weight; shapes broadcast (B, T)."""
@@ -80,10 +154,15 @@ class ClipRule:
 
 
 CLIP_RULES: dict[str, ClipRule] = {
-    "ppo": ClipRule(sign_aware_clip, _ppo_flags),
-    "symmetric": ClipRule(lambda r, a, lo, hi: symmetric_clip(r, lo, hi), _symmetric_flags),
+    "ppo": ClipRule(_ppo_weight, _ppo_flags),
+    "symmetric": ClipRule(lambda r, a, spec, old: symmetric_clip(r, spec.eps_low, spec.eps_high), _symmetric_flags),
     "cispo": ClipRule(_cispo_weight, _cispo_flags, score_function=True, sequence_level=False),
-    "none": ClipRule(lambda r, a, lo, hi: r, _no_flags),
+    "none": ClipRule(lambda r, a, spec, old: r, _no_flags),
+    "sapo": ClipRule(_sapo_weight, _no_flags),
+    "vespo": ClipRule(_vespo_weight, _no_flags, score_function=True),
+    "pg": ClipRule(_pg_weight, _no_flags, score_function=True),
+    "dppo_tv": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False),
+    "dppo_kl": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False),
 }
 CLIP_MODES = tuple(CLIP_RULES)
 
@@ -95,11 +174,11 @@ def clip_rule(mode: str) -> ClipRule:
     return CLIP_RULES[mode]
 
 
-def clipped_weight(mode: str, ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    """Effective weight w(r, A) for a clip mode, so that surrogate = A * w (CISPO: w * A * log pi)."""
-    return clip_rule(mode).weight(ratio, adv, eps_low, eps_high)
+def clipped_weight(spec, ratio: Tensor, adv: Tensor, old_logp: Tensor | None = None) -> Tensor:
+    """Effective weight w(r, A) of the spec's clip mode, so that surrogate = A * w (score-function rules: w * A * log pi)."""
+    return clip_rule(spec.clip).weight(ratio, adv, spec, old_logp)
 
 
-def clip_fractions(mode: str, ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> Flags:
-    """Boolean maps of where clipping zeroes the gradient: (low side, high side)."""
-    return clip_rule(mode).flags(ratio, adv, eps_low, eps_high)
+def clip_fractions(spec, ratio: Tensor, adv: Tensor, old_logp: Tensor | None = None) -> Flags:
+    """Boolean maps of where the spec's clip mode zeroes the gradient: (low side, high side)."""
+    return clip_rule(spec.clip).flags(ratio, adv, spec, old_logp)

@@ -88,23 +88,33 @@ def _share(flags: Tensor, within: Tensor, dtype: torch.dtype) -> Tensor:
     return ((flags & within).sum() / within.sum().clamp(min=1)).to(dtype)
 
 
-def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: Tensor) -> Tensor:
-    """Eq (23), Asym = Var_i(w_i A_i) within each group, averaged over groups (population variance).
+def group_variance(values: Tensor, group_ids: Tensor | Groups, valid: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+    """Population variance of ``values`` within each group, averaged over the groups that have a valid row (0-d).
 
-    weights, adv, group_ids, valid: (B,). Rows with valid = False are left out. Computed in float64
-    and saturated at the input dtype's largest finite value, so huge advantages or ratios cannot
-    make the metric overflow to inf.
+    values, group_ids, valid: (B,). ``sample_weight`` (B,) weighs the rows of a group's mean and variance
+    (the toy's exact mode: each completion's probability). Computed in float64 and saturated at the
+    input dtype's largest finite value, so huge inputs cannot make it overflow to inf.
     """
     groups = Groups.of(group_ids)
     index, n_groups = groups.index, groups.n
-    out_dtype = weights.dtype
-    coef = torch.where(valid, weights.double() * adv.double(), 0.0)  # (B,) float64
-    count = group_sum(valid.to(coef.dtype), index, n_groups)  # (n,)
-    mean = group_sum(coef, index, n_groups) / count.clamp(min=1)
-    var = group_sum(torch.where(valid, (coef - mean[index]) ** 2, 0.0), index, n_groups) / count.clamp(min=1)
-    has = count > 0
-    asym = torch.where(has, var, 0.0).sum() / has.sum().clamp(min=1)
-    return asym.clamp(max=torch.finfo(out_dtype).max).to(out_dtype)
+    x = torch.where(valid, values.double(), 0.0)  # (B,) float64
+    w = valid.double() if sample_weight is None else torch.where(valid, sample_weight.double(), 0.0)  # (B,)
+    mass = group_sum(w, index, n_groups)  # (n,)
+    mean = group_sum(w * x, index, n_groups) / torch.where(mass > 0, mass, 1.0)
+    var = group_sum(w * (x - mean[index]) ** 2, index, n_groups) / torch.where(mass > 0, mass, 1.0)
+    has = mass > 0
+    out = torch.where(has, var, 0.0).sum() / has.sum().clamp(min=1)
+    return out.clamp(max=torch.finfo(values.dtype).max).to(values.dtype)
+
+
+def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: Tensor, sample_weight: Tensor | None = None) -> Tensor:
+    """Eq (23), Asym = Var_i(w_i A_i) within each group, averaged over groups (population variance, ``group_variance``).
+
+    weights, adv, group_ids, valid: (B,); rows with valid = False are left out. The product is taken in
+    float64, so huge advantages or ratios cannot overflow before the variance.
+    """
+    var = group_variance(weights.double() * adv.double(), group_ids, valid, sample_weight)  # 0-d float64
+    return var.clamp(max=torch.finfo(weights.dtype).max).to(weights.dtype)
 
 
 def _clip_shares(terms: PolicyTerms, kept: Tensor, valid_rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -143,6 +153,8 @@ def policy_loss(
     mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp)
     if spec.beta > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
+    if spec.entropy_coef > 0 and entropy is None:
+        raise ValueError(f"entropy (with its gradient) is required when entropy_coef > 0, got entropy_coef={spec.entropy_coef} and entropy=None")
     logp = _sanitise(logp, mask)  # (B, T)
     lengths = mask.sum(-1)  # (B,)
     x = LossBatch(
@@ -157,7 +169,7 @@ def policy_loss(
     n_real = lengths.sum().clamp(min=1).to(logp.dtype)
     valid_rows = lengths > 0  # (B,)
 
-    dropped = dropped_tokens(spec, logp, _sanitise(entropy, mask), x.adv, mask)  # (B, T)
+    dropped = dropped_tokens(spec, logp, x.old_logp, _sanitise(entropy, mask), x.adv, mask)  # (B, T)
     kept = mask & ~dropped
     agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise and spec.token_mask != "none" else (mask, lengths)
     per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
@@ -170,6 +182,10 @@ def policy_loss(
         k3 = torch.exp(ref_gap) - ref_gap - 1  # (B, T) k3 estimator
         loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
         metrics["kl/ref"] = torch.where(mask, k3.detach(), 0.0).sum() / n_real
+    if spec.entropy_coef > 0:  # TRL's entropy bonus: a token mean over the kept tokens, whatever the aggregation
+        bonus = torch.where(kept, entropy, 0.0).sum() / kept.sum().clamp(min=1)
+        loss = loss - spec.entropy_coef * bonus
+        metrics["entropy/bonus"] = bonus.detach()
 
     clip_low, clip_high = _clip_shares(terms, kept, valid_rows, logp.dtype)
     metrics.update(

@@ -1,4 +1,4 @@
-"""Token masks that drop tokens from the policy gradient (STAPO; top-entropy "80/20")."""
+"""Token masks that drop tokens from the policy gradient (STAPO; top-entropy "80/20"; off-policy sequence masking)."""
 
 from __future__ import annotations
 
@@ -34,21 +34,36 @@ def low_entropy_mask(entropy: Tensor, mask: Tensor, *, keep_frac: float) -> Tens
     return mask & (entropy.detach() < threshold)
 
 
-def _no_tokens_dropped(spec, logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+def off_policy_sequence_mask(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, delta: float) -> Tensor:
+    """Off-policy sequence masking (DeepSeek-V3.2 eq 9; TRL off_policy_mask_threshold): True where dropped (B, T).
+
+    A sequence is dropped when A_i < 0 and its mean token log(pi_old / pi_theta) exceeds ``delta``:
+    a negative sample the policy has already moved far from.
+    """
+    gap = torch.where(mask, old_logp - logp.detach(), 0.0)  # (B, T)
+    seq_kl = gap.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    drop = (adv < 0) & (seq_kl > delta)  # (B,)
+    return drop[:, None] & mask
+
+
+def _no_tokens_dropped(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
     return torch.zeros_like(mask)
 
 
 TOKEN_MASK_FUNCTIONS = {
     "none": _no_tokens_dropped,
-    "stapo": lambda spec, logp, entropy, adv, mask: stapo_spurious_mask(logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q),
-    "top_entropy": lambda spec, logp, entropy, adv, mask: low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac),
+    "stapo": lambda spec, logp, old_logp, entropy, adv, mask: stapo_spurious_mask(logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q),
+    "top_entropy": lambda spec, logp, old_logp, entropy, adv, mask: low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac),
+    "opsm": lambda spec, logp, old_logp, entropy, adv, mask: off_policy_sequence_mask(logp, old_logp, adv, mask, delta=spec.opsm_delta),
 }
-"""Every token mask, keyed by the ``token_mask`` component: (spec, logp, entropy, adv, mask) -> dropped (B, T) bool."""
+"""Every token mask, keyed by the ``token_mask`` component: (spec, logp, old_logp, entropy, adv, mask) -> dropped (B, T) bool."""
 TOKEN_MASKS = tuple(TOKEN_MASK_FUNCTIONS)
+ENTROPY_MASKS = ("stapo", "top_entropy")
+"""The token masks that read the policy's entropy."""
 
 
-def dropped_tokens(spec, logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+def dropped_tokens(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
     """Real tokens the spec's token mask drops from the policy gradient (B, T) bool."""
-    if spec.token_mask != "none" and entropy is None:
+    if spec.token_mask in ENTROPY_MASKS and entropy is None:
         raise ValueError(f"entropy is required for token_mask={spec.token_mask!r}, got entropy=None")
-    return TOKEN_MASK_FUNCTIONS[spec.token_mask](spec, logp, entropy, adv, mask) & mask
+    return TOKEN_MASK_FUNCTIONS[spec.token_mask](spec, logp, old_logp, entropy, adv, mask) & mask

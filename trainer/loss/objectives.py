@@ -34,11 +34,27 @@ class ObjectiveSpec:
     ratio_level: str = "token"
     """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO)."""
     clip: str = "ppo"
-    """``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``."""
+    """How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric``
+    clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1
+    (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks."""
     eps_low: float = 0.2
-    """Lower clip range: the clip interval starts at 1 - eps_low."""
+    """Lower clip range: the clip interval starts at 1 - eps_low (DPPO: the divergence bound when p falls)."""
     eps_high: float = 0.2
-    """Upper clip range: 1 + eps_high (CISPO: the ratio cap itself)."""
+    """Upper clip range: 1 + eps_high (CISPO: the ratio cap itself; DPPO: the divergence bound when p rises)."""
+    dual_clip_c: float | None = None
+    """Dual-clip: for A < 0 the weight is capped at c > 1 (verl clip_ratio_c, TRL delta); DPPO's ratio cap. None: off."""
+    sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for A > 0."""
+    sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for A <= 0."""
+    vespo_k_pos: float = 2.0
+    """VESPO Gamma power k for A >= 0."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO Gamma decay lambda for A >= 0."""
+    vespo_k_neg: float = 3.0
+    """VESPO Gamma power k for A < 0."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO Gamma decay lambda for A < 0."""
     transform: str = "none"
     """DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr."""
     tr_floor: float = 1e-6
@@ -58,14 +74,18 @@ class ObjectiveSpec:
     """STAPO entropy quantile q."""
     top_entropy_frac: float = 0.2
     """Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``."""
+    opsm_delta: float = 0.5
+    """Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped."""
     aggregation: str = "seq_mean_token_mean"
     """seq_mean_token_mean / token_mean / constant / seq_mean_token_sum."""
     max_completion_length: int | None = None
     """T_max of the ``constant`` aggregation (None: the batch's T)."""
     beta: float = 0.0
     """Weight of the k3 KL to ``ref_logp``."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss minus entropy_coef times the mean entropy over the tokens the policy term keeps."""
     adv_scale: str = "group"
-    """Advantage scaling the trainer should pass to ``group_advantages``."""
+    """Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Where each default comes from, keyed by field name."""
 
@@ -91,6 +111,15 @@ COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
         "clip": "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
         "eps_low": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
         "eps_high": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+        "dual_clip_c": "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
+        "sapo_tau_pos": "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
+        "sapo_tau_neg": "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
+        "vespo_k_pos": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
+        "vespo_lambda_pos": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
+        "vespo_k_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
+        "vespo_lambda_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
+        "opsm_delta": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
+        "entropy_coef": "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)",
         "transform": "none: no in-group transform (the baselines)",
         "tr_floor": "paper eq 52 names a small floor without a value; 1e-6 chosen here",
         "stopgrad": "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); only read when a transform is set",
@@ -142,6 +171,14 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     _check_number("stapo_q", spec.stapo_q, 0.0, 1.0)
     _check_number("top_entropy_frac", spec.top_entropy_frac, 0.0, 1.0, low_open=True)
     _check_number("beta", spec.beta, 0.0, math.inf)
+    _check_number("entropy_coef", spec.entropy_coef, 0.0, math.inf)
+    _check_number("opsm_delta", spec.opsm_delta, 0.0, math.inf)
+    for key in ("sapo_tau_pos", "sapo_tau_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+        _check_number(key, getattr(spec, key), 0.0, math.inf, low_open=True)
+    for key in ("vespo_k_pos", "vespo_k_neg"):
+        _check_number(key, getattr(spec, key), 0.0, math.inf)
+    if spec.dual_clip_c is not None:
+        _check_number("dual_clip_c", spec.dual_clip_c, 1.0, math.inf, low_open=True)
     for key in ("length_aware", "mask_renormalise"):
         if not isinstance(getattr(spec, key), bool):
             raise ValueError(f"{key} must be a bool, got {key}={getattr(spec, key)!r}")
@@ -154,6 +191,8 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
             f"transform={spec.transform!r} acts on sequence weights and needs ratio_level in {sorted(SEQUENCE_WEIGHT_LEVELS)}, "
             f"got ratio_level={spec.ratio_level!r}"
         )
+    if spec.transform != "none" and CLIP_RULES[spec.clip].score_function:
+        raise ValueError(f"transform={spec.transform!r} reweights A_i * w_i and has no meaning for the score-function clip={spec.clip!r}")
     if not CLIP_RULES[spec.clip].sequence_level and spec.ratio_level != "token":
         raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
     if spec.ratio_level == "geometric" and spec.clip != "none" and spec.eps_low >= 1.0:
@@ -315,6 +354,102 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 aggregation="token_mean",
             ),
             _preset(
+                "sapo",
+                "SAPO: a soft, temperature-controlled gate on the token ratio instead of a hard clip",
+                {
+                    "clip": "SAPO (arXiv 2511.20347) gate sigmoid(tau (r - 1)) * 4 / tau; TRL loss_type='sapo'",
+                    "eps_low": "unused: the gate has no clip range",
+                    "eps_high": "unused: the gate has no clip range",
+                    "aggregation": "SAPO: per-sequence token mean (TRL 'sapo', verl forces seq-mean-token-mean)",
+                },
+                clip="sapo",
+            ),
+            _preset(
+                "luspo",
+                "LUSPO: GSPO with each sequence's loss scaled by its length",
+                {
+                    "ratio_level": "GSPO eq (paper eq 44); TRL requires importance_sampling_level='sequence' for luspo",
+                    "eps_low": _GSPO_CLIP + " (LUSPO builds on GSPO)",
+                    "eps_high": _GSPO_CLIP + " (LUSPO builds on GSPO)",
+                    "aggregation": "LUSPO (arXiv 2602.05261); TRL 'luspo': sum over tokens, mean over sequences",
+                },
+                ratio_level="sequence",
+                eps_low=3e-4,
+                eps_high=4e-4,
+                aggregation="seq_mean_token_sum",
+            ),
+            _preset(
+                "vespo",
+                "VESPO: a detached Gamma weight of the sequence ratio prod_t r_it times A * log pi",
+                {
+                    "ratio_level": "VESPO (arXiv 2602.10693): w = prod_t r_it (TRL get_gamma_weights)",
+                    "clip": "VESPO Gamma weighting phi(w) = e^lambda w^k e^(-lambda w); TRL loss_type='vespo'",
+                    "eps_low": "unused: VESPO has no clip range",
+                    "eps_high": "unused: VESPO has no clip range",
+                    "aggregation": "TRL 'vespo': token sum over the batch's real tokens",
+                },
+                ratio_level="sequence_product",
+                clip="vespo",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "gpg",
+                "GPG: plain policy gradient A * log pi, no ratio and no clip",
+                {
+                    "clip": "GPG (arXiv 2504.02546); verl policy loss 'gpg': -A * log pi",
+                    "eps_low": "unused: no clip",
+                    "eps_high": "unused: no clip",
+                    "aggregation": "verl 'gpg' default loss_agg_mode='token-mean'",
+                },
+                clip="pg",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "dppo_tv",
+                "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked",
+                {
+                    "clip": "DPPO (arXiv 2602.04879) binary-TV mask; verl policy loss 'dppo_tv'",
+                    "eps_low": "DPPO recipe: TV bound 0.15",
+                    "eps_high": "DPPO recipe: TV bound 0.15",
+                    "dual_clip_c": "verl dppo_tv: ratio truncated at clip_ratio_c = 20",
+                    "aggregation": "verl 'dppo_tv' default loss_agg_mode='token-mean'",
+                },
+                clip="dppo_tv",
+                eps_low=0.15,
+                eps_high=0.15,
+                dual_clip_c=20.0,
+                aggregation="token_mean",
+            ),
+            _preset(
+                "dppo_kl",
+                "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound",
+                {
+                    "clip": "DPPO (arXiv 2602.04879) binary-KL mask; verl policy loss 'dppo_kl'",
+                    "eps_low": "DPPO recipe: KL bound 0.05",
+                    "eps_high": "DPPO recipe: KL bound 0.05",
+                    "dual_clip_c": "verl dppo_kl: ratio truncated at clip_ratio_c = 20",
+                    "aggregation": "verl 'dppo_kl' default loss_agg_mode='token-mean'",
+                },
+                clip="dppo_kl",
+                eps_low=0.05,
+                eps_high=0.05,
+                dual_clip_c=20.0,
+                aggregation="token_mean",
+            ),
+            _preset(
+                "opsm",
+                "GRPO with off-policy sequence masking: negative samples the policy has moved away from are dropped",
+                {
+                    "eps_low": _GRPO_SRC,
+                    "eps_high": _GRPO_SRC,
+                    "token_mask": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9; TRL off_policy_mask_threshold",
+                    "mask_renormalise": "TRL multiplies the per-token loss by the mask: the normaliser keeps every real token",
+                    "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'",
+                },
+                token_mask="opsm",
+                mask_renormalise=False,
+            ),
+            _preset(
                 "gmpo",
                 "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
                 {
@@ -341,8 +476,8 @@ def _typed_component(key: str, text: str) -> object:
             if low not in ("true", "false"):
                 raise ValueError
             return low == "true"
-        if kind == "float":
-            return float(text)
+        if kind.startswith("float"):
+            return None if low == "none" and "None" in kind else float(text)
         if kind.startswith("int"):
             return None if low == "none" and "None" in kind else int(text)
     except ValueError:
@@ -377,7 +512,10 @@ def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
     return resolve_objective(name, **{**base_overrides, **overrides})
 
 
-TRUST_REGION_FIELDS = ("ratio_level", "clip", "eps_low", "eps_high", "aggregation", "adv_scale", "token_mask", "beta")
+TRUST_REGION_FIELDS = (
+    "ratio_level", "clip", "eps_low", "eps_high", "dual_clip_c", "sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos",
+    "vespo_k_neg", "vespo_lambda_neg", "aggregation", "adv_scale", "token_mask", "opsm_delta", "beta", "entropy_coef",
+)  # fmt: skip
 
 
 def trust_region(spec: ObjectiveSpec) -> dict[str, object]:

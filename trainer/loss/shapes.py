@@ -10,6 +10,7 @@ level, so a new objective with a new ratio shape is one new function here.
     token           r_it = pi/pi_old per token (eq 7), clipped per token (eq 47/79)
     sequence_token  GSPO-token: value s_i, gradient token by token
     sequence        GSPO's s_i = (prod_t r_it)^(1/L_i) (eq 44), clipped per sequence (eq 47)
+    sequence_product  prod_t r_it (eq 11), VESPO's sequence weight
     geometric       GMPO (arXiv 2507.20673): each r_it clipped first, then the geometric mean
 """
 
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from dfpo.trainer.loss.clipping import clip_rule
 from dfpo.trainer.loss.groups import Groups
-from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_token_ratio, token_log_ratio
+from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
 from dfpo.trainer.loss.transforms import group_transform
 
 
@@ -156,8 +157,8 @@ def sequence_token_shape(spec, x: LossBatch) -> PolicyTerms:
 def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
     rule = clip_rule(spec.clip)
     adv = x.adv[:, None]  # (B, 1)
-    weight = rule.weight(ratio, adv, spec.eps_low, spec.eps_high)  # (B, T)
-    low, high = rule.flags(ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B, T)
+    weight = rule.weight(ratio, adv, spec, x.old_logp)  # (B, T)
+    low, high = rule.flags(ratio.detach(), adv, spec, x.old_logp)  # (B, T)
     row_weight = _row_mean(weight.detach(), x.mask, x.lengths)  # (B,)
     return PolicyTerms(
         surrogate=rule.surrogate(weight, adv, x.logp),
@@ -173,11 +174,29 @@ def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
 @register_ratio_shape("sequence", sequence_weight=True)
 def sequence_shape(spec, x: LossBatch) -> PolicyTerms:
     """GSPO: s_i = exp((1/L_i) sum_t log r_it) (eq 44), clipped per sequence (eq 47), then DFPO's transform."""
-    seq_ratio = torch.exp(sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))  # (B,)
+    return _sequence_terms(spec, x, sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))
+
+
+@register_ratio_shape("sequence_product", sequence_weight=True)
+def sequence_product_shape(spec, x: LossBatch) -> PolicyTerms:
+    """The un-normalised sequence ratio prod_t r_it (eq 11), as VESPO weighs it; log clamped to +-LOG_RATIO_BOUND."""
+    log_s = sequence_product_log_ratio(x.logp, x.old_logp, x.mask).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B,)
+    return _sequence_terms(spec, x, log_s)
+
+
+def _sequence_terms(spec, x: LossBatch, log_s: Tensor) -> PolicyTerms:
+    """One weight per sequence from its log-ratio (B,): clipped (eq 47) or gated, then transformed.
+
+    A score-function rule (VESPO) multiplies A_i log pi(y_it) by its detached weight instead.
+    """
+    seq_ratio = torch.exp(log_s)  # (B,)
     rule = clip_rule(spec.clip)
-    sbar = rule.weight(seq_ratio, x.adv, spec.eps_low, spec.eps_high)  # (B,) eq 47
-    surrogate, weight = sequence_surrogate(spec, sbar, x)
-    low, high = rule.flags(seq_ratio.detach(), x.adv, spec.eps_low, spec.eps_high)  # (B,)
+    sbar = rule.weight(seq_ratio, x.adv, spec, None)  # (B,) eq 47
+    if rule.score_function:
+        surrogate, weight = rule.surrogate(sbar[:, None], x.adv[:, None], x.logp), sbar.detach()
+    else:
+        surrogate, weight = sequence_surrogate(spec, sbar, x)
+    low, high = rule.flags(seq_ratio.detach(), x.adv, spec, None)  # (B,)
     return PolicyTerms(
         surrogate=surrogate,
         ratio=seq_ratio.detach()[:, None].expand_as(x.logp),
@@ -200,10 +219,10 @@ def geometric_shape(spec, x: LossBatch) -> PolicyTerms:
     ratio = torch.exp(token_log_ratio(x.logp, x.old_logp, x.mask))  # (B, T)
     rule = clip_rule(spec.clip)
     adv = x.adv[:, None]  # (B, 1)
-    clipped = rule.weight(ratio, adv, spec.eps_low, spec.eps_high)  # (B, T), > 0 (eps_low < 1)
+    clipped = rule.weight(ratio, adv, spec, x.old_logp)  # (B, T), > 0 (eps_low < 1)
     sbar = torch.exp(_row_mean(torch.log(clipped), x.mask, x.lengths))  # (B,) geometric mean
     surrogate, weight = sequence_surrogate(spec, sbar, x)
-    low, high = rule.flags(ratio.detach(), adv, spec.eps_low, spec.eps_high)  # (B, T)
+    low, high = rule.flags(ratio.detach(), adv, spec, x.old_logp)  # (B, T)
     return PolicyTerms(
         surrogate=surrogate,
         ratio=ratio.detach(),
