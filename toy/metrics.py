@@ -3,12 +3,12 @@
 Pure functions, batched over seeds (leading dimension S). Equation numbers are the paper's.
 
 Where this departs from the paper:
-1. Asym (eq 23) uses the *effective* sequence coefficient kappa_i = w_i A_i read off the
-   gradient of the loss (zero for a sequence whose gradient is clipped away), because
-   cancellation (eq 2) is a statement about gradient coefficients. The loss core's
-   ``weights/asym`` uses the post-clip value instead; the two agree when nothing is clipped.
-2. Energy (eq 24) buckets tokens by in-batch frequency: a token type is "frequent" when it
-   occurs in at least half of a seed's sampled completions (the template tokens, typically).
+1. Asym (eq 23) is the loss core's ``group_variance`` of the *effective* sequence coefficient
+   kappa_i = w_i A_i read off the gradient of the loss (zero for a sequence whose gradient is
+   clipped away), because cancellation (eq 2) is a statement about gradient coefficients. The
+   loss core's ``weights/asym`` uses the post-clip value instead; the two agree when nothing is clipped.
+2. Energy (eq 24), Jitter2 (eq 20) and Steps (eq 19) are ``dfpo.trainer.metrics``'s, the
+   definitions the LLM trainer uses too.
 3. Learning tax (Prop. 3.1) is measured as KL(pi_new || pi_old) at the task's template rows,
    the contexts whose every token leads to the same next state, so their true policy
    gradient is zero and any drift there is reward-irrelevant.
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from dfpo.toy.tasks import WRONG, Enumeration
+from dfpo.trainer.loss import aggregation_count
 
 
 def kl_rows(logp_new: Tensor, logp_old: Tensor, rows: Tensor) -> Tensor:
@@ -63,56 +64,18 @@ def exact_policy_metrics(logpi: Tensor, enum: Enumeration, n_prompts: int, n_for
 def sequence_coefficients(coef: Tensor, mask: Tensor, aggregation: str, max_len: int) -> Tensor:
     """Effective sequence coefficient kappa_i = w_i A_i from the loss gradient d loss / d logp.
 
-    coef (S, B, T) holds each seed's own d loss_s / d logp_it. kappa_i = -norm_i * sum_t coef_it
-    with norm_i chosen so that GRPO at ratio 1 gives kappa_i = A_i: B_s (seq_mean_token_mean),
-    N_s / L_i (token_mean), B_s * T / L_i (constant), B_s / L_i (seq_mean_token_sum). (S, B).
+    coef (S, B, T) holds each seed's own d loss_s / d logp_it. kappa_i = -norm_i * sum_t coef_it,
+    with norm_i the aggregation's divisor (``aggregation_count``, times T_max for ``constant``)
+    over L_i when the mode sums tokens, so that GRPO at ratio 1 gives kappa_i = A_i. (S, B).
     """
     maskf = mask.to(coef.dtype)
     total = (coef * maskf).sum(-1)  # (S, B)
-    lengths = maskf.sum(-1).clamp(min=1)  # (S, B)
-    n_seq = (maskf.sum(-1) > 0).sum(-1, keepdim=True).to(coef.dtype)  # (S, 1)
-    if aggregation == "seq_mean_token_mean":
-        norm = n_seq.expand_as(total)
-    elif aggregation == "token_mean":
-        norm = maskf.sum((-1, -2))[:, None] / lengths
-    elif aggregation == "constant":
-        norm = n_seq * max_len / lengths
-    elif aggregation == "seq_mean_token_sum":
-        norm = n_seq / lengths
-    else:
-        raise ValueError(f"unknown aggregation={aggregation!r}")
+    count = aggregation_count(mask, aggregation).to(coef.dtype)[:, None]  # (S, 1)
+    if aggregation == "constant":
+        count = count * max_len
+    per_length = aggregation != "seq_mean_token_mean"  # every other mode adds the tokens of a row up
+    norm = count / maskf.sum(-1).clamp(min=1) if per_length else count.expand_as(total)  # (S, B)
     return -norm * total
-
-
-def group_variance(x: Tensor, group: Tensor, weight: Tensor, n_groups: int) -> Tensor:
-    """Weighted population variance of x within each group, averaged over groups: (S, B) -> (S,)."""
-    S = x.shape[0]
-    wsum = torch.zeros(S, n_groups).index_add(1, group[0], weight)  # (S, n)
-    mean = torch.zeros(S, n_groups).index_add(1, group[0], weight * x) / wsum.clamp(min=1e-30)
-    dev = weight * (x - torch.gather(mean, 1, group)) ** 2  # (S, B)
-    var = torch.zeros(S, n_groups).index_add(1, group[0], dev) / wsum.clamp(min=1e-30)
-    has = (wsum > 0).to(x.dtype)
-    return (var * has).sum(-1) / has.sum(-1).clamp(min=1)
-
-
-def score_norm(logpi_tokens: Tensor, collision: Tensor) -> Tensor:
-    """|e_y - pi|_2 = sqrt(1 - 2 pi(y) + sum_v pi_v^2) per token (STAPO's identity): (S, B, T)."""
-    return torch.sqrt((1 - 2 * logpi_tokens.exp() + collision).clamp(min=0))
-
-
-def frequent_energy(coef: Tensor, norms: Tensor, tokens: Tensor, mask: Tensor, vocab: int) -> Tensor:
-    """Eq (24), Energy(frequent): share of sum_t |grad_theta l_t| on frequent token types. (S,).
-
-    |grad_theta l_t| = |coef_t| * |e_y - pi| for a table row. A type is frequent when it occurs in
-    at least half of the seed's completions. 0 when the gradient is zero.
-    """
-    S, B, T = tokens.shape
-    present = torch.zeros(S, B, vocab).scatter_(2, tokens, mask.to(coef.dtype)).clamp(max=1)  # (S, B, V)
-    frequent = present.mean(1) >= 0.5  # (S, V)
-    per_tok = torch.where(mask, coef.abs() * norms, torch.zeros_like(coef))  # (S, B, T)
-    on_freq = torch.gather(frequent, 1, tokens.reshape(S, -1)).reshape(S, B, T)
-    total = per_tok.sum((-1, -2))
-    return torch.where(total > 0, (per_tok * on_freq).sum((-1, -2)) / total.clamp(min=1e-30), torch.zeros_like(total))
 
 
 def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int, *, parts: bool = False):
@@ -140,26 +103,6 @@ def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, m
 
 
 # ----- run summaries (numpy, over seeds) -----
-
-
-def jitter2(curve: np.ndarray) -> np.ndarray:
-    """Eq (20), Jitter2(m) = mean_t |m_{t+2} - 2 m_{t+1} + m_t| along the last axis."""
-    curve = np.asarray(curve, dtype=float)
-    if curve.shape[-1] < 3:
-        return np.zeros(curve.shape[:-1])
-    return np.abs(curve[..., 2:] - 2 * curve[..., 1:-1] + curve[..., :-2]).mean(-1)
-
-
-def steps_to(curve: np.ndarray, kappa: float) -> tuple[np.ndarray, np.ndarray]:
-    """Eq (19), Steps(m >= kappa): first step (1-based) reaching kappa along the last axis.
-
-    Returns (steps, reached); a curve that never reaches kappa is censored at its length + 1.
-    """
-    curve = np.asarray(curve, dtype=float)
-    hit = curve >= kappa
-    reached = hit.any(-1)
-    first = np.where(reached, hit.argmax(-1) + 1, curve.shape[-1] + 1)
-    return first.astype(float), reached
 
 
 def bootstrap_ci(values: np.ndarray, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.toy.metrics import bootstrap_ci, jitter2, steps_to
+from dfpo.toy.metrics import bootstrap_ci
+from dfpo.trainer.metrics import jitter2, steps_to
 
 PLOTS = {
     "reward": ("reward", "expected reward E[R]"),
@@ -50,7 +51,6 @@ def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[s
         row = {
             "steps_to_kappa": steps,
             "reached": reached,
-            "jitter2_reward": jitter2(reward),
             "final_reward": reward[:, -1],
             "mean_reward": reward.mean(-1),
             "tax_kl_cum": h["tax/kl_cum"][-1],
@@ -59,6 +59,8 @@ def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[s
             "tax_at_kappa": h["tax/kl_cum"][np.minimum(steps.astype(int), reward.shape[1]) - 1, np.arange(reward.shape[0])],
             "clip_frac": (h["clip/frac_low"] + h["clip/frac_high"]).mean(0),
         }
+        if jitter2(reward) is not None:  # eq 20 needs 3 points or more
+            row["jitter2_reward"] = jitter2(reward)
         if "residual/shared_net" in h:  # ratio of sums over the run: updates with no shared event or zero gradient do not dilute it
             gross = h["residual/shared_gross"].sum(0)
             row["residual_rel"] = np.where(gross > 0, h["residual/shared_net"].sum(0) / np.maximum(gross, 1e-300), 0.0)

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from dfpo import group_advantages, policy_loss, resolve_objective
-from dfpo.trainer.loss import aggregation_count, objective_from_label, sequence_log_ratio
-from dfpo.trainer.loss import low_entropy_mask, stapo_spurious_mask
+from dfpo.trainer import metrics
+from dfpo.trainer.loss import aggregation_count, dropped_tokens, group_variance, objective_from_label, sequence_log_ratio
 from dfpo.toy import metrics as M
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
@@ -148,14 +148,18 @@ class _Batch:
 
 
 def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps: float, scale: str) -> Tensor:
-    """Eq (43) with the policy's moments: (R - E R) / (std R + eps) per prompt. (S, C)."""
+    """Eq (43) with the policy's moments: (R - E R) / (std R + eps) per prompt, or the estimator's population limit. (S, C)."""
     S = p_old.shape[0]
     R = enum.reward[None].expand(S, -1)
     mass = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old).clamp(min=1e-30)
     mean = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old * R) / mass
     centred = R - mean[:, enum.prompt]
-    if scale == "none":
+    if scale in ("none", "rloo"):  # RLOO's G / (G - 1) factor tends to 1: the population limit is mean-centring
         return centred
+    if scale == "reinforce_pp":  # batch baseline: the mean and std over every prompt's completions
+        batch_mean = (p_old * R).sum(-1, keepdim=True) / n_prompts  # (S, 1)
+        batch_std = (p_old * (R - batch_mean) ** 2).sum(-1, keepdim=True).div(n_prompts).sqrt()  # (S, 1)
+        return torch.where(batch_std > 1e-6, (R - batch_mean) / (batch_std + eps), torch.zeros_like(R))
     var = torch.zeros(S, n_prompts).index_add(1, enum.prompt, p_old * centred**2) / mass
     std = var.sqrt()
     if scale == "batch":
@@ -213,15 +217,9 @@ def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
     return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], ent, batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
 
 
-def _drop_mask(spec, lp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
-    """The core's token mask (STAPO / top-entropy), computed for each seed on its own batch. (S, B, T)."""
-    out = []
-    for s in range(lp.shape[0]):
-        if spec.token_mask == "stapo":
-            out.append(stapo_spurious_mask(lp[s], entropy[s], adv[s], mask[s], tau_p=spec.stapo_tau_p, q=spec.stapo_q))
-        else:
-            out.append(low_entropy_mask(entropy[s], mask[s], keep_frac=spec.top_entropy_frac))
-    return torch.stack(out) & mask
+def _drop_mask(spec, lp: Tensor, old: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+    """The core's token mask (STAPO, top-entropy, OPSM), computed for each seed on its own batch. (S, B, T)."""
+    return torch.stack([dropped_tokens(spec, lp[s], old[s], None if entropy is None else entropy[s], adv[s], mask[s]) for s in range(lp.shape[0])])
 
 
 def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, group: Tensor, entropy: Tensor, n_groups: int, max_len: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -244,7 +242,7 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
             pooled.append(m)
         return torch.stack(coefs), {k: torch.stack([m[k] for m in pooled]).mean() for k in pooled[0]}
     if spec.token_mask != "none":
-        dropped = _drop_mask(spec, lp.detach(), entropy, adv, mask)  # (S, B, T)
+        dropped = _drop_mask(spec, lp.detach(), old, entropy, adv, mask)  # (S, B, T)
         loss_mask = mask & ~dropped if spec.mask_renormalise else mask
         if not spec.mask_renormalise:
             raise ValueError("token masks without renormalisation are not supported by the toy's batched loss")
@@ -314,7 +312,7 @@ def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enum
                 theta.grad = table_gradient(coef, logpi, rows, toks, mask)  # (S, R, V) closed form of autograd's
                 upd = _update_metrics(task, spec, config, theta.grad, logpi.detach(), coef, rows, toks, mask, group, weight, scale, batch.n_groups)
                 seq_log_ratio = sequence_log_ratio(lp, old, mask)  # (S, B) eq 44 in log space
-                upd["ratio/spread"] = M.group_variance(seq_log_ratio, group, weight, batch.n_groups).sqrt()  # (S,)
+                upd["ratio/spread"] = _per_seed_group_variance(seq_log_ratio, group, mask.any(-1), weight).sqrt()  # (S,)
                 upd["clip/frac_low"] = core["clip/frac_low"].expand(S)
                 upd["clip/frac_high"] = core["clip/frac_high"].expand(S)
                 for key, val in upd.items():
@@ -343,6 +341,11 @@ def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enum
     return {key: torch.stack(vals) for key, vals in history.items()}
 
 
+def _per_seed_group_variance(x: Tensor, group: Tensor, valid: Tensor, weight: Tensor) -> Tensor:
+    """The loss core's ``group_variance`` (weighted, within groups, averaged over groups) for each seed: (S, B) -> (S,)."""
+    return torch.stack([group_variance(x[s], group[s], valid[s], sample_weight=weight[s]) for s in range(x.shape[0])])
+
+
 def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Tensor, coef: Tensor, rows, toks, mask, group, weight, scale, n_groups: int) -> dict[str, Tensor]:
     """Per-update mechanism metrics, each (S,)."""
     S = grad.shape[0]
@@ -351,13 +354,15 @@ def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Te
     kappa = M.sequence_coefficients(coef, mask, spec.aggregation, task.max_len)  # (S, B)
     if config.mode == "exact":
         kappa = torch.where(scale > 1e-30, kappa / scale.clamp(min=1e-30), torch.zeros_like(kappa))  # pi_old(y) ~ 0 rows carry no weight
-    out["asym"] = M.group_variance(kappa, group, weight, n_groups)
+    out["asym"] = _per_seed_group_variance(kappa, group, mask.any(-1), weight)  # eq 23 on kappa_i = w_i A_i
     collision = (logpi.exp() ** 2).sum(-1)  # (S, R)
     lp_tok = gather_tokens(logpi, rows, toks)
     coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
-    norms = M.score_norm(torch.where(mask, lp_tok, torch.zeros_like(lp_tok)), coll_tok)  # (S, B, T)
+    prob_tok = torch.where(mask, lp_tok, torch.zeros_like(lp_tok)).exp()  # (S, B, T)
+    norms = metrics.score_norm(prob_tok, coll_tok)  # (S, B, T)
     if config.mode == "sampled":
-        out["energy/frequent"] = M.frequent_energy(coef, norms, toks, mask, len(task.vocab))
+        grad_norm = metrics.logit_grad_norm(coef, prob_tok, coll_tok)  # (S, B, T): |d loss / d logits| per token
+        out["energy/frequent"] = torch.stack([metrics.frequent_energy(grad_norm[s], toks[s], mask[s], len(task.vocab)) for s in range(S)]).float()
         res = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size, parts=True)
         out["residual/shared"], out["residual/shared_rel"], out["residual/shared_net"], out["residual/shared_gross"] = res
     return out
@@ -403,5 +408,5 @@ def shared_prefix_residual(task: Task, objective: str, theta_old: Tensor, theta:
     p_new = logpi.exp()
     collision = (p_new**2).sum(-1)  # (S, R)
     coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
-    norms = M.score_norm(lp, coll_tok)
+    norms = metrics.score_norm(lp.exp(), coll_tok)  # (S, G, T)
     return M.shared_residual(coef, norms, rows, toks, mask, group, G)

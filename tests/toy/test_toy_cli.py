@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dfpo.cli import main
-from dfpo.toy.metrics import bootstrap_ci, jitter2, kl_rows, steps_to
+from dfpo.toy.metrics import bootstrap_ci, kl_rows
+from dfpo.trainer.metrics import jitter2, steps_to
 from dfpo.toy.report import paired_verdict
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from dfpo.trainer import metrics
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.rollout import build_batch
 from dfpo.trainer.llm.train import MicroBatch, StepDiagnostics, accumulate_gradients
@@ -16,33 +17,33 @@ def test_closed_form_logit_gradient_norm_matches_autograd():
     logp = torch.log_softmax(z, -1)
     (coef * logp[torch.arange(5), y]).sum().backward()
     p = torch.softmax(z.detach(), -1)
-    closed = diag.logit_grad_norm(coef, p[torch.arange(5), y], (p * p).sum(-1))
+    closed = metrics.logit_grad_norm(coef, p[torch.arange(5), y], (p * p).sum(-1))
     torch.testing.assert_close(closed, z.grad.norm(dim=-1))
 
 
 def test_frequency_buckets_put_the_most_frequent_tokens_first():
     ids = torch.tensor([[5, 5, 5, 5, 6, 6, 7, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0]]).bool()
-    buckets = diag.frequency_buckets(ids, mask, [0.5, 0.8], vocab_size=9)
+    buckets = metrics.frequency_buckets(ids, mask, [0.5, 0.8], vocab_size=9)
     assert buckets[5] == 0 and buckets[6] == 1 and buckets[7] == 2  # 4/7, then 2/7 (cum 6/7), then rare
     assert buckets[0] == 2 and buckets[8] == 2  # unseen tokens (padding included) are "rare"
     norm = torch.ones(1, 8)
-    sums = diag.energy_sums(norm, ids, mask, buckets)
+    sums = metrics.energy_sums(norm, ids, mask, buckets)
     assert sums.tolist() == [4.0, 2.0, 1.0]
 
 
 def test_jitter2_and_steps_to_threshold():
-    assert diag.jitter2([0, 1, 0, 1]) == pytest.approx(2.0)  # |0-2+0|, |1-0+1| -> (2+2)/2
-    assert diag.jitter2([0.0, 0.5, 1.0, 1.5]) == pytest.approx(0.0)  # a straight line has no jitter
-    assert diag.jitter2([1.0, 2.0]) is None
-    assert diag.steps_to_threshold([1, 2, 3], [0.1, 0.6, 0.9], 0.5) == 2
-    assert diag.steps_to_threshold([1, 2], [0.1, 0.2], 0.5) is None
+    assert metrics.jitter2([0, 1, 0, 1]) == pytest.approx(2.0)  # |0-2+0|, |1-0+1| -> (2+2)/2
+    assert metrics.jitter2([0.0, 0.5, 1.0, 1.5]) == pytest.approx(0.0)  # a straight line has no jitter
+    assert metrics.jitter2([1.0, 2.0]) is None
+    assert metrics.steps_to_threshold([1, 2, 3], [0.1, 0.6, 0.9], 0.5) == 2
+    assert metrics.steps_to_threshold([1, 2], [0.1, 0.2], 0.5) is None
 
 
 def test_trailing_mean_smooths_a_single_spike():
     curve = [0.0, 0.0, 1.0, 0.0, 0.0]
-    assert diag.trailing_mean(curve, 2) == [0.0, 0.0, 0.5, 0.5, 0.0]
-    assert diag.steps_to_threshold([1, 2, 3, 4, 5], diag.trailing_mean(curve, 3), 0.5) is None
+    assert metrics.trailing_mean(curve, 2) == [0.0, 0.0, 0.5, 0.5, 0.0]
+    assert metrics.steps_to_threshold([1, 2, 3, 4, 5], metrics.trailing_mean(curve, 3), 0.5) is None
 
 
 def test_zero_variance_fraction_counts_all_equal_groups():

@@ -39,6 +39,7 @@ import torch
 
 from dfpo import group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.loss import aggregation_count
+from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.rollout import (
@@ -193,10 +194,10 @@ def accumulate_gradients(
             sums["entropy/mean"] = sums.get("entropy/mean", 0.0) + mb.weight * float(entropy[mask].mean()) if bool(mask.any()) else sums.get("entropy/mean", 0.0)
         if diagnostics is not None and prob is not None and logp.grad is not None:
             coef = logp.grad.detach()  # (b, T) = d loss_minibatch / d logp, weight included
-            factor = (1 - 2 * prob + coll).clamp(min=0).sqrt()  # (b, T)
-            norm = coef.abs() * factor  # (b, T) closed-form logit-gradient norm
+            factor = score_norm(prob, coll)  # (b, T) |e_y - pi|
             if buckets is not None:
-                diagnostics.add_energy(diag.energy_sums(norm, targets, mask, buckets))
+                norm = logit_grad_norm(coef, prob, coll)  # (b, T) closed-form logit-gradient norm
+                diagnostics.add_energy(energy_sums(norm, targets, mask, buckets))
             num, den, n = diag.shared_prefix_sums(coef, factor, targets, mask, b.group_ids.to(device))
             diagnostics.shared_num += num
             diagnostics.shared_den += den
@@ -436,7 +437,7 @@ class Trainer:
                     ref_logp, _ = batch_logp(self.model, batch, self.device, micro_groups * G, self.amp)
         buckets = None
         if cfg.log.diagnostics:
-            buckets = diag.frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
+            buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
         step_diag = StepDiagnostics()
         loss_metrics: list[dict] = []
         grad_norms: list[float] = []
@@ -663,9 +664,9 @@ def run_summary(run_dir: Path, kappa: float) -> dict:
         "steps_missing_from_log": missing_steps(rows, last),
         "reward/first": reward[0] if reward else None,
         "reward/last": reward[-1] if reward else None,
-        "reward/jitter2": diag.jitter2(reward),
-        "reward/steps_to_kappa": diag.steps_to_threshold(steps, reward, kappa),
-        "reward/steps_to_kappa_ma10": diag.steps_to_threshold(steps, diag.trailing_mean(reward, 10), kappa),
+        "reward/jitter2": None if jitter2(reward) is None else float(jitter2(reward)),
+        "reward/steps_to_kappa": steps_to_threshold(steps, reward, kappa),
+        "reward/steps_to_kappa_ma10": steps_to_threshold(steps, trailing_mean(reward, 10), kappa),
         "kappa": kappa,
     }
 
