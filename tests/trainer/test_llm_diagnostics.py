@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from dfpo import resolve_objective
 from dfpo.trainer import metrics
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.rollout import build_batch
@@ -78,7 +79,7 @@ def test_shared_prefix_residual_is_zero_exactly_when_the_objective_cancels(objec
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     d = StepDiagnostics()
     accumulate_gradients(
-        model, [MicroBatch(batch, old, None, adv, 1.0)], objective, {"eps_low": 0.2, "eps_high": 0.2}, torch.device("cpu"),
+        model, [MicroBatch(batch, old, None, adv, 1.0)], resolve_objective(objective, eps_low=0.2, eps_high=0.2), torch.device("cpu"),
         need_stats=True, buckets=None, diagnostics=d,
     )
     assert d.shared_positions == 2

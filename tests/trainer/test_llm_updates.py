@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dfpo import resolve_objective
 from dfpo.trainer.llm.config import ModelConfig
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch
@@ -83,7 +84,7 @@ def test_accumulated_gradient_equals_whole_minibatch_gradient(objective, overrid
         micro_rows = split_groups(rows, batch.group_ids, groups_per_micro)
         weights = accumulation_weights([batch.mask[r] for r in micro_rows], agg)
         micros = [MicroBatch(batch.rows(r), old[r], ref[r], adv[r], w) for r, w in zip(micro_rows, weights)]
-        _, finite = accumulate_gradients(model, micros, objective, overrides, torch.device("cpu"), need_stats=True)
+        _, finite = accumulate_gradients(model, micros, resolve_objective(objective, **overrides), torch.device("cpu"), need_stats=True)
         assert finite
         return [p.grad.clone() for p in model.parameters()]
 
@@ -125,7 +126,7 @@ def test_a_small_step_raises_positive_advantage_completions_relative_to_negative
 
     before = seq_logp()
     micro = MicroBatch(batch, torch.where(batch.mask, 0.0, 0.0) + token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids).detach(), None, adv, 1.0)
-    accumulate_gradients(model, [micro], objective, {}, torch.device("cpu"), need_stats=False)
+    accumulate_gradients(model, [micro], resolve_objective(objective), torch.device("cpu"), need_stats=False)
     with torch.no_grad():
         for p in model.parameters():
             p -= 1e-2 * p.grad

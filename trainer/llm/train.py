@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.loss import aggregation_count
 from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
 from dfpo.trainer.llm import diagnostics as diag
@@ -141,8 +141,7 @@ class StepDiagnostics:
 def accumulate_gradients(
     model,
     micro_batches: list[MicroBatch],
-    objective: str,
-    overrides: dict,
+    spec: ObjectiveSpec,
     device,
     *,
     need_stats: bool = True,
@@ -171,7 +170,7 @@ def accumulate_gradients(
             return sums, False
         logp.retain_grad()
         loss, metrics = policy_loss(
-            objective,
+            spec,
             logp=logp,
             old_logp=mb.old_logp.to(device),
             advantages=mb.advantages.to(device),
@@ -179,7 +178,6 @@ def accumulate_gradients(
             group_ids=b.group_ids.to(device),
             entropy=entropy,
             ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
-            **overrides,
         )
         if not bool(torch.isfinite(loss.detach())):
             return sums, False
@@ -242,10 +240,10 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
-        self.spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
-        self.overrides = dict(cfg.objective.overrides)
-        if self.spec.aggregation == "constant" and "max_completion_length" not in self.overrides:
-            self.overrides["max_completion_length"] = cfg.rollout.max_new_tokens
+        overrides = dict(cfg.objective.overrides)
+        if resolve_objective(cfg.objective.name, **overrides).aggregation == "constant":
+            overrides.setdefault("max_completion_length", cfg.rollout.max_new_tokens)
+        self.spec = resolve_objective(cfg.objective.name, **overrides)  # resolved once, passed down as is
         micro = cfg.optim.microbatch_groups
         if self.spec.token_mask != "none" and micro and micro < cfg.optim.minibatch_groups:
             self._say(
@@ -453,7 +451,7 @@ class Trainer:
                     for r, w in zip(micro_rows, weights)
                 ]
                 metrics, finite = accumulate_gradients(
-                    self.model, micros, cfg.objective.name, self.overrides, self.device,
+                    self.model, micros, self.spec, self.device,
                     need_stats=True, buckets=buckets, diagnostics=step_diag if cfg.log.diagnostics else None,
                     amp_dtype=self.amp,
                 )
