@@ -32,7 +32,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -123,6 +123,16 @@ class MicroBatch:
     ref_logp: torch.Tensor | None  # (b, T)
     advantages: torch.Tensor  # (b,)
     weight: float
+
+
+@dataclass
+class UpdateStats:
+    """What the optimiser steps of one rollout batch produced: per-step loss metrics and
+    gradient norms (steps taken only) and the number of skipped non-finite steps."""
+
+    loss_metrics: list[dict] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    skipped: int = 0
 
 
 @dataclass
@@ -437,10 +447,19 @@ class Trainer:
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
         step_diag = StepDiagnostics()
-        loss_metrics: list[dict] = []
-        grad_norms: list[float] = []
-        skipped = 0
         t1 = time.time()
+        upd = self.update(step, batch, old_logp, ref_logp, adv, buckets, step_diag)
+        t_upd = time.time() - t1
+        out = self._step_metrics(step, batch, texts, rew, examples, rewards, entropy, upd.loss_metrics, upd.grad_norms, upd.skipped, step_diag)
+        out["time/rollout_s"], out["time/update_s"], out["time/step_s"] = t_roll, t_upd, time.time() - t0
+        self._write_samples(step, examples, texts, rew)
+        return out
+
+    def update(self, step: int, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, adv: torch.Tensor, buckets: torch.Tensor | None, step_diag: StepDiagnostics) -> UpdateStats:
+        """The K optimiser steps of one rollout batch: ``epochs`` passes over seeded mini-batches of
+        whole groups, each accumulated over micro-batches, clipped, stepped (or skipped if non-finite)."""
+        cfg = self.cfg
+        upd = UpdateStats()
         for epoch in range(cfg.optim.epochs):
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch)
             for rows in group_minibatches(batch.group_ids, cfg.optim.minibatch_groups, gen):
@@ -462,7 +481,7 @@ class Trainer:
                     finite = math.isfinite(norm)
                 if not finite:
                     self.optimizer.zero_grad(set_to_none=True)
-                    skipped += 1
+                    upd.skipped += 1
                     self.nonfinite_in_row += 1
                     self._say(f"step {step}: non-finite loss or gradient, optimiser step skipped ({self.nonfinite_in_row} in a row)")
                     if self.nonfinite_in_row >= cfg.train.max_nonfinite_in_row:
@@ -478,13 +497,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.nonfinite_in_row = 0
                 self.updates_done += 1
-                loss_metrics.append(metrics)
-                grad_norms.append(norm)
-        t_upd = time.time() - t1
-        out = self._step_metrics(step, batch, texts, rew, examples, rewards, entropy, loss_metrics, grad_norms, skipped, step_diag)
-        out["time/rollout_s"], out["time/update_s"], out["time/step_s"] = t_roll, t_upd, time.time() - t0
-        self._write_samples(step, examples, texts, rew)
-        return out
+                upd.loss_metrics.append(metrics)
+                upd.grad_norms.append(norm)
+        return upd
 
     def _step_metrics(self, step, batch, texts, rew, examples, rewards, entropy, loss_metrics, grad_norms, skipped, step_diag) -> dict:
         cfg = self.cfg
