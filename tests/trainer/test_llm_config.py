@@ -112,3 +112,16 @@ def test_every_numeric_and_choice_field_declares_its_bounds_with_its_definition(
                 assert "bounds" in f.metadata, f"{section.__name__}.{f.name} has no bounds"
                 low, high, *_ = f.metadata["bounds"]
                 assert low <= f.default <= high, f"{section.__name__}.{f.name}: default {f.default} outside its bounds"
+
+
+def test_the_advantage_estimator_is_set_in_one_place():
+    """objective.advantage_scale is gone: an old config is refused with where the setting lives now,
+    and objective.overrides.adv_scale is what the trainer passes to group_advantages."""
+    with pytest.raises(ValueError, match="objective.advantage_scale is no longer read: .*objective.overrides.adv_scale"):
+        config_from_dict({"objective": {"advantage_scale": "batch"}})
+    cfg = config_from_dict({"objective": {"name": "grpo", "overrides": {"adv_scale": "rloo"}}})
+    from dfpo import resolve_objective
+
+    assert resolve_objective(cfg.objective.name, **cfg.objective.overrides).adv_scale == "rloo"
+    with pytest.raises(ValueError, match="adv_scale must be one of"):
+        config_from_dict({"objective": {"name": "grpo", "overrides": {"adv_scale": "auto"}}})

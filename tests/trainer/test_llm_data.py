@@ -60,22 +60,22 @@ def _nan(prompt, completion, example):
 
 def test_broken_reward_gives_zero_and_is_counted():
     out = RewardComputer(_raises)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
-    assert out["total"] == [0.0, 0.0] and out["errors"] == 2
+    assert out.total == [0.0, 0.0] and out.errors == 2
     out = RewardComputer(_nan)(["p"], ["a"], [Example("p", "a")])
-    assert out["total"] == [0.0] and out["invalid"] == 1 and out["errors"] == 0
+    assert out.total == [0.0] and out.invalid == 1 and out.errors == 0
 
 
 def test_slow_reward_times_out_to_zero_and_is_counted():
     t0 = time.time()
     out = RewardComputer(_sleeps, timeout_s=0.1)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
-    assert out["total"] == [0.0, 0.0] and out["timeouts"] == 2
+    assert out.total == [0.0, 0.0] and out.timeouts == 2
     assert time.time() - t0 < 1.5
 
 
 def test_format_reward_adds_weighted_regex_match():
     rc = RewardComputer(exact_match, format_weight=0.5, format_regex=r"^\d+$")
     out = rc(["p"] * 3, ["5", "x", "6"], [Example("p", "5")] * 3)
-    assert out["total"] == [1.5, 0.0, 0.5]
+    assert out.total == [1.5, 0.0, 0.5]
 
 
 def test_user_reward_callable_is_imported_and_bad_spec_rejected():

@@ -37,10 +37,10 @@ def _params(model):
 def test_every_objective_moves_parameters_and_logs_finite_metrics(tmp_path, objective):
     cfg = tiny_config(tmp_path, f"objective.name={objective}")
     trainer = Trainer(cfg, quiet=True)
-    trainer.setup = _capture_initial(trainer)
+    initial = _params(trainer.model)  # built in __init__: the parameters before any update
     summary = trainer.run()
     after = _params(trainer.model)
-    moved = sum(float((after[n] - trainer.initial[n]).abs().sum()) for n in after)
+    moved = sum(float((after[n] - initial[n]).abs().sum()) for n in after)
     assert moved > 0, f"{objective}: no parameter changed"
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -53,16 +53,6 @@ def test_every_objective_moves_parameters_and_logs_finite_metrics(tmp_path, obje
     assert summary["steps"] == 2
     evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2] and all(0 <= e["eval/avg@2"] <= 1 for e in evals)
-
-
-def _capture_initial(trainer):
-    setup = trainer.setup
-
-    def wrapped():
-        setup()
-        trainer.initial = _params(trainer.model)
-
-    return wrapped
 
 
 def test_run_folder_holds_config_logs_samples_and_checkpoint(tmp_path):
@@ -166,10 +156,10 @@ def test_tiny_cpu_config_raises_reward(tmp_path):
 def test_lora_and_reference_kl_train_only_adapters(tmp_path):
     cfg = tiny_config(tmp_path, "model.lora_r=4", "objective.name=grpo", "objective.overrides.beta=0.1")
     trainer = Trainer(cfg, quiet=True)
-    trainer.setup = _capture_initial(trainer)
+    initial = _params(trainer.model)
     trainer.run()
     after = _params(trainer.model)
-    changed = {n for n in after if not torch.equal(after[n], trainer.initial[n])}
+    changed = {n for n in after if not torch.equal(after[n], initial[n])}
     assert changed and all("lora_" in n for n in changed)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all("kl/ref" in r and r["kl/ref"] >= 0 for r in rows)
@@ -231,11 +221,11 @@ def test_equiv_task_logs_surface_forms_and_a_local_model_directory_loads(tmp_pat
 def test_tiny_run_on_cuda_with_bf16_autocast(tmp_path):
     cfg = tiny_config(tmp_path, "device=cuda", "objective.name=dfpo_min")
     trainer = Trainer(cfg, quiet=True)
-    trainer.setup = _capture_initial(trainer)
+    initial = _params(trainer.model)
     trainer.run()
     assert next(trainer.model.parameters()).is_cuda
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay float32
     after = _params(trainer.model)
-    assert sum(float((after[n] - trainer.initial[n]).abs().sum()) for n in after) > 0
+    assert sum(float((after[n] - initial[n]).abs().sum()) for n in after) > 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))

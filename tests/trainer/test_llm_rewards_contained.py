@@ -42,21 +42,21 @@ def test_a_reward_is_a_finite_number_within_bounds(raw, value):
 )
 def test_a_misbehaving_reward_scores_zero_and_is_counted(fn, key):
     out = _batch(fn)
-    assert out["total"] == [0.0] * 4 and out[key] == 4
+    assert out.total == [0.0] * 4 and getattr(out, key) == 4
 
 
 def test_a_reward_that_never_returns_costs_one_timeout_per_batch():
     never = threading.Event()
     t0 = time.monotonic()
     out = _batch(lambda p, c, e: never.wait(), n=32, timeout_s=0.3)
-    assert out["timeouts"] == 32 and out["total"] == [0.0] * 32
+    assert out.timeouts == 32 and out.total == [0.0] * 32
     assert time.monotonic() - t0 < 1.5  # not 32 x 0.3 s
 
 
 def test_slow_calls_run_concurrently():
     t0 = time.monotonic()
     out = _batch(lambda p, c, e: time.sleep(0.2) or 1.0, n=32, timeout_s=1.0)
-    assert out["total"] == [1.0] * 32 and time.monotonic() - t0 < 1.0
+    assert out.total == [1.0] * 32 and time.monotonic() - t0 < 1.0
 
 
 def test_more_than_half_failing_warns_once_per_kind_on_stderr(capsys):
@@ -76,7 +76,7 @@ def test_the_process_exits_after_a_reward_that_never_returns():
         from dfpo.trainer.llm.rewards import RewardComputer
         from dfpo.trainer.llm.tasks import Example
         out = RewardComputer(lambda p, c, e: threading.Event().wait(), timeout_s=0.2)(["p"], ["c"], [Example("p", "a")])
-        print("done", out["timeouts"])
+        print("done", out.timeouts)
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

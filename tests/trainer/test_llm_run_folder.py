@@ -46,7 +46,7 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     (run / ".lock").write_text("999999")  # no process holds the flock
     trainer = Trainer(tiny_config(tmp_path), quiet=True)
     assert (run / ".lock").read_text() == str(os.getpid())
-    trainer.lock.release()
+    trainer.close()
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_in_the_same_folder(tmp_path):

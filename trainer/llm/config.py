@@ -33,7 +33,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 TASKS = ("add", "equiv", "jsonl", "reasoning_gym", "hf")
 REWARD_KINDS = ("auto", "exact", "math_verify", "equiv", "reasoning_gym", "user")
 CHAT_TEMPLATE = ("auto", "on", "off")
-ADV_SCALES = ("auto", "group", "batch", "none")
+MOVED_KEYS = {
+    "objective.advantage_scale": "the advantage estimator is a component of the objective: set objective.overrides.adv_scale "
+    "(group, batch, none, rloo or reinforce_pp; leave it out for the preset's own)",
+}
+"""Keys that earlier versions accepted, and where their setting lives now."""
 AMPS = ("auto", "bf16", "fp16", "none")
 ENGINES = ("hf",)
 
@@ -189,8 +193,6 @@ class ObjectiveConfig:
     """A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...)."""
     overrides: dict = field(default_factory=dict)
     """ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...)."""
-    advantage_scale: str = one_of("auto", ADV_SCALES)
-    """Advantage scaling: auto (the preset's), group, batch or none."""
     advantage_eps: float = bounded(1e-4, 0, math.inf)
     """Epsilon added to the std in advantage scaling."""
 
@@ -307,6 +309,8 @@ def _build_section(name: str, cls: type, table: Any) -> Any:
     known = {f.name for f in fields(cls)}
     kwargs = {}
     for key, value in table.items():
+        if f"{name}.{key}" in MOVED_KEYS:
+            raise ValueError(f"config key {name}.{key} is no longer read: {MOVED_KEYS[f'{name}.{key}']}")
         if key not in known:
             raise ValueError(f"unknown config key {name}.{key}; valid keys of [{name}]: {', '.join(sorted(known))}")
         kwargs[key] = _check_value(f"{name}.{key}", value, hints[key])

@@ -27,6 +27,7 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from dfpo.trainer.llm.tasks import Example, sum_value
@@ -141,6 +142,22 @@ def as_reward(raw: object) -> float | None:
     return value if math.isfinite(value) and abs(value) <= MAX_ABS_REWARD else None
 
 
+@dataclass(frozen=True)
+class RewardBatch:
+    """Rewards of a batch of completions: ``total = correct + format_weight * format`` per completion."""
+
+    total: list[float]
+    correct: list[float]
+    format: list[float]
+    errors: int = 0
+    """Calls of the reward function that raised (scored 0)."""
+    timeouts: int = 0
+    """Calls that ran past reward.timeout_s (scored 0)."""
+    invalid: int = 0
+    """Calls that returned something other than a finite number (scored 0)."""
+
+
+
 class RewardComputer:
     """Correctness + format_weight * format; a batch's calls run concurrently with a time limit."""
 
@@ -202,12 +219,12 @@ class RewardComputer:
                 self._warned.add(kind)
                 print(f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step; first {status}: {detail}", file=sys.stderr, flush=True)
 
-    def __call__(self, prompts: list[str], completions: list[str], examples: list[Example]) -> dict:
-        """Rewards of a batch: lists 'total', 'correct', 'format' and counts 'errors', 'timeouts', 'invalid'."""
+    def __call__(self, prompts: list[str], completions: list[str], examples: list[Example]) -> RewardBatch:
+        """The rewards of a batch of completions, one entry per completion, with the failure counts."""
         results = self._call_all(prompts, completions, examples)
         self._warn(results)
         correct = [value for value, _, _ in results]
         fmt = [float(bool(self.format_re.search(c))) if self.format_re is not None else 0.0 for c in completions]
         total = [c + self.format_weight * f for c, f in zip(correct, fmt)]
         counts = {k: sum(status == k for _, status, _ in results) for k in ("error", "timeout", "invalid")}
-        return {"total": total, "correct": correct, "format": fmt, "errors": counts["error"], "timeouts": counts["timeout"], "invalid": counts["invalid"]}
+        return RewardBatch(total, correct, fmt, errors=counts["error"], timeouts=counts["timeout"], invalid=counts["invalid"])

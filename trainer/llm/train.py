@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -64,6 +65,8 @@ from dfpo.trainer.llm.runlog import (
     save_checkpoint,
     set_rng_state,
 )
+if TYPE_CHECKING:
+    from dfpo.trainer.llm.rewards import RewardBatch
 from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 
 
@@ -114,6 +117,20 @@ def accumulation_weights(masks: list[torch.Tensor], aggregation: str) -> list[fl
     counts = [float(aggregation_count(m, aggregation)) for m in masks]
     total = sum(counts)
     return [c / total if total > 0 else 0.0 for c in counts]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout batch: the completions of ``examples`` (G per prompt, grouped), their texts and rewards."""
+
+    examples: list
+    batch: RolloutBatch
+    texts: list[str]
+    rewards: RewardBatch
+
+    def reward_tensor(self) -> torch.Tensor:
+        """The total rewards (B,) float32."""
+        return torch.tensor(self.rewards.total, dtype=torch.float32)
 
 
 @dataclass
@@ -231,7 +248,11 @@ def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtyp
 
 
 class Trainer:
-    """Builds everything from a Config (cheap checks first) and runs or resumes a run."""
+    """Everything a run needs, built from a Config in ``__init__`` (cheap checks first, then the model,
+    optimiser, step-0 checkpoint and logs), so the initial parameters are there to read before ``run``.
+
+    The run folder is locked from construction until ``run`` returns (or ``close`` is called).
+    """
 
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
@@ -239,6 +260,7 @@ class Trainer:
         self.lock = prepare_run_folder(self.run_dir, resume=resume, steps=cfg.train.steps)  # checked and locked first
         try:
             self._build(cfg)
+            self._setup()
         except BaseException:
             self.lock.abandon()  # a refused config leaves no empty run folder behind
             raise
@@ -261,7 +283,6 @@ class Trainer:
                 "with micro-batches (optim.microbatch_groups < optim.minibatch_groups) accumulation is not exact. "
                 "Set optim.microbatch_groups = 0 for the exact mini-batch loss."
             )
-        self.adv_scale = self.spec.adv_scale if cfg.objective.advantage_scale == "auto" else cfg.objective.advantage_scale
         self.rewards = RewardComputer(
             correctness_fn(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
             format_weight=cfg.reward.format_weight,
@@ -328,7 +349,8 @@ class Trainer:
     def _prompt_ids(self, examples) -> list[list[int]]:
         return encode_prompts(self.tok, examples, self.cfg.data, self.max_prompt_tokens)
 
-    def setup(self) -> None:
+    def _setup(self) -> None:
+        """The expensive part of construction: model, tokenizer, engine, optimiser, checkpoint, logs."""
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -412,25 +434,26 @@ class Trainer:
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p, top_k=r.top_k)
 
-    def rollout(self, examples) -> tuple[RolloutBatch, list[str], dict]:
+    def rollout(self, examples) -> Rollout:
+        """G completions of every example, grouped, decoded and scored."""
         G = self.cfg.rollout.group_size
         prompt_ids = self._prompt_ids(examples)
         completions = self.engine.generate(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
         batch = build_batch(prompt_ids, completions, G, pad_id=self.tok.pad_token_id, eos_ids=self.eos_ids, max_new_tokens=self.cfg.rollout.max_new_tokens)
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
-        prompts = [ex.prompt for ex in examples for _ in range(G)]
-        rew = self.rewards(prompts, texts, [ex for ex in examples for _ in range(G)])
-        return batch, texts, rew
+        per_completion = [ex for ex in examples for _ in range(G)]
+        rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
+        return Rollout(list(examples), batch, texts, rewards)
 
     def train_step(self, step: int) -> dict:
         cfg = self.cfg
         t0 = time.time()
         idx = self.sampler.take(self.groups_per_step)
-        examples = [self.train_examples[i] for i in idx]
-        batch, texts, rew = self.rollout(examples)
+        ro = self.rollout([self.train_examples[i] for i in idx])
+        batch = ro.batch
         t_roll = time.time() - t0
-        rewards = torch.tensor(rew["total"], dtype=torch.float32)  # (B,)
-        adv = group_advantages(rewards, batch.group_ids, scale=self.adv_scale, eps=cfg.objective.advantage_eps)  # (B,)
+        rewards = ro.reward_tensor()  # (B,)
+        adv = group_advantages(rewards, batch.group_ids, scale=self.spec.adv_scale, eps=cfg.objective.advantage_eps)  # (B,)
         if cfg.rollout.mask_truncated:
             batch.mask &= ~batch.truncated[:, None]
         G = cfg.rollout.group_size
@@ -450,9 +473,9 @@ class Trainer:
         t1 = time.time()
         upd = self.update(step, batch, old_logp, ref_logp, adv, buckets, step_diag)
         t_upd = time.time() - t1
-        out = self._step_metrics(step, batch, texts, rew, examples, rewards, entropy, upd.loss_metrics, upd.grad_norms, upd.skipped, step_diag)
+        out = self._step_metrics(step, ro, entropy, upd, step_diag)
         out["time/rollout_s"], out["time/update_s"], out["time/step_s"] = t_roll, t_upd, time.time() - t0
-        self._write_samples(step, examples, texts, rew)
+        self._write_samples(step, ro)
         return out
 
     def update(self, step: int, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, adv: torch.Tensor, buckets: torch.Tensor | None, step_diag: StepDiagnostics) -> UpdateStats:
@@ -501,18 +524,20 @@ class Trainer:
                 upd.grad_norms.append(norm)
         return upd
 
-    def _step_metrics(self, step, batch, texts, rew, examples, rewards, entropy, loss_metrics, grad_norms, skipped, step_diag) -> dict:
+    def _step_metrics(self, step: int, ro: Rollout, entropy: torch.Tensor, upd: UpdateStats, step_diag: StepDiagnostics) -> dict:
         cfg = self.cfg
+        batch, texts, rew, rewards = ro.batch, ro.texts, ro.rewards, ro.reward_tensor()
+        loss_metrics, grad_norms, skipped = upd.loss_metrics, upd.grad_norms, upd.skipped
         lengths = batch.mask.sum(-1).float()
         m: dict = {
             "step": step,
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std(unbiased=False)),
-            "reward/correct": sum(rew["correct"]) / len(rew["correct"]),
-            "reward/format": sum(rew["format"]) / len(rew["format"]),
-            "reward/errors": rew["errors"],
-            "reward/timeouts": rew["timeouts"],
-            "reward/invalid": rew["invalid"],
+            "reward/correct": sum(rew.correct) / len(rew.correct),
+            "reward/format": sum(rew.format) / len(rew.format),
+            "reward/errors": rew.errors,
+            "reward/timeouts": rew.timeouts,
+            "reward/invalid": rew.invalid,
             "completion/length": float(lengths.mean()),
             "completion/truncated_frac": float(batch.truncated.float().mean()),
             "completion/empty_frac": sum(1 for t in texts if not t.strip()) / len(texts),
@@ -536,7 +561,7 @@ class Trainer:
         if step_diag.shared_den > 0:
             m["diag/shared_residual"] = step_diag.shared_num / step_diag.shared_den
         if cfg.data.task in ("equiv", "add"):
-            forms = [surface_form(t, ex) for t, ex in zip(texts, [e for e in examples for _ in range(cfg.rollout.group_size)])]
+            forms = [surface_form(t, ex) for t, ex in zip(texts, [e for e in ro.examples for _ in range(cfg.rollout.group_size)])]
             for name in ("number", "swap", "split", "echo", "invalid"):
                 m[f"forms/{name}"] = forms.count(name) / len(forms)
         clean, dropped = finite_only(m)
@@ -545,14 +570,14 @@ class Trainer:
             self._say(f"step {step}: non-finite metrics not logged: {dropped}")
         return clean
 
-    def _write_samples(self, step, examples, texts, rew) -> None:
+    def _write_samples(self, step: int, ro: Rollout) -> None:
         every = self.cfg.log.samples_every
         if not every or (step % every and step != 1):
             return
         G = self.cfg.rollout.group_size
-        for i in range(min(self.cfg.log.samples_per_step, len(texts))):
-            ex = examples[i // G]
-            self.samples_log.write({"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": texts[i], "reward": rew["total"][i]})
+        for i in range(min(self.cfg.log.samples_per_step, len(ro.texts))):
+            ex = ro.examples[i // G]
+            self.samples_log.write({"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": ro.texts[i], "reward": ro.rewards.total[i]})
 
     def evaluate(self, step: int) -> dict:
         """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked."""
@@ -564,7 +589,7 @@ class Trainer:
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
         exs = [ex for ex in self.eval_examples for _ in range(k)]
         rew = self.rewards([e.prompt for e in exs], texts, exs)
-        correct = torch.tensor(rew["correct"]).view(len(self.eval_examples), k)
+        correct = torch.tensor(rew.correct).view(len(self.eval_examples), k)
         out = {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}
         self.eval_log.write(out)
         self.scalars.log(out, step)
@@ -593,8 +618,13 @@ class Trainer:
             self._save(step)
         raise TrainingInterrupted(self.stop.signum, step, self.run_dir)
 
+    def close(self) -> None:
+        """Close the logs and release the run folder without training (``run`` does this itself)."""
+        for log in (self.metrics_log, self.eval_log, self.samples_log, self.scalars):
+            log.close()
+        self.lock.release()
+
     def _run(self) -> dict:
-        self.setup()
         cfg = self.cfg
         bar = None
         if cfg.log.progress and not self.quiet:
