@@ -15,8 +15,11 @@ Module-level imports stay light (argparse only); torch and the lab load inside t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-DEFAULT_OBJECTIVES = "gspo,dfpo_min,dfpo_orth_pos,grpo,grpo_fix,stapo"
+from dfpo.toy.config import DEFAULT_OBJECTIVES as _DEFAULT_OBJECTIVES
+
+DEFAULT_OBJECTIVES = ",".join(_DEFAULT_OBJECTIVES)
 
 # The standard ablation: DFPO in both stop-gradient forms, each next to its matched GSPO control.
 ABLATION = (
@@ -65,49 +68,36 @@ def _numbers(text: str, flag: str, cast=int) -> list:
 
 
 def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
-    if group_size:  # sweep-g sets G itself
-        p.add_argument("-G", "--group-size", type=int, default=8, help="completions per group (default 8)")
-    p.add_argument("--task", default="tenplusten", help="tenplusten (paper App. A) or family (parametric)")
-    p.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, e.g. k=4 distractors=2 (family) or distractors=false")
-    p.add_argument("--mode", default="sampled", help="sampled (G completions a group) or exact (every completion, weighted)")
-    p.add_argument("--seeds", type=int, default=8, help="independent runs, batched (default 8)")
-    p.add_argument("--steps", type=int, default=300, help="rollout batches (default 300)")
-    p.add_argument("-K", "--inner-steps", type=int, default=4, help="optimiser steps per rollout batch (default 4)")
-    p.add_argument("--minibatches", type=int, default=1, help="mini-batches (whole groups) per rollout batch (default 1)")
-    p.add_argument("--groups-per-step", type=int, default=0, help="groups per rollout batch (default: one per prompt)")
-    p.add_argument("--optimizer", default="sgd", help="sgd (default; the update Prop. 3.1 analyses) or adam")
-    p.add_argument("--lr", type=float, default=None, help="learning rate (default 0.5 for sgd, 0.05 for adam)")
-    p.add_argument("--init-noise", type=float, default=0.1, help="std of the per-seed noise on the prior logits (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
-    p.add_argument("--kappa", type=float, default=0.95, help="threshold of Steps(E[R] >= kappa), eq 19 (default 0.95)")
-    p.add_argument("--override", action="append", metavar="KEY=VALUE", help="objective component override for every objective, e.g. eps_low=0.2")
+    """The ToyConfig options (defaults and help from its fields), then the run-folder options."""
+    from dfpo.toy.config import ToyConfig
+
+    for f in dataclasses.fields(ToyConfig):
+        meta = f.metadata
+        if not meta.get("cli", True) or (f.name == "group_size" and not group_size):  # sweep-g sets G itself
+            continue
+        flags = [f"--{meta.get('flag', f.name.replace('_', '-'))}"] + ([f"-{meta['short']}"] if meta.get("short") else [])
+        if meta.get("pairs"):
+            p.add_argument(*flags, dest=f.name, action="append", metavar="KEY=VALUE", help=meta["help"])
+        elif f.name == "lr":  # the default follows the optimiser
+            p.add_argument(*flags, dest=f.name, type=float, default=None, help=f"{meta['help']} (default {f.default} for sgd)")
+        else:
+            p.add_argument(*flags, dest=f.name, type=type(f.default), default=f.default, help=f"{meta['help']} (default {f.default})")
     p.add_argument("--out", default=None, help="run folder to write (default runs/toy-TASK-MODE, or runs/toy-sweep-g-TASK-MODE)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run in --out (refused otherwise)")
 
 
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
-    from dfpo.toy.train import ToyConfig
+    """The ToyConfig of parsed options: every command-line field by name, the pairs parsed, G and lr resolved."""
+    from dfpo.toy.config import ADAM_LR, ToyConfig
 
-    lr = args.lr if args.lr is not None else (0.05 if args.optimizer == "adam" else 0.5)
-    return ToyConfig(
-        task=args.task,
-        task_options=_pairs(args.task_opt, "--task-opt"),
-        objectives=objectives,
-        overrides=_pairs(args.override, "--override"),
-        mode=args.mode,
-        seeds=args.seeds,
-        steps=args.steps,
-        group_size=group_size,
-        inner_steps=args.inner_steps,
-        minibatches=args.minibatches,
-        groups_per_step=args.groups_per_step,
-        optimizer=args.optimizer,
-        lr=lr,
-        init_noise=args.init_noise,
-        seed=args.seed,
-        kappa=args.kappa,
-    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ToyConfig) if f.metadata.get("cli", True) and hasattr(args, f.name)}
+    values["task_options"] = _pairs(args.task_options, "--task-opt")
+    values["overrides"] = _pairs(args.overrides, "--override")
+    values["group_size"] = group_size
+    if values["lr"] is None:
+        values["lr"] = ADAM_LR if args.optimizer == "adam" else ToyConfig.lr
+    return ToyConfig(objectives=objectives, **values)
 
 
 def _objectives(text: str) -> tuple[str, ...]:

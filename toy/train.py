@@ -38,53 +38,10 @@ from dfpo.trainer import metrics
 from dfpo.trainer.loss import aggregation_count, dropped_tokens, group_variance, objective_from_label, sequence_log_ratio
 from dfpo.toy import metrics as M
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
+from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig
 from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
-MODES = ("sampled", "exact")
-OPTIMIZERS = ("adam", "sgd")
-
-
-@dataclass(frozen=True)
-class ToyConfig:
-    """One toy experiment: a task, training options and the objectives to compare."""
-
-    task: str = "tenplusten"
-    """Task name (``tenplusten`` or ``family``)."""
-    task_options: Mapping[str, object] = field(default_factory=dict)
-    """Keyword options of the task builder (e.g. ``k``, ``distractors`` for ``family``)."""
-    objectives: tuple[str, ...] = ("gspo", "dfpo_min", "dfpo_orth_pos", "grpo", "grpo_fix", "stapo")
-    """Objective labels: a preset of ``dfpo.OBJECTIVES``, optionally with its own overrides
-    (``"dfpo_min:stopgrad=score"``, ``"gspo:eps_low=0.2:eps_high=0.2"``)."""
-    overrides: Mapping[str, object] = field(default_factory=dict)
-    """Component overrides applied to every objective (e.g. ``eps_high``); a label's own overrides win."""
-    mode: str = "sampled"
-    """``sampled``: G completions per group; ``exact``: every completion weighted by its probability."""
-    seeds: int = 8
-    """Independent runs, a batch dimension."""
-    steps: int = 300
-    """Rollout batches."""
-    group_size: int = 8
-    """G, completions per group (sampled mode)."""
-    inner_steps: int = 4
-    """K, optimiser steps per rollout batch (K > 1 moves the ratios away from 1)."""
-    minibatches: int = 1
-    """Mini-batches per rollout batch, whole groups each; optimiser step k uses mini-batch k mod this."""
-    groups_per_step: int = 0
-    """Groups per rollout batch; 0 means one per prompt. Prompts are used in turn."""
-    optimizer: str = "sgd"
-    """``sgd`` (the update theta + eta g that Prop. 3.1 analyses) or ``adam`` (per-coordinate
-    normalisation: it turns even float-noise gradients at template rows into steps of size lr)."""
-    lr: float = 0.5
-    """Learning rate."""
-    init_noise: float = 0.1
-    """Std of the Gaussian noise added to the prior logits, per seed."""
-    seed: int = 0
-    """Base random seed (initial noise and sampling; the same for every objective)."""
-    kappa: float = 0.95
-    """Threshold of Steps(reward >= kappa) (eq 19)."""
-    exact_limit: int = 200_000
-    """Most completions exact mode (and the exact metrics) will enumerate."""
-
+__all__ = ["MODES", "OPTIMIZERS", "ToyConfig", "loss_coefficients", "make_batch", "run", "train_objective", "validate"]
 
 def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     """Check every option before any compute; return the task and the resolved objectives.

@@ -105,3 +105,25 @@ def test_kl_rows_is_zero_for_equal_policies_and_positive_otherwise():
     assert torch.all(kl_rows(a, a, rows) == 0)
     b = torch.log_softmax(torch.randn(2, 3, 4), -1)
     assert torch.all(kl_rows(a, b, rows) > 0)
+
+
+def test_every_toy_option_takes_its_default_and_help_from_toyconfig():
+    """The CLI declares no default or help of its own: each ToyConfig field on the command line parses to
+    the field's default, with the field's help text (lr's default follows the optimiser)."""
+    import argparse
+    import dataclasses
+
+    from dfpo.toy.cli import _add_common, _config
+    from dfpo.toy.config import ADAM_LR, ToyConfig
+
+    parser = argparse.ArgumentParser()
+    _add_common(parser)
+    args = parser.parse_args([])
+    config = _config(args, ToyConfig().objectives, args.group_size)
+    assert config == ToyConfig()
+    helps = {a.dest: a.help for a in parser._actions}
+    for f in dataclasses.fields(ToyConfig):
+        if f.metadata.get("cli", True):
+            assert f.metadata["help"] in helps[f.name], f.name
+    adam = parser.parse_args(["--optimizer", "adam"])
+    assert _config(adam, ("grpo",), 8).lr == ADAM_LR
