@@ -39,7 +39,9 @@ def parse_numbers(text: str, name: str, cast=float) -> list:
     return out
 
 
-def cancellation_case(objective: str, rewards: list[float], lengths: list[int], *, shared_log_ratio: float, scale: float, seed: int, **overrides):
+def cancellation_case(
+    objective: str, rewards: list[float], lengths: list[int], *, shared_log_ratio: float, scale: float, seed: int, **overrides
+):
     """The shared-token breakdown of one hand-made group, or ValueError saying why nothing can move."""
     from dfpo.trainer.loss.cancellation import group_breakdown, make_shared_prefix_group
 
@@ -52,7 +54,12 @@ def cancellation_case(objective: str, rewards: list[float], lengths: list[int], 
     if len(set(rewards)) == 1:
         raise ValueError("all rewards are equal: every advantage is 0, so no objective moves anything (the group carries no signal)")
     group = make_shared_prefix_group(
-        torch.tensor(rewards, dtype=torch.float64), lengths, prefix_len=PREFIX_LEN, shared_log_ratio=shared_log_ratio, log_ratio_scale=scale, seed=seed
+        torch.tensor(rewards, dtype=torch.float64),
+        lengths,
+        prefix_len=PREFIX_LEN,
+        shared_log_ratio=shared_log_ratio,
+        log_ratio_scale=scale,
+        seed=seed,
     )
     return group_breakdown(objective, group, **overrides)
 
@@ -172,20 +179,46 @@ def config_diff(runs: list[Run]) -> list[dict]:
     rows = []
     for k in keys:
         values = [r.config.get(k, "(missing)") for r in runs]
-        rows.append({"key": k, "differs": len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1, **{r.name: str(v) for r, v in zip(runs, values)}})
+        rows.append(
+            {
+                "key": k,
+                "differs": len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1,
+                **{r.name: str(v) for r, v in zip(runs, values)},
+            }
+        )
     return sorted(rows, key=lambda row: (not row["differs"], row["key"]))
 
 
 # ----------------------------------------------------------------------------- toy lab and ledger
 
 
-def run_toy(task: str, labels: tuple[str, ...], *, group_size: int, inner_steps: int, steps: int, seeds: int, mode: str, optimizer: str, lr: float, progress=None):
+def run_toy(
+    task: str,
+    labels: tuple[str, ...],
+    *,
+    group_size: int,
+    inner_steps: int,
+    steps: int,
+    seeds: int,
+    mode: str,
+    optimizer: str,
+    lr: float,
+    progress=None,
+):
     """Train the toy for each label; returns ({label: {metric: (steps, S) array}}, summary markdown)."""
     from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
     from dfpo.toy.train import ToyConfig, run, validate
 
     config = ToyConfig(
-        task=task, objectives=tuple(labels), mode=mode, seeds=seeds, steps=steps, group_size=group_size, inner_steps=inner_steps, optimizer=optimizer, lr=lr
+        task=task,
+        objectives=tuple(labels),
+        mode=mode,
+        seeds=seeds,
+        steps=steps,
+        group_size=group_size,
+        inner_steps=inner_steps,
+        optimizer=optimizer,
+        lr=lr,
     )
     validate(config)
     torch.set_num_threads(1)

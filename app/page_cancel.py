@@ -32,7 +32,12 @@ with left:
         st.session_state.seed = random.randrange(2**16)
         st.rerun()
     with st.expander("Components", expanded=True):
-        stopgrad = st.selectbox("stopgrad (DFPO transforms only)", ["ratio", "score", "none"], index=["ratio", "score", "none"].index(spec.stopgrad), key="stopgrad")
+        stopgrad = st.selectbox(
+            "stopgrad (DFPO transforms only)",
+            ["ratio", "score", "none"],
+            index=["ratio", "score", "none"].index(spec.stopgrad),
+            key="stopgrad",
+        )
         aggregation = st.selectbox("aggregation", AGGREGATIONS, index=AGGREGATIONS.index(spec.aggregation), key="aggregation")
         length_aware = st.checkbox("length_aware (a_i = A_i / L_i in the transforms)", spec.length_aware, key="length_aware")
         e1, e2 = st.columns(2)
@@ -65,9 +70,17 @@ with right:
         st.warning("The shared token keeps a net gradient: the group moves it, though no completion is rewarded for it.")
     rows = pd.DataFrame(data.breakdown_table(b))
     names = [f"y{i}" + (" (clipped)" if c else "") for i, c in zip(rows["completion"], rows["clipped"])]
-    fig = go.Figure(go.Bar(x=names, y=rows["coefficient on the shared token"], marker_color=["#d62728" if a < 0 else "#2ca02c" for a in rows["advantage A_i"]]))
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=rows["coefficient on the shared token"],
+            marker_color=["#d62728" if a < 0 else "#2ca02c" for a in rows["advantage A_i"]],
+        )
+    )
     fig.add_hline(y=residual, line_dash="dot", annotation_text=f"sum = {residual:.2e}")
-    fig.update_layout(title="coefficient of each completion on the shared token (green: A > 0, red: A < 0)", height=320, margin=dict(t=50, b=20))
+    fig.update_layout(
+        title="coefficient of each completion on the shared token (green: A > 0, red: A < 0)", height=320, margin=dict(t=50, b=20)
+    )
     st.plotly_chart(fig, width="stretch")
     fig = go.Figure([
         go.Bar(name="s_i (sequence ratio, eq 44)", x=names, y=rows["sequence ratio s_i"]),

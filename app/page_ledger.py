@@ -12,7 +12,9 @@ def records() -> list[dict]:
 
 
 st.title("Claims ledger")
-st.caption("Every proposition, corollary and key equation of the paper, tried hard to break: holds, holds under a condition the paper does not state, or fails with a counterexample.")
+st.caption(
+    "Every proposition, corollary and key equation of the paper, tried hard to break: holds, holds under a condition the paper does not state, or fails with a counterexample."
+)
 if st.button("Re-run the ledger", key="rerun_ledger"):
     records.clear()
 claims = records()

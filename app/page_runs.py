@@ -18,9 +18,13 @@ if extra.strip():
         st.error(f"{extra.strip()} is not a folder.")
     roots.append(Path(extra.strip()))
 found = data.discover_runs(roots)
-st.caption(f"Run folders (config.toml + metrics.jsonl) under {', '.join(map(str, roots))}. Refresh the page to see a run still being written grow.")
+st.caption(
+    f"Run folders (config.toml + metrics.jsonl) under {', '.join(map(str, roots))}. Refresh the page to see a run still being written grow."
+)
 if not found:
-    st.info(f"No run folder found under {', '.join(map(str, roots))}. Train one with `dfpo train --config configs/tiny-cpu.toml`, or name a folder above.")
+    st.info(
+        f"No run folder found under {', '.join(map(str, roots))}. Train one with `dfpo train --config configs/tiny-cpu.toml`, or name a folder above."
+    )
     st.stop()
 common = Path(os.path.commonpath([str(p) for p in found])) if len(found) > 1 else found[0].parent
 names = [str(p.relative_to(common)) for p in found]

@@ -37,7 +37,18 @@ def train(task, labels, group_size, inner_steps, steps, seeds, mode, optimizer, 
             bar.progress(len(done) / len(labels), text=f"training {label} ({seeds} seeds x {steps} steps)")
             done.append(label)
 
-        store[key] = data.run_toy(task, labels, group_size=group_size, inner_steps=inner_steps, steps=steps, seeds=seeds, mode=mode, optimizer=optimizer, lr=lr, progress=tick)
+        store[key] = data.run_toy(
+            task,
+            labels,
+            group_size=group_size,
+            inner_steps=inner_steps,
+            steps=steps,
+            seeds=seeds,
+            mode=mode,
+            optimizer=optimizer,
+            lr=lr,
+            progress=tick,
+        )
         bar.empty()
         while len(store) > 8:  # keep the eight latest
             store.pop(next(iter(store)))
@@ -79,7 +90,18 @@ for tab, (key, title) in zip(tabs, [p for p in PLOTS if all(p[0] in h for h in r
             mean, lo, hi = data.band(h[key])
             x = list(range(1, len(mean) + 1))
             colour = f"hsl({(i * 67) % 360}, 65%, 45%)"
-            fig.add_trace(go.Scatter(x=x + x[::-1], y=list(hi) + list(lo[::-1]), fill="toself", line=dict(width=0), fillcolor=colour, opacity=0.2, showlegend=False, hoverinfo="skip"))
+            fig.add_trace(
+                go.Scatter(
+                    x=x + x[::-1],
+                    y=list(hi) + list(lo[::-1]),
+                    fill="toself",
+                    line=dict(width=0),
+                    fillcolor=colour,
+                    opacity=0.2,
+                    showlegend=False,
+                    hoverinfo="skip",
+                )
+            )
             fig.add_trace(go.Scatter(x=x, y=mean, name=label, line=dict(color=colour, dash=["solid", "dash", "dot", "dashdot"][i % 4])))
         fig.update_layout(title=f"{title} (band: mean +- 1.96 s.e. over {seeds} seeds)", xaxis_title="step (rollout batch)", height=420)
         st.plotly_chart(fig, width="stretch")

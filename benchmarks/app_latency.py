@@ -31,7 +31,11 @@ def interactions():
     return [
         ("cancel", "switch the objective", lambda at, i: at.selectbox(key="objective").set_value(objectives[i % 2]).run()),
         ("cancel", "move the shared log-ratio slider", lambda at, i: at.slider(key="shared").set_value(0.05 * (i % 10)).run()),
-        ("atlas", "filter the objectives", lambda at, i: at.multiselect(key="atlas_objectives").set_value(["gspo", "dfpo_min", "grpo_fix"][: 1 + i % 3]).run()),
+        (
+            "atlas",
+            "filter the objectives",
+            lambda at, i: at.multiselect(key="atlas_objectives").set_value(["gspo", "dfpo_min", "grpo_fix"][: 1 + i % 3]).run(),
+        ),
         ("ledger", "filter by verdict", lambda at, i: at.multiselect(key="ledger_verdicts").set_value([["fails"], ["holds"]][i % 2]).run()),
         ("ledger", "search", lambda at, i: at.text_input(key="ledger_search").set_value(["eq-55", "stapo"][i % 2]).run()),
     ]
@@ -46,7 +50,7 @@ def main() -> int:
     for page, what, act in interactions():
         at = AppTest.from_file(str(APP / f"page_{page}.py"), default_timeout=300)
         cold = _timed(at.run)
-        times = [_timed(lambda i=i: act(at, i)) for i in range(args.repeats)]
+        times = [_timed(lambda i=i, act=act, at=at: act(at, i)) for i in range(args.repeats)]
         assert not at.exception, [e.value for e in at.exception]
         med, top = statistics.median(times) * 1e3, max(times) * 1e3
         worst = max(worst, med)

@@ -66,7 +66,18 @@ def measure(variant: str, vocab: int, tokens: int, hidden: int, repeats: int, ch
 
 
 def run_case(args, variant: str, vocab: int, tokens: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", variant, str(vocab), str(tokens), str(args.hidden), str(args.repeats), str(args.chunk), str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        variant,
+        str(vocab),
+        str(tokens),
+        str(args.hidden),
+        str(args.repeats),
+        str(args.chunk),
+        str(args.threads),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -86,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-gib", type=float, default=6.0, help="skip a case whose (T, V) float32 logits exceed this")
     args = p.parse_args(argv)
     print(f"forward+backward of per-token log-probs, H={args.hidden}, chunk={args.chunk}, {args.threads} threads, median of {args.repeats}")
-    print(f"{'V':>7} {'T':>6} | {'floor s':>8} {'naive s':>8} {'chunk s':>8} {'chunk/floor':>11} | {'floor MiB':>9} {'naive MiB':>9} {'chunk MiB':>9} {'chunk/naive':>11}")
+    print(
+        f"{'V':>7} {'T':>6} | {'floor s':>8} {'naive s':>8} {'chunk s':>8} {'chunk/floor':>11} | {'floor MiB':>9} {'naive MiB':>9} {'chunk MiB':>9} {'chunk/naive':>11}"
+    )
     for vocab in args.vocab:
         for tokens in args.tokens:
             gib = tokens * vocab * 4 / 2**30

@@ -1,4 +1,4 @@
-"""Speed of the toy lab (issue 4): run with ``python benchmarks/toy_bench.py``.
+"""Speed of the toy lab: run with ``python benchmarks/toy_bench.py``.
 
 1. The default comparison: 6 objectives x 8 seeds x 300 steps, G = 8, K = 4 on ``tenplusten``
    (target < 60 s on 2 cores), beside a naive per-seed loop (one seed at a time, same code
@@ -30,7 +30,9 @@ def bench_comparison(steps: int, seeds: int, naive_steps: int) -> None:
     t0 = time.perf_counter()
     run(config)
     batched = time.perf_counter() - t0
-    print(f"default comparison, batched seeds: {len(OBJECTIVES)} objectives x {seeds} seeds x {steps} steps (G=8, K=4): {batched:.1f} s (target < 60 s)")
+    print(
+        f"default comparison, batched seeds: {len(OBJECTIVES)} objectives x {seeds} seeds x {steps} steps (G=8, K=4): {batched:.1f} s (target < 60 s)"
+    )
     one = ToyConfig(objectives=OBJECTIVES, seeds=1, steps=naive_steps, group_size=8, inner_steps=4)
     t0 = time.perf_counter()
     run(one)
@@ -66,7 +68,9 @@ def bench_exact_step(repeats: int) -> None:
             times.append(time.perf_counter() - t0)
         best = min(times[1:]) * 1e3
         median = sorted(times[1:])[len(times[1:]) // 2] * 1e3
-        print(f"exact-mode expected-gradient step, {enum.size} completions x {task.max_len} tokens, {name}: best {best:.1f} ms, median {median:.1f} ms (target < 100 ms)")
+        print(
+            f"exact-mode expected-gradient step, {enum.size} completions x {task.max_len} tokens, {name}: best {best:.1f} ms, median {median:.1f} ms (target < 100 ms)"
+        )
 
 
 def main() -> None:
@@ -75,9 +79,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--naive-steps", type=int, default=60, help="steps of the per-seed loop actually timed")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for both parts (default: as `dfpo toy` runs each mode)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads for both parts (default: as `dfpo toy` runs each mode)"
+    )
     args = parser.parse_args()
-    for mode, bench in (("exact", lambda: bench_exact_step(args.repeats)), ("sampled", lambda: bench_comparison(args.steps, args.seeds, args.naive_steps))):
+    for mode, bench in (
+        ("exact", lambda: bench_exact_step(args.repeats)),
+        ("sampled", lambda: bench_comparison(args.steps, args.seeds, args.naive_steps)),
+    ):
         torch.set_num_threads(args.threads or toy_threads(mode))
         print(f"torch {torch.__version__}, {mode} mode: {torch.get_num_threads()} intra-op thread(s)")
         bench()

@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("objectives", help="table of every objective with its components, defaults and sources")
     p.add_argument("name", nargs="?", default=None, help="show one objective only")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
-    p.add_argument("--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core")
+    p.add_argument(
+        "--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core"
+    )
     p.add_argument("--own-aggregation", action="store_true", help="with --atlas: one row per objective, its preset's own aggregation")
     p.set_defaults(func=_cmd_objectives)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
-from dfpo.trainer.loss.objectives import COMMON_SOURCES
 from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+from dfpo.trainer.loss.objectives import COMMON_SOURCES
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
 
@@ -16,7 +16,7 @@ def _table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows]
     return "\n".join(line.rstrip() for line in lines)
 
@@ -115,4 +115,6 @@ def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggr
     columns, rows = atlas_rows(atlas(groups=groups, seed=seed))
     if own_aggregation:
         rows = [r for r in rows if r["aggregation"] == OBJECTIVES[r["objective"]].aggregation]
-    return _table(["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown)
+    return _table(
+        ["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown
+    )

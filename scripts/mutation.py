@@ -108,7 +108,9 @@ def run_mutant(mutant: Mutant, *, timeout: float) -> Outcome:
         return Outcome(mutant, "survived", seconds)
     if proc.returncode in (1, 2):  # tests failed, or the module no longer imports
         last = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-        return Outcome(mutant, "killed", seconds, last[0] if last else proc.stdout.strip().splitlines()[-1:][0] if proc.stdout.strip() else "")
+        return Outcome(
+            mutant, "killed", seconds, last[0] if last else proc.stdout.strip().splitlines()[-1:][0] if proc.stdout.strip() else ""
+        )
     return Outcome(mutant, "stale", seconds, f"pytest exit code {proc.returncode}: {proc.stdout.strip()[-300:]}")
 
 
@@ -149,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, mutant in enumerate(mutants, 1):
         outcome = run_mutant(mutant, timeout=args.timeout)
         outcomes.append(outcome)
-        print(f"[{i}/{len(mutants)}] {outcome.status:8s} {mutant.part:8s} {mutant.id} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)
+        print(
+            f"[{i}/{len(mutants)}] {outcome.status:8s} {mutant.part:8s} {mutant.id} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True
+        )
     print("\nkill rate per part (timeouts count as killed; stale mutants are not counted):")
     failed = False
     for part, (killed, counted) in kill_rates(outcomes).items():

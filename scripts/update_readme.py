@@ -53,7 +53,7 @@ def render(text: str) -> str:
         pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->\n)(?:.*?\n)?(<!-- END generated:{name} -->)", re.S)
         if pattern.search(text):
             body = make()
-            text = pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+            text = pattern.sub(lambda m, body=body: m.group(1) + body + "\n" + m.group(2), text)
     return text
 
 

@@ -12,7 +12,9 @@ settings.register_profile("default", max_examples=40, deadline=None, suppress_he
 settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # CI runs the property tests a second time with this profile: new examples every run, printed so a failure can be replayed.
-settings.register_profile("fresh", max_examples=40, deadline=None, derandomize=False, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "fresh", max_examples=40, deadline=None, derandomize=False, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

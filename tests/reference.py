@@ -117,7 +117,13 @@ def _dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tenso
     if spec.token_mask == "none":
         return set()
     if spec.token_mask == "opsm":  # whole sequences: A < 0 and mean log(pi_old / pi) > delta
-        gone = {i for i in range(B) if lengths[i] and adv[i] < 0 and sum(float(old_logp[i, t] - logp[i, t]) for t in range(lengths[i])) / lengths[i] > spec.opsm_delta}
+        gone = {
+            i
+            for i in range(B)
+            if lengths[i]
+            and adv[i] < 0
+            and sum(float(old_logp[i, t] - logp[i, t]) for t in range(lengths[i])) / lengths[i] > spec.opsm_delta
+        }
         return {(i, t) for i, t in real if i in gone}
     if spec.token_mask == "stapo":
         cand = [(i, t) for i, t in real if adv[i] > 0 and math.exp(float(logp[i, t])) < spec.stapo_tau_p]

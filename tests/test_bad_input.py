@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from batches import random_batch
+
 from dfpo import group_advantages, policy_loss, resolve_objective
 
 

@@ -33,9 +33,9 @@ Summary (policy term; beta = 0):
 
 from __future__ import annotations
 
+import hypothesis
 import pytest
 import torch
-import hypothesis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,7 +102,9 @@ def residual(objective: str, group, **overrides) -> float:
 # --- token-level objectives -------------------------------------------------------------
 
 
-@given(groups(equal_lengths=False), st.sampled_from(["grpo", "dapo", "dr_grpo", "stapo", "grpo_fix", "cispo"]), st.sampled_from(LENGTH_FREE))
+@given(
+    groups(equal_lengths=False), st.sampled_from(["grpo", "dapo", "dr_grpo", "stapo", "grpo_fix", "cispo"]), st.sampled_from(LENGTH_FREE)
+)
 def test_token_level_cancels_at_any_lengths_with_length_free_aggregation(group, objective, aggregation):
     """A token ratio shared by the group, weighted by a length-free constant, cancels because sum_i A_i = 0."""
     assert residual(objective, group, aggregation=aggregation) < TOL
@@ -227,7 +229,15 @@ def test_dfpo_ratio_form_fails_when_part_of_the_group_is_clipped():
 @given(groups(equal_lengths=False), st.sampled_from(DFPO))
 def test_dfpo_without_stop_gradient_has_zero_gradient(group, objective):
     """Table 3's "no stop-grad": the objective (1/G) sum_i A_i stilde_i(theta) is identically 0, so is its gradient."""
-    loss, _ = policy_loss(objective, logp=group.logp(), old_logp=group.old_logp, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, stopgrad="none")
+    loss, _ = policy_loss(
+        objective,
+        logp=group.logp(),
+        old_logp=group.old_logp,
+        advantages=group.advantages,
+        mask=group.mask,
+        group_ids=group.group_ids,
+        stopgrad="none",
+    )
     grads = torch.autograd.grad(loss, [group.shared_logp, group.own_logp], allow_unused=True)
     assert max((g.abs().max().item() for g in grads if g is not None), default=0.0) < 1e-12
 
@@ -241,7 +251,15 @@ def test_stapo_masking_the_shared_token_breaks_cancellation():
     logp = group.logp() - 8.0  # every token below tau_p = 0.002
     entropy = torch.ones_like(logp)
     entropy[:, :3] = 0.01  # the shared prefix has the lowest entropy: below the q-quantile
-    loss, metrics = policy_loss("stapo", logp=logp, old_logp=group.old_logp - 8.0, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, entropy=entropy)
+    loss, metrics = policy_loss(
+        "stapo",
+        logp=logp,
+        old_logp=group.old_logp - 8.0,
+        advantages=group.advantages,
+        mask=group.mask,
+        group_ids=group.group_ids,
+        entropy=entropy,
+    )
     (grad,) = torch.autograd.grad(loss, group.shared_logp)
     assert metrics["mask/frac"] > 0
     assert grad.abs().max().item() > 1e-8

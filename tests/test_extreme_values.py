@@ -37,7 +37,9 @@ def test_extreme_inputs_give_a_named_error_or_a_finite_loss_and_gradient(batch, 
     entropy = torch.ones_like(logp)
     ref = old.clone()
     try:
-        loss, metrics = policy_loss(objective, logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=groups, entropy=entropy, ref_logp=ref, beta=0.04)
+        loss, metrics = policy_loss(
+            objective, logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=groups, entropy=entropy, ref_logp=ref, beta=0.04
+        )
     except ValueError as err:
         assert any(name in str(err) for name in ("logp", "old_logp", "advantages", "mask", "group_ids", "entropy", "ref_logp")), str(err)
         return
@@ -50,7 +52,15 @@ def test_extreme_inputs_give_a_named_error_or_a_finite_loss_and_gradient(batch, 
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))
 def test_an_empty_batch_gives_a_zero_loss(objective):
     logp = torch.zeros(0, 4, requires_grad=True)
-    loss, metrics = policy_loss(objective, logp=logp, old_logp=torch.zeros(0, 4), advantages=torch.zeros(0), mask=torch.zeros(0, 4, dtype=torch.bool), group_ids=torch.zeros(0, dtype=torch.long), entropy=torch.zeros(0, 4))
+    loss, metrics = policy_loss(
+        objective,
+        logp=logp,
+        old_logp=torch.zeros(0, 4),
+        advantages=torch.zeros(0),
+        mask=torch.zeros(0, 4, dtype=torch.bool),
+        group_ids=torch.zeros(0, dtype=torch.long),
+        entropy=torch.zeros(0, 4),
+    )
     assert float(loss) == 0.0 and all(torch.isfinite(v) for v in metrics.values())
 
 
@@ -60,7 +70,15 @@ def test_a_far_off_policy_token_is_clamped_and_counted(objective):
     logp = torch.tensor([[-0.5, -1.0], [-0.7, -0.2]], requires_grad=True)
     old = torch.tensor([[-100.0, -1.0], [-0.7, -0.3]])
     mask = torch.ones(2, 2, dtype=torch.bool)
-    loss, metrics = policy_loss(objective, logp=logp, old_logp=old, advantages=torch.tensor([1.0, -1.0]), mask=mask, group_ids=torch.zeros(2, dtype=torch.long), entropy=torch.ones(2, 2))
+    loss, metrics = policy_loss(
+        objective,
+        logp=logp,
+        old_logp=old,
+        advantages=torch.tensor([1.0, -1.0]),
+        mask=mask,
+        group_ids=torch.zeros(2, dtype=torch.long),
+        entropy=torch.ones(2, 2),
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert float(metrics["ratio/clamped_frac"]) == pytest.approx(0.25)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import random_batch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batches import random_batch
 from dfpo import OBJECTIVES, policy_loss
 
 NAMES = list(OBJECTIVES)
@@ -29,7 +29,13 @@ def test_permuting_completions_with_their_group_ids_changes_nothing(name, seed, 
     rnd.shuffle(perm)
     perm = torch.tensor(perm)
     logp = batch.logp.detach()[perm].clone().requires_grad_()
-    kw = dict(old_logp=batch.old_logp[perm], advantages=batch.advantages[perm], mask=batch.mask[perm], group_ids=batch.group_ids[perm], entropy=batch.entropy[perm])
+    kw = dict(
+        old_logp=batch.old_logp[perm],
+        advantages=batch.advantages[perm],
+        mask=batch.mask[perm],
+        group_ids=batch.group_ids[perm],
+        entropy=batch.entropy[perm],
+    )
     loss_p, metrics_p = policy_loss(name, logp=logp, **kw)
     (grad_p,) = torch.autograd.grad(loss_p, logp)
     torch.testing.assert_close(loss_p, loss, rtol=1e-12, atol=1e-14)
@@ -70,7 +76,15 @@ def test_one_batch_equals_its_groups_computed_apart(name, seed):
     for g in batch.group_ids.unique():
         rows = batch.group_ids == g
         logp = batch.logp.detach()[rows].clone().requires_grad_()
-        part, _ = policy_loss(name, logp=logp, old_logp=batch.old_logp[rows], advantages=batch.advantages[rows], mask=batch.mask[rows], group_ids=batch.group_ids[rows], entropy=batch.entropy[rows])
+        part, _ = policy_loss(
+            name,
+            logp=logp,
+            old_logp=batch.old_logp[rows],
+            advantages=batch.advantages[rows],
+            mask=batch.mask[rows],
+            group_ids=batch.group_ids[rows],
+            entropy=batch.entropy[rows],
+        )
         w = batch.mask[rows].sum() if spec.aggregation == "token_mean" else rows.sum()  # tokens or rows
         (g_part,) = torch.autograd.grad(part, logp)
         parts.append(part * w)
@@ -88,7 +102,13 @@ def test_all_masked_rows_are_ignored_and_never_nan(name):
     loss, grad, metrics = _loss_and_grad(name, batch)
     keep = batch.mask.sum(-1) > 0
     logp = batch.logp.detach()[keep].clone().requires_grad_()
-    kw = dict(old_logp=batch.old_logp[keep], advantages=batch.advantages[keep], mask=batch.mask[keep], group_ids=batch.group_ids[keep], entropy=batch.entropy[keep])
+    kw = dict(
+        old_logp=batch.old_logp[keep],
+        advantages=batch.advantages[keep],
+        mask=batch.mask[keep],
+        group_ids=batch.group_ids[keep],
+        entropy=batch.entropy[keep],
+    )
     loss_k, _ = policy_loss(name, logp=logp, **kw)
     if OBJECTIVES[name].aggregation != "constant":  # constant divides by B, a batch constant
         torch.testing.assert_close(loss, loss_k, rtol=1e-12, atol=1e-14)

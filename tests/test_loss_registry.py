@@ -33,9 +33,9 @@ def _gmpo_log_space(logp, old, mask, adv, eps: float = 0.4) -> torch.Tensor:
     terms = []
     for i in range(logp.shape[0]):
         L = int(mask[i].sum())
-        l = logp[i, :L] - old[i, :L]  # (L,)
+        log_r = logp[i, :L] - old[i, :L]  # (L,)
         sgn = math.copysign(1.0, float(adv[i])) if float(adv[i]) != 0 else 0.0
-        l_min = sgn * torch.minimum(sgn * l, sgn * l.clamp(-eps, eps))
+        l_min = sgn * torch.minimum(sgn * log_r, sgn * log_r.clamp(-eps, eps))
         terms.append(adv[i] * torch.exp(l_min.mean()))
     return -torch.stack(terms).mean()
 
@@ -67,7 +67,14 @@ def test_gmpo_gradient_by_hand_on_one_sequence():
     w = exp((0.1 + 0.4) / 2), and only the first token gets the gradient -A w / L."""
     logp = torch.tensor([[0.1 - 1.0, 0.6 - 1.0]], dtype=torch.float64, requires_grad=True)
     old = torch.full((1, 2), -1.0, dtype=torch.float64)
-    loss, m = policy_loss("gmpo", logp=logp, old_logp=old, advantages=torch.tensor([1.0], dtype=torch.float64), mask=torch.ones(1, 2, dtype=torch.bool), group_ids=torch.zeros(1, dtype=torch.long))
+    loss, m = policy_loss(
+        "gmpo",
+        logp=logp,
+        old_logp=old,
+        advantages=torch.tensor([1.0], dtype=torch.float64),
+        mask=torch.ones(1, 2, dtype=torch.bool),
+        group_ids=torch.zeros(1, dtype=torch.long),
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     w = math.exp(0.25)
     assert float(loss) == pytest.approx(-w, rel=1e-12)
@@ -101,7 +108,15 @@ def arithmetic_shape():
         sbar = rule.weight(mean, x.adv, spec, None)  # (B,)
         surrogate, weight = sequence_surrogate(spec, sbar, x)
         low, high = rule.flags(mean.detach(), x.adv, spec, None)
-        return PolicyTerms(surrogate, mean.detach()[:, None].expand_as(x.logp), sbar.detach(), weight, low[:, None].expand_as(x.mask), high[:, None].expand_as(x.mask), True)
+        return PolicyTerms(
+            surrogate,
+            mean.detach()[:, None].expand_as(x.logp),
+            sbar.detach(),
+            weight,
+            low[:, None].expand_as(x.mask),
+            high[:, None].expand_as(x.mask),
+            True,
+        )
 
     register_ratio_shape("arithmetic", sequence_weight=True)(arithmetic)
     yield
@@ -126,8 +141,17 @@ def test_a_new_ratio_shape_is_one_registered_function(arithmetic_shape):
 
 def test_registries_are_the_component_choices():
     """Each component's allowed values are exactly its registry's keys (one list per component)."""
-    from dfpo.trainer.loss import CLIP_MODES, CLIP_RULES, STOPGRAD_FUNCTIONS, TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, TRANSFORM_FUNCTIONS, TRANSFORMS
-    from dfpo.trainer.loss.objectives import RATIO_LEVELS, STOPGRAD_FORMS
+    from dfpo.trainer.loss import (
+        CLIP_MODES,
+        CLIP_RULES,
+        STOPGRAD_FUNCTIONS,
+        TOKEN_MASK_FUNCTIONS,
+        TOKEN_MASKS,
+        TRANSFORM_FUNCTIONS,
+        TRANSFORMS,
+    )
+    from dfpo.trainer.loss.objectives import RATIO_LEVELS
+    from dfpo.trainer.loss.shapes import STOPGRAD_FORMS
 
     assert RATIO_LEVELS == tuple(RATIO_SHAPES) == ("token", "sequence_token", "sequence", "sequence_product", "geometric")
     assert CLIP_MODES == tuple(CLIP_RULES) and TRANSFORMS == tuple(TRANSFORM_FUNCTIONS)

@@ -25,7 +25,9 @@ def _metrics(objective, **kw):
 
 
 def test_token_level_ratio_clip_and_asym_by_hand():
-    m = _metrics("grpo")  # eps 0.2: r = e^0.3 = 1.35 (A > 0: clipped high), e^0.5 = 1.65 (A < 0: not clipped), e^-0.4 = 0.67 (A < 0: clipped low)
+    m = _metrics(
+        "grpo"
+    )  # eps 0.2: r = e^0.3 = 1.35 (A > 0: clipped high), e^0.5 = 1.65 (A < 0: not clipped), e^-0.4 = 0.67 (A < 0: clipped low)
     real = [0.3, -0.1, 0.0, 0.5, -0.4]  # the five real tokens
     assert m["ratio/mean"] == pytest.approx(sum(math.exp(x) for x in real) / 5)  # token-weighted over real tokens
     assert m["ratio/max"] == pytest.approx(math.exp(0.5))
@@ -61,5 +63,15 @@ def test_kl_to_the_reference_is_the_token_mean_of_k3_over_real_tokens():
 def test_mask_fraction_counts_dropped_real_tokens():
     entropy = torch.tensor([[0.1, 2.0, 9.0], [3.0, 0.5, 1.0], [9.0, 9.0, 9.0]], dtype=torch.float64)
     old = LOGP - LOG_RATIO
-    _, m = policy_loss("grpo", logp=LOGP, old_logp=old, advantages=ADV, mask=MASK, group_ids=GID, entropy=entropy, token_mask="top_entropy", top_entropy_frac=0.4)
+    _, m = policy_loss(
+        "grpo",
+        logp=LOGP,
+        old_logp=old,
+        advantages=ADV,
+        mask=MASK,
+        group_ids=GID,
+        entropy=entropy,
+        token_mask="top_entropy",
+        top_entropy_frac=0.4,
+    )
     assert float(m["mask/frac"]) == pytest.approx(3 / 5)  # the top 40% of the 5 real tokens by entropy are kept: 2 kept, 3 dropped

@@ -39,7 +39,10 @@ def test_mutant_inherits_the_file_default_tests(tmp_path):
         ('part = "p"\n[[mutant]]\nid="x"\nfile="f"\nfind="a"\n', "['replace']"),
         ('part = "p"\n[[mutant]]\nid="x"\nfile="f"\nfind="a"\nreplace="b"\n', "names no tests"),
         ('part = "p"\ntests=["t"]\n[[mutant]]\nid="x"\nfile="f"\nfind="a"\nreplace="a"\n', "with itself"),
-        ('part = "p"\ntests=["t"]\n[[mutant]]\nid="x"\nfile="f"\nfind="a"\nreplace="b"\n[[mutant]]\nid="x"\nfile="f"\nfind="c"\nreplace="d"\n', "duplicate mutant id='x'"),
+        (
+            'part = "p"\ntests=["t"]\n[[mutant]]\nid="x"\nfile="f"\nfind="a"\nreplace="b"\n[[mutant]]\nid="x"\nfile="f"\nfind="c"\nreplace="d"\n',
+            "duplicate mutant id='x'",
+        ),
     ],
 )
 def test_bad_mutant_lists_are_refused_naming_the_problem(tmp_path, text, message):

@@ -57,7 +57,9 @@ def test_every_preset_has_a_trust_region_and_gspo_noclip_is_gspo_without_clippin
     for spec in OBJECTIVES.values():
         assert set(trust_region(spec)) >= {"clip", "eps_low", "eps_high", "aggregation"}
     gspo, noclip = OBJECTIVES["gspo"], OBJECTIVES["gspo_noclip"]
-    assert noclip.clip == "none" and {k: v for k, v in noclip.components().items() if k != "clip"} == {k: v for k, v in gspo.components().items() if k != "clip"}
+    assert noclip.clip == "none" and {k: v for k, v in noclip.components().items() if k != "clip"} == {
+        k: v for k, v in gspo.components().items() if k != "clip"
+    }
 
 
 def test_dfpo_presets_default_to_the_ratio_form():

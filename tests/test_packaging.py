@@ -7,7 +7,6 @@ import subprocess
 import sys
 import tomllib
 
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 MAPPING = PYPROJECT["tool"]["setuptools"]["package-dir"]
@@ -37,7 +36,19 @@ def test_public_api():
     import dfpo
 
     assert callable(dfpo.policy_loss) and callable(dfpo.group_advantages)
-    assert {"grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "grpo_fix", "dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr", "stapo"} <= set(dfpo.OBJECTIVES)
+    assert {
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "gspo",
+        "gspo_token",
+        "grpo_fix",
+        "dfpo_min",
+        "dfpo_orth",
+        "dfpo_orth_pos",
+        "dfpo_orth_tr",
+        "stapo",
+    } <= set(dfpo.OBJECTIVES)
 
 
 def _dfpo(*args: str) -> subprocess.CompletedProcess:
@@ -73,7 +84,11 @@ def test_cli_demo_shows_gspo_failing_and_dfpo_cancelling():
     the score form and the unclipped ratio form cancel at equal lengths, length-aware at all lengths."""
     out = _dfpo("demo")
     assert out.returncode == 0
-    rows = {line.split("  ")[0].strip(): line for line in out.stdout.splitlines() if line.split()[:1] and line.split()[0] in {"gspo", "dfpo_min"}}
+    rows = {
+        line.split("  ")[0].strip(): line
+        for line in out.stdout.splitlines()
+        if line.split()[:1] and line.split()[0] in {"gspo", "dfpo_min"}
+    }
     assert "cancels" not in rows["gspo"]
     assert "cancels" not in rows["dfpo_min"]
     assert rows["dfpo_min clip=none"].count("0 (cancels)") == 2

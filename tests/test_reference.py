@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from batches import random_batch
-from dfpo import OBJECTIVES, policy_loss, resolve_objective
 from reference import reference_loss
+
+from dfpo import OBJECTIVES, policy_loss, resolve_objective
 
 VARIANTS = [(name, {}) for name in OBJECTIVES] + [
     ("dfpo_min", {"length_aware": True}),

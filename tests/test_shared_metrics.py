@@ -54,7 +54,14 @@ def test_trainers_energy_is_the_logit_gradient_norm_autograd_gives():
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
     prompt = [tok("3+4=", add_special_tokens=False).input_ids]
-    batch = build_batch(prompt, [[10, 11, 12, 13], [10, 14, 15], [10, 11, 16, 13], [17, 11]], 4, pad_id=tok.pad_token_id, eos_ids={tok.eos_token_id}, max_new_tokens=4)
+    batch = build_batch(
+        prompt,
+        [[10, 11, 12, 13], [10, 14, 15], [10, 11, 16, 13], [17, 11]],
+        4,
+        pad_id=tok.pad_token_id,
+        eos_ids={tok.eos_token_id},
+        max_new_tokens=4,
+    )
     spec = resolve_objective("grpo")
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     with torch.no_grad():
@@ -66,7 +73,9 @@ def test_trainers_energy_is_the_logit_gradient_norm_autograd_gives():
     logits = completion_logits(model, batch, "cpu").detach().requires_grad_()  # (4, T, V)
     from dfpo import policy_loss
 
-    loss, _ = policy_loss(spec, logp=token_logp(logits, batch.completion_ids), old_logp=old, advantages=adv, mask=batch.mask, group_ids=batch.group_ids)
+    loss, _ = policy_loss(
+        spec, logp=token_logp(logits, batch.completion_ids), old_logp=old, advantages=adv, mask=batch.mask, group_ids=batch.group_ids
+    )
     (grad,) = torch.autograd.grad(loss, logits)
     per_token = grad.norm(dim=-1).double()  # (4, T)
     expected = torch.zeros(2, dtype=torch.float64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from reference import qp_by_active_sets
 
 from dfpo.trainer.loss import (
     min_replace,
@@ -13,7 +14,6 @@ from dfpo.trainer.loss import (
     sign_aware_clip,
     truncate_rebalance,
 )
-from reference import qp_by_active_sets
 
 floats = st.floats(min_value=-3.0, max_value=3.0, allow_nan=False)
 ratios = st.floats(min_value=0.01, max_value=5.0, allow_nan=False)

@@ -236,15 +236,22 @@ def make_batch(seed: int, *, level: str, eps_low: float, eps_high: float, n_grou
     logp = torch.where(mask, logp, garbage)
     old_logp = torch.where(mask, old_logp, -garbage.abs())
     group_ids = torch.arange(B) // group_size  # (B,)
-    return SimpleNamespace(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
-                           group_ids=group_ids, rewards=rewards, group_size=group_size)
+    return SimpleNamespace(
+        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group_ids=group_ids, rewards=rewards, group_size=group_size
+    )
 
 
 def run_trl(batch, **config):
     """TRL's (loss, d loss / d logp, logged metrics) on ``batch``."""
     logp = batch.logp.clone().requires_grad_(True)  # (B, T)
-    loss, metrics = trl_loss(logp=logp, old_logp=batch.old_logp, advantages=batch.advantages,
-                             mask=batch.mask, ref_logp=getattr(batch, "ref_logp", None), **config)
+    loss, metrics = trl_loss(
+        logp=logp,
+        old_logp=batch.old_logp,
+        advantages=batch.advantages,
+        mask=batch.mask,
+        ref_logp=getattr(batch, "ref_logp", None),
+        **config,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, metrics
 
@@ -257,8 +264,9 @@ def run_trl_accumulated(batch, steps: int, **config):
     whole = {"logp": logp, "old_logp": batch.old_logp, "advantages": batch.advantages, "mask": batch.mask}
     total = 0.0
     for micro in split_tensor_dict(whole, steps):
-        loss, _ = trl_loss(**micro, num_items_in_batch=batch.mask.sum(), gradient_accumulation_steps=steps,
-                           steps_per_generation=steps, **config)
+        loss, _ = trl_loss(
+            **micro, num_items_in_batch=batch.mask.sum(), gradient_accumulation_steps=steps, steps_per_generation=steps, **config
+        )
         total = total + loss
     (grad,) = torch.autograd.grad(total, logp)
     return total.detach(), grad
@@ -267,9 +275,16 @@ def run_trl_accumulated(batch, steps: int, **config):
 def run_dfpo(batch, objective, **overrides):
     """dfpo's (loss, d loss / d logp, metrics) on ``batch``."""
     logp = batch.logp.clone().requires_grad_(True)  # (B, T)
-    loss, metrics = policy_loss(objective, logp=logp, old_logp=batch.old_logp, advantages=batch.advantages,
-                                mask=batch.mask, group_ids=batch.group_ids,
-                                ref_logp=getattr(batch, "ref_logp", None), **overrides)
+    loss, metrics = policy_loss(
+        objective,
+        logp=logp,
+        old_logp=batch.old_logp,
+        advantages=batch.advantages,
+        mask=batch.mask,
+        group_ids=batch.group_ids,
+        ref_logp=getattr(batch, "ref_logp", None),
+        **overrides,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, metrics
 
@@ -283,19 +298,32 @@ CASES = [
     ("dapo", "dapo", {}, dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28), "token"),
     ("dapo~bnpo", "dapo", {}, dict(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28), "token"),
     ("dr_grpo", "dr_grpo", {}, dict(loss_type="dr_grpo", epsilon=0.2), "token"),
-    ("dr_grpo_M=16", "dr_grpo", {"max_completion_length": 16},
-     dict(loss_type="dr_grpo", epsilon=0.2, max_completion_length=16), "token"),
-    ("gspo", "gspo", {}, dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
-     "sequence"),
+    ("dr_grpo_M=16", "dr_grpo", {"max_completion_length": 16}, dict(loss_type="dr_grpo", epsilon=0.2, max_completion_length=16), "token"),
+    ("gspo", "gspo", {}, dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
     # GSPO-token with one advantage per sequence has GSPO's value and gradient (GSPO paper sec. 4.3).
-    ("gspo_token", "gspo_token", {},
-     dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+    (
+        "gspo_token",
+        "gspo_token",
+        {},
+        dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4),
+        "sequence",
+    ),
     # GRPO-fix's preset follows eq 80 (seq_mean_token_sum); TRL reaches it through its loss types:
     # grpo (per-sequence mean) and dr_grpo (sum / (B * T_max)), with epsilon=1, delta=1+e.
-    ("grpo_fix~grpo", "grpo_fix", {"aggregation": "seq_mean_token_mean"},
-     dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
-    ("grpo_fix~dr_grpo", "grpo_fix", {"aggregation": "constant"},
-     dict(loss_type="dr_grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2), "token"),
+    (
+        "grpo_fix~grpo",
+        "grpo_fix",
+        {"aggregation": "seq_mean_token_mean"},
+        dict(loss_type="grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2),
+        "token",
+    ),
+    (
+        "grpo_fix~dr_grpo",
+        "grpo_fix",
+        {"aggregation": "constant"},
+        dict(loss_type="dr_grpo", epsilon=1.0, epsilon_high=0.2, delta=1.2),
+        "token",
+    ),
 ]
 SEEDS = [0, 1, 2, 3]
 
@@ -307,8 +335,7 @@ def _batch_for(level: str, trl_config: dict, seed: int):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_loss_and_gradient_equal_trl(objective, overrides, trl_config, level, seed):
     batch = _batch_for(level, trl_config, seed)
     trl_value, trl_grad, trl_metrics = run_trl(batch, **trl_config)
@@ -341,8 +368,7 @@ PEER_CASES = [
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
-                         [c[1:] for c in PEER_CASES], ids=[c[0] for c in PEER_CASES])
+@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"), [c[1:] for c in PEER_CASES], ids=[c[0] for c in PEER_CASES])
 def test_newer_trl_losses_equal_dfpo_presets(objective, overrides, trl_config, level, seed):
     """SAPO, LUSPO, VESPO, TRL's delta (dfpo's dual_clip_c) and OPSM: value and gradient equal TRL's to 1e-6."""
     batch = _batch_for(level, trl_config, seed)
@@ -361,8 +387,9 @@ def test_newer_trl_losses_equal_dfpo_presets(objective, overrides, trl_config, l
 TOKEN_PPO_CASES = [c for c in CASES if c[4] == "token" and c[3]["epsilon"] < 1.0]
 
 
-@pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"),
-                         [c[1:] for c in TOKEN_PPO_CASES], ids=[c[0] for c in TOKEN_PPO_CASES])
+@pytest.mark.parametrize(
+    ("objective", "overrides", "trl_config", "level"), [c[1:] for c in TOKEN_PPO_CASES], ids=[c[0] for c in TOKEN_PPO_CASES]
+)
 def test_token_clip_fractions_equal_trl_logged_metrics(objective, overrides, trl_config, level):
     """``clip/frac_low`` / ``clip/frac_high`` are TRL's ``clip_ratio/low_mean`` / ``high_mean``:
     the share of real tokens where A < 0 and r < 1 - eps_low (A > 0 and r > 1 + eps_high)."""
@@ -381,7 +408,7 @@ def test_gspo_clip_fractions_count_sequences_as_trl_does():
     batch = _batch_for("sequence", trl_config, seed=0)
     flags = {"low": [], "high": []}
     for i in range(batch.mask.shape[0]):
-        row = SimpleNamespace(**{k: getattr(batch, k)[i:i + 1] for k in ("logp", "old_logp", "advantages", "mask")})
+        row = SimpleNamespace(**{k: getattr(batch, k)[i : i + 1] for k in ("logp", "old_logp", "advantages", "mask")})
         _, _, row_metrics = run_trl(row, **trl_config)
         for side in flags:
             flags[side].append(row_metrics[f"clip_ratio/{side}_mean"])
@@ -400,8 +427,7 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     batch = make_batch(5, level="token", eps_low=0.2, eps_high=0.2)
     g = torch.Generator().manual_seed(55)
     batch.ref_logp = batch.logp - 0.3 * torch.randn(batch.logp.shape, generator=g, dtype=DTYPE)  # (B, T)
-    trl_value, trl_grad, trl_metrics = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04,
-                                               use_bias_correction_kl=False)
+    trl_value, trl_grad, trl_metrics = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04, use_bias_correction_kl=False)
     value, grad, metrics = run_dfpo(batch, "grpo", beta=0.04)
     torch.testing.assert_close(value, trl_value, **TOL)
     torch.testing.assert_close(grad, trl_grad, **TOL)
@@ -411,11 +437,14 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     assert abs(default_value - value) > 1e-5
 
 
-@pytest.mark.parametrize(("objective", "trl_config"), [
-    ("grpo", dict(loss_type="grpo", epsilon=0.2)),
-    ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
-    ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
-])
+@pytest.mark.parametrize(
+    ("objective", "trl_config"),
+    [
+        ("grpo", dict(loss_type="grpo", epsilon=0.2)),
+        ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
+        ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
+    ],
+)
 def test_accumulated_micro_batches_equal_one_dfpo_call(objective, trl_config):
     """TRL trains on a generation batch as ``steps_per_generation`` micro-batches whose gradients
     are accumulated. For grpo (equal-size micro-batches), dapo (every micro-batch divided by the
@@ -435,9 +464,10 @@ def test_bnpo_accumulates_micro_batch_token_means():
     batch = make_batch(3, level="token", eps_low=0.2, eps_high=0.28)
     trl_value, trl_grad = run_trl_accumulated(batch, 2, loss_type="bnpo", epsilon=0.2, epsilon_high=0.28)
     B = batch.mask.shape[0]
-    halves = [SimpleNamespace(**{k: getattr(batch, k)[sl] for k in ("logp", "old_logp", "advantages", "mask",
-                                                                      "group_ids")})
-              for sl in (slice(0, B // 2), slice(B // 2, B))]
+    halves = [
+        SimpleNamespace(**{k: getattr(batch, k)[sl] for k in ("logp", "old_logp", "advantages", "mask", "group_ids")})
+        for sl in (slice(0, B // 2), slice(B // 2, B))
+    ]
     assert halves[0].mask.sum() != halves[1].mask.sum()
     parts = [run_dfpo(half, "dapo") for half in halves]
     torch.testing.assert_close(sum(p[0] for p in parts) / 2, trl_value, **TOL)
@@ -449,15 +479,18 @@ def test_bnpo_accumulates_micro_batch_token_means():
 # ---------------------------------------------------------------------------------------
 # Where the two conventions part: completions with no real token
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("objective", "trl_config"), [
-    ("grpo", dict(loss_type="grpo", epsilon=0.2)),
-    ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
-    ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
-])
+@pytest.mark.parametrize(
+    ("objective", "trl_config"),
+    [
+        ("grpo", dict(loss_type="grpo", epsilon=0.2)),
+        ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
+        ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
+    ],
+)
 def test_all_masked_rows(objective, trl_config):
     """A completion with no real token (e.g. TRL's ``mask_truncated_completions``) adds
     nothing to either loss. TRL's "grpo" still counts it in the mean over B rows; dfpo
-    ignores it (issue 2: "all-masked rows -> ignored"), so for seq_mean_token_mean
+    ignores it (an all-masked row is no completion), so for seq_mean_token_mean
     dfpo = TRL * B / (number of non-empty rows). Token-mean and constant agree exactly."""
     batch = make_batch(7, level="token", eps_low=0.2, eps_high=0.28)
     batch.mask[[2, 5]] = False  # two empty completions
@@ -480,13 +513,12 @@ def test_group_advantages_match_trl(scale):
     and wherever the groups' completions sit in the batch."""
     g = torch.Generator().manual_seed(11)
     G, n_groups = 5, 4
-    rewards = torch.randint(0, 3, (n_groups * G,), generator=g).to(DTYPE) + 0.1 * torch.rand(
-        n_groups * G, generator=g, dtype=DTYPE)  # (B,)
-    rewards[G:2 * G] = 1.0  # an all-equal group: zero advantage on both sides
+    rewards = torch.randint(0, 3, (n_groups * G,), generator=g).to(DTYPE) + 0.1 * torch.rand(n_groups * G, generator=g, dtype=DTYPE)  # (B,)
+    rewards[G : 2 * G] = 1.0  # an all-equal group: zero advantage on both sides
     contiguous_ids = torch.arange(n_groups * G) // G  # (B,)
     expected = trl_group_advantages(rewards, G, scale)  # (B,)
     torch.testing.assert_close(group_advantages(rewards, contiguous_ids, scale=scale), expected, **TOL)
-    assert not expected[G:2 * G].any()
+    assert not expected[G : 2 * G].any()
 
     perm = torch.randperm(n_groups * G, generator=g)  # groups scattered, labels arbitrary
     labels = torch.tensor([7, -3, 100, 42])[contiguous_ids]

@@ -57,8 +57,10 @@ def check_eq_38() -> Claim:
     # Softmax table: tau_1, tau_2 first three words; ratios rho1, rho2 on the shared steps, lambda_i on the last.
     seqs = (("answer", "is", "25"), ("answer", "is", "20"))
     vals = {"rho1": 1.1, "rho2": 0.9, "lambda1": 1.3, "lambda2": 0.7}
-    lr = [[math.log(vals["rho1"]), math.log(vals["rho2"]), math.log(vals["lambda1"])],
-          [math.log(vals["rho1"]), math.log(vals["rho2"]), math.log(vals["lambda2"])]]
+    lr = [
+        [math.log(vals["rho1"]), math.log(vals["rho2"]), math.log(vals["lambda1"])],
+        [math.log(vals["rho1"]), math.log(vals["rho2"]), math.log(vals["lambda2"])],
+    ]
     group, states, vocab = trie_group(seqs, token_log_ratios=lr)
     logp = group.logp()
     prod = torch.exp(torch.where(group.mask, group.log_ratio + logp - logp.detach(), torch.zeros_like(logp)).sum(-1))  # (B,) eq 37
@@ -70,8 +72,15 @@ def check_eq_38() -> Claim:
     from dfpo import policy_loss
 
     group2, _, _ = trie_group(seqs, token_log_ratios=lr)
-    loss, _ = policy_loss("gspo", logp=group2.logp(), old_logp=group2.old_logp(), advantages=torch.tensor([-1.0, 1.0], dtype=torch.float64),
-                          mask=group2.mask, group_ids=torch.zeros(2, dtype=torch.long), clip="none")
+    loss, _ = policy_loss(
+        "gspo",
+        logp=group2.logp(),
+        old_logp=group2.old_logp(),
+        advantages=torch.tensor([-1.0, 1.0], dtype=torch.float64),
+        mask=group2.mask,
+        group_ids=torch.zeros(2, dtype=torch.long),
+        clip="none",
+    )
     (g2,) = torch.autograd.grad(loss, group2.table)
     c_geo = -row_coefficient(g2, group2.table, states[()], vocab.index("answer"))
     geo_val = float(geo.subs({A: 1, r1: vals["rho1"], r2: vals["rho2"], l1: vals["lambda1"], l2: vals["lambda2"]})) / 2
@@ -97,8 +106,15 @@ def _drift(objective: str, seqs, adv, **overrides) -> float:
 
     group, _, _ = trie_group(seqs)
     logp = group.logp()
-    loss, _ = policy_loss(objective, logp=logp, old_logp=group.old_logp(), advantages=torch.tensor(adv, dtype=torch.float64),
-                          mask=group.mask, group_ids=torch.zeros(len(seqs), dtype=torch.long), **overrides)
+    loss, _ = policy_loss(
+        objective,
+        logp=logp,
+        old_logp=group.old_logp(),
+        advantages=torch.tensor(adv, dtype=torch.float64),
+        mask=group.mask,
+        group_ids=torch.zeros(len(seqs), dtype=torch.long),
+        **overrides,
+    )
     (g,) = torch.autograd.grad(loss, group.table)
     seq_logp = torch.where(group.mask, group.logp(), torch.zeros_like(logp)).sum(-1)  # (B,)
     (d,) = torch.autograd.grad(seq_logp[1] - seq_logp[2], group.table)

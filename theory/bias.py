@@ -149,10 +149,18 @@ def check_sec_k_4() -> Claim:
             group.table[int(group.states[1, 1]), int(group.tokens[1, 1])] += shift
         out = []
         for name in ("gspo", "dfpo_min"):
-            loss, _ = policy_loss(name, logp=group.logp(), old_logp=group.old_logp(), advantages=torch.tensor([-1.0, 1.0], dtype=torch.float64),
-                                  mask=group.mask, group_ids=torch.zeros(2, dtype=torch.long), clip="none")
+            loss, _ = policy_loss(
+                name,
+                logp=group.logp(),
+                old_logp=group.old_logp(),
+                advantages=torch.tensor([-1.0, 1.0], dtype=torch.float64),
+                mask=group.mask,
+                group_ids=torch.zeros(2, dtype=torch.long),
+                clip="none",
+            )
             out.append(float(torch.autograd.grad(loss, group.table)[0].norm()))
         return out
+
     n_base, n_min = norms(8.0)
     # Random tables (directions mostly orthogonal): how often does Min-Replace take the larger step?
     rng = np.random.default_rng(5)

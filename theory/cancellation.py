@@ -76,9 +76,11 @@ def check_eq_9() -> Claim:
 def check_eq_10() -> Claim:
     # Symbolic: d/dlog r of min(rA, clip(r)A) is 0 on the clipped branch and A r otherwise.
     eps = sp.Rational(1, 5)
+
     def grad_coef(r, A):  # coefficient of grad log r in d/dtheta min(rA, clip(r)A)
         clipped = (A >= 0 and r > 1 + eps) or (A < 0 and r < 1 - eps)
         return 0 if clipped else A * r
+
     adv = [sp.Rational(-2, 3), sp.Rational(1, 3), sp.Rational(1, 3)]
     high = sum(grad_coef(sp.Rational(3, 2), A) for A in adv)
     low = sum(grad_coef(sp.Rational(1, 2), A) for A in adv)
@@ -250,9 +252,7 @@ def check_cor_h_1() -> Claim:
     for label, lr in (("r=0.5", -0.693147), ("r=1.5", 0.405465), ("r=1.05", 0.04879)):
         for lengths in ((3, 3, 3), (2, 3, 5)):
             for agg in ("token_mean", "seq_mean_token_sum", "constant"):
-                got[(label, lengths, agg)] = shared_gradient(
-                    "grpo_fix", tabular_group(_tokens(lengths, lr, 0.1)), A3, aggregation=agg
-                ).coef
+                got[(label, lengths, agg)] = shared_gradient("grpo_fix", tabular_group(_tokens(lengths, lr, 0.1)), A3, aggregation=agg).coef
     eq80_ok = all(abs(v) < ZERO_TOL for v in got.values())
     preset_unequal = shared_gradient("grpo_fix", tabular_group(_tokens((2, 3, 5), 0.04879, 0.1)), A3).coef
     grpo_mean_unequal = shared_gradient(

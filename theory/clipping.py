@@ -75,7 +75,7 @@ def check_eq_49() -> Claim:
 
     gen = torch.Generator().manual_seed(0)
     max_val, max_grad = 0.0, 0.0
-    for trial in range(20):
+    for _trial in range(20):
         B, T = 6, 5
         logp = (-torch.rand(B, T, generator=gen, dtype=torch.float64) * 3).requires_grad_()
         old = (logp + 0.4 * torch.randn(B, T, generator=gen, dtype=torch.float64)).detach()
@@ -87,8 +87,8 @@ def check_eq_49() -> Claim:
             loss, _ = policy_loss("gspo", logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=gids, eps_low=el, eps_high=eh)
             s = torch.exp(sequence_log_ratio(logp, old, mask))  # (B,)
             ref = -torch.minimum(s * adv, s.clamp(1 - el, 1 + eh) * adv).mean()  # eq 48, mean over completions
-            g1, = torch.autograd.grad(loss, logp)
-            g2, = torch.autograd.grad(ref, logp)
+            (g1,) = torch.autograd.grad(loss, logp)
+            (g2,) = torch.autograd.grad(ref, logp)
             max_val = max(max_val, float((loss - ref).detach().abs()))
             max_grad = max(max_grad, float((g1 - g2).abs().max()))
     ok = worst == 0 and naive != 0 and max_val < 1e-12 and max_grad < 1e-12
@@ -127,7 +127,9 @@ def check_cor_f_1() -> Claim:
         conditions="G=2,3,4, both advantage signs, eps=0.2, w on both sides of and just inside/outside the range, length-independent aggregation (token_mean) so that only clipping matters.",
         method="numeric",
         verdict=HOLDS if ok else FAILS,
-        evidence="loss core grpo, G=3, A=(-2/3,1/3,1/3): " + ", ".join(rows) + "; G=2 and G=4 agree (zero exactly inside, non-zero outside)",
+        evidence="loss core grpo, G=3, A=(-2/3,1/3,1/3): "
+        + ", ".join(rows)
+        + "; G=2 and G=4 agree (zero exactly inside, non-zero outside)",
         notes="The conclusion holds; the coefficients printed in eqs 75-76 are checked separately (eq-75-76). Unequal lengths under GRPO's 1/|y_i| break it even inside the range (see eq-9).",
     )
 
@@ -139,7 +141,7 @@ def check_eq_75_76() -> Claim:
     value_low = sp.simplify((-A) * (1 - eps) + A * w - A * (w - (1 - eps)))
     # Gradient coefficients (d/d log w): the clipped branch is constant in theta.
     grad_high = (-A) * w + A * 0  # w > 1+eps: A2 clipped
-    grad_low = (-A) * 0 + A * w  # w < 1-eps: A1 clipped
+    (-A) * 0 + A * w  # w < 1-eps: A1 clipped
     # Just above the boundary the paper's coefficient vanishes, the real one does not.
     at = {A: 1, eps: sp.Rational(1, 5), w: sp.Rational(6, 5) + sp.Rational(1, 10**6)}
     paper = (A * ((1 + eps) - w)).subs(at)

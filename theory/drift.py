@@ -39,7 +39,13 @@ def check_prop_3_1() -> Claim:
 
     adv = torch.tensor([-2 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
     loss, _ = policy_loss(
-        "gspo", logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=torch.zeros(3, dtype=torch.long), clip="none"
+        "gspo",
+        logp=group.logp(),
+        old_logp=group.old_logp(),
+        advantages=adv,
+        mask=group.mask,
+        group_ids=torch.zeros(3, dtype=torch.long),
+        clip="none",
     )
     (grad,) = torch.autograd.grad(loss, group.table)
     gt = -grad[0]  # ascent direction on row h*
@@ -94,8 +100,13 @@ def check_cor_3_2() -> Claim:
     adv = torch.tensor([1 / 3, 1 / 3, -2 / 3], dtype=torch.float64)
     logp = torch.log_softmax(z, -1)[tokens][:, None]  # (3, 1)
     loss, _ = policy_loss(
-        "gspo", logp=logp, old_logp=(logp - torch.log(s)[:, None]).detach(), advantages=adv,
-        mask=torch.ones(3, 1, dtype=torch.bool), group_ids=torch.zeros(3, dtype=torch.long), clip="none",
+        "gspo",
+        logp=logp,
+        old_logp=(logp - torch.log(s)[:, None]).detach(),
+        advantages=adv,
+        mask=torch.ones(3, 1, dtype=torch.bool),
+        group_ids=torch.zeros(3, dtype=torch.long),
+        clip="none",
     )
     (gz,) = torch.autograd.grad(loss, z)
     step = -gz  # ascent direction
@@ -208,6 +219,7 @@ def check_cor_g_1() -> Claim:
         EX = sum(p * x for p, _, x in dist)
         EAX = sum(p * a * x for p, a, x in dist)
         return EAX, EAX - EA * EX, EA
+
     exact_zero_mean = [(F(1, 2), F(1), F(2)), (F(1, 2), F(-1), F(1))]
     eax0, cov0, ea0 = stats(exact_zero_mean)
     approx_zero_mean = [(F(1, 3), F(1), F(0)), (F(1, 3), F(0), F(1)), (F(1, 3), F(-9, 10), F(0))]

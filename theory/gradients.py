@@ -4,8 +4,6 @@ the gradient of ``dfpo.policy_loss`` to float64 precision."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dfpo.theory.claim import FAILS, HOLDS, Claim
@@ -45,7 +43,9 @@ def check_eq_66_67() -> Claim:
         eq67 = ((adv / L)[:, None, None] * r[:, :, None] * scores).sum((0, 1)) / G
         gids = torch.zeros(G, dtype=torch.long)
         for name, ref, kw in (("gspo (eq 66)", eq66, {"clip": "none"}), ("grpo (eq 67)", eq67, {"clip": "none"})):
-            loss, _ = policy_loss(name.split()[0], logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=gids, **kw)
+            loss, _ = policy_loss(
+                name.split()[0], logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=gids, **kw
+            )
             (g,) = torch.autograd.grad(loss, group.table)
             worst[name] = max(worst[name], float((-g.flatten() - ref).abs().max()))
         # With GSPO's own clip range (3e-4/4e-4) every ratio here lies outside it: a sequence keeps its gradient

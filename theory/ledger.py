@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, gradients, peers, stapo, transforms
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
@@ -113,7 +113,13 @@ def render_table(claims: Sequence[Claim], *, verbose: bool = False) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     if verbose:
         for c in claims:
-            lines += ["", f"[{c.id}] {c.verdict}", f"  claim:      {c.statement}", f"  conditions: {c.conditions}", f"  evidence:   {c.evidence}"]
+            lines += [
+                "",
+                f"[{c.id}] {c.verdict}",
+                f"  claim:      {c.statement}",
+                f"  conditions: {c.conditions}",
+                f"  evidence:   {c.evidence}",
+            ]
             if c.notes:
                 lines.append(f"  notes:      {c.notes}")
     counts = summary_counts(claims)
@@ -123,8 +129,12 @@ def render_table(claims: Sequence[Claim], *, verbose: bool = False) -> str:
 
 def render_json(claims: Sequence[Claim]) -> str:
     """JSON document: paper, summary counts and every claim's fields (the app reads this)."""
-    doc = {"paper": PAPER, "reproduce": REPRODUCE.replace("--markdown docs/ledger.md", "--json PATH"),
-           "summary": summary_counts(claims), "claims": [c.to_dict() for c in claims]}
+    doc = {
+        "paper": PAPER,
+        "reproduce": REPRODUCE.replace("--markdown docs/ledger.md", "--json PATH"),
+        "summary": summary_counts(claims),
+        "claims": [c.to_dict() for c in claims],
+    }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 

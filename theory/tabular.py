@@ -17,8 +17,8 @@ Everything runs in float64 so that "zero" means |c| < 1e-12, not a tolerance cho
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -200,7 +200,9 @@ def own_token_coefficients(
     B = group.mask.shape[0]
     adv = torch.tensor([float(a) for a in advantages], dtype=torch.float64)  # (B,)
     gids = torch.tensor(list(group_ids) if group_ids is not None else [0] * B, dtype=torch.long)
-    loss, _ = policy_loss(objective, logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=gids, **overrides)
+    loss, _ = policy_loss(
+        objective, logp=group.logp(), old_logp=group.old_logp(), advantages=adv, mask=group.mask, group_ids=gids, **overrides
+    )
     (grad,) = torch.autograd.grad(loss, group.table)  # (S, V)
     probs = torch.softmax(group.table.detach(), -1)  # (S, V)
     out = torch.full(group.mask.shape, float("nan"), dtype=torch.float64)

@@ -160,12 +160,16 @@ def check_eq_55() -> Claim:
     core2 = truncate_rebalance(_t([1, F(1, 20), 3]), _t(A2), torch.zeros(3, dtype=torch.long), floor=0.1).tolist()
     core1 = truncate_rebalance(_t(s), _t(A), torch.zeros(2, dtype=torch.long)).tolist()
     worst_dot, min_v = 0.0, float("inf")
-    for adv, sbar, lengths in random_groups(300, 3):
+    for adv, sbar, _lengths in random_groups(300, 3):
         v = truncate_rebalance(sbar, adv, torch.zeros_like(adv, dtype=torch.long))
         worst_dot = max(worst_dot, float((adv * v).sum().abs()))
         min_v = min(min_v, float(v.min()))
     fails = (
-        dot_printed == 2 * P and dot_right == 0 and b < 0 and dot != 0 and min(st2) < eps
+        dot_printed == 2 * P
+        and dot_right == 0
+        and b < 0
+        and dot != 0
+        and min(st2) < eps
         and max(abs(x - float(y)) for x, y in zip(core2, st2)) < 1e-12
     )
     return Claim(
@@ -272,7 +276,9 @@ def check_tab_3_no_stopgrad() -> Claim:
     with_sg = shared_gradient("dfpo_min", tabular_group(log_ratios_for(seq, (3, 4, 5, 6), 0.02)), (-0.75, -0.25, 0.25, 0.75)).total_norm
     # The one exception: truncate-and-rebalance's kink delta = A.s+ = 0, hit exactly on-policy (every ratio 1).
     onpolicy = {
-        obj: shared_gradient(obj, tabular_group(log_ratios_for([0.0] * 4, (3, 4, 5, 6), 0.0)), (-0.75, -0.25, 0.25, 0.75), stopgrad="none").total_norm
+        obj: shared_gradient(
+            obj, tabular_group(log_ratios_for([0.0] * 4, (3, 4, 5, 6), 0.0)), (-0.75, -0.25, 0.25, 0.75), stopgrad="none"
+        ).total_norm
         for obj in ("dfpo_min", "dfpo_orth_tr", "gspo")
     }
     ok = dJ == 0 and all(v < 1e-12 for v in norms.values()) and with_sg > 1e-3
@@ -305,7 +311,7 @@ def check_eq_23() -> Claim:
 
     # Identity: with sum A = 0 and d = sbar - s_min >= 0, Var(sbar A) = Var(s_min A) + Var(dA) + 2 s_min E[d A^2].
     worst_min, orth_up, n = 0.0, 0, 0
-    for adv, sbar, lengths in random_groups(400, 5):
+    for adv, sbar, _lengths in random_groups(400, 5):
         g = torch.zeros_like(adv, dtype=torch.long)
         base = float(torch.var(sbar * adv, unbiased=False))
         mn = float(torch.var(min_replace(sbar, g) * adv, unbiased=False))
@@ -351,7 +357,9 @@ def check_stopgrad_forms() -> Claim:
     # Loss core: G = 4, equal lengths, sequence ratios around GSPO's clip range, both forms, per-row gradients.
     g = torch.Generator().manual_seed(0)
     logp = (-1.0 + 0.1 * torch.randn(4, 5, generator=g, dtype=torch.float64)).requires_grad_()
-    old = (logp.detach() - torch.tensor([[0.0], [2e-4], [3e-3], [-2e-3]], dtype=torch.float64)).contiguous()  # log s_i = 0, 2e-4, 3e-3, -2e-3
+    old = (
+        logp.detach() - torch.tensor([[0.0], [2e-4], [3e-3], [-2e-3]], dtype=torch.float64)
+    ).contiguous()  # log s_i = 0, 2e-4, 3e-3, -2e-3
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
     mask, gid = torch.ones(4, 5, dtype=torch.bool), torch.zeros(4, dtype=torch.long)
     grads = {}
@@ -403,8 +411,15 @@ def check_tab_3_scale() -> Claim:
         old = group.old_logp()
         opt = torch.optim.Adam([group.table], lr=1e-2) if optimizer == "adam" else torch.optim.SGD([group.table], lr=1e-1)
         for _ in range(steps):
-            loss, _ = policy_loss("gspo", logp=group.logp(), old_logp=old, advantages=adv, mask=group.mask,
-                                  group_ids=torch.zeros(4, dtype=torch.long), clip="none")
+            loss, _ = policy_loss(
+                "gspo",
+                logp=group.logp(),
+                old_logp=old,
+                advantages=adv,
+                mask=group.mask,
+                group_ids=torch.zeros(4, dtype=torch.long),
+                clip="none",
+            )
             opt.zero_grad()
             (scale * loss).backward()
             opt.step()

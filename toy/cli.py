@@ -123,9 +123,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_output_dir("--out", args.out, force=args.force, marker="config.json")
     torch.set_num_threads(toy_threads(config.mode))
     start = time.perf_counter()
-    task, results = run(config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True))
+    task, results = run(
+        config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True)
+    )
     elapsed = time.perf_counter() - start
-    summary = write_run(args.out, config, task, results, plots=not args.no_plots, findings=[f"- Wall time of the training: {elapsed:.1f} s."])
+    summary = write_run(
+        args.out, config, task, results, plots=not args.no_plots, findings=[f"- Wall time of the training: {elapsed:.1f} s."]
+    )
     print(summary.read_text())
     print(f"toy: wrote {args.out} in {elapsed:.1f} s")
     return 0
@@ -158,7 +162,16 @@ def _cmd_spread(args: argparse.Namespace) -> int:
 
     check_output_dir("--out", args.out, force=args.force, marker="spread.json")
     torch.set_num_threads(toy_threads(args.mode))
-    path = spread_sweep(config, args.knob, values, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
+    path = spread_sweep(
+        config,
+        args.knob,
+        values,
+        args.out,
+        baseline=args.baseline,
+        method=args.method,
+        plots=not args.no_plots,
+        progress=lambda t: print(t, flush=True),
+    )
     print(path.read_text())
     return 0
 
@@ -189,7 +202,9 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
 
     check_output_dir("--out", args.out, force=args.force, marker="gains.json")
     torch.set_num_threads(toy_threads(args.mode))
-    path = sweep_group_size(configs, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True))
+    path = sweep_group_size(
+        configs, args.out, baseline=args.baseline, method=args.method, plots=not args.no_plots, progress=lambda t: print(t, flush=True)
+    )
     print(path.read_text())
     return 0
 
@@ -201,7 +216,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     toy.set_defaults(func=lambda args: (toy.print_help(), 0)[1])
 
     p = sub.add_parser("run", help="train every objective on a toy task and write a run folder")
-    p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})")
+    p.add_argument(
+        "--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})"
+    )
     _add_common(p)
     p.set_defaults(func=_cmd_run)
 
@@ -210,7 +227,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("spread", help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows")
-    p.add_argument("--knob", default="inner_steps", help="config field to sweep: inner_steps, lr, group_size or init_noise (default inner_steps)")
+    p.add_argument(
+        "--knob", default="inner_steps", help="config field to sweep: inner_steps, lr, group_size or init_noise (default inner_steps)"
+    )
     p.add_argument("--values", default="1,2,4,8,16", help="values of the knob (default 1,2,4,8,16)")
     p.add_argument("--baseline", default=SPREAD_PAIR[0], help=f"baseline label (default {SPREAD_PAIR[0]})")
     p.add_argument("--method", default=SPREAD_PAIR[1], help=f"method label, matched with the baseline (default {SPREAD_PAIR[1]})")

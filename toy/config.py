@@ -27,7 +27,8 @@ class ToyConfig:
 
     task: str = _opt("tenplusten", "tenplusten (paper App. A) or family (parametric)")
     task_options: Mapping[str, object] = field(
-        default_factory=dict, metadata={"help": "task option, e.g. k=4 distractors=2 (family) or distractors=false", "flag": "task-opt", "pairs": True}
+        default_factory=dict,
+        metadata={"help": "task option, e.g. k=4 distractors=2 (family) or distractors=false", "flag": "task-opt", "pairs": True},
     )
     objectives: tuple[str, ...] = field(
         default=DEFAULT_OBJECTIVES,
@@ -35,7 +36,11 @@ class ToyConfig:
     )
     overrides: Mapping[str, object] = field(
         default_factory=dict,
-        metadata={"help": "objective component override for every objective, e.g. eps_low=0.2 (a label's own overrides win)", "flag": "override", "pairs": True},
+        metadata={
+            "help": "objective component override for every objective, e.g. eps_low=0.2 (a label's own overrides win)",
+            "flag": "override",
+            "pairs": True,
+        },
     )
     mode: str = _opt("sampled", "sampled (G completions a group) or exact (every completion, weighted by its probability)")
     seeds: int = _opt(8, "independent runs, batched")

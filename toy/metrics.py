@@ -78,7 +78,9 @@ def sequence_coefficients(coef: Tensor, mask: Tensor, aggregation: str, max_len:
     return -norm * total
 
 
-def shared_residual(coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int, *, parts: bool = False):
+def shared_residual(
+    coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int, *, parts: bool = False
+):
     """Gradient residual on shared context-token events (eq 2, Prop. 3.1). (S,), (S,).
 
     An event is a group and a position t where every member has the same row and token

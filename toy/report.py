@@ -64,7 +64,12 @@ def summarise(results: dict[str, dict[str, np.ndarray]], kappa: float) -> dict[s
         if "residual/shared_net" in h:  # ratio of sums over the run: updates with no shared event or zero gradient do not dilute it
             gross = h["residual/shared_gross"].sum(0)
             row["residual_rel"] = np.where(gross > 0, h["residual/shared_net"].sum(0) / np.maximum(gross, 1e-300), 0.0)
-        for key, col in (("equiv/entropy", "final_equiv_entropy"), ("equiv/logodds", "final_equiv_logodds"), ("entropy/sequence", "final_entropy"), ("energy/frequent", "energy_frequent")):
+        for key, col in (
+            ("equiv/entropy", "final_equiv_entropy"),
+            ("equiv/logodds", "final_equiv_logodds"),
+            ("entropy/sequence", "final_entropy"),
+            ("energy/frequent", "energy_frequent"),
+        ):
             if key in h:
                 row[col] = h[key][-1] if key.startswith(("equiv", "entropy")) else h[key].mean(0)
         out[name] = row
@@ -201,7 +206,9 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
         )
     mean = lambda o, k: float(np.mean(summary[o][k]))  # noqa: E731
     if config.inner_steps == 1:
-        notes.append("- K = 1: every ratio is 1 at the only update of each batch, so DFPO's transforms are the identity and DFPO trains exactly as GSPO.")
+        notes.append(
+            "- K = 1: every ratio is 1 at the only update of each batch, so DFPO's transforms are the identity and DFPO trains exactly as GSPO."
+        )
     taxes = {o: mean(o, "tax_kl_cum") for o in summary}
     if all(abs(t) < 1e-8 for t in taxes.values()):
         notes.append(
@@ -281,10 +288,10 @@ def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str
         written.append(path)
     if keys:
         fig, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=100)
-        for ax, (fname, key, label) in zip(axes.flat, keys):
+        for ax, (_, key, label) in zip(axes.flat, keys):
             draw(ax, key, label)
             ax.set_title(label, fontsize=10)
-        for ax in list(axes.flat)[len(keys):]:
+        for ax in list(axes.flat)[len(keys) :]:
             ax.axis("off")
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9)

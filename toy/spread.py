@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -52,9 +52,13 @@ def spread_sweep(
 
     if knob not in KNOBS:
         raise ValueError(f"knob must be one of {KNOBS}, got knob={knob!r}")
-    unmatched = unmatched_components(objective_from_label(method, **dict(base.overrides)), objective_from_label(baseline, **dict(base.overrides)))
+    unmatched = unmatched_components(
+        objective_from_label(method, **dict(base.overrides)), objective_from_label(baseline, **dict(base.overrides))
+    )
     if unmatched:
-        raise ValueError(f"{method!r} and {baseline!r} are not a matched control (they differ in {unmatched}); the sweep isolates the transform only between matched objectives")
+        raise ValueError(
+            f"{method!r} and {baseline!r} are not a matched control (they differ in {unmatched}); the sweep isolates the transform only between matched objectives"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -65,7 +69,11 @@ def spread_sweep(
         _, results = run(config)
         res = to_numpy(results)
         summary = summarise(res, config.kappa)
-        row = {knob: value, "spread": float(res[baseline]["ratio/spread"].mean()), "spread_method": float(res[method]["ratio/spread"].mean())}
+        row = {
+            knob: value,
+            "spread": float(res[baseline]["ratio/spread"].mean()),
+            "spread_method": float(res[method]["ratio/spread"].mean()),
+        }
         row["clip_frac"] = float(np.mean(summary[baseline]["clip_frac"]))
         for key, _, _ in EFFECTS:
             if key in summary[baseline]:
@@ -107,7 +115,9 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
     ]
     for row in rows:
         cells = [
-            f"{fmt.format(row[k][0])} [{fmt.format(row[k][1])}, {fmt.format(row[k][2])}]" + (" *" if _significant(row[k]) else "") + _relative(row, k)
+            f"{fmt.format(row[k][0])} [{fmt.format(row[k][1])}, {fmt.format(row[k][2])}]"
+            + (" *" if _significant(row[k]) else "")
+            + _relative(row, k)
             for k, _, fmt in effects
         ]
         lines.append(f"| {row[knob]:g} | {row['spread']:.4f} | {row['clip_frac']:.3f} | " + " | ".join(cells) + " |")
@@ -116,7 +126,9 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
     if hits:
         lines.append("Effects whose interval excludes 0: " + "; ".join(f"{label} at {knob} = {v:g}" for v, label in hits) + ".")
     else:
-        lines.append(f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep: here the in-group transform does not change steps, reward, tax or equivalent-set entropy beyond seed noise.")
+        lines.append(
+            f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep: here the in-group transform does not change steps, reward, tax or equivalent-set entropy beyond seed noise."
+        )
     return lines
 
 

@@ -9,8 +9,8 @@ training (sample efficiency) and the learning tax.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -61,7 +61,11 @@ def sweep_group_size(
     from dfpo.trainer.loss import objective_from_label, unmatched_components
 
     unmatched = unmatched_components(objective_from_label(method, **dict(c.overrides)), objective_from_label(baseline, **dict(c.overrides)))
-    match = "yes" if not unmatched else "NO, they differ in " + ", ".join(unmatched) + ": a gain may come from the trust region, not the transform"
+    match = (
+        "yes"
+        if not unmatched
+        else "NO, they differ in " + ", ".join(unmatched) + ": a gain may come from the trust region, not the transform"
+    )
     lines = [
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",

@@ -214,7 +214,13 @@ def family(
     every group); the answer rows are per prompt, and prompt p's correct options are a rotation
     of the option list, so prompts differ. Completions per prompt: (1 + distractors)^k * (n_correct + n_wrong).
     """
-    for name, value, low in (("k", k, 0), ("n_correct", n_correct, 1), ("n_wrong", n_wrong, 0), ("distractors", distractors, 0), ("prompts", prompts, 1)):
+    for name, value, low in (
+        ("k", k, 0),
+        ("n_correct", n_correct, 1),
+        ("n_wrong", n_wrong, 0),
+        ("distractors", distractors, 0),
+        ("prompts", prompts, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
     if n_correct + n_wrong < 2:

@@ -27,21 +27,22 @@ Where this departs from real training:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo.toy import metrics as M
+from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig
+from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
+from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 from dfpo.trainer import metrics
 from dfpo.trainer.loss import aggregation_count, dropped_tokens, group_variance, objective_from_label, sequence_log_ratio
-from dfpo.toy import metrics as M
-from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
-from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig
-from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
 __all__ = ["MODES", "OPTIMIZERS", "ToyConfig", "loss_coefficients", "make_batch", "run", "train_objective", "validate"]
+
 
 def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     """Check every option before any compute; return the task and the resolved objectives.
@@ -171,15 +172,29 @@ def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
         return r.rows, r.tokens, r.mask, r.group, batch.old_logp, batch.entropy, batch.adv, batch.weight, batch.scale
     keep = torch.isin(r.group[0], groups)  # (B,)
     ent = None if batch.entropy is None else batch.entropy[:, keep]
-    return r.rows[:, keep], r.tokens[:, keep], r.mask[:, keep], r.group[:, keep], batch.old_logp[:, keep], ent, batch.adv[:, keep], batch.weight[:, keep], batch.scale[:, keep]
+    return (
+        r.rows[:, keep],
+        r.tokens[:, keep],
+        r.mask[:, keep],
+        r.group[:, keep],
+        batch.old_logp[:, keep],
+        ent,
+        batch.adv[:, keep],
+        batch.weight[:, keep],
+        batch.scale[:, keep],
+    )
 
 
 def _drop_mask(spec, lp: Tensor, old: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
     """The core's token mask (STAPO, top-entropy, OPSM), computed for each seed on its own batch. (S, B, T)."""
-    return torch.stack([dropped_tokens(spec, lp[s], old[s], None if entropy is None else entropy[s], adv[s], mask[s]) for s in range(lp.shape[0])])
+    return torch.stack(
+        [dropped_tokens(spec, lp[s], old[s], None if entropy is None else entropy[s], adv[s], mask[s]) for s in range(lp.shape[0])]
+    )
 
 
-def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, group: Tensor, entropy: Tensor, n_groups: int, max_len: int) -> tuple[Tensor, dict[str, Tensor]]:
+def loss_coefficients(
+    spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, group: Tensor, entropy: Tensor, n_groups: int, max_len: int
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Each seed's own d loss_s / d logp_it, (S, B, T), from one batched loss call, and the core's
     metrics (pooled over seeds).
 
@@ -194,7 +209,16 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
     if spec.token_mask != "none" and spec.ratio_level != "token":  # coupled: one call per seed
         coefs, pooled = [], []
         for s in range(S):
-            loss, m = policy_loss(spec, logp=leaf[s], old_logp=old[s], advantages=adv[s], mask=mask[s], group_ids=group[s], entropy=None if entropy is None else entropy[s], **kwargs)
+            loss, m = policy_loss(
+                spec,
+                logp=leaf[s],
+                old_logp=old[s],
+                advantages=adv[s],
+                mask=mask[s],
+                group_ids=group[s],
+                entropy=None if entropy is None else entropy[s],
+                **kwargs,
+            )
             coefs.append(torch.autograd.grad(loss, leaf)[0][s])
             pooled.append(m)
         return torch.stack(coefs), {k: torch.stack([m[k] for m in pooled]).mean() for k in pooled[0]}
@@ -229,7 +253,9 @@ def loss_coefficients(spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, 
 StepCallback = Callable[[int, dict[str, Tensor]], None]
 
 
-def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enumeration | None = None, callback: StepCallback | None = None) -> dict[str, Tensor]:
+def train_objective(
+    task: Task, objective: str, config: ToyConfig, *, enum: Enumeration | None = None, callback: StepCallback | None = None
+) -> dict[str, Tensor]:
     """Train ``config.seeds`` tabular policies with one objective; per-step metrics (steps, S).
 
     Metrics (see README table): reward, reward/sampled, tax/kl_step, tax/kl_cum, tax/kl_init,
@@ -267,7 +293,9 @@ def train_objective(task: Task, objective: str, config: ToyConfig, *, enum: Enum
             coef, core = loss_coefficients(spec, lp, old, adv, mask, group, ent, batch.n_groups, task.max_len)
             with torch.no_grad():
                 theta.grad = table_gradient(coef, logpi, rows, toks, mask)  # (S, R, V) closed form of autograd's
-                upd = _update_metrics(task, spec, config, theta.grad, logpi.detach(), coef, rows, toks, mask, group, weight, scale, batch.n_groups)
+                upd = _update_metrics(
+                    task, spec, config, theta.grad, logpi.detach(), coef, rows, toks, mask, group, weight, scale, batch.n_groups
+                )
                 seq_log_ratio = sequence_log_ratio(lp, old, mask)  # (S, B) eq 44 in log space
                 upd["ratio/spread"] = _per_seed_group_variance(seq_log_ratio, group, mask.any(-1), weight).sqrt()  # (S,)
                 upd["clip/frac_low"] = core["clip/frac_low"].expand(S)
@@ -303,7 +331,9 @@ def _per_seed_group_variance(x: Tensor, group: Tensor, valid: Tensor, weight: Te
     return torch.stack([group_variance(x[s], group[s], valid[s], sample_weight=weight[s]) for s in range(x.shape[0])])
 
 
-def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Tensor, coef: Tensor, rows, toks, mask, group, weight, scale, n_groups: int) -> dict[str, Tensor]:
+def _update_metrics(
+    task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Tensor, coef: Tensor, rows, toks, mask, group, weight, scale, n_groups: int
+) -> dict[str, Tensor]:
     """Per-update mechanism metrics, each (S,)."""
     S = grad.shape[0]
     tpl = task.template_rows
@@ -319,7 +349,9 @@ def _update_metrics(task: Task, spec, config: ToyConfig, grad: Tensor, logpi: Te
     norms = metrics.score_norm(prob_tok, coll_tok)  # (S, B, T)
     if config.mode == "sampled":
         grad_norm = metrics.logit_grad_norm(coef, prob_tok, coll_tok)  # (S, B, T): |d loss / d logits| per token
-        out["energy/frequent"] = torch.stack([metrics.frequent_energy(grad_norm[s], toks[s], mask[s], len(task.vocab)) for s in range(S)]).float()
+        out["energy/frequent"] = torch.stack(
+            [metrics.frequent_energy(grad_norm[s], toks[s], mask[s], len(task.vocab)) for s in range(S)]
+        ).float()
         res = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size, parts=True)
         out["residual/shared"], out["residual/shared_rel"], out["residual/shared_net"], out["residual/shared_gross"] = res
     return out
@@ -342,7 +374,9 @@ def with_options(config: ToyConfig, **changes: object) -> ToyConfig:
     return dataclasses.replace(config, **changes)
 
 
-def shared_prefix_residual(task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object) -> tuple[Tensor, Tensor]:
+def shared_prefix_residual(
+    task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object
+) -> tuple[Tensor, Tensor]:
     """Exact gradient residual on the context-token pairs shared by a whole hand-picked group.
 
     ``completions`` (G,) indexes ``enum`` (one prompt); theta_old / theta (S, R, V) are the rollout

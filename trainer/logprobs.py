@@ -97,7 +97,9 @@ def token_logprobs(
     both are differentiable with respect to ``hidden`` and ``lm_head_weight``.
     """
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got targets.shape={tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got targets.shape={tuple(targets.shape)}"
+        )
     if lm_head_weight.ndim != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"lm_head_weight must have shape (V, {hidden.shape[-1]}), got lm_head_weight.shape={tuple(lm_head_weight.shape)}")
     if not (temperature > 0):

@@ -128,7 +128,7 @@ def test_toy_lab_bad_label_is_a_message():
 
 def _fake_run(folder: Path, lr: float, rewards: list[float], corrupt: bool = False) -> None:
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(f"seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = \"gspo\"\n")
+    (folder / "config.toml").write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
     lines = [json.dumps({"step": i + 1, "reward/mean": r, "clip/frac_high": 0.1}) for i, r in enumerate(rewards)]
     if corrupt:
         lines.append('{"step": 99, "reward/me')  # a torn last line

@@ -23,7 +23,16 @@ import pytest
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "docs" / "screenshots"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium; .ci/run does it)"),
@@ -38,11 +47,13 @@ def _free_port() -> int:
 
 def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(f"seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = \"gspo\"\n")
+    (folder / "config.toml").write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
     rows = [{"step": i + 1, "reward/mean": r, "clip/frac_high": 0.05 * i, "weights/asym": 0.5 - 0.05 * i} for i, r in enumerate(rewards)]
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (folder / "eval.jsonl").write_text("\n".join(json.dumps({"step": s, "eval/avg@4": 0.25 + 0.01 * s}) for s in (0, 5, 10)) + "\n")
-    (folder / "samples.jsonl").write_text(json.dumps({"step": 10, "prompt": "3+4=", "completion": "7", "answer": "7", "reward": 1.0}) + "\n")
+    (folder / "samples.jsonl").write_text(
+        json.dumps({"step": 10, "prompt": "3+4=", "completion": "7", "answer": "7", "reward": 1.0}) + "\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +84,9 @@ def app_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright; the [dev] extra has it)")
+    playwright = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright is not installed (pip install playwright; the [dev] extra has it)"
+    )
     with playwright.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b

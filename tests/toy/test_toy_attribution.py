@@ -14,7 +14,14 @@ from dfpo.toy.train import ToyConfig, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ABLATION_LABELS = ("gspo", "dfpo_min", "gspo_noclip", "dfpo_min:stopgrad=score", "gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0.2")
+ABLATION_LABELS = (
+    "gspo",
+    "dfpo_min",
+    "gspo_noclip",
+    "dfpo_min:stopgrad=score",
+    "gspo:eps_low=0.2:eps_high=0.2",
+    "dfpo_min:eps_low=0.2:eps_high=0.2",
+)
 
 
 def test_each_dfpo_label_is_paired_with_its_matched_control_and_with_plain_gspo():
@@ -64,7 +71,21 @@ def test_bad_labels_fail_in_validation(objectives, message):
 
 def test_run_with_labels_writes_them_to_every_output(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["toy", "run", "--objectives", "gspo_noclip,dfpo_min:stopgrad=score", "--seeds", "2", "--steps", "3", "--out", str(out), "--no-plots"])
+    code = main(
+        [
+            "toy",
+            "run",
+            "--objectives",
+            "gspo_noclip,dfpo_min:stopgrad=score",
+            "--seeds",
+            "2",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--no-plots",
+        ]
+    )
     assert code == 0
     names = {json.loads(line)["objective"] for line in (out / "metrics.jsonl").read_text().splitlines()}
     assert names == {"gspo_noclip", "dfpo_min:stopgrad=score"}
@@ -81,7 +102,9 @@ def test_ablate_runs_the_standard_ablation_in_one_command(tmp_path, capsys):
 
 def test_spread_sweep_reports_the_measured_spread_and_paired_effects(tmp_path, capsys):
     out = tmp_path / "spread"
-    code = main(["toy", "spread", "--knob", "inner_steps", "--values", "1,4", "--seeds", "3", "--steps", "4", "--out", str(out), "--no-plots"])
+    code = main(
+        ["toy", "spread", "--knob", "inner_steps", "--values", "1,4", "--seeds", "3", "--steps", "4", "--out", str(out), "--no-plots"]
+    )
     assert code == 0
     rows = json.loads((out / "spread.json").read_text())
     assert [r["inner_steps"] for r in rows] == [1.0, 4.0]
@@ -92,7 +115,27 @@ def test_spread_sweep_reports_the_measured_spread_and_paired_effects(tmp_path, c
 
 
 def test_spread_refuses_an_unmatched_pair_and_a_bad_knob(tmp_path, capsys):
-    assert main(["toy", "spread", "--baseline", "gspo", "--method", "dfpo_min:stopgrad=score", "--values", "1", "--seeds", "2", "--steps", "2", "--out", str(tmp_path / "a")]) == 2
+    assert (
+        main(
+            [
+                "toy",
+                "spread",
+                "--baseline",
+                "gspo",
+                "--method",
+                "dfpo_min:stopgrad=score",
+                "--values",
+                "1",
+                "--seeds",
+                "2",
+                "--steps",
+                "2",
+                "--out",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 2
+    )
     assert "not a matched control" in capsys.readouterr().err
     assert main(["toy", "spread", "--knob", "steps", "--values", "1", "--out", str(tmp_path / "b")]) == 2
     assert "--knob must be one of" in capsys.readouterr().err

@@ -11,9 +11,8 @@ import torch
 
 from dfpo.cli import main
 from dfpo.toy.metrics import bootstrap_ci, kl_rows
-from dfpo.trainer.metrics import jitter2, steps_to
 from dfpo.toy.report import paired_verdict
-
+from dfpo.trainer.metrics import jitter2, steps_to
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,7 +48,17 @@ def test_run_writes_metrics_summary_and_plots(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["toy", "run", "--objectives", "gspo,dfpo_min,grpo_fix", "--seeds", "2", "--steps", "6", "--out", str(out)])
     assert code == 0
-    for name in ("config.json", "metrics.jsonl", "metrics_mean.csv", "summary.md", "reward.png", "tax.png", "equiv_entropy.png", "asym.png", "overview.png"):
+    for name in (
+        "config.json",
+        "metrics.jsonl",
+        "metrics_mean.csv",
+        "summary.md",
+        "reward.png",
+        "tax.png",
+        "equiv_entropy.png",
+        "asym.png",
+        "overview.png",
+    ):
         assert (out / name).exists(), name
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 2 * 6
@@ -69,7 +78,26 @@ def test_sweep_g_writes_a_gain_table(tmp_path):
     assert "paper Table 4" in (out / "summary.md").read_text()
     assert "advantage scale): yes." in (out / "summary.md").read_text()
     out2 = tmp_path / "sweep-score"
-    assert main(["toy", "sweep-g", "--gs", "2", "--method", "dfpo_min:stopgrad=score", "--seeds", "2", "--steps", "2", "--no-plots", "--out", str(out2)]) == 0
+    assert (
+        main(
+            [
+                "toy",
+                "sweep-g",
+                "--gs",
+                "2",
+                "--method",
+                "dfpo_min:stopgrad=score",
+                "--seeds",
+                "2",
+                "--steps",
+                "2",
+                "--no-plots",
+                "--out",
+                str(out2),
+            ]
+        )
+        == 0
+    )
     assert "NO, they differ in clip, eps_low, eps_high" in (out2 / "summary.md").read_text()
 
 

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from dfpo.toy.policy import gather_tokens, init_params, log_policy, sample, sequence_logprob, table_gradient
 from dfpo.toy.tasks import END, ILLEGAL, count_completions, enumerate_completions, family, make_task, tenplusten
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -85,7 +84,12 @@ def test_family_enumerates_every_completion_once_with_probabilities_summing_to_o
     seqs = {(int(enum.prompt[i]), tuple(enum.tokens[i][enum.mask[i]].tolist())) for i in range(enum.size)}
     assert len(seqs) == enum.size
     theta = init_params(task, 2, noise=1.0, generator=torch.Generator().manual_seed(1))
-    p = sequence_logprob(log_policy(theta, task.legal), enum.rows[None].expand(2, -1, -1), enum.tokens[None].expand(2, -1, -1), enum.mask[None].expand(2, -1, -1)).exp()
+    p = sequence_logprob(
+        log_policy(theta, task.legal),
+        enum.rows[None].expand(2, -1, -1),
+        enum.tokens[None].expand(2, -1, -1),
+        enum.mask[None].expand(2, -1, -1),
+    ).exp()
     per_prompt = torch.zeros(2, prompts).index_add(1, enum.prompt, p)
     torch.testing.assert_close(per_prompt, torch.ones(2, prompts), atol=1e-5, rtol=0)
     assert float((enum.reward > 0).float().sum()) == prompts * (1 + distractors) ** k * n_correct

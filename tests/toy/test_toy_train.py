@@ -7,15 +7,28 @@ import pytest
 import torch
 
 from dfpo import OBJECTIVES, group_advantages, policy_loss, resolve_objective
-from dfpo.trainer.loss import parse_objective_label
 from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family, tenplusten
 from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, shared_prefix_residual, train_objective, validate
+from dfpo.trainer.loss import parse_objective_label
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-BATCHABLE = ["grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "grpo_fix", "dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr", "stapo", "cispo"]
+BATCHABLE = [
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "grpo_fix",
+    "dfpo_min",
+    "dfpo_orth",
+    "dfpo_orth_pos",
+    "dfpo_orth_tr",
+    "stapo",
+    "cispo",
+]
 
 
 def _perturbed_batch(task, S, G, seed, noise=0.3):
@@ -45,7 +58,16 @@ def test_batched_seeds_give_each_seed_its_own_loss_gradient(objective):
     coef, _ = loss_coefficients(spec, lp, old, adv, roll.mask, roll.group, ent, n_groups, task.max_len)
     for s in range(S):  # the naive per-seed reference
         leaf = lp[s].detach().requires_grad_(True)
-        loss, _ = policy_loss(spec, logp=leaf, old_logp=old[s], advantages=adv[s], mask=roll.mask[s], group_ids=roll.group[s], entropy=ent[s], max_completion_length=task.max_len)
+        loss, _ = policy_loss(
+            spec,
+            logp=leaf,
+            old_logp=old[s],
+            advantages=adv[s],
+            mask=roll.mask[s],
+            group_ids=roll.group[s],
+            entropy=ent[s],
+            max_completion_length=task.max_len,
+        )
         (ref,) = torch.autograd.grad(loss, leaf)
         torch.testing.assert_close(coef[s], ref, atol=1e-6, rtol=1e-4)
 
@@ -150,7 +172,11 @@ def _perturbed_params(task, scale):
     return theta_old, theta_old + scale * torch.randn(theta_old.shape, generator=g)
 
 
-DFPO_CANCELS = [f"{o}:{form}" for o in ("dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr") for form in ("stopgrad=score", "eps_low=0.5:eps_high=0.5")]
+DFPO_CANCELS = [
+    f"{o}:{form}"
+    for o in ("dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr")
+    for form in ("stopgrad=score", "eps_low=0.5:eps_high=0.5")
+]
 
 
 @pytest.mark.parametrize("objective", ["grpo", "dapo", "grpo_fix", "cispo", *DFPO_CANCELS])
@@ -198,7 +224,10 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
         ({"inner_steps": 0}, "inner_steps must be an int >= 1"),
         ({"task": "nope"}, "unknown task='nope'"),
         ({"objectives": ("gspo", "nope")}, "unknown objective='nope'"),
-        ({"mode": "exact", "objectives": ("gspo",), "task": "family", "task_options": {"k": 6, "distractors": 9}}, "too many for exact mode"),
+        (
+            {"mode": "exact", "objectives": ("gspo",), "task": "family", "task_options": {"k": 6, "distractors": 9}},
+            "too many for exact mode",
+        ),
         ({"mode": "exact", "objectives": ("stapo",)}, "exact mode cannot take its expectation"),
         ({"optimizer": "lbfgs"}, "optimizer must be one of"),
         ({"lr": 0.0}, "lr must be > 0"),
@@ -222,7 +251,16 @@ def test_training_metrics_are_finite_and_reward_rises():
 
 
 def test_exact_mode_is_deterministic_and_minibatches_keep_groups_whole():
-    config = ToyConfig(task="family", task_options={"k": 2, "prompts": 4}, objectives=("dfpo_min",), mode="exact", seeds=2, steps=5, minibatches=2, inner_steps=4)
+    config = ToyConfig(
+        task="family",
+        task_options={"k": 2, "prompts": 4},
+        objectives=("dfpo_min",),
+        mode="exact",
+        seeds=2,
+        steps=5,
+        minibatches=2,
+        inner_steps=4,
+    )
     task, _ = validate(config)
     a = train_objective(task, "dfpo_min", config)
     b = train_objective(task, "dfpo_min", config)

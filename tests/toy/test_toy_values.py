@@ -58,11 +58,23 @@ def test_tax_kl_is_the_mean_over_template_rows_of_an_explicit_sum():
 def test_run_summary_statistics_on_a_synthetic_history():
     reward = np.array([[0.1, 0.5], [0.6, 0.7], [0.9, 0.8], [0.95, 0.85]])  # (steps, S)
     tax = np.array([[0.0, 0.0], [0.1, 0.2], [0.3, 0.5], [0.6, 0.9]])
-    h = {"reward": reward, "tax/kl_cum": tax, "tax/kl_init": tax, "asym": np.ones_like(reward), "clip/frac_low": np.zeros_like(reward), "clip/frac_high": np.full_like(reward, 0.25)}
+    h = {
+        "reward": reward,
+        "tax/kl_cum": tax,
+        "tax/kl_init": tax,
+        "asym": np.ones_like(reward),
+        "clip/frac_low": np.zeros_like(reward),
+        "clip/frac_high": np.full_like(reward, 0.25),
+    }
     s = summarise({"x": h}, kappa=0.9)["x"]
-    assert s["steps_to_kappa"].tolist() == [3, 5] and s["reached"].tolist() == [True, False]  # seed 2 never reaches 0.9: censored at steps + 1
+    assert s["steps_to_kappa"].tolist() == [3, 5] and s["reached"].tolist() == [
+        True,
+        False,
+    ]  # seed 2 never reaches 0.9: censored at steps + 1
     assert s["tax_at_kappa"].tolist() == pytest.approx([0.3, 0.9])  # the tax when kappa was reached (or at the end)
-    assert s["jitter2_reward"].tolist() == pytest.approx([np.mean([abs(0.9 - 1.2 + 0.1), abs(0.95 - 1.8 + 0.6)]), np.mean([abs(0.8 - 1.4 + 0.5), abs(0.85 - 1.6 + 0.7)])])
+    assert s["jitter2_reward"].tolist() == pytest.approx(
+        [np.mean([abs(0.9 - 1.2 + 0.1), abs(0.95 - 1.8 + 0.6)]), np.mean([abs(0.8 - 1.4 + 0.5), abs(0.85 - 1.6 + 0.7)])]
+    )
     assert s["final_reward"].tolist() == [0.95, 0.85] and s["clip_frac"].tolist() == [0.25, 0.25]
 
 

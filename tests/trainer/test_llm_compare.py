@@ -14,9 +14,15 @@ from dfpo.trainer.llm.compare import make_plan, paired_table, read_run, run_dir,
 
 def _write_run(path, eval_avg, rewards, steps_to_kappa, clip=(0.1, 0.2), asym=0.5):
     path.mkdir(parents=True)
-    summary = {"final_eval": {"step": len(rewards), "eval/avg@4": eval_avg, "eval/pass@4": 1.0}, "reward/steps_to_kappa_ma10": steps_to_kappa}
+    summary = {
+        "final_eval": {"step": len(rewards), "eval/avg@4": eval_avg, "eval/pass@4": 1.0},
+        "reward/steps_to_kappa_ma10": steps_to_kappa,
+    }
     (path / "summary.json").write_text(json.dumps(summary))
-    rows = [{"step": i + 1, "reward/mean": r, "clip/frac_low": clip[0], "clip/frac_high": clip[1], "weights/asym": asym} for i, r in enumerate(rewards)]
+    rows = [
+        {"step": i + 1, "reward/mean": r, "clip/frac_low": clip[0], "clip/frac_high": clip[1], "weights/asym": asym}
+        for i, r in enumerate(rewards)
+    ]
     (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
@@ -31,7 +37,9 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_bootstrap_inter
     base = {s: {"eval": 0.30 + 0.01 * s, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(4)}
     diffs = [0.02, 0.04, 0.00, 0.02]  # mean 0.02, every seed's own baseline subtracted
     method = {s: dict(base[s], eval=base[s]["eval"] + d) for s, d in enumerate(diffs)}
-    (line,) = [x for x in paired_table({"gspo": base, "dfpo_min": method}, "gspo", {"gspo": [], "dfpo_min": []}) if x.startswith("| dfpo_min")]
+    (line,) = [
+        x for x in paired_table({"gspo": base, "dfpo_min": method}, "gspo", {"gspo": [], "dfpo_min": []}) if x.startswith("| dfpo_min")
+    ]
     mean, lo, hi = bootstrap_ci(np.array(diffs))
     assert mean == pytest.approx(0.02)
     assert f"| {mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" in line and "| yes |" in line
@@ -40,7 +48,9 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_bootstrap_inter
 
 def test_an_unmatched_pair_is_flagged_with_the_components_that_differ():
     base = {s: {"eval": 0.3, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(3)}
-    lines = paired_table({"gspo": base, "dfpo_min:stopgrad=score": base}, "gspo", {"gspo": [], "dfpo_min:stopgrad=score": ["clip", "eps_low", "eps_high"]})
+    lines = paired_table(
+        {"gspo": base, "dfpo_min:stopgrad=score": base}, "gspo", {"gspo": [], "dfpo_min:stopgrad=score": ["clip", "eps_low", "eps_high"]}
+    )
     assert "| NO: differs in clip, eps_low, eps_high |" in lines[-1]
 
 
@@ -56,14 +66,24 @@ def test_an_unmatched_pair_is_flagged_with_the_components_that_differ():
     ],
 )
 def test_bad_plans_fail_before_any_training(kwargs, message, tmp_path):
-    args = {"objectives": "gspo,dfpo_min", "baseline": None, "seeds": 3, "first_seed": 0, "config": "configs/tiny-cpu.toml", "sets": [], "out": str(tmp_path)}
+    args = {
+        "objectives": "gspo,dfpo_min",
+        "baseline": None,
+        "seeds": 3,
+        "first_seed": 0,
+        "config": "configs/tiny-cpu.toml",
+        "sets": [],
+        "out": str(tmp_path),
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         make_plan(**args)
 
 
 def test_a_label_becomes_objective_overrides_of_dfpo_train(tmp_path):
-    plan = make_plan("gspo_noclip,dfpo_min:stopgrad=score:length_aware=true", None, 2, 5, "configs/tiny-cpu.toml", ["train.steps=3"], str(tmp_path))
+    plan = make_plan(
+        "gspo_noclip,dfpo_min:stopgrad=score:length_aware=true", None, 2, 5, "configs/tiny-cpu.toml", ["train.steps=3"], str(tmp_path)
+    )
     cmd = train_command(plan, "dfpo_min:stopgrad=score:length_aware=true", 6)
     sets = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
     assert sets == [
@@ -79,7 +99,23 @@ def test_a_label_becomes_objective_overrides_of_dfpo_train(tmp_path):
 
 def test_end_to_end_two_seeds_write_the_table_and_the_plot_and_resume(tmp_path, capsys):
     out = tmp_path / "cmp"
-    argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--set", "train.steps=2", "--set", "model.sft_steps=2", "--set", "eval.every=2", "--set", "eval.k=2", "--out", str(out)]
+    argv = [
+        "compare",
+        "--objectives",
+        "gspo,dfpo_min",
+        "--seeds",
+        "2",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "model.sft_steps=2",
+        "--set",
+        "eval.every=2",
+        "--set",
+        "eval.k=2",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     text = (out / "compare.md").read_text()
     assert "| dfpo_min | yes |" in text and (out / "compare.png").stat().st_size > 1000

@@ -56,7 +56,7 @@ def test_int_is_accepted_for_float_and_bool_is_not_int():
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
-    cfg = config_from_dict(apply_overrides({}, ["objective.overrides.eps_low=0.1", "data.prompt_template=\"Q: {prompt}\\nA:\""]))
+    cfg = config_from_dict(apply_overrides({}, ["objective.overrides.eps_low=0.1", 'data.prompt_template="Q: {prompt}\\nA:"']))
     text = config_to_toml(cfg)
     assert config_from_dict(tomllib.loads(text)) == cfg
     path = tmp_path / "c.toml"

@@ -26,7 +26,12 @@ def test_completion_log_probs_equal_a_plain_forward_of_each_unpadded_sequence():
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=2, tiny_heads=2, tiny_intermediate=64), tok, seed=0).eval()
     prompts = [tok("7+8=", add_special_tokens=False).input_ids, tok("1+1=", add_special_tokens=False).input_ids[:2]]  # lengths 4 and 2
-    completions = [tok("15", add_special_tokens=False).input_ids, tok("2", add_special_tokens=False).input_ids, tok("3", add_special_tokens=False).input_ids, tok("11", add_special_tokens=False).input_ids]
+    completions = [
+        tok("15", add_special_tokens=False).input_ids,
+        tok("2", add_special_tokens=False).input_ids,
+        tok("3", add_special_tokens=False).input_ids,
+        tok("11", add_special_tokens=False).input_ids,
+    ]
     batch = build_batch(prompts, completions, 2, pad_id=tok.pad_token_id, eos_ids=set(), max_new_tokens=4)
     with torch.no_grad():
         got = token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids)  # (B, T)

@@ -156,5 +156,7 @@ def test_a_prompt_longer_than_the_context_names_file_and_line_or_is_truncated(tm
     with pytest.raises(ValueError, match=r"d.jsonl:9: the prompt has 403 tokens"):
         Trainer(tiny_config(tmp_path, *sets), quiet=True).run()
     assert "eval prompt(s) also appear in the train split" in capsys.readouterr().err
-    summary = Trainer(tiny_config(tmp_path, *sets, "data.truncate_prompts=true", 'run_dir="' + str(tmp_path / "run2") + '"'), quiet=True).run()
+    summary = Trainer(
+        tiny_config(tmp_path, *sets, "data.truncate_prompts=true", 'run_dir="' + str(tmp_path / "run2") + '"'), quiet=True
+    ).run()
     assert summary["steps"] == 2

@@ -79,8 +79,12 @@ def test_shared_prefix_residual_is_zero_exactly_when_the_objective_cancels(objec
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     d = StepDiagnostics()
     accumulate_gradients(
-        model, [MicroBatch(batch, old, None, adv, 1.0)], resolve_objective(objective, eps_low=0.2, eps_high=0.2), torch.device("cpu"),
-        need_stats=True, buckets=None, diagnostics=d,
+        model,
+        [MicroBatch(batch, old, None, adv, 1.0)],
+        resolve_objective(objective, eps_low=0.2, eps_high=0.2),
+        torch.device("cpu"),
+        buckets=None,
+        diagnostics=d,
     )
     assert d.shared_positions == 2
     residual = d.shared_num / d.shared_den

@@ -13,14 +13,32 @@ import torch
 
 STEPS = 6
 SETS = [
-    "model.tiny_hidden=32", "model.tiny_layers=1", "model.tiny_heads=2", "model.tiny_intermediate=64",
-    "model.sft_steps=3", "model.sft_batch_size=8",
-    "data.max_operand=9", "data.train_size=40", "data.eval_size=4",
-    "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3",
-    "reward.format_weight=1.0", 'reward.format_regex="^[0-9a-zA-Z]"',
-    "objective.name=dfpo_min", "optim.lr=1e-2", "optim.minibatch_groups=1", "optim.epochs=2",
-    f"train.steps={STEPS}", "train.save_every=1", "eval.every=2", "eval.k=2",
-    "log.tensorboard=false", "log.progress=false", "log.samples_every=1", "threads=1",
+    "model.tiny_hidden=32",
+    "model.tiny_layers=1",
+    "model.tiny_heads=2",
+    "model.tiny_intermediate=64",
+    "model.sft_steps=3",
+    "model.sft_batch_size=8",
+    "data.max_operand=9",
+    "data.train_size=40",
+    "data.eval_size=4",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=3",
+    "reward.format_weight=1.0",
+    'reward.format_regex="^[0-9a-zA-Z]"',
+    "objective.name=dfpo_min",
+    "optim.lr=1e-2",
+    "optim.minibatch_groups=1",
+    "optim.epochs=2",
+    f"train.steps={STEPS}",
+    "train.save_every=1",
+    "eval.every=2",
+    "eval.k=2",
+    "log.tensorboard=false",
+    "log.progress=false",
+    "log.samples_every=1",
+    "threads=1",
 ]
 
 
@@ -114,6 +132,8 @@ def test_sigkill_during_the_warm_start_leaves_a_folder_that_starts_again(tmp_pat
     assert proc.poll() is None and not (run / "checkpoint.pt").exists(), "the warm start ended before the kill"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    again = subprocess.run(_cmd(run) + ["--set", "model.sft_steps=3", "--set", "train.steps=2"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        _cmd(run) + ["--set", "model.sft_steps=3", "--set", "train.steps=2"], capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 2

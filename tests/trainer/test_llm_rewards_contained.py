@@ -23,7 +23,19 @@ def _batch(fn, n=4, **kw):
 
 @pytest.mark.parametrize(
     "raw, value",
-    [(1, 1.0), (True, 1.0), (0.5, 0.5), (np.float32(0.25), 0.25), (-1e6, -1e6), (float("nan"), None), (1e308, None), (float("inf"), None), ("1.0", None), ([1.0], None), (None, None)],
+    [
+        (1, 1.0),
+        (True, 1.0),
+        (0.5, 0.5),
+        (np.float32(0.25), 0.25),
+        (-1e6, -1e6),
+        (float("nan"), None),
+        (1e308, None),
+        (float("inf"), None),
+        ("1.0", None),
+        ([1.0], None),
+        (None, None),
+    ],
 )
 def test_a_reward_is_a_finite_number_within_bounds(raw, value):
     assert as_reward(raw) == value

@@ -123,6 +123,11 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_run_resumes(tmp
     logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((run / "checkpoint.json").read_text())["step"] == logged[-1] >= 2  # checkpoint of the last finished step
     assert logged == list(range(1, logged[-1] + 1))
-    resumed = subprocess.run([sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run), "--set", f"train.steps={logged[-1] + 1}"], capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run), "--set", f"train.steps={logged[-1] + 1}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run / "summary.json").read_text())["steps"] == logged[-1] + 1

@@ -84,7 +84,7 @@ def test_accumulated_gradient_equals_whole_minibatch_gradient(objective, overrid
         micro_rows = split_groups(rows, batch.group_ids, groups_per_micro)
         weights = accumulation_weights([batch.mask[r] for r in micro_rows], agg)
         micros = [MicroBatch(batch.rows(r), old[r], ref[r], adv[r], w) for r, w in zip(micro_rows, weights)]
-        _, finite = accumulate_gradients(model, micros, resolve_objective(objective, **overrides), torch.device("cpu"), need_stats=True)
+        _, finite = accumulate_gradients(model, micros, resolve_objective(objective, **overrides), torch.device("cpu"))
         assert finite
         return [p.grad.clone() for p in model.parameters()]
 
@@ -125,8 +125,14 @@ def test_a_small_step_raises_positive_advantage_completions_relative_to_negative
         return torch.where(batch.mask, lp, torch.zeros_like(lp)).sum(-1)  # (B,)
 
     before = seq_logp()
-    micro = MicroBatch(batch, torch.where(batch.mask, 0.0, 0.0) + token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids).detach(), None, adv, 1.0)
-    accumulate_gradients(model, [micro], resolve_objective(objective), torch.device("cpu"), need_stats=False)
+    micro = MicroBatch(
+        batch,
+        torch.where(batch.mask, 0.0, 0.0) + token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids).detach(),
+        None,
+        adv,
+        1.0,
+    )
+    accumulate_gradients(model, [micro], resolve_objective(objective), torch.device("cpu"))
     with torch.no_grad():
         for p in model.parameters():
             p -= 1e-2 * p.grad

@@ -1,7 +1,7 @@
 """`dfpo train`: group-relative RL fine-tuning of a transformers model (imports stay light here).
 
-    dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
-    dfpo train --resume RUN_DIR [--set train.steps=N]
+dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
+dfpo train --resume RUN_DIR [--set train.steps=N]
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise ValueError("--resume reads RUN_DIR/config.toml; drop --config (use --set train.steps=N to extend)")
         bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
         if bad:
-            raise ValueError(f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}")
+            raise ValueError(
+                f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
+            )
         import tomllib
 
         from dfpo.files import read_utf8
@@ -84,7 +86,11 @@ def register(subparsers) -> None:
         "compare",
         help="objectives on the LLM trainer over paired seeds: paired differences with bootstrap CIs and a matched-control check",
     )
-    p.add_argument("--objectives", default="gspo,dfpo_min", help="comma-separated labels, e.g. gspo,dfpo_min,dfpo_min:stopgrad=score (default gspo,dfpo_min)")
+    p.add_argument(
+        "--objectives",
+        default="gspo,dfpo_min",
+        help="comma-separated labels, e.g. gspo,dfpo_min,dfpo_min:stopgrad=score (default gspo,dfpo_min)",
+    )
     p.add_argument("--baseline", default=None, help="label every other one is compared with (default: the first)")
     p.add_argument("--seeds", type=int, default=10, help="paired seeds (default 10)")
     p.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")

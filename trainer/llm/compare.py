@@ -195,7 +195,8 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print) -> Path:
     matched = {label: unmatched_components(objective_from_label(label), base_spec) for label in plan.labels}
     plot_differences(records, plan.baseline, plan.out / "compare.png")
     lines = [
-        f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}" + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
+        f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}"
+        + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
         "",
         "Paired difference per seed (method - baseline), mean [95% percentile bootstrap CI over seeds]; * where the interval excludes 0.",
         "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does counts its length.",

@@ -219,6 +219,9 @@ class OptimConfig:
     """Whole groups per optimiser step; prompts_per_step / minibatch_groups steps per epoch."""
     microbatch_groups: int = bounded(0, 0, math.inf)
     """Whole groups per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
+    max_tokens_per_microbatch: int = bounded(0, 0, math.inf)
+    """Token budget of one forward/backward: micro-batches of whole groups whose rows x longest row fit it
+    (a larger group alone); 0 = split by microbatch_groups instead."""
     epochs: int = bounded(1, 1, math.inf)
     """Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups."""
 
@@ -415,12 +418,12 @@ def validate(cfg: Config) -> None:
     if "{prompt}" not in cfg.data.prompt_template:
         raise ValueError(f"data.prompt_template must contain '{{prompt}}', got {cfg.data.prompt_template!r}")
     if cfg.reward.kind == "user" and ":" not in cfg.reward.user_fn:
-        raise ValueError(f"reward.kind = \"user\" needs reward.user_fn = \"module:function\", got {cfg.reward.user_fn!r}")
+        raise ValueError(f'reward.kind = "user" needs reward.user_fn = "module:function", got {cfg.reward.user_fn!r}')
     buckets = cfg.log.energy_buckets
     if not all(isinstance(b, (int, float)) and 0 < b < 1 for b in buckets) or list(buckets) != sorted(buckets):
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
-        raise ValueError("reward.kind = \"equiv\" works only with data.task = \"add\" or \"equiv\"")
+        raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
 
 
 def config_to_toml(cfg: Config) -> str:

@@ -130,12 +130,12 @@ def check_pad_token(tokenizer, pad_token: str) -> None:
         return
     if not pad_token:
         raise ValueError(
-            "the tokenizer has no pad token; set model.pad_token = \"eos\" to reuse its EOS token "
+            'the tokenizer has no pad token; set model.pad_token = "eos" to reuse its EOS token '
             "(safe here: the trainer masks by length, not by token id) or name a token string"
         )
     if pad_token == "eos":
         if tokenizer.eos_token is None:
-            raise ValueError("model.pad_token = \"eos\" but the tokenizer has no EOS token either; name a token string")
+            raise ValueError('model.pad_token = "eos" but the tokenizer has no EOS token either; name a token string')
         tokenizer.pad_token = tokenizer.eos_token
     else:
         tokenizer.pad_token = pad_token
@@ -157,7 +157,7 @@ def _pretrained_source(name: str, trust_remote_code: bool):
         raise ValueError(
             f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
             "not reachable. Download the model on a machine with network (huggingface-cli download NAME --local-dir DIR) "
-            "and set model.name = \"DIR\", or use model.name = \"tiny\" (offline preset)."
+            'and set model.name = "DIR", or use model.name = "tiny" (offline preset).'
         )
     return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
 
@@ -178,7 +178,7 @@ def check_model_available(name: str) -> None:
     if not hub_reachable():
         raise ValueError(
             f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
-            "not reachable. Download it where there is network and set model.name = \"DIR\", or use model.name = \"tiny\"."
+            'not reachable. Download it where there is network and set model.name = "DIR", or use model.name = "tiny".'
         )
 
 
@@ -203,5 +203,7 @@ def wrap_lora(model, mcfg):
         raise ValueError("model.lora_r > 0 needs the peft package: pip install peft") from None
     targets = mcfg.lora_target_modules
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    lcfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM")
+    lcfg = LoraConfig(
+        r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, lcfg)

@@ -27,8 +27,8 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dfpo.trainer.llm.tasks import Example, sum_value
 
@@ -157,11 +157,12 @@ class RewardBatch:
     """Calls that returned something other than a finite number (scored 0)."""
 
 
-
 class RewardComputer:
     """Correctness + format_weight * format; a batch's calls run concurrently with a time limit."""
 
-    def __init__(self, correctness: RewardFn, *, format_weight: float = 0.0, format_regex: str = "", timeout_s: float = 5.0, max_workers: int = 64):
+    def __init__(
+        self, correctness: RewardFn, *, format_weight: float = 0.0, format_regex: str = "", timeout_s: float = 5.0, max_workers: int = 64
+    ):
         self.correctness = correctness
         self.format_weight = format_weight
         try:
@@ -205,7 +206,11 @@ class RewardComputer:
                 out.append((0.0, "error", f"{type(r[1]).__name__}: {r[1]}"))
             else:
                 value = as_reward(r[0])
-                out.append((value, "ok", "") if value is not None else (0.0, "invalid", f"returned {r[0]!r:.80} (not a finite number within +-{MAX_ABS_REWARD:g})"))
+                out.append(
+                    (value, "ok", "")
+                    if value is not None
+                    else (0.0, "invalid", f"returned {r[0]!r:.80} (not a finite number within +-{MAX_ABS_REWARD:g})")
+                )
         return out
 
     def _warn(self, results: list[tuple[float, str, str]]) -> None:
@@ -217,7 +222,11 @@ class RewardComputer:
             kind = detail.split(":")[0] if status == "error" else status
             if kind not in self._warned:
                 self._warned.add(kind)
-                print(f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step; first {status}: {detail}", file=sys.stderr, flush=True)
+                print(
+                    f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step; first {status}: {detail}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def __call__(self, prompts: list[str], completions: list[str], examples: list[Example]) -> RewardBatch:
         """The rewards of a batch of completions, one entry per completion, with the failure counts."""

@@ -108,14 +108,41 @@ class RolloutBatch:
     truncated: torch.Tensor  # (B,) bool, hit max_new_tokens without EOS
     prompt_width: int
 
-    def rows(self, index: torch.Tensor) -> "RolloutBatch":
+    def rows(self, index: torch.Tensor) -> RolloutBatch:
         return RolloutBatch(
-            self.input_ids[index], self.attention_mask[index], self.mask[index], self.completion_ids[index],
-            self.group_ids[index], self.truncated[index], self.prompt_width,
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.mask[index],
+            self.completion_ids[index],
+            self.group_ids[index],
+            self.truncated[index],
+            self.prompt_width,
+        )
+
+    def trimmed(self) -> tuple[RolloutBatch, int]:
+        """The same rows without the columns that are padding in every row: left padding of the prompts
+        (all but the longest prompt's) and right padding of the completions. Returns (batch, completion width)."""
+        P = self.prompt_width
+        prompt_len = max(1, int(self.attention_mask[:, :P].sum(-1).max())) if P else 0
+        width = max(1, int(self.attention_mask[:, P:].sum(-1).max()))  # completions are right-padded
+        start = P - prompt_len
+        return (
+            RolloutBatch(
+                self.input_ids[:, start : P + width],
+                self.attention_mask[:, start : P + width],
+                self.mask[:, :width],
+                self.completion_ids[:, :width],
+                self.group_ids,
+                self.truncated,
+                prompt_len,
+            ),
+            width,
         )
 
 
-def build_batch(prompt_ids: list[list[int]], completions: list[list[int]], n: int, *, pad_id: int, eos_ids: set[int], max_new_tokens: int) -> RolloutBatch:
+def build_batch(
+    prompt_ids: list[list[int]], completions: list[list[int]], n: int, *, pad_id: int, eos_ids: set[int], max_new_tokens: int
+) -> RolloutBatch:
     """Lay out prompt-major completions (n per prompt) as trainer tensors."""
     B = len(completions)
     prompts = [p for p in prompt_ids for _ in range(n)]

@@ -93,12 +93,16 @@ class Scalars:
 
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
             except ImportError:
-                raise ValueError("log.tensorboard = true needs the tensorboard package (pip install tensorboard), or set it false") from None
+                raise ValueError(
+                    "log.tensorboard = true needs the tensorboard package (pip install tensorboard), or set it false"
+                ) from None
         if wandb_project:
             try:
                 import wandb
             except ImportError:
-                raise ValueError(f"log.wandb_project = {wandb_project!r} but wandb is not installed; pip install wandb or set it to \"\"") from None
+                raise ValueError(
+                    f'log.wandb_project = {wandb_project!r} but wandb is not installed; pip install wandb or set it to ""'
+                ) from None
             self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, resume="allow", id=run_dir.name)
 
     def log(self, metrics: dict, step: int) -> None:
@@ -171,7 +175,9 @@ def load_checkpoint(run_dir: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # truncated zip, bad pickle: torch raises several kinds
-        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is truncated or corrupt ({type(err).__name__}: {err}); start the run again") from None
+        raise ValueError(
+            f"--resume {run_dir}: {CHECKPOINT} is truncated or corrupt ({type(err).__name__}: {err}); start the run again"
+        ) from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is not a dfpo checkpoint")
     return state
@@ -199,7 +205,9 @@ class RunFolderLock:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             fh.close()
-            raise ValueError(f"run_dir {str(self.path.parent)!r} is in use by process {holder} (another dfpo train); wait for it or stop it") from None
+            raise ValueError(
+                f"run_dir {str(self.path.parent)!r} is in use by process {holder} (another dfpo train); wait for it or stop it"
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))
@@ -248,10 +256,14 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
         has_checkpoint = (run_dir / CHECKPOINT).is_file()
         if resume:
             if not has_checkpoint:
-                raise ValueError(f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again with --config")
+                raise ValueError(
+                    f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again with --config"
+                )
             step = checkpoint_step(run_dir)
             if step is not None and steps < step:
-                raise ValueError(f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {step}; give train.steps >= {step}")
+                raise ValueError(
+                    f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {step}; give train.steps >= {step}"
+                )
             return lock
         contents = [p for p in run_dir.iterdir() if p.name != LOCK]
         if contents and has_checkpoint:
@@ -260,7 +272,9 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
                 f"--resume {run_dir} or choose another folder (--set run_dir=...)"
             )
         if contents and not (run_dir / "config.toml").is_file():
-            raise ValueError(f"run_dir {str(run_dir)!r} exists, is not empty and is not a dfpo run folder; choose another (--set run_dir=...)")
+            raise ValueError(
+                f"run_dir {str(run_dir)!r} exists, is not empty and is not a dfpo run folder; choose another (--set run_dir=...)"
+            )
         for p in contents:  # a run that stopped before its first checkpoint: start it again
             if p.is_dir() and not p.is_symlink():
                 import shutil

@@ -134,7 +134,7 @@ def load_reasoning_gym(name: str, n: int, seed: int) -> list[Example]:
     try:
         import reasoning_gym
     except ImportError:
-        raise ValueError("data.task = \"reasoning_gym\" needs the reasoning-gym package: pip install reasoning-gym") from None
+        raise ValueError('data.task = "reasoning_gym" needs the reasoning-gym package: pip install reasoning-gym') from None
     try:
         ds = reasoning_gym.create_dataset(name, size=n, seed=seed)
     except Exception as err:  # unknown generator names raise various errors
@@ -175,11 +175,11 @@ def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field:
     try:
         import datasets
     except ImportError:
-        raise ValueError("data.task = \"hf\" needs the datasets package: pip install datasets") from None
+        raise ValueError('data.task = "hf" needs the datasets package: pip install datasets') from None
     offline_msg = (
         f"data.name {name!r}: not in the local cache and the Hugging Face hub is not reachable. "
-        "Export it to JSONL ({\"prompt\", \"answer\"} per line) on a machine with network and use "
-        "data.task = \"jsonl\", data.path = \"FILE.jsonl\"; or use data.task = \"reasoning_gym\" offline."
+        'Export it to JSONL ({"prompt", "answer"} per line) on a machine with network and use '
+        'data.task = "jsonl", data.path = "FILE.jsonl"; or use data.task = "reasoning_gym" offline.'
     )
     if not Path(name).exists() and not hub_reachable() and not _in_hub_cache(name):
         raise ValueError(offline_msg)  # fail fast instead of datasets' retries

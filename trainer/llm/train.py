@@ -15,7 +15,7 @@ One training step (one rollout batch):
 
 All loss maths is ``dfpo.policy_loss``; this file never writes an objective formula.
 
-Choices where the issue is silent:
+Choices made here (where the paper and the peers leave it open):
 1. Micro-batch weights are exact for token_mask = "none". With a token mask (STAPO,
    top-entropy) the mask thresholds depend on the batch a loss call sees, so accumulation
    is exact only without micro-batching (optim.microbatch_groups = 0).
@@ -39,19 +39,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
-from dfpo.trainer.loss import aggregation_count
-from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
-from dfpo.trainer.llm.rollout import (
-    HFGenerateEngine,
-    RolloutBatch,
-    SamplingParams,
-    build_batch,
-    completion_logits,
-    token_logp,
-    token_stats,
-)
+from dfpo.trainer.llm.forward import completion_logprobs, vocab_stats
+from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, SamplingParams, build_batch
 from dfpo.trainer.llm.runlog import (
     GracefulStop,
     JsonlLog,
@@ -65,6 +56,10 @@ from dfpo.trainer.llm.runlog import (
     save_checkpoint,
     set_rng_state,
 )
+from dfpo.trainer.loss import aggregation_count
+from dfpo.trainer.loss.masks import ENTROPY_MASKS
+from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
+
 if TYPE_CHECKING:
     from dfpo.trainer.llm.rewards import RewardBatch
 from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
@@ -111,6 +106,32 @@ def split_groups(rows: torch.Tensor, group_ids: torch.Tensor, groups_per_micro: 
     return out
 
 
+def split_groups_by_tokens(rows: torch.Tensor, group_ids: torch.Tensor, tokens_per_row: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Split a mini-batch's rows into micro-batches of whole groups whose padded size fits ``budget`` tokens.
+
+    A micro-batch is trimmed to its longest row, so its cost is (rows) x (longest row): groups are added in
+    order while that product stays within the budget; a group larger than the budget alone is a micro-batch
+    of its own (groups are never split). ``tokens_per_row`` (B,): prompt plus completion tokens of each row.
+    """
+    order: list[int] = []
+    for g in group_ids[rows].tolist():
+        if g not in order:
+            order.append(g)
+    out, current, longest, n_rows = [], [], 0, 0
+    for g in order:
+        members = rows[group_ids[rows] == g]
+        g_longest = int(tokens_per_row[members].max())
+        fits = (n_rows + len(members)) * max(longest, g_longest) <= budget
+        if current and not fits:
+            out.append(torch.cat(current))
+            current, longest, n_rows = [], 0, 0
+        current.append(members)
+        longest, n_rows = max(longest, g_longest), n_rows + len(members)
+    if current:
+        out.append(torch.cat(current))
+    return out
+
+
 def accumulation_weights(masks: list[torch.Tensor], aggregation: str) -> list[float]:
     """Weights w_u with sum_u w_u * loss(micro u) == loss(whole mini-batch) for an aggregation:
     each micro-batch's ``aggregation_count`` over the mini-batch's."""
@@ -135,11 +156,21 @@ class Rollout:
 
 @dataclass
 class MicroBatch:
+    """Rows of one loss call, trimmed to their longest prompt and completion, with their accumulation weight."""
+
     batch: RolloutBatch
-    old_logp: torch.Tensor  # (b, T)
+    old_logp: torch.Tensor | None  # (b, T); None: the policy has not moved yet, its own log-probs are the old ones
     ref_logp: torch.Tensor | None  # (b, T)
     advantages: torch.Tensor  # (b,)
     weight: float
+    rows: torch.Tensor | None = None  # (b,) indices into the rollout batch
+
+
+def micro_batch(batch: RolloutBatch, rows: torch.Tensor, old_logp, ref_logp, adv: torch.Tensor, weight: float) -> MicroBatch:
+    """The rows of ``batch`` as a micro-batch, padding trimmed away (old/ref log-probs cut to the same width)."""
+    part, width = batch.rows(rows).trimmed()
+    cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
+    return MicroBatch(part, cut(old_logp), cut(ref_logp), adv[rows], weight, rows)
 
 
 @dataclass
@@ -150,6 +181,8 @@ class UpdateStats:
     loss_metrics: list[dict] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     skipped: int = 0
+    recompute_s: float = 0.0
+    """Seconds spent recomputing old log-probs that a skipped first step left unscored."""
 
 
 @dataclass
@@ -171,39 +204,43 @@ def accumulate_gradients(
     spec: ObjectiveSpec,
     device,
     *,
-    need_stats: bool = True,
     buckets: torch.Tensor | None = None,
     diagnostics: StepDiagnostics | None = None,
     amp_dtype: torch.dtype | None = None,
+    first_pass: FirstPass | None = None,
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
-    Gradients accumulate in ``.grad``; on a non-finite loss the remaining micro-batches
-    are skipped and (metrics, False) returned (the caller zeroes the gradients).
+    Gradients accumulate in ``.grad``; on a non-finite loss the remaining micro-batches are skipped and
+    (metrics, False) returned (the caller zeroes the gradients). A micro-batch without old log-probs takes
+    its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
+    ``first_pass``. Entropy is computed when the objective reads it, or for that record.
     """
     sums: dict[str, float] = {}
     maxes: dict[str, float] = {}
+    needs_entropy = spec.token_mask in ENTROPY_MASKS or spec.entropy_coef > 0
     for mb in micro_batches:
         b = mb.batch
-        logits = completion_logits(model, b, device, amp_dtype)  # (b, T, V)
         targets = b.completion_ids.to(device)  # (b, T)
         mask = b.mask.to(device)  # (b, T)
-        logp = token_logp(logits, targets)  # (b, T)
-        entropy = prob = coll = None
-        if need_stats:
-            entropy, prob, coll = token_stats(logits, targets)
-        del logits
+        scores = completion_logprobs(
+            model, b, device, amp_dtype, with_entropy=needs_entropy or mb.old_logp is None, keep_hidden=diagnostics is not None
+        )
+        logp, entropy = scores.logp, scores.entropy  # (b, T)
         if not bool(torch.isfinite(logp.detach())[mask].all()):
             return sums, False
+        old_logp = logp.detach() if mb.old_logp is None else mb.old_logp.to(device)
+        if mb.old_logp is None and first_pass is not None:
+            first_pass.record(mb.rows, logp.detach(), entropy.detach())
         logp.retain_grad()
         loss, metrics = policy_loss(
             spec,
             logp=logp,
-            old_logp=mb.old_logp.to(device),
+            old_logp=old_logp,
             advantages=mb.advantages.to(device),
             mask=mask,
             group_ids=b.group_ids.to(device),
-            entropy=entropy,
+            entropy=entropy if needs_entropy else None,
             ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
         )
         if not bool(torch.isfinite(loss.detach())):
@@ -215,15 +252,15 @@ def accumulate_gradients(
                 maxes[k] = max(maxes.get(k, -math.inf), v)
             else:
                 sums[k] = sums.get(k, 0.0) + mb.weight * v
-        if entropy is not None:
-            sums["entropy/mean"] = sums.get("entropy/mean", 0.0) + mb.weight * float(entropy[mask].mean()) if bool(mask.any()) else sums.get("entropy/mean", 0.0)
-        if diagnostics is not None and prob is not None and logp.grad is not None:
+        if entropy is not None and bool(mask.any()):
+            sums["entropy/mean"] = sums.get("entropy/mean", 0.0) + mb.weight * float(entropy.detach()[mask].mean())
+        if diagnostics is not None and logp.grad is not None:
+            prob, coll = vocab_stats(model, scores, b, device)  # (b, T) each, no grad
             coef = logp.grad.detach()  # (b, T) = d loss_minibatch / d logp, weight included
-            factor = score_norm(prob, coll)  # (b, T) |e_y - pi|
             if buckets is not None:
                 norm = logit_grad_norm(coef, prob, coll)  # (b, T) closed-form logit-gradient norm
                 diagnostics.add_energy(energy_sums(norm, targets, mask, buckets))
-            num, den, n = diag.shared_prefix_sums(coef, factor, targets, mask, b.group_ids.to(device))
+            num, den, n = diag.shared_prefix_sums(coef, score_norm(prob, coll), targets, mask, b.group_ids.to(device))
             diagnostics.shared_num += num
             diagnostics.shared_den += den
             diagnostics.shared_positions += n
@@ -231,17 +268,37 @@ def accumulate_gradients(
     return sums, True
 
 
+@dataclass
+class FirstPass:
+    """Old log-probs and entropy (B, T) of a rollout batch, filled row by row: by the recompute pass for
+    the rows a later optimiser step needs, and by the first optimiser step's own forward for its rows."""
+
+    logp: torch.Tensor  # (B, T)
+    entropy: torch.Tensor  # (B, T)
+    done: torch.Tensor  # (B,) bool, rows recorded
+
+    @classmethod
+    def empty(cls, mask: torch.Tensor) -> FirstPass:
+        return cls(torch.zeros(mask.shape), torch.zeros(mask.shape), torch.zeros(mask.shape[0], dtype=torch.bool))
+
+    def record(self, rows: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor) -> None:
+        """Write (b, T') values of ``rows`` (T' <= T: a trimmed micro-batch)."""
+        width = logp.shape[1]
+        self.logp[rows, :width] = logp.float().cpu()
+        self.entropy[rows, :width] = entropy.float().cpu()
+        self.done[rows] = True
+
+
 @torch.no_grad()
 def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp, entropy) (B, T) under ``model``, in chunks of rows, no grad."""
-    lps, ents = [], []
+    """(logp, entropy) (B, T) under ``model``, in chunks of rows (each trimmed of padding), no grad."""
+    logp, entropy = torch.zeros(batch.mask.shape), torch.zeros(batch.mask.shape)
     for s in range(0, batch.mask.shape[0], rows_per_chunk):
-        part = batch.rows(torch.arange(s, min(s + rows_per_chunk, batch.mask.shape[0])))
-        logits = completion_logits(model, part, device, amp_dtype)
-        targets = part.completion_ids.to(device)
-        lps.append(token_logp(logits, targets).cpu())
-        ents.append(token_stats(logits, targets)[0].cpu())
-    return torch.cat(lps), torch.cat(ents)
+        rows = torch.arange(s, min(s + rows_per_chunk, batch.mask.shape[0]))
+        part, width = batch.rows(rows).trimmed()
+        scores = completion_logprobs(model, part, device, amp_dtype, with_entropy=True)
+        logp[rows, :width], entropy[rows, :width] = scores.logp.float().cpu(), scores.entropy.float().cpu()
+    return logp, entropy
 
 
 # ----------------------------------------------------------------------------- the trainer
@@ -322,10 +379,21 @@ class Trainer:
                 tok = build_char_tokenizer()
                 model = build_tiny_model(m, tok, cfg.seed).to(self.device)
                 t0 = time.time()
-                target = (lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng)) if cfg.data.task == "equiv" else (lambda ex, rng: ex.answer)
+                target = (
+                    (lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng))
+                    if cfg.data.task == "equiv"
+                    else (lambda ex, rng: ex.answer)
+                )
                 losses = sft_warm_start(
-                    model, tok, self.train_examples, target_fn=target, steps=m.sft_steps, batch_size=m.sft_batch_size,
-                    lr=m.sft_lr, seed=cfg.seed, device=self.device,
+                    model,
+                    tok,
+                    self.train_examples,
+                    target_fn=target,
+                    steps=m.sft_steps,
+                    batch_size=m.sft_batch_size,
+                    lr=m.sft_lr,
+                    seed=cfg.seed,
+                    device=self.device,
                 )
                 if losses:
                     self._say(f"tiny preset: {m.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
@@ -439,13 +507,17 @@ class Trainer:
         G = self.cfg.rollout.group_size
         prompt_ids = self._prompt_ids(examples)
         completions = self.engine.generate(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
-        batch = build_batch(prompt_ids, completions, G, pad_id=self.tok.pad_token_id, eos_ids=self.eos_ids, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        batch = build_batch(
+            prompt_ids, completions, G, pad_id=self.tok.pad_token_id, eos_ids=self.eos_ids, max_new_tokens=self.cfg.rollout.max_new_tokens
+        )
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
         per_completion = [ex for ex in examples for _ in range(G)]
         rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
         return Rollout(list(examples), batch, texts, rewards)
 
     def train_step(self, step: int) -> dict:
+        """Rollout -> advantages -> old log-probs of the rows the first optimiser step does not cover ->
+        reference log-probs -> the K optimiser steps -> metrics."""
         cfg = self.cfg
         t0 = time.time()
         idx = self.sampler.take(self.groups_per_step)
@@ -456,72 +528,119 @@ class Trainer:
         adv = group_advantages(rewards, batch.group_ids, scale=self.spec.adv_scale, eps=cfg.objective.advantage_eps)  # (B,)
         if cfg.rollout.mask_truncated:
             batch.mask &= ~batch.truncated[:, None]
-        G = cfg.rollout.group_size
-        micro_groups = cfg.optim.microbatch_groups or cfg.optim.minibatch_groups
-        old_logp, entropy = batch_logp(self.model, batch, self.device, micro_groups * G, self.amp)  # (B, T)
-        ref_logp = None
-        if self.spec.beta > 0:
-            if self.ref_model is not None:
-                ref_logp, _ = batch_logp(self.ref_model, batch, self.device, micro_groups * G, self.amp)
-            else:  # LoRA: the base model is the reference
-                with self.model.disable_adapter():
-                    ref_logp, _ = batch_logp(self.model, batch, self.device, micro_groups * G, self.amp)
+        plan = self.optimiser_steps(step, batch)
+        t1 = time.time()
+        first = FirstPass.empty(batch.mask)
+        later = torch.ones(batch.mask.shape[0], dtype=torch.bool)
+        later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
+        self._recompute_old(batch, first, later)
+        ref_logp = self._reference_logp(batch)
         buckets = None
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
         step_diag = StepDiagnostics()
-        t1 = time.time()
-        upd = self.update(step, batch, old_logp, ref_logp, adv, buckets, step_diag)
-        t_upd = time.time() - t1
-        out = self._step_metrics(step, ro, entropy, upd, step_diag)
-        out["time/rollout_s"], out["time/update_s"], out["time/step_s"] = t_roll, t_upd, time.time() - t0
+        t2 = time.time()
+        upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag)
+        t_upd = time.time() - t2
+        out = self._step_metrics(step, ro, first.entropy, upd, step_diag)
+        out["time/rollout_s"], out["time/old_logp_s"] = t_roll, t2 - t1 + upd.recompute_s
+        out["time/update_s"], out["time/step_s"] = t_upd - upd.recompute_s, time.time() - t0
         self._write_samples(step, ro)
         return out
 
-    def update(self, step: int, batch: RolloutBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, adv: torch.Tensor, buckets: torch.Tensor | None, step_diag: StepDiagnostics) -> UpdateStats:
-        """The K optimiser steps of one rollout batch: ``epochs`` passes over seeded mini-batches of
-        whole groups, each accumulated over micro-batches, clipped, stepped (or skipped if non-finite)."""
+    def optimiser_steps(self, step: int, batch: RolloutBatch) -> list[list[torch.Tensor]]:
+        """The row indices of every optimiser step's micro-batches: ``epochs`` passes over seeded mini-batches
+        of whole groups, each split by a group count or a token budget (groups stay whole)."""
+        o = self.cfg.optim
+        tokens_per_row = batch.attention_mask.sum(-1)  # (B,) prompt + completion tokens
+        plan = []
+        for epoch in range(o.epochs):
+            gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + epoch)
+            for rows in group_minibatches(batch.group_ids, o.minibatch_groups, gen):
+                if o.max_tokens_per_microbatch:
+                    plan.append(split_groups_by_tokens(rows, batch.group_ids, tokens_per_row, o.max_tokens_per_microbatch))
+                else:
+                    plan.append(split_groups(rows, batch.group_ids, o.microbatch_groups))
+        return plan
+
+    def _recompute_old(self, batch: RolloutBatch, first: FirstPass, rows: torch.Tensor) -> float:
+        """Old log-probs (and entropy) of ``rows`` (B,) bool by a no-grad forward pass; returns its seconds."""
+        if not bool(rows.any()):
+            return 0.0
+        t0 = time.time()
+        index = rows.nonzero().flatten()
+        per_chunk = (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
+        logp, entropy = batch_logp(self.model, batch.rows(index), self.device, per_chunk, self.amp)
+        first.record(index, logp, entropy)
+        return time.time() - t0
+
+    def _reference_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Log-probs under the reference policy (B, T) when the objective has a KL term, else None."""
+        if self.spec.beta <= 0:
+            return None
+        per_chunk = (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
+        if self.ref_model is not None:
+            return batch_logp(self.ref_model, batch, self.device, per_chunk, self.amp)[0]
+        with self.model.disable_adapter():  # LoRA: the base model is the reference
+            return batch_logp(self.model, batch, self.device, per_chunk, self.amp)[0]
+
+    def update(
+        self,
+        step: int,
+        batch: RolloutBatch,
+        plan: list[list[torch.Tensor]],
+        first: FirstPass,
+        ref_logp: torch.Tensor | None,
+        adv: torch.Tensor,
+        buckets: torch.Tensor | None,
+        step_diag: StepDiagnostics,
+    ) -> UpdateStats:
+        """The optimiser steps of one rollout batch (``plan``): each accumulated over its micro-batches,
+        clipped, stepped (or skipped if non-finite). The first step scores its own rows' old log-probs;
+        rows a skipped first step left unscored are recomputed before the next (the policy has not moved)."""
         cfg = self.cfg
         upd = UpdateStats()
-        for epoch in range(cfg.optim.epochs):
-            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch)
-            for rows in group_minibatches(batch.group_ids, cfg.optim.minibatch_groups, gen):
-                micro_rows = split_groups(rows, batch.group_ids, cfg.optim.microbatch_groups)
-                weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
-                micros = [
-                    MicroBatch(batch.rows(r), old_logp[r], None if ref_logp is None else ref_logp[r], adv[r], w)
-                    for r, w in zip(micro_rows, weights)
-                ]
-                metrics, finite = accumulate_gradients(
-                    self.model, micros, self.spec, self.device,
-                    need_stats=True, buckets=buckets, diagnostics=step_diag if cfg.log.diagnostics else None,
-                    amp_dtype=self.amp,
-                )
-                norm = None
-                if finite:
-                    max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-                    norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-                    finite = math.isfinite(norm)
-                if not finite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    upd.skipped += 1
-                    self.nonfinite_in_row += 1
-                    self._say(f"step {step}: non-finite loss or gradient, optimiser step skipped ({self.nonfinite_in_row} in a row)")
-                    if self.nonfinite_in_row >= cfg.train.max_nonfinite_in_row:
-                        raise NonFiniteLossError(
-                            f"{self.nonfinite_in_row} optimiser steps in a row had a non-finite loss or gradient (at training step {step}); "
-                            f"stopped. The last good checkpoint is {self.run_dir / 'checkpoint.pt'} (step {self.last_checkpoint_step}). "
-                            "Lower optim.lr, set optim.max_grad_norm > 0, or check the reward function; then --resume the run "
-                            "or start again, or raise train.max_nonfinite_in_row."
-                        )
-                    continue
-                self.optimizer.step()
-                self.scheduler.step()
+        for k, micro_rows in enumerate(plan):
+            if k > 0 and not bool(first.done.all()):
+                upd.recompute_s += self._recompute_old(batch, first, ~first.done)
+            weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
+            old = first.logp if k > 0 else None
+            micros = [micro_batch(batch, r, old, ref_logp, adv, w) for r, w in zip(micro_rows, weights)]
+            metrics, finite = accumulate_gradients(
+                self.model,
+                micros,
+                self.spec,
+                self.device,
+                buckets=buckets,
+                diagnostics=step_diag if cfg.log.diagnostics else None,
+                amp_dtype=self.amp,
+                first_pass=first,
+            )
+            norm = None
+            if finite:
+                max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+                norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                finite = math.isfinite(norm)
+            if not finite:
                 self.optimizer.zero_grad(set_to_none=True)
-                self.nonfinite_in_row = 0
-                self.updates_done += 1
-                upd.loss_metrics.append(metrics)
-                upd.grad_norms.append(norm)
+                upd.skipped += 1
+                self.nonfinite_in_row += 1
+                self._say(f"step {step}: non-finite loss or gradient, optimiser step skipped ({self.nonfinite_in_row} in a row)")
+                if self.nonfinite_in_row >= cfg.train.max_nonfinite_in_row:
+                    raise NonFiniteLossError(
+                        f"{self.nonfinite_in_row} optimiser steps in a row had a non-finite loss or gradient (at training step {step}); "
+                        f"stopped. The last good checkpoint is {self.run_dir / 'checkpoint.pt'} (step {self.last_checkpoint_step}). "
+                        "Lower optim.lr, set optim.max_grad_norm > 0, or check the reward function; then --resume the run "
+                        "or start again, or raise train.max_nonfinite_in_row."
+                    )
+                continue
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_in_row = 0
+            self.updates_done += 1
+            upd.loss_metrics.append(metrics)
+            upd.grad_norms.append(norm)
         return upd
 
     def _step_metrics(self, step: int, ro: Rollout, entropy: torch.Tensor, upd: UpdateStats, step_diag: StepDiagnostics) -> dict:
@@ -577,7 +696,9 @@ class Trainer:
         G = self.cfg.rollout.group_size
         for i in range(min(self.cfg.log.samples_per_step, len(ro.texts))):
             ex = ro.examples[i // G]
-            self.samples_log.write({"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": ro.texts[i], "reward": ro.rewards.total[i]})
+            self.samples_log.write(
+                {"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": ro.texts[i], "reward": ro.rewards.total[i]}
+            )
 
     def evaluate(self, step: int) -> dict:
         """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked."""

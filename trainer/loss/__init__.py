@@ -1,6 +1,6 @@
 """The shared loss core: every objective of the paper and its peers, as pure torch functions.
 
-    from dfpo.trainer.loss import policy_loss, group_advantages, OBJECTIVES
+from dfpo.trainer.loss import policy_loss, group_advantages, OBJECTIVES
 """
 
 from dfpo.trainer.loss.advantages import group_advantages
@@ -19,8 +19,8 @@ from dfpo.trainer.loss.objectives import (
     unmatched_components,
     validate_spec,
 )
-from dfpo.trainer.loss.shapes import RATIO_SHAPES, STOPGRAD_FUNCTIONS, LossBatch, PolicyTerms, register_ratio_shape
 from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, STOPGRAD_FUNCTIONS, LossBatch, PolicyTerms, register_ratio_shape
 from dfpo.trainer.loss.transforms import (
     TRANSFORM_FUNCTIONS,
     TRANSFORMS,

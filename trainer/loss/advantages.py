@@ -37,8 +37,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, *, scale: str = "group"
         raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
     if rewards.ndim != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
-            f"rewards and group_ids must both have shape (B,), got rewards={tuple(rewards.shape)}, "
-            f"group_ids={tuple(group_ids.shape)}"
+            f"rewards and group_ids must both have shape (B,), got rewards={tuple(rewards.shape)}, group_ids={tuple(group_ids.shape)}"
         )
     if group_ids.is_floating_point() or group_ids.is_complex():
         raise ValueError(f"group_ids must be an integer tensor, got dtype={group_ids.dtype}")

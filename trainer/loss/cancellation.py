@@ -117,7 +117,13 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
     spec = resolve_objective(objective, **overrides)
     logp = group.logp().detach().requires_grad_()  # (G, T): one leaf per completion's copy of the shared token
     loss, metrics = policy_loss(
-        spec, logp=logp, old_logp=group.old_logp, advantages=group.advantages, mask=group.mask, group_ids=group.group_ids, entropy=torch.ones_like(logp)
+        spec,
+        logp=logp,
+        old_logp=group.old_logp,
+        advantages=group.advantages,
+        mask=group.mask,
+        group_ids=group.group_ids,
+        entropy=torch.ones_like(logp),
     )
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)
@@ -126,7 +132,16 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
         terms = RATIO_SHAPES[spec.ratio_level](spec, batch)
         s = torch.exp(sequence_log_ratio(logp, group.old_logp, group.mask, lengths))  # (G,) eq 44
         clipped = ((terms.clip_low | terms.clip_high) | ~group.mask).all(-1) & (lengths > 0)  # (G,) every real token clipped
-    return GroupBreakdown(group.advantages, lengths, grad[:, 0].detach(), s, terms.post_clip, terms.weight, clipped, {k: v.detach() for k, v in metrics.items()})
+    return GroupBreakdown(
+        group.advantages,
+        lengths,
+        grad[:, 0].detach(),
+        s,
+        terms.post_clip,
+        terms.weight,
+        clipped,
+        {k: v.detach() for k, v in metrics.items()},
+    )
 
 
 # ----------------------------------------------------------------------------- the atlas
@@ -174,7 +189,10 @@ def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]
                     worst = 0.0
                     for rewards, eq_len, uneq_len, s in cases:
                         group = make_shared_prefix_group(
-                            torch.tensor(rewards, dtype=torch.float64), eq_len if equal else uneq_len, shared_log_ratio=0.5 if clipped else 0.0, seed=s
+                            torch.tensor(rewards, dtype=torch.float64),
+                            eq_len if equal else uneq_len,
+                            shared_log_ratio=0.5 if clipped else 0.0,
+                            seed=s,
                         )
                         worst = max(worst, float(shared_token_gradient(name, group, aggregation=agg).abs().max()))
                     out.append(AtlasCell(name, agg, equal, clipped, worst))

@@ -12,8 +12,8 @@ Each clip mode is one ``ClipRule`` in ``CLIP_RULES``: its weight, where it zeroe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -80,7 +80,9 @@ def _no_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flag
 
 def _by_sign(condition: Tensor, if_true: float, if_false: float, like: Tensor) -> Tensor:
     """A per-element parameter chosen by ``condition``, in ``like``'s dtype (no float32 rounding of the values)."""
-    return torch.where(condition, torch.tensor(if_true, dtype=like.dtype, device=like.device), torch.tensor(if_false, dtype=like.dtype, device=like.device))
+    return torch.where(
+        condition, torch.tensor(if_true, dtype=like.dtype, device=like.device), torch.tensor(if_false, dtype=like.dtype, device=like.device)
+    )
 
 
 def _sapo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
@@ -141,8 +143,8 @@ def _dppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Fl
 class ClipRule:
     """One clip mode: weight w(r, A, spec, old_logp), clip flags, and how w enters the surrogate."""
 
-    weight: Callable[[Tensor, Tensor, object, "Tensor | None"], Tensor]
-    flags: Callable[[Tensor, Tensor, object, "Tensor | None"], Flags]
+    weight: Callable[[Tensor, Tensor, object, Tensor | None], Tensor]
+    flags: Callable[[Tensor, Tensor, object, Tensor | None], Flags]
     score_function: bool = False
     """False: surrogate = A * w (eq 49). True: surrogate = w * A * log pi with w detached (CISPO, VESPO, DPPO, GPG)."""
     sequence_level: bool = True

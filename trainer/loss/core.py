@@ -31,7 +31,6 @@ from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
 from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms
 
-
 LOGP_FLOOR = 1e4
 """Log-probs below -LOGP_FLOOR at a real token are refused: float64's smallest positive number is
 e^-745, so no softmax produces them, and objectives that use log pi directly (CISPO) would overflow."""
@@ -71,7 +70,9 @@ def _check_inputs(
             bad = torch.nonzero(mask & ~torch.isfinite(x.detach()))[:3].tolist()
             raise ValueError(f"{name} holds non-finite values at real (unmasked) positions {bad}")
     if bool((mask & (logp.detach() < -LOGP_FLOOR)).any()):  # no softmax gives these; CISPO would overflow A * logp
-        raise ValueError(f"logp must be >= -{LOGP_FLOOR:g} at real tokens (a log-probability), got min logp={float(torch.where(mask, logp.detach(), 0).min()):.3g}")
+        raise ValueError(
+            f"logp must be >= -{LOGP_FLOOR:g} at real tokens (a log-probability), got min logp={float(torch.where(mask, logp.detach(), 0).min()):.3g}"
+        )
     if not bool(torch.isfinite(advantages.detach()).all()):
         bad = torch.nonzero(~torch.isfinite(advantages.detach())).flatten()[:5].tolist()
         raise ValueError(f"advantages must be finite; non-finite at indices {bad}")
@@ -154,7 +155,9 @@ def policy_loss(
     if spec.beta > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
     if spec.entropy_coef > 0 and entropy is None:
-        raise ValueError(f"entropy (with its gradient) is required when entropy_coef > 0, got entropy_coef={spec.entropy_coef} and entropy=None")
+        raise ValueError(
+            f"entropy (with its gradient) is required when entropy_coef > 0, got entropy_coef={spec.entropy_coef} and entropy=None"
+        )
     logp = _sanitise(logp, mask)  # (B, T)
     lengths = mask.sum(-1)  # (B,)
     x = LossBatch(

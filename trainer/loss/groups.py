@@ -28,7 +28,7 @@ class Groups:
     n: int
 
     @classmethod
-    def of(cls, group_ids: "Tensor | Groups") -> "Groups":
+    def of(cls, group_ids: Tensor | Groups) -> Groups:
         """Groups from arbitrary integer labels (B,), or the object itself."""
         if isinstance(group_ids, Groups):
             return group_ids

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-def stapo_spurious_mask(
-    logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float
-) -> Tensor:
+
+def stapo_spurious_mask(logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float) -> Tensor:
     """STAPO (arXiv 2602.15620): spurious tokens, True where a token is dropped (B, T).
 
     A real token is spurious when all three hold: A_i > 0; pi(y_it) < tau_p; its entropy is
@@ -52,7 +51,9 @@ def _no_tokens_dropped(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | N
 
 TOKEN_MASK_FUNCTIONS = {
     "none": _no_tokens_dropped,
-    "stapo": lambda spec, logp, old_logp, entropy, adv, mask: stapo_spurious_mask(logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q),
+    "stapo": lambda spec, logp, old_logp, entropy, adv, mask: stapo_spurious_mask(
+        logp, entropy, adv, mask, tau_p=spec.stapo_tau_p, q=spec.stapo_q
+    ),
     "top_entropy": lambda spec, logp, old_logp, entropy, adv, mask: low_entropy_mask(entropy, mask, keep_frac=spec.top_entropy_frac),
     "opsm": lambda spec, logp, old_logp, entropy, adv, mask: off_policy_sequence_mask(logp, old_logp, adv, mask, delta=spec.opsm_delta),
 }

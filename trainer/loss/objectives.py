@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from dfpo.trainer.loss.advantages import ADVANTAGE_SCALES
 from dfpo.trainer.loss.aggregation import AGGREGATIONS
 from dfpo.trainer.loss.clipping import CLIP_RULES
 from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS
-from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FORMS, STOPGRAD_FUNCTIONS
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FUNCTIONS
 from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
 
 RATIO_LEVELS = tuple(RATIO_SHAPES)
@@ -196,7 +196,9 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     if not CLIP_RULES[spec.clip].sequence_level and spec.ratio_level != "token":
         raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
     if spec.ratio_level == "geometric" and spec.clip != "none" and spec.eps_low >= 1.0:
-        raise ValueError(f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}")
+        raise ValueError(
+            f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}"
+        )
     return spec
 
 
@@ -272,7 +274,11 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
             _preset(
                 "dapo",
                 "DAPO: clip-higher and token-level mean",
-                {"eps_low": "DAPO (arXiv 2503.14476)", "eps_high": "DAPO (arXiv 2503.14476) clip-higher", "aggregation": "DAPO token-level loss; TRL loss_type='dapo'"},
+                {
+                    "eps_low": "DAPO (arXiv 2503.14476)",
+                    "eps_high": "DAPO (arXiv 2503.14476) clip-higher",
+                    "aggregation": "DAPO token-level loss; TRL loss_type='dapo'",
+                },
                 eps_high=0.28,
                 aggregation="token_mean",
             ),
@@ -302,7 +308,12 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
             _preset(
                 "gspo_token",
                 "GSPO-token: sequence ratio value, token-wise gradient",
-                {"ratio_level": "GSPO (arXiv 2507.18071) GSPO-token", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
+                {
+                    "ratio_level": "GSPO (arXiv 2507.18071) GSPO-token",
+                    "eps_low": _GSPO_CLIP,
+                    "eps_high": _GSPO_CLIP,
+                    "aggregation": _SEQ_AGG,
+                },
                 ratio_level="sequence_token",
                 eps_low=3e-4,
                 eps_high=4e-4,
@@ -323,7 +334,12 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
             ),
             _dfpo("dfpo_min", "min", "DFPO Min-Replace: GSPO with stilde_i = min_j sbar_j", "paper eq 50 (App. B.4.1)"),
             _dfpo("dfpo_orth", "orth", "DFPO Orth-Proj: GSPO with sbar projected orthogonal to A", "paper eq 18 (sec. 4.4.2)"),
-            _dfpo("dfpo_orth_pos", "orth_pos", "DFPO Positive Orth-Proj: exact non-negative projection QP", "paper eq 51 (App. B.4.2), solved exactly"),
+            _dfpo(
+                "dfpo_orth_pos",
+                "orth_pos",
+                "DFPO Positive Orth-Proj: exact non-negative projection QP",
+                "paper eq 51 (App. B.4.2), solved exactly",
+            ),
             _dfpo("dfpo_orth_tr", "orth_tr", "DFPO truncate-and-rebalance approximation of eq 51", "paper eqs 52-55 (beta sign corrected)"),
             _preset(
                 "stapo",

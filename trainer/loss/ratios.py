@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 LOG_RATIO_BOUND = 20.0
 """|log pi_theta - log pi_old| is clamped here before any exp (as verl and OpenRLHF do): e^20 ~ 5e8
 is far past every clip range, and no finite input can then overflow a ratio. A clamped token gets

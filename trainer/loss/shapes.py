@@ -16,8 +16,8 @@ level, so a new objective with a new ratio shape is one new function here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor

@@ -13,7 +13,7 @@ Where this departs from the paper:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -134,9 +134,7 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Grou
     return torch.relu(sbar - shift)
 
 
-def truncate_rebalance(
-    sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None, floor: float = 1e-6
-) -> Tensor:
+def truncate_rebalance(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None, floor: float = 1e-6) -> Tensor:
     """Eqs (52)-(55), truncate-and-rebalance: floor at ``floor``, then scale one side so a.stilde = 0 (B,).
 
     s+ = max(sbar, floor); delta = a.s+; if delta > 0 the positive-advantage side is scaled by
