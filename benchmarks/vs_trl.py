@@ -9,7 +9,9 @@ temperature 1 sampling with up to 32 new tokens (the EOS row of the LM head is s
 varying lengths), AdamW, 4 optimiser steps per rollout batch (one epoch of 4 mini-batches of 4 groups),
 the same objective (TRL loss_type 'grpo'; GSPO = TRL importance_sampling_level='sequence'), no KL,
 gradient checkpointing off on both sides, float32 on CPU. Old log-probs are needed on both sides (K = 4):
-TRL recomputes them for the whole rollout batch; dfpo for the rows after the first optimiser step only.
+TRL recomputes them for the whole rollout batch. dfpo takes the sampler's own log-probs (rollout.old_logp
+'auto': exact for float32 sampling at temperature 1); ``--dfpo-old-logp recompute`` makes it recompute them
+as TRL does (for the rows after the first optimiser step: the first step's forward serves its own rows).
 
 Every trial runs in a fresh process (so its peak RSS is its own) and trains ``--steps`` rollout batches;
 the first is a warm-up and is left out of the times. Printed per trial: seconds per rollout batch split into
@@ -72,7 +74,7 @@ def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     return [(data.prompt_template.replace("{prompt}", ex.prompt), ex.answer) for ex in train[:n]]
 
 
-def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path) -> dict:
+def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto") -> dict:
     from dfpo.trainer.llm.config import apply_overrides, config_from_dict
     from dfpo.trainer.llm.train import Trainer
 
@@ -82,6 +84,7 @@ def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path) -
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0", f"optim.minibatch_groups={PROMPTS // MINIBATCHES}",
         "optim.epochs=1", "optim.lr=1e-5", f"objective.name={objective}", "eval.every=0", f"train.steps={steps}",
         "log.progress=false", "log.samples_every=0", "log.diagnostics=false", f"threads={threads}", f'run_dir="{out}"',
+        f"rollout.old_logp={old_logp}",
     ]  # fmt: skip
     Trainer(config_from_dict(apply_overrides({}, sets)), quiet=True).run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]  # warm-up left out
@@ -115,7 +118,9 @@ def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path) ->
         loss_type="grpo", gradient_checkpointing=False, max_steps=steps * MINIBATCHES, seed=0, disable_tqdm=True, **extra,
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=correct, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(folder))
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=correct, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(folder)
+    )
     phases = {"gen_and_score": [], "old_logp": [], "step_end": [], "lengths": []}
     gen_real, logps_real = trainer._generate_and_score_completions, trainer._get_per_token_logps_and_entropies
 
@@ -156,8 +161,10 @@ def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path) ->
 
 def worker(args) -> None:
     out = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.side}_"))
-    fn = run_dfpo if args.side == "dfpo" else run_trl
-    result = fn(args.model_dir, args.objective, args.steps, args.threads, out / "run")
+    if args.side == "dfpo":
+        result = run_dfpo(args.model_dir, args.objective, args.steps, args.threads, out / "run", args.dfpo_old_logp)
+    else:
+        result = run_trl(args.model_dir, args.objective, args.steps, args.threads, out / "run")
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["tokens_per_s"] = result["tokens"] / result["step_s"]
     print("RESULT " + json.dumps(result), flush=True)
@@ -172,6 +179,10 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="grpo only, 2 pairs, 2 steps")
+    p.add_argument(
+        "--dfpo-old-logp", default="auto", choices=["auto", "recompute"],
+        help="dfpo's rollout.old_logp: 'recompute' runs an old-log-prob forward as TRL does (the ablation of the sampler's log-probs)",
+    )  # fmt: skip
     p.add_argument("--side", choices=["dfpo", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--objective", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -186,14 +197,18 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="vs_trl_model_"))
     build_model(folder, args.hidden, args.layers)
     print(f"model: Qwen2-style, vocab {VOCAB}, hidden {args.hidden}, {args.layers} layers; {PROMPTS} prompts x G={G}, "
-          f"<= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout batch, {args.threads} threads, CPU float32")  # fmt: skip
-    print(f"{'objective':9s} {'side':5s} {'rollout s':>9s} {'old-logp s':>10s} {'update s':>9s} {'step s':>7s} {'tok/s':>7s} {'peak MiB':>9s}")
+          f"<= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout batch, {args.threads} threads, CPU float32; "
+          f"dfpo rollout.old_logp={args.dfpo_old_logp}")  # fmt: skip
+    print(
+        f"{'objective':9s} {'side':5s} {'rollout s':>9s} {'old-logp s':>10s} {'update s':>9s} {'step s':>7s} {'tok/s':>7s} {'peak MiB':>9s}"
+    )
     ratios: dict[str, list[float]] = {}
     for objective in args.objectives:
         for pair in range(args.pairs):
             got = {}
             for side in ("dfpo", "trl") if pair % 2 == 0 else ("trl", "dfpo"):
-                cmd = [sys.executable, __file__, "--side", side, "--objective", objective, "--model-dir", str(folder), "--steps", str(args.steps), "--threads", str(args.threads)]  # fmt: skip
+                cmd = [sys.executable, __file__, "--side", side, "--objective", objective, "--model-dir", str(folder), "--steps", str(args.steps),
+                       "--threads", str(args.threads), "--dfpo-old-logp", args.dfpo_old_logp]  # fmt: skip
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if proc.returncode or line is None:

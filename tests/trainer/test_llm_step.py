@@ -162,8 +162,9 @@ def test_first_step_takes_its_own_log_probs_as_old_and_records_them(objective):
 
 
 def test_a_training_step_recomputes_old_log_probs_only_for_rows_after_the_first_step(tmp_path, monkeypatch):
-    """With K = 1 (one mini-batch, one epoch) no separate old-log-prob pass runs; with K = 2 it runs for
-    the second mini-batch's rows only."""
+    """rollout.old_logp = 'recompute': with K = 1 (one mini-batch, one epoch) no separate old-log-prob pass
+    runs, with K = 2 it runs for the second mini-batch's rows only; 'sampler' (what 'auto' picks for float32
+    sampling at temperature 1) never runs it."""
     from test_llm_e2e import tiny_config
 
     from dfpo.trainer.llm import train as train_mod
@@ -176,18 +177,21 @@ def test_a_training_step_recomputes_old_log_probs_only_for_rows_after_the_first_
         return real(model, batch, *args, **kwargs)
 
     monkeypatch.setattr(train_mod, "batch_logp", counting)
-    for minibatch_groups, expected in ((4, []), (2, [2 * 4])):  # 4 prompts x G = 4
+    for source, minibatch_groups, expected in (("recompute", 4, []), ("recompute", 2, [2 * 4]), ("auto", 2, [])):  # 4 prompts x G = 4
         calls.clear()
         cfg = tiny_config(
-            tmp_path / str(minibatch_groups),
+            tmp_path / f"{source}{minibatch_groups}",
             "train.steps=1",
             "eval.every=0",
             "rollout.prompts_per_step=4",
             "rollout.group_size=4",
             f"optim.minibatch_groups={minibatch_groups}",
+            f"rollout.old_logp={source}",
         )
-        train_mod.Trainer(cfg, quiet=True).run()
-        assert calls == expected, (minibatch_groups, calls)
+        trainer = train_mod.Trainer(cfg, quiet=True)
+        assert trainer.old_logp_from_sampler() == (source == "auto")
+        trainer.run()
+        assert calls == expected, (source, minibatch_groups, calls)
 
 
 def test_micro_batch_without_old_log_probs_is_the_first_step_only():

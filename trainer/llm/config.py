@@ -185,6 +185,11 @@ class RolloutConfig:
     """Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering)."""
     batch_size: int = bounded(0, 0, math.inf)
     """Completions generated per generate() call; 0 = all at once."""
+    old_logp: str = one_of("auto", ("auto", "sampler", "recompute"))
+    """Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward
+    pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its
+    rows); 'auto' = 'sampler' when sampling is the policy itself (temperature 1, no top-k/top-p, float32, no
+    autocast), else 'recompute'."""
 
 
 @dataclass(frozen=True)

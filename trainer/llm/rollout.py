@@ -14,6 +14,7 @@ so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,8 +59,38 @@ def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
     return ids, False
 
 
+@dataclass
+class Samples:
+    """Sampled completions (prompt-major) and, per token, its log-prob and the entropy under the distribution
+    it was sampled from (after temperature, top-k and top-p): log pi_rollout(y_t) and H_t."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    entropies: list[list[float]]
+
+
+def sampling_warpers(params: SamplingParams) -> list:
+    """transformers' own logits warpers for the parameters, in generate's order: temperature, top-k, top-p."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
+
+
 class HFGenerateEngine:
-    """Batched ``model.generate`` over prompts x n with sampling; stops on EOS."""
+    """Sampling with the trainer's own transformers model and a KV cache; stops each row at EOS.
+
+    The loop is ``generate``'s (a prefill, then one token a step, transformers' temperature / top-k / top-p
+    warpers, multinomial sampling) with two differences: a row that has produced EOS leaves the batch (its
+    cache rows are dropped, so finished completions cost nothing), and every sampled token's log-prob and
+    the entropy of its distribution are returned, so the trainer knows pi_rollout.
+    """
 
     def __init__(self, model, pad_id: int, eos_ids: set[int], batch_size: int = 0, amp_dtype: torch.dtype | None = None):
         self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
@@ -68,32 +99,77 @@ class HFGenerateEngine:
     def sync_weights(self, model) -> None:
         self.model = model
 
-    @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> list[list[int]]:
+        """Completions (token ids), prompt-major, EOS kept when produced."""
+        return self.sample(prompt_ids, n, params).tokens
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> Samples:
+        """``n`` completions of every prompt with their sampler log-probs and entropies."""
         expanded = [p for p in prompt_ids for _ in range(n)]
         chunk = self.batch_size or len(expanded)
-        device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
-        out: list[list[int]] = []
-        for start in range(0, len(expanded), chunk):
-            ids, att = left_pad(expanded[start : start + chunk], self.pad_id)  # (N, W)
-            with autocast(device, self.amp_dtype):
-                gen = self.model.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=att.to(device),
-                    do_sample=True,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    max_new_tokens=params.max_new_tokens,
-                    pad_token_id=self.pad_id,
-                    eos_token_id=sorted(self.eos_ids),
-                )  # (N, W + T')
-            for row in gen[:, ids.shape[1] :].tolist():
-                out.append(cut_at_eos(row, self.eos_ids)[0])
-        self.model.train(was_training)
+        out = Samples([], [], [])
+        try:
+            for start in range(0, len(expanded), chunk):
+                part = self._sample_chunk(expanded[start : start + chunk], params)
+                out.tokens += part.tokens
+                out.logprobs += part.logprobs
+                out.entropies += part.entropies
+        finally:
+            self.model.train(was_training)
         return out
+
+    def _sample_chunk(self, prompts: list[list[int]], params: SamplingParams) -> Samples:
+        from transformers import DynamicCache
+
+        device = next(self.model.parameters()).device
+        ids, att = left_pad(prompts, self.pad_id)  # (N, W)
+        ids, att = ids.to(device), att.to(device)
+        warpers = sampling_warpers(params)
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        N = ids.shape[0]
+        tokens, logprobs, entropies = [[] for _ in range(N)], [[] for _ in range(N)], [[] for _ in range(N)]
+        active = torch.arange(N, device=device)  # rows still sampling
+        cache = DynamicCache(config=self.model.config)
+        step_ids, positions = ids, (att.cumsum(-1) - 1).clamp(min=0)  # (N, W)
+        for step in range(params.max_new_tokens):
+            with autocast(device, self.amp_dtype):
+                logits = self.model(
+                    input_ids=step_ids, attention_mask=att, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+                ).logits[:, -1]  # (n, V)
+            scores = logits.float()
+            history = None
+            for warp in warpers:
+                scores = warp(history, scores)
+            logp_all = torch.log_softmax(scores, dim=-1)  # (n, V); -inf where a warper removed a token
+            next_ids = torch.multinomial(logp_all.exp(), 1).squeeze(-1)  # (n,)
+            chosen = logp_all.gather(-1, next_ids[:, None]).squeeze(-1)  # (n,)
+            entropy = -torch.where(logp_all > -math.inf, logp_all.exp() * logp_all, 0.0).sum(-1)  # (n,)
+            for row, tok, lp, h in zip(active.tolist(), next_ids.tolist(), chosen.tolist(), entropy.tolist()):
+                tokens[row].append(tok)
+                logprobs[row].append(lp)
+                entropies[row].append(h)
+            keep = ~torch.isin(next_ids, eos)  # (n,)
+            if step + 1 == params.max_new_tokens or not bool(keep.any()):
+                break
+            if not bool(keep.all()):  # finished rows leave the batch and the cache
+                index = keep.nonzero().flatten()
+                cache.batch_select_indices(index)
+                active, next_ids, att = active[index], next_ids[index], att[index]
+            att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)  # (n, W + step + 1)
+            step_ids, positions = next_ids[:, None], att.sum(-1, keepdim=True) - 1  # (n, 1)
+        return Samples(tokens, logprobs, entropies)
+
+
+def sampler_logp(samples: Samples, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's per-token log-probs and entropies laid out like ``build_batch``'s mask: (B, width) each, 0 on padding."""
+    logp, entropy = torch.zeros(len(samples.tokens), width), torch.zeros(len(samples.tokens), width)
+    for i, (lp, h) in enumerate(zip(samples.logprobs, samples.entropies)):
+        logp[i, : len(lp)] = torch.tensor(lp[:width])
+        entropy[i, : len(h)] = torch.tensor(h[:width])
+    return logp, entropy
 
 
 @dataclass

@@ -42,7 +42,7 @@ from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.forward import completion_logprobs, vocab_stats
-from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, SamplingParams, build_batch
+from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, SamplingParams, build_batch, sampler_logp
 from dfpo.trainer.llm.runlog import (
     GracefulStop,
     JsonlLog,
@@ -148,6 +148,8 @@ class Rollout:
     batch: RolloutBatch
     texts: list[str]
     rewards: RewardBatch
+    sampler_logp: torch.Tensor  # (B, T) log pi_rollout(y_t), 0 on padding
+    sampler_entropy: torch.Tensor  # (B, T) entropy of the distribution each token was sampled from
 
     def reward_tensor(self) -> torch.Tensor:
         """The total rewards (B,) float32."""
@@ -266,6 +268,21 @@ def accumulate_gradients(
             diagnostics.shared_positions += n
     sums.update(maxes)
     return sums, True
+
+
+def mismatch_metrics(sampler_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's pi_old on the real tokens: mean and max |gap|
+    and the k3 KL(pi_old || pi_rollout) estimate, averaged per token. About 0 for float32 sampling from the
+    policy itself; larger for another engine, precision, or sampling parameters."""
+    if not bool(mask.any()):
+        return {}
+    gap = (sampler_logp - old_logp)[mask]  # log pi_rollout - log pi_old, (N,)
+    k3 = torch.exp(gap) - gap - 1  # k3 estimate of KL(pi_old || pi_rollout) under samples from pi_old ~ pi_rollout
+    return {
+        "rollout/logp_gap_mean": float(gap.abs().mean()),
+        "rollout/logp_gap_max": float(gap.abs().max()),
+        "rollout/k3_kl": float(k3.mean()),
+    }
 
 
 @dataclass
@@ -506,14 +523,27 @@ class Trainer:
         """G completions of every example, grouped, decoded and scored."""
         G = self.cfg.rollout.group_size
         prompt_ids = self._prompt_ids(examples)
-        completions = self.engine.generate(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
+        samples = self.engine.sample(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
         batch = build_batch(
-            prompt_ids, completions, G, pad_id=self.tok.pad_token_id, eos_ids=self.eos_ids, max_new_tokens=self.cfg.rollout.max_new_tokens
+            prompt_ids,
+            samples.tokens,
+            G,
+            pad_id=self.tok.pad_token_id,
+            eos_ids=self.eos_ids,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
         )
-        texts = self.tok.batch_decode(completions, skip_special_tokens=True)
+        texts = self.tok.batch_decode(samples.tokens, skip_special_tokens=True)
         per_completion = [ex for ex in examples for _ in range(G)]
         rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
-        return Rollout(list(examples), batch, texts, rewards)
+        logp, entropy = sampler_logp(samples, batch.mask.shape[1])
+        return Rollout(list(examples), batch, texts, rewards, logp, entropy)
+
+    def old_logp_from_sampler(self) -> bool:
+        """Whether pi_old is the sampler's own log-probs (rollout.old_logp; 'auto': when sampling is the policy itself)."""
+        r = self.cfg.rollout
+        if r.old_logp != "auto":
+            return r.old_logp == "sampler"
+        return r.temperature == 1.0 and r.top_p == 1.0 and r.top_k == 0 and self.amp is None and self.dtype == torch.float32
 
     def train_step(self, step: int) -> dict:
         """Rollout -> advantages -> old log-probs of the rows the first optimiser step does not cover ->
@@ -530,10 +560,14 @@ class Trainer:
             batch.mask &= ~batch.truncated[:, None]
         plan = self.optimiser_steps(step, batch)
         t1 = time.time()
-        first = FirstPass.empty(batch.mask)
-        later = torch.ones(batch.mask.shape[0], dtype=torch.bool)
-        later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
-        self._recompute_old(batch, first, later)
+        from_sampler = self.old_logp_from_sampler()
+        if from_sampler:  # pi_old is the sampler: its log-probs need no forward pass
+            first = FirstPass(ro.sampler_logp.clone(), ro.sampler_entropy.clone(), torch.ones(batch.mask.shape[0], dtype=torch.bool))
+        else:
+            first = FirstPass.empty(batch.mask)
+            later = torch.ones(batch.mask.shape[0], dtype=torch.bool)
+            later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
+            self._recompute_old(batch, first, later)
         ref_logp = self._reference_logp(batch)
         buckets = None
         if cfg.log.diagnostics:
@@ -543,6 +577,8 @@ class Trainer:
         upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag)
         t_upd = time.time() - t2
         out = self._step_metrics(step, ro, first.entropy, upd, step_diag)
+        if not from_sampler:
+            out.update(mismatch_metrics(ro.sampler_logp, first.logp, batch.mask))
         out["time/rollout_s"], out["time/old_logp_s"] = t_roll, t2 - t1 + upd.recompute_s
         out["time/update_s"], out["time/step_s"] = t_upd - upd.recompute_s, time.time() - t0
         self._write_samples(step, ro)
@@ -604,8 +640,11 @@ class Trainer:
             if k > 0 and not bool(first.done.all()):
                 upd.recompute_s += self._recompute_old(batch, first, ~first.done)
             weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
-            old = first.logp if k > 0 else None
-            micros = [micro_batch(batch, r, old, ref_logp, adv, w) for r, w in zip(micro_rows, weights)]
+            # rows without old log-probs yet are the first step's: its own forward gives them
+            micros = [
+                micro_batch(batch, r, first.logp if bool(first.done[r].all()) else None, ref_logp, adv, w)
+                for r, w in zip(micro_rows, weights)
+            ]
             metrics, finite = accumulate_gradients(
                 self.model,
                 micros,
