@@ -60,6 +60,11 @@ DEMO_OBJECTIVES = (
     ("dfpo_orth_pos", {"stopgrad": "score"}),
     ("dfpo_min", {"stopgrad": "score", "length_aware": True}),
     ("stapo", {}),
+    ("sapo", {}),
+    ("gmpo", {}),
+    ("vespo", {}),
+    ("gpg", {}),
+    ("opsm", {}),
 )
 
 

@@ -213,6 +213,24 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
         return s / max(len(rows), 1)
 
     kept = {k: -v for k, v in u.items() if k not in dropped}
+    if spec.cov_control != "none":  # covariance of A and log pi over the kept real tokens, by hand
+        real = sorted(k for k in u if k not in dropped)
+        a_mean = sum(adv[i] for i, _ in real) / len(real)
+        lp_mean = sum(float(logp[i, t]) for i, t in real) / len(real)
+        cov = {(i, t): (adv[i] - a_mean) * (float(logp[i, t]) - lp_mean) for i, t in real}
+        count = max(int(spec.cov_ratio * len(real)), 1)
+        if spec.cov_control == "clip_cov":
+
+            def clipped(i, t):
+                r = math.exp(float(logp[i, t] - old_logp[i, t]))
+                return (adv[i] > 0 and r > 1 + spec.eps_high) or (adv[i] < 0 and r < 1 - spec.eps_low)
+
+            band = [k for k in real if spec.cov_clip_low < cov[k] < spec.cov_clip_high and not clipped(*k)]
+            for k in sorted(band, key=lambda k: -cov[k])[:count]:
+                kept[k] = kept[k] * 0.0  # no gradient, still counted by the aggregation
+        else:
+            for i, t in sorted(real, key=lambda k: -cov[k])[:count]:
+                kept[i, t] = kept[i, t] + spec.kl_cov_coef * torch.abs(logp[i, t] - old_logp[i, t])
     loss = agg(kept)
     if spec.entropy_coef > 0:  # minus the coefficient times the mean entropy of the kept tokens
         kept_tokens = [(i, t) for i in range(B) for t in range(lengths[i]) if (i, t) not in dropped]

@@ -22,6 +22,8 @@ Summary (policy term; beta = 0):
 | gpg (A log pi)              | cancels              | fails*    | cancels (no ratio)    |
 | dppo_tv, dppo_kl            | cancels              | fails*    | cancels iff the shared token stays inside the bound for A > 0 |
 | opsm                        | as token PPO unless a negative sequence is dropped (then fails) |
+| clip_cov                    | as token PPO unless a copy of the shared token is the one it drops (then fails) |
+| kl_cov (no clip)            | cancels              | fails*    | cancels unless a copy of the shared token carries the |log r| penalty |
 | dfpo_* stopgrad="score"     | cancels              | fails*    | cancels               |
 | dfpo_* score, length_aware  | cancels              | cancels   | cancels               |
 | dfpo_* (default "ratio")    | as the score form where no sequence of the group (or every one) is clipped; |
@@ -289,6 +291,8 @@ VERDICT_FAMILY = {
     "gpg": "pg",
     **dict.fromkeys(["dppo_tv", "dppo_kl"], "dppo"),
     "opsm": "opsm",
+    "clip_cov": "clip_cov",
+    "kl_cov": "kl_cov",
     **dict.fromkeys(DFPO, "dfpo_ratio"),
 }
 
@@ -308,6 +312,27 @@ def dppo_shared_inside(objective: str, group) -> bool:
         return bool((p - p_old <= spec.eps_high).all())
     kl = p_old * torch.log(p_old / p) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
     return bool(((kl <= spec.eps_high) | (p <= p_old)).all())
+
+
+def cov_picks_a_shared_copy(objective: str, group, shared_clipped: bool) -> bool:
+    """Whether the covariance control picks a position of the shared prefix (by hand: one token, the largest
+    cov_t = (A - mean A)(log pi - mean log pi) over the real tokens, within Clip-Cov's band and unclipped).
+    KL-Cov's penalty |log r| has no gradient at r* = 1, so only r* = e^0.5 counts for it."""
+    spec = OBJECTIVES[objective]
+    logp, mask = group.logp().detach(), group.mask
+    adv = group.advantages[:, None].expand_as(logp)
+    cov = (adv - adv[mask].mean()) * (logp - logp[mask].mean())  # (G, T)
+    eligible = mask.clone()
+    if objective == "clip_cov":
+        ratio = torch.exp(logp - group.old_logp)
+        clipped = ((adv > 0) & (ratio > 1 + spec.eps_high)) | ((adv < 0) & (ratio < 1 - spec.eps_low))
+        eligible &= ~clipped & (cov > spec.cov_clip_low) & (cov < spec.cov_clip_high)
+    elif not shared_clipped:
+        return False
+    if not bool(eligible.any()):
+        return False
+    top = int(torch.where(eligible, cov, float("-inf")).flatten().argmax())
+    return top % logp.shape[1] < group.shared_logp.numel()
 
 
 def opsm_drops_a_sequence(group) -> bool:
@@ -342,7 +367,9 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         return False  # the A > 0 copies are masked, the A < 0 ones are not
     if family == "opsm" and opsm_drops_a_sequence(group):
         return False  # a dropped negative sequence leaves its copy of the shared token out of sum_i A_i
-    if family in ("token_ppo", "opsm") and shared_clipped:
+    if family in ("clip_cov", "kl_cov") and cov_picks_a_shared_copy(objective, group, shared_clipped):
+        return False  # one copy of the shared token loses its gradient (Clip-Cov) or gains |log r*|'s (KL-Cov)
+    if family in ("token_ppo", "opsm", "clip_cov") and shared_clipped:
         return False  # Cor. F.1: PPO clipping keeps only one sign's copies
     if family == "symmetric" and shared_clipped:
         return True  # every copy clipped: zero gradient

@@ -32,6 +32,8 @@ VARIANTS = [(name, {}) for name in OBJECTIVES] + [
     ("dppo_tv", {"eps_low": 0.01, "eps_high": 0.01}),  # bounds that mask real tokens here
     ("dppo_kl", {"eps_low": 0.001, "eps_high": 0.001}),
     ("gpg", {"aggregation": "seq_mean_token_mean"}),
+    ("clip_cov", {"cov_clip_low": -1.0, "cov_ratio": 0.2}),  # a band and a share that select several tokens here
+    ("kl_cov", {"cov_ratio": 0.2}),
 ]
 
 
@@ -65,6 +67,8 @@ def test_stapo_thresholds_in_variants_really_mask_tokens():
         ("opsm", {"opsm_delta": 0.0}, "mask/frac"),
         ("dppo_tv", {"eps_low": 0.01, "eps_high": 0.01}, "clip/frac_high"),
         ("dppo_kl", {"eps_low": 0.001, "eps_high": 0.001}, "clip/frac_high"),
+        ("clip_cov", {"cov_clip_low": -1.0, "cov_ratio": 0.2}, "cov/frac"),
+        ("kl_cov", {"cov_ratio": 0.2}, "cov/frac"),
     ],
 )
 def test_variants_that_should_bite_do_bite(name, overrides, metric):

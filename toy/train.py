@@ -201,12 +201,14 @@ def loss_coefficients(
     A token mask that reads batch statistics (STAPO's entropy quantile) would couple the seeds:
     for token-level objectives it is computed per seed with the core's own mask function and
     passed as the completion mask (dropped tokens then leave the aggregation, which is STAPO's
-    renormalisation); any other masked objective is run with one loss call per seed.
+    renormalisation); any other masked objective, an unrenormalised mask (OPSM) and a covariance control
+    (Clip-Cov, KL-Cov: covariance over the batch) run one loss call per seed.
     """
     S, B, T = lp.shape
     leaf = lp.detach().requires_grad_(True)
     kwargs = dict(max_completion_length=max_len)
-    if spec.token_mask != "none" and spec.ratio_level != "token":  # coupled: one call per seed
+    coupled = (spec.token_mask != "none" and (spec.ratio_level != "token" or not spec.mask_renormalise)) or spec.cov_control != "none"
+    if coupled:  # batch statistics or a mask the batched call cannot express: one call per seed
         coefs, pooled = [], []
         for s in range(S):
             loss, m = policy_loss(
@@ -224,9 +226,7 @@ def loss_coefficients(
         return torch.stack(coefs), {k: torch.stack([m[k] for m in pooled]).mean() for k in pooled[0]}
     if spec.token_mask != "none":
         dropped = _drop_mask(spec, lp.detach(), old, entropy, adv, mask)  # (S, B, T)
-        loss_mask = mask & ~dropped if spec.mask_renormalise else mask
-        if not spec.mask_renormalise:
-            raise ValueError("token masks without renormalisation are not supported by the toy's batched loss")
+        loss_mask = mask & ~dropped  # renormalised: the dropped tokens leave the aggregation
         kwargs["token_mask"] = "none"
     else:
         dropped, loss_mask = None, mask

@@ -84,3 +84,27 @@ def test_tempered_sampling_recomputes_old_log_probs_and_logs_the_gap(tmp_path):
     trainer.run()
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["rollout/logp_gap_max"] > 1e-3 and row["rollout/k3_kl"] >= 0
+
+
+def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_path):
+    """rollout.correction sets the objective's rollout_correction and the trainer passes the sampler's
+    log-probs: at temperature 0.7 the truncated weights differ from 1 and respect the cap."""
+    import json
+
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.llm.train import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=1",
+        "eval.every=0",
+        "rollout.temperature=0.7",
+        "rollout.correction=token_truncate",
+        "rollout.correction_cap=1.5",
+    )
+    trainer = Trainer(cfg, quiet=True)
+    assert (trainer.spec.rollout_correction, trainer.spec.rollout_cap) == ("token_truncate", 1.5)
+    trainer.run()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["rollout/weight_mean"] != 1.0 and 0 < row["rollout/weight_mean"] <= 1.5

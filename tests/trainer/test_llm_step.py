@@ -198,3 +198,50 @@ def test_micro_batch_without_old_log_probs_is_the_first_step_only():
     """A MicroBatch with old_logp None means 'this forward's own log-probs'; later steps always carry them."""
     mb = MicroBatch(batch=None, old_logp=None, ref_logp=None, advantages=torch.zeros(1), weight=1.0)
     assert mb.old_logp is None and mb.rows is None
+
+
+def half_informative_reward(prompt: str, completion: str, answer: str) -> float:
+    """A reward that is 0 for every completion of an odd first operand (no signal) and varies elsewhere."""
+    first = int(prompt.split("+")[0].split()[-1]) if "+" in prompt else 0
+    return float(len(completion) % 2) if first % 2 == 0 else 0.0
+
+
+def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monkeypatch):
+    """DAPO's dynamic sampling: no trained group has all-equal rewards, the batch is filled to prompts_per_step
+    groups when extra draws allow it, and the dropped groups and extra draws are logged."""
+    import json
+    import sys
+
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.llm import train as train_mod
+
+    monkeypatch.setattr(sys.modules[__name__], "half_informative_reward", half_informative_reward)
+    seen = []  # per step: the reward range of every group it trains on
+    real = train_mod.group_advantages
+
+    def spy(rewards, group_ids, **kw):
+        seen.append([float(rewards[group_ids == g].max() - rewards[group_ids == g].min()) for g in group_ids.unique()])
+        return real(rewards, group_ids, **kw)
+
+    monkeypatch.setattr(train_mod, "group_advantages", spy)
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=2",
+        "eval.every=0",
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=4",
+        "rollout.dynamic_sampling=true",
+        "rollout.max_extra_batches=6",
+        "reward.kind=user",
+        f'reward.user_fn="{__name__}:half_informative_reward"',
+        "reward.format_weight=0.0",
+    )
+    train_mod.Trainer(cfg, quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(seen) == 2 and min(min(step) for step in seen) > 0  # every trained group has reward variance
+    for step, row in zip(seen, rows):
+        assert 0 <= row["rollout/extra_batches"] <= 6
+        assert len(step) == 4 or row["rollout/extra_batches"] == 6  # full, unless the extra draws ran out
+    assert sum(r["rollout/dropped_groups"] for r in rows) > 0

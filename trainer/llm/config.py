@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from dfpo.trainer.loss.correction import CORRECTIONS
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TASKS = ("add", "equiv", "jsonl", "reasoning_gym", "hf")
@@ -185,6 +187,17 @@ class RolloutConfig:
     """Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering)."""
     batch_size: int = bounded(0, 0, math.inf)
     """Completions generated per generate() call; 0 = all at once."""
+    correction: str = one_of("none", CORRECTIONS)
+    """Rollout/trainer mismatch correction, a detached pi_old/pi_rollout weight on the policy term: none,
+    token_truncate, token_mask, sequence_truncate, sequence_mask (sets the objective's rollout_correction)."""
+    correction_low: float = bounded(0.5, 0, 1)
+    """Mask modes: weights below this are zeroed."""
+    correction_cap: float = bounded(2.0, 1, math.inf)
+    """Truncate modes: the cap; mask modes: weights above it are zeroed."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."""
+    max_extra_batches: int = bounded(3, 0, math.inf)
+    """Dynamic sampling: at most this many extra rollout batches per step; then train on the groups at hand."""
     old_logp: str = one_of("auto", ("auto", "sampler", "recompute"))
     """Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward
     pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its

@@ -34,7 +34,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,7 +41,8 @@ from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.forward import completion_logprobs, vocab_stats
-from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, SamplingParams, build_batch, sampler_logp
+from dfpo.trainer.llm.rewards import RewardBatch
+from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, Samples, SamplingParams, build_batch, sampler_logp
 from dfpo.trainer.llm.runlog import (
     GracefulStop,
     JsonlLog,
@@ -56,13 +56,10 @@ from dfpo.trainer.llm.runlog import (
     save_checkpoint,
     set_rng_state,
 )
+from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 from dfpo.trainer.loss import aggregation_count
 from dfpo.trainer.loss.masks import ENTROPY_MASKS
 from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
-
-if TYPE_CHECKING:
-    from dfpo.trainer.llm.rewards import RewardBatch
-from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 
 
 class NonFiniteLossError(RuntimeError):
@@ -166,13 +163,16 @@ class MicroBatch:
     advantages: torch.Tensor  # (b,)
     weight: float
     rows: torch.Tensor | None = None  # (b,) indices into the rollout batch
+    rollout_logp: torch.Tensor | None = None  # (b, T) the sampler's log-probs (read by a rollout correction)
 
 
-def micro_batch(batch: RolloutBatch, rows: torch.Tensor, old_logp, ref_logp, adv: torch.Tensor, weight: float) -> MicroBatch:
-    """The rows of ``batch`` as a micro-batch, padding trimmed away (old/ref log-probs cut to the same width)."""
+def micro_batch(
+    batch: RolloutBatch, rows: torch.Tensor, old_logp, ref_logp, adv: torch.Tensor, weight: float, rollout_logp=None
+) -> MicroBatch:
+    """The rows of ``batch`` as a micro-batch, padding trimmed away (old/ref/rollout log-probs cut to the same width)."""
     part, width = batch.rows(rows).trimmed()
     cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
-    return MicroBatch(part, cut(old_logp), cut(ref_logp), adv[rows], weight, rows)
+    return MicroBatch(part, cut(old_logp), cut(ref_logp), adv[rows], weight, rows, cut(rollout_logp))
 
 
 @dataclass
@@ -244,6 +244,7 @@ def accumulate_gradients(
             group_ids=b.group_ids.to(device),
             entropy=entropy if needs_entropy else None,
             ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
+            rollout_logp=None if spec.rollout_correction == "none" else mb.rollout_logp.to(device),
         )
         if not bool(torch.isfinite(loss.detach())):
             return sums, False
@@ -347,6 +348,10 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
         overrides = dict(cfg.objective.overrides)
+        if cfg.rollout.correction != "none":
+            overrides.update(
+                rollout_correction=cfg.rollout.correction, rollout_low=cfg.rollout.correction_low, rollout_cap=cfg.rollout.correction_cap
+            )
         if resolve_objective(cfg.objective.name, **overrides).aggregation == "constant":
             overrides.setdefault("max_completion_length", cfg.rollout.max_new_tokens)
         self.spec = resolve_objective(cfg.objective.name, **overrides)  # resolved once, passed down as is
@@ -521,22 +526,73 @@ class Trainer:
 
     def rollout(self, examples) -> Rollout:
         """G completions of every example, grouped, decoded and scored."""
+        return self._assemble(*self._sample_and_score(list(examples)))
+
+    def _sample_and_score(self, examples: list) -> tuple[list, list[list[int]], Samples, list[str], RewardBatch]:
         G = self.cfg.rollout.group_size
         prompt_ids = self._prompt_ids(examples)
         samples = self.engine.sample(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
+        texts = self.tok.batch_decode(samples.tokens, skip_special_tokens=True)
+        per_completion = [ex for ex in examples for _ in range(G)]
+        rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
+        return examples, prompt_ids, samples, texts, rewards
+
+    def _assemble(self, examples: list, prompt_ids: list[list[int]], samples: Samples, texts: list[str], rewards: RewardBatch) -> Rollout:
         batch = build_batch(
             prompt_ids,
             samples.tokens,
-            G,
+            self.cfg.rollout.group_size,
             pad_id=self.tok.pad_token_id,
             eos_ids=self.eos_ids,
             max_new_tokens=self.cfg.rollout.max_new_tokens,
         )
-        texts = self.tok.batch_decode(samples.tokens, skip_special_tokens=True)
-        per_completion = [ex for ex in examples for _ in range(G)]
-        rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
         logp, entropy = sampler_logp(samples, batch.mask.shape[1])
-        return Rollout(list(examples), batch, texts, rewards, logp, entropy)
+        return Rollout(examples, batch, texts, rewards, logp, entropy)
+
+    def dynamic_rollout(self, first_examples: list) -> tuple[Rollout, dict[str, float]]:
+        """DAPO's dynamic sampling: groups whose rewards are all equal carry no signal and are dropped; more
+        prompts are drawn until ``prompts_per_step`` groups remain or ``rollout.max_extra_batches`` extra
+        rollout batches were drawn (then the step trains on the groups it has). Returns the rollout and
+        ``rollout/dropped_groups``, ``rollout/extra_batches``."""
+        G, want = self.cfg.rollout.group_size, self.groups_per_step
+        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format) per group
+        counts = {"errors": 0, "timeouts": 0, "invalid": 0}
+        dropped, extra, examples = 0, -1, first_examples
+        while len(kept) < want and extra < self.cfg.rollout.max_extra_batches:
+            extra += 1
+            if extra:
+                examples = [self.train_examples[i] for i in self.sampler.take(self.groups_per_step)]
+            exs, pids, smp, texts, rew = self._sample_and_score(examples)
+            for k in ("errors", "timeouts", "invalid"):
+                counts[k] += getattr(rew, k)
+            for g, ex in enumerate(exs):
+                rows = range(g * G, (g + 1) * G)
+                totals = [rew.total[i] for i in rows]
+                if max(totals) == min(totals):
+                    dropped += 1
+                    continue
+                pick = lambda seq, rows=rows: [seq[i] for i in rows]  # noqa: E731
+                kept.append(
+                    (
+                        ex,
+                        pids[g],
+                        pick(smp.tokens),
+                        pick(smp.logprobs),
+                        pick(smp.entropies),
+                        pick(texts),
+                        totals,
+                        pick(rew.correct),
+                        pick(rew.format),
+                    )
+                )
+        stats = {"rollout/dropped_groups": dropped, "rollout/extra_batches": extra}
+        if not kept:  # not one informative group: train on the last draw as it is (all its advantages are 0)
+            return self._assemble(exs, pids, smp, texts, rew), stats
+        kept = kept[:want]
+        flat = lambda j: [x for group in kept for x in group[j]]  # noqa: E731
+        samples = Samples(flat(2), flat(3), flat(4))
+        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts)
+        return self._assemble([g[0] for g in kept], [g[1] for g in kept], samples, flat(5), rewards), stats
 
     def old_logp_from_sampler(self) -> bool:
         """Whether pi_old is the sampler's own log-probs (rollout.old_logp; 'auto': when sampling is the policy itself)."""
@@ -551,7 +607,8 @@ class Trainer:
         cfg = self.cfg
         t0 = time.time()
         idx = self.sampler.take(self.groups_per_step)
-        ro = self.rollout([self.train_examples[i] for i in idx])
+        examples = [self.train_examples[i] for i in idx]
+        ro, sampling_stats = self.dynamic_rollout(examples) if cfg.rollout.dynamic_sampling else (self.rollout(examples), {})
         batch = ro.batch
         t_roll = time.time() - t0
         rewards = ro.reward_tensor()  # (B,)
@@ -574,9 +631,10 @@ class Trainer:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
         step_diag = StepDiagnostics()
         t2 = time.time()
-        upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag)
+        upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag, ro.sampler_logp)
         t_upd = time.time() - t2
         out = self._step_metrics(step, ro, first.entropy, upd, step_diag)
+        out.update(sampling_stats)
         if not from_sampler:
             out.update(mismatch_metrics(ro.sampler_logp, first.logp, batch.mask))
         out["time/rollout_s"], out["time/old_logp_s"] = t_roll, t2 - t1 + upd.recompute_s
@@ -630,6 +688,7 @@ class Trainer:
         adv: torch.Tensor,
         buckets: torch.Tensor | None,
         step_diag: StepDiagnostics,
+        rollout_logp: torch.Tensor | None = None,
     ) -> UpdateStats:
         """The optimiser steps of one rollout batch (``plan``): each accumulated over its micro-batches,
         clipped, stepped (or skipped if non-finite). The first step scores its own rows' old log-probs;
@@ -642,7 +701,7 @@ class Trainer:
             weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
             # rows without old log-probs yet are the first step's: its own forward gives them
             micros = [
-                micro_batch(batch, r, first.logp if bool(first.done[r].all()) else None, ref_logp, adv, w)
+                micro_batch(batch, r, first.logp if bool(first.done[r].all()) else None, ref_logp, adv, w, rollout_logp)
                 for r, w in zip(micro_rows, weights)
             ]
             metrics, finite = accumulate_gradients(

@@ -25,10 +25,12 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.aggregation import aggregate
+from dfpo.trainer.loss.correction import rollout_weights
+from dfpo.trainer.loss.covariance import clip_cov_tokens, kl_cov_tokens
 from dfpo.trainer.loss.groups import Groups, group_sum
 from dfpo.trainer.loss.masks import dropped_tokens
 from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
-from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share
+from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share, token_log_ratio
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms
 
 LOGP_FLOOR = 1e4
@@ -44,6 +46,7 @@ def _check_inputs(
     group_ids: Tensor,
     entropy: Tensor | None,
     ref_logp: Tensor | None,
+    rollout_logp: Tensor | None = None,
 ) -> Tensor:
     """Validate shapes and finiteness; return the mask as bool. Raises ValueError naming the argument."""
     if logp.ndim != 2:
@@ -51,7 +54,7 @@ def _check_inputs(
     if not logp.is_floating_point():
         raise ValueError(f"logp must be a floating tensor, got dtype={logp.dtype}")
     B, T = logp.shape
-    for name, x in (("old_logp", old_logp), ("mask", mask), ("entropy", entropy), ("ref_logp", ref_logp)):
+    for name, x in (("old_logp", old_logp), ("mask", mask), ("entropy", entropy), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
         if x is not None and tuple(x.shape) != (B, T):
             raise ValueError(f"{name} must have shape (B, T) = {(B, T)} like logp, got {name}.shape={tuple(x.shape)}")
     for name, x in (("advantages", advantages), ("group_ids", group_ids)):
@@ -63,7 +66,7 @@ def _check_inputs(
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must be bool or hold only 0 and 1")
         mask = mask.bool()
-    for name, x in (("logp", logp), ("old_logp", old_logp), ("entropy", entropy), ("ref_logp", ref_logp)):
+    for name, x in (("logp", logp), ("old_logp", old_logp), ("entropy", entropy), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
         if x is None or bool(torch.isfinite(x.detach()).all()):  # the common case: one pass, no mask
             continue
         if not bool((torch.isfinite(x.detach()) | ~mask).all()):  # non-finite values outside padding
@@ -118,6 +121,16 @@ def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: T
     return var.clamp(max=torch.finfo(weights.dtype).max).to(weights.dtype)
 
 
+def _covariance_tokens(spec: ObjectiveSpec, terms: PolicyTerms, x: LossBatch, kept: Tensor) -> Tensor:
+    """The tokens a covariance control acts on (B, T) bool; none without one."""
+    if spec.cov_control == "clip_cov":
+        clipped = terms.clip_low | terms.clip_high
+        return clip_cov_tokens(x.logp, x.adv, kept, clipped, ratio=spec.cov_ratio, low=spec.cov_clip_low, high=spec.cov_clip_high)
+    if spec.cov_control == "kl_cov":
+        return kl_cov_tokens(x.logp, x.adv, kept, ratio=spec.cov_ratio)
+    return torch.zeros_like(kept)
+
+
 def _clip_shares(terms: PolicyTerms, kept: Tensor, valid_rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """clip/frac_low and clip/frac_high: share of non-empty sequences (sequence clip) or of kept tokens."""
     if terms.clip_per_sequence:
@@ -142,16 +155,20 @@ def policy_loss(
     group_ids: Tensor,
     entropy: Tensor | None = None,
     ref_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,
     **overrides: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss (to minimise) of one objective on a batch of completions, and its metrics.
 
-    Shapes: logp, old_logp, mask, entropy, ref_logp (B, T); advantages, group_ids (B,).
+    Shapes: logp, old_logp, mask, entropy, ref_logp, rollout_logp (B, T); advantages, group_ids (B,).
+    ``rollout_logp`` (the sampler's log-probs) is read by the spec's ``rollout_correction`` only.
     ``objective`` is an ObjectiveSpec (used as it is: a spec is valid by construction) or the
     name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
-    mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp)
+    mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp, rollout_logp)
+    if spec.rollout_correction != "none" and rollout_logp is None:
+        raise ValueError(f"rollout_logp is required for rollout_correction={spec.rollout_correction!r}, got rollout_logp=None")
     if spec.beta > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
     if spec.entropy_coef > 0 and entropy is None:
@@ -176,9 +193,21 @@ def policy_loss(
     kept = mask & ~dropped
     agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise and spec.token_mask != "none" else (mask, lengths)
     per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
+    cov_tokens = _covariance_tokens(spec, terms, x, kept)  # (B, T) bool
+    if spec.cov_control == "clip_cov":  # dropped from the gradient, still counted by the aggregation (verl: loss * 0)
+        per_token = torch.where(cov_tokens, 0.0, per_token)
+    elif spec.cov_control == "kl_cov":  # + coef |log r| on the top-covariance tokens
+        log_ratio = token_log_ratio(logp, x.old_logp, mask)  # (B, T)
+        per_token = per_token + torch.where(cov_tokens, spec.kl_cov_coef * log_ratio.abs(), 0.0)
+    metrics: dict[str, Tensor] = {}
+    if spec.rollout_correction != "none":  # a separate detached factor on the (transformed) policy term
+        rollout = _sanitise(rollout_logp, mask).detach()
+        weight = rollout_weights(x.old_logp, rollout, mask, spec.rollout_correction, spec.rollout_low, spec.rollout_cap)  # (B, T)
+        per_token = per_token * weight
+        metrics["rollout/weight_mean"] = torch.where(mask, weight, 0.0).sum() / n_real
+        metrics["rollout/weight_zero_frac"] = ((mask & (weight == 0)).sum() / n_real).to(logp.dtype)
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
     loss = policy
-    metrics: dict[str, Tensor] = {}
     if spec.beta > 0:
         ref = _sanitise(ref_logp, mask).detach()
         ref_gap = (ref - logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B, T), bounded like the ratios
@@ -201,6 +230,7 @@ def policy_loss(
             "weights/asym": asymmetry(terms.weight, x.adv, x.groups, valid_rows),
             "mask/frac": (dropped.sum() / n_real).to(logp.dtype),
             "ratio/clamped_frac": clamped_share(logp, x.old_logp, mask),
+            "cov/frac": (cov_tokens.sum() / n_real).to(logp.dtype),
         }
     )
     return loss, metrics

@@ -16,11 +16,13 @@ from types import MappingProxyType
 from dfpo.trainer.loss.advantages import ADVANTAGE_SCALES
 from dfpo.trainer.loss.aggregation import AGGREGATIONS
 from dfpo.trainer.loss.clipping import CLIP_RULES
+from dfpo.trainer.loss.correction import CORRECTIONS
 from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FUNCTIONS
 from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
 
 RATIO_LEVELS = tuple(RATIO_SHAPES)
+COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,17 @@ class ObjectiveSpec:
     """STAPO entropy quantile q."""
     top_entropy_frac: float = 0.2
     """Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``."""
+    cov_control: str = "none"
+    """Covariance token control (arXiv 2505.22617): ``none``, ``clip_cov`` (drop high-covariance tokens from the
+    gradient) or ``kl_cov`` (a |log r| penalty on the top-covariance tokens). Token level only."""
+    cov_ratio: float = 2e-4
+    """Share of real tokens Clip-Cov drops / KL-Cov penalises (at least one token)."""
+    cov_clip_low: float = 1.0
+    """Clip-Cov: lower bound of the covariance band it picks from."""
+    cov_clip_high: float = 5.0
+    """Clip-Cov: upper bound of the covariance band it picks from."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: weight of the |log r| penalty."""
     opsm_delta: float = 0.5
     """Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped."""
     aggregation: str = "seq_mean_token_mean"
@@ -82,6 +95,13 @@ class ObjectiveSpec:
     """T_max of the ``constant`` aggregation (None: the batch's T)."""
     beta: float = 0.0
     """Weight of the k3 KL to ``ref_logp``."""
+    rollout_correction: str = "none"
+    """Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp``): none, token_truncate, token_mask,
+    sequence_truncate, sequence_mask (see ``dfpo.trainer.loss.correction``)."""
+    rollout_low: float = 0.5
+    """Lower bound of the mask modes' kept interval [low, cap]."""
+    rollout_cap: float = 2.0
+    """Truncation cap of the truncate modes, upper bound of the mask modes."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss minus entropy_coef times the mean entropy over the tokens the policy term keeps."""
     adv_scale: str = "group"
@@ -118,8 +138,16 @@ COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
         "vespo_lambda_pos": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
         "vespo_k_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
         "vespo_lambda_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
+        "cov_control": "none: no covariance control",
+        "cov_ratio": "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
+        "cov_clip_low": "verl clip_cov_lb default 1.0",
+        "cov_clip_high": "verl clip_cov_ub default 5.0",
+        "kl_cov_coef": "verl ppo_kl_coef default 1.0",
         "opsm_delta": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
         "entropy_coef": "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)",
+        "rollout_correction": "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
+        "rollout_low": "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min)",
+        "rollout_cap": "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
         "transform": "none: no in-group transform (the baselines)",
         "tr_floor": "paper eq 52 names a small floor without a value; 1e-6 chosen here",
         "stopgrad": "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); only read when a transform is set",
@@ -144,6 +172,8 @@ _CHOICES = {  # the registries themselves, so a shape registered later is a vali
     "token_mask": TOKEN_MASK_FUNCTIONS,
     "aggregation": AGGREGATIONS,
     "adv_scale": ADVANTAGE_SCALES,
+    "cov_control": COV_CONTROLS,
+    "rollout_correction": CORRECTIONS,
 }
 
 
@@ -173,6 +203,16 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     _check_number("beta", spec.beta, 0.0, math.inf)
     _check_number("entropy_coef", spec.entropy_coef, 0.0, math.inf)
     _check_number("opsm_delta", spec.opsm_delta, 0.0, math.inf)
+    _check_number("cov_ratio", spec.cov_ratio, 0.0, 1.0, low_open=True)
+    _check_number("cov_clip_low", spec.cov_clip_low, -math.inf, math.inf)
+    _check_number("cov_clip_high", spec.cov_clip_high, spec.cov_clip_low, math.inf)
+    _check_number("kl_cov_coef", spec.kl_cov_coef, 0.0, math.inf)
+    _check_number("rollout_low", spec.rollout_low, 0.0, 1.0)
+    _check_number("rollout_cap", spec.rollout_cap, 1.0, math.inf)
+    if spec.cov_control != "none" and spec.ratio_level != "token":
+        raise ValueError(
+            f"cov_control={spec.cov_control!r} selects tokens and needs ratio_level='token', got ratio_level={spec.ratio_level!r}"
+        )
     for key in ("sapo_tau_pos", "sapo_tau_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
         _check_number(key, getattr(spec, key), 0.0, math.inf, low_open=True)
     for key in ("vespo_k_pos", "vespo_k_neg"):
@@ -466,6 +506,32 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 mask_renormalise=False,
             ),
             _preset(
+                "clip_cov",
+                "Clip-Cov: GRPO with the highest advantage/log-prob covariance tokens dropped from the gradient",
+                {
+                    "eps_low": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                    "eps_high": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) Clip-Cov; verl policy loss 'clip_cov'",
+                    "aggregation": "verl 'clip_cov' default loss_agg_mode='token-mean'",
+                },
+                cov_control="clip_cov",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "kl_cov",
+                "KL-Cov: unclipped policy gradient with a |log r| penalty on the top-covariance tokens",
+                {
+                    "clip": "verl kl_cov: -A * r without clipping",
+                    "eps_low": "unused: no clip",
+                    "eps_high": "unused: no clip",
+                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) KL-Cov; verl policy loss 'kl_cov'",
+                    "aggregation": "verl 'kl_cov' default loss_agg_mode='token-mean'",
+                },
+                clip="none",
+                cov_control="kl_cov",
+                aggregation="token_mean",
+            ),
+            _preset(
                 "gmpo",
                 "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
                 {
@@ -530,7 +596,8 @@ def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
 
 TRUST_REGION_FIELDS = (
     "ratio_level", "clip", "eps_low", "eps_high", "dual_clip_c", "sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos",
-    "vespo_k_neg", "vespo_lambda_neg", "aggregation", "adv_scale", "token_mask", "opsm_delta", "beta", "entropy_coef",
+    "vespo_k_neg", "vespo_lambda_neg", "aggregation", "adv_scale", "token_mask", "opsm_delta", "cov_control", "cov_ratio",
+    "cov_clip_low", "cov_clip_high", "kl_cov_coef", "beta", "entropy_coef",
 )  # fmt: skip
 
 

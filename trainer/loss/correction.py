@@ -1,0 +1,41 @@
+"""Rollout / trainer mismatch correction: a detached importance weight pi_old / pi_rollout on the policy term.
+
+The sampler (vLLM, another precision, tempered sampling) is not exactly pi_old. Like TRL's
+``vllm_importance_sampling_correction`` and verl's ``rollout_is``, the per-token policy loss is multiplied by
+a detached weight built from rho_t = pi_old(y_t) / pi_rollout(y_t):
+
+    token_truncate     w_t = min(rho_t, cap)                       (truncated importance sampling)
+    token_mask         w_t = rho_t if low <= rho_t <= cap else 0
+    sequence_truncate  w_i = min(prod_t rho_t, cap), at every token of completion i
+    sequence_mask      w_i = prod_t rho_t if low <= it <= cap else 0
+
+How it composes with the group transforms: DFPO's transforms act on pi / pi_old (the trust-region ratio),
+the correction is a separate factor on top of the transformed surrogate, never inside the transform.
+Shared-token cancellation needs every copy of the shared token to carry the same coefficient: a correction
+that differs across the completions of a group breaks it (a test measures the residual), one shared by the
+group (or equal to 1, as for float32 sampling from the policy itself) keeps it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND
+
+CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def rollout_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str, low: float, cap: float) -> Tensor:
+    """The detached correction weight (B, T) of ``mode`` (1 on padding and for ``none``)."""
+    if mode == "none":
+        return torch.ones_like(old_logp)
+    gap = torch.where(mask, (old_logp - rollout_logp).detach(), 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B, T) log rho
+    if mode.startswith("sequence"):
+        gap = gap.sum(-1, keepdim=True).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).expand_as(gap)  # (B, T) log prod_t rho
+    rho = torch.exp(gap)  # (B, T)
+    if mode.endswith("truncate"):
+        weight = rho.clamp(max=cap)
+    else:
+        weight = torch.where((rho >= low) & (rho <= cap), rho, 0.0)
+    return torch.where(mask, weight, 1.0)
