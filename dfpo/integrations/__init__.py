@@ -1,0 +1,1 @@
+"""dfpo's objectives inside other trainers: ``dfpo.integrations.trl`` (TRL's GRPOTrainer)."""

@@ -1,0 +1,125 @@
+"""dfpo's objectives inside TRL's GRPOTrainer: whole groups in every loss call (checked), the loss equal to
+dfpo.policy_loss on the same batch, a short training run on CPU with dfpo's metrics in TRL's logs."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from dfpo import policy_loss, resolve_objective  # noqa: E402
+from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer, check_whole_groups, shuffle_groups  # noqa: E402
+from dfpo.trainer.llm.config import ModelConfig  # noqa: E402
+from dfpo.trainer.llm.forward import completion_logprobs  # noqa: E402
+from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
+from dfpo.trainer.llm.rollout import build_batch  # noqa: E402
+
+G = 4
+
+
+def test_group_shuffle_keeps_each_prompts_completions_together():
+    """Rows of group g are rows g*G .. g*G+G-1 before the shuffle; after it they stay consecutive and labelled."""
+    batch = {"x": torch.arange(12) * 10, "names": [f"r{i}" for i in range(12)], "scalar": torch.tensor(3)}
+    out = shuffle_groups(batch, G, torch.Generator().manual_seed(1))
+    gid = out[GROUP_KEY]
+    assert (out["x"] // 10 // G == gid).all() and out["scalar"] == 3
+    for g in range(3):
+        rows = (gid == g).nonzero().flatten()
+        assert rows.tolist() == list(range(int(rows[0]), int(rows[0]) + G))
+    check_whole_groups(gid[:8], G)
+    with pytest.raises(ValueError, match="part of a group"):
+        check_whole_groups(gid[2:10], G)
+    with pytest.raises(ValueError, match="does not hold whole groups"):
+        shuffle_groups({"x": torch.arange(10)}, G)
+
+
+def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, **extra):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
+    data = Dataset.from_dict({"prompt": [f"{i}+{i + 1}=" for i in range(16)], "answer": [str(2 * i + 1) for i in range(16)]})
+
+    def reward(completions, answer, **kwargs):
+        return [float(sum(map(ord, c)) % 3) + float(c.startswith(a)) for c, a in zip(completions, answer)]  # varies within a group
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = GRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
+            per_device_train_batch_size=per_device, num_generations=G, steps_per_generation=2, max_completion_length=4,
+            max_steps=steps, learning_rate=1e-3, seed=0, disable_tqdm=True, **extra,
+        )  # fmt: skip
+    return DFPOGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, objective=objective)
+
+
+def test_a_slice_that_cannot_hold_whole_groups_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="per_device_train_batch_size=6 must be a multiple of num_generations=4"):
+        _trainer(tmp_path, per_device=6)
+
+
+def test_the_loss_is_dfpo_policy_loss_on_the_same_batch(tmp_path):
+    """TRL's inputs layout (left-padded prompts, right-padded completions) through _compute_loss equals
+    dfpo.policy_loss on dfpo's own log-probs of the same rows, divided by the accumulation steps."""
+    trainer = _trainer(tmp_path, objective="dfpo_min:eps_low=0.2:eps_high=0.2")
+    tok = trainer.processing_class
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in ("3+4=", "10+20=")]
+    completions = [[5, 6], [7], [8, 9, 10], [5], [6, 6], [7, 8], [9], [10, 11, 12]]
+    batch = build_batch(prompts, completions, G, pad_id=tok.pad_token_id, eos_ids=set(), max_new_tokens=4)
+    P = batch.prompt_width
+    g = torch.Generator().manual_seed(0)
+    old = torch.where(batch.mask, -2.0 + 0.3 * torch.randn(batch.mask.shape, generator=g), 0.0)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, 1.0, -1.0, -1.0])
+    inputs = {
+        "prompt_ids": batch.input_ids[:, :P], "prompt_mask": batch.attention_mask[:, :P],
+        "completion_ids": batch.completion_ids, "completion_mask": batch.mask.long(),
+        "advantages": adv, "old_per_token_logps": old, GROUP_KEY: batch.group_ids,
+    }  # fmt: skip
+    trainer.model.train()
+    got = trainer._compute_loss(trainer.model, inputs)
+    logp = completion_logprobs(trainer.model, batch, "cpu").logp
+    expected, _ = policy_loss(
+        resolve_objective("dfpo_min", eps_low=0.2, eps_high=0.2),
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=batch.mask,
+        group_ids=batch.group_ids,
+    )
+    torch.testing.assert_close(got, expected / trainer.args.gradient_accumulation_steps, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["dfpo_min", "gspo", "grpo"])
+def test_training_keeps_groups_whole_and_logs_dfpo_metrics(tmp_path, objective):
+    """Two optimiser steps on CPU: every loss call saw whole groups of num_generations rows (recorded, not
+    assumed), the parameters moved, and dfpo's metrics reached TRL's log history."""
+    trainer = _trainer(tmp_path, objective=objective)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.dfpo_groups_seen and all(counts == [G] * len(counts) for counts in trainer.dfpo_groups_seen)
+    assert sum(len(c) for c in trainer.dfpo_groups_seen) == 2 * 8 // G  # 2 steps x 8 rows, 4 per group
+    moved = sum(float((p.detach() - before[n]).abs().sum()) for n, p in trainer.model.named_parameters())
+    assert moved > 0
+    logged = {k for row in trainer.state.log_history for k in row}
+    assert {"dfpo/weights/asym", "dfpo/clip/frac_high", "dfpo/loss/policy"} <= logged
+
+
+def test_an_objective_with_a_kl_term_needs_trls_reference_log_probs(tmp_path):
+    with pytest.raises(ValueError, match="set GRPOConfig\\(beta=...\\) > 0"):
+        _trainer(tmp_path, objective="grpo:beta=0.04")
+
+
+def test_the_example_script_runs_and_prints_dfpo_metrics():
+    """examples/trl_dfpo.py, as the README shows it, end to end (tiny offline model, CPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_dfpo.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dfpo/weights/asym" in out.stdout
