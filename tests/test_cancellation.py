@@ -395,7 +395,7 @@ def test_cancellation_matrix(objective, aggregation, equal_lengths, shared_clipp
     else:
         # Skip the measure-zero lengths that conspire, e.g. A = (2, -1, -1)/c with L = (6, 4, 12):
         # sum_i A_i / L_i = 0 (and, for DFPO's varying weights, eq 72's sum) vanishes by arithmetic.
-        length_driven = not equal_lengths and not shared_clipped and not objective.startswith("gspo")
+        length_driven = not equal_lengths and not objective.startswith("gspo")  # (CISPO at r* = e^0.5 fails by its lengths too)
         hypothesis.assume(not (length_driven and lengths_conspire(group)))
         if objective.startswith("dfpo"):
             per_length = aggregation == "seq_mean_token_mean"
