@@ -41,7 +41,7 @@ MOVED_KEYS = {
 }
 """Keys that earlier versions accepted, and where their setting lives now."""
 AMPS = ("auto", "bf16", "fp16", "none")
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 def bounded(default: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
@@ -170,7 +170,8 @@ class RewardConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = one_of("hf", ENGINES)
-    """Rollout engine: 'hf' (transformers generate). vLLM plugs in through RolloutEngine."""
+    """Rollout engine: 'hf' (the trainer's own model with a KV cache) or 'vllm' (vLLM in this process; see
+    dfpo.trainer.llm.vllm_engine and scripts/vllm_env.sh)."""
     prompts_per_step: int = bounded(8, 1, math.inf)
     """Prompts sampled per rollout batch."""
     group_size: int = bounded(8, 2, math.inf)

@@ -38,6 +38,10 @@ class RolloutEngine(Protocol):
         """Make the engine sample from ``model``'s current weights (no-op when it holds the model)."""
         ...
 
+    def sample(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> Samples:
+        """Completions with each token's log-prob under the sampler (pi_rollout) and the entropy of its distribution."""
+        ...
+
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention) (N, W) with each sequence right-aligned."""
@@ -97,6 +101,7 @@ class HFGenerateEngine:
         self.amp_dtype = amp_dtype
 
     def sync_weights(self, model) -> None:
+        """Nothing to copy: the engine samples from the trainer's model object itself."""
         self.model = model
 
     def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> list[list[int]]:

@@ -369,6 +369,12 @@ class Trainer:
             timeout_s=cfg.reward.timeout_s,
         )
         check_model_available(cfg.model.name)
+        if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
+            from dfpo.trainer.llm.vllm_engine import check_vllm_available
+
+            check_vllm_available(self.device)
+            if cfg.model.lora_r > 0:
+                raise ValueError("rollout.engine = 'vllm' samples from full weights; with model.lora_r > 0 use rollout.engine = 'hf'")
         self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
         shared = duplicate_prompts(self.train_examples, self.eval_examples)
         if shared:
@@ -454,7 +460,7 @@ class Trainer:
         self._prompt_ids(self.train_examples)  # every prompt fits the context, checked before the first step
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
         self.eos_ids.discard(None)
-        self.engine = HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size, self.amp)
+        self.engine = self._rollout_engine()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
@@ -473,6 +479,20 @@ class Trainer:
         self.samples_log = JsonlLog(self.run_dir / "samples.jsonl")
         self.scalars = Scalars(self.run_dir, cfg.log.tensorboard, cfg.log.wandb_project, self.start_step or None, config_to_dict(cfg))
         self.eval_prompt_ids = self._prompt_ids(self.eval_examples)
+
+    def _rollout_engine(self):
+        """The HF engine on the trainer's own model, or vLLM started from the model's folder (synced after a resume)."""
+        cfg = self.cfg
+        if cfg.rollout.engine == "hf":
+            return HFGenerateEngine(self.model, self.tok.pad_token_id, self.eos_ids, cfg.rollout.batch_size, self.amp)
+        from dfpo.trainer.llm.vllm_engine import VLLMEngine
+
+        folder = str(self.run_dir / "init_model") if cfg.model.name == "tiny" else cfg.model.name
+        context = getattr(self.model.config, "max_position_embeddings", 2048)
+        engine = VLLMEngine(folder, eos_ids=self.eos_ids, device=self.device, seed=cfg.seed, max_model_len=context)
+        if self.resume:  # the checkpoint's weights, not the folder's
+            engine.sync_weights(self.model)
+        return engine
 
     def _trainable_state(self) -> dict:
         return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
@@ -599,7 +619,14 @@ class Trainer:
         r = self.cfg.rollout
         if r.old_logp != "auto":
             return r.old_logp == "sampler"
-        return r.temperature == 1.0 and r.top_p == 1.0 and r.top_k == 0 and self.amp is None and self.dtype == torch.float32
+        return (
+            r.engine == "hf"
+            and r.temperature == 1.0
+            and r.top_p == 1.0
+            and r.top_k == 0
+            and self.amp is None
+            and self.dtype == torch.float32
+        )
 
     def train_step(self, step: int) -> dict:
         """Rollout -> advantages -> old log-probs of the rows the first optimiser step does not cover ->
@@ -633,6 +660,7 @@ class Trainer:
         t2 = time.time()
         upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag, ro.sampler_logp)
         t_upd = time.time() - t2
+        self.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for the HF engine)
         out = self._step_metrics(step, ro, first.entropy, upd, step_diag)
         out.update(sampling_stats)
         if not from_sampler:
