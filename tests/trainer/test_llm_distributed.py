@@ -1,0 +1,74 @@
+"""Two gloo processes on CPU, each with half of the groups, produce the gradient one process computes on the
+whole batch, for every aggregation mode (the normalisation is global, groups are never split)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dfpo import resolve_objective
+from dfpo.trainer.llm.config import ModelConfig
+from dfpo.trainer.llm.distributed import all_reduce_gradients, global_accumulation_weights, shard_groups
+from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.llm.rollout import build_batch
+from dfpo.trainer.llm.train import accumulate_gradients, micro_batch, split_groups
+
+CASES = [("grpo", {}), ("dapo", {}), ("dr_grpo", {"max_completion_length": 6}), ("dfpo_min", {"eps_low": 0.05, "eps_high": 0.05})]
+
+
+def _setup():
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
+    g = torch.Generator().manual_seed(1)
+    prompts = [tok(f"{i}+{i * 3}=", add_special_tokens=False).input_ids for i in range(4)]
+    completions = [torch.randint(3, 13, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() for _ in range(16)]
+    batch = build_batch(prompts, completions, 4, pad_id=tok.pad_token_id, eos_ids=set(), max_new_tokens=6)
+    old = torch.where(batch.mask, -2.0 + 0.3 * torch.randn(batch.mask.shape, generator=g), 0.0)
+    adv = torch.randn(16, generator=g)
+    return model, batch, old, adv
+
+
+def _grads(model, batch, old, adv, spec, rows) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    micro_rows = split_groups(rows, batch.group_ids, 1)  # one group per micro-batch
+    weights = global_accumulation_weights([batch.mask[r] for r in micro_rows], spec.aggregation)
+    micros = [micro_batch(batch, r, old, None, adv, w) for r, w in zip(micro_rows, weights)]
+    assert accumulate_gradients(model, micros, spec, torch.device("cpu"))[1]
+    all_reduce_gradients(list(model.parameters()))
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _rank(rank: int, world: int, init_file: str, out_file: str, name: str, overrides: dict) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    model, batch, old, adv = _setup()
+    rows = shard_groups(batch.group_ids, rank, world)
+    grads = _grads(model, batch, old, adv, resolve_objective(name, **overrides), rows)
+    if rank == 0:
+        torch.save(grads, out_file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name, overrides", CASES)
+def test_two_gloo_ranks_give_the_one_process_gradient(tmp_path, name, overrides):
+    model, batch, old, adv = _setup()
+    single = _grads(model, batch, old, adv, resolve_objective(name, **overrides), torch.arange(16))
+    out = tmp_path / "grads.pt"
+    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(out), name, overrides), nprocs=2, join=True)
+    for a, b in zip(single, torch.load(out)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_groups_are_shared_whole_and_evenly():
+    gid = torch.arange(6).repeat_interleave(3)
+    parts = [shard_groups(gid, r, 3) for r in range(3)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(18))
+    for p in parts:
+        assert all(int((gid[p] == g).sum()) == 3 for g in gid[p].unique())
+    with pytest.raises(ValueError, match="6 groups cannot be shared evenly by 4 ranks"):
+        shard_groups(gid, 0, 4)
