@@ -49,7 +49,7 @@ def main() -> None:
             group_ids=torch.arange(groups).repeat_interleave(G),
         )
 
-        def run(name):
+        def run(name, logp=logp, kw=kw):
             loss, _ = policy_loss(name, logp=logp, **kw, eps_low=0.2, eps_high=0.2)
             loss.backward()
 
@@ -57,7 +57,7 @@ def main() -> None:
         n = min(B * T, 16384)  # the log-prob pass on up to 16k positions, scaled to B * T
         h = torch.randn(n, H, generator=g).requires_grad_()
         y = torch.randint(0, V, (n,), generator=g)
-        lp_s = _median(lambda: token_logprobs(h, w, y, with_entropy=False)[0].sum().backward(), repeats=1) * (B * T / n)
+        lp_s = _median(lambda h=h, y=y: token_logprobs(h, w, y, with_entropy=False)[0].sum().backward(), repeats=1) * (B * T / n)
         print(f"{groups:6d} {G:4d} {B:6d} | {base:8.4f} {dfpo:15.4f} {(dfpo - base) / dfpo:15.1%} | {lp_s:15.2f}")
 
 
