@@ -60,10 +60,16 @@ DEMO_OBJECTIVES = (
     ("dfpo_orth_pos", {"stopgrad": "score"}),
     ("dfpo_min", {"stopgrad": "score", "length_aware": True}),
     ("stapo", {}),
+    ("cispo", {}),
     ("sapo", {}),
     ("gmpo", {}),
+    ("luspo", {}),
     ("vespo", {}),
     ("gpg", {}),
+    ("dppo_tv", {}),
+    ("dppo_kl", {}),
+    ("clip_cov", {}),
+    ("kl_cov", {}),
     ("opsm", {}),
 )
 
@@ -105,6 +111,10 @@ def cancellation_demo(seed: int = 0) -> str:
         "because it drops the trust region on clipped sequences (compare gspo_noclip). At unequal",
         "lengths the 1/|y_i| normalisation breaks it unless length_aware=True. GRPO-style PPO clipping",
         "breaks it once the shared token's ratio leaves the clip range (Cor. F.1); symmetric clipping does not.",
+        "The peers' losses: score-function losses without a ratio-dependent mask (CISPO, GPG) cancel wherever",
+        "their normalisation allows; SAPO's soft gate leaves a small residual once r* != 1 (its temperature",
+        "differs by the sign of A); sequence weights (GMPO, LUSPO, VESPO) never cancel; DPPO's masks, Clip-Cov,",
+        "KL-Cov and OPSM cancel like token PPO unless they treat one copy of the shared token differently.",
     ]
     return "\n".join(lines)
 

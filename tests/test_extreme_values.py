@@ -82,3 +82,18 @@ def test_a_far_off_policy_token_is_clamped_and_counted(objective):
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert float(metrics["ratio/clamped_frac"]) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum"])
+@pytest.mark.parametrize("shape", [(0, 0), (0, 5), (3, 0)])
+def test_an_empty_batch_has_a_zero_loss_in_every_aggregation(aggregation, shape):
+    """B = 0 or T = 0: nothing to average, the loss is 0 (the constant mode's B * T_max divisor is 0 there)."""
+    logp = torch.zeros(shape, dtype=torch.bfloat16, requires_grad=True)
+    kw = dict(
+        old_logp=torch.zeros(shape, dtype=torch.bfloat16),
+        advantages=torch.zeros(shape[0], dtype=torch.bfloat16),
+        mask=torch.zeros(shape, dtype=torch.bool),
+        group_ids=torch.zeros(shape[0], dtype=torch.long),
+    )
+    loss, _ = policy_loss("grpo", logp=logp, **kw, aggregation=aggregation)
+    assert float(loss) == 0.0

@@ -47,7 +47,8 @@ def aggregate(
     if mode == "seq_mean_token_mean":
         lengths = mask.sum(-1) if lengths is None else lengths  # (B,)
         row_sum = row_sum / lengths.clamp(min=1)
-    count = aggregation_count(mask, mode).clamp(min=1)  # 0-d
+    count = aggregation_count(mask, mode)  # 0-d
     if mode == "constant":
         count = count * (per_token.shape[-1] if max_completion_length is None else max_completion_length)
+    count = count.clamp(min=1)  # an empty batch (or T = 0) sums to 0: its loss is 0, never 0/0
     return row_sum.sum() / count

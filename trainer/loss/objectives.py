@@ -290,6 +290,26 @@ def _dfpo(name: str, transform: str, description: str, eq: str) -> ObjectiveSpec
     )
 
 
+def _dppo(name: str, divergence: str, bound: float, description: str) -> ObjectiveSpec:
+    """DPPO (arXiv 2602.04879, verl ``dppo_tv`` / ``dppo_kl``): score-function loss with a divergence mask."""
+    return _preset(
+        name,
+        description,
+        {
+            "clip": f"DPPO (arXiv 2602.04879) binary-{divergence} mask; verl policy loss {name!r}",
+            "eps_low": f"DPPO recipe: {divergence} bound {bound}",
+            "eps_high": f"DPPO recipe: {divergence} bound {bound}",
+            "dual_clip_c": f"verl {name}: ratio truncated at clip_ratio_c = 20",
+            "aggregation": f"verl {name!r} default loss_agg_mode='token-mean'",
+        },
+        clip=name,
+        eps_low=bound,
+        eps_high=bound,
+        dual_clip_c=20.0,
+        aggregation="token_mean",
+    )
+
+
 OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -460,38 +480,10 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 clip="pg",
                 aggregation="token_mean",
             ),
-            _preset(
-                "dppo_tv",
-                "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked",
-                {
-                    "clip": "DPPO (arXiv 2602.04879) binary-TV mask; verl policy loss 'dppo_tv'",
-                    "eps_low": "DPPO recipe: TV bound 0.15",
-                    "eps_high": "DPPO recipe: TV bound 0.15",
-                    "dual_clip_c": "verl dppo_tv: ratio truncated at clip_ratio_c = 20",
-                    "aggregation": "verl 'dppo_tv' default loss_agg_mode='token-mean'",
-                },
-                clip="dppo_tv",
-                eps_low=0.15,
-                eps_high=0.15,
-                dual_clip_c=20.0,
-                aggregation="token_mean",
+            _dppo(
+                "dppo_tv", "TV", 0.15, "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked"
             ),
-            _preset(
-                "dppo_kl",
-                "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound",
-                {
-                    "clip": "DPPO (arXiv 2602.04879) binary-KL mask; verl policy loss 'dppo_kl'",
-                    "eps_low": "DPPO recipe: KL bound 0.05",
-                    "eps_high": "DPPO recipe: KL bound 0.05",
-                    "dual_clip_c": "verl dppo_kl: ratio truncated at clip_ratio_c = 20",
-                    "aggregation": "verl 'dppo_kl' default loss_agg_mode='token-mean'",
-                },
-                clip="dppo_kl",
-                eps_low=0.05,
-                eps_high=0.05,
-                dual_clip_c=20.0,
-                aggregation="token_mean",
-            ),
+            _dppo("dppo_kl", "KL", 0.05, "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound"),
             _preset(
                 "opsm",
                 "GRPO with off-policy sequence masking: negative samples the policy has moved away from are dropped",
