@@ -155,7 +155,7 @@ def test_ledger_page(app_url, browser):
     _type(page, "Search (id, section, statement)", "eq-55")
     page.get_by_text("1 of").first.wait_for(timeout=30_000)
     page.get_by_text("eq-55: fails").first.click()  # a rerun can briefly leave the old element beside the new
-    page.get_by_text("Evidence").first.wait_for(timeout=30_000)
+    page.locator("strong:has-text('Evidence'):visible").first.wait_for(timeout=30_000)  # the opened record, not a collapsed one
     _shot(page, "4-ledger")
     page.close()
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _vllm_python() -> str | None:
     """The vLLM environment's python: $DFPO_VLLM_PYTHON, else .venv-vllm of the repository."""
     candidate = os.environ.get("DFPO_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
-    return str(Path(candidate).resolve()) if Path(candidate).exists() else None
+    return str(Path(candidate).absolute()) if Path(candidate).exists() else None  # absolute, not resolved: a venv python is a symlink
 
 
 def test_sampling_parameters_map_one_to_one():

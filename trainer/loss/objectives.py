@@ -142,7 +142,7 @@ COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
         "cov_ratio": "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
         "cov_clip_low": "verl clip_cov_lb default 1.0",
         "cov_clip_high": "verl clip_cov_ub default 5.0",
-        "kl_cov_coef": "verl ppo_kl_coef default 1.0",
+        "kl_cov_coef": "verl compute_policy_loss_kl_cov's fallback 1.0 (verl's PolicyLossConfig default is 0.1)",
         "opsm_delta": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
         "entropy_coef": "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)",
         "rollout_correction": "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",

@@ -1,0 +1,96 @@
+"""dfpo's objectives as verl policy losses, registered in verl's own registry.
+
+    from dfpo.integrations.verl import check_groups_stay_whole, register_dfpo_losses
+    register_dfpo_losses(group_size=8)            # before verl builds its actor; then in verl's config:
+    # actor_rollout_ref.actor.policy_loss.loss_mode = "dfpo_min"   (any preset; "dfpo_" + name for the others)
+
+verl hands a policy loss (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_is_weights) and nothing that names a row's prompt, so the group of a row is read from its place:
+verl lays out ``rollout.n`` consecutive rows per prompt, and a micro-batch holds whole groups only when the
+mini-batch and micro-batch sizes are multiples of ``rollout.n``, ``shuffle`` is off and ``balance_batch``
+(which reorders rows across ranks) is off. ``check_groups_stay_whole`` refuses a config that breaks any of
+these, and the loss itself refuses a batch whose size is not a multiple of the group size.
+
+The objective's own aggregation is used (verl's ``loss_agg_mode`` is ignored, and a warning says so once), the
+loss is normalised per micro-batch, and verl's rollout importance weights, when given, multiply the per-token
+policy term as verl's own losses do. GRPO advantages are constant along a completion; the per-sequence
+advantage is read as the mean over its real tokens.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, policy_loss
+
+
+def loss_mode_name(preset: str) -> str:
+    """The verl loss_mode a preset is registered under: its own name for dfpo_*, else ``dfpo_<name>``."""
+    return preset if preset.startswith("dfpo") else f"dfpo_{preset}"
+
+
+def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int):
+    """A function with verl's policy-loss signature computing ``dfpo.policy_loss(spec)``; groups = consecutive rows."""
+    warned = []
+
+    def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
+        B = log_prob.shape[0]
+        if B % group_size:
+            raise ValueError(f"a micro-batch of {B} rows holds part of a group (rollout.n={group_size}); see check_groups_stay_whole")
+        if not warned and loss_agg_mode not in (None, ""):
+            warnings.warn(
+                f"dfpo objective {spec.name!r} aggregates by its own {spec.aggregation!r}; verl's loss_agg_mode={loss_agg_mode!r} is ignored",
+                stacklevel=2,
+            )
+            warned.append(True)
+        mask = response_mask.bool()
+        seq_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,) constant along a completion
+        rollout_logp = None
+        extra = {}
+        if rollout_is_weights is not None:  # verl's weights multiply the policy term: pass them as log pi_old - log pi_rollout
+            rollout_logp = old_log_prob - torch.log(rollout_is_weights.clamp(min=1e-30))
+            extra = {"rollout_correction": "token_truncate", "rollout_cap": float("inf")}
+        value, metrics = policy_loss(
+            spec, logp=log_prob, old_logp=old_log_prob, advantages=seq_adv, mask=mask,
+            group_ids=torch.arange(B, device=log_prob.device) // group_size, rollout_logp=rollout_logp, **extra,
+        )  # fmt: skip
+        return value, {f"actor/dfpo/{k}": float(v) for k, v in metrics.items()}
+
+    return loss
+
+
+def register_dfpo_losses(group_size: int, objectives: list[str] | None = None) -> list[str]:
+    """Register each preset (all by default) in verl's policy-loss registry; returns the loss_mode names."""
+    try:
+        from verl.trainer.ppo.core_algos import register_policy_loss
+    except ImportError as err:
+        raise ImportError(
+            "dfpo.integrations.verl needs verl in this environment (it pins its own transformers: python3 -m venv .venv-verl && .venv-verl/bin/pip install -c constraints.txt verl)"
+        ) from err
+    names = []
+    for preset in objectives or list(OBJECTIVES):
+        name = loss_mode_name(preset)
+        register_policy_loss(name)(make_verl_policy_loss(OBJECTIVES[preset], group_size))
+        names.append(name)
+    return names
+
+
+def check_groups_stay_whole(actor: Mapping, rollout_n: int, trainer: Mapping | None = None) -> None:
+    """Refuse verl settings that would put part of a group in a loss call (ValueError naming the setting).
+
+    ``ppo_mini_batch_size`` counts prompts (verl multiplies it by rollout.n), so mini-batches hold whole groups;
+    ``ppo_micro_batch_size_per_gpu`` counts rows and must be a multiple of rollout.n."""
+    micro = actor.get("ppo_micro_batch_size_per_gpu")
+    if micro and micro % rollout_n:
+        raise ValueError(
+            f"actor.ppo_micro_batch_size_per_gpu={micro} rows is not a multiple of rollout.n={rollout_n}: a group would be split"
+        )
+    if actor.get("use_dynamic_bsz"):
+        raise ValueError("actor.use_dynamic_bsz=True packs rows by token count and splits groups; set it False")
+    if actor.get("shuffle"):
+        raise ValueError("actor.shuffle=True reorders rows inside a mini-batch and splits groups; set it False")
+    if trainer and trainer.get("balance_batch"):
+        raise ValueError("trainer.balance_batch=True moves rows across ranks and splits groups; set it False")

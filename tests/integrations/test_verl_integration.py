@@ -1,0 +1,76 @@
+"""dfpo's objectives as verl policy losses: the adapter (no verl needed) and, in verl's own environment, the
+losses found through verl's registry and verl's own losses against dfpo's (scripts/verl_check.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfpo import policy_loss
+from dfpo.integrations.verl import check_groups_stay_whole, loss_mode_name, make_verl_policy_loss, register_dfpo_losses
+from dfpo.trainer.loss import OBJECTIVES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(B=8, T=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(T)[None, :] < torch.randint(1, T + 1, (B,), generator=g)[:, None]).float()
+    logp = (-0.5 - torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    return logp, old, adv, mask
+
+
+@pytest.mark.parametrize("preset", ["dfpo_min", "gspo", "grpo", "gmpo"])
+def test_the_adapter_is_policy_loss_with_consecutive_groups(preset):
+    """verl's signature in, dfpo.policy_loss out, with rollout.n consecutive rows forming a group."""
+    logp, old, adv, mask = _rows()
+    fn = make_verl_policy_loss(OBJECTIVES[preset], group_size=4)
+    with pytest.warns(UserWarning, match="loss_agg_mode='token-mean' is ignored"):
+        got, metrics = fn(old, logp, adv[:, None] * mask, mask, "token-mean", None)
+    expected, _ = policy_loss(
+        preset, logp=logp, old_logp=old, advantages=adv, mask=mask.bool(), group_ids=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    )
+    assert float(got) == pytest.approx(float(expected), rel=1e-12)
+    assert "actor/dfpo/weights/asym" in metrics
+    assert loss_mode_name(preset) == (preset if preset.startswith("dfpo") else f"dfpo_{preset}")
+
+
+def test_a_partial_group_and_group_splitting_settings_are_refused():
+    logp, old, adv, mask = _rows(B=6)
+    with pytest.raises(ValueError, match="6 rows holds part of a group"):
+        make_verl_policy_loss(OBJECTIVES["dfpo_min"], 4)(old, logp, adv[:, None] * mask, mask, None)
+    check_groups_stay_whole({"ppo_micro_batch_size_per_gpu": 8}, rollout_n=4, trainer={"balance_batch": False})
+    for actor, trainer, match in (
+        ({"ppo_micro_batch_size_per_gpu": 6}, None, "ppo_micro_batch_size_per_gpu=6 rows is not a multiple of rollout.n=4"),
+        ({"use_dynamic_bsz": True}, None, "use_dynamic_bsz"),
+        ({"shuffle": True}, None, "shuffle"),
+        ({}, {"balance_batch": True}, "balance_batch"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            check_groups_stay_whole(actor, 4, trainer=trainer)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed here")
+def test_registering_without_verl_says_how_to_get_it():
+    with pytest.raises(ImportError, match="needs verl in this environment"):
+        register_dfpo_losses(4)
+
+
+@pytest.mark.slow
+def test_verls_registry_and_verls_own_losses_in_its_environment():
+    """In verl's environment: every dfpo preset found through get_policy_loss_fn equals dfpo.policy_loss, and
+    verl's geo_mean, gpg, sapo and kl_cov equal dfpo's gmpo, gpg, sapo and kl_cov (loss and gradient, 1e-6)."""
+    python = os.environ.get("DFPO_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
+    if not Path(python).exists():
+        pytest.skip("no verl environment: build it with scripts/verl_env.sh (or set DFPO_VERL_PYTHON)")
+    out = subprocess.run(
+        [str(Path(python).absolute()), str(ROOT / "scripts" / "verl_check.py")], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0 and "verl check: ok" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
