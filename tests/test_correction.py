@@ -110,3 +110,22 @@ def test_correction_is_a_separate_factor_after_the_group_transform():
     plain, _ = policy_loss("dfpo_orth_pos", **kw)
     corrected, _ = policy_loss("dfpo_orth_pos", **kw, rollout_logp=rollout, rollout_correction="token_truncate")
     assert float(corrected) == pytest.approx(1.5 * float(plain), rel=1e-12)
+
+
+def test_correction_metrics_by_hand():
+    """Two completions, rho = (2, 0.5 | 4): token shares above the cap 2 and the sequence ratios' min/mean/max."""
+    import torch
+
+    from dfpo.trainer.loss.correction import correction_metrics
+
+    old = torch.log(torch.tensor([[2.0, 0.5], [4.0, 1.0]], dtype=torch.float64))
+    rollout = torch.zeros(2, 2, dtype=torch.float64)
+    mask = torch.tensor([[True, True], [True, False]])
+    weight = torch.tensor([[2.0, 0.5], [2.0, 1.0]], dtype=torch.float64)  # token_truncate at cap 2
+    m = correction_metrics(old, rollout, mask, weight, cap=2.0)
+    assert float(m["rollout/weight_mean"]) == pytest.approx(4.5 / 3)
+    assert float(m["rollout/token_truncated_frac"]) == pytest.approx(1 / 3)  # only rho = 4 is above 2
+    assert float(m["rollout/weight_zero_frac"]) == 0.0
+    assert (float(m["rollout/seq_ratio_min"]), float(m["rollout/seq_ratio_mean"]), float(m["rollout/seq_ratio_max"])) == pytest.approx(
+        (1.0, 2.5, 4.0)
+    )

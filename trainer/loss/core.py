@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.aggregation import aggregate
-from dfpo.trainer.loss.correction import rollout_weights
+from dfpo.trainer.loss.correction import correction_metrics, rollout_weights
 from dfpo.trainer.loss.covariance import clip_cov_tokens, kl_cov_tokens
 from dfpo.trainer.loss.groups import Groups, group_sum
 from dfpo.trainer.loss.masks import dropped_tokens
@@ -204,8 +204,7 @@ def policy_loss(
         rollout = _sanitise(rollout_logp, mask).detach()
         weight = rollout_weights(x.old_logp, rollout, mask, spec.rollout_correction, spec.rollout_low, spec.rollout_cap)  # (B, T)
         per_token = per_token * weight
-        metrics["rollout/weight_mean"] = torch.where(mask, weight, 0.0).sum() / n_real
-        metrics["rollout/weight_zero_frac"] = ((mask & (weight == 0)).sum() / n_real).to(logp.dtype)
+        metrics.update(correction_metrics(x.old_logp, rollout, mask, weight, spec.rollout_cap))
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
     loss = policy
     if spec.beta > 0:

@@ -39,3 +39,20 @@ def rollout_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: 
     else:
         weight = torch.where((rho >= low) & (rho <= cap), rho, 0.0)
     return torch.where(mask, weight, 1.0)
+
+
+def correction_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, weight: Tensor, cap: float) -> dict[str, Tensor]:
+    """The weights' mean, the share of real tokens zeroed (mask modes) or truncated at the cap, and the
+    sequence-level ratio prod_t rho_t's min / mean / max over non-empty completions."""
+    n = mask.sum().clamp(min=1)
+    gap = torch.where(mask, (old_logp - rollout_logp).detach(), 0.0)  # (B, T)
+    rho = torch.exp(gap.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # (B, T)
+    seq = torch.exp(gap.sum(-1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))[mask.any(-1)]  # (B',)
+    out = {
+        "rollout/weight_mean": torch.where(mask, weight, 0.0).sum() / n,
+        "rollout/weight_zero_frac": ((mask & (weight == 0)).sum() / n).to(weight.dtype),
+        "rollout/token_truncated_frac": ((mask & (rho > cap)).sum() / n).to(weight.dtype),
+    }
+    if seq.numel():
+        out.update({"rollout/seq_ratio_min": seq.min(), "rollout/seq_ratio_mean": seq.mean(), "rollout/seq_ratio_max": seq.max()})
+    return out
