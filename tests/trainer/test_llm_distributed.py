@@ -59,7 +59,8 @@ def test_two_gloo_ranks_give_the_one_process_gradient(tmp_path, name, overrides)
     model, batch, old, adv = _setup()
     single = _grads(model, batch, old, adv, resolve_objective(name, **overrides), torch.arange(16))
     out = tmp_path / "grads.pt"
-    mp.spawn(_rank, args=(2, str(tmp_path / "init"), str(out), name, overrides), nprocs=2, join=True)
+    # fork, not spawn: spawn re-imports __main__, which other tests (Streamlit's AppTest) may have replaced
+    mp.start_processes(_rank, args=(2, str(tmp_path / "init"), str(out), name, overrides), nprocs=2, join=True, start_method="fork")
     for a, b in zip(single, torch.load(out)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
