@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import sys
@@ -120,6 +121,7 @@ class VLLMEngine:
 
             AutoTokenizer.from_pretrained(self.tokenizer_dir).save_pretrained(folder)
             del self.llm
+            gc.collect()  # the old engine's cache is freed before the new one takes its own
             self.llm = self._start(folder)
             return
         self._wake()  # weights mapped before they are written
