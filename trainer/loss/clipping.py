@@ -179,8 +179,3 @@ def clip_rule(mode: str) -> ClipRule:
 def clipped_weight(spec, ratio: Tensor, adv: Tensor, old_logp: Tensor | None = None) -> Tensor:
     """Effective weight w(r, A) of the spec's clip mode, so that surrogate = A * w (score-function rules: w * A * log pi)."""
     return clip_rule(spec.clip).weight(ratio, adv, spec, old_logp)
-
-
-def clip_fractions(spec, ratio: Tensor, adv: Tensor, old_logp: Tensor | None = None) -> Flags:
-    """Boolean maps of where the spec's clip mode zeroes the gradient: (low side, high side)."""
-    return clip_rule(spec.clip).flags(ratio, adv, spec, old_logp)
