@@ -14,6 +14,10 @@
   them (measured by ``scripts/vllm_smoke.py``: the log-prob gap to the updated model stays at the
   pre-update level). On CPU the engine therefore restarts from the current weights written to a
   temporary folder: correct, but a disk round trip and ~20-40 s per sync; it says so once.
+- Memory on CPU: vLLM's CPU backend reads ``gpu_memory_utilization`` as a share of the *machine's* memory
+  (0.92 by default) and refuses to start when that much is not free, which a trainer holding its own model
+  never has. The engine therefore asks for an explicit KV cache (``kv_cache_memory_bytes``,
+  ``CPU_KV_CACHE_GIB`` by default), which replaces that check; the old engine is freed before a restart.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import tempfile
 import torch
 
 from dfpo.trainer.llm.rollout import Samples, SamplingParams, cut_at_eos
+
+CPU_KV_CACHE_GIB = 1.0  # KV cache of the CPU engine: ample for the tiny models a CPU trains
 
 
 def check_vllm_available(device: str | torch.device) -> None:
@@ -60,14 +66,26 @@ class VLLMEngine:
     """vLLM sampling from the trainer's weights; see the module docstring."""
 
     def __init__(
-        self, model_dir: str, *, eos_ids: set[int], device: str | torch.device, seed: int, max_model_len: int, dtype: str = "float32"
+        self,
+        model_dir: str,
+        *,
+        eos_ids: set[int],
+        device: str | torch.device,
+        seed: int,
+        max_model_len: int,
+        dtype: str = "float32",
+        cpu_kv_cache_gib: float = CPU_KV_CACHE_GIB,
     ):
         check_vllm_available(device)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
         self.eos_ids, self.seed, self.calls = set(eos_ids), seed, 0
         self.on_cpu = torch.device(device).type == "cpu"
         self._kwargs = dict(dtype=dtype, max_model_len=max_model_len, enforce_eager=True, logprobs_mode="processed_logprobs")
-        if not self.on_cpu:
+        if self.on_cpu:  # an explicit cache instead of a share of the whole machine (module docstring)
+            if not cpu_kv_cache_gib > 0:
+                raise ValueError(f"cpu_kv_cache_gib must be > 0, got {cpu_kv_cache_gib!r}")
+            self._kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gib * 2**30)
+        else:
             self._kwargs["enable_sleep_mode"] = True
         self._warned, self.asleep = False, False
         self.tokenizer_dir = model_dir  # the tokenizer files a restart copies next to the new weights
