@@ -2,6 +2,12 @@
 
     python examples/trl_dfpo.py                         # a tiny offline model, 4 optimiser steps on CPU
     python examples/trl_dfpo.py --objective gspo        # any dfpo preset or label, e.g. dfpo_min:stopgrad=score
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no examples/trl_dfpo.py
+
+The last line runs two processes: torchrun ranks, on the CPU with gloo since the config says use_cpu=True
+(accelerate's ``--cpu`` flag would start a single process). Each process generates and trains on whole groups
+of its own: TRL's sampler repeats a prompt num_generations times in a row, and accelerate hands each process
+per_device_train_batch_size x steps_per_generation consecutive rows, a multiple of num_generations.
 
 Swap in your own model, dataset, reward functions and GRPOConfig as with GRPOTrainer; the differences are
 the ``objective`` argument and that per_device_train_batch_size must be a multiple of num_generations
@@ -45,6 +51,8 @@ def main() -> None:
         model=model, reward_funcs=correct_sum, args=config, train_dataset=data, processing_class=tok, objective=args.objective
     )
     trainer.train()
+    if not trainer.is_world_process_zero():  # print once; the logged metrics are averaged over the processes
+        return
     for row in trainer.state.log_history:  # TRL logs rewards with a generation step, dfpo's metrics with each loss
         shown = {k: row[k] for k in ("reward", "dfpo/loss/policy", "dfpo/weights/asym", "dfpo/clip/frac_high") if k in row}
         if shown:

@@ -11,17 +11,31 @@ accelerate / DeepSpeed, logging. Two methods change:
   ``steps_per_generation`` slices, which scatters a group's completions over several optimiser steps.
   DFPO's transforms need a whole group in one loss call, so the group order is shuffled instead (the
   completions of a prompt stay together) and every slice must hold whole groups: the slice size
-  (``per_device_train_batch_size``) must be a multiple of ``num_generations`` (checked at construction).
-  Each row carries its group id into the loss.
+  (``per_device_train_batch_size``; ``per_device_eval_batch_size`` for evaluation, with
+  ``num_generations_eval``) must be a multiple of the group size (checked at construction). Before the
+  shuffle, each block of ``num_generations`` consecutive rows is checked to share one prompt. Each row carries
+  its group id into the loss; ids are unique across processes.
 - ``_compute_loss``: per-token log-probs as TRL computes them, then ``dfpo.policy_loss`` with the objective
-  (any preset or label, e.g. ``"dfpo_min:stopgrad=score"``), TRL's old and reference log-probs; dfpo's
-  metrics (``weights/asym``, clip fractions, ...) are logged through TRL's logger under ``dfpo/``.
+  (any preset or label, e.g. ``"dfpo_min:stopgrad=score"``), TRL's old and reference log-probs; every call
+  checks that it holds whole groups. dfpo's metrics (``weights/asym``, clip fractions, ...) are logged through
+  TRL's logger under ``dfpo/``, averaged over the processes (``ratio/max``: their maximum).
+
+Several processes (``accelerate launch``): each process builds its own generation batch from TRL's
+``RepeatSampler`` (every prompt ``num_generations`` times in a row, the same order on every process), and
+accelerate gives process p every p-th run of ``per_device_train_batch_size x steps_per_generation``
+consecutive rows. TRL only asks the global batch to be a multiple of ``num_generations``, so a per-device batch
+that is not a multiple splits groups across processes (per-device 2 with 4 generations on 2 processes puts 2
+rows of every group on each); that is refused at construction. With a multiple, every process holds whole
+groups, and TRL's advantages (computed on the rewards gathered from all processes, ``num_generations``
+consecutive rows a group) are normalised over exactly the groups the loss sees.
 
 What stays TRL's and is not translated: the KL term uses dfpo's k3 (TRL's ``use_bias_correction_kl`` is not
 applied), TRL's ``loss_type``, ``epsilon``, ``delta``, ``top_entropy_quantile`` and
 ``off_policy_mask_threshold`` are ignored in favour of the objective's components (a warning says so when
 they differ from TRL's defaults), and gradient accumulation divides each micro-batch loss by the number of
-accumulation steps, as TRL's ``grpo`` loss does.
+accumulation steps, as TRL's ``grpo`` loss does; the processes' gradients are averaged by DDP. Each loss call
+is thus normalised over its own rows: with several processes or accumulation steps, a token-level
+aggregation's denominator is that call's, not the whole batch's as in dfpo's own trainer.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from dfpo.trainer.loss import ObjectiveSpec, objective_from_label, policy_loss
 from dfpo.trainer.loss.masks import ENTROPY_MASKS
 
 try:
+    from accelerate.utils import gather_object
     from trl import GRPOTrainer
     from trl.trainer.utils import split_tensor_dict
 except ImportError as err:  # pragma: no cover - the [dev] extra installs TRL
@@ -42,9 +57,10 @@ except ImportError as err:  # pragma: no cover - the [dev] extra installs TRL
 GROUP_KEY = "dfpo_group_ids"
 
 
-def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | None = None) -> dict:
+def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | None = None, first_group: int = 0) -> dict:
     """The rows of a generation batch (prompt-major, ``group_size`` consecutive rows a prompt) in a random group
-    order, each group's rows kept together, with a ``dfpo_group_ids`` entry (B,) naming each row's group."""
+    order, each group's rows kept together, with a ``dfpo_group_ids`` entry (B,) naming each row's group:
+    ``first_group`` + its block index (a process's offset makes the ids unique across processes)."""
     n_rows = next(len(v) for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim >= 1)
     if n_rows % group_size:
         raise ValueError(f"a generation batch of {n_rows} rows does not hold whole groups of num_generations={group_size}")
@@ -61,8 +77,26 @@ def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | No
 
     out = {k: permute(v) for k, v in batch.items()}
     device = next(v.device for v in batch.values() if isinstance(v, torch.Tensor))
-    out[GROUP_KEY] = (rows // group_size).to(device)
+    out[GROUP_KEY] = (first_group + rows // group_size).to(device)
     return out
+
+
+def check_group_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int) -> None:
+    """ValueError unless each block of ``group_size`` consecutive rows of a generation batch holds one prompt
+    (prompt_ids, prompt_mask (B, P) equal within the block): the rows TRL normalised as a group are the rows
+    dfpo's loss will treat as one."""
+    n_rows = prompt_ids.size(0)
+    if n_rows % group_size:
+        raise ValueError(f"a generation batch of {n_rows} rows does not hold whole groups of num_generations={group_size}")
+    ids = prompt_ids.reshape(n_rows // group_size, group_size, -1)  # (n, G, P)
+    mask = prompt_mask.reshape(n_rows // group_size, group_size, -1)  # (n, G, P)
+    same = (ids == ids[:, :1]).all(dim=(1, 2)) & (mask == mask[:, :1]).all(dim=(1, 2))  # (n,)
+    if not bool(same.all()):
+        block = int((~same).nonzero()[0])
+        raise ValueError(
+            f"rows {block * group_size}..{(block + 1) * group_size - 1} of this process's generation batch are not one "
+            f"prompt's completions: the data loader did not give this process whole groups of num_generations={group_size}"
+        )
 
 
 def check_whole_groups(group_ids: torch.Tensor, group_size: int) -> list[int]:
@@ -75,17 +109,12 @@ def check_whole_groups(group_ids: torch.Tensor, group_size: int) -> list[int]:
 
 
 class DFPOGRPOTrainer(GRPOTrainer):
-    """``trl.GRPOTrainer`` with ``dfpo.policy_loss`` as its loss and whole groups in every loss call."""
+    """``trl.GRPOTrainer`` with ``dfpo.policy_loss`` as its loss and whole groups in every loss call, on every process."""
 
     def __init__(self, *args, objective: str | ObjectiveSpec = "dfpo_min", **kwargs):
         self.dfpo_spec = objective if isinstance(objective, ObjectiveSpec) else objective_from_label(objective)
         super().__init__(*args, **kwargs)
-        per_step = self.args.per_device_train_batch_size
-        if per_step % self.num_generations:
-            raise ValueError(
-                f"per_device_train_batch_size={per_step} must be a multiple of num_generations={self.num_generations}: "
-                "dfpo's objectives need whole groups in each loss call"
-            )
+        self._check_batch_sizes()
         if self.dfpo_spec.beta > 0 and not self.args.beta:
             raise ValueError(
                 f"objective {self.dfpo_spec.name!r} has beta={self.dfpo_spec.beta}: set GRPOConfig(beta=...) > 0 so TRL computes the reference log-probs"
@@ -99,16 +128,42 @@ class DFPOGRPOTrainer(GRPOTrainer):
             warnings.warn(f"DFPOGRPOTrainer: the objective's components replace TRL's {ignored}", stacklevel=2)
         self.dfpo_groups_seen: list[list[int]] = []  # rows per group of every loss call (the check's record)
 
+    def _check_batch_sizes(self) -> None:
+        """Each process's loss calls must hold whole groups. TRL only asks the global batches to be multiples of
+        the group size, so with several processes a group can straddle two of them (e.g. per-device 2, 4
+        generations, 2 processes): refused here, naming the setting."""
+        sizes = [("per_device_train_batch_size", self.args.per_device_train_batch_size, "num_generations", self.num_generations)]
+        if self.args.eval_strategy != "no":
+            sizes.append(
+                ("per_device_eval_batch_size", self.args.per_device_eval_batch_size, "num_generations_eval", self.num_generations_eval)
+            )
+        for name, size, group_name, group in sizes:
+            if size % group:
+                raise ValueError(
+                    f"{name}={size} must be a multiple of {group_name}={group}: dfpo's objectives need whole groups "
+                    f"in each loss call of each process ({self.accelerator.num_processes} process(es))"
+                )
+
+    def _group_size(self) -> int:
+        return self.num_generations if self.model.training else self.num_generations_eval
+
+    def _whole_groups(self, batch: dict, seed: int) -> dict:
+        """A generation batch of this process, checked to hold whole groups, in a shuffled group order with group
+        ids unique across processes (process p's groups follow those of processes 0..p-1, as in TRL's gather)."""
+        group = self._group_size()
+        if self.environment_factories is None:  # an environment may give a group's rollouts different prompts
+            check_group_prompts(batch["prompt_ids"], batch["prompt_mask"], group)
+        n_groups = batch["prompt_ids"].size(0) // group
+        first = self.accelerator.process_index * n_groups
+        return shuffle_groups(batch, group, torch.Generator().manual_seed(seed), first_group=first)
+
     def _prepare_inputs(self, generation_batch):
-        mode = "train" if self.model.training else "eval"
-        if mode != "train":
-            inputs = self._generate_and_score_completions(generation_batch)
-            return shuffle_groups(inputs, self.num_generations, torch.Generator().manual_seed(0))
+        if not self.model.training:
+            return self._whole_groups(self._generate_and_score_completions(generation_batch), seed=0)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
             batch = self._generate_and_score_completions(generation_batch)
-            seed = int(self.args.seed) * 1_000_003 + int(self._step)
-            batch = shuffle_groups(batch, self.num_generations, torch.Generator().manual_seed(seed))
+            batch = self._whole_groups(batch, seed=int(self.args.seed) * 1_000_003 + int(self._step))
             self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
@@ -123,7 +178,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=needs_entropy
         )  # (B, T) each
         group_ids = inputs[GROUP_KEY]  # (B,)
-        self.dfpo_groups_seen.append(check_whole_groups(group_ids, self.num_generations))
+        self.dfpo_groups_seen.append(check_whole_groups(group_ids, self._group_size()))
         old = inputs.get("old_per_token_logps")
         advantages = inputs["advantages"]
         loss, metrics = policy_loss(
@@ -137,8 +192,28 @@ class DFPOGRPOTrainer(GRPOTrainer):
             ref_logp=inputs.get("ref_per_token_logps") if spec.beta > 0 else None,
         )
         mode = "train" if self.model.training else "eval"
-        for key, value in metrics.items():
-            self._metrics[mode][f"dfpo/{key}"].append(float(value))
+        for key, value in self._across_processes({k: float(v) for k, v in metrics.items()}).items():
+            self._metrics[mode][f"dfpo/{key}"].append(value)
         if mode == "train":  # the Trainer loop sets the window's step count; outside it, the configured one
             loss = loss / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         return loss
+
+    def _across_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        """One loss call's metrics over all processes: the max of ``*max`` entries (``ratio/max``), the min of
+        ``*min`` ones, the mean of the others (every process calls this once a loss call, as TRL gathers its own
+        loss metrics)."""
+        if self.accelerator.num_processes == 1:
+            return metrics
+        per_process = gather_object([metrics])  # one dict a process
+        values = {k: [m[k] for m in per_process if k in m] for k in sorted({k for m in per_process for k in m})}
+        return {k: _reduce(k, v) for k, v in values.items()}
+
+
+def _reduce(key: str, values: list[float]) -> float:
+    """A metric's value over processes: max for a ``*max`` name, min for a ``*min`` one, else the mean."""
+    name = key.rsplit("/", 1)[-1]
+    if name.endswith("max"):
+        return max(values)
+    if name.endswith("min"):
+        return min(values)
+    return sum(values) / len(values)

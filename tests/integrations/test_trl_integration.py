@@ -11,11 +11,12 @@ import torch
 pytest.importorskip("trl")
 
 from dfpo import policy_loss, resolve_objective  # noqa: E402
-from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer, check_whole_groups, shuffle_groups  # noqa: E402
+from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer, check_group_prompts, check_whole_groups, shuffle_groups  # noqa: E402
 from dfpo.trainer.llm.config import ModelConfig  # noqa: E402
 from dfpo.trainer.llm.forward import completion_logprobs  # noqa: E402
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
 from dfpo.trainer.llm.rollout import build_batch  # noqa: E402
+from dfpo.trainer.llm.train import accumulate_gradients, micro_batch  # noqa: E402
 
 G = 4
 
@@ -34,9 +35,21 @@ def test_group_shuffle_keeps_each_prompts_completions_together():
         check_whole_groups(gid[2:10], G)
     with pytest.raises(ValueError, match="does not hold whole groups"):
         shuffle_groups({"x": torch.arange(10)}, G)
+    assert (shuffle_groups(batch, G, first_group=6)[GROUP_KEY] >= 6).all()  # a later process's ids
 
 
-def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, **extra):
+def test_a_generation_batch_whose_blocks_mix_prompts_is_refused():
+    """Blocks of G consecutive rows must each be one prompt's completions (left-padded prompt ids and mask)."""
+    ids = torch.tensor([[0, 5, 6]] * G + [[7, 8, 9]] * G)  # (8, 3)
+    mask = (ids > 0).long()
+    check_group_prompts(ids, mask, G)
+    with pytest.raises(ValueError, match="rows 0..3 of this process's generation batch are not one prompt's"):
+        check_group_prompts(ids.roll(2, dims=0), mask.roll(2, dims=0), G)
+    with pytest.raises(ValueError, match="does not hold whole groups"):
+        check_group_prompts(ids[:6], mask[:6], G)
+
+
+def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, evaluate=False, **extra):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -54,7 +67,10 @@ def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, **extra):
             per_device_train_batch_size=per_device, num_generations=G, steps_per_generation=2, max_completion_length=4,
             max_steps=steps, learning_rate=1e-3, seed=0, disable_tqdm=True, **extra,
         )  # fmt: skip
-    return DFPOGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, objective=objective)
+    return DFPOGRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, eval_dataset=data if evaluate else None,
+        processing_class=tok, objective=objective,
+    )  # fmt: skip
 
 
 def test_a_slice_that_cannot_hold_whole_groups_is_refused(tmp_path):
@@ -93,6 +109,51 @@ def test_the_loss_is_dfpo_policy_loss_on_the_same_batch(tmp_path):
     torch.testing.assert_close(got, expected / trainer.args.gradient_accumulation_steps, rtol=1e-5, atol=1e-6)
 
 
+def _grads(model) -> list[torch.Tensor]:
+    """The accumulated gradient of every parameter, then zeroed."""
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+@pytest.mark.parametrize("objective", ["dfpo_min:eps_low=0.2:eps_high=0.2", "gspo", "grpo"])
+def test_the_loss_and_gradient_equal_dfpos_own_trainer_on_the_same_rows(tmp_path, objective):
+    """The same model, objective, old log-probs and advantages: the subclass's loss and gradient on TRL's layout
+    of a batch (groups in a shuffled order, as _prepare_inputs hands them over) equal those of dfpo's own
+    trainer step (accumulate_gradients on one micro-batch of the rows, weighted 1 / accumulation steps)."""
+    trainer = _trainer(tmp_path, objective=objective, gradient_accumulation_steps=2)
+    tok, model = trainer.processing_class, trainer.model
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in ("3+4=", "10+20=")]
+    completions = [[5, 6], [7], [8, 9, 10], [5], [6, 6], [7, 8], [9], [10, 11, 12]]
+    batch = build_batch(prompts, completions, G, pad_id=tok.pad_token_id, eos_ids=set(), max_new_tokens=4)
+    P = batch.prompt_width
+    g = torch.Generator().manual_seed(0)
+    old = torch.where(batch.mask, -2.0 + 0.3 * torch.randn(batch.mask.shape, generator=g), 0.0)  # (B, T)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, 1.0, -1.0, -1.0])  # (B,)
+    rows = {
+        "prompt_ids": batch.input_ids[:, :P], "prompt_mask": batch.attention_mask[:, :P],
+        "completion_ids": batch.completion_ids, "completion_mask": batch.mask.long(),
+        "advantages": adv, "old_per_token_logps": old,
+    }  # fmt: skip
+    inputs = shuffle_groups(rows, G, torch.Generator().manual_seed(1))
+    assert inputs[GROUP_KEY].tolist() == [1] * G + [0] * G  # the second prompt's group first
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    got = _grads(model)
+
+    weight = 1.0 / trainer.args.gradient_accumulation_steps
+    spec = trainer.dfpo_spec
+    micro = micro_batch(batch, torch.arange(len(adv)), old, None, adv, weight)
+    metrics, finite = accumulate_gradients(model, [micro], spec, torch.device("cpu"))
+    assert finite
+    expected = _grads(model)
+    torch.testing.assert_close(loss.detach(), torch.tensor(metrics["loss/policy"]), rtol=0, atol=1e-6)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-9)  # gradients of order 1e-5 to 1e-2
+
+
 @pytest.mark.parametrize("objective", ["dfpo_min", "gspo", "grpo"])
 def test_training_keeps_groups_whole_and_logs_dfpo_metrics(tmp_path, objective):
     """Two optimiser steps on CPU: every loss call saw whole groups of num_generations rows (recorded, not
@@ -106,6 +167,15 @@ def test_training_keeps_groups_whole_and_logs_dfpo_metrics(tmp_path, objective):
     assert moved > 0
     logged = {k for row in trainer.state.log_history for k in row}
     assert {"dfpo/weights/asym", "dfpo/clip/frac_high", "dfpo/loss/policy"} <= logged
+
+
+def test_evaluation_keeps_whole_groups_of_num_generations_eval(tmp_path):
+    """Evaluation groups have num_generations_eval rows (2 here, 4 in training): each eval loss call holds whole
+    groups of 2, one prompt each, and dfpo's metrics reach the eval log."""
+    trainer = _trainer(tmp_path, evaluate=True, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=4, num_generations_eval=2)
+    metrics = trainer.evaluate()
+    assert trainer.dfpo_groups_seen and all(counts == [2, 2] for counts in trainer.dfpo_groups_seen)
+    assert "eval_dfpo/weights/asym" in metrics
 
 
 def test_an_objective_with_a_kl_term_needs_trls_reference_log_probs(tmp_path):
