@@ -1,12 +1,15 @@
 """dfpo's objectives as verl policy losses, registered in verl's own registry.
 
-    from dfpo.integrations.verl import check_groups_stay_whole, register_dfpo_losses
-    register_dfpo_losses(group_size=8)            # before verl builds its actor; then in verl's config:
+    # nothing to call: with dfpo installed in verl's environment, verl loads ``dfpo.integrations.verl_plugin``
+    # (entry point group "verl.plugins") in every process that imports verl, Ray workers included, and that
+    # registers every preset; then in verl's config:
     # actor_rollout_ref.actor.policy_loss.loss_mode = "dfpo_min"   (any preset; "dfpo_" + name for the others)
+    # (``register_dfpo_losses()`` does the same by hand; examples/verl_dfpo_grpo.sh is a complete GRPO run)
 
 verl hands a policy loss (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
 rollout_is_weights) and nothing that names a row's prompt, so the group of a row is read from its place:
-verl lays out ``rollout.n`` consecutive rows per prompt, and a micro-batch holds whole groups only when the
+verl lays out ``rollout.n`` consecutive rows per prompt (the group size: ``config.rollout_n`` of the actor config
+verl passes to the loss, unless one is given at registration), and a micro-batch holds whole groups only when the
 mini-batch and micro-batch sizes are multiples of ``rollout.n``, ``shuffle`` is off and ``balance_batch``
 (which reorders rows across ranks) is off. ``check_groups_stay_whole`` refuses a config that breaks any of
 these, and the loss itself refuses a batch whose size is not a multiple of the group size.
@@ -32,14 +35,26 @@ def loss_mode_name(preset: str) -> str:
     return preset if preset.startswith("dfpo") else f"dfpo_{preset}"
 
 
-def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int):
-    """A function with verl's policy-loss signature computing ``dfpo.policy_loss(spec)``; groups = consecutive rows."""
+def group_size_of(config, group_size: int | None) -> int:
+    """The rows per group of a verl loss call: ``group_size`` if given, else the actor config's ``rollout_n``."""
+    n = group_size if group_size is not None else getattr(config, "rollout_n", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"dfpo's verl losses need the group size: the actor config's rollout_n (got {n!r}); "
+            "verl sets it from actor_rollout_ref.rollout.n, or pass group_size to register_dfpo_losses"
+        )
+    return n
+
+
+def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
+    """A function with verl's policy-loss signature computing ``dfpo.policy_loss(spec)``; groups = runs of
+    ``group_size`` consecutive rows (None: the ``rollout_n`` of the config verl passes)."""
     warned = []
 
     def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
-        B = log_prob.shape[0]
-        if B % group_size:
-            raise ValueError(f"a micro-batch of {B} rows holds part of a group (rollout.n={group_size}); see check_groups_stay_whole")
+        B, n = log_prob.shape[0], group_size_of(config, group_size)
+        if B % n:
+            raise ValueError(f"a micro-batch of {B} rows holds part of a group (rollout.n={n}); see check_groups_stay_whole")
         if not warned and loss_agg_mode not in (None, ""):
             warnings.warn(
                 f"dfpo objective {spec.name!r} aggregates by its own {spec.aggregation!r}; verl's loss_agg_mode={loss_agg_mode!r} is ignored",
@@ -55,15 +70,16 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int):
             extra = {"rollout_correction": "token_truncate", "rollout_cap": float("inf")}
         value, metrics = policy_loss(
             spec, logp=log_prob, old_logp=old_log_prob, advantages=seq_adv, mask=mask,
-            group_ids=torch.arange(B, device=log_prob.device) // group_size, rollout_logp=rollout_logp, **extra,
+            group_ids=torch.arange(B, device=log_prob.device) // n, rollout_logp=rollout_logp, **extra,
         )  # fmt: skip
         return value, {f"actor/dfpo/{k}": float(v) for k, v in metrics.items()}
 
     return loss
 
 
-def register_dfpo_losses(group_size: int, objectives: list[str] | None = None) -> list[str]:
-    """Register each preset (all by default) in verl's policy-loss registry; returns the loss_mode names."""
+def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | None = None) -> list[str]:
+    """Register each preset (all by default) in verl's policy-loss registry; returns the loss_mode names.
+    ``group_size`` None: each call reads the group size from verl's actor config (``rollout_n``)."""
     try:
         from verl.trainer.ppo.core_algos import register_policy_loss
     except ImportError as err:

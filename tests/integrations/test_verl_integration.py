@@ -57,6 +57,30 @@ def test_a_partial_group_and_group_splitting_settings_are_refused():
             check_groups_stay_whole(actor, 4, trainer=trainer)
 
 
+def test_the_group_size_comes_from_verls_actor_config_when_not_given():
+    """Registered without a group size (as verl's plugin entry point does), each call reads rollout_n from the
+    actor config verl passes: rollout_n = 4 gives groups of 4 rows, rollout_n = 2 groups of 2."""
+    from types import SimpleNamespace
+
+    logp, old, adv, mask = _rows()
+    fn = make_verl_policy_loss(OBJECTIVES["dfpo_min"])
+    for n in (4, 2):
+        got, _ = fn(old, logp, adv[:, None] * mask, mask, None, SimpleNamespace(rollout_n=n))
+        expected, _ = policy_loss("dfpo_min", logp=logp, old_logp=old, advantages=adv, mask=mask.bool(), group_ids=torch.arange(8) // n)
+        assert float(got) == pytest.approx(float(expected), rel=1e-12)
+    for config in (None, SimpleNamespace(rollout_n=0)):
+        with pytest.raises(ValueError, match="rollout_n"):
+            fn(old, logp, adv[:, None] * mask, mask, None, config)
+
+
+def test_verl_loads_dfpo_as_a_plugin_entry_point():
+    """pyproject declares dfpo.integrations.verl_plugin in verl's "verl.plugins" group (what verl imports itself)."""
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["entry-points"]["verl.plugins"] == {"dfpo": "dfpo.integrations.verl_plugin"}
+
+
 @pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed here")
 def test_registering_without_verl_says_how_to_get_it():
     with pytest.raises(ImportError, match="needs verl in this environment"):
@@ -65,8 +89,9 @@ def test_registering_without_verl_says_how_to_get_it():
 
 @pytest.mark.slow
 def test_verls_registry_and_verls_own_losses_in_its_environment():
-    """In verl's environment: every dfpo preset found through get_policy_loss_fn equals dfpo.policy_loss, and
-    verl's geo_mean, gpg, sapo and kl_cov equal dfpo's gmpo, gpg, sapo and kl_cov (loss and gradient, 1e-6)."""
+    """In verl's environment: `import verl` registers every dfpo preset (in a Ray worker too), each found through
+    get_policy_loss_fn equals dfpo.policy_loss; verl's own losses equal dfpo's (loss and gradient, 1e-6); and
+    examples/verl_dfpo_grpo.sh composes with verl's config and keeps groups whole."""
     python = os.environ.get("DFPO_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
     if not Path(python).exists():
         pytest.skip("no verl environment: build it with scripts/verl_env.sh (or set DFPO_VERL_PYTHON)")
