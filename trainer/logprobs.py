@@ -25,9 +25,19 @@ from torch import Tensor
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    """Logits of one chunk in float32 (float64 stays float64): (n, H) x (V, H) -> (n, V)."""
+    """Logits of one chunk in float32 (float64 stays float64): (n, H) x (V, H) -> (n, V). The temperature
+    divides the (n, H) hidden states, not the (n, V) logits: one pass over H numbers a position instead of V."""
+    if temperature != 1.0:
+        hidden = hidden / temperature
     z = hidden @ weight.T  # (n, V)
-    return z.to(torch.promote_types(z.dtype, torch.float32)) / temperature
+    return z.to(torch.promote_types(z.dtype, torch.float32))
+
+
+def _logsumexp_(z: Tensor) -> Tensor:
+    """logsumexp over the last dim, overwriting ``z`` (n, V) with exp(z - max): no (n, V) temporaries."""
+    top = z.amax(dim=-1, keepdim=True)  # (n, 1)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row of -inf stays -inf, not NaN
+    return z.sub_(top).exp_().sum(-1).log_().add_(top.squeeze(-1))  # (n,)
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
@@ -41,11 +51,14 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(logp) if with_entropy else None  # (N,)
         for s in range(0, n_pos, chunk_size):
             z = _chunk_logits(hidden[s : s + chunk_size], weight, temperature)  # (n, V)
-            lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
-            logp[s : s + chunk_size] = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse[s : s + chunk_size]
+            target_logit = z.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1)  # (n,) read before z is overwritten
             if with_entropy:
-                logp_all = z - lse[s : s + chunk_size, None]  # (n, V)
+                lse[s : s + chunk_size] = torch.logsumexp(z, dim=-1)
+                logp_all = z.sub_(lse[s : s + chunk_size, None])  # (n, V)
                 entropy[s : s + chunk_size] = -(logp_all.exp() * logp_all).sum(-1)
+            else:
+                lse[s : s + chunk_size] = _logsumexp_(z)
+            logp[s : s + chunk_size] = target_logit - lse[s : s + chunk_size]
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         if entropy is None:
@@ -63,21 +76,31 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         with_entropy_grad = grad_entropy is not None and grad_entropy.numel() > 0
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]  # (n, H)
-            logp_all = _chunk_logits(h, weight, temperature).sub_(lse[s : s + chunk, None])  # (n, V)
-            g = grad_logp[s : s + chunk].to(logp_all.dtype) / temperature  # (n,); 1/temperature folded in
+            z = _chunk_logits(h, weight, temperature)  # (n, V)
+            g = grad_logp[s : s + chunk].to(z.dtype) / temperature  # (n,); 1/temperature folded in
             if with_entropy_grad:
-                e = grad_entropy[s : s + chunk].to(logp_all.dtype) / temperature  # (n,)
+                logp_all = z.sub_(lse[s : s + chunk, None])  # (n, V)
+                e = grad_entropy[s : s + chunk].to(z.dtype) / temperature  # (n,)
                 p = logp_all.exp()  # (n, V)
                 ent = -(p * logp_all).sum(-1)  # (n,)
                 dz = logp_all.add_(ent[:, None]).mul_(e[:, None]).add_(g[:, None]).mul_(p).neg_()  # -p (g + e (log p + H))
+                row_sign = None
             else:
-                dz = logp_all.exp_().mul_(-g[:, None])  # (n, V): -p g, in place of the logits
-            dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # + g at the target: g (onehot - p)
+                # -p g = -sign(g) exp(z - lse + log|g|): one pass; sign(g) is applied on the (n, H) side below
+                dz = z.sub_((lse[s : s + chunk] - g.abs().log())[:, None]).exp_()  # (n, V) = p |g|
+                row_sign = -torch.sign(g)  # (n,)
+                g = g.abs().neg()  # the target's +g, in the same sign convention: p|g| - |g| onehot
+            dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # g (onehot - p), up to row_sign
             dz = dz.to(hidden.dtype)
             if need_h:
-                grad_h[s : s + chunk] = dz @ weight.to(hidden.dtype)
+                gh = dz @ weight.to(hidden.dtype)  # (n, H)
+                grad_h[s : s + chunk] = gh if row_sign is None else gh.mul_(row_sign[:, None].to(gh.dtype))
             if need_w:
-                grad_w += (dz.T @ h).to(acc_dtype)
+                hs = h if row_sign is None else h * row_sign[:, None].to(h.dtype)  # (n, H)
+                if dz.dtype == acc_dtype:
+                    grad_w.addmm_(dz.T, hs)  # accumulated inside the matmul: no (V, H) temporary
+                else:
+                    grad_w += (dz.T @ hs).to(acc_dtype)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 

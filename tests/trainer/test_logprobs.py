@@ -46,6 +46,36 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits_path(seed,
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    lead=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
+    hidden=st.integers(1, 9),
+    vocab=st.integers(1, 13),
+    temperature=st.floats(0.25, 3.0),
+    chunk=st.integers(1, 7),
+)
+def test_log_prob_gradients_without_entropy_equal_the_full_logits_path(seed, lead, hidden, vocab, temperature, chunk):
+    """The backward that folds sign(g) out of the (n, V) pass gives the full-logits gradient, for upstream
+    gradients of either sign and exactly zero."""
+    h, w, t = _case(seed, lead, hidden, vocab, torch.float64)
+    g = torch.Generator().manual_seed(seed + 1)
+    g_logp = torch.randn(lead, generator=g, dtype=torch.float64)  # (...)
+    g_logp = torch.where(torch.rand(lead, generator=g) < 0.25, 0.0, g_logp)  # some positions get no gradient
+
+    def logp_only(fn, **kw):
+        logp = fn(h, w, t, temperature=temperature, **kw)[0]
+        (logp * g_logp).sum().backward()
+        out = logp.detach(), h.grad.clone(), w.grad.clone()
+        h.grad = w.grad = None
+        return out
+
+    fast = logp_only(token_logprobs, chunk_size=chunk, with_entropy=False)
+    slow = logp_only(naive_token_logprobs)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
 def test_float32_and_bf16_inputs_give_float32_results_close_to_the_reference():
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         h, w, t = _case(0, (4, 6), 16, 50, dtype)
