@@ -9,7 +9,13 @@ import torch.multiprocessing as mp
 
 from dfpo import resolve_objective
 from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.distributed import all_reduce_gradients, global_accumulation_weights, shard_groups
+from dfpo.trainer.llm.distributed import (
+    all_reduce_gradients,
+    combine_metrics,
+    global_accumulation_weights,
+    rank_share,
+    shard_groups,
+)
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch
 from dfpo.trainer.llm.train import accumulate_gradients, micro_batch, split_groups
@@ -36,7 +42,7 @@ def _grads(model, batch, old, adv, spec, rows) -> list[torch.Tensor]:
     weights = global_accumulation_weights([batch.mask[r] for r in micro_rows], spec.aggregation)
     micros = [micro_batch(batch, r, old, None, adv, w) for r, w in zip(micro_rows, weights)]
     assert accumulate_gradients(model, micros, spec, torch.device("cpu"))[1]
-    all_reduce_gradients(list(model.parameters()))
+    all_reduce_gradients(list(model.parameters()), bucket_elements=1000)  # several buckets
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -73,3 +79,17 @@ def test_groups_are_shared_whole_and_evenly():
         assert all(int((gid[p] == g).sum()) == 3 for g in gid[p].unique())
     with pytest.raises(ValueError, match="6 groups cannot be shared evenly by 4 ranks"):
         shard_groups(gid, 0, 4)
+
+
+def test_every_rank_gets_the_same_number_of_whole_groups_of_a_mini_batch():
+    gid = torch.arange(8).repeat_interleave(2)
+    rows = torch.isin(gid, torch.tensor([6, 1, 3, 4])).nonzero().flatten()  # a mini-batch of 4 groups
+    parts = [rank_share(rows, gid, r, 2) for r in range(2)]
+    assert sorted(torch.cat(parts).tolist()) == rows.tolist()
+    assert [sorted(set(gid[p].tolist())) for p in parts] == [[1, 4], [3, 6]]
+    assert torch.equal(rank_share(rows, gid, 0, 1), rows)
+
+
+def test_rank_metrics_combine_as_weighted_sums_and_maxima():
+    parts = [{"loss/policy": 0.25, "ratio/max": 1.5}, {"loss/policy": 0.5, "ratio/max": 1.25, "entropy/mean": 0.1}]
+    assert combine_metrics(parts) == {"loss/policy": 0.75, "ratio/max": 1.5, "entropy/mean": 0.1}

@@ -2,6 +2,7 @@
 
 dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
 dfpo train --resume RUN_DIR [--set train.steps=N]
+dfpo train --nproc N ...   (= torchrun --standalone --nproc_per_node N -m dfpo train ...)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 # Keys that may change when resuming without breaking exact continuation.
-RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every")
+RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every", "train.parallel")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -43,22 +44,74 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise ValueError("--config FILE.toml is required (or --resume RUN_DIR); see configs/tiny-cpu.toml")
         cfg = load_config(args.config, sets)
 
+    from dfpo.trainer.llm import distributed as dp
+
+    if args.nproc is not None and dp.launched_world_size() == 1:
+        _check_nproc(cfg, args.nproc)
+        if args.nproc > 1:
+            _relaunch(args)  # does not return
+
     from dfpo.trainer.llm.runlog import TrainingInterrupted
     from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 
-    trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
     try:
-        summary = trainer.run()
-    except NonFiniteLossError as err:
-        print(f"dfpo: error: {err}", file=sys.stderr)
-        return 1
-    except TrainingInterrupted as stop:
-        print(f"dfpo: {stop}", file=sys.stderr)
-        return stop.exit_code
+        trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
+        rank = trainer.rank
+        try:
+            summary = trainer.run()
+            dp.barrier()  # every process done before any leaves the group
+        except NonFiniteLossError as err:
+            if rank == 0:
+                print(f"dfpo: error: {err}", file=sys.stderr)
+            return 1
+        except TrainingInterrupted as stop:
+            if rank == 0:
+                print(f"dfpo: {stop}", file=sys.stderr)
+            return stop.exit_code
+    finally:
+        dp.shutdown()
     import json
 
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    if rank == 0:
+        print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
+
+
+def _check_nproc(cfg, nproc: int) -> None:
+    """--nproc N can train this config (before launching anything)."""
+    import torch
+
+    from dfpo.trainer.llm.distributed import check_world_size
+
+    device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    check_world_size(cfg, nproc, device_type)
+
+
+def relaunch_command(args: argparse.Namespace) -> list[str]:
+    """torchrun (torch.distributed.run) starting ``args.nproc`` copies of this ``dfpo train`` without --nproc."""
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m", "dfpo", "train"]
+    if args.config:
+        cmd += ["--config", args.config]
+    if args.resume:
+        cmd += ["--resume", args.resume]
+    for s in args.set or []:
+        cmd += ["--set", s]
+    if args.quiet:
+        cmd.append("--quiet")
+    return cmd
+
+
+def _relaunch(args: argparse.Namespace) -> None:
+    """Replace this process by torchrun (signals reach it directly; its exit status is the run's)."""
+    import os
+    import sys
+
+    cmd = relaunch_command(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -80,6 +133,13 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. --set optim.lr=1e-4 (repeatable)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint, exactly")
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N processes (data parallel, train.parallel): relaunches itself with torchrun --nproc_per_node N",
+    )
     p.set_defaults(func=_cmd_train)
 
     p = subparsers.add_parser(

@@ -42,6 +42,7 @@ MOVED_KEYS = {
 """Keys that earlier versions accepted, and where their setting lives now."""
 AMPS = ("auto", "bf16", "fp16", "none")
 ENGINES = ("hf", "vllm")
+PARALLEL = ("ddp", "fsdp2")
 
 
 def bounded(default: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
@@ -199,6 +200,10 @@ class RolloutConfig:
     """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."""
     max_extra_batches: int = bounded(3, 0, math.inf)
     """Dynamic sampling: at most this many extra rollout batches per step; then train on the groups at hand."""
+    seed_per_group: bool = False
+    """Sample every group from its own generator seeded by (seed, step, the group's index in the step), so the
+    completions do not depend on how the prompts are batched or shared between processes; always on when
+    training on more than one process (hf engine)."""
     old_logp: str = one_of("auto", ("auto", "sampler", "recompute"))
     """Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward
     pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its
@@ -253,6 +258,10 @@ class TrainConfig:
     """Write a checkpoint every this many steps (and at the end)."""
     max_nonfinite_in_row: int = bounded(3, 1, math.inf)
     """Stop after this many optimiser steps in a row with a non-finite loss or gradient."""
+    parallel: str = one_of("ddp", PARALLEL)
+    """Several processes (torchrun, or dfpo train --nproc N): 'ddp' keeps a full model on every process and sums
+    the gradients; 'fsdp2' shards the decoder layers' parameters, gradients and optimiser state (torch fully_shard;
+    embeddings, final norm and LM head stay whole). Checkpoints hold whole tensors either way. One process: unused."""
 
 
 @dataclass(frozen=True)
@@ -430,6 +439,8 @@ def validate(cfg: Config) -> None:
             f"optim.microbatch_groups={micro} must divide optim.minibatch_groups={cfg.optim.minibatch_groups} "
             "(micro-batches hold whole groups); 0 = no accumulation"
         )
+    if cfg.rollout.seed_per_group and cfg.rollout.engine != "hf":
+        raise ValueError(f"rollout.seed_per_group = true needs rollout.engine = 'hf'; got rollout.engine = {cfg.rollout.engine!r}")
     if cfg.data.task == "jsonl" and not cfg.data.path:
         raise ValueError('data.task = "jsonl" needs data.path = "FILE.jsonl"')
     if cfg.data.task in ("hf", "reasoning_gym") and not cfg.data.name:

@@ -109,16 +109,22 @@ class HFGenerateEngine:
         return self.sample(prompt_ids, n, params).tokens
 
     @torch.no_grad()
-    def sample(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> Samples:
-        """``n`` completions of every prompt with their sampler log-probs and entropies."""
+    def sample(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, seeds: list[int] | None = None) -> Samples:
+        """``n`` completions of every prompt with their sampler log-probs and entropies.
+
+        ``seeds`` (one per prompt): completion j of prompt p draws its tokens from its own generator seeded by
+        ``row_seed(seeds[p], j)``, so it does not depend on the other prompts sampled with it (None: the global RNG).
+        """
         expanded = [p for p in prompt_ids for _ in range(n)]
+        row_seeds = None if seeds is None else [row_seed(s, j) for s in seeds for j in range(n)]
         chunk = self.batch_size or len(expanded)
         was_training = self.model.training
         self.model.eval()
         out = Samples([], [], [])
         try:
             for start in range(0, len(expanded), chunk):
-                part = self._sample_chunk(expanded[start : start + chunk], params)
+                part_seeds = None if row_seeds is None else row_seeds[start : start + chunk]
+                part = self._sample_chunk(expanded[start : start + chunk], params, part_seeds)
                 out.tokens += part.tokens
                 out.logprobs += part.logprobs
                 out.entropies += part.entropies
@@ -126,7 +132,7 @@ class HFGenerateEngine:
             self.model.train(was_training)
         return out
 
-    def _sample_chunk(self, prompts: list[list[int]], params: SamplingParams) -> Samples:
+    def _sample_chunk(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Samples:
         from transformers import DynamicCache
 
         device = next(self.model.parameters()).device
@@ -135,6 +141,7 @@ class HFGenerateEngine:
         warpers = sampling_warpers(params)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         N = ids.shape[0]
+        gens = None if seeds is None else [torch.Generator(device=device).manual_seed(s) for s in seeds]
         tokens, logprobs, entropies = [[] for _ in range(N)], [[] for _ in range(N)], [[] for _ in range(N)]
         active = torch.arange(N, device=device)  # rows still sampling
         cache = DynamicCache(config=self.model.config)
@@ -149,7 +156,7 @@ class HFGenerateEngine:
             for warp in warpers:
                 scores = warp(history, scores)
             logp_all = torch.log_softmax(scores, dim=-1)  # (n, V); -inf where a warper removed a token
-            next_ids = torch.multinomial(logp_all.exp(), 1).squeeze(-1)  # (n,)
+            next_ids = draw(logp_all.exp(), active, gens)  # (n,)
             chosen = logp_all.gather(-1, next_ids[:, None]).squeeze(-1)  # (n,)
             entropy = -torch.where(logp_all > -math.inf, logp_all.exp() * logp_all, 0.0).sum(-1)  # (n,)
             for row, tok, lp, h in zip(active.tolist(), next_ids.tolist(), chosen.tolist(), entropy.tolist()):
@@ -166,6 +173,21 @@ class HFGenerateEngine:
             att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)  # (n, W + step + 1)
             step_ids, positions = next_ids[:, None], att.sum(-1, keepdim=True) - 1  # (n, 1)
         return Samples(tokens, logprobs, entropies)
+
+
+def row_seed(*parts: int) -> int:
+    """A 63-bit seed mixed from integers (seed, step, group, ...): distinct tuples give unrelated streams."""
+    import hashlib
+
+    digest = hashlib.blake2b("/".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def draw(probs: torch.Tensor, active: torch.Tensor, gens: list[torch.Generator] | None) -> torch.Tensor:
+    """One token per row from ``probs`` (n, V): with the global RNG, or row i from ``gens[active[i]]``. -> (n,)"""
+    if gens is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    return torch.cat([torch.multinomial(probs[i], 1, generator=gens[row]) for i, row in enumerate(active.tolist())])
 
 
 def sampler_logp(samples: Samples, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ Layout of RUN_DIR::
     eval.jsonl        one object per evaluation
     samples.jsonl     sample completions
     summary.json      run-level metrics (Jitter2, Steps(reward >= kappa), final eval)
+    (on several processes rank 0 alone writes the folder and holds its lock)
     tb/               TensorBoard events
     init_model/       the tiny preset after its warm-start (model + tokenizer)
     checkpoint.pt     the last good checkpoint, replaced atomically
@@ -81,6 +82,16 @@ class JsonlLog:
         return out
 
 
+class NullLog:
+    """A JsonlLog that writes nothing (the logs of every process but rank 0)."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Scalars:
     """TensorBoard (and wandb when asked and installed) scalar sink."""
 
@@ -137,13 +148,13 @@ def set_rng_state(state: dict) -> None:
 
 
 CHECKPOINT_META = "checkpoint.json"
-"""The step of checkpoint.pt, readable without loading the checkpoint (checked before any work)."""
+"""The step (and world size) of checkpoint.pt, readable without loading the checkpoint (checked before any work)."""
 LOCK = ".lock"
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     """torch.save to a temp file, fsync, then rename over checkpoint.pt (atomic on POSIX); then the
-    small checkpoint.json with its step, the same way."""
+    small checkpoint.json with its step and the number of processes that trained it, the same way."""
     path = run_dir / CHECKPOINT
     tmp = run_dir / (CHECKPOINT + ".tmp")
     with open(tmp, "wb") as fh:
@@ -152,7 +163,8 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     meta_tmp = run_dir / (CHECKPOINT_META + ".tmp")
-    meta_tmp.write_text(json.dumps({"step": int(state["step"])}))
+    meta = {"step": int(state["step"])} | ({"world_size": int(state["world_size"])} if "world_size" in state else {})
+    meta_tmp.write_text(json.dumps(meta))
     os.replace(meta_tmp, run_dir / CHECKPOINT_META)
     return path
 
@@ -226,6 +238,16 @@ class RunFolderLock:
         if self.created_folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK}:
             self.path.unlink(missing_ok=True)
             folder.rmdir()
+
+
+class NullLock:
+    """The run folder lock of a process that is not rank 0 (rank 0 holds the real one)."""
+
+    def release(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
 
 
 def missing_steps(rows: list[dict], last: int) -> list[int]:

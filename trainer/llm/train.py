@@ -15,6 +15,15 @@ One training step (one rollout batch):
 
 All loss maths is ``dfpo.policy_loss``; this file never writes an objective formula.
 
+On several processes (torchrun, ``dfpo train --nproc N``; ``dfpo.trainer.llm.distributed``) each samples and
+scores every world-th prompt and the shares are gathered, so every process holds the whole rollout batch:
+advantages (batch-wide scales included), the mini-batch plan and the metrics come from the global batch. Each
+process trains its share of the whole groups of every mini-batch with weights normalised by the mini-batch's
+count over all processes; the gradients are summed over the processes (DDP) or reduce-scattered (FSDP2)
+before clipping, so N processes take the optimiser steps one process would. With per-group sampling seeds
+(``rollout.seed_per_group``, on by itself with more than one process) the rollouts, and so whole runs, do not
+depend on the number of processes. Rank 0 writes the run folder; checkpoints hold whole tensors.
+
 Choices made here (where the paper and the peers leave it open):
 1. Micro-batch weights are exact for token_mask = "none". With a token mask (STAPO,
    top-entropy) the mask thresholds depend on the batch a loss call sees, so accumulation
@@ -39,13 +48,16 @@ import torch
 
 from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.llm import diagnostics as diag
+from dfpo.trainer.llm import distributed as dp
 from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.forward import completion_logprobs, vocab_stats
 from dfpo.trainer.llm.rewards import RewardBatch
-from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, Samples, SamplingParams, build_batch, sampler_logp
+from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, Samples, SamplingParams, build_batch, row_seed, sampler_logp
 from dfpo.trainer.llm.runlog import (
     GracefulStop,
     JsonlLog,
+    NullLock,
+    NullLog,
     Scalars,
     TrainingInterrupted,
     finite_only,
@@ -210,17 +222,20 @@ def accumulate_gradients(
     diagnostics: StepDiagnostics | None = None,
     amp_dtype: torch.dtype | None = None,
     first_pass: FirstPass | None = None,
+    stop_early: bool = True,
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
     Gradients accumulate in ``.grad``; on a non-finite loss the remaining micro-batches are skipped and
-    (metrics, False) returned (the caller zeroes the gradients). A micro-batch without old log-probs takes
+    (metrics, False) returned (the caller zeroes the gradients); with ``stop_early`` False they still run
+    (sharded training: every rank must take part in every forward and backward). A micro-batch without old log-probs takes
     its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
     ``first_pass``. Entropy is computed when the objective reads it, or for that record.
     """
     sums: dict[str, float] = {}
     maxes: dict[str, float] = {}
     needs_entropy = spec.token_mask in ENTROPY_MASKS or spec.entropy_coef > 0
+    finite = True
     for mb in micro_batches:
         b = mb.batch
         targets = b.completion_ids.to(device)  # (b, T)
@@ -230,7 +245,9 @@ def accumulate_gradients(
         )
         logp, entropy = scores.logp, scores.entropy  # (b, T)
         if not bool(torch.isfinite(logp.detach())[mask].all()):
-            return sums, False
+            if stop_early:
+                return sums, False
+            finite = False
         old_logp = logp.detach() if mb.old_logp is None else mb.old_logp.to(device)
         if mb.old_logp is None and first_pass is not None:
             first_pass.record(mb.rows, logp.detach(), entropy.detach())
@@ -247,8 +264,12 @@ def accumulate_gradients(
             rollout_logp=None if spec.rollout_correction == "none" else mb.rollout_logp.to(device),
         )
         if not bool(torch.isfinite(loss.detach())):
-            return sums, False
+            if stop_early:
+                return sums, False
+            finite = False
         (loss * mb.weight).backward()
+        if not finite:  # the step will be skipped: the metrics and diagnostics would be meaningless
+            continue
         for k, v in metrics.items():
             v = float(v)
             if k == "ratio/max":
@@ -268,7 +289,7 @@ def accumulate_gradients(
             diagnostics.shared_den += den
             diagnostics.shared_positions += n
     sums.update(maxes)
-    return sums, True
+    return sums, finite
 
 
 def mismatch_metrics(sampler_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -319,6 +340,58 @@ def batch_logp(model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtyp
     return logp, entropy
 
 
+def rows_in(plan: list[list[torch.Tensor]], n_rows: int) -> torch.Tensor:
+    """(B,) bool: the rows some micro-batch of ``plan`` holds."""
+    out = torch.zeros(n_rows, dtype=torch.bool)
+    for micro_rows in plan:
+        for rows in micro_rows:
+            out[rows] = True
+    return out
+
+
+def gather_groups(parts: list[tuple], n_groups: int, G: int) -> tuple[Samples, list[str], RewardBatch]:
+    """The whole batch from every process's (group indices, Samples, texts, RewardBatch) of its groups,
+    laid out group-major in global group order as one process would have sampled it."""
+    slots: list = [None] * n_groups
+    counts = {"errors": 0, "timeouts": 0, "invalid": 0}
+    for mine, smp, texts, rew in parts:
+        for k, g in enumerate(mine):
+            rows = slice(k * G, (k + 1) * G)
+            slots[g] = (
+                smp.tokens[rows],
+                smp.logprobs[rows],
+                smp.entropies[rows],
+                texts[rows],
+                rew.total[rows],
+                rew.correct[rows],
+                rew.format[rows],
+            )
+        for key in counts:
+            counts[key] += getattr(rew, key)
+    flat = lambda j: [x for slot in slots for x in slot[j]]  # noqa: E731
+    return Samples(flat(0), flat(1), flat(2)), flat(3), RewardBatch(flat(4), flat(5), flat(6), **counts)
+
+
+def reduce_diagnostics(d: StepDiagnostics) -> StepDiagnostics:
+    """The step's diagnostic sums over all processes."""
+    out = StepDiagnostics()
+    for energy, num, den, n in dp.gather_objects((d.energy, d.shared_num, d.shared_den, d.shared_positions)):
+        if energy is not None:
+            out.add_energy(energy)
+        out.shared_num, out.shared_den, out.shared_positions = out.shared_num + num, out.shared_den + den, out.shared_positions + n
+    return out
+
+
+def share_first_pass(first: FirstPass, owned: torch.Tensor) -> FirstPass:
+    """Every row's old log-probs and entropy (B, T) on every process, each taken from the one process that
+    ``owned`` (B,) bool the row (its first-epoch trainer)."""
+    keep = owned[:, None]  # (B, 1)
+    logp = dp.sum_tensor(torch.where(keep, first.logp, 0.0))  # (B, T)
+    entropy = dp.sum_tensor(torch.where(keep, first.entropy, 0.0))  # (B, T)
+    done = dp.sum_tensor((first.done & owned).to(torch.int32)) > 0  # (B,)
+    return FirstPass(logp, entropy, done)
+
+
 # ----------------------------------------------------------------------------- the trainer
 
 
@@ -332,7 +405,15 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
         self.run_dir = Path(cfg.run_dir)
-        self.lock = prepare_run_folder(self.run_dir, resume=resume, steps=cfg.train.steps)  # checked and locked first
+        device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+        dp.check_world_size(cfg, dp.launched_world_size(), device_type)  # before any work, before joining the group
+        self.rank, self.world = dp.init_from_env(device_type)
+        dp.check_world_size(cfg, self.world, device_type)
+        self.quiet = quiet or self.rank > 0  # rank 0 speaks for the run
+        # every process samples its groups from their own seeds, so the rollout does not depend on the world size
+        self.seed_per_group = cfg.rollout.seed_per_group or (self.world > 1 and cfg.rollout.engine == "hf")
+        # checked and locked first, by rank 0 (the others wait for its verdict)
+        self.lock = dp.on_rank0(lambda: prepare_run_folder(self.run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         try:
             self._build(cfg)
             self._setup()
@@ -345,6 +426,8 @@ class Trainer:
         from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
 
         self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK (init_from_env)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
         overrides = dict(cfg.objective.overrides)
@@ -404,29 +487,35 @@ class Trainer:
         init_dir = self.run_dir / "init_model"
         if m.name == "tiny":
             if not self.resume:
-                tok = build_char_tokenizer()
-                model = build_tiny_model(m, tok, cfg.seed).to(self.device)
-                t0 = time.time()
-                target = (
-                    (lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng))
-                    if cfg.data.task == "equiv"
-                    else (lambda ex, rng: ex.answer)
-                )
-                losses = sft_warm_start(
-                    model,
-                    tok,
-                    self.train_examples,
-                    target_fn=target,
-                    steps=m.sft_steps,
-                    batch_size=m.sft_batch_size,
-                    lr=m.sft_lr,
-                    seed=cfg.seed,
-                    device=self.device,
-                )
-                if losses:
-                    self._say(f"tiny preset: {m.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-                model.save_pretrained(init_dir)
-                tok.save_pretrained(init_dir)
+
+                def warm_start() -> None:
+                    tok = build_char_tokenizer()
+                    model = build_tiny_model(m, tok, cfg.seed).to(self.device)
+                    t0 = time.time()
+                    target = (
+                        (lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng))
+                        if cfg.data.task == "equiv"
+                        else (lambda ex, rng: ex.answer)
+                    )
+                    losses = sft_warm_start(
+                        model,
+                        tok,
+                        self.train_examples,
+                        target_fn=target,
+                        steps=m.sft_steps,
+                        batch_size=m.sft_batch_size,
+                        lr=m.sft_lr,
+                        seed=cfg.seed,
+                        device=self.device,
+                    )
+                    if losses:
+                        self._say(
+                            f"tiny preset: {m.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+                        )
+                    model.save_pretrained(init_dir)
+                    tok.save_pretrained(init_dir)
+
+                dp.on_rank0(warm_start)  # rank 0 warms up and saves; every rank loads the saved model below
             source = str(init_dir)
         else:
             source = m.name
@@ -451,8 +540,9 @@ class Trainer:
 
         hf_logging.disable_progress_bar()
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(config_to_toml(cfg))  # on resume: with any --set train.steps
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.toml").write_text(config_to_toml(cfg))  # on resume: with any --set train.steps
         torch.manual_seed(cfg.seed)
         self.model, self.tok, self.ref_model = self._load_model()
         context = getattr(self.model.config, "max_position_embeddings", None)
@@ -460,24 +550,39 @@ class Trainer:
         self._prompt_ids(self.train_examples)  # every prompt fits the context, checked before the first step
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
         self.eos_ids.discard(None)
+        # FSDP2: the decoder layers are sharded over the processes, the rest stays whole on each
+        self.fsdp_layers = dp.shard_layers(self.model) if self.world > 1 and cfg.train.parallel == "fsdp2" else []
         self.engine = self._rollout_engine()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=o.lr,
+            betas=(o.beta1, o.beta2),
+            eps=o.adam_eps,
+            weight_decay=o.weight_decay,
+            foreach=False if self.fsdp_layers else None,  # sharded and whole parameters do not mix in one foreach call
+        )
         warmup = int(round(o.warmup_ratio * self.total_updates))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total=self.total_updates, warmup=warmup, min_ratio=o.min_lr_ratio)
         )
         self.sampler = PromptSampler(len(self.train_examples), cfg.seed, cfg.data.shuffle)
-        self.start_step, self.nonfinite_in_row, self.updates_done = 0, 0, 0
+        self.start_step, self.nonfinite_in_row, self.updates_done, self.step_now = 0, 0, 0, 0
         if self.resume:
             self._restore()
         else:
             self._save(0)
-        self.metrics_log = JsonlLog(self.run_dir / "metrics.jsonl")
-        self.eval_log = JsonlLog(self.run_dir / "eval.jsonl")
-        self.samples_log = JsonlLog(self.run_dir / "samples.jsonl")
-        self.scalars = Scalars(self.run_dir, cfg.log.tensorboard, cfg.log.wandb_project, self.start_step or None, config_to_dict(cfg))
+        writes = self.rank == 0  # the other ranks write nothing
+        log = lambda name: JsonlLog(self.run_dir / name) if writes else NullLog()  # noqa: E731
+        self.metrics_log, self.eval_log, self.samples_log = log("metrics.jsonl"), log("eval.jsonl"), log("samples.jsonl")
+        self.scalars = Scalars(
+            self.run_dir,
+            cfg.log.tensorboard and writes,
+            cfg.log.wandb_project if writes else "",
+            self.start_step or None,
+            config_to_dict(cfg),
+        )
         self.eval_prompt_ids = self._prompt_ids(self.eval_examples)
 
     def _rollout_engine(self):
@@ -495,32 +600,40 @@ class Trainer:
         return engine
 
     def _trainable_state(self) -> dict:
-        return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        """Whole trainable parameters on the CPU (sharded ones gathered: every process calls this)."""
+        return {n: dp.full_tensor(p.detach()).cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
 
     def _save(self, step: int) -> Path:
+        """Rank 0 writes the checkpoint: whole tensors, the one-process format, and the world size that trained it."""
+        self.last_checkpoint_step = step
+        if self.rank > 0 and not self.fsdp_layers:  # DDP: rank 0 holds the same parameters and optimiser state
+            dp.on_rank0(lambda: None)
+            return self.run_dir / "checkpoint.pt"
         state = {
             "step": step,
             "model": self._trainable_state(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": dp.full_optimizer_state(self.optimizer) if self.fsdp_layers else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
             "nonfinite_in_row": self.nonfinite_in_row,
             "updates_done": self.updates_done,
+            "world_size": self.world,
+            "seed_per_group": self.seed_per_group,
         }
-        self.last_checkpoint_step = step
-        return save_checkpoint(self.run_dir, state)
+        return dp.on_rank0(lambda: save_checkpoint(self.run_dir, state)) or self.run_dir / "checkpoint.pt"
 
     def _restore(self) -> None:
         state = load_checkpoint(self.run_dir)
         names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         if set(state["model"]) != names:
             raise ValueError(f"--resume {self.run_dir}: checkpoint parameters do not match the model (was the config edited?)")
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                if n in state["model"]:
-                    p.copy_(state["model"][n].to(p.device, p.dtype))
+        for n, p in self.model.named_parameters():
+            if n in state["model"]:
+                dp.load_full(p, state["model"][n])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp_layers:
+            dp.shard_optimizer_state(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
@@ -529,6 +642,21 @@ class Trainer:
         self.nonfinite_in_row = int(state["nonfinite_in_row"])
         self.updates_done = int(state["updates_done"])
         c = self.start_step
+        saved_world = int(state.get("world_size", 1))
+        was_seeded = bool(state.get("seed_per_group", self.cfg.rollout.seed_per_group))
+        self.seed_per_group = self.seed_per_group or was_seeded  # a run seeded per group stays so on any world size
+        if saved_world != self.world and self.rank == 0:  # said even with --quiet: the run goes on differently laid out
+            print(f"dfpo: resuming {self.run_dir} on {self.world} process(es); the checkpoint (step {c}) was written by a run on "
+                  f"{saved_world}: the world size changed", file=sys.stderr, flush=True)  # fmt: skip
+            if not was_seeded and self.seed_per_group:
+                print("dfpo: note: rollouts are now seeded per group (rollout.seed_per_group), as on more than one process; "
+                      "they no longer continue the single-process random stream", file=sys.stderr, flush=True)  # fmt: skip
+        if self.rank == 0:
+            self._truncate_logs(c)
+        self._say(f"resumed {self.run_dir} at step {c}")
+
+    def _truncate_logs(self, c: int) -> None:
+        """Drop log lines past the checkpoint's step ``c`` (they are re-run); warn about lines lost before it."""
         JsonlLog.truncate(self.run_dir / "metrics.jsonl", lambda r: r.get("step", 0) <= c)
         JsonlLog.truncate(self.run_dir / "samples.jsonl", lambda r: r.get("step", 0) <= c)
         JsonlLog.truncate(self.run_dir / "eval.jsonl", lambda r: r.get("step", 0) < c)
@@ -536,7 +664,6 @@ class Trainer:
         if lost:  # said even with --quiet: the log will have a gap
             print(f"dfpo: warning: metrics.jsonl of {self.run_dir} has no line for step(s) {lost[:10]}{' ...' if len(lost) > 10 else ''} "
                   f"(lost before the checkpoint at step {c}); they are not re-run", file=sys.stderr, flush=True)  # fmt: skip
-        self._say(f"resumed {self.run_dir} at step {c}")
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -548,13 +675,26 @@ class Trainer:
         """G completions of every example, grouped, decoded and scored."""
         return self._assemble(*self._sample_and_score(list(examples)))
 
-    def _sample_and_score(self, examples: list) -> tuple[list, list[list[int]], Samples, list[str], RewardBatch]:
-        G = self.cfg.rollout.group_size
-        prompt_ids = self._prompt_ids(examples)
-        samples = self.engine.sample(prompt_ids, G, self._sampling(self.cfg.rollout.temperature))
+    def _sample_and_score(self, examples: list, draw: int = 0) -> tuple[list, list[list[int]], Samples, list[str], RewardBatch]:
+        """G completions of every example and their rewards. On several processes each samples and scores its
+        share of the groups (every world-th) and the shares are gathered, so every process returns the whole
+        batch. With per-group seeds group g of rollout draw ``draw`` samples from seed (seed, step, draw * n + g)."""
+        cfg, G, n = self.cfg, self.cfg.rollout.group_size, len(examples)
+        mine = list(range(self.rank, n, self.world))  # this process's groups (all of them on one process)
+        local, prompt_ids = [examples[g] for g in mine], self._prompt_ids(examples)
+        local_ids = [prompt_ids[g] for g in mine]
+        params = self._sampling(cfg.rollout.temperature)
+        with dp.gathered(self.fsdp_layers):  # sampling takes a different number of forwards on each process
+            if self.seed_per_group:
+                seeds = [row_seed(cfg.seed, self.step_now, draw * n + g) for g in mine]
+                samples = self.engine.sample(local_ids, G, params, seeds=seeds)
+            else:
+                samples = self.engine.sample(local_ids, G, params)
         texts = self.tok.batch_decode(samples.tokens, skip_special_tokens=True)
-        per_completion = [ex for ex in examples for _ in range(G)]
+        per_completion = [ex for ex in local for _ in range(G)]
         rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
+        if self.world > 1:
+            samples, texts, rewards = gather_groups(dp.gather_objects((mine, samples, texts, rewards)), n, G)
         return examples, prompt_ids, samples, texts, rewards
 
     def _assemble(self, examples: list, prompt_ids: list[list[int]], samples: Samples, texts: list[str], rewards: RewardBatch) -> Rollout:
@@ -582,7 +722,7 @@ class Trainer:
             extra += 1
             if extra:
                 examples = [self.train_examples[i] for i in self.sampler.take(self.groups_per_step)]
-            exs, pids, smp, texts, rew = self._sample_and_score(examples)
+            exs, pids, smp, texts, rew = self._sample_and_score(examples, draw=extra)
             for k in ("errors", "timeouts", "invalid"):
                 counts[k] += getattr(rew, k)
             for g, ex in enumerate(exs):
@@ -633,6 +773,7 @@ class Trainer:
         reference log-probs -> the K optimiser steps -> metrics."""
         cfg = self.cfg
         t0 = time.time()
+        self.step_now = step
         idx = self.sampler.take(self.groups_per_step)
         examples = [self.train_examples[i] for i in idx]
         ro, sampling_stats = self.dynamic_rollout(examples) if cfg.rollout.dynamic_sampling else (self.rollout(examples), {})
@@ -649,16 +790,21 @@ class Trainer:
             first = FirstPass(ro.sampler_logp.clone(), ro.sampler_entropy.clone(), torch.ones(batch.mask.shape[0], dtype=torch.bool))
         else:
             first = FirstPass.empty(batch.mask)
-            later = torch.ones(batch.mask.shape[0], dtype=torch.bool)
+            first.done[:] = ~rows_in(plan, batch.mask.shape[0])  # rows other processes train are not needed here
+            later = ~first.done
             later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
             self._recompute_old(batch, first, later)
-        ref_logp = self._reference_logp(batch)
+        ref_logp = self._reference_logp(batch, rows_in(plan, batch.mask.shape[0]))
         buckets = None
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
         step_diag = StepDiagnostics()
         t2 = time.time()
         upd = self.update(step, batch, plan, first, ref_logp, adv, buckets, step_diag, ro.sampler_logp)
+        if self.world > 1:
+            step_diag = reduce_diagnostics(step_diag)
+            if not from_sampler:  # every row's pi_old from the process that trained it in the first epoch
+                first = share_first_pass(first, rows_in(plan[: len(plan) // cfg.optim.epochs], batch.mask.shape[0]))
         t_upd = time.time() - t2
         self.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for the HF engine)
         out = self._step_metrics(step, ro, first.entropy, upd, step_diag)
@@ -672,13 +818,16 @@ class Trainer:
 
     def optimiser_steps(self, step: int, batch: RolloutBatch) -> list[list[torch.Tensor]]:
         """The row indices of every optimiser step's micro-batches: ``epochs`` passes over seeded mini-batches
-        of whole groups, each split by a group count or a token budget (groups stay whole)."""
+        of whole groups, each split by a group count or a token budget (groups stay whole). The mini-batches
+        are drawn from the whole batch's group ids, the same on every process; each process keeps its share
+        of every mini-batch (``rank_share``), so all take the same optimiser steps."""
         o = self.cfg.optim
         tokens_per_row = batch.attention_mask.sum(-1)  # (B,) prompt + completion tokens
         plan = []
         for epoch in range(o.epochs):
             gen = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + epoch)
             for rows in group_minibatches(batch.group_ids, o.minibatch_groups, gen):
+                rows = dp.rank_share(rows, batch.group_ids, self.rank, self.world)  # this process's groups of it
                 if o.max_tokens_per_microbatch:
                     plan.append(split_groups_by_tokens(rows, batch.group_ids, tokens_per_row, o.max_tokens_per_microbatch))
                 else:
@@ -689,26 +838,38 @@ class Trainer:
         """Rows of one no-grad forward pass: a micro-batch's worth of groups."""
         return (self.cfg.optim.microbatch_groups or self.cfg.optim.minibatch_groups) * self.cfg.rollout.group_size
 
+    def _anywhere(self, flag: bool) -> bool:
+        """``flag`` on this process, or on any process when the model is sharded (all must join its forwards)."""
+        return dp.any_true(flag) if self.fsdp_layers else flag
+
     def _recompute_old(self, batch: RolloutBatch, first: FirstPass, rows: torch.Tensor) -> float:
         """Old log-probs (and entropy) of ``rows`` (B,) bool by a no-grad forward pass; returns its seconds."""
-        if not bool(rows.any()):
+        if not self._anywhere(bool(rows.any())):
             return 0.0
         t0 = time.time()
         index = rows.nonzero().flatten()
-        per_chunk = self._rows_per_forward()
-        logp, entropy = batch_logp(self.model, batch.rows(index), self.device, per_chunk, self.amp)
-        first.record(index, logp, entropy)
+        with dp.gathered(self.fsdp_layers):  # entered by every process: it gathers the layers
+            if len(index):
+                logp, entropy = batch_logp(self.model, batch.rows(index), self.device, self._rows_per_forward(), self.amp)
+                first.record(index, logp, entropy)
         return time.time() - t0
 
-    def _reference_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Log-probs under the reference policy (B, T) when the objective has a KL term, else None."""
+    def _reference_logp(self, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor | None:
+        """Log-probs under the reference policy (B, T) of the rows this process trains, (B,) bool (0 elsewhere),
+        when the objective has a KL term, else None."""
         if self.spec.beta <= 0:
             return None
         per_chunk = self._rows_per_forward()
+        index = rows.nonzero().flatten()
+        part = batch if len(index) == rows.shape[0] else batch.rows(index)
         if self.ref_model is not None:
-            return batch_logp(self.ref_model, batch, self.device, per_chunk, self.amp)[0]
-        with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return batch_logp(self.model, batch, self.device, per_chunk, self.amp)[0]
+            logp = batch_logp(self.ref_model, part, self.device, per_chunk, self.amp)[0]
+        else:
+            with self.model.disable_adapter(), dp.gathered(self.fsdp_layers):  # LoRA: the base model is the reference
+                logp = batch_logp(self.model, part, self.device, per_chunk, self.amp)[0]
+        out = torch.zeros(batch.mask.shape)  # (B, T)
+        out[index, : logp.shape[1]] = logp
+        return out
 
     def update(
         self,
@@ -728,9 +889,15 @@ class Trainer:
         cfg = self.cfg
         upd = UpdateStats()
         for k, micro_rows in enumerate(plan):
-            if k > 0 and not bool(first.done.all()):
+            if k > 0 and self._anywhere(not bool(first.done.all())):
                 upd.recompute_s += self._recompute_old(batch, first, ~first.done)
-            weights = accumulation_weights([batch.mask[r] for r in micro_rows], self.spec.aggregation)
+            masks = [batch.mask[r] for r in micro_rows]
+            # the mini-batch's count over all processes normalises every process's micro-batches
+            weights = (
+                dp.global_accumulation_weights(masks, self.spec.aggregation)
+                if self.world > 1
+                else accumulation_weights(masks, self.spec.aggregation)
+            )
             # rows without old log-probs yet are the first step's: its own forward gives them
             micros = [
                 micro_batch(batch, r, first.logp if bool(first.done[r].all()) else None, ref_logp, adv, w, rollout_logp)
@@ -745,11 +912,20 @@ class Trainer:
                 diagnostics=step_diag if cfg.log.diagnostics else None,
                 amp_dtype=self.amp,
                 first_pass=first,
+                stop_early=not self.fsdp_layers,
             )
+            if self.world > 1:  # one verdict for all processes, then the summed (global) gradient
+                finite = dp.all_ranks(finite)
+                if finite:
+                    dp.sync_gradients(self.params, self.world)
+                    metrics = dp.combine_metrics(dp.gather_objects(metrics))
             norm = None
             if finite:
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-                norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                if self.fsdp_layers:
+                    norm = dp.clip_grad_norm(self.params, max_norm)
+                else:
+                    norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
                 finite = math.isfinite(norm)
             if not finite:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -834,13 +1010,27 @@ class Trainer:
         """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked."""
         cfg = self.cfg
         k = cfg.eval.k
-        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.device.type == "cuda" else []):
+        n = len(self.eval_examples)
+        mine = list(range(self.rank, n, self.world))  # each process evaluates every world-th prompt
+        prompt_ids, params = [self.eval_prompt_ids[i] for i in mine], self._sampling(cfg.eval.temperature)
+        completions: list[list[int]] = []
+        with (
+            dp.gathered(self.fsdp_layers),
+            torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.device.type == "cuda" else []),
+        ):
             torch.manual_seed(cfg.seed * 7919 + step)
-            completions = self.engine.generate(self.eval_prompt_ids, k, self._sampling(cfg.eval.temperature))
+            if self.seed_per_group and prompt_ids:
+                completions = self.engine.sample(prompt_ids, k, params, seeds=[row_seed(cfg.seed, 7919, step, i) for i in mine]).tokens
+            elif prompt_ids:
+                completions = self.engine.generate(prompt_ids, k, params)
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
-        exs = [ex for ex in self.eval_examples for _ in range(k)]
-        rew = self.rewards([e.prompt for e in exs], texts, exs)
-        correct = torch.tensor(rew.correct).view(len(self.eval_examples), k)
+        exs = [self.eval_examples[i] for i in mine for _ in range(k)]
+        rew = self.rewards([e.prompt for e in exs], texts, exs) if exs else None
+        rows: list = [None] * n
+        for part_mine, part_correct in dp.gather_objects((mine, [] if rew is None else rew.correct)):
+            for j, i in enumerate(part_mine):
+                rows[i] = part_correct[j * k : (j + 1) * k]
+        correct = torch.tensor(rows, dtype=torch.float32).view(n, k)
         out = {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}
         self.eval_log.write(out)
         self.scalars.log(out, step)
@@ -862,12 +1052,14 @@ class Trainer:
             self.lock.release()
 
     def _stop_if_asked(self, step: int) -> None:
-        """After a finished step: on a recorded signal, checkpoint this step (unless just written) and stop."""
-        if self.stop.signum is None:
+        """After a finished step: on a signal recorded by any process, checkpoint this step (unless just
+        written) and stop (every process, at the same step)."""
+        signum = dp.any_rank(self.stop.signum)
+        if signum is None:
             return
         if self.last_checkpoint_step != step:
             self._save(step)
-        raise TrainingInterrupted(self.stop.signum, step, self.run_dir)
+        raise TrainingInterrupted(signum, step, self.run_dir)
 
     def close(self) -> None:
         """Close the logs and release the run folder without training (``run`` does this itself)."""
@@ -905,6 +1097,8 @@ class Trainer:
             self.eval_log.close()
             self.samples_log.close()
             self.scalars.close()
+        if self.rank > 0:  # rank 0 reads the log and writes the summary
+            return {}
         summary = run_summary(self.run_dir, cfg.eval.kappa)
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))

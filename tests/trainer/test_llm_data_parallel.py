@@ -1,0 +1,212 @@
+"""`dfpo train` on two gloo processes (CPU) trains exactly like one process on the same data.
+
+With per-group sampling seeds (rollout.seed_per_group, always on with more than one process) the rollouts do
+not depend on the world size, so a 2-rank run and a 1-process run see the same batches and, with the global
+loss normalisation, take the same optimiser steps: their checkpoints agree to float round-off. A run resumed
+on another world size continues the same way. Bad world sizes are refused before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfpo.trainer.llm.cli import relaunch_command
+from dfpo.trainer.llm.config import apply_overrides, config_from_dict
+from dfpo.trainer.llm.train import Trainer
+
+SETS = [
+    "model.tiny_hidden=32",
+    "model.tiny_layers=1",
+    "model.tiny_heads=2",
+    "model.tiny_intermediate=64",
+    "model.sft_steps=3",
+    "model.sft_batch_size=8",
+    "data.max_operand=9",
+    "data.train_size=40",
+    "data.eval_size=5",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=3",
+    "rollout.seed_per_group=true",
+    "reward.format_weight=1.0",
+    'reward.format_regex="^[0-9a-zA-Z]"',
+    "optim.lr=1e-2",
+    # Adam's first steps turn float round-off in a near-zero gradient into a whole lr-sized step (update ~ sign(g));
+    # a larger epsilon keeps round-off (different summation orders on 1 and 2 processes) at round-off size
+    "optim.adam_eps=1e-5",
+    "optim.minibatch_groups=2",
+    "optim.epochs=2",
+    "optim.warmup_ratio=0.0",
+    "optim.min_lr_ratio=1.0",  # a constant learning rate: extending train.steps on resume keeps the schedule
+    "train.save_every=1",
+    "eval.every=2",
+    "eval.k=2",
+    "log.tensorboard=false",
+    "log.progress=false",
+    "log.samples_every=1",
+    "threads=1",
+]
+ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", MKL_CBWR="COMPATIBLE")  # MKL: the same result every run
+
+
+def _cmd(run_dir: Path, *extra: str, nproc: int | None = None, resume: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "dfpo", "train", "--quiet"]
+    if nproc is not None:
+        cmd += ["--nproc", str(nproc)]
+    if resume:
+        cmd += ["--resume", str(run_dir)]
+        sets = list(extra)
+    else:
+        config = run_dir.parent / "empty.toml"
+        config.write_text("# every key comes from --set\n")
+        cmd += ["--config", str(config)]
+        sets = SETS + [f"run_dir={run_dir}", *extra]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, env=ENV, timeout=300, capture_output=True, text=True)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-1000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def _one_process(run_dir: Path, *extra: str) -> None:
+    """The reference run: one process, launched like the others (same environment, same thread count)."""
+    _run(_cmd(run_dir, *extra))
+
+
+def _params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+
+
+def _initial(run_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "init_model")
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _records(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _assert_same_run(a: Path, b: Path, steps: int) -> None:
+    pa, pb, init = _params(a), _params(b), _initial(a)
+    assert set(pa) == set(pb)
+    moved = max(float((pa[n] - init[n]).abs().max()) for n in pa)
+    assert moved > 1e-2, "the parameters hardly moved: the comparison would say nothing"
+    ma, mb = _records(a / "metrics.jsonl"), _records(b / "metrics.jsonl")
+    assert [r["reward/mean"] for r in ma] == [r["reward/mean"] for r in mb]  # the same rollouts
+    for n in pa:
+        torch.testing.assert_close(pa[n], pb[n], rtol=1e-4, atol=1e-4, msg=lambda m, n=n: f"{n} differs: {m}")
+    assert [r["step"] for r in ma] == [r["step"] for r in mb] == list(range(1, steps + 1))  # one line per step: rank 0 alone logs
+    for ra, rb in zip(ma, mb):
+        for key in ("reward/mean", "reward/correct", "reward/format", "completion/length", "optim/updates"):
+            assert ra[key] == rb[key], (key, ra["step"], ra[key], rb[key])
+        assert ra["grad/norm"] == pytest.approx(rb["grad/norm"], rel=1e-4)
+    assert _records(a / "eval.jsonl") == _records(b / "eval.jsonl")
+    assert _records(a / "samples.jsonl") == _records(b / "samples.jsonl")
+
+
+@pytest.mark.parametrize(
+    "objective, parallel, more",
+    [
+        ("grpo", "ddp", ()),
+        ("dfpo_min", "ddp", ()),
+        # pi_old recomputed by the trainer, a reference model, micro-batches, a batch-wide advantage scale
+        ("dfpo_min", "fsdp2", ("rollout.old_logp=recompute", "optim.microbatch_groups=1", "objective.overrides.beta=0.04",
+                               'objective.overrides.adv_scale="reinforce_pp"')),
+    ],
+)  # fmt: skip
+def test_two_gloo_ranks_train_like_one_process(tmp_path, objective, parallel, more):
+    """K = 2 steps x 2 epochs x 2 mini-batches = 8 optimiser steps on 2 ranks == on 1 process (DDP and FSDP2 on CPU)."""
+    extra = (f"objective.name={objective}", f"train.parallel={parallel}", "train.steps=2", *more)
+    _one_process(tmp_path / "one", *extra)
+    _run(_cmd(tmp_path / "two", *extra, nproc=2))
+    _assert_same_run(tmp_path / "one", tmp_path / "two", steps=2)
+    assert json.loads((tmp_path / "two" / "checkpoint.json").read_text()) == {"step": 2, "world_size": 2}
+
+
+@pytest.mark.parametrize(
+    "first, then, parallel, seeded",
+    [
+        (2, 1, "ddp", "false"),  # seeded per group because it started on 2 processes; it stays so on 1
+        (1, 2, "fsdp2", "true"),
+    ],
+)
+def test_a_run_resumed_on_another_world_size_continues_exactly(tmp_path, first, then, parallel, seeded):
+    extra = ("objective.name=dfpo_min", f"train.parallel={parallel}", f"rollout.seed_per_group={seeded}")
+    _run(_cmd(tmp_path / "full", *extra, "train.steps=3", nproc=first))
+    part = tmp_path / "part"
+    _run(_cmd(part, *extra, "train.steps=2", nproc=first))
+    out = _run(_cmd(part, "train.steps=3", nproc=then, resume=True))
+    assert f"on {then} process(es); the checkpoint (step 2) was written by a run on {first}: the world size changed" in out.stderr
+    _assert_same_run(tmp_path / "full", part, steps=3)
+    assert json.loads((part / "checkpoint.json").read_text())["world_size"] == then
+
+
+def test_group_seeds_make_completions_independent_of_their_batch():
+    from dfpo.trainer.llm.config import ModelConfig
+    from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+    from dfpo.trainer.llm.rollout import HFGenerateEngine, SamplingParams
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
+    engine = HFGenerateEngine(model, tok.pad_token_id, {tok.eos_token_id})
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in ("1+2=", "13+40=", "7+7=")]
+    params = SamplingParams(max_new_tokens=6)
+    together = engine.sample(prompts, 3, params, seeds=[10, 11, 12])
+    torch.manual_seed(123)  # the global RNG plays no part
+    alone = engine.sample(prompts[1:2], 3, params, seeds=[11])
+    assert together.tokens[3:6] == alone.tokens
+    torch.testing.assert_close(torch.tensor(together.logprobs[3][:1]), torch.tensor(alone.logprobs[0][:1]))
+    in_chunks = HFGenerateEngine(model, tok.pad_token_id, {tok.eos_token_id}, batch_size=2).sample(prompts, 3, params, seeds=[10, 11, 12])
+    assert in_chunks.tokens == together.tokens
+
+
+@pytest.mark.parametrize(
+    "nproc, sets, message",
+    [
+        (3, [], "rollout.prompts_per_step=4 is not divisible by the world size 3"),
+        (4, ["optim.minibatch_groups=2"], "optim.minibatch_groups=2 is not divisible by the world size 4"),
+        (0, [], "--nproc must be >= 1, got 0"),
+        (2, ["train.parallel=fsdp2", "optim.max_tokens_per_microbatch=64"], "optim.max_tokens_per_microbatch=64 splits by tokens"),
+    ],
+)
+def test_bad_world_sizes_are_refused_before_any_work(tmp_path, nproc, sets, message):
+    run = tmp_path / "run"
+    out = subprocess.run(_cmd(run, "train.steps=2", *sets, nproc=nproc), env=ENV, timeout=120, capture_output=True, text=True)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not run.exists()  # no run folder, no model
+
+
+def test_under_torchrun_a_bad_world_size_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    cfg = config_from_dict(apply_overrides({}, SETS + [f'run_dir="{tmp_path / "run"}"']))
+    with pytest.raises(ValueError, match=r"rollout.prompts_per_step=4 is not divisible by the world size 3"):
+        Trainer(cfg, quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_nproc_relaunches_torchrun_with_the_same_arguments():
+    from dfpo.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--nproc", "2", "--config", "c.toml", "--set", "a.b=1", "--set", "c.d=x", "--quiet"])
+    cmd = relaunch_command(args)
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+    assert cmd[6:] == ["dfpo", "train", "--config", "c.toml", "--set", "a.b=1", "--set", "c.d=x", "--quiet"]
+
+
+def test_group_seeds_need_the_hf_engine():
+    with pytest.raises(ValueError, match=r"rollout.seed_per_group = true needs rollout.engine = 'hf'; got rollout.engine = 'vllm'"):
+        config_from_dict(apply_overrides({}, ["rollout.seed_per_group=true", "rollout.engine=vllm"]))
