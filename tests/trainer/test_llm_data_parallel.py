@@ -155,6 +155,37 @@ def test_a_run_resumed_on_another_world_size_continues_exactly(tmp_path, first, 
     assert json.loads((part / "checkpoint.json").read_text())["world_size"] == then
 
 
+@pytest.mark.slow
+def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_path):
+    """SIGKILL to torchrun and both ranks once a step-2 checkpoint exists (maybe mid-write of the next), then
+    --resume on one process: the finished run equals an uninterrupted one."""
+    import signal
+    import time
+
+    extra = ("objective.name=dfpo_min", "train.steps=4")
+    _one_process(tmp_path / "full", *extra)
+    part = tmp_path / "part"
+    proc = subprocess.Popen(
+        _cmd(part, *extra, nproc=2), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            marker = part / "checkpoint.json"
+            if marker.exists() and json.loads(marker.read_text() or "{}").get("step", 0) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, no chance to clean up
+        proc.wait()
+    killed_at = json.loads((part / "checkpoint.json").read_text())["step"]
+    assert 2 <= killed_at < 4
+    out = _run(_cmd(part, nproc=1, resume=True))
+    assert "the world size changed" in out.stderr
+    _assert_same_run(tmp_path / "full", part, steps=4)
+
+
 def test_group_seeds_make_completions_independent_of_their_batch():
     from dfpo.trainer.llm.config import ModelConfig
     from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
