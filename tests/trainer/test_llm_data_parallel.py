@@ -16,27 +16,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
 from dfpo.trainer.llm.cli import relaunch_command
 from dfpo.trainer.llm.config import apply_overrides, config_from_dict
 from dfpo.trainer.llm.train import Trainer
 
 SETS = [
-    "model.tiny_hidden=32",
-    "model.tiny_layers=1",
-    "model.tiny_heads=2",
-    "model.tiny_intermediate=64",
-    "model.sft_steps=3",
-    "model.sft_batch_size=8",
-    "data.max_operand=9",
+    *TINY_MODEL_SETS,
     "data.train_size=40",
     "data.eval_size=5",
     "rollout.prompts_per_step=4",
     "rollout.group_size=4",
     "rollout.max_new_tokens=3",
     "rollout.seed_per_group=true",
-    "reward.format_weight=1.0",
-    'reward.format_regex="^[0-9a-zA-Z]"',
+    *FORMAT_REWARD_SETS,
     "optim.lr=1e-2",
     # Adam's first steps turn float round-off in a near-zero gradient into a whole lr-sized step (update ~ sign(g));
     # a larger epsilon keeps round-off (different summation orders on 1 and 2 processes) at round-off size
@@ -45,13 +39,7 @@ SETS = [
     "optim.epochs=2",
     "optim.warmup_ratio=0.0",
     "optim.min_lr_ratio=1.0",  # a constant learning rate: extending train.steps on resume keeps the schedule
-    "train.save_every=1",
-    "eval.every=2",
-    "eval.k=2",
-    "log.tensorboard=false",
-    "log.progress=false",
-    "log.samples_every=1",
-    "threads=1",
+    *LOG_EVERY_STEP_SETS,
 ]
 ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", MKL_CBWR="COMPATIBLE")  # MKL: the same result every run
 

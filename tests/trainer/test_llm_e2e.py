@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
 
 from dfpo import OBJECTIVES
 from dfpo.trainer.llm.config import apply_overrides, config_from_dict
@@ -13,20 +14,13 @@ from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 # A reward with variance from the first step: the format reward pays completions that start
 # with a letter or digit (about 2 in 3 characters), so groups are rarely all-equal.
 TINY = [
-    "model.tiny_hidden=32",
-    "model.tiny_layers=1",
-    "model.tiny_heads=2",
-    "model.tiny_intermediate=64",
-    "model.sft_steps=3",
-    "model.sft_batch_size=8",
-    "data.max_operand=9",
+    *TINY_MODEL_SETS,
     "data.train_size=50",
     "data.eval_size=4",
     "rollout.prompts_per_step=2",
     "rollout.group_size=4",
     "rollout.max_new_tokens=3",
-    "reward.format_weight=1.0",
-    'reward.format_regex="^[0-9a-zA-Z]"',
+    *FORMAT_REWARD_SETS,
     "optim.lr=1e-2",
     "optim.minibatch_groups=1",
     "optim.epochs=2",

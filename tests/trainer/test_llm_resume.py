@@ -10,35 +10,23 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
 STEPS = 6
 SETS = [
-    "model.tiny_hidden=32",
-    "model.tiny_layers=1",
-    "model.tiny_heads=2",
-    "model.tiny_intermediate=64",
-    "model.sft_steps=3",
-    "model.sft_batch_size=8",
-    "data.max_operand=9",
+    *TINY_MODEL_SETS,
     "data.train_size=40",
     "data.eval_size=4",
     "rollout.prompts_per_step=2",
     "rollout.group_size=4",
     "rollout.max_new_tokens=3",
-    "reward.format_weight=1.0",
-    'reward.format_regex="^[0-9a-zA-Z]"',
+    *FORMAT_REWARD_SETS,
     "objective.name=dfpo_min",
     "optim.lr=1e-2",
     "optim.minibatch_groups=1",
     "optim.epochs=2",
     f"train.steps={STEPS}",
-    "train.save_every=1",
-    "eval.every=2",
-    "eval.k=2",
-    "log.tensorboard=false",
-    "log.progress=false",
-    "log.samples_every=1",
-    "threads=1",
+    *LOG_EVERY_STEP_SETS,
 ]
 
 

@@ -9,6 +9,16 @@ from hypothesis import strategies as st
 
 from dfpo.trainer.logprobs import naive_token_logprobs, token_logprobs
 
+CASES = dict(
+    seed=st.integers(0, 2**16),
+    lead=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
+    hidden=st.integers(1, 9),
+    vocab=st.integers(1, 13),
+    temperature=st.floats(0.25, 3.0),
+    chunk=st.integers(1, 7),
+)
+"""Shapes (any leading dims, empty ones included), temperature and chunk size of one property example."""
+
 
 def _case(seed: int, lead: tuple[int, ...], hidden: int, vocab: int, dtype: torch.dtype):
     g = torch.Generator().manual_seed(seed)
@@ -27,14 +37,7 @@ def _grads(fn, h, w, t, g_logp, g_ent, **kw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**16),
-    lead=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
-    hidden=st.integers(1, 9),
-    vocab=st.integers(1, 13),
-    temperature=st.floats(0.25, 3.0),
-    chunk=st.integers(1, 7),
-)
+@given(**CASES)
 def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits_path(seed, lead, hidden, vocab, temperature, chunk):
     """For any shapes, temperature and chunk size, values and both gradients match log_softmax of the full logits."""
     h, w, t = _case(seed, lead, hidden, vocab, torch.float64)
@@ -47,14 +50,7 @@ def test_chunked_logprobs_entropy_and_gradients_equal_the_full_logits_path(seed,
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    seed=st.integers(0, 2**16),
-    lead=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
-    hidden=st.integers(1, 9),
-    vocab=st.integers(1, 13),
-    temperature=st.floats(0.25, 3.0),
-    chunk=st.integers(1, 7),
-)
+@given(**CASES)
 def test_log_prob_gradients_without_entropy_equal_the_full_logits_path(seed, lead, hidden, vocab, temperature, chunk):
     """The backward that folds sign(g) out of the (n, V) pass gives the full-logits gradient, for upstream
     gradients of either sign and exactly zero."""
