@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ValueError as err:  # bad input: one clear line, no traceback
-        print(f"dfpo: error: {err}", file=sys.stderr)
+        if not getattr(err, "already_reported", False):  # another process (rank 0) printed it
+            print(f"dfpo: error: {err}", file=sys.stderr)
         return 2
 
 

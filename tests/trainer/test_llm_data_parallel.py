@@ -229,3 +229,14 @@ def test_nproc_relaunches_torchrun_with_the_same_arguments():
 def test_group_seeds_need_the_hf_engine():
     with pytest.raises(ValueError, match=r"rollout.seed_per_group = true needs rollout.engine = 'hf'; got rollout.engine = 'vllm'"):
         config_from_dict(apply_overrides({}, ["rollout.seed_per_group=true", "rollout.engine=vllm"]))
+
+
+def test_a_run_folder_rank_0_refuses_is_reported_once(tmp_path):
+    """rank 0 checks the run folder; the other rank stops with it without printing the error again."""
+    blocker = tmp_path / "run"
+    blocker.write_text("a file where the run folder should be\n")
+    out = subprocess.run(_cmd(blocker, "train.steps=2", nproc=2), env=ENV, timeout=120, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert out.stderr.count("dfpo: error:") == 1, out.stderr[-3000:]
+    assert "rank 0 failed" not in out.stderr
+    assert blocker.read_text() == "a file where the run folder should be\n"  # nothing written over it

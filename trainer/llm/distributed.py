@@ -196,6 +196,12 @@ def combine_metrics(parts: list[dict], max_keys: tuple[str, ...] = ("ratio/max",
     return out
 
 
+class RankZeroFailed(ValueError):
+    """Raised on every other rank when rank 0's part failed; rank 0 reports the error itself."""
+
+    already_reported = True  # the command line prints nothing more for it
+
+
 def on_rank0(fn):
     """Run ``fn`` on rank 0 only and wait for it on every rank: its result on rank 0 (None elsewhere); when it
     raises, rank 0 re-raises and every other rank raises ValueError with the same message (no rank hangs)."""
@@ -212,7 +218,7 @@ def on_rank0(fn):
     if error is not None:
         raise error
     if box[0] is not None:
-        raise ValueError(f"rank 0 failed: {box[0]}")
+        raise RankZeroFailed(f"rank 0 failed: {box[0]}")
     return result
 
 
