@@ -47,7 +47,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dfpo.trainer.llm import distributed as dp
 
     if args.nproc is not None and dp.launched_world_size() == 1:
-        _check_nproc(cfg, args.nproc)
+        dp.check_world_size(cfg, args.nproc)  # before launching anything
         if args.nproc > 1:
             _relaunch(args)  # does not return
 
@@ -75,16 +75,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if rank == 0:
         print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
-
-
-def _check_nproc(cfg, nproc: int) -> None:
-    """--nproc N can train this config (before launching anything)."""
-    import torch
-
-    from dfpo.trainer.llm.distributed import check_world_size
-
-    device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    check_world_size(cfg, nproc, device_type)
 
 
 def relaunch_command(args: argparse.Namespace) -> list[str]:

@@ -44,9 +44,9 @@ def launched_world_size() -> int:
         return 1
 
 
-def check_world_size(cfg, world: int, device_type: str) -> None:
+def check_world_size(cfg, world: int) -> None:
     """The config can be trained on ``world`` processes: whole groups per rank in every step and mini-batch, and
-    a parallel mode the device supports. ValueError naming the key and value; no work done."""
+    settings the parallel mode supports. ValueError naming the key and value; no work done."""
     if world < 1:
         raise ValueError(f"--nproc must be >= 1, got {world}")
     if world == 1:
@@ -95,10 +95,7 @@ def rank_share(rows: torch.Tensor, group_ids: torch.Tensor, rank: int, world: in
     rank, rank + world, ... in the order the groups first appear in ``rows`` (whole groups, in that order)."""
     if world == 1:
         return rows
-    order: list[int] = []
-    for g in group_ids[rows].tolist():
-        if g not in order:
-            order.append(g)
+    order = list(dict.fromkeys(group_ids[rows].tolist()))  # groups in order of first appearance
     mine = torch.tensor(order[rank::world], dtype=group_ids.dtype)
     return rows[torch.isin(group_ids[rows], mine)]
 

@@ -405,10 +405,14 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
         self.cfg, self.resume, self.quiet = cfg, resume, quiet
         self.run_dir = Path(cfg.run_dir)
-        device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-        dp.check_world_size(cfg, dp.launched_world_size(), device_type)  # before any work, before joining the group
-        self.rank, self.world = dp.init_from_env(device_type)
-        dp.check_world_size(cfg, self.world, device_type)
+        from dfpo.trainer.llm.policy import resolve_device
+
+        dp.check_world_size(cfg, dp.launched_world_size())  # before any work, before joining the group
+        self.device = resolve_device(cfg.device)
+        self.rank, self.world = dp.init_from_env(self.device.type)
+        dp.check_world_size(cfg, self.world)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK (init_from_env)
         self.quiet = quiet or self.rank > 0  # rank 0 speaks for the run
         # every process samples its groups from their own seeds, so the rollout does not depend on the world size
         self.seed_per_group = cfg.rollout.seed_per_group or (self.world > 1 and cfg.rollout.engine == "hf")
@@ -422,12 +426,9 @@ class Trainer:
             raise
 
     def _build(self, cfg: Config) -> None:
-        from dfpo.trainer.llm.policy import check_model_available, resolve_amp, resolve_device, resolve_dtype
+        from dfpo.trainer.llm.policy import check_model_available, resolve_amp, resolve_dtype
         from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
 
-        self.device = resolve_device(cfg.device)
-        if self.device.type == "cuda" and self.world > 1:
-            self.device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK (init_from_env)
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
         overrides = dict(cfg.objective.overrides)
@@ -784,17 +785,18 @@ class Trainer:
         if cfg.rollout.mask_truncated:
             batch.mask &= ~batch.truncated[:, None]
         plan = self.optimiser_steps(step, batch)
+        trained_here = rows_in(plan, batch.mask.shape[0])  # (B,) the rows this process trains on (all on one process)
         t1 = time.time()
         from_sampler = self.old_logp_from_sampler()
         if from_sampler:  # pi_old is the sampler: its log-probs need no forward pass
             first = FirstPass(ro.sampler_logp.clone(), ro.sampler_entropy.clone(), torch.ones(batch.mask.shape[0], dtype=torch.bool))
         else:
             first = FirstPass.empty(batch.mask)
-            first.done[:] = ~rows_in(plan, batch.mask.shape[0])  # rows other processes train are not needed here
+            first.done[:] = ~trained_here  # rows other processes train are not needed here
             later = ~first.done
             later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
             self._recompute_old(batch, first, later)
-        ref_logp = self._reference_logp(batch, rows_in(plan, batch.mask.shape[0]))
+        ref_logp = self._reference_logp(batch, trained_here)
         buckets = None
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), len(self.tok))
