@@ -45,46 +45,56 @@ def test_math_verify_reward_reads_the_boxed_final_answer():
     assert math_verify_match("", "it is 72 ... no: \\boxed{71}", ex) == 0.0
 
 
-def _raises(prompt, completion, example):
-    raise RuntimeError("broken user reward")
-
-
-def _sleeps(prompt, completion, example):
-    time.sleep(2.0)
-    return 1.0
-
-
-def _nan(prompt, completion, example):
-    return float("nan")
+# The reward functions these tests break on purpose run in worker processes, which import them by
+# 'module:function': they live in tests/trainer/reward_fixtures.py.
 
 
 def test_broken_reward_gives_zero_and_is_counted():
-    out = RewardComputer(_raises)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
+    from reward_fixtures import spec
+
+    with RewardComputer(spec("raises"), workers=1) as rc:
+        out = rc(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
     assert out.total == [0.0, 0.0] and out.errors == 2
-    out = RewardComputer(_nan)(["p"], ["a"], [Example("p", "a")])
+    with RewardComputer(spec("nan"), workers=1) as rc:
+        out = rc(["p"], ["a"], [Example("p", "a")])
     assert out.total == [0.0] and out.invalid == 1 and out.errors == 0
 
 
 def test_slow_reward_times_out_to_zero_and_is_counted():
-    t0 = time.time()
-    out = RewardComputer(_sleeps, timeout_s=0.1)(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
+    from reward_fixtures import spec
+
+    with RewardComputer(spec("sleeps_two_seconds"), timeout_s=0.1, workers=2) as rc:
+        t0 = time.time()
+        out = rc(["p", "p"], ["a", "b"], [Example("p", "a")] * 2)
+        assert time.time() - t0 < 1.5
     assert out.total == [0.0, 0.0] and out.timeouts == 2
-    assert time.time() - t0 < 1.5
 
 
 def test_format_reward_adds_weighted_regex_match():
-    rc = RewardComputer(exact_match, format_weight=0.5, format_regex=r"^\d+$")
+    from dfpo.trainer.llm.rewards import RewardSpec
+
+    rc = RewardComputer(RewardSpec("exact"), format_weight=0.5, format_regex=r"^\d+$")
     out = rc(["p"] * 3, ["5", "x", "6"], [Example("p", "5")] * 3)
-    assert out.total == [1.5, 0.0, 0.5]
+    assert out.total == [1.5, 0.0, 0.5] and rc.worker_pids() == []  # exact runs in this process
 
 
 def test_user_reward_callable_is_imported_and_bad_spec_rejected():
+    from dfpo.trainer.llm.rewards import RewardSpec, reward_spec
+
     fn = correctness_fn("user", "add", "json:dumps")
     assert callable(fn)
+    assert reward_spec("user", "add", "json:dumps") == RewardSpec("user", "json:dumps")
+    assert reward_spec("auto", "add") == RewardSpec("exact") and reward_spec("auto", "gsm8k") == RewardSpec("math_verify")
     with pytest.raises(ValueError, match="cannot import module"):
         correctness_fn("user", "add", "no_such_module_xyz:f")
     with pytest.raises(ValueError, match="has no callable"):
         correctness_fn("user", "add", "json:nope")
+    with pytest.raises(ValueError, match="must look like 'module:function'"):
+        reward_spec("user", "add", "json.dumps")
+    with pytest.raises(ValueError, match="cannot import module"):  # the same check, in a worker process
+        RewardComputer(RewardSpec("user", "no_such_module_xyz:f"), workers=1)
+    with pytest.raises(ValueError, match="has no callable"):
+        RewardComputer(RewardSpec("user", "json:nope"), workers=1)
 
 
 def test_prompt_sampler_resumes_exactly():
