@@ -87,7 +87,7 @@ def test_shipped_configs_parse():
         ("rollout.group_size=1", "rollout.group_size must be >= 2, got 1"),
         ("model.lora_dropout=1.0", "model.lora_dropout must be in [0, 1), got 1.0"),
         ("device=tpu", "device must be one of auto, cpu, cuda; got 'tpu'"),
-        ("seed=-3", "seed must be >= 0, got -3"),
+        ("seed=-3", "seed must be in [0, 4294967295], got -3"),
     ],
 )
 def test_every_numeric_key_is_bounded_in_validation_naming_the_key(assignment, message):

@@ -44,6 +44,19 @@ SETS = [
 ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", MKL_CBWR="COMPATIBLE")  # MKL: the same result every run
 
 
+def children(pid: int) -> list[int]:
+    """PIDs of the live processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def _cmd(run_dir: Path, *extra: str, nproc: int | None = None, resume: bool = False) -> list[str]:
     cmd = [sys.executable, "-m", "dfpo", "train", "--quiet"]
     if nproc is not None:
@@ -122,7 +135,8 @@ def test_two_gloo_ranks_train_like_one_process(tmp_path, objective, parallel, mo
     _one_process(tmp_path / "one", *extra)
     _run(_cmd(tmp_path / "two", *extra, nproc=2))
     _assert_same_run(tmp_path / "one", tmp_path / "two", steps=2)
-    assert json.loads((tmp_path / "two" / "checkpoint.json").read_text()) == {"step": 2, "world_size": 2}
+    record = json.loads((tmp_path / "two" / "checkpoint.json").read_text())
+    assert (record["step"], record["world_size"]) == (2, 2)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +159,7 @@ def test_a_run_resumed_on_another_world_size_continues_exactly(tmp_path, first, 
 
 @pytest.mark.slow
 def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_path):
-    """SIGKILL to torchrun and both ranks once a step-2 checkpoint exists (maybe mid-write of the next), then
+    """SIGKILL to the launcher and both ranks once a step-2 checkpoint exists (maybe mid-write of the next), then
     --resume on one process: the finished run equals an uninterrupted one."""
     import signal
     import time
@@ -165,7 +179,10 @@ def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_p
             time.sleep(0.05)
         assert proc.poll() is None, "the run finished before it could be killed; make it longer"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, no chance to clean up
+        ranks = children(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, no chance to clean up
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)  # and both ranks (a process group of their own), before they notice
         proc.wait()
     killed_at = json.loads((part / "checkpoint.json").read_text())["step"]
     assert 2 <= killed_at < 4
@@ -217,13 +234,12 @@ def test_under_torchrun_a_bad_world_size_is_refused_before_the_model_is_built(tm
     assert not (tmp_path / "run").exists()
 
 
-def test_nproc_relaunches_torchrun_with_the_same_arguments():
+def test_each_rank_runs_the_same_command_without_nproc():
     from dfpo.cli import build_parser
 
     args = build_parser().parse_args(["train", "--nproc", "2", "--config", "c.toml", "--set", "a.b=1", "--set", "c.d=x", "--quiet"])
     cmd = relaunch_command(args)
-    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
-    assert cmd[6:] == ["dfpo", "train", "--config", "c.toml", "--set", "a.b=1", "--set", "c.d=x", "--quiet"]
+    assert cmd == [sys.executable, "-m", "dfpo", "train", "--config", "c.toml", "--set", "a.b=1", "--set", "c.d=x", "--quiet"]
 
 
 def test_group_seeds_need_the_hf_engine():
@@ -231,12 +247,12 @@ def test_group_seeds_need_the_hf_engine():
         config_from_dict(apply_overrides({}, ["rollout.seed_per_group=true", "rollout.engine=vllm"]))
 
 
-def test_a_run_folder_rank_0_refuses_is_reported_once(tmp_path):
-    """rank 0 checks the run folder; the other rank stops with it without printing the error again."""
+def test_a_run_folder_in_the_way_is_reported_once(tmp_path):
+    """The launcher checks the run folder before it starts any rank: one message, exit 2."""
     blocker = tmp_path / "run"
     blocker.write_text("a file where the run folder should be\n")
     out = subprocess.run(_cmd(blocker, "train.steps=2", nproc=2), env=ENV, timeout=120, capture_output=True, text=True)
-    assert out.returncode != 0
+    assert out.returncode == 2
     assert out.stderr.count("dfpo: error:") == 1, out.stderr[-3000:]
     assert "rank 0 failed" not in out.stderr
     assert blocker.read_text() == "a file where the run folder should be\n"  # nothing written over it

@@ -90,6 +90,18 @@ def test_every_rank_gets_the_same_number_of_whole_groups_of_a_mini_batch():
     assert torch.equal(rank_share(rows, gid, 0, 1), rows)
 
 
-def test_rank_metrics_combine_as_weighted_sums_and_maxima():
-    parts = [{"loss/policy": 0.25, "ratio/max": 1.5}, {"loss/policy": 0.5, "ratio/max": 1.25, "entropy/mean": 0.1}]
-    assert combine_metrics(parts) == {"loss/policy": 0.75, "ratio/max": 1.5, "entropy/mean": 0.1}
+def test_rank_metrics_combine_by_their_declared_reduction():
+    """Means weighted by each rank's share of the mini-batch; a maximum, a minimum and a count stay one."""
+    parts = [
+        ({"loss/policy": 0.25, "ratio/max": 1.5, "rollout/seq_ratio_min": 0.5, "rollout/seq_ratio_max": 2.0}, 0.25),
+        ({"loss/policy": 0.5, "ratio/max": 1.25, "entropy/mean": 0.1, "rollout/seq_ratio_min": 0.75, "rollout/seq_ratio_max": 3.0}, 0.75),
+    ]
+    assert combine_metrics(parts) == pytest.approx(
+        {
+            "loss/policy": 0.25 * 0.25 + 0.5 * 0.75,
+            "ratio/max": 1.5,
+            "rollout/seq_ratio_min": 0.5,
+            "rollout/seq_ratio_max": 3.0,
+            "entropy/mean": 0.1,
+        }
+    )

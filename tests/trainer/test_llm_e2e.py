@@ -81,7 +81,7 @@ def test_run_folder_holds_config_logs_samples_and_checkpoint(tmp_path):
 def test_existing_run_dir_is_refused_before_any_work(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "x").write_text("")
-    with pytest.raises(ValueError, match="exists, is not empty and is not a dfpo run folder"):
+    with pytest.raises(ValueError, match=r"is not empty \(x\) and was not started by dfpo train .*; nothing was deleted"):
         Trainer(tiny_config(tmp_path), quiet=True)
     assert (tmp_path / "run" / "x").exists()  # nothing of the user's is touched
 

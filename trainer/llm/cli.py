@@ -2,86 +2,157 @@
 
 dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
 dfpo train --resume RUN_DIR [--set train.steps=N]
-dfpo train --nproc N ...   (= torchrun --standalone --nproc_per_node N -m dfpo train ...)
+dfpo train --nproc N ...   (N processes on this machine; ``dfpo.trainer.llm.launch``)
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-# Keys that may change when resuming without breaking exact continuation.
-RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every", "train.parallel")
+if TYPE_CHECKING:
+    from dfpo.trainer.llm.config import Config
+
+
+def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> Config:
+    """The config of ``--resume RUN_DIR``: RUN_DIR/config.toml with the --set changes a resume allows, checked
+    against the config the checkpoint was made with (checkpoint.json) before any work. ``restore`` first writes
+    config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
+    import tomllib
+
+    from dfpo.files import read_utf8
+    from dfpo.trainer.llm.checkpoint import read_meta, write_run_file
+    from dfpo.trainer.llm.config import RESUME_SETTABLE, apply_overrides, check_same_config, config_from_dict, dict_to_toml
+
+    if not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir}: no such folder")
+    cfg_path, meta = run_dir / "config.toml", read_meta(run_dir)
+    saved = None if meta is None else meta.config
+    hint = f" (dfpo train --resume {run_dir} --restore-config writes it back from the checkpoint)" if saved is not None else ""
+    if restore:
+        if saved is None:
+            raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
+        write_run_file(cfg_path, dict_to_toml(saved))
+    bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
+    if bad:
+        raise ValueError(
+            f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
+        )
+    if not cfg_path.is_file():
+        raise ValueError(f"--resume {run_dir}: no config.toml in it; is it a dfpo run folder?{hint}")
+    text = read_utf8(cfg_path)
+    if not text.strip():
+        raise ValueError(f"{cfg_path} is empty: a resume never falls back to built-in defaults{hint}")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{cfg_path} is not valid TOML ({err}){hint}") from None
+    raw = apply_overrides(raw, sets)
+    raw["run_dir"] = str(run_dir)
+    try:
+        cfg = config_from_dict(raw)
+    except ValueError as err:
+        raise ValueError(f"{cfg_path}: {err}") from None
+    check_same_config(run_dir, saved, cfg)
+    return cfg
+
+
+def _config_of(args: argparse.Namespace) -> Config:
+    from dfpo.trainer.llm.config import load_config
+
+    if args.restore_config and not args.resume:
+        raise ValueError("--restore-config goes with --resume RUN_DIR")
+    if args.resume:
+        if args.config:
+            raise ValueError("--resume reads RUN_DIR/config.toml; drop --config (use --set train.steps=N to extend)")
+        return resume_config(Path(args.resume), list(args.set or []), restore=args.restore_config)
+    if not args.config:
+        raise ValueError("--config FILE.toml is required (or --resume RUN_DIR); see configs/tiny-cpu.toml")
+    return load_config(args.config, list(args.set or []))
+
+
+def _preflight(cfg: Config, resume: bool) -> None:
+    """What the ranks would refuse, checked once before they are started: the run folder, the prompts' lengths."""
+    from dfpo.trainer.llm.run_folder import check_run_folder
+    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.llm.train import check_lengths
+
+    check_run_folder(Path(cfg.run_dir), resume=resume, steps=cfg.train.steps)
+    check_lengths(cfg, *load_splits(cfg.data, cfg.seed))
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    import sys
-    from pathlib import Path
-
-    from dfpo.trainer.llm.config import apply_overrides, config_from_dict, load_config
-
-    sets = list(args.set or [])
-    if args.resume:
-        run_dir = Path(args.resume)
-        cfg_path = run_dir / "config.toml"
-        if not cfg_path.is_file():
-            raise ValueError(f"--resume {args.resume}: no config.toml in it; is it a dfpo run folder?")
-        if args.config:
-            raise ValueError("--resume reads RUN_DIR/config.toml; drop --config (use --set train.steps=N to extend)")
-        bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
-        if bad:
-            raise ValueError(
-                f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
-            )
-        import tomllib
-
-        from dfpo.files import read_utf8
-
-        raw = apply_overrides(tomllib.loads(read_utf8(cfg_path)), sets)
-        raw["run_dir"] = str(run_dir)
-        cfg = config_from_dict(raw)
-    else:
-        if not args.config:
-            raise ValueError("--config FILE.toml is required (or --resume RUN_DIR); see configs/tiny-cpu.toml")
-        cfg = load_config(args.config, sets)
-
     from dfpo.trainer.llm import distributed as dp
+    from dfpo.trainer.llm.launch import Launcher, stop_with_launcher
 
+    stop_with_launcher()  # a rank started by --nproc stops when its launcher dies
+    cfg = _config_of(args)
     if args.nproc is not None and dp.launched_world_size() == 1:
         dp.check_world_size(cfg, args.nproc)  # before launching anything
         if args.nproc > 1:
-            _relaunch(args)  # does not return
+            _preflight(cfg, bool(args.resume))
+            return Launcher(relaunch_command(args), args.nproc).run()
+    return _train(cfg, args)
 
-    from dfpo.trainer.llm.runlog import TrainingInterrupted
+
+def _train(cfg: Config, args: argparse.Namespace) -> int:
+    """One process of a run: construct, train, and answer every way it can end with a message and an exit status."""
+    import json
+    import sys
+
+    from dfpo.trainer.llm import distributed as dp
+    from dfpo.trainer.llm.checkpoint import WriteFailed
+    from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals, TrainingInterrupted
     from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 
-    try:
-        trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
-        rank = trainer.rank
+    trainer, rank = None, dp.launched_rank()
+    say = (lambda msg: print(f"dfpo: {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)  # noqa: E731
+    with StopSignals() as stop:  # from the first moment to the last: a signal always ends in a message and a status
         try:
-            summary = trainer.run()
-            dp.barrier()  # every process done before any leaves the group
-        except NonFiniteLossError as err:
-            if rank == 0:
-                print(f"dfpo: error: {err}", file=sys.stderr)
-            return 1
-        except TrainingInterrupted as stop:
-            if rank == 0:
-                print(f"dfpo: {stop}", file=sys.stderr)
-            return stop.exit_code
-    finally:
-        dp.shutdown()
-    import json
-
+            try:
+                trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
+                summary = trainer.run(stop)
+                dp.barrier()  # every process done before any leaves the group
+            except (NonFiniteLossError, WriteFailed) as err:
+                say(f"error: {err}")
+                return 1
+            except TrainingInterrupted as stopped:
+                say(str(stopped))
+                return stopped.exit_code
+            finally:
+                dp.shutdown()
+        except StoppedAtOnce as stopped:
+            say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, bool(args.resume)))
+            return stopped.exit_code
     if rank == 0:
         print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 
 
+def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) -> str:
+    """What a signal that stopped the program where it was leaves behind, and how to go on."""
+    import signal
+
+    name = signal.Signals(signum).name
+    if trainer is None:
+        tail = (
+            f"the checkpoint is unchanged; resume with: dfpo train --resume {run_dir}" if resume else "start it again with the same command"
+        )
+        return f"{name} during start-up: stopped before the first training step; {tail}"
+    if trainer.last_checkpoint_step >= trainer.step_now:
+        return f"{name} again: stopped at once; the checkpoint of step {trainer.last_checkpoint_step} is written; resume with: dfpo train --resume {run_dir}"
+    return (
+        f"{name} again: stopped at once during step {trainer.step_now}, which is lost; resume from the checkpoint "
+        f"of step {trainer.last_checkpoint_step} with: dfpo train --resume {run_dir}"
+    )
+
+
 def relaunch_command(args: argparse.Namespace) -> list[str]:
-    """torchrun (torch.distributed.run) starting ``args.nproc`` copies of this ``dfpo train`` without --nproc."""
+    """The ``dfpo train`` command each of ``args.nproc`` ranks runs: this one without --nproc."""
     import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m", "dfpo", "train"]
+    cmd = [sys.executable, "-m", "dfpo", "train"]
     if args.config:
         cmd += ["--config", args.config]
     if args.resume:
@@ -91,17 +162,6 @@ def relaunch_command(args: argparse.Namespace) -> list[str]:
     if args.quiet:
         cmd.append("--quiet")
     return cmd
-
-
-def _relaunch(args: argparse.Namespace) -> None:
-    """Replace this process by torchrun (signals reach it directly; its exit status is the run's)."""
-    import os
-    import sys
-
-    cmd = relaunch_command(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(cmd[0], cmd)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -122,19 +182,25 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help="TOML config file (see configs/)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. --set optim.lr=1e-4 (repeatable)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint, exactly")
+    p.add_argument(
+        "--restore-config",
+        action="store_true",
+        help="with --resume: write RUN_DIR/config.toml back from the config kept with the checkpoint",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
     p.add_argument(
         "--nproc",
         type=int,
         default=None,
         metavar="N",
-        help="train on N processes (data parallel, train.parallel): relaunches itself with torchrun --nproc_per_node N",
+        help="train on N processes on this machine (data parallel, train.parallel); SIGINT/SIGTERM reach every process",
     )
     p.set_defaults(func=_cmd_train)
 
     p = subparsers.add_parser(
         "compare",
-        help="objectives on the LLM trainer over paired seeds: paired differences with bootstrap CIs and a matched-control check",
+        help="objectives on the LLM trainer over paired seeds: per-seed values, paired differences with Student-t intervals "
+        "(Bonferroni-adjusted over the table) and a matched-control check",
     )
     p.add_argument(
         "--objectives",
@@ -142,8 +208,13 @@ def register(subparsers) -> None:
         help="comma-separated labels, e.g. gspo,dfpo_min,dfpo_min:stopgrad=score (default gspo,dfpo_min)",
     )
     p.add_argument("--baseline", default=None, help="label every other one is compared with (default: the first)")
-    p.add_argument("--seeds", type=int, default=10, help="paired seeds (default 10)")
-    p.add_argument("--first-seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument("--seeds", type=int, default=10, help="paired seeds (default 10; fewer than 8 draws a warning)")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first seed (default 0); a second seed set that replicates a finding must not overlap the first",
+    )
     p.add_argument("--config", default="configs/tiny-cpu.toml", help="base config of every run (default configs/tiny-cpu.toml)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+import tomli_w
+
 from dfpo.trainer.loss.correction import CORRECTIONS
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -55,10 +57,15 @@ def one_of(default: str, choices: tuple[str, ...]):
     return field(default=default, metadata={"choices": choices})
 
 
+def _number(x: float) -> str:
+    """A bound as people write it: whole numbers in full (4294967295, not 4.29497e+09), others in %g."""
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
+
+
 def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     if high == math.inf:
-        return f"{'>' if low_open else '>='} {low:g}"
-    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{'>' if low_open else '>='} {_number(low)}"
+    return f"in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if high_open else ']'}"
 
 
 def field_checks(cfg: Config) -> None:
@@ -164,8 +171,11 @@ class RewardConfig:
     format_regex: str = r"\\boxed\{.+\}"
     """A completion earns the format reward when this regex is found in it."""
     timeout_s: float = bounded(5.0, 0, math.inf, low_open=True)
-    """Time limit of a reward call (calls of a batch run concurrently, up to 64 at a time); a call still running
-    after it gives 0 and is counted in reward/timeouts."""
+    """Time limit of one reward call, in its worker process; a call still running after it has its worker killed
+    (with what it started), gives 0 and is counted in reward/timeouts. A batch's calls run reward.workers at a time."""
+    workers: int = bounded(0, 0, 256)
+    """Worker processes that run user, math_verify and reasoning_gym rewards (0 = min(8, CPU count), shared out
+    among the processes of a --nproc run); exact and equiv run in the trainer's process."""
 
 
 @dataclass(frozen=True)
@@ -296,8 +306,8 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = bounded(0, 0, math.inf)
-    """Seed of data, model init, sampling."""
+    seed: int = bounded(0, 0, 2**32 - 1)
+    """Seed of data, model init, sampling (NumPy and the seeds derived from it need it below 2^32)."""
     run_dir: str = "runs/default"
     """Output folder (created; must be empty or absent unless resuming)."""
     device: str = one_of("auto", DEVICES)
@@ -457,33 +467,60 @@ def validate(cfg: Config) -> None:
 
 
 def config_to_toml(cfg: Config) -> str:
-    """The resolved config as TOML text (tomllib reads it back to an equal Config)."""
-    data = config_to_dict(cfg)
-    top = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    lines = top + [""]
-    for section, table in data.items():
-        if not isinstance(table, dict):
-            continue
-        lines.append(f"[{section}]")
-        nested = []
-        for k, v in table.items():
-            if isinstance(v, dict):
-                nested.append((k, v))
-            else:
-                lines.append(f"{k} = {_toml_value(v)}")
-        for k, v in nested:
-            lines.append(f"{k} = {{ {', '.join(f'{kk} = {_toml_value(vv)}' for kk, vv in v.items())} }}")
-        lines.append("")
-    return "\n".join(lines)
+    """The resolved config as TOML text (tomllib reads it back to an equal Config; every string escaped, control
+    characters included)."""
+    return dict_to_toml(config_to_dict(cfg))
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise ValueError(f"cannot write {v!r} as TOML")
+def dict_to_toml(data: dict) -> str:
+    """A config dict (``config_to_dict``, or one read back from JSON) as TOML text."""
+    return tomli_w.dumps(data)
+
+
+def flat_items(table: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-4}}`` -> ``{"optim.lr": 1e-4}`` (nested tables as dotted keys)."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_items(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (``config_to_dict``), except ``ignore`` and the
+    keys under them."""
+    fa, fb = flat_items(a), flat_items(b)
+    skipped = lambda key: any(key == p or key.startswith(p + ".") for p in ignore)  # noqa: E731
+    return sorted(k for k in set(fa) | set(fb) if not skipped(k) and fa.get(k, _MISSING) != fb.get(k, _MISSING))
+
+
+_MISSING = object()
+
+RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every", "train.parallel")
+"""Keys that --set may change when resuming without breaking exact continuation."""
+RESUME_IGNORED = (*RESUME_SETTABLE, "run_dir")
+"""Config keys a resume may change: those --set may change with --resume, and where the folder now is."""
+
+
+def check_same_config(run_dir: str | Path, saved: dict | None, cfg: Config) -> None:
+    """ValueError naming each key (and both values) in which ``cfg`` differs from the config the checkpoint was made
+    with (``saved``), the resume-settable keys aside; nothing to check for a checkpoint of an older dfpo (None)."""
+    if saved is None:
+        return
+    current = config_to_dict(cfg)
+    diff = config_differences(saved, current, ignore=RESUME_IGNORED)
+    if diff:
+        raise ValueError(config_mismatch_message(run_dir, diff, saved, current))
+
+
+def config_mismatch_message(run_dir: str | Path, keys: list[str], saved: dict, current: dict) -> str:
+    a, b = flat_items(saved), flat_items(current)
+    shown = ", ".join(f"{k} ({a.get(k)!r} in the checkpoint, {b.get(k)!r} in config.toml)" for k in keys[:5])
+    more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+    return (
+        f"--resume {run_dir}: {Path(run_dir) / 'config.toml'} differs from the config checkpoint.pt was made with: {shown}{more}. "
+        "A resume continues that run exactly: put config.toml back as it was (dfpo train --resume RUN --restore-config "
+        "writes it from the checkpoint), or start a new run with --config"
+    )

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dfpo.trainer.loss.aggregation import aggregation_count
+from dfpo.trainer.metric_registry import reduce_records
 
 
 def distributed() -> bool:
@@ -42,6 +43,14 @@ def launched_world_size() -> int:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+def launched_rank() -> int:
+    """This process's rank as its launcher set it in the environment (0 when not launched as one of several)."""
+    try:
+        return max(0, int(os.environ.get("RANK", "0")))
+    except ValueError:
+        return 0
 
 
 def check_world_size(cfg, world: int) -> None:
@@ -181,16 +190,11 @@ def gather_objects(obj) -> list:
     return out
 
 
-def combine_metrics(parts: list[dict], max_keys: tuple[str, ...] = ("ratio/max",)) -> dict:
-    """Merge per-rank loss metrics that are already weighted shares of the global mean: sums, and maxima for ``max_keys``."""
-    out: dict = {}
-    for part in parts:
-        for k, v in part.items():
-            if k in max_keys:
-                out[k] = max(out.get(k, v), v)
-            else:
-                out[k] = out.get(k, 0.0) + v
-    return out
+def combine_metrics(parts: list[tuple[dict, float]]) -> dict:
+    """One optimiser step's loss metrics from every rank's (metrics over its micro-batches, the summed accumulation
+    weight of those micro-batches): each key by its declared reduction (``metric_registry``), means weighted by
+    each rank's share of the mini-batch."""
+    return reduce_records([m for m, _ in parts], [w for _, w in parts])
 
 
 class RankZeroFailed(ValueError):
@@ -217,6 +221,28 @@ def on_rank0(fn):
     if box[0] is not None:
         raise RankZeroFailed(f"rank 0 failed: {box[0]}")
     return result
+
+
+def agree(fn):
+    """Run ``fn`` on every rank (checks that need no collective); when it fails on any rank, it fails on all: rank 0
+    raises a ValueError holding each distinct message once (tagged with its ranks when they differ), the others
+    ``RankZeroFailed``, so the error is printed once and no rank waits for another that gave up."""
+    if not distributed():
+        return fn()
+    result, message, error = None, None, None
+    try:
+        result = fn()
+    except Exception as err:  # noqa: BLE001 - shared with the other ranks, then raised everywhere
+        error, message = err, str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+    failures = [(rank, m) for rank, m in enumerate(gather_objects(message)) if m is not None]
+    if not failures:
+        return result
+    if dist.get_rank() != 0:
+        raise RankZeroFailed(f"rank 0 reports the error: {failures[0][1]}")
+    distinct = dict.fromkeys(m for _, m in failures)
+    if len(distinct) == 1:
+        raise ValueError(next(iter(distinct))) from (error if error is not None else None)
+    raise ValueError("; ".join(f"rank {rank}: {m}" for rank, m in failures))
 
 
 def barrier() -> None:

@@ -59,7 +59,34 @@ def build_char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def build_tiny_model(mcfg, tokenizer, seed: int, max_positions: int = 256):
+TINY_CONTEXT = 256
+"""Positions of the tiny preset's model (its max_position_embeddings)."""
+
+
+def tokenizer_and_context(mcfg) -> tuple[object, int | None]:
+    """The policy's tokenizer (pad token checked) and context length, without loading any weights: what the checks
+    of prompt and completion lengths need before the model loads or warms up. Context None: the model's config
+    does not say."""
+    if mcfg.name == "tiny":
+        return build_char_tokenizer(), TINY_CONTEXT
+    from transformers import AutoConfig
+
+    tok, kwargs = _pretrained_source(mcfg.name, mcfg.trust_remote_code)
+    check_pad_token(tok, mcfg.pad_token)
+    config = AutoConfig.from_pretrained(mcfg.name, trust_remote_code=mcfg.trust_remote_code, **kwargs)
+    return tok, getattr(config, "max_position_embeddings", None)
+
+
+def check_completion_fits(max_new_tokens: int, context: int | None) -> None:
+    """ValueError unless a completion of ``max_new_tokens`` leaves room for a prompt in the model's context."""
+    if context is not None and max_new_tokens >= context:
+        raise ValueError(
+            f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens "
+            f"(max_position_embeddings); set it below {context}"
+        )
+
+
+def build_tiny_model(mcfg, tokenizer, seed: int, max_positions: int = TINY_CONTEXT):
     """A small Qwen2 causal LM initialised from scratch (deterministic given ``seed``)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 

@@ -98,14 +98,16 @@ def surface_form(completion: str, example: Example) -> str:
 
 
 def load_jsonl(path: str | Path) -> list[Example]:
-    """Read {prompt, answer} objects, one per line; errors name the file and line."""
+    """Read {prompt, answer} objects, one per line; errors name the file and line. Lines end at "\\n" (JSON Lines):
+    U+2028, U+2029 or NEL inside a string are text, as JSON allows them unescaped."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"data.path {str(path)!r}: no such file")
     from dfpo.files import read_utf8
 
     out = []
-    for lineno, line in enumerate(read_utf8(p).splitlines(), start=1):
+    for lineno, line in enumerate(read_utf8(p).split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:

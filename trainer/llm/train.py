@@ -37,6 +37,7 @@ Choices made here (where the paper and the peers leave it open):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -49,28 +50,17 @@ import torch
 from dfpo import ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 from dfpo.trainer.llm import diagnostics as diag
 from dfpo.trainer.llm import distributed as dp
-from dfpo.trainer.llm.config import Config, config_to_dict, config_to_toml
+from dfpo.trainer.llm.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state, write_run_file
+from dfpo.trainer.llm.config import Config, check_same_config, config_to_dict, config_to_toml
 from dfpo.trainer.llm.forward import completion_logprobs, vocab_stats
 from dfpo.trainer.llm.rewards import RewardBatch
 from dfpo.trainer.llm.rollout import HFGenerateEngine, RolloutBatch, Samples, SamplingParams, build_batch, row_seed, sampler_logp
-from dfpo.trainer.llm.runlog import (
-    GracefulStop,
-    JsonlLog,
-    NullLock,
-    NullLog,
-    Scalars,
-    TrainingInterrupted,
-    finite_only,
-    load_checkpoint,
-    missing_steps,
-    prepare_run_folder,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from dfpo.trainer.llm.run_folder import NullLock, prepare_run_folder, write_mark
+from dfpo.trainer.llm.runlog import JsonlLog, NullLog, Scalars, StopSignals, TrainingInterrupted, finite_only, missing_steps
 from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 from dfpo.trainer.loss import aggregation_count
 from dfpo.trainer.loss.masks import ENTROPY_MASKS
+from dfpo.trainer.metric_registry import reduce_records
 from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
 
 
@@ -232,8 +222,8 @@ def accumulate_gradients(
     its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
     ``first_pass``. Entropy is computed when the objective reads it, or for that record.
     """
-    sums: dict[str, float] = {}
-    maxes: dict[str, float] = {}
+    records: list[dict[str, float]] = []  # one per micro-batch, combined by each key's reduction at the end
+    weights: list[float] = []
     needs_entropy = spec.token_mask in ENTROPY_MASKS or spec.entropy_coef > 0
     finite = True
     for mb in micro_batches:
@@ -246,7 +236,7 @@ def accumulate_gradients(
         logp, entropy = scores.logp, scores.entropy  # (b, T)
         if not bool(torch.isfinite(logp.detach())[mask].all()):
             if stop_early:
-                return sums, False
+                return {}, False
             finite = False
         old_logp = logp.detach() if mb.old_logp is None else mb.old_logp.to(device)
         if mb.old_logp is None and first_pass is not None:
@@ -265,19 +255,16 @@ def accumulate_gradients(
         )
         if not bool(torch.isfinite(loss.detach())):
             if stop_early:
-                return sums, False
+                return {}, False
             finite = False
         (loss * mb.weight).backward()
         if not finite:  # the step will be skipped: the metrics and diagnostics would be meaningless
             continue
-        for k, v in metrics.items():
-            v = float(v)
-            if k == "ratio/max":
-                maxes[k] = max(maxes.get(k, -math.inf), v)
-            else:
-                sums[k] = sums.get(k, 0.0) + mb.weight * v
+        record = {k: float(v) for k, v in metrics.items()}
         if entropy is not None and bool(mask.any()):
-            sums["entropy/mean"] = sums.get("entropy/mean", 0.0) + mb.weight * float(entropy.detach()[mask].mean())
+            record["entropy/mean"] = float(entropy.detach()[mask].mean())
+        records.append(record)
+        weights.append(mb.weight)
         if diagnostics is not None and logp.grad is not None:
             prob, coll = vocab_stats(model, scores, b, device)  # (b, T) each, no grad
             coef = logp.grad.detach()  # (b, T) = d loss_minibatch / d logp, weight included
@@ -288,8 +275,7 @@ def accumulate_gradients(
             diagnostics.shared_num += num
             diagnostics.shared_den += den
             diagnostics.shared_positions += n
-    sums.update(maxes)
-    return sums, finite
+    return reduce_records(records, weights), finite
 
 
 def mismatch_metrics(sampler_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -418,16 +404,19 @@ class Trainer:
         self.seed_per_group = cfg.rollout.seed_per_group or (self.world > 1 and cfg.rollout.engine == "hf")
         # checked and locked first, by rank 0 (the others wait for its verdict)
         self.lock = dp.on_rank0(lambda: prepare_run_folder(self.run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
+        self.rewards = None
         try:
-            self._build(cfg)
+            dp.agree(lambda: self._build(cfg))  # refused on every process, reported once
             self._setup()
         except BaseException:
+            self._close_rewards()
             self.lock.abandon()  # a refused config leaves no empty run folder behind
             raise
 
     def _build(self, cfg: Config) -> None:
         from dfpo.trainer.llm.policy import check_model_available, resolve_amp, resolve_dtype
-        from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn
+        from dfpo.trainer.llm.reward_pool import default_workers
+        from dfpo.trainer.llm.rewards import RewardComputer, reward_spec
 
         self.dtype = resolve_dtype(cfg.model.dtype, self.device)
         self.amp = resolve_amp(cfg.model.amp, self.device)
@@ -447,10 +436,11 @@ class Trainer:
                 "Set optim.microbatch_groups = 0 for the exact mini-batch loss."
             )
         self.rewards = RewardComputer(
-            correctness_fn(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
+            reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
             format_weight=cfg.reward.format_weight,
             format_regex=cfg.reward.format_regex,
             timeout_s=cfg.reward.timeout_s,
+            workers=cfg.reward.workers or max(1, default_workers() // self.world),  # processes on one machine share its cores
         )
         check_model_available(cfg.model.name)
         if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
@@ -461,9 +451,11 @@ class Trainer:
                 raise ValueError("rollout.engine = 'vllm' samples from full weights; with model.lora_r > 0 use rollout.engine = 'hf'")
         self.train_examples, self.eval_examples = load_splits(cfg.data, cfg.seed)
         shared = duplicate_prompts(self.train_examples, self.eval_examples)
-        if shared:
+        if shared and self.rank == 0:  # said once, even with --quiet
             print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
                   "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
+        # lengths checked with the tokenizer alone: before any weights load or warm up
+        self.max_prompt_tokens = check_lengths(cfg, self.train_examples, self.eval_examples)
         self.groups_per_step = cfg.rollout.prompts_per_step
         self.k_updates = cfg.optim.epochs * (self.groups_per_step // cfg.optim.minibatch_groups)
         self.total_updates = cfg.train.steps * self.k_updates
@@ -543,12 +535,9 @@ class Trainer:
         cfg = self.cfg
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(config_to_toml(cfg))  # on resume: with any --set train.steps
+            write_run_file(self.run_dir / "config.toml", config_to_toml(cfg))  # on resume: with any --set train.steps
         torch.manual_seed(cfg.seed)
         self.model, self.tok, self.ref_model = self._load_model()
-        context = getattr(self.model.config, "max_position_embeddings", None)
-        self.max_prompt_tokens = context - cfg.rollout.max_new_tokens if context else None
-        self._prompt_ids(self.train_examples)  # every prompt fits the context, checked before the first step
         self.eos_ids = {self.tok.eos_token_id} | set(_generation_eos(self.model))
         self.eos_ids.discard(None)
         # FSDP2: the decoder layers are sharded over the processes, the rest stays whole on each
@@ -622,10 +611,18 @@ class Trainer:
             "world_size": self.world,
             "seed_per_group": self.seed_per_group,
         }
-        return dp.on_rank0(lambda: save_checkpoint(self.run_dir, state)) or self.run_dir / "checkpoint.pt"
+
+        def write() -> Path:
+            path = save_checkpoint(self.run_dir, state, config=config_to_dict(self.cfg))
+            if step == self.start_step:  # the folder has held a checkpoint: it is never cleared as a start-up leftover
+                write_mark(self.run_dir, checkpointed=True)
+            return path
+
+        return dp.on_rank0(write) or self.run_dir / "checkpoint.pt"
 
     def _restore(self) -> None:
         state = load_checkpoint(self.run_dir)
+        check_same_config(self.run_dir, state.get("config"), self.cfg)
         names = {n for n, p in self.model.named_parameters() if p.requires_grad}
         if set(state["model"]) != names:
             raise ValueError(f"--resume {self.run_dir}: checkpoint parameters do not match the model (was the config edited?)")
@@ -920,7 +917,7 @@ class Trainer:
                 finite = dp.all_ranks(finite)
                 if finite:
                     dp.sync_gradients(self.params, self.world)
-                    metrics = dp.combine_metrics(dp.gather_objects(metrics))
+                    metrics = dp.combine_metrics(dp.gather_objects((metrics, sum(weights))))
             norm = None
             if finite:
                 max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
@@ -976,10 +973,7 @@ class Trainer:
         }
         if grad_norms:
             m["grad/norm"] = sum(grad_norms) / len(grad_norms)
-        keys = sorted({k for lm in loss_metrics for k in lm})
-        for k in keys:
-            vals = [lm[k] for lm in loss_metrics if k in lm]
-            m[k] = max(vals) if k == "ratio/max" else sum(vals) / len(vals)
+        m.update(reduce_records(loss_metrics))  # over the optimiser steps, each key by its declared reduction
         if step_diag.energy is not None and float(step_diag.energy.sum()) > 0:
             share = step_diag.energy / step_diag.energy.sum()
             for b, v in enumerate(share.tolist()):
@@ -1040,18 +1034,25 @@ class Trainer:
 
     # -- run ---------------------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, stop: StopSignals | None = None) -> dict:
         """Train to cfg.train.steps; SIGINT/SIGTERM stop after the current step with a checkpoint
-        (``TrainingInterrupted``). The run folder's lock is released however the run ends."""
+        (``TrainingInterrupted``), a second one at once (``StoppedAtOnce``). ``stop``: the signal handling the
+        command line installed before construction (else the run installs its own). The run folder's lock and the
+        reward workers are released however the run ends."""
         threads_before = torch.get_num_threads()
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
         try:
-            with GracefulStop() as self.stop:
+            with StopSignals(immediate=False) if stop is None else contextlib.nullcontext(stop.training()) as self.stop:
                 return self._run()
         finally:
             torch.set_num_threads(threads_before)  # the process-wide setting is left as found
+            self._close_rewards()
             self.lock.release()
+
+    def _close_rewards(self) -> None:
+        if self.rewards is not None and hasattr(self.rewards, "close"):
+            self.rewards.close()
 
     def _stop_if_asked(self, step: int) -> None:
         """After a finished step: on a signal recorded by any process, checkpoint this step (unless just
@@ -1067,6 +1068,7 @@ class Trainer:
         """Close the logs and release the run folder without training (``run`` does this itself)."""
         for log in (self.metrics_log, self.eval_log, self.samples_log, self.scalars):
             log.close()
+        self._close_rewards()
         self.lock.release()
 
     def _run(self) -> dict:
@@ -1103,7 +1105,7 @@ class Trainer:
             return {}
         summary = run_summary(self.run_dir, cfg.eval.kappa)
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        write_run_file(self.run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
         return summary
 
 
@@ -1132,6 +1134,19 @@ def encode_prompts(tok, examples, data, max_tokens: int | None = None) -> list[l
             ids = ids[-max_tokens:]
         out.append(ids)
     return out
+
+
+def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
+    """The longest prompt the model's context leaves beside ``rollout.max_new_tokens`` (None: no limit known), after
+    checking every train and eval prompt against it: a ValueError names the first that does not fit. Needs only the
+    tokenizer and the model's config, so it runs before any weights load."""
+    from dfpo.trainer.llm.policy import check_completion_fits, tokenizer_and_context
+
+    tok, context = tokenizer_and_context(cfg.model)
+    check_completion_fits(cfg.rollout.max_new_tokens, context)
+    limit = None if context is None else context - cfg.rollout.max_new_tokens
+    encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
+    return limit
 
 
 def _generation_eos(model) -> list[int]:
