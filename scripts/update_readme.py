@@ -1,6 +1,6 @@
-"""Regenerate the generated blocks of README.md from the code (never hand-type them).
+"""Regenerate the generated blocks of README.md and docs/*.md from the code (never hand-type them).
 
-    python scripts/update_readme.py          # rewrite README.md in place
+    python scripts/update_readme.py          # rewrite the files in place
     python scripts/update_readme.py --check  # exit 1 if a block is stale (tests/test_readme.py)
 
 A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`.
@@ -13,7 +13,8 @@ import pathlib
 import re
 import sys
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def _objectives() -> str:
@@ -43,13 +44,22 @@ def _atlas() -> str:
     return atlas_table(markdown=True, own_aggregation=True)
 
 
-BLOCKS = {"objectives": _objectives, "demo": _demo, "atlas": _atlas, "ledger": _ledger}
+def _metrics() -> str:
+    from dfpo.trainer.metric_registry import markdown_table
+
+    return markdown_table()
 
 
-def render(text: str) -> str:
-    for name, make in BLOCKS.items():
+BLOCKS = {"objectives": _objectives, "demo": _demo, "atlas": _atlas, "ledger": _ledger, "metrics": _metrics}
+FILES = {README: ("objectives", "demo", "atlas", "ledger"), ROOT / "docs" / "metrics.md": ("metrics",)}
+"""Each generated file and the blocks it must hold."""
+
+
+def render(text: str, names=tuple(BLOCKS)) -> str:
+    for name in names:
+        make = BLOCKS[name]
         if f"<!-- BEGIN generated:{name} -->" not in text:
-            raise ValueError(f"README.md has no generated block {name!r}")
+            raise ValueError(f"no generated block {name!r}")
         pattern = re.compile(rf"(<!-- BEGIN generated:{name} -->\n)(?:.*?\n)?(<!-- END generated:{name} -->)", re.S)
         if pattern.search(text):
             body = make()
@@ -59,16 +69,21 @@ def render(text: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
     args = parser.parse_args()
-    current = README.read_text()
-    fresh = render(current)
-    if args.check:
-        if fresh != current:
-            print("README.md has stale generated blocks: run python scripts/update_readme.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(fresh)
+    stale = []
+    for path, names in FILES.items():
+        current = path.read_text()
+        fresh = render(current, names)
+        if fresh == current:
+            continue
+        if args.check:
+            stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.write_text(fresh)
+    if stale:
+        print(f"stale generated blocks in {', '.join(stale)}: run python scripts/update_readme.py", file=sys.stderr)
+        return 1
     return 0
 
 

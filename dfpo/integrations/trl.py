@@ -18,7 +18,8 @@ accelerate / DeepSpeed, logging. Two methods change:
 - ``_compute_loss``: per-token log-probs as TRL computes them, then ``dfpo.policy_loss`` with the objective
   (any preset or label, e.g. ``"dfpo_min:stopgrad=score"``), TRL's old and reference log-probs; every call
   checks that it holds whole groups. dfpo's metrics (``weights/asym``, clip fractions, ...) are logged through
-  TRL's logger under ``dfpo/``, averaged over the processes (``ratio/max``: their maximum).
+  TRL's logger under ``dfpo/``, combined over the processes and over TRL's logging window by each key's declared
+  reduction (``dfpo.trainer.metric_registry``: ``ratio/max`` stays a maximum, a count a sum).
 
 Several processes (``accelerate launch``): each process builds its own generation batch from TRL's
 ``RepeatSampler`` (every prompt ``num_generations`` times in a row, the same order on every process), and
@@ -46,6 +47,7 @@ import torch
 
 from dfpo.trainer.loss import ObjectiveSpec, objective_from_label, policy_loss
 from dfpo.trainer.loss.masks import ENTROPY_MASKS
+from dfpo.trainer.metric_registry import reduce_values
 
 try:
     from accelerate.utils import gather_object
@@ -55,6 +57,8 @@ except ImportError as err:  # pragma: no cover - the [dev] extra installs TRL
     raise ImportError("dfpo.integrations.trl needs TRL: pip install 'trl==1.16.*'") from err
 
 GROUP_KEY = "dfpo_group_ids"
+DFPO_PREFIX = "dfpo/"
+"""dfpo's metrics in TRL's logs: ``dfpo/<key of dfpo.trainer.metric_registry>``."""
 
 
 def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | None = None, first_group: int = 0) -> dict:
@@ -193,27 +197,25 @@ class DFPOGRPOTrainer(GRPOTrainer):
         )
         mode = "train" if self.model.training else "eval"
         for key, value in self._across_processes({k: float(v) for k, v in metrics.items()}).items():
-            self._metrics[mode][f"dfpo/{key}"].append(value)
+            self._metrics[mode][f"{DFPO_PREFIX}{key}"].append(value)
         if mode == "train":  # the Trainer loop sets the window's step count; outside it, the configured one
             loss = loss / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         return loss
 
     def _across_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        """One loss call's metrics over all processes: the max of ``*max`` entries (``ratio/max``), the min of
-        ``*min`` ones, the mean of the others (every process calls this once a loss call, as TRL gathers its own
-        loss metrics)."""
+        """One loss call's metrics over all processes, each key by its declared reduction (every process calls
+        this once a loss call, as TRL gathers its own loss metrics)."""
         if self.accelerator.num_processes == 1:
             return metrics
         per_process = gather_object([metrics])  # one dict a process
         values = {k: [m[k] for m in per_process if k in m] for k in sorted({k for m in per_process for k in m})}
-        return {k: _reduce(k, v) for k, v in values.items()}
+        return {k: reduce_values(k, v) for k, v in values.items()}
 
-
-def _reduce(key: str, values: list[float]) -> float:
-    """A metric's value over processes: max for a ``*max`` name, min for a ``*min`` one, else the mean."""
-    name = key.rsplit("/", 1)[-1]
-    if name.endswith("max"):
-        return max(values)
-    if name.endswith("min"):
-        return min(values)
-    return sum(values) / len(values)
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL averages every metric over its logging window; dfpo's keys are first combined by their declared
+        reduction (a maximum over the window, a sum of counts), so TRL's average of one value keeps it."""
+        mode = "train" if self.model.training else "eval"
+        window = self._metrics[mode]
+        for key in [k for k in window if k.startswith(DFPO_PREFIX) and window[k]]:
+            window[key] = [reduce_values(key.removeprefix(DFPO_PREFIX), window[key])]
+        super().log(logs, start_time)
