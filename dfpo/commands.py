@@ -6,7 +6,7 @@ import torch
 
 from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
 from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
-from dfpo.trainer.loss.objectives import COMMON_SOURCES
+from dfpo.trainer.loss.objectives import component_rows
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
 
@@ -28,14 +28,26 @@ def _cell(spec, column: str) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+_COMPONENT_COLUMNS = ("field", "owner", "default", "allowed", "read when", "trust region", "source")
+
+
+def components_table(markdown: bool = False) -> str:
+    """Every component field as ``ObjectiveSpec`` declares it: owner, default, allowed values, when the loss
+    core reads it, whether a matched control must hold it equal (trust region), source of the shared default."""
+    rows = [[row[c] for c in _COMPONENT_COLUMNS] for row in component_rows()]
+    if markdown:
+        rows = [[cell.replace("|", "\\|") for cell in row] for row in rows]
+    return _table(list(_COMPONENT_COLUMNS), rows, markdown)
+
+
 def objectives_table(markdown: bool = False, objective: str | None = None) -> str:
-    """Every preset with its components, defaults and sources."""
+    """Every preset with its components, defaults and sources, then every component's declaration."""
     if objective is not None and objective not in OBJECTIVES:
         raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
-    if objective is not None:  # one preset: every component, its value and its source
+    if objective is not None:  # one preset: every component, its value, whether the loss reads it, its source
         spec = OBJECTIVES[objective]
-        rows = [[c, _cell(spec, c), spec.source(c)] for c in COMPONENT_FIELDS]
-        return f"{objective}: {spec.description}\n\n" + _table(["component", "value", "source"], rows, markdown)
+        rows = [[c, _cell(spec, c), "yes" if spec.is_active(c) else "no", spec.source(c)] for c in COMPONENT_FIELDS]
+        return f"{objective}: {spec.description}\n\n" + _table(["component", "value", "read", "source"], rows, markdown)
     names = list(OBJECTIVES)
     rows = [[name, *(_cell(OBJECTIVES[name], c) for c in _COLUMNS)] for name in names]
     out = [_table(["objective", *_COLUMNS], rows, markdown), ""]
@@ -43,8 +55,14 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
         spec = OBJECTIVES[name]
         out.append(f"{name}: {spec.description}")
         out.extend(f"    {key}: {src}" for key, src in spec.sources.items())
-    out += ["", "Every other component takes the shared default (`dfpo objectives NAME` lists all of one preset):"]
-    out.extend(f"    {key}: {src}" for key, src in COMMON_SOURCES.items())
+    out += [
+        "",
+        "Components (declared beside each field of ObjectiveSpec; every other component of a preset takes the shared",
+        "default, whose source is the last column; `dfpo objectives NAME` lists all of one preset). 'trust region: yes'",
+        "fields must be equal for two objectives to be a matched control, unless the loss does not read them ('read when').",
+        "",
+        components_table(markdown),
+    ]
     return "\n".join(out)
 
 

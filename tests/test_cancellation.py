@@ -35,6 +35,8 @@ Summary (policy term; beta = 0):
 
 from __future__ import annotations
 
+import dataclasses
+
 import hypothesis
 import pytest
 import torch
@@ -341,6 +343,20 @@ def opsm_drops_a_sequence(group) -> bool:
     return bool(((group.advantages < 0) & (gap > OBJECTIVES["opsm"].opsm_delta)).any())
 
 
+def per_copy_scale(objective: str, group, aggregation: str) -> float:
+    """The largest single copy's contribution to the shared token's gradient (every other advantage set to 0), for the
+    sequence-weight objectives whose copies do not interact (eq 13's family); 0 for the others. VESPO's Gamma weight
+    can be ~1e-6 for w ~ 10, so a residual that is a quarter of each copy's share can still sit below 1e-8."""
+    if VERDICT_FAMILY[objective] not in ("gspo", "gspo_noclip", "gmpo", "vespo"):
+        return 0.0
+    scale = 0.0
+    for i in range(group.advantages.numel()):
+        only_i = torch.zeros_like(group.advantages)
+        only_i[i] = group.advantages[i]
+        scale = max(scale, residual(objective, dataclasses.replace(group, advantages=only_i), aggregation=aggregation))
+    return scale
+
+
 def partly_clipped(group) -> bool:
     clipped = clipped_sequences(group)
     return bool(clipped.any()) and not bool(clipped.all())
@@ -355,8 +371,9 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         pytest.fail(f"objective {objective!r} has no stated cancellation verdict: add it to VERDICT_FAMILY")
     family = VERDICT_FAMILY[objective]
     length_free = aggregation != "seq_mean_token_mean"
-    if family == "gspo":
-        return bool(clipped_sequences(group).all())  # only the trivial all-clipped case
+    if family == "gspo":  # only the trivial all-clipped case, at the preset's own range (LUSPO's is wider than GSPO's)
+        spec = OBJECTIVES[objective]
+        return bool(clipped_sequences(group, spec.eps_low, spec.eps_high).all())
     if family == "gspo_noclip":
         return False  # eq 13: each completion's own s_i
     if family in ("gmpo", "vespo"):
@@ -400,4 +417,4 @@ def test_cancellation_matrix(objective, aggregation, equal_lengths, shared_clipp
         if objective.startswith("dfpo"):
             per_length = aggregation == "seq_mean_token_mean"
             hypothesis.assume(eq72_residual(objective, group, unclipped_only=partly_clipped(group), per_length=per_length) > 1e-9)
-        assert value > 1e-8
+        assert value > 1e-8 or value > 1e-3 * per_copy_scale(objective, group, aggregation), value

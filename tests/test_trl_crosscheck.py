@@ -6,7 +6,9 @@ returns for the matching settings, to 1e-6 in float64, on batches where
 
 - ratios are away from 1 (``old_logp != logp``) so clipping is active on BOTH sides
   (asserted with TRL's own ``clip_ratio/low_mean`` and ``clip_ratio/high_mean`` metrics),
-- completion lengths differ, padding holds finite garbage, and there are several groups.
+- masks are ragged: each row's real tokens are a random subset of its positions (holes, as TRL's
+  ``tool_mask`` makes them), so completion lengths differ and padding sits inside rows too; padding
+  holds finite garbage, and there are several groups.
 
 Which TRL code runs
 -------------------
@@ -50,6 +52,12 @@ Setting correspondence (TRL -> dfpo)
   -> ``gspo``. TRL's sequence ratio is exp(mean_t mask*log r_it), the geometric mean of
   the token ratios: the paper's eq (44).
 - the same with dfpo ``gspo_token`` (one advantage per sequence: GSPO's value and gradient).
+- loss_type="luspo", importance_sampling_level="sequence", epsilon=2e-3, epsilon_high=2.5e-3 (the LUSPO
+  paper's range, as TRL's paper index configures it) -> ``luspo``. TRL's GRPOConfig default epsilon=0.2
+  is GRPO's range, not LUSPO's: with TRL's defaults on both sides the two differ only there, and
+  ``luspo:eps_low=0.2:eps_high=0.2`` equals TRL's default luspo (``test_trl_defaults_are_the_preset_...``).
+- loss_type="cispo", epsilon_high=5.0 (ScaleRL's eps_max, TRL's recommended value) -> ``cispo``; TRL's
+  default leaves epsilon_high = epsilon = 0.2, i.e. ``cispo:eps_high=0.2``.
 - loss_type="grpo", epsilon=1.0, epsilon_high=e, delta=1+e -> ``grpo_fix`` (eq 79-80).
   (TRL computes coef_2 = clamp(r, 1-1, 1+e) BEFORE clamping coef_1 at delta, so
   -min(min(r, 1+e) A, clamp(r, 0, 1+e) A) = -A clip(r, 0, 1+e).)
@@ -57,8 +65,8 @@ Setting correspondence (TRL -> dfpo)
 
 Where the two sides part (each pinned by a test, so a change on either side shows up)
 -----------------------------------------------------------------------------------
-1. Completions with no real token: TRL "grpo" counts them in its mean over B rows; dfpo
-   ignores them, so dfpo = TRL * B / (non-empty rows) (``test_all_masked_rows``).
+1. Completions with no real token: TRL "grpo", "sapo" and "luspo" count them in their mean over B
+   rows; dfpo ignores them, so dfpo = TRL * B / (non-empty rows) (``test_all_masked_rows``).
 2. GSPO clip metrics: TRL logs the share of clipped SEQUENCES, dfpo the share of real
    TOKENS in clipped sequences (``test_gspo_clip_fractions_are_token_weighted_...``).
 3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's
@@ -199,8 +207,20 @@ def trl_group_advantages(rewards: torch.Tensor, num_generations: int, scale: str
     return torch.nan_to_num(advantages, nan=0.0)
 
 
+def ragged_mask(g: torch.Generator, B: int, T: int) -> torch.Tensor:
+    """(B, T) bool: each row keeps a random subset of its positions (density 0.3-1), at least one; row 0 is
+    full and row 1 holds exactly two real tokens at random positions, so lengths differ for sure."""
+    density = 0.3 + 0.7 * torch.rand(B, 1, generator=g)  # (B, 1)
+    mask = torch.rand(B, T, generator=g) < density  # (B, T)
+    mask[torch.arange(B), torch.randint(0, T, (B,), generator=g)] = True  # no empty row
+    mask[0] = True
+    mask[1] = False
+    mask[1, torch.randperm(T, generator=g)[:2]] = True
+    return mask
+
+
 def make_batch(seed: int, *, level: str, eps_low: float, eps_high: float, n_groups: int = 3, group_size: int = 4, T: int = 9):
-    """Random batch whose rows are grouped contiguously (TRL's layout).
+    """Random batch whose rows are grouped contiguously (TRL's layout), with ragged masks (``ragged_mask``).
 
     Token level: every token log-ratio is uniform in (-0.6, 0.6), so with eps ~ 0.2 tokens
     fall below, inside and above the clip range in rows of both advantage signs.
@@ -210,9 +230,8 @@ def make_batch(seed: int, *, level: str, eps_low: float, eps_high: float, n_grou
     """
     g = torch.Generator().manual_seed(seed)
     B = n_groups * group_size
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0], lengths[1] = T, 2  # unequal lengths, one full row, for sure
-    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    mask = ragged_mask(g, B, T)  # (B, T)
+    lengths = mask.sum(-1)  # (B,)
 
     rewards = torch.rand(B, generator=g, dtype=DTYPE)  # distinct a.s.: both signs in every group
     advantages = trl_group_advantages(rewards, group_size, "group")  # (B,)
@@ -360,8 +379,9 @@ def test_loss_and_gradient_equal_trl(objective, overrides, trl_config, level, se
 # clipping and off-policy sequence masking. (id, dfpo objective, dfpo overrides, TRL settings, batch level)
 PEER_CASES = [
     ("sapo", "sapo", {}, dict(loss_type="sapo", epsilon=0.2), "token"),
-    ("luspo", "luspo", {}, dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+    ("luspo", "luspo", {}, dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=2e-3, epsilon_high=2.5e-3), "sequence"),
     ("vespo", "vespo", {}, dict(loss_type="vespo", epsilon=0.2), "token"),
+    ("cispo", "cispo", {}, dict(loss_type="cispo", epsilon=0.2, epsilon_high=5.0), "token"),
     ("delta~dual_clip", "grpo", {"dual_clip_c": 1.3}, dict(loss_type="grpo", epsilon=0.2, delta=1.3), "token"),
     ("off_policy_mask~opsm", "opsm", {"opsm_delta": 0.02}, dict(loss_type="grpo", epsilon=0.2, off_policy_mask_threshold=0.02), "token"),
 ]
@@ -370,7 +390,7 @@ PEER_CASES = [
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(("objective", "overrides", "trl_config", "level"), [c[1:] for c in PEER_CASES], ids=[c[0] for c in PEER_CASES])
 def test_newer_trl_losses_equal_dfpo_presets(objective, overrides, trl_config, level, seed):
-    """SAPO, LUSPO, VESPO, TRL's delta (dfpo's dual_clip_c) and OPSM: value and gradient equal TRL's to 1e-6."""
+    """SAPO, LUSPO, VESPO, CISPO, TRL's delta (dfpo's dual_clip_c) and OPSM: value and gradient equal TRL's to 1e-6."""
     batch = _batch_for(level, trl_config, seed)
     trl_value, trl_grad, _ = run_trl(batch, **trl_config)
     value, grad, metrics = run_dfpo(batch, objective, **overrides)
@@ -479,28 +499,57 @@ def test_bnpo_accumulates_micro_batch_token_means():
 # ---------------------------------------------------------------------------------------
 # Where the two conventions part: completions with no real token
 # ---------------------------------------------------------------------------------------
+LUSPO_TRL = dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=2e-3, epsilon_high=2.5e-3)
+
+
 @pytest.mark.parametrize(
-    ("objective", "trl_config"),
+    ("objective", "trl_config", "level"),
     [
-        ("grpo", dict(loss_type="grpo", epsilon=0.2)),
-        ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
-        ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2)),
+        ("grpo", dict(loss_type="grpo", epsilon=0.2), "token"),
+        ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28), "token"),
+        ("dr_grpo", dict(loss_type="dr_grpo", epsilon=0.2), "token"),
+        ("sapo", dict(loss_type="sapo", epsilon=0.2), "token"),
+        ("gspo", dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+        ("luspo", LUSPO_TRL, "sequence"),
     ],
 )
-def test_all_masked_rows(objective, trl_config):
-    """A completion with no real token (e.g. TRL's ``mask_truncated_completions``) adds
-    nothing to either loss. TRL's "grpo" still counts it in the mean over B rows; dfpo
-    ignores it (an all-masked row is no completion), so for seq_mean_token_mean
+def test_all_masked_rows(objective, trl_config, level):
+    """A completion with no real token (e.g. TRL's ``mask_truncated_completions``, or a random mask)
+    adds nothing to either loss. TRL's "grpo", "sapo" and "luspo" still count it in their mean over
+    B rows; dfpo ignores it (an all-masked row is no completion), so for the per-sequence means
     dfpo = TRL * B / (number of non-empty rows). Token-mean and constant agree exactly."""
-    batch = make_batch(7, level="token", eps_low=0.2, eps_high=0.28)
+    batch = make_batch(7, level=level, eps_low=trl_config["epsilon"], eps_high=trl_config.get("epsilon_high") or 0.2)
     batch.mask[[2, 5]] = False  # two empty completions
     B = batch.mask.shape[0]
     trl_value, trl_grad, _ = run_trl(batch, **trl_config)
     value, grad, _ = run_dfpo(batch, objective)
-    factor = B / (B - 2) if objective == "grpo" else 1.0
+    factor = B / (B - 2) if trl_config["loss_type"] in ("grpo", "sapo", "luspo") else 1.0
     torch.testing.assert_close(value, trl_value * factor, **TOL)
     torch.testing.assert_close(grad, trl_grad * factor, **TOL)
     assert torch.isfinite(grad).all() and not grad[[2, 5]].any()
+
+
+@pytest.mark.parametrize(
+    ("objective", "trl_config", "level", "overrides"),
+    [
+        ("luspo", dict(loss_type="luspo", importance_sampling_level="sequence"), "sequence", {"eps_low": 0.2, "eps_high": 0.2}),
+        ("cispo", dict(loss_type="cispo"), "token", {"eps_high": 0.2}),
+    ],
+)
+def test_trl_defaults_are_the_preset_at_trls_default_clip_range(objective, trl_config, level, overrides):
+    """Why dfpo's ``luspo`` / ``cispo`` and TRL's loss types differ "with default settings on both sides":
+    TRL's GRPOConfig default range (epsilon=0.2, epsilon_high=None -> 0.2) is GRPO's, for every loss type;
+    dfpo's presets take the papers' ranges (LUSPO 2e-3 / 2.5e-3 and CISPO's cap 5.0, the values TRL's own
+    docs recommend). The formulas are the same: TRL's defaults equal the preset at range 0.2 to 1e-6 on
+    ragged masks, and differ from the preset by a large share of the gradient."""
+    for seed in SEEDS:
+        batch = make_batch(seed, level=level, eps_low=0.2, eps_high=0.2)
+        trl_value, trl_grad, _ = run_trl(batch, **trl_config)
+        value, grad, _ = run_dfpo(batch, objective, **overrides)
+        torch.testing.assert_close(value, trl_value, **TOL)
+        torch.testing.assert_close(grad, trl_grad, **TOL)
+        _, preset_grad, _ = run_dfpo(batch, objective)
+        assert float((preset_grad - trl_grad).abs().max() / trl_grad.abs().max()) > 0.1
 
 
 # ---------------------------------------------------------------------------------------

@@ -6,12 +6,17 @@ from dfpo.trainer.loss import policy_loss, group_advantages, OBJECTIVES
 from dfpo.trainer.loss.advantages import group_advantages
 from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate, aggregation_count
 from dfpo.trainer.loss.clipping import CLIP_MODES, CLIP_RULES, ClipRule, clipped_weight, sign_aware_clip, symmetric_clip
-from dfpo.trainer.loss.core import asymmetry, group_variance, policy_loss
+from dfpo.trainer.loss.core import asymmetry, compute_dtype, group_variance, policy_loss
+from dfpo.trainer.loss.fields import Bounds, FieldInfo, When
 from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
 from dfpo.trainer.loss.objectives import (
+    COMMON_SOURCES,
     COMPONENT_FIELDS,
     OBJECTIVES,
+    SPEC_FIELDS,
+    TRUST_REGION_FIELDS,
     ObjectiveSpec,
+    component_rows,
     objective_from_label,
     parse_objective_label,
     resolve_objective,
@@ -33,24 +38,32 @@ from dfpo.trainer.loss.transforms import (
 
 __all__ = [
     "AGGREGATIONS",
+    "Bounds",
     "CLIP_MODES",
     "CLIP_RULES",
+    "COMMON_SOURCES",
     "COMPONENT_FIELDS",
     "ClipRule",
+    "FieldInfo",
     "LossBatch",
     "OBJECTIVES",
     "ObjectiveSpec",
     "PolicyTerms",
     "RATIO_SHAPES",
+    "SPEC_FIELDS",
     "STOPGRAD_FUNCTIONS",
     "TOKEN_MASKS",
     "TOKEN_MASK_FUNCTIONS",
     "TRANSFORMS",
     "TRANSFORM_FUNCTIONS",
+    "TRUST_REGION_FIELDS",
+    "When",
     "aggregate",
     "aggregation_count",
     "asymmetry",
     "clipped_weight",
+    "component_rows",
+    "compute_dtype",
     "dropped_tokens",
     "group_advantages",
     "group_transform",

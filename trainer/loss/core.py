@@ -9,7 +9,8 @@ on the hot path (group bookkeeping aside). Padding may hold anything, NaN and in
 every read of a padded tensor goes through ``torch.where`` on the mask.
 
 Where this departs from the paper / peers:
-1. Rows with no real token are ignored by the sequence means (TRL divides by B).
+1. Rows with no real token are ignored by the sequence means (TRL's grpo, sapo and luspo divide by B,
+   empty rows included; ``tests/test_trl_crosscheck.py`` pins the factor B / non-empty rows).
 2. DFPO's default stop-gradient form is ``ratio`` (eqs 59-62): sg(stilde/sbar) * sbar(theta), so a
    sequence GSPO clips gets no gradient, as the paper intends (App. B, K.3, K.5). The override
    ``stopgrad="score"`` (eq 68, 85, derived on the unclipped segment) gives clipped sequences a
@@ -17,6 +18,11 @@ Where this departs from the paper / peers:
 3. ``weights/asym`` (eq 23) needs a per-sequence weight w_i for every objective: the
    post-transform weight stilde_i at sequence level, the token mean of the post-clip token
    weights at token level; Var is the population variance within a group, averaged over groups.
+4. Half-precision inputs (float16, bfloat16) are computed in float32, as TRL and verl upcast log-probs:
+   the loss and metrics come back in float32 and the gradient flows back to the half-precision ``logp``
+   (and ``entropy``) through autograd, rounded to its dtype. A gradient float16 cannot hold (|g| > 65504,
+   e.g. A = 1 on a ratio clamped at e^20 under a loss without a trust region) raises a ValueError in
+   backward instead of becoming inf.
 """
 
 from __future__ import annotations
@@ -80,6 +86,48 @@ def _check_inputs(
         bad = torch.nonzero(~torch.isfinite(advantages.detach())).flatten()[:5].tolist()
         raise ValueError(f"advantages must be finite; non-finite at indices {bad}")
     return mask
+
+
+class _UpcastHalf(torch.autograd.Function):
+    """float16 / bfloat16 -> float32 whose backward rounds the gradient back to the input's dtype and refuses
+    one the dtype cannot hold (|g| > its largest finite value, NaN) with a ValueError naming the argument."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, name: str) -> Tensor:
+        ctx.name, ctx.dtype = name, x.dtype
+        return x.float()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        limit = torch.finfo(ctx.dtype).max
+        if not bool((grad.abs() <= limit).all()):  # one device sync, half-precision inputs only
+            worst = float(torch.nan_to_num(grad.abs(), nan=float("inf")).max())
+            raise ValueError(
+                f"the gradient with respect to {ctx.name} does not fit {ctx.name}'s dtype {ctx.dtype} "
+                f"(max |grad| = {worst:.3g} > {limit:g}); pass {ctx.name} in float32"
+            )
+        return grad.to(ctx.dtype), None
+
+
+def compute_dtype(logp: Tensor) -> torch.dtype:
+    """The dtype ``policy_loss`` computes in: ``logp``'s, at least float32."""
+    return torch.promote_types(logp.dtype, torch.float32)
+
+
+def _to_compute(x: Tensor | None, dtype: torch.dtype, name: str) -> Tensor | None:
+    """``x`` in the compute dtype; a half-precision tensor with a gradient goes through ``_UpcastHalf``."""
+    if x is None or x.dtype == dtype:
+        return x
+    if x.requires_grad and x.dtype in (torch.float16, torch.bfloat16) and dtype == torch.float32:
+        return _UpcastHalf.apply(x, name)
+    return x.to(dtype)
+
+
+def _check_required(spec: ObjectiveSpec, supplied: dict[str, Tensor | None]) -> None:
+    """ValueError naming each optional argument the spec needs but the caller left out, and what needs it."""
+    for name, reason in spec.required_inputs().items():
+        if supplied[name] is None:
+            raise ValueError(f"{name} is required for {reason}, got {name}=None")
 
 
 def _sanitise(x: Tensor | None, mask: Tensor) -> Tensor | None:
@@ -164,23 +212,22 @@ def policy_loss(
     ``rollout_logp`` (the sampler's log-probs) is read by the spec's ``rollout_correction`` only.
     ``objective`` is an ObjectiveSpec (used as it is: a spec is valid by construction) or the
     name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
+    Computed in ``logp``'s dtype, at least float32 (``compute_dtype``): the loss and metrics come back in it.
+    A missing ``entropy`` / ``ref_logp`` / ``rollout_logp`` the spec needs (``spec.required_inputs()``) is
+    refused before any other work.
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
+    _check_required(spec, {"entropy": entropy, "ref_logp": ref_logp, "rollout_logp": rollout_logp})
     mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp, rollout_logp)
-    if spec.rollout_correction != "none" and rollout_logp is None:
-        raise ValueError(f"rollout_logp is required for rollout_correction={spec.rollout_correction!r}, got rollout_logp=None")
-    if spec.beta > 0 and ref_logp is None:
-        raise ValueError(f"ref_logp is required when beta > 0, got beta={spec.beta} and ref_logp=None")
-    if spec.entropy_coef > 0 and entropy is None:
-        raise ValueError(
-            f"entropy (with its gradient) is required when entropy_coef > 0, got entropy_coef={spec.entropy_coef} and entropy=None"
-        )
-    logp = _sanitise(logp, mask)  # (B, T)
+    dtype = compute_dtype(logp)  # float32 for half-precision inputs
+    logp = _sanitise(_to_compute(logp, dtype, "logp"), mask)  # (B, T)
+    old_logp, ref_logp, rollout_logp = (None if t is None else t.detach().to(dtype) for t in (old_logp, ref_logp, rollout_logp))
+    entropy = _to_compute(entropy, dtype, "entropy")
     lengths = mask.sum(-1)  # (B,)
     x = LossBatch(
         logp=logp,
-        old_logp=_sanitise(old_logp, mask).detach(),  # (B, T)
-        adv=advantages.detach().to(logp.dtype),  # (B,)
+        old_logp=_sanitise(old_logp, mask),  # (B, T)
+        adv=advantages.detach().to(dtype),  # (B,)
         mask=mask,
         lengths=lengths,
         groups=Groups.of(group_ids),

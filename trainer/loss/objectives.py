@@ -3,6 +3,12 @@
 ``OBJECTIVES[name]`` is a frozen :class:`ObjectiveSpec`; ``resolve_objective(name, **overrides)``
 returns a validated copy with some components changed. ``policy_loss`` reads only the spec.
 Every preset cites the source of each default in ``sources``.
+
+Each field of ``ObjectiveSpec`` declares, beside itself, a ``FieldInfo`` (``dfpo.trainer.loss.fields``):
+its owner component, its bounds or choices, the source of its shared default, when the loss core reads
+it and whether a matched control must hold it equal. ``validate_spec``'s value checks, ``COMMON_SOURCES``,
+``TRUST_REGION_FIELDS``, ``unmatched_components`` and ``component_rows`` (the docs of ``dfpo objectives``)
+are derived from those declarations.
 """
 
 from __future__ import annotations
@@ -17,96 +23,391 @@ from dfpo.trainer.loss.advantages import ADVANTAGE_SCALES
 from dfpo.trainer.loss.aggregation import AGGREGATIONS
 from dfpo.trainer.loss.clipping import CLIP_RULES
 from dfpo.trainer.loss.correction import CORRECTIONS
-from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS
+from dfpo.trainer.loss.fields import META_KEY, Bounds, FieldInfo, When, check_value, field_infos, spec_field
+from dfpo.trainer.loss.masks import ENTROPY_MASKS, TOKEN_MASK_FUNCTIONS
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FUNCTIONS
 from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
 
 RATIO_LEVELS = tuple(RATIO_SHAPES)
 COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 
+_INF = math.inf
+_UNIT = Bounds(0.0, 1.0)
+_UNIT_OPEN = Bounds(0.0, 1.0, low_open=True)
+_NONNEG = Bounds(0.0, _INF)
+_POSITIVE = Bounds(0.0, _INF, low_open=True)
+_READS_EPS_LOW = When("clip", ("ppo", "symmetric", "dppo_tv", "dppo_kl"))
+_READS_EPS_HIGH = When("clip", ("ppo", "symmetric", "cispo", "dppo_tv", "dppo_kl"))
+_READS_DUAL_CLIP = When("clip", ("ppo", "dppo_tv", "dppo_kl"))
+_CISPO = When("clip", ("cispo",))
+
+
+def _info(owner: str, kind: str, source: str, trust_region: bool, **more: object) -> FieldInfo:
+    return FieldInfo(owner=owner, kind=kind, source=source, trust_region=trust_region, **more)
+
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
     """One objective as a composition of components; valid by construction (``validate_spec`` runs on init)."""
 
-    name: str
+    name: str = spec_field(dataclasses.MISSING, _info("preset", "label", "the preset's name (not a component)", False))
     """Preset name, e.g. ``"dfpo_min"``."""
-    description: str
+    description: str = spec_field(
+        dataclasses.MISSING, _info("preset", "label", "the preset's one-line description (not a component)", False)
+    )
     """One line saying what the objective is."""
-    ratio_level: str = "token"
+    ratio_level: str = spec_field("token", _info("ratio", "choice", "token ratio r_it (paper eq 7; PPO, GRPO)", True, choices=RATIO_SHAPES))
     """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO)."""
-    clip: str = "ppo"
+    clip: str = spec_field(
+        "ppo", _info("clip", "choice", "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)", True, choices=CLIP_RULES)
+    )
     """How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric``
     clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1
     (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks."""
-    eps_low: float = 0.2
+    eps_low: float = spec_field(
+        0.2,
+        _info(
+            "clip",
+            "number",
+            "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+            True,
+            bounds=_UNIT,
+            bounds_when=((_CISPO, None),),
+            active_when=_READS_EPS_LOW,
+        ),
+    )
     """Lower clip range: the clip interval starts at 1 - eps_low (DPPO: the divergence bound when p falls)."""
-    eps_high: float = 0.2
+    eps_high: float = spec_field(
+        0.2,
+        _info(
+            "clip",
+            "number",
+            "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+            True,
+            bounds=_NONNEG,
+            bounds_when=((_CISPO, _POSITIVE),),
+            active_when=_READS_EPS_HIGH,
+        ),
+    )
     """Upper clip range: 1 + eps_high (CISPO: the ratio cap itself; DPPO: the divergence bound when p rises)."""
-    dual_clip_c: float | None = None
+    dual_clip_c: float | None = spec_field(
+        None,
+        _info(
+            "clip",
+            "optional_number",
+            "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
+            True,
+            bounds=Bounds(1.0, _INF, low_open=True),
+            active_when=_READS_DUAL_CLIP,
+        ),
+    )
     """Dual-clip: for A < 0 the weight is capped at c > 1 (verl clip_ratio_c, TRL delta); DPPO's ratio cap. None: off."""
-    sapo_tau_pos: float = 1.0
+    sapo_tau_pos: float = spec_field(
+        1.0,
+        _info(
+            "clip",
+            "number",
+            "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
+            True,
+            bounds=_POSITIVE,
+            active_when=When("clip", ("sapo",)),
+        ),
+    )
     """SAPO gate temperature for A > 0."""
-    sapo_tau_neg: float = 1.05
+    sapo_tau_neg: float = spec_field(
+        1.05,
+        _info(
+            "clip",
+            "number",
+            "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
+            True,
+            bounds=_POSITIVE,
+            active_when=When("clip", ("sapo",)),
+        ),
+    )
     """SAPO gate temperature for A <= 0."""
-    vespo_k_pos: float = 2.0
+    vespo_k_pos: float = spec_field(
+        2.0,
+        _info(
+            "clip",
+            "number",
+            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
+            True,
+            bounds=_NONNEG,
+            active_when=When("clip", ("vespo",)),
+        ),
+    )
     """VESPO Gamma power k for A >= 0."""
-    vespo_lambda_pos: float = 3.0
+    vespo_lambda_pos: float = spec_field(
+        3.0,
+        _info(
+            "clip",
+            "number",
+            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
+            True,
+            bounds=_POSITIVE,
+            active_when=When("clip", ("vespo",)),
+        ),
+    )
     """VESPO Gamma decay lambda for A >= 0."""
-    vespo_k_neg: float = 3.0
+    vespo_k_neg: float = spec_field(
+        3.0,
+        _info(
+            "clip",
+            "number",
+            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
+            True,
+            bounds=_NONNEG,
+            active_when=When("clip", ("vespo",)),
+        ),
+    )
     """VESPO Gamma power k for A < 0."""
-    vespo_lambda_neg: float = 2.0
+    vespo_lambda_neg: float = spec_field(
+        2.0,
+        _info(
+            "clip",
+            "number",
+            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
+            True,
+            bounds=_POSITIVE,
+            active_when=When("clip", ("vespo",)),
+        ),
+    )
     """VESPO Gamma decay lambda for A < 0."""
-    transform: str = "none"
+    transform: str = spec_field(
+        "none",
+        _info("transform", "choice", "none: no in-group transform (the baselines)", False, choices=TRANSFORM_FUNCTIONS),
+    )
     """DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr."""
-    tr_floor: float = 1e-6
+    tr_floor: float = spec_field(
+        1e-6,
+        _info(
+            "transform",
+            "number",
+            "paper eq 52 names a small floor without a value; 1e-6 chosen here",
+            False,
+            bounds=_POSITIVE,
+            active_when=When("transform", ("orth_tr",)),
+        ),
+    )
     """Truncation floor of truncate-and-rebalance (eq 52)."""
-    stopgrad: str = "ratio"
+    stopgrad: str = spec_field(
+        "ratio",
+        _info(
+            "transform",
+            "choice",
+            "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); "
+            "only read when a transform is set",
+            False,
+            choices=STOPGRAD_FUNCTIONS,
+            active_when=When("transform", ("none",), negate=True),
+        ),
+    )
     """How stilde enters the gradient: ``ratio`` (eq 59-62, keeps GSPO's trust region), ``score`` (eq 68/85:
     no trust region on clipped sequences), ``none`` (Table 3 ablation)."""
-    length_aware: bool = False
+    length_aware: bool = spec_field(
+        False,
+        _info(
+            "transform",
+            "bool",
+            "False: the paper's transforms (length-aware is this project's extension)",
+            False,
+            active_when=When("transform", ("none",), negate=True),
+        ),
+    )
     """Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension)."""
-    token_mask: str = "none"
-    """Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``."""
-    mask_renormalise: bool = True
+    token_mask: str = spec_field(
+        "none",
+        _info("token_mask", "choice", "none: every real token gets a gradient", True, choices=TOKEN_MASK_FUNCTIONS),
+    )
+    """Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``, ``opsm``."""
+    mask_renormalise: bool = spec_field(
+        True,
+        _info(
+            "token_mask",
+            "bool",
+            "STAPO: the loss is divided by the number of kept tokens",
+            True,
+            active_when=When("token_mask", ("none",), negate=True),
+        ),
+    )
     """Aggregate over kept tokens only (STAPO) rather than over all real tokens (TRL top-entropy)."""
-    stapo_tau_p: float = 0.002
+    stapo_tau_p: float = spec_field(
+        0.002,
+        _info(
+            "token_mask",
+            "number",
+            "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
+            True,
+            bounds=_UNIT_OPEN,
+            active_when=When("token_mask", ("stapo",)),
+        ),
+    )
     """STAPO probability threshold tau_p."""
-    stapo_q: float = 0.75
+    stapo_q: float = spec_field(
+        0.75,
+        _info(
+            "token_mask",
+            "number",
+            "STAPO (arXiv 2602.15620) latest version: q = 0.75",
+            True,
+            bounds=_UNIT,
+            active_when=When("token_mask", ("stapo",)),
+        ),
+    )
     """STAPO entropy quantile q."""
-    top_entropy_frac: float = 0.2
+    top_entropy_frac: float = spec_field(
+        0.2,
+        _info(
+            "token_mask",
+            "number",
+            "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
+            True,
+            bounds=_UNIT_OPEN,
+            active_when=When("token_mask", ("top_entropy",)),
+        ),
+    )
     """Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``."""
-    cov_control: str = "none"
+    cov_control: str = spec_field("none", _info("cov_control", "choice", "none: no covariance control", True, choices=COV_CONTROLS))
     """Covariance token control (arXiv 2505.22617): ``none``, ``clip_cov`` (drop high-covariance tokens from the
     gradient) or ``kl_cov`` (a |log r| penalty on the top-covariance tokens). Token level only."""
-    cov_ratio: float = 2e-4
+    cov_ratio: float = spec_field(
+        2e-4,
+        _info(
+            "cov_control",
+            "number",
+            "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
+            True,
+            bounds=_UNIT_OPEN,
+            active_when=When("cov_control", ("none",), negate=True),
+        ),
+    )
     """Share of real tokens Clip-Cov drops / KL-Cov penalises (at least one token)."""
-    cov_clip_low: float = 1.0
+    cov_clip_low: float = spec_field(
+        1.0,
+        _info(
+            "cov_control",
+            "number",
+            "verl clip_cov_lb default 1.0",
+            True,
+            bounds=Bounds(-_INF, _INF),
+            active_when=When("cov_control", ("clip_cov",)),
+        ),
+    )
     """Clip-Cov: lower bound of the covariance band it picks from."""
-    cov_clip_high: float = 5.0
+    cov_clip_high: float = spec_field(
+        5.0,
+        _info(
+            "cov_control",
+            "number",
+            "verl clip_cov_ub default 5.0",
+            True,
+            bounds=Bounds("cov_clip_low", _INF),
+            active_when=When("cov_control", ("clip_cov",)),
+        ),
+    )
     """Clip-Cov: upper bound of the covariance band it picks from."""
-    kl_cov_coef: float = 1.0
+    kl_cov_coef: float = spec_field(
+        1.0,
+        _info(
+            "cov_control",
+            "number",
+            "verl compute_policy_loss_kl_cov's fallback 1.0 (verl's PolicyLossConfig default is 0.1)",
+            True,
+            bounds=_NONNEG,
+            active_when=When("cov_control", ("kl_cov",)),
+        ),
+    )
     """KL-Cov: weight of the |log r| penalty."""
-    opsm_delta: float = 0.5
+    opsm_delta: float = spec_field(
+        0.5,
+        _info(
+            "token_mask",
+            "number",
+            "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
+            True,
+            bounds=_NONNEG,
+            active_when=When("token_mask", ("opsm",)),
+        ),
+    )
     """Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped."""
-    aggregation: str = "seq_mean_token_mean"
+    aggregation: str = spec_field(
+        "seq_mean_token_mean",
+        _info(
+            "aggregation",
+            "choice",
+            "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
+            True,
+            choices=AGGREGATIONS,
+        ),
+    )
     """seq_mean_token_mean / token_mean / constant / seq_mean_token_sum."""
-    max_completion_length: int | None = None
+    max_completion_length: int | None = spec_field(
+        None,
+        _info(
+            "aggregation",
+            "count",
+            "None: the batch's T (TRL: max_completion_length)",
+            True,
+            active_when=When("aggregation", ("constant",)),
+        ),
+    )
     """T_max of the ``constant`` aggregation (None: the batch's T)."""
-    beta: float = 0.0
+    beta: float = spec_field(
+        0.0,
+        _info("kl", "number", "0: no KL term (TRL GRPOConfig default; DAPO, Dr. GRPO and GSPO drop it)", True, bounds=_NONNEG),
+    )
     """Weight of the k3 KL to ``ref_logp``."""
-    rollout_correction: str = "none"
+    rollout_correction: str = spec_field(
+        "none",
+        _info(
+            "correction",
+            "choice",
+            "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
+            True,
+            choices=CORRECTIONS,
+        ),
+    )
     """Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp``): none, token_truncate, token_mask,
     sequence_truncate, sequence_mask (see ``dfpo.trainer.loss.correction``)."""
-    rollout_low: float = 0.5
+    rollout_low: float = spec_field(
+        0.5,
+        _info(
+            "correction",
+            "number",
+            "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min)",
+            True,
+            bounds=_UNIT,
+            active_when=When("rollout_correction", ("token_mask", "sequence_mask")),
+        ),
+    )
     """Lower bound of the mask modes' kept interval [low, cap]."""
-    rollout_cap: float = 2.0
+    rollout_cap: float = spec_field(
+        2.0,
+        _info(
+            "correction",
+            "number",
+            "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
+            True,
+            bounds=Bounds(1.0, _INF),
+            active_when=When("rollout_correction", ("none",), negate=True),
+        ),
+    )
     """Truncation cap of the truncate modes, upper bound of the mask modes."""
-    entropy_coef: float = 0.0
+    entropy_coef: float = spec_field(
+        0.0, _info("entropy", "number", "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)", True, bounds=_NONNEG)
+    )
     """Entropy bonus: the loss minus entropy_coef times the mean entropy over the tokens the policy term keeps."""
-    adv_scale: str = "group"
+    adv_scale: str = spec_field(
+        "group",
+        _info("advantage", "choice", "group mean and std (paper eq 43; TRL scale_rewards='group')", True, choices=ADVANTAGE_SCALES),
+    )
     """Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp."""
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    sources: Mapping[str, str] = field(
+        default_factory=dict,
+        compare=False,
+        metadata={META_KEY: _info("preset", "label", "each preset's own sources, keyed by field name (not a component)", False)},
+    )
     """Where each default comes from, keyed by field name."""
 
     def __post_init__(self) -> None:
@@ -120,112 +421,91 @@ class ObjectiveSpec:
 
     def components(self) -> dict[str, object]:
         """The component fields (everything but name, description and sources)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("name", "description", "sources")}
+        return {name: getattr(self, name) for name in COMPONENT_FIELDS}
+
+    def is_active(self, component: str) -> bool:
+        """Whether the loss core reads ``component`` for this spec (its ``FieldInfo.active_when``)."""
+        condition = SPEC_FIELDS[component].active_when
+        return condition is None or condition.holds(self)
+
+    def required_inputs(self) -> dict[str, str]:
+        """The optional ``policy_loss`` arguments this spec needs, each with the component setting that needs it."""
+        needs: dict[str, str] = {}
+        if self.token_mask in ENTROPY_MASKS:
+            needs["entropy"] = f"token_mask={self.token_mask!r}"
+        elif self.entropy_coef > 0:
+            needs["entropy"] = f"entropy_coef={self.entropy_coef!r} (entropy with its gradient)"
+        if self.beta > 0:
+            needs["ref_logp"] = f"beta={self.beta!r} (the k3 KL to the reference policy)"
+        if self.rollout_correction != "none":
+            needs["rollout_logp"] = f"rollout_correction={self.rollout_correction!r}"
+        return needs
+
+    @property
+    def needs_entropy(self) -> bool:
+        """``policy_loss`` needs ``entropy``: an entropy token mask (stapo, top_entropy) or an entropy bonus (entropy_coef > 0)."""
+        return "entropy" in self.required_inputs()
+
+    @property
+    def needs_ref_logp(self) -> bool:
+        """``policy_loss`` needs ``ref_logp``: a KL term to the reference policy (beta > 0)."""
+        return "ref_logp" in self.required_inputs()
+
+    @property
+    def needs_rollout_logp(self) -> bool:
+        """``policy_loss`` needs ``rollout_logp``: a rollout correction (rollout_correction != 'none')."""
+        return "rollout_logp" in self.required_inputs()
+
+    def batch_coupling(self) -> list[str]:
+        """Why the loss of a batch is not the weighted sum of its micro-batches' losses ([] when it is).
+
+        The micro-batches hold whole groups and keep the batch's padded width; each is weighted by
+        ``aggregation_count`` of its real-token mask over the batch's (what a trainer knows before the loss).
+        """
+        reasons = []
+        if self.token_mask in ("stapo", "top_entropy"):
+            reasons.append(f"token_mask={self.token_mask!r} thresholds at a quantile over the whole batch")
+        if self.token_mask != "none" and self.mask_renormalise and self.aggregation != "constant":
+            reasons.append("mask_renormalise=True divides by kept tokens, not by the real tokens micro-batches are weighted by")
+        if self.cov_control != "none":
+            reasons.append(f"cov_control={self.cov_control!r} centres on batch means and picks a share of the whole batch's tokens")
+        if self.entropy_coef > 0 and (self.aggregation != "token_mean" or self.token_mask != "none"):
+            reasons.append("the entropy bonus is a mean over kept tokens, weighted unlike the aggregation's micro-batches")
+        return reasons
+
+    @property
+    def batch_coupled(self) -> bool:
+        """True when accumulating micro-batches (whole groups, weighted by ``aggregation_count``) is not exact:
+        see ``batch_coupling`` for the reasons. Token masks with batch thresholds (stapo, top_entropy),
+        renormalised token masks, covariance controls, and an entropy bonus outside ``token_mean`` couple a batch."""
+        return bool(self.batch_coupling())
 
 
-COMPONENT_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectiveSpec) if f.name not in ("name", "description", "sources"))
-
-COMMON_SOURCES: Mapping[str, str] = MappingProxyType(
-    {
-        "ratio_level": "token ratio r_it (paper eq 7; PPO, GRPO)",
-        "clip": "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
-        "eps_low": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-        "eps_high": "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-        "dual_clip_c": "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
-        "sapo_tau_pos": "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
-        "sapo_tau_neg": "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
-        "vespo_k_pos": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
-        "vespo_lambda_pos": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
-        "vespo_k_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
-        "vespo_lambda_neg": "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
-        "cov_control": "none: no covariance control",
-        "cov_ratio": "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
-        "cov_clip_low": "verl clip_cov_lb default 1.0",
-        "cov_clip_high": "verl clip_cov_ub default 5.0",
-        "kl_cov_coef": "verl compute_policy_loss_kl_cov's fallback 1.0 (verl's PolicyLossConfig default is 0.1)",
-        "opsm_delta": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
-        "entropy_coef": "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)",
-        "rollout_correction": "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
-        "rollout_low": "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min)",
-        "rollout_cap": "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
-        "transform": "none: no in-group transform (the baselines)",
-        "tr_floor": "paper eq 52 names a small floor without a value; 1e-6 chosen here",
-        "stopgrad": "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); only read when a transform is set",
-        "length_aware": "False: the paper's transforms (length-aware is this project's extension)",
-        "token_mask": "none: every real token gets a gradient",
-        "mask_renormalise": "STAPO: the loss is divided by the number of kept tokens",
-        "stapo_tau_p": "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
-        "stapo_q": "STAPO (arXiv 2602.15620) latest version: q = 0.75",
-        "top_entropy_frac": "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
-        "aggregation": "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
-        "max_completion_length": "None: the batch's T (TRL: max_completion_length)",
-        "beta": "0: no KL term (TRL GRPOConfig default; DAPO, Dr. GRPO and GSPO drop it)",
-        "adv_scale": "group mean and std (paper eq 43; TRL scale_rewards='group')",
-    }
-)
-
-_CHOICES = {  # the registries themselves, so a shape registered later is a valid choice
-    "ratio_level": RATIO_SHAPES,
-    "clip": CLIP_RULES,
-    "transform": TRANSFORM_FUNCTIONS,
-    "stopgrad": STOPGRAD_FUNCTIONS,
-    "token_mask": TOKEN_MASK_FUNCTIONS,
-    "aggregation": AGGREGATIONS,
-    "adv_scale": ADVANTAGE_SCALES,
-    "cov_control": COV_CONTROLS,
-    "rollout_correction": CORRECTIONS,
-}
-
-
-def _check_number(name: str, value: object, low: float, high: float, *, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
-    if value < low or value > high or (low_open and value == low):
-        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ValueError(f"{name} must be in {bound}, got {name}={value!r}")
+SPEC_FIELDS: Mapping[str, FieldInfo] = MappingProxyType(field_infos(ObjectiveSpec))
+"""Every field's declaration, in field order."""
+COMPONENT_FIELDS = tuple(name for name, info in SPEC_FIELDS.items() if info.owner != "preset")
+COMMON_SOURCES: Mapping[str, str] = MappingProxyType({name: SPEC_FIELDS[name].source for name in COMPONENT_FIELDS})
+"""The source of each component's shared default (a preset that changes it cites its own)."""
+TRUST_REGION_FIELDS = tuple(name for name in COMPONENT_FIELDS if SPEC_FIELDS[name].trust_region)
+"""What a matched control must hold equal: everything but the DFPO transform and its parameters."""
 
 
 def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
-    """Raise ValueError naming the first bad component; return the spec unchanged otherwise."""
-    for key, choices in _CHOICES.items():
-        value = getattr(spec, key)
-        if value not in choices:
-            raise ValueError(f"{key} must be one of {tuple(choices)}, got {key}={value!r}")
-    if spec.clip == "cispo":
-        _check_number("eps_high", spec.eps_high, 0.0, math.inf, low_open=True)
-    else:
-        _check_number("eps_low", spec.eps_low, 0.0, 1.0)
-        _check_number("eps_high", spec.eps_high, 0.0, math.inf)
-    _check_number("tr_floor", spec.tr_floor, 0.0, math.inf, low_open=True)
-    _check_number("stapo_tau_p", spec.stapo_tau_p, 0.0, 1.0, low_open=True)
-    _check_number("stapo_q", spec.stapo_q, 0.0, 1.0)
-    _check_number("top_entropy_frac", spec.top_entropy_frac, 0.0, 1.0, low_open=True)
-    _check_number("beta", spec.beta, 0.0, math.inf)
-    _check_number("entropy_coef", spec.entropy_coef, 0.0, math.inf)
-    _check_number("opsm_delta", spec.opsm_delta, 0.0, math.inf)
-    _check_number("cov_ratio", spec.cov_ratio, 0.0, 1.0, low_open=True)
-    _check_number("cov_clip_low", spec.cov_clip_low, -math.inf, math.inf)
-    _check_number("cov_clip_high", spec.cov_clip_high, spec.cov_clip_low, math.inf)
-    _check_number("kl_cov_coef", spec.kl_cov_coef, 0.0, math.inf)
-    _check_number("rollout_low", spec.rollout_low, 0.0, 1.0)
-    _check_number("rollout_cap", spec.rollout_cap, 1.0, math.inf)
+    """Raise ValueError naming the first bad component; return the spec unchanged otherwise.
+
+    Each field is checked against its ``FieldInfo`` (choices first, then values), then the rules that tie
+    components together.
+    """
+    for name, info in SPEC_FIELDS.items():
+        if info.kind == "choice":
+            check_value(name, info, spec)
+    for name, info in SPEC_FIELDS.items():
+        if info.kind != "choice":
+            check_value(name, info, spec)
     if spec.cov_control != "none" and spec.ratio_level != "token":
         raise ValueError(
             f"cov_control={spec.cov_control!r} selects tokens and needs ratio_level='token', got ratio_level={spec.ratio_level!r}"
         )
-    for key in ("sapo_tau_pos", "sapo_tau_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
-        _check_number(key, getattr(spec, key), 0.0, math.inf, low_open=True)
-    for key in ("vespo_k_pos", "vespo_k_neg"):
-        _check_number(key, getattr(spec, key), 0.0, math.inf)
-    if spec.dual_clip_c is not None:
-        _check_number("dual_clip_c", spec.dual_clip_c, 1.0, math.inf, low_open=True)
-    for key in ("length_aware", "mask_renormalise"):
-        if not isinstance(getattr(spec, key), bool):
-            raise ValueError(f"{key} must be a bool, got {key}={getattr(spec, key)!r}")
-    if spec.max_completion_length is not None and (
-        isinstance(spec.max_completion_length, bool) or not isinstance(spec.max_completion_length, int) or spec.max_completion_length < 1
-    ):
-        raise ValueError(f"max_completion_length must be a positive int or None, got max_completion_length={spec.max_completion_length!r}")
     if spec.transform != "none" and spec.ratio_level not in SEQUENCE_WEIGHT_LEVELS:
         raise ValueError(
             f"transform={spec.transform!r} acts on sequence weights and needs ratio_level in {sorted(SEQUENCE_WEIGHT_LEVELS)}, "
@@ -240,6 +520,34 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
             f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}"
         )
     return spec
+
+
+def component_rows() -> list[dict[str, str]]:
+    """One row per component field, from its declaration: owner, default, allowed values, when it is read,
+    whether a matched control holds it equal, and the source of its shared default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)}
+    rows = []
+    for name in COMPONENT_FIELDS:
+        info = SPEC_FIELDS[name]
+        if info.kind == "choice":
+            allowed = " / ".join(info.choices)
+        elif info.kind in ("number", "optional_number"):
+            allowed = info.bounds.describe() + (" or None" if info.kind == "optional_number" else "")
+            allowed += "".join(f"; {b.describe() if b else 'unchecked'} when {w.describe()}" for w, b in info.bounds_when)
+        else:
+            allowed = {"bool": "true / false", "count": "positive int or None"}[info.kind]
+        rows.append(
+            {
+                "field": name,
+                "owner": info.owner,
+                "default": f"{defaults[name]:g}" if isinstance(defaults[name], float) else str(defaults[name]),
+                "allowed": allowed,
+                "read when": "always" if info.active_when is None else info.active_when.describe(),
+                "trust region": "yes" if info.trust_region else "no",
+                "source": info.source,
+            }
+        )
+    return rows
 
 
 def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> ObjectiveSpec:
@@ -264,6 +572,10 @@ _DFPO_STOPGRAD = (
     "the override stopgrad='score' (eq 68/85) removes the trust region on clipped sequences"
 )
 _SEQ_AGG = "GSPO objective eq 42: mean over the group of per-sequence terms"
+_LUSPO_CLIP = (
+    "LUSPO (arXiv 2602.05261) sec. 5.1: eps_low=2e-3, eps_high=2.5e-3, as TRL's paper index sets it for loss_type='luspo' "
+    "(TRL's GRPOConfig default epsilon=0.2 is GRPO's range: luspo:eps_low=0.2:eps_high=0.2)"
+)
 _GMPO_CLIP = "GMPO (arXiv 2507.20673): token log-ratios clipped to [-0.4, 0.4], i.e. r in [e^-0.4, e^0.4]"
 
 
@@ -421,7 +733,8 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 {
                     "clip": "MiniMax-M1 (arXiv 2506.13585)",
                     "eps_low": "unused: CISPO only caps the ratio from above",
-                    "eps_high": "TRL default for loss_type='cispo' (5.0)",
+                    "eps_high": "ScaleRL (arXiv 2510.13786) eps_max = 5.0, TRL's recommended epsilon_high for loss_type='cispo' "
+                    "(TRL's GRPOConfig default leaves epsilon_high = epsilon = 0.2: cispo:eps_high=0.2)",
                     "aggregation": "TRL cispo: token mean",
                 },
                 clip="cispo",
@@ -445,13 +758,13 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
                 "LUSPO: GSPO with each sequence's loss scaled by its length",
                 {
                     "ratio_level": "GSPO eq (paper eq 44); TRL requires importance_sampling_level='sequence' for luspo",
-                    "eps_low": _GSPO_CLIP + " (LUSPO builds on GSPO)",
-                    "eps_high": _GSPO_CLIP + " (LUSPO builds on GSPO)",
+                    "eps_low": _LUSPO_CLIP,
+                    "eps_high": _LUSPO_CLIP,
                     "aggregation": "LUSPO (arXiv 2602.05261); TRL 'luspo': sum over tokens, mean over sequences",
                 },
                 ratio_level="sequence",
-                eps_low=3e-4,
-                eps_high=4e-4,
+                eps_low=2e-3,
+                eps_high=2.5e-3,
                 aggregation="seq_mean_token_sum",
             ),
             _preset(
@@ -586,24 +899,18 @@ def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
     return resolve_objective(name, **{**base_overrides, **overrides})
 
 
-TRUST_REGION_FIELDS = (
-    "ratio_level", "clip", "eps_low", "eps_high", "dual_clip_c", "sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos",
-    "vespo_k_neg", "vespo_lambda_neg", "aggregation", "adv_scale", "token_mask", "opsm_delta", "cov_control", "cov_ratio",
-    "cov_clip_low", "cov_clip_high", "kl_cov_coef", "beta", "entropy_coef",
-)  # fmt: skip
-
-
 def trust_region(spec: ObjectiveSpec) -> dict[str, object]:
-    """What a fair comparison must hold fixed between two objectives: everything but the transform.
+    """What a fair comparison must hold fixed between two objectives: every ``TRUST_REGION_FIELDS`` value
+    the loss core reads for this spec (None for a field it does not read, e.g. ``stapo_q`` without STAPO's mask).
 
     Score-form DFPO (eq 68) gives clipped sequences a gradient, so its effective clipping is none;
     ratio-form DFPO (eqs 59-62) keeps its clip range. Two specs with equal ``trust_region`` differ
     only in the in-group transform, which is the mechanism a comparison should isolate.
     """
-    out = {key: getattr(spec, key) for key in TRUST_REGION_FIELDS}
-    if (spec.transform != "none" and spec.stopgrad == "score") or out["clip"] == "none":
-        out.update(clip="none", eps_low=None, eps_high=None)
-    return out
+    effective = spec
+    if spec.transform != "none" and spec.stopgrad == "score":
+        effective = dataclasses.replace(spec, clip="none")
+    return {key: getattr(effective, key) if effective.is_active(key) else None for key in TRUST_REGION_FIELDS}
 
 
 def unmatched_components(method: ObjectiveSpec, baseline: ObjectiveSpec) -> list[str]:

@@ -1,0 +1,165 @@
+"""What each field of ``ObjectiveSpec`` is, declared once beside the field (``dataclasses.field(metadata=...)``).
+
+Every field carries a :class:`FieldInfo`: the component that owns it, the kind of value and its bounds or
+choices, where the shared default comes from, when the loss core reads it (``active_when``) and whether a
+matched control must hold it equal (``trust_region``). ``validate_spec``'s value checks, ``COMMON_SOURCES``,
+``TRUST_REGION_FIELDS``, ``unmatched_components`` and the component docs of ``dfpo objectives`` are all
+derived from it, so a new field is one declaration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+META_KEY = "dfpo"
+"""The key of a field's ``FieldInfo`` in ``dataclasses.Field.metadata``."""
+
+OWNERS = (
+    "preset",  # name, description, sources: bookkeeping, not a component of the loss
+    "ratio",
+    "clip",
+    "transform",
+    "token_mask",
+    "cov_control",
+    "aggregation",
+    "kl",
+    "correction",
+    "entropy",
+    "advantage",
+)
+"""The components a field can belong to, in the order the loss core applies them."""
+
+KINDS = ("label", "choice", "number", "optional_number", "bool", "count")
+"""label: free text (not validated); choice: a key of a registry; number: a finite float in ``bounds``;
+optional_number: None or a number in ``bounds``; bool; count: a positive int or None."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The interval a number must lie in: [low, high], or (low, high] with ``low_open``.
+
+    ``low`` may name another field of the spec (``cov_clip_high >= cov_clip_low``).
+    """
+
+    low: float | str = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+
+    def resolve(self, spec: object) -> tuple[float, float]:
+        """(low, high) as numbers for ``spec``."""
+        low = getattr(spec, self.low) if isinstance(self.low, str) else self.low
+        return low, self.high
+
+    def describe(self) -> str:
+        low = self.low if isinstance(self.low, str) else f"{self.low:g}"
+        return f"{'(' if self.low_open else '['}{low}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
+class When:
+    """A condition on one choice field of a spec: ``field`` is one of ``values`` (``negate``: none of them)."""
+
+    field: str
+    values: tuple[str, ...]
+    negate: bool = False
+
+    def holds(self, spec: object) -> bool:
+        return (getattr(spec, self.field) in self.values) != self.negate
+
+    def describe(self) -> str:
+        if len(self.values) == 1:
+            return f"{self.field} {'!=' if self.negate else '='} {self.values[0]}"
+        return f"{self.field} {'not in' if self.negate else 'in'} {{{', '.join(self.values)}}}"
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """Everything the project states about one spec field."""
+
+    owner: str
+    """The component that reads the field (one of ``OWNERS``)."""
+    kind: str
+    """How its value is checked (one of ``KINDS``)."""
+    source: str
+    """Where the shared default comes from (a preset that changes it cites its own in ``sources``)."""
+    trust_region: bool
+    """True: part of what a matched control must hold equal (the trust region, the normaliser, the masks, the
+    penalties). False: the mechanism under comparison (the DFPO transform and its parameters) or bookkeeping."""
+    choices: Collection[str] | None = None
+    """kind choice: the registry whose keys are the allowed values (read at validation, so later registrations count)."""
+    bounds: Bounds | None = None
+    """kind number / optional_number: the interval the value must lie in."""
+    bounds_when: tuple[tuple[When, Bounds | None], ...] = ()
+    """Bounds that replace ``bounds`` under a condition (first match wins; None: not checked there)."""
+    active_when: When | None = None
+    """When the loss core reads the field; None: always. An inactive field cannot make two specs unmatched."""
+
+    def __post_init__(self) -> None:
+        if self.owner not in OWNERS:
+            raise ValueError(f"owner must be one of {OWNERS}, got owner={self.owner!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
+        if self.kind == "choice" and self.choices is None:
+            raise ValueError("a choice field needs its registry in choices")
+        if self.kind in ("number", "optional_number") and self.bounds is None:
+            raise ValueError(f"a {self.kind} field needs bounds")
+        if not self.source.strip():
+            raise ValueError("a field needs the source of its shared default")
+
+    def bounds_for(self, spec: object) -> Bounds | None:
+        """The bounds that apply to ``spec`` (a ``bounds_when`` match, else ``bounds``)."""
+        for condition, bounds in self.bounds_when:
+            if condition.holds(spec):
+                return bounds
+        return self.bounds
+
+
+def spec_field(default: object, info: FieldInfo, **kwargs: object) -> dataclasses.Field:
+    """``dataclasses.field`` with ``info`` as its metadata."""
+    return dataclasses.field(default=default, metadata={META_KEY: info}, **kwargs)
+
+
+def field_info(cls_or_spec: object, name: str) -> FieldInfo:
+    """The ``FieldInfo`` of field ``name``; ValueError naming the field if it has none."""
+    for f in dataclasses.fields(cls_or_spec):
+        if f.name == name:
+            if META_KEY not in f.metadata:
+                raise ValueError(f"field {name!r} has no FieldInfo metadata")
+            return f.metadata[META_KEY]
+    raise ValueError(f"unknown field {name!r}")
+
+
+def field_infos(cls_or_spec: object) -> dict[str, FieldInfo]:
+    """Every field's ``FieldInfo``, in declaration order (fields without one are left out)."""
+    return {f.name: f.metadata[META_KEY] for f in dataclasses.fields(cls_or_spec) if META_KEY in f.metadata}
+
+
+def check_number(name: str, value: object, bounds: Bounds, spec: object) -> None:
+    """ValueError naming ``name`` unless ``value`` is a finite number within ``bounds``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
+    low, high = bounds.resolve(spec)
+    if value < low or value > high or (bounds.low_open and value == low):
+        interval = f"({low}, {high}]" if bounds.low_open else f"[{low}, {high}]"
+        raise ValueError(f"{name} must be in {interval}, got {name}={value!r}")
+
+
+def check_value(name: str, info: FieldInfo, spec: object) -> None:
+    """Check one field of ``spec`` against its declaration; ValueError naming the field and value."""
+    value = getattr(spec, name)
+    if info.kind == "choice":
+        if value not in info.choices:
+            raise ValueError(f"{name} must be one of {tuple(info.choices)}, got {name}={value!r}")
+    elif info.kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {name}={value!r}")
+    elif info.kind == "count":
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {name}={value!r}")
+    elif info.kind in ("number", "optional_number"):
+        bounds = info.bounds_for(spec)
+        if bounds is not None and not (info.kind == "optional_number" and value is None):
+            check_number(name, value, bounds, spec)
