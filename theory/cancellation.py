@@ -223,19 +223,26 @@ def check_sec_4_4_1() -> Claim:
         id="sec-4.4.1",
         source="sec. 4.4.1 eq 17 (Group-Constant / Min-Replace eq 50), App. D eqs 68-72",
         statement="Giving every member of a group the same weight w_min restores exact cancellation of a shared token's gradient.",
-        conditions="Stop-gradient on the weight (eq 68); G=3,4; both advantage signs; clipping active on both sides; equal and unequal lengths; score and ratio stop-gradient forms.",
+        conditions=(
+            "The conditions the paper states: the shared event covers the whole group (Prop. 3.1: 'all trajectories in the group "
+            "share the same context-token pair'); the weight is a constant coefficient (App. D.2: 'treat stilde_i as a constant "
+            "coefficient during gradient calculation', eq 68, the score form) on the segment without clipping terms (D.1 'Excluding "
+            "Clipping Terms'); equal lengths (D.3: 'If the length normalization factors are consistent (or nearly so) within this "
+            "shared event, such as |y_i| being the same'; sec. 4.4.1 claims 'cancellation recovery (or approximation)'). Checked "
+            "there with G=3,4, both advantage signs, clipping active on both sides; and outside them: unequal lengths, the ratio form."
+        ),
         method="symbolic+numeric",
-        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
+        verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact: eq 72 coefficient s_min*sum A_i/|y_i| with A=(-1,1), |y|=(2,3): {coef}; equal lengths: {coef_eq}; loss core dfpo_min: "
             + ", ".join(f"{k}: c={fmt(v)}" for k, v in results.items())
         ),
         notes=(
-            "Conditions the paper does not state in sec. 4.4.1: (1) equal completion lengths, or a per-token normalisation "
-            "that does not depend on the completion (token_mean / constant), or the length-aware variant "
-            "stilde_i = L_i min_j(sbar_j/L_j) -- App. D eq 72 concedes the length condition only as 'approximately'; "
-            "(2) the score form of the stop-gradient (eq 68): in the ratio form (eq 59-62) a clipped sequence has zero "
-            "gradient and drops out of the sum; (3) the shared event covers the whole group."
+            "Outside the stated conditions: (1) at unequal lengths the 1/|y_i| normalisation leaves s_min sum_i A_i/|y_i| (App. D's "
+            "'approximately'); a per-token normalisation that does not depend on the completion (token_mean / constant) or the "
+            "length-aware variant stilde_i = L_i min_j(sbar_j/L_j) cancels exactly; (2) in the ratio form (eqs 59-62, the loss "
+            "core's default) a clipped sequence has GSPO's zero gradient and drops out of the sum, so a partly clipped group does "
+            "not cancel."
         ),
     )
 

@@ -2,9 +2,11 @@
 
 A verdict is one of three words:
 
-- ``holds``: checked under the paper's conditions AND under every attempt to break it
+- ``holds``: checked under the paper's conditions, including those the paper states itself
+  (e.g. "consider the linear segment"), AND under every attempt to break it within them
   (groups larger than two, unequal lengths, clipping on either side, both advantage signs,
   product ratio eq 11 and geometric-mean ratio eq 44, real softmax tables); nothing broke.
+  What happens outside a condition the paper states goes in ``notes``.
 - ``holds-under-conditions``: true only under a condition the paper does not state;
   ``conditions`` names it and ``evidence`` shows what happens without it.
 - ``fails``: false as stated; ``evidence`` holds an exact counterexample.

@@ -168,19 +168,25 @@ def check_cor_3_4() -> Claim:
         source="sec. 3.3, Cor. 3.4; App. D",
         statement="Weights with sum_i stilde_i A_i = 0 (stop-gradient) cancel the shared-token subspace but do not force the overall policy gradient to zero.",
         conditions=(
-            "Softmax table, G=3, equal lengths, the four DFPO transforms of the loss core. Cancellation holds in the score form "
-            "(eq 68) with clipping active, and in the ratio form (eqs 59-62, the default) only where no sequence of the group "
-            "is clipped (or every one is)."
+            "The construction the corollary states: stilde treated 'as a constant coefficient' during backpropagation (the score "
+            "form, eq 68), a cancellation it calls 'restores (or approximates)' with the length condition of App. D.3 ('If the "
+            "length normalization factors are consistent (or nearly so)'). Checked there: softmax table, G=3, equal lengths, the "
+            "four DFPO transforms of the loss core, clipping active; and outside it: the ratio form (eqs 59-62, the default) with "
+            "part of the group clipped."
         ),
         method="numeric",
-        # Unconditional only if the default ratio form cancelled with part of the group clipped too.
-        verdict=FAILS if not ok else HOLDS if ratio_cancels_partly_clipped else HOLDS_UNDER_CONDITIONS,
+        verdict=HOLDS if ok else FAILS,
         evidence="; ".join(rows),
         notes=(
-            "The 'cancels the shared subspace' half needs equal lengths or a length-independent normalisation (see sec-4.4.1) "
-            "and, in the ratio form, a group that clipping leaves whole: a clipped sequence keeps GSPO's zero gradient, so its "
-            "share of sum_i stilde_i A_i = 0 is missing from the gradient (see stopgrad-forms). The 'not zero overall' half "
-            "holds without conditions."
+            "The 'not zero overall' half holds without conditions. Outside the stated construction the shared subspace does not "
+            "cancel: at unequal lengths under 1/|y_i| (see sec-4.4.1), and in the ratio form once clipping splits the group: a "
+            "clipped sequence keeps GSPO's zero gradient, so its share of sum_i stilde_i A_i = 0 is missing from the gradient (see "
+            "stopgrad-forms); "
+            + (
+                "the ratio form cancelled here even with part of the group clipped."
+                if ratio_cancels_partly_clipped
+                else "it did not cancel here."
+            )
         ),
     )
 

@@ -376,11 +376,16 @@ def check_stopgrad_forms() -> Claim:
     ok &= same_unclipped and zero_clipped and score_moves_clipped
     return Claim(
         id="stopgrad-forms",
-        source="App. D eq 68, App. K eq 85 (score form) vs App. B eqs 59-62 (ratio form: 'gradient of phi neglected')",
+        source="App. D eq 68, App. K eq 85 (score form) vs App. C eqs 59-62 (ratio form: 'the gradient terms of phi_i are neglected')",
         statement="The two stop-gradient forms the paper writes for DFPO give the same update.",
-        conditions="They agree on the linear segment (no sequence clipped), where both give stilde_i A_i grad log s_i; they differ once clipping is active.",
+        conditions=(
+            "The linear segment, where the paper derives every one of them: App. C 'We analyze in a local linear region (ignoring "
+            "the piecewise points of min/clip)' (eqs 57-62), App. D.1 'Gradient Review for GSPO (Excluding Clipping Terms)' (eq 68), "
+            "App. K.2 'Consider the linear segment' (eq 85). There both give stilde_i A_i grad log s_i; checked also outside it, "
+            "with clipping active."
+        ),
         method="symbolic+numeric",
-        verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
+        verdict=HOLDS if ok else FAILS,
         evidence=(
             f"sympy, one sequence with log s = theta: score form d/dtheta = {score}; ratio form on the linear segment = {ratio_linear}, "
             f"on the clipped segment (sbar = 1 + epsilon) = {ratio_clipped}. Loss core dfpo_min, G=4, log s = (0, 2e-4, 3e-3, -2e-3), "
@@ -388,10 +393,10 @@ def check_stopgrad_forms() -> Claim:
             f"clipped rows: ratio form gradient 0 {zero_clipped}, score form gradient non-zero {score_moves_clipped}"
         ),
         notes=(
-            "Eqs 68 and 85 are derived on the linear segment (D.1 'excluding clipping terms', K.2), where they equal eqs 59-62. On a "
-            "clipped sequence the ratio form keeps GSPO's zero gradient (the trust region) while the score form gives it stilde_i A_i "
-            "grad log s_i: no trust region there. The score form cancels shared tokens with clipping active; the ratio form (the "
-            "default, as App. B, K.3 and K.5 intend: GSPO's clipping stays) cancels them only where clipping leaves the group whole."
+            "Outside the linear segment the paper states, the forms part: on a clipped sequence the ratio form keeps GSPO's zero "
+            "gradient (the trust region) while the score form gives it stilde_i A_i grad log s_i: no trust region there. The score "
+            "form cancels shared tokens with clipping active; the ratio form (the default, as App. B, K.3 and K.5 intend: GSPO's "
+            "clipping stays) cancels them only where clipping leaves the group whole."
         ),
     )
 

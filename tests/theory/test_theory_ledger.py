@@ -26,16 +26,16 @@ EXPECTED = {
     "prop-3.1": H,
     "cor-3.2": C,  # needs orthogonal equal-norm scores; a softmax's shared normaliser breaks eq 5 (sign included)
     "cor-3.3": C,  # 'requires u_1 = ... = u_G' only for G = 2; for G >= 3 the set is the hyperplane A.u = 0
-    "cor-3.4": C,  # the ratio form (default) cancels only where clipping leaves the group whole
+    "cor-3.4": H,  # under the corollary's own construction (stilde a constant coefficient, App. D's length condition); the ratio form is outside it
     "eq-9": C,  # GRPO cancels only with a length-independent normalisation or equal lengths
     "eq-10": H,
     "eq-13": H,
     "eq-66-67": H,
-    "sec-4.4.1": C,  # Group-Constant cancels only at equal lengths (1/|y_i|), score-form stop-grad
+    "sec-4.4.1": H,  # the paper states its conditions: whole-group event (Prop. 3.1), constant coefficient (D.2), equal lengths (D.3)
     "eq-18": H,
     "eq-23": C,  # Min-Replace lowers Asym; Orth-Proj can raise it
-    "tab-3-no-stopgrad": F,
-    "stopgrad-forms": C,  # eq 68 and eqs 59-62 agree unclipped; on a clipped sequence only the score form moves  # without stop-grad the DFPO objective is identically 0: no gradient at all
+    "tab-3-no-stopgrad": F,  # without stop-grad the DFPO objective is identically 0: no gradient at all
+    "stopgrad-forms": H,  # eq 68, eq 85 and eqs 59-62 are all derived on the linear segment (App. C, D.1, K.2), where they agree
     "tab-3-scale": C,  # a global factor 0.5 shrinks the step only for SGD-like optimisers, not Adam
     "eq-30": H,
     "eq-38": H,
@@ -51,7 +51,7 @@ EXPECTED = {
     "eq-81": F,  # not the gradient of eq 80 when clipping is active
     "cor-H.1": H,
     "sec-H.3": F,  # symmetric clipping is the less pessimistic surrogate; neither is uniformly more conservative
-    "eq-92": C,  # an identity on the linear segment only: clipped sequences drop out of both estimators
+    "eq-92": H,  # an identity on the linear segment, which the paper states itself (K.2 'Consider the linear segment')
     "eq-93": H,
     "sec-K.4": F,  # the summed Min-Replace update can be larger than the baseline's
     "eq-96": H,
