@@ -46,7 +46,6 @@ import warnings
 import torch
 
 from dfpo.trainer.loss import ObjectiveSpec, objective_from_label, policy_loss
-from dfpo.trainer.loss.masks import ENTROPY_MASKS
 from dfpo.trainer.metric_registry import reduce_values
 
 try:
@@ -177,7 +176,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        needs_entropy = spec.token_mask in ENTROPY_MASKS or spec.entropy_coef > 0
+        needs_entropy = spec.needs_entropy
         logp, entropy, _ = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=needs_entropy
         )  # (B, T) each
@@ -193,7 +192,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
             mask=completion_mask.bool(),
             group_ids=group_ids,
             entropy=entropy if needs_entropy else None,
-            ref_logp=inputs.get("ref_per_token_logps") if spec.beta > 0 else None,
+            ref_logp=inputs.get("ref_per_token_logps") if spec.needs_ref_logp else None,
         )
         mode = "train" if self.model.training else "eval"
         for key, value in self._across_processes({k: float(v) for k, v in metrics.items()}).items():

@@ -138,3 +138,28 @@ def test_a_small_step_raises_positive_advantage_completions_relative_to_negative
             p -= 1e-2 * p.grad
     delta = seq_logp() - before
     assert float(delta[adv > 0].mean()) > float(delta[adv < 0].mean())
+
+
+@pytest.mark.parametrize(
+    "objective, sets, warned",
+    [
+        ("stapo", ["optim.minibatch_groups=2", "optim.microbatch_groups=1"], True),
+        ("clip_cov", ["optim.max_tokens_per_microbatch=16"], True),
+        ("stapo", ["optim.minibatch_groups=2", "optim.microbatch_groups=0"], False),
+        ("grpo", ["optim.minibatch_groups=2", "optim.microbatch_groups=1"], False),
+    ],
+)
+def test_a_batch_coupled_objective_split_over_loss_calls_is_warned_about(tmp_path, capsys, objective, sets, warned):
+    """The spec says whether micro-batch accumulation is exact (batch_coupled); the trainer says so when it splits."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _sys.path.insert(0, str(_Path(__file__).parent))
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.llm.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, f"objective.name={objective}", *sets), quiet=False)
+    trainer.close()
+    err = capsys.readouterr().err
+    assert (f"warning: objective {objective!r} is coupled across a mini-batch" in err) is warned, err

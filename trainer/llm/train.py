@@ -59,7 +59,6 @@ from dfpo.trainer.llm.run_folder import NullLock, prepare_run_folder, write_mark
 from dfpo.trainer.llm.runlog import JsonlLog, NullLog, Scalars, StopSignals, TrainingInterrupted, finite_only, missing_steps
 from dfpo.trainer.llm.tasks import PromptSampler, duplicate_prompts, equiv_targets, load_splits, surface_form
 from dfpo.trainer.loss import aggregation_count
-from dfpo.trainer.loss.masks import ENTROPY_MASKS
 from dfpo.trainer.metric_registry import reduce_records
 from dfpo.trainer.metrics import energy_sums, frequency_buckets, jitter2, logit_grad_norm, score_norm, steps_to_threshold, trailing_mean
 
@@ -128,6 +127,18 @@ def split_groups_by_tokens(rows: torch.Tensor, group_ids: torch.Tensor, tokens_p
         longest, n_rows = max(longest, g_longest), n_rows + len(members)
     if current:
         out.append(torch.cat(current))
+    return out
+
+
+def split_settings(cfg: Config, world: int) -> list[str]:
+    """The settings that split a mini-batch over several loss calls (micro-batches, a token budget, processes)."""
+    out = []
+    if cfg.optim.microbatch_groups and cfg.optim.microbatch_groups < cfg.optim.minibatch_groups:
+        out.append(f"optim.microbatch_groups={cfg.optim.microbatch_groups}")
+    if cfg.optim.max_tokens_per_microbatch:
+        out.append(f"optim.max_tokens_per_microbatch={cfg.optim.max_tokens_per_microbatch}")
+    if world > 1:
+        out.append(f"training on {world} processes")
     return out
 
 
@@ -224,7 +235,7 @@ def accumulate_gradients(
     """
     records: list[dict[str, float]] = []  # one per micro-batch, combined by each key's reduction at the end
     weights: list[float] = []
-    needs_entropy = spec.token_mask in ENTROPY_MASKS or spec.entropy_coef > 0
+    needs_entropy = spec.needs_entropy
     finite = True
     for mb in micro_batches:
         b = mb.batch
@@ -251,7 +262,7 @@ def accumulate_gradients(
             group_ids=b.group_ids.to(device),
             entropy=entropy if needs_entropy else None,
             ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
-            rollout_logp=None if spec.rollout_correction == "none" else mb.rollout_logp.to(device),
+            rollout_logp=mb.rollout_logp.to(device) if spec.needs_rollout_logp else None,
         )
         if not bool(torch.isfinite(loss.detach())):
             if stop_early:
@@ -428,12 +439,13 @@ class Trainer:
         if resolve_objective(cfg.objective.name, **overrides).aggregation == "constant":
             overrides.setdefault("max_completion_length", cfg.rollout.max_new_tokens)
         self.spec = resolve_objective(cfg.objective.name, **overrides)  # resolved once, passed down as is
-        micro = cfg.optim.microbatch_groups
-        if self.spec.token_mask != "none" and micro and micro < cfg.optim.minibatch_groups:
+        split = split_settings(cfg, self.world)
+        if self.spec.batch_coupled and split:
             self._say(
-                f"warning: token_mask={self.spec.token_mask!r} picks tokens by thresholds over the batch a loss call sees; "
-                "with micro-batches (optim.microbatch_groups < optim.minibatch_groups) accumulation is not exact. "
-                "Set optim.microbatch_groups = 0 for the exact mini-batch loss."
+                f"warning: objective {self.spec.name!r} is coupled across a mini-batch ({'; '.join(self.spec.batch_coupling())}), "
+                f"and {', '.join(split)} splits each mini-batch over several loss calls: their summed gradient is not the "
+                "mini-batch loss's. Set optim.microbatch_groups = 0 and optim.max_tokens_per_microbatch = 0 on one process "
+                "for the exact loss."
             )
         self.rewards = RewardComputer(
             reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
@@ -856,7 +868,7 @@ class Trainer:
     def _reference_logp(self, batch: RolloutBatch, rows: torch.Tensor) -> torch.Tensor | None:
         """Log-probs under the reference policy (B, T) of the rows this process trains, (B,) bool (0 elsewhere),
         when the objective has a KL term, else None."""
-        if self.spec.beta <= 0:
+        if not self.spec.needs_ref_logp:
             return None
         per_chunk = self._rows_per_forward()
         index = rows.nonzero().flatten()
