@@ -1,21 +1,19 @@
 """What the explorer's pages show, as plain functions (no Streamlit here, so tests call them directly).
 
 Every number comes from the project's own code: the loss core (``policy_loss`` through the
-shared-prefix probe of ``dfpo.trainer.loss.cancellation``), the toy lab, the claims ledger, and
-the files of trainer run folders. Bad input raises ``ValueError`` with a sentence a page can show.
+shared-prefix probe of ``dfpo.trainer.loss.cancellation``), the toy lab and the claims ledger (run
+folders are read by ``dfpo.app.runs``). Bad input raises ``ValueError`` with a sentence a page can show.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from dfpo.app import cache
 from dfpo.trainer.loss.cancellation import ATLAS_COLUMNS, CANCEL_TOL, AtlasCell, atlas, atlas_rows  # noqa: F401  the atlas lives with the core
 
 PREFIX_LEN = 3
@@ -23,6 +21,8 @@ PREFIX_LEN = 3
 DEFAULT_REWARDS = (0.0, 1.0, 1.0, 0.0)
 """The paper's App. A group: 'The answer is 25 .', 'The answer is 20 .' twice, '... 25 .' again."""
 DEFAULT_LENGTHS = (5, 5, 5, 5)
+COMPONENTS = ("stopgrad", "aggregation", "length_aware", "eps_low", "eps_high")
+"""The objective components the cancellation page lets a user change."""
 
 
 def parse_numbers(text: str, name: str, cast=float) -> list:
@@ -37,6 +37,20 @@ def parse_numbers(text: str, name: str, cast=float) -> list:
             raise ValueError(f"{name}: {item!r} is not a finite number")
         out.append(value)
     return out
+
+
+def components_of(objective: str) -> dict[str, object]:
+    """The preset's own value of each of COMPONENTS (what the page shows when the objective is chosen)."""
+    from dfpo.trainer.loss import OBJECTIVES
+
+    spec = OBJECTIVES[objective]
+    return {name: getattr(spec, name) for name in COMPONENTS}
+
+
+def component_overrides(objective: str, chosen: dict[str, object]) -> dict[str, object]:
+    """The components of ``chosen`` that differ from the preset's own: only these are overrides."""
+    own = components_of(objective)
+    return {name: value for name, value in chosen.items() if name in own and value != own[name]}
 
 
 def cancellation_case(
@@ -64,6 +78,13 @@ def cancellation_case(
     return group_breakdown(objective, group, **overrides)
 
 
+def verdict(b) -> str:
+    """'no gradient at all' (every coefficient 0), 'cancels' (|sum| < CANCEL_TOL) or 'does not cancel'."""
+    if bool((b.coefficient.abs() < CANCEL_TOL).all()):
+        return "no gradient at all"
+    return "cancels" if abs(b.residual) < CANCEL_TOL else "does not cancel"
+
+
 def breakdown_table(b) -> list[dict]:
     """One row per completion of a GroupBreakdown, for a table or a chart."""
     return [
@@ -81,152 +102,131 @@ def breakdown_table(b) -> list[dict]:
     ]
 
 
-# ----------------------------------------------------------------------------- run folders
-
-
-def read_jsonl(path: Path) -> tuple[list[dict], int]:
-    """The JSON objects of a .jsonl file and how many lines were skipped (torn, corrupt, not an object)."""
-    rows, skipped = [], 0
-    if not path.is_file():
-        return rows, 0
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            skipped += 1
-            continue
-        if isinstance(obj, dict):
-            rows.append(obj)
-        else:
-            skipped += 1
-    return rows, skipped
-
-
-def is_run(folder: Path) -> bool:
-    return (folder / "metrics.jsonl").is_file() and (folder / "config.toml").is_file()
-
-
-def discover_runs(roots: list[Path], max_depth: int = 3) -> list[Path]:
-    """Trainer run folders (config.toml + metrics.jsonl) under ``roots``, sorted."""
-    found = set()
-    for root in roots:
-        root = Path(root)
-        if not root.is_dir():
-            continue
-        if is_run(root):
-            found.add(root)
-        for depth in range(1, max_depth + 1):
-            for cfg in root.glob("/".join(["*"] * depth) + "/config.toml"):
-                if is_run(cfg.parent):
-                    found.add(cfg.parent)
-    return sorted(found)
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, object]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+# ----------------------------------------------------------------------------- toy lab
 
 
 @dataclass(frozen=True)
-class Run:
-    path: Path
-    name: str
-    metrics: list[dict]
-    evals: list[dict]
-    samples: list[dict]
-    config: dict[str, object]
-    skipped: int
+class ToySettings:
+    """One comparison of the toy lab page; the defaults are its default comparison: DFPO in both
+    stop-gradient forms, each beside its matched GSPO control."""
 
+    task: str = "family"
+    labels: tuple[str, ...] = ("gspo", "dfpo_min", "gspo_noclip", "dfpo_min:stopgrad=score")
+    group_size: int = 8
+    inner_steps: int = 4
+    steps: int = 150
+    seeds: int = 8
+    mode: str = "sampled"
+    optimizer: str = "sgd"
+    lr: float = 0.5
 
-def load_run(folder: Path, root: Path | None = None) -> Run:
-    """A run folder's logs and resolved config; ValueError if it is not a run or its config does not parse."""
-    folder = Path(folder)
-    if not is_run(folder):
-        raise ValueError(f"{folder} is not a dfpo run folder (it needs config.toml and metrics.jsonl)")
-    try:
-        config = flatten(tomllib.loads((folder / "config.toml").read_text(encoding="utf-8")))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{folder / 'config.toml'} does not parse: {err}") from None
-    metrics, s1 = read_jsonl(folder / "metrics.jsonl")
-    evals, s2 = read_jsonl(folder / "eval.jsonl")
-    samples, s3 = read_jsonl(folder / "samples.jsonl")
-    name = str(folder.relative_to(root)) if root and folder.is_relative_to(root) else folder.name
-    return Run(folder, name, metrics, evals, samples, config, s1 + s2 + s3)
+    @property
+    def total_steps(self) -> int:
+        return len(self.labels) * self.steps
 
+    def config(self):
+        from dfpo.toy.config import ToyConfig
 
-def metric_keys(runs: list[Run]) -> list[str]:
-    """Numeric metric keys logged by any of the runs (step excluded), sorted."""
-    keys = {k for r in runs for row in r.metrics for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return sorted(keys - {"step"})
-
-
-def curve(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))]
-    return [int(s) for s, _ in pts], [float(v) for _, v in pts]
-
-
-def config_diff(runs: list[Run]) -> list[dict]:
-    """Every config key of the runs, keys whose values differ first; ``differs`` marks them."""
-    keys = sorted({k for r in runs for k in r.config})
-    rows = []
-    for k in keys:
-        values = [r.config.get(k, "(missing)") for r in runs]
-        rows.append(
-            {
-                "key": k,
-                "differs": len({json.dumps(v, sort_keys=True, default=str) for v in values}) > 1,
-                **{r.name: str(v) for r, v in zip(runs, values)},
-            }
+        return ToyConfig(
+            task=self.task,
+            objectives=self.labels,
+            mode=self.mode,
+            seeds=self.seeds,
+            steps=self.steps,
+            group_size=self.group_size,
+            inner_steps=self.inner_steps,
+            optimizer=self.optimizer,
+            lr=self.lr,
         )
-    return sorted(rows, key=lambda row: (not row["differs"], row["key"]))
 
 
-# ----------------------------------------------------------------------------- toy lab and ledger
+TOY_DEFAULT = ToySettings()
+TOY_LIMITS: dict[str, tuple[str, float, float]] = {
+    "group_size": ("the group size G", 2, 64),
+    "inner_steps": ("K (optimiser steps per batch)", 1, 64),
+    "steps": ("the number of steps", 1, 2000),
+    "seeds": ("the number of seeds", 1, 64),
+    "lr": ("the learning rate lr", 1e-6, 100.0),
+}
+"""The range of each numeric input of the toy lab page: (what it is, low, high), both ends included.
+The page keeps runs interactive (the command line ``dfpo toy`` takes any value the toy accepts)."""
 
 
-def run_toy(
-    task: str,
-    labels: tuple[str, ...],
-    *,
-    group_size: int,
-    inner_steps: int,
-    steps: int,
-    seeds: int,
-    mode: str,
-    optimizer: str,
-    lr: float,
-    progress=None,
-):
-    """Train the toy for each label; returns ({label: {metric: (steps, S) array}}, summary markdown)."""
+def toy_settings(task: str, labels_text: str, group_size, inner_steps, steps, seeds, mode: str, optimizer: str, lr) -> ToySettings:
+    """The page's inputs checked before any training: ValueError naming the first bad value and its range."""
+    values = {"group_size": group_size, "inner_steps": inner_steps, "steps": steps, "seeds": seeds, "lr": lr}
+    for name, value in values.items():
+        what, low, high = TOY_LIMITS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{what} must be a number, got {name}={value!r}")
+        if name != "lr" and value != int(value):
+            raise ValueError(f"{what} must be a whole number, got {name}={value:g}")
+        if not low <= value <= high:
+            raise ValueError(f"{what} must be between {low:g} and {high:g} on this page, got {name}={value:g}")
+    labels = tuple(x.strip() for x in labels_text.split(",") if x.strip())
+    if not labels:
+        raise ValueError(f"name at least one objective label, got {labels_text!r}")
+    settings = ToySettings(task, labels, int(group_size), int(inner_steps), int(steps), int(seeds), mode, optimizer, float(lr))
+    from dfpo.toy.train import validate
+
+    validate(settings.config())  # unknown objective, repeated label, bad task or mode: ValueError before any compute
+    return settings
+
+
+@dataclass(frozen=True)
+class ToyResult:
+    """Curves {label: {metric: (steps, S) array}} and the summary markdown (table and the paper's predictions)."""
+
+    curves: dict[str, dict[str, np.ndarray]]
+    summary: str
+
+    def to_json(self) -> dict:
+        return {"curves": {o: {k: v.tolist() for k, v in h.items()} for o, h in self.curves.items()}, "summary": self.summary}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> ToyResult:
+        return cls({o: {k: np.asarray(v, float) for k, v in h.items()} for o, h in obj["curves"].items()}, obj["summary"])
+
+
+def run_toy(settings: ToySettings, tick=None) -> ToyResult:
+    """Train the toy for each label. ``tick(label, done, total)`` is called before each label and after
+    each of its training steps, ``done`` counting steps over all labels; it may raise to stop the run
+    there (the page's Stop)."""
+    from dfpo.toy.cli import toy_threads
     from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
-    from dfpo.toy.train import ToyConfig, run, validate
+    from dfpo.toy.train import run
 
-    config = ToyConfig(
-        task=task,
-        objectives=tuple(labels),
-        mode=mode,
-        seeds=seeds,
-        steps=steps,
-        group_size=group_size,
-        inner_steps=inner_steps,
-        optimizer=optimizer,
-        lr=lr,
-    )
-    validate(config)
-    torch.set_num_threads(1)
-    _, results = run(config, progress=progress)
+    config = settings.config()
+    first = {label: i * settings.steps for i, label in enumerate(settings.labels)}  # steps done before each label
+    hooks = {}
+    if tick is not None:
+        hooks["progress"] = lambda label: tick(label, first[label], settings.total_steps)
+        hooks["on_step"] = lambda label, step: tick(label, first[label] + step + 1, settings.total_steps)
+    torch.set_num_threads(toy_threads(settings.mode))
+    _, results = run(config, **hooks)
     res = to_numpy(results)
     summary = summarise(res, config.kappa)
-    text = "\n".join([summary_table(summary), "", *prediction_checks(summary, config)])
-    return res, text
+    return ToyResult(res, "\n".join([summary_table(summary), "", *prediction_checks(summary, config)]))
+
+
+def toy_failure(err: BaseException, settings: ToySettings, label: str, done: int) -> str:
+    """The sentence the page shows when training ``label`` failed after ``done`` steps of the whole run
+    (``tick``'s count), its inputs having been accepted."""
+    step = done - settings.labels.index(label) * settings.steps + 1 if label in settings.labels else done + 1
+    return (
+        f"Training stopped during {label} at step {step} of {settings.steps}: {err}. The settings were accepted, so the numbers "
+        f"left their valid range while training; a smaller learning rate than lr={settings.lr:g} usually keeps them finite."
+    )
+
+
+def cached_toy(settings: ToySettings) -> ToyResult | None:
+    """The stored result of ``settings`` for this code version, if one was stored (see ``dfpo.app.cache``)."""
+    obj = cache.load("toy", repr(settings))
+    return None if obj is None else ToyResult.from_json(obj)
+
+
+def store_toy(settings: ToySettings, result: ToyResult) -> None:
+    cache.store("toy", result.to_json(), repr(settings))
 
 
 def band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -236,8 +236,54 @@ def band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, mean - half, mean + half
 
 
-def ledger_records() -> list[dict[str, str]]:
-    """Every claim of the ledger as a dict (id, source, statement, conditions, method, verdict, evidence, notes)."""
+def markdown_blocks(text: str) -> list[list[dict[str, str]] | str]:
+    """Markdown split into its tables (each a list of {header: cell} rows) and its other lines (strings), in order."""
+    blocks: list[list[dict[str, str]] | str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("|"):
+            j = i
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                j += 1
+            cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[i:j]]
+            header, body = cells[0], [c for c in cells[1:] if not all(set(x) <= set("-: ") for x in c)]
+            blocks.append([dict(zip(header, row)) for row in body])
+            i = j
+        else:
+            if lines[i].strip():
+                blocks.append(lines[i])
+            i += 1
+    return blocks
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    """Rows of {header: cell} as a markdown table (the inverse of a table of ``markdown_blocks``)."""
+    if not rows:
+        return ""
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(r.get(h, "")) for h in header) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def transpose_rows(rows: list[dict[str, str]], key: str) -> list[dict[str, str]]:
+    """Rows keyed by ``key`` (one per objective) turned into one row per other column (one per metric)."""
+    columns = [c for c in rows[0] if c != key] if rows else []
+    return [{"metric": c, **{r[key]: r.get(c, "") for r in rows}} for c in columns]
+
+
+# ----------------------------------------------------------------------------- claims ledger
+
+
+def ledger_records(*, fresh: bool = False) -> list[dict[str, str]]:
+    """Every claim of the ledger as a dict (id, source, statement, conditions, method, verdict, evidence, notes).
+
+    Stored for this code version (``dfpo.app.cache``) and read back unless ``fresh``."""
+    if not fresh and (stored := cache.load("ledger")) is not None:
+        return stored
     from dfpo.theory.ledger import run_ledger
 
-    return [c.to_dict() for c in run_ledger()]
+    records = [c.to_dict() for c in run_ledger()]
+    cache.store("ledger", records)
+    return records

@@ -6,7 +6,9 @@ import streamlit as st
 
 HERE = Path(__file__).resolve().parent
 
-st.set_page_config(page_title="dfpo explorer", page_icon=":material/functions:", layout="wide")
+# An emoji favicon is drawn by the browser itself; a ":material/...:" page icon would be fetched from fonts.gstatic.com.
+# (The navigation's material icons are fine: Streamlit serves their font from this server.)
+st.set_page_config(page_title="dfpo explorer", page_icon="🧮", layout="wide")
 pages = [
     st.Page(HERE / "page_cancel.py", title="Cancellation by hand", icon=":material/calculate:", default=True),
     st.Page(HERE / "page_atlas.py", url_path="atlas", title="Cancellation atlas", icon=":material/grid_on:"),

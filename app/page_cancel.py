@@ -16,55 +16,64 @@ st.caption(
     "to 0 (paper eq 2). Every number comes from `dfpo.policy_loss`."
 )
 
+
+def use_preset_components() -> None:
+    """On a new objective: show (and use) its own components, not the previous objective's."""
+    st.session_state.update(data.components_of(st.session_state.objective))
+
+
+def draw_random_seed() -> None:
+    st.session_state.seed = random.randrange(2**16)
+
+
+# The widgets below take their values from the session state: GSPO and its own components at first.
+st.session_state.setdefault("objective", "gspo")
+st.session_state.setdefault("seed", 0)
+for name, value in data.components_of(st.session_state.objective).items():
+    st.session_state.setdefault(name, value)
+
 left, right = st.columns([1, 2], gap="large")
 with left:
-    objective = st.selectbox("Objective", list(OBJECTIVES), index=list(OBJECTIVES).index("gspo"), key="objective")
-    spec = OBJECTIVES[objective]
+    objective = st.selectbox("Objective", list(OBJECTIVES), key="objective", on_change=use_preset_components)
     rewards_text = st.text_input("Rewards, one per completion", ", ".join(f"{r:g}" for r in data.DEFAULT_REWARDS), key="rewards")
     lengths_text = st.text_input("Lengths (tokens, > 3 each)", ", ".join(map(str, data.DEFAULT_LENGTHS)), key="lengths")
     shared = st.slider("log-ratio of the shared token, log r*", -1.0, 1.0, 0.0, 0.05, key="shared")
     scale = st.slider("scale of the other tokens' log-ratios", 0.0, 1.0, 0.3, 0.05, key="scale")
-    if "seed" not in st.session_state:
-        st.session_state.seed = 0
-    c1, c2 = st.columns([2, 1])
+    c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
     c1.number_input("seed of the other tokens' ratios", 0, 2**16, key="seed")
-    if c2.button("random", key="random"):
-        st.session_state.seed = random.randrange(2**16)
-        st.rerun()
-    with st.expander("Components", expanded=True):
-        stopgrad = st.selectbox(
-            "stopgrad (DFPO transforms only)",
-            ["ratio", "score", "none"],
-            index=["ratio", "score", "none"].index(spec.stopgrad),
-            key="stopgrad",
-        )
-        aggregation = st.selectbox("aggregation", AGGREGATIONS, index=AGGREGATIONS.index(spec.aggregation), key="aggregation")
-        length_aware = st.checkbox("length_aware (a_i = A_i / L_i in the transforms)", spec.length_aware, key="length_aware")
+    c2.button("random", key="random", on_click=draw_random_seed, help="draw a new seed for the other tokens' log-ratios")
+    with st.expander(f"Components (the {objective} preset's own until you change one)", expanded=True):
+        chosen = {
+            "stopgrad": st.selectbox("stopgrad (DFPO transforms only)", ["ratio", "score", "none"], key="stopgrad"),
+            "aggregation": st.selectbox("aggregation", AGGREGATIONS, key="aggregation"),
+            "length_aware": st.checkbox("length_aware (a_i = A_i / L_i in the transforms)", key="length_aware"),
+        }
         e1, e2 = st.columns(2)
-        eps_low = e1.number_input("eps_low", value=float(spec.eps_low), format="%.4g", key="eps_low")
-        eps_high = e2.number_input("eps_high", value=float(spec.eps_high), format="%.4g", key="eps_high")
+        chosen["eps_low"] = e1.number_input("eps_low", format="%.4g", key="eps_low")
+        chosen["eps_high"] = e2.number_input("eps_high", format="%.4g", key="eps_high")
+        overrides = data.component_overrides(objective, chosen)
+        st.caption("Overrides sent to `policy_loss`: " + (", ".join(f"`{k}={v}`" for k, v in overrides.items()) if overrides else "none"))
 
 with right:
     try:
         rewards = data.parse_numbers(rewards_text, "rewards")
         lengths = data.parse_numbers(lengths_text, "lengths", int)
         b = data.cancellation_case(
-            objective, rewards, lengths, shared_log_ratio=shared, scale=scale, seed=int(st.session_state.seed),
-            stopgrad=stopgrad, aggregation=aggregation, length_aware=length_aware, eps_low=eps_low, eps_high=eps_high,
+            objective, rewards, lengths, shared_log_ratio=shared, scale=scale, seed=int(st.session_state.seed), **overrides
         )  # fmt: skip
     except ValueError as err:
         st.error(f"Nothing to show: {err}")
         st.stop()
     residual = b.residual
-    cancels = abs(residual) < data.CANCEL_TOL
-    silent = bool((b.coefficient.abs() < data.CANCEL_TOL).all())
+    verdict = data.verdict(b)
     m1, m2, m3 = st.columns([1, 1.4, 1])
-    m1.metric("residual (sum of coefficients)", f"{residual:.3e}")
-    m2.metric("verdict", "no gradient at all" if silent else "cancels" if cancels else "does not cancel")
-    m3.metric("Asym (eq 23)", f"{float(b.metrics['weights/asym']):.3e}")
-    if silent:
+    m1.metric("residual", f"{residual:.3e}", help="the sum over completions of their coefficients on the shared token (0 = cancels)")
+    m2.metric("verdict", verdict, help=f"'cancels' when |residual| < {data.CANCEL_TOL:g}")
+    m3.metric("Asym (eq 23)", f"{float(b.metrics['weights/asym']):.3e}", help="within-group variance of w_i A_i (paper eq 23)")
+    st.caption("**residual**: sum of the completions' coefficients on the shared token. **Asym**: within-group variance of w_i A_i, eq 23.")
+    if verdict == "no gradient at all":
         st.info("Every completion's coefficient is 0 (clipping, or a mask, silences the whole group): nothing is cancelled, nothing moves.")
-    elif cancels:
+    elif verdict == "cancels":
         st.success("The completions' pushes on the shared token balance exactly.")
     else:
         st.warning("The shared token keeps a net gradient: the group moves it, though no completion is rewarded for it.")
@@ -89,4 +98,21 @@ with right:
     ])  # fmt: skip
     fig.update_layout(barmode="group", title="sequence weights before and after the DFPO transform", height=320, margin=dict(t=50, b=20))
     st.plotly_chart(fig, width="stretch")
-    st.dataframe(rows, hide_index=True, width="stretch")
+    number = st.column_config.NumberColumn
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        column_config={  # short headings so that the table fits its column; the full names are the tooltips
+            "completion": number("i", help="completion"),
+            "advantage A_i": number("A_i", help="advantage A_i (eq 43)", format="%.4f"),
+            "length": number("L_i", help="length L_i in tokens"),
+            "sequence ratio s_i": number("s_i", help="sequence ratio s_i (eq 44)", format="%.4f"),
+            "post-clip sbar_i": number("sbar_i", help="post-clip sequence ratio sbar_i (eq 47)", format="%.4f"),
+            "weight after transform": number("w_i", help="weight after the DFPO transform (eq 18 / 50-55)", format="%.4f"),
+            "clipped": st.column_config.CheckboxColumn("clipped", help="every real token of the completion clipped"),
+            "coefficient on the shared token": number("coef_i", help="coefficient on the shared token", format="%.3e"),
+        },
+    )
+    st.caption("i: completion; A_i: advantage; L_i: length; s_i, sbar_i: sequence ratio before and after clipping; w_i: weight "
+               "after the transform; coef_i: coefficient on the shared token (their sum is the residual).")  # fmt: skip

@@ -6,18 +6,21 @@ import streamlit as st
 from dfpo.app import data
 
 
-@st.cache_data(show_spinner="Running the claims ledger (sympy and the loss core) ...")
-def records() -> list[dict]:
-    return data.ledger_records()
+@st.cache_data(show_spinner="Running the claims ledger (sympy and the loss core), about 10 s ...")
+def records(fresh: bool = False) -> list[dict]:
+    """The ledger of this code version: from memory, else from the disk cache, else computed (``fresh``: computed)."""
+    return data.ledger_records(fresh=fresh)
 
 
 st.title("Claims ledger")
 st.caption(
     "Every proposition, corollary and key equation of the paper, tried hard to break: holds, holds under a condition the paper does not state, or fails with a counterexample."
 )
-if st.button("Re-run the ledger", key="rerun_ledger"):
+if st.button("Re-run the ledger", key="rerun_ledger", help="compute every verdict again (about 10 s) instead of reading the stored ones"):
     records.clear()
-claims = records()
+    claims = records(fresh=True)
+else:
+    claims = records()
 frame = pd.DataFrame(claims)
 c1, c2, c3 = st.columns([2, 2, 3])
 verdicts = c1.multiselect("Verdict", sorted(frame["verdict"].unique()), default=sorted(frame["verdict"].unique()), key="ledger_verdicts")
@@ -29,7 +32,19 @@ if text.strip():
     shown = shown[shown.apply(lambda r: needle in f"{r['id']} {r['source']} {r['statement']}".lower(), axis=1)]
 counts = shown["verdict"].value_counts().to_dict()
 st.markdown(f"**{len(shown)} of {len(frame)} claims shown**: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
-st.dataframe(shown[["id", "verdict", "method", "source", "statement"]], hide_index=True, width="stretch")
+st.dataframe(
+    shown[["id", "verdict", "method", "source", "statement"]],
+    hide_index=True,
+    width="stretch",
+    row_height=84,  # over 4 rem: long statements wrap onto up to four lines instead of being cut
+    column_config={
+        "id": st.column_config.TextColumn("id", width="small", pinned=True),
+        "verdict": st.column_config.TextColumn("verdict", width="small"),
+        "method": st.column_config.TextColumn("method", width=130),
+        "source": st.column_config.TextColumn("source", width="medium"),
+        "statement": st.column_config.TextColumn("statement", width="large"),
+    },
+)
 for claim in shown.to_dict("records"):
     with st.expander(f"{claim['id']}: {claim['verdict']}"):
         st.markdown(f"**Source.** {claim['source']}\n\n**Claim.** {claim['statement']}\n\n**Conditions.** {claim['conditions']}")

@@ -1,76 +1,132 @@
-"""Page 5: trainer run folders side by side: curves, evals, config differences, samples."""
+"""Page 5: run folders side by side (trainer runs, and each objective of a toy run): curves, evals,
+config differences, samples. Logs are read incrementally (``dfpo.app.runs``)."""
 
 import os
-from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
+from plotly.colors import qualitative
 
-from dfpo.app import data
+from dfpo.app import runs as R
 from dfpo.app.cli import RUNS_ENV
 
+COLOURS = qualitative.D3
+DASHES = ("solid", "dash", "dot", "dashdot")
+
+
+@st.cache_resource
+def registry() -> dict:
+    """Every run folder seen by this process, with the logs read so far (shared by all sessions)."""
+    return {}
+
+
+def style(i: int) -> dict:
+    """The i-th chosen run's line: its own colour (and a dash pattern once the colours run out)."""
+    return dict(color=COLOURS[i % len(COLOURS)], dash=DASHES[(i // len(COLOURS)) % len(DASHES)])
+
+
 st.title("Training runs")
-roots = [Path(p) for p in os.environ.get(RUNS_ENV, "runs").split(os.pathsep) if p]
-extra = st.text_input("Another folder to search for run folders", "", key="runs_extra")
-if extra.strip():
-    if not Path(extra.strip()).is_dir():
-        st.error(f"{extra.strip()} is not a folder.")
-    roots.append(Path(extra.strip()))
-found = data.discover_runs(roots)
+roots = [R.resolve_folder(p) for p in os.environ.get(RUNS_ENV, "runs").split(os.pathsep) if p.strip()]
+extra_text = st.text_input(
+    "Another folder to search for run folders", "", key="runs_extra", help=f"an absolute path, ~/..., or a path relative to {os.getcwd()}"
+)
+extra = None
+if extra_text.strip():
+    extra = R.resolve_folder(extra_text)
+    if not extra.is_dir():
+        st.error(f"{extra_text.strip()} is not a folder ({extra}).")
+        extra = None
+    elif extra not in roots:
+        roots.append(extra)
+found, counts = R.runs_under(roots, registry())
+if extra is not None and counts.get(extra, 0) == 0:
+    st.warning(
+        f"No run folder in {extra}: a run folder holds metrics.jsonl beside config.toml (`dfpo train`) or config.json "
+        "(`dfpo toy run`, `dfpo toy ablate`), at most 3 levels down."
+    )
 st.caption(
-    f"Run folders (config.toml + metrics.jsonl) under {', '.join(map(str, roots))}. Refresh the page to see a run still being written grow."
+    "Run folders under "
+    + ", ".join(f"{r} ({counts.get(r, 0)})" for r in roots)
+    + ". A toy run shows each objective as a run (mean over its seeds). Refresh the page to see a run still being written grow."
 )
 if not found:
     st.info(
-        f"No run folder found under {', '.join(map(str, roots))}. Train one with `dfpo train --config configs/tiny-cpu.toml`, or name a folder above."
+        f"No run folder found under {', '.join(map(str, roots))}. Train one with `dfpo train --config configs/tiny-cpu.toml` "
+        "or `dfpo toy run --out runs/toy-demo`, or name a folder above."
     )
     st.stop()
-common = Path(os.path.commonpath([str(p) for p in found])) if len(found) > 1 else found[0].parent
-names = [str(p.relative_to(common)) for p in found]
-chosen = st.multiselect("Runs", names, default=names[: min(2, len(names))], key="runs_chosen")
-runs = []
-for name in chosen:
-    try:
-        runs.append(data.load_run(common / name, common))
-    except ValueError as err:
-        st.error(str(err))
-if not runs:
+by_id = {r.id: r for r in found}
+chosen_ids = st.multiselect(
+    "Runs", list(by_id), default=list(by_id)[: min(2, len(by_id))], format_func=lambda i: by_id[i].name, key="runs_chosen"
+)
+chosen, configs = [], []
+with st.spinner("Reading the logs (a large log is read once; later only what was appended) ..."):
+    for run_id in chosen_ids:
+        run = by_id.get(run_id)
+        if run is None:
+            continue
+        try:
+            run.folder.refresh()
+            configs.append(run.config())
+            chosen.append(run)
+        except (OSError, ValueError) as err:
+            st.error(f"{run.name}: {err}")
+if not chosen:
     st.stop()
-skipped = sum(r.skipped for r in runs)
-if skipped:
-    st.warning(f"{skipped} torn or corrupt log line(s) were skipped.")
+folders = {id(r.folder): r.folder for r in chosen}.values()
+bad = sum(f.bad_lines for f in folders)
+dropped = sum(f.metrics.nonfinite + f.evals.nonfinite for f in folders)
+if bad:
+    st.warning(f"{bad} log line(s) skipped: torn, not a JSON object, or a step that is not a finite number.")
+if dropped:
+    st.warning(f"{dropped} non-finite metric value(s) (NaN or infinite) left out of the curves.")
 
-keys = data.metric_keys(runs)
-default = [k for k in ("reward/mean", "clip/frac_high", "weights/asym") if k in keys] or keys[:1]
-metrics = st.multiselect("Metrics", keys, default=default, key="runs_metrics")
+keys = R.metric_keys(chosen)
+default = [k for k in ("reward/mean", "reward", "clip/frac_high", "weights/asym", "asym") if k in keys][:3] or keys[:1]
+c1, c2 = st.columns([3, 1])
+metrics = c1.multiselect("Metrics", keys, default=default, key="runs_metrics")
+window = c2.slider(
+    "Smoothing (steps)", 1, 100, 1, key="runs_smooth", help="trailing mean over this many logged steps; 1 draws the raw values"
+)
 for key in metrics:
-    fig = go.Figure()
-    for r in runs:
-        x, y = data.curve(r.metrics, key)
-        fig.add_trace(go.Scatter(x=x, y=y, name=r.name, mode="lines"))
-    fig.update_layout(title=key, xaxis_title="step", height=340, margin=dict(t=40, b=20))
+    fig, thinned = go.Figure(), False
+    for i, r in enumerate(chosen):
+        x, y = r.curve(key)
+        if not len(x):
+            continue
+        if window > 1:
+            raw_x, raw_y = R.decimate(x, y)
+            faint = dict(mode="lines", line=dict(width=1, **style(i)), opacity=0.25, showlegend=False, hoverinfo="skip")
+            fig.add_trace(go.Scatter(x=raw_x, y=raw_y, **faint))
+        xs, ys = R.decimate(x, R.trailing_mean(y, window))
+        thinned |= len(xs) < len(x)
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=r.name, mode="lines", line=style(i)))
+    notes = [f"trailing mean over {window} steps"] * (window > 1) + ["long curves drawn as each stretch's low and high"] * thinned
+    fig.update_layout(title=key + (f" ({'; '.join(notes)})" if notes else ""), xaxis_title="step", height=340, margin=dict(t=40, b=20))
     st.plotly_chart(fig, width="stretch")
-eval_keys = sorted({k for r in runs for row in r.evals for k in row if k.startswith("eval/")})
+
+eval_keys = sorted({k for r in chosen if r.folder.kind == R.TRAINER for k in r.folder.evals.keys() if k.startswith("eval/")})
 if eval_keys:
     fig = go.Figure()
-    for r in runs:
-        for k in eval_keys:
-            x, y = data.curve(r.evals, k)
-            fig.add_trace(go.Scatter(x=x, y=y, name=f"{r.name} {k}", mode="lines+markers"))
+    for i, r in enumerate(chosen):
+        for j, k in enumerate(eval_keys):
+            x, y = r.folder.evals.curve(k)
+            if len(x):
+                line = dict(color=style(i)["color"], dash=DASHES[j % len(DASHES)])
+                fig.add_trace(go.Scatter(x=x, y=y, name=f"{r.name} {k}", mode="lines+markers", line=line))
     fig.update_layout(title="held-out evaluation", xaxis_title="step", height=340, margin=dict(t=40, b=20))
     st.plotly_chart(fig, width="stretch")
 
 st.subheader("Resolved config")
-diff = pd.DataFrame(data.config_diff(runs))
+diff = pd.DataFrame(R.config_diff(chosen, configs))
 st.dataframe(
     diff.style.apply(lambda row: ["background-color: #fff3b0" if row["differs"] else "" for _ in row], axis=1),
     hide_index=True, width="stretch",
 )  # fmt: skip
-st.subheader("Sample completions (latest logged step)")
-for r in runs:
-    if not r.samples:
-        continue
-    last = max(s.get("step", 0) for s in r.samples)
-    st.markdown(f"**{r.name}**, step {last}")
-    st.dataframe(pd.DataFrame([s for s in r.samples if s.get("step", 0) == last]), hide_index=True, width="stretch")
+samples = [r for r in chosen if r.folder.samples.rows]
+if samples:
+    st.subheader("Sample completions (latest logged step)")
+for r in samples:
+    st.markdown(f"**{r.name}**, step {r.folder.samples.step:g}")
+    st.dataframe(pd.DataFrame(r.folder.samples.rows), hide_index=True, width="stretch", row_height=72)

@@ -357,15 +357,23 @@ def _update_metrics(
     return out
 
 
-def run(config: ToyConfig, *, progress: Callable[[str], None] | None = None) -> tuple[Task, dict[str, dict[str, Tensor]]]:
-    """Validate, then train every objective of ``config``: {objective: {metric: (steps, S)}}."""
+def run(
+    config: ToyConfig, *, progress: Callable[[str], None] | None = None, on_step: Callable[[str, int], None] | None = None
+) -> tuple[Task, dict[str, dict[str, Tensor]]]:
+    """Validate, then train every objective of ``config``: {objective: {metric: (steps, S)}}.
+
+    ``progress(name)`` is called before each objective, ``on_step(name, step)`` after each of its
+    training steps (step counted from 0). An exception raised by either stops the run at once and
+    propagates (the explorer's Stop button cancels a run this way).
+    """
     task, _ = validate(config)
     enum = enumerate_completions(task, limit=config.exact_limit) if count_completions(task) <= config.exact_limit else None
     results = {}
     for name in config.objectives:
         if progress:
             progress(name)
-        results[name] = train_objective(task, name, config, enum=enum)
+        callback = None if on_step is None else (lambda step, row, name=name: on_step(name, step))
+        results[name] = train_objective(task, name, config, enum=enum, callback=callback)
     return task, results
 
 

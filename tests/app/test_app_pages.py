@@ -1,35 +1,126 @@
-"""Every page of the explorer renders without an exception, and one interaction per page changes
+"""Every page of the explorer renders without an exception, and the inputs a user changes change
 what it shows the way the maths says (Streamlit's AppTest, no browser)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
+import streamlit as st  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from dfpo.app import data  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
+SMALL_TOY = data.ToySettings(steps=5, seeds=2)
 
 
 def page(name: str) -> AppTest:
-    at = AppTest.from_file(str(APP / f"page_{name}.py"), default_timeout=180).run()
+    at = AppTest.from_file(str(APP / f"page_{name}.py"), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
 
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
 def verdict(at: AppTest) -> str:
-    return next(m.value for m in at.metric if m.label == "verdict")
+    return metric(at, "verdict")
 
 
-def test_entry_script_lists_the_five_pages():
+def test_entry_script_lists_the_five_pages_and_fetches_no_icon_from_the_web():
     text = (APP / "main.py").read_text()
     for name in ("cancel", "atlas", "toy", "ledger", "runs"):
         assert f"page_{name}.py" in text and (APP / f"page_{name}.py").is_file()
+    assert 'page_icon=":material' not in text  # a material page icon is fetched from fonts.gstatic.com
+
+
+# ----------------------------------------------------------------------------- cancellation by hand
+
+
+def _direct(objective: str, lengths: list[int], seed: int = 0):
+    """The breakdown computed with the cancellation helpers, no page involved: the preset, no overrides."""
+    import torch
+
+    from dfpo.trainer.loss.cancellation import group_breakdown, make_shared_prefix_group
+
+    group = make_shared_prefix_group(
+        torch.tensor(data.DEFAULT_REWARDS, dtype=torch.float64), lengths, prefix_len=3, shared_log_ratio=0.0, log_ratio_scale=0.3, seed=seed
+    )
+    return group_breakdown(objective, group)
+
+
+COMPONENTS = ("stopgrad", "aggregation", "length_aware", "eps_low", "eps_high")
+
+
+def _expected_verdict(b) -> str:
+    """The page's verdict rule applied to a breakdown computed without the page."""
+    from dfpo.trainer.loss.cancellation import CANCEL_TOL
+
+    if bool((b.coefficient.abs() < CANCEL_TOL).all()):
+        return "no gradient at all"
+    return "cancels" if abs(b.residual) < CANCEL_TOL else "does not cancel"
+
+
+def _components_shown(at: AppTest) -> dict:
+    return {
+        "stopgrad": at.selectbox(key="stopgrad").value,
+        "aggregation": at.selectbox(key="aggregation").value,
+        "length_aware": at.checkbox(key="length_aware").value,
+        "eps_low": at.number_input(key="eps_low").value,
+        "eps_high": at.number_input(key="eps_high").value,
+    }
+
+
+def test_cancellation_by_hand_switching_objectives_shows_each_presets_components_and_its_verdict():
+    """grpo -> gspo -> grpo_fix -> dapo differ in clip range and aggregation: each shows its own and the
+    verdict and residual of the preset itself (before the fix grpo_fix and dapo kept GSPO's components)."""
+    from dfpo.trainer.loss import OBJECTIVES
+
+    at = page("cancel")
+    lengths = [4, 6, 9, 5]
+    at.text_input(key="lengths").set_value("4, 6, 9, 5").run()
+    expected = {"grpo": "does not cancel", "gspo": "does not cancel", "grpo_fix": "cancels", "dapo": "cancels"}
+    for objective, want in expected.items():
+        at.selectbox(key="objective").set_value(objective).run()
+        assert not at.exception
+        spec = OBJECTIVES[objective]
+        assert _components_shown(at) == {k: getattr(spec, k) for k in COMPONENTS}
+        direct = _direct(objective, lengths)
+        assert verdict(at) == _expected_verdict(direct) == want
+        assert metric(at, "residual") == f"{direct.residual:.3e}"
+        assert any(c.value == "Overrides sent to `policy_loss`: none" for c in at.caption)
+    assert _components_shown(at)["eps_high"] == 0.28 and _components_shown(at)["aggregation"] == "token_mean"  # DAPO's own
+
+
+def test_cancellation_by_hand_a_changed_component_is_an_override_until_the_objective_changes():
+    at = page("cancel")
+    at.text_input(key="lengths").set_value("4, 6, 9, 5").run()
+    at.selectbox(key="objective").set_value("grpo").run()
+    at.selectbox(key="aggregation").set_value("seq_mean_token_sum").run()  # GRPO-fix's aggregation on GRPO
+    assert verdict(at) == "cancels"  # Cor. H.1: a length-free aggregation cancels
+    assert any("`aggregation=seq_mean_token_sum`" in c.value for c in at.caption)
+    at.selectbox(key="objective").set_value("gspo").run()
+    assert at.selectbox(key="aggregation").value == "seq_mean_token_mean" and verdict(at) == "does not cancel"
+
+
+def test_cancellation_by_hand_random_seed_button_draws_a_seed(monkeypatch):
+    monkeypatch.setattr(random, "randrange", lambda n: 1234)
+    at = page("cancel")
+    at.text_input(key="lengths").set_value("4, 6, 9, 5").run()
+    at.selectbox(key="objective").set_value("grpo").run()
+    at.button(key="random").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.number_input(key="seed").value == 1234
+    assert metric(at, "residual") == f"{_direct('grpo', [4, 6, 9, 5], seed=1234).residual:.3e}"
 
 
 def test_cancellation_by_hand_gspo_to_dfpo_and_back_with_unequal_lengths():
@@ -80,6 +171,15 @@ def test_cancellation_by_hand_negative_eps_is_a_message():
     assert not at.exception and any("eps_low must be in" in e.value for e in at.error)
 
 
+def test_cancellation_by_hand_metric_labels_are_short_and_explained():
+    at = page("cancel")
+    assert [m.label for m in at.metric] == ["residual", "verdict", "Asym (eq 23)"]
+    assert all(m.proto.help for m in at.metric)
+
+
+# ----------------------------------------------------------------------------- atlas and ledger
+
+
 def test_atlas_covers_every_objective_and_grpo_fix_cancels_with_a_length_free_aggregation():
     from dfpo.trainer.loss import OBJECTIVES
 
@@ -95,46 +195,156 @@ def test_atlas_covers_every_objective_and_grpo_fix_cancels_with_a_length_free_ag
     assert gspo["equal L, r*=1"] != "cancels"  # eq 13
 
 
-def test_ledger_filters_by_verdict_and_expands_each_claim():
+def test_ledger_filters_by_verdict_expands_each_claim_and_wraps_statements():
     at = page("ledger")
     n = len(at.dataframe[0].value)
     assert n >= 30
+    assert at.dataframe[0].proto.row_height > 64  # over 4 rem: Streamlit wraps long text instead of cutting it
     at.multiselect(key="ledger_verdicts").set_value(["fails"]).run()
     shown = at.dataframe[0].value
     assert 0 < len(shown) < n and set(shown["verdict"]) == {"fails"}
     assert any(e.label.startswith("eq-55: fails") for e in at.expander)
 
 
-def test_toy_lab_default_comparison_then_a_small_run():
+def test_ledger_is_stored_once_per_code_version_and_read_back(app_cache, monkeypatch):
+    from dfpo.app import cache
+
+    data.ledger_records()  # computed, or read back when an earlier test stored it
+    assert cache.cache_path("ledger").is_file()
+    import dfpo.theory.ledger
+
+    monkeypatch.setattr(dfpo.theory.ledger, "run_ledger", lambda: pytest.fail("the ledger ran again"))
+    assert len(data.ledger_records()) >= 30
+
+
+# ----------------------------------------------------------------------------- toy lab
+
+
+@pytest.fixture
+def small_toy(monkeypatch):
+    """A default comparison of 5 steps x 2 seeds (the real one takes tens of seconds), no result kept from other tests."""
+    monkeypatch.setattr(data, "TOY_DEFAULT", SMALL_TOY)
+    st.cache_resource.clear()
+    yield SMALL_TOY
+    st.cache_resource.clear()
+
+
+def _kinds(at: AppTest) -> list[str]:
+    return [type(e).__name__ for e in at.main.children.values()]
+
+
+def _tables(at: AppTest) -> list[str]:
+    """The markdown tables of the page (the toy summary and the predictions)."""
+    return [m.value for m in at.markdown if m.value.startswith("|")]
+
+
+def test_toy_lab_default_comparison_then_a_small_run(small_toy):
     at = page("toy")
-    assert any("matched control" in m.value for m in at.markdown)
-    at.text_input[0].set_value("gspo_noclip,dfpo_min:stopgrad=score")
-    nums = at.number_input
-    nums[2].set_value(2)  # K
-    nums[3].set_value(5)  # steps
-    nums[4].set_value(2)  # seeds
+    assert any("matched GSPO control" in c.value for c in at.caption)
+    summary = _tables(at)[0]
+    assert summary.startswith("| metric | " + " | ".join(SMALL_TOY.labels) + " |")  # a column per objective: it fits the page
+    assert "Button" not in _kinds(at)  # the Stop button and the progress bar are gone once the run is done
+    at.text_input(key="toy_labels").set_value("gspo_noclip,dfpo_min:stopgrad=score")
+    at.number_input(key="toy_K").set_value(2)
+    at.number_input(key="toy_steps").set_value(5)
+    at.number_input(key="toy_seeds").set_value(2)
     at.button[0].click().run()
     assert not at.exception
-    summary = "\n".join(m.value for m in at.markdown)
-    assert "| dfpo_min:stopgrad=score | gspo_noclip | yes |" in summary
+    summary, checks = _tables(at)
+    assert summary.startswith("| metric | gspo_noclip | dfpo_min:stopgrad=score |")
+    assert "| dfpo_min:stopgrad=score | gspo_noclip | yes |" in checks
 
 
-def test_toy_lab_bad_label_is_a_message():
+def test_toy_lab_default_comparison_is_stored_and_read_back_without_training(small_toy, monkeypatch):
+    page("toy")  # computes and stores the (small) default
+    st.cache_resource.clear()  # a new server process: nothing in memory
+    monkeypatch.setattr(data, "run_toy", lambda *a, **k: pytest.fail("the default comparison was trained again"))
     at = page("toy")
-    at.text_input[0].set_value("gspo,nope")
+    assert _tables(at)[0].startswith("| metric | " + " | ".join(SMALL_TOY.labels) + " |")
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("toy_lr", 1e6, "the learning rate lr must be between 1e-06 and 100 on this page, got lr=1e+06"),
+        ("toy_lr", 0.0, "the learning rate lr must be between 1e-06 and 100 on this page, got lr=0"),
+        ("toy_G", 100, "the group size G must be between 2 and 64 on this page, got group_size=100"),
+        ("toy_K", 0, "K (optimiser steps per batch) must be between 1 and 64 on this page, got inner_steps=0"),
+        ("toy_steps", 5000, "the number of steps must be between 1 and 2000 on this page, got steps=5000"),
+        ("toy_seeds", 65, "the number of seeds must be between 1 and 64 on this page, got seeds=65"),
+    ],
+)
+def test_toy_lab_out_of_range_input_is_named_and_nothing_runs(small_toy, monkeypatch, key, value, message):
+    """Before the fix the widgets kept the old value silently (and lr=1e6 failed deep in the core)."""
+    at = page("toy")
+    monkeypatch.setattr(data, "run_toy", lambda *a, **k: pytest.fail("trained despite a bad input"))
+    at.number_input(key=key).set_value(value)
+    at.button[0].click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Cannot run this configuration: {message}"]
+    assert not at.tabs and not _tables(at)  # the previous experiment is not shown as if it were this one
+
+
+def test_toy_lab_bad_label_is_a_message(small_toy):
+    at = page("toy")
+    at.text_input(key="toy_labels").set_value("gspo,nope")
     at.button[0].click().run()
     assert not at.exception and any("unknown objective='nope'" in e.value for e in at.error)
 
 
-def _fake_run(folder: Path, lr: float, rewards: list[float], corrupt: bool = False) -> None:
+def test_toy_lab_training_error_is_a_sentence_and_the_progress_bar_goes(small_toy, monkeypatch, tmp_path):
+    monkeypatch.setenv("DFPO_APP_CACHE", str(tmp_path))  # no stored default comparison: the page trains
+
+    def diverge(settings, tick):
+        for done in range(3):
+            tick("gspo", done, settings.total_steps)
+        raise FloatingPointError("metric reward is not finite at step 2 for objective 'gspo'")
+
+    monkeypatch.setattr(data, "run_toy", diverge)
+    at = page("toy")
+    assert [e.value for e in at.error] == [
+        "Training stopped during gspo at step 3 of 5: metric reward is not finite at step 2 for objective 'gspo'. The settings were "
+        "accepted, so the numbers left their valid range while training; a smaller learning rate than lr=0.5 usually keeps them finite."
+    ]
+    assert "Button" not in _kinds(at) and not at.tabs
+
+
+# ----------------------------------------------------------------------------- training runs
+
+
+def _fake_run(folder: Path, lr: float, rewards: list[float], corrupt: bool = False, extra_lines: tuple[str, ...] = ()) -> None:
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
     lines = [json.dumps({"step": i + 1, "reward/mean": r, "clip/frac_high": 0.1}) for i, r in enumerate(rewards)]
+    lines += list(extra_lines)
     if corrupt:
         lines.append('{"step": 99, "reward/me')  # a torn last line
     (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (folder / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/avg@4": 0.25}) + "\n")
     (folder / "samples.jsonl").write_text(json.dumps({"step": 2, "prompt": "1+1=", "completion": "2", "reward": 1.0}) + "\n")
+
+
+def _plain(value):
+    """A trace's x or y as a list (plotly sends numpy arrays base64-encoded)."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return value
+
+
+def _traces(at: AppTest, title: str) -> list[dict]:
+    for chart in at.get("plotly_chart"):
+        spec = json.loads(chart.proto.spec)
+        if spec["layout"]["title"]["text"].startswith(title):
+            return [{**t, "x": _plain(t.get("x")), "y": _plain(t.get("y"))} for t in spec["data"]]
+    raise AssertionError(f"no chart titled {title!r}")
+
+
+def _chosen(at: AppTest) -> list[str]:
+    return list(at.multiselect(key="runs_chosen").value)  # run ids: their folders
+
+
+def _options(at: AppTest) -> list[str]:
+    return list(at.multiselect(key="runs_chosen").options)  # run names as shown
 
 
 def test_runs_page_overlays_runs_flags_config_differences_and_counts_torn_lines(tmp_path, monkeypatch):
@@ -143,34 +353,92 @@ def test_runs_page_overlays_runs_flags_config_differences_and_counts_torn_lines(
     (tmp_path / "not-a-run").mkdir()
     monkeypatch.setenv(RUNS_ENV, str(tmp_path))
     at = page("runs")
-    assert any("1 torn or corrupt" in w.value for w in at.warning)
+    assert any("1 log line(s) skipped" in w.value for w in at.warning)
     diff = at.dataframe[0].value
     assert diff.iloc[0]["key"] == "optim.lr" and bool(diff.iloc[0]["differs"])
     assert not diff[diff["key"] == "seed"]["differs"].iloc[0]
-    at.multiselect(key="runs_chosen").set_value(["b"]).run()
+    at.multiselect(key="runs_chosen").set_value([str(tmp_path / "b")]).run()
     assert not at.warning
+
+
+def test_runs_page_draws_each_run_in_its_own_colour_and_smooths_on_request(tmp_path, monkeypatch):
+    _fake_run(tmp_path / "a", 1e-4, [0.1, 0.2, 0.6, 0.3])
+    _fake_run(tmp_path / "b", 3e-4, [0.2, 0.4, 0.5, 0.9])
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    traces = _traces(at, "reward/mean")
+    assert [t["name"] for t in traces] == ["a", "b"]
+    assert len({t["line"]["color"] for t in traces}) == 2  # before: the theme's two blues
+    at.slider(key="runs_smooth").set_value(2).run()
+    smoothed = [t for t in _traces(at, "reward/mean") if t.get("name") == "a"][0]
+    assert smoothed["y"] == pytest.approx([0.1, 0.15, 0.4, 0.45])  # trailing mean over 2 logged steps
+
+
+def test_runs_page_accepts_a_relative_folder_and_home_and_keeps_the_selection(tmp_path, monkeypatch):
+    """dfpo app passes absolute folders; a relative one typed in the page made os.path.commonpath raise
+    "Can't mix absolute and relative paths", '~' was not expanded, and a new folder wiped the selection."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    _fake_run(tmp_path / "runs" / "a", 1e-4, [0.1, 0.2])
+    _fake_run(tmp_path / "runs" / "b", 2e-4, [0.1, 0.2])
+    _fake_run(tmp_path / "more" / "c", 3e-4, [0.3, 0.4])
+    _fake_run(tmp_path / "home" / "mine" / "d", 4e-4, [0.5, 0.6])
+    at = page("runs")
+    b = _chosen(at)[1]
+    at.multiselect(key="runs_chosen").set_value([b]).run()
+    at.text_input(key="runs_extra").set_value("more").run()
+    assert not at.exception and not at.error, [e.value for e in at.exception]
+    assert _chosen(at) == [b] and _options(at) == ["a", "b", "c"]  # the selection survives the new folder
+    at.text_input(key="runs_extra").set_value("~/mine").run()
+    assert not at.exception and not at.error
+    assert _chosen(at) == [b] and _options(at) == ["a", "b", "d"]
+
+
+def test_runs_page_default_folder_is_runs_in_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(RUNS_ENV, raising=False)
+    _fake_run(tmp_path / "runs" / "a", 1e-4, [0.1, 0.2])
+    at = page("runs")
+    assert _options(at) == ["a"] and _chosen(at) == [str(tmp_path / "runs" / "a")]
+
+
+def test_runs_page_says_when_an_added_folder_holds_no_run(tmp_path, monkeypatch):
+    _fake_run(tmp_path / "runs" / "a", 1e-4, [0.1, 0.2])
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = page("runs")
+    at.text_input(key="runs_extra").set_value(str(tmp_path / "empty")).run()
+    assert any(w.value.startswith(f"No run folder in {tmp_path / 'empty'}") for w in at.warning)
+    at.text_input(key="runs_extra").set_value(str(tmp_path / "missing")).run()
+    assert any(f"{tmp_path / 'missing'} is not a folder" in e.value for e in at.error)
+
+
+def test_runs_page_skips_lines_with_a_bad_step_instead_of_failing(tmp_path, monkeypatch):
+    bad = ('{"step": NaN, "reward/mean": 1}', '{"step": 1e400, "reward/mean": 1}', '{"step": "7", "reward/mean": 1}')
+    _fake_run(tmp_path / "a", 1e-4, [0.1, 0.2, 0.3], extra_lines=bad)
+    samples = tmp_path / "a" / "samples.jsonl"
+    samples.write_text(samples.read_text() + '{"step": "late", "completion": "x"}\n')
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    assert any("4 log line(s) skipped" in w.value for w in at.warning)
+    assert _traces(at, "reward/mean")[0]["y"] == [0.1, 0.2, 0.3]
+
+
+def test_runs_page_shows_a_toy_run_folder_per_objective(tmp_path, monkeypatch):
+    from dfpo.cli import main
+
+    out = tmp_path / "runs" / "toy-demo"
+    assert main(["toy", "run", "--task", "tenplusten", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--steps", "3", "--no-plots", "--out", str(out)]) == 0  # fmt: skip
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = page("runs")
+    assert _options(at) == ["toy-demo: dfpo_min", "toy-demo: gspo"]
+    assert [t["name"] for t in _traces(at, "reward")] == ["toy-demo: dfpo_min", "toy-demo: gspo"]
+    diff = at.dataframe[0].value
+    assert diff.iloc[0]["key"] == "objective"
 
 
 def test_runs_page_without_runs_says_how_to_make_one(tmp_path, monkeypatch):
     monkeypatch.setenv(RUNS_ENV, str(tmp_path))
     at = page("runs")
     assert any("No run folder found" in i.value for i in at.info)
-
-
-def test_dfpo_app_refuses_bad_options_before_starting(tmp_path, capsys):
-    from dfpo.cli import main
-
-    assert main(["app", "--port", "0"]) == 2
-    assert "--port must be in 1..65535, got --port 0" in capsys.readouterr().err
-    assert main(["app", "--runs", str(tmp_path / "missing")]) == 2
-    assert "is not a folder" in capsys.readouterr().err
-
-
-def test_dfpo_app_binds_to_loopback_by_default():
-    from dfpo.app.cli import streamlit_command
-    from dfpo.cli import build_parser
-
-    args = build_parser().parse_args(["app"])
-    assert args.address == "127.0.0.1" and args.port == 8501
-    cmd = streamlit_command(args.port, args.address, True)
-    assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1" and cmd[cmd.index("--server.headless") + 1] == "true"

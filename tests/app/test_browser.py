@@ -1,48 +1,36 @@
 """The explorer in a real browser: ``dfpo app`` on a loopback port, each page opened in headless
-Chromium (Debian's package, driven by Playwright), one interaction each, a screenshot each.
+Chromium (Debian's package, driven by Playwright), the inputs a user changes changed, every request
+the browser makes recorded (none may leave the machine), a screenshot of each page.
 
-Screenshots land in docs/screenshots/ (the README shows the first page). Skipped, with the
-reason, only where Chromium or Playwright is not installed; .ci/run installs both.
+Screenshots go to a temporary folder: ``scripts/screenshots.py`` (whose functions this test uses)
+is the command that rewrites docs/screenshots/. Skipped, with the reason, only where Chromium or
+Playwright is not installed; .ci/run installs both.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
+import re
 import sys
 import time
-import urllib.request
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "docs" / "screenshots"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+_spec = importlib.util.spec_from_file_location("dfpo_screenshots", ROOT / "scripts" / "screenshots.py")
+shots = importlib.util.module_from_spec(_spec)
+sys.modules["dfpo_screenshots"] = shots
+_spec.loader.exec_module(shots)
 
 pytestmark = [
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium; .ci/run does it)"),
+    pytest.mark.skipif(not Path(shots.CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium; .ci/run does it)"),
+    pytest.mark.slow,  # starts a server and a browser; the toy page trains for tens of seconds
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
 def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
@@ -57,29 +45,14 @@ def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    _fake_run(runs / "tiny-gspo", 3e-4, [0.3 + 0.03 * i for i in range(10)])
-    _fake_run(runs / "tiny-dfpo_min", 1e-4, [0.3 + 0.025 * i for i in range(10)])
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dfpo", "app", "--headless", "--port", str(port), "--runs", str(runs)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        os.killpg(proc.pid, signal.SIGTERM)
-        pytest.fail(f"dfpo app did not answer on {url}: {proc.stdout.read().decode()[-2000:]}")
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=20)
+def app(tmp_path_factory):
+    """(url, server process id, the folder screenshots go to); the server's working folder holds runs/ and more/."""
+    home = tmp_path_factory.mktemp("app")
+    _fake_run(home / "runs" / "tiny-gspo", 3e-4, [0.3 + 0.03 * i for i in range(10)])
+    _fake_run(home / "runs" / "tiny-dfpo_min", 1e-4, [0.3 + 0.025 * i for i in range(10)])
+    _fake_run(home / "more" / "tiny-grpo", 1e-4, [0.2 + 0.04 * i for i in range(10)])
+    with shots.running_app([Path("runs")], cache=home / "cache", cwd=home) as (url, proc):
+        yield url, proc.pid, tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -88,81 +61,149 @@ def browser():
         "playwright.sync_api", reason="Playwright is not installed (pip install playwright; the [dev] extra has it)"
     )
     with playwright.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        b = pw.chromium.launch(executable_path=shots.CHROMIUM, args=shots.FLAGS)
         yield b
         b.close()
 
 
-def _open(browser, url: str, ready: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(url)
-    page.get_by_text(ready).first.wait_for(timeout=120_000)  # the first load can show only a skeleton
-    return page
+@pytest.fixture
+def context(browser):
+    """A fresh browser context for one test; every request it makes to a host other than this machine fails the test."""
+    outside: list[str] = []
+
+    def record(request) -> None:
+        parsed = urlparse(request.url)
+        if parsed.scheme not in ("data", "blob", "about") and parsed.hostname not in LOCAL_HOSTS:
+            outside.append(request.url)
+
+    ctx = browser.new_context(viewport=shots.VIEWPORT)
+    ctx.on("request", record)
+    yield ctx
+    ctx.close()
+    assert outside == [], f"requests left the machine: {outside}"
 
 
-def _settle(page) -> None:
-    """Wait until the script has finished and every chart has drawn."""
-    page.wait_for_timeout(500)
-    page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=120_000)
-    charts = page.locator('[data-testid="stPlotlyChart"]')
-    for i in range(charts.count()):
-        if not charts.nth(i).is_visible():  # e.g. in a tab not shown
+def _server_cpu_seconds(pid: int) -> float:
+    """CPU time used so far by the processes of ``dfpo app``'s process group (the Streamlit server and its threads)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
-        charts.nth(i).scroll_into_view_if_needed()
-        charts.nth(i).locator(".main-svg").first.wait_for(timeout=30_000)
-    page.mouse.wheel(0, -100000)
-    page.wait_for_timeout(300)
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pid:  # process group id (dfpo app is a session leader)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
-def _shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    _settle(page)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+def _choose(page, label: str, option: str) -> None:
+    page.get_by_label(label, exact=True).click()  # a Streamlit selectbox opens a list of options
+    page.get_by_role("option", name=option, exact=True).click()
 
 
-def _type(page, label: str, text: str) -> None:
-    box = page.get_by_label(label)
-    box.fill(text)
-    box.press("Enter")
+def _value(page, label: str) -> str:
+    return page.get_by_label(label, exact=True).input_value()
 
 
-def test_cancellation_page(app_url, browser):
-    page = _open(browser, app_url, "does not cancel")
-    _shot(page, "1-cancellation")
-    _type(page, "Rewards, one per completion", "1, 1, 1, 1")
+def test_cancellation_page_switches_objectives_and_draws_a_seed(app, context):
+    url, _, out = app
+    page = shots.open_page(context, url, "does not cancel")
+    shots.shot(page, out, "1-cancellation")
+    _choose(page, "Objective", "grpo_fix")
+    page.get_by_text("Components (the grpo_fix preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert _value(page, "eps_low") == "1" and _value(page, "eps_high") == "0.2"
+    _choose(page, "Objective", "dapo")
+    page.get_by_text("Components (the dapo preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert _value(page, "eps_high") == "0.28"
+    seed = _value(page, "seed of the other tokens' ratios")
+    page.get_by_role("button", name="random").click()
+    shots.settle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert _value(page, "seed of the other tokens' ratios") != seed
+    shots.type_into(page, "Rewards, one per completion", "1, 1, 1, 1")
     page.get_by_text("all rewards are equal").wait_for(timeout=30_000)
     page.close()
 
 
-def test_atlas_page(app_url, browser):
-    page = _open(browser, f"{app_url}/atlas", "cells cancel")
-    _shot(page, "2-atlas")
-    _type(page, "seed", "7")
+def test_atlas_page(app, context):
+    url, _, out = app
+    page = shots.open_page(context, f"{url}/atlas", "cells cancel")
+    shots.shot(page, out, "2-atlas")
+    shots.type_into(page, "seed", "7")
+    shots.settle(page)  # the atlas of seed 7 computed
     page.get_by_text("cells cancel").wait_for(timeout=60_000)
     page.close()
 
 
-def test_toy_page(app_url, browser):
-    page = _open(browser, f"{app_url}/toy", "Summary and the paper's predictions")
+def _seconds_until_idle(pid: int, timeout: float = 30.0, window: float = 2.0, busy: float = 0.3) -> float:
+    """Seconds until the server uses less than ``busy`` s of CPU in a ``window`` (a training run uses a whole core); inf if never."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        before = _server_cpu_seconds(pid)
+        time.sleep(window)
+        if _server_cpu_seconds(pid) - before < busy:
+            return time.monotonic() - start
+    return float("inf")
+
+
+def test_toy_page_both_stops_end_the_computation_and_a_bad_input_is_named(app, context):
+    url, pid, out = app
+    running = re.compile(r"training \S+: \d+ of (\d+) steps")
+    page = shots.open_page(context, f"{url}/toy", "Toy lab")
+    page.get_by_text(running).first.wait_for(timeout=120_000)  # the default comparison runs, with a progress bar
+    page.get_by_test_id("stBaseButton-header").get_by_text("Stop").click()  # Streamlit's own Stop, top right
+    idle = _seconds_until_idle(pid)  # nobody polls the run any more: it cancels itself after a 5 s grace
+    assert idle < 15, "the server kept computing after Streamlit's Stop"  # before: 11 more minutes of CPU
+
+    page.get_by_label("steps", exact=True).fill("2000")
+    shots.type_into(page, "seeds", "2")
+    page.get_by_text(re.compile(r"training \S+: \d+ of 8000 steps")).first.wait_for(timeout=120_000)
+    page.get_by_test_id("stButton").get_by_role("button", name="Stop").click()  # the page's Stop button
+    page.get_by_text(re.compile(r"Stopped after \d+ of 8000 steps")).wait_for(timeout=30_000)
+    idle = _seconds_until_idle(pid)
+    assert idle < 5, "the server kept computing after the page's Stop"
+
+    shots.type_into(page, "lr", "1e6")
+    page.get_by_text("the learning rate lr must be between 1e-06 and 100 on this page, got lr=1e+06").wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stProgress"]').count() == 0
+    page.get_by_label("objectives (labels: preset[:key=value...])", exact=True).fill("gspo,dfpo_min")
+    page.get_by_label("lr", exact=True).fill("0.5")
+    shots.type_into(page, "steps", "30")
+    page.get_by_text(re.compile(r"training \S+: \d+ of 60 steps")).first.wait_for(timeout=120_000)  # per training step
+    page.get_by_text("Summary and the paper's predictions").wait_for(timeout=300_000)
+    assert page.locator('[data-testid="stProgress"]').count() == 0
     page.get_by_role("tab", name="Asym (eq 23)").click()
     page.get_by_text("Asym (eq 23) (band").wait_for(timeout=30_000)
-    _shot(page, "3-toy")
+    shots.shot(page, out, "3-toy")
     page.close()
 
 
-def test_ledger_page(app_url, browser):
-    page = _open(browser, f"{app_url}/ledger", "claims shown")
-    _type(page, "Search (id, section, statement)", "eq-55")
+def test_ledger_page(app, context):
+    url, _, out = app
+    page = shots.open_page(context, f"{url}/ledger", "claims shown")
+    shots.type_into(page, "Search (id, section, statement)", "eq-55")
     page.get_by_text("1 of").first.wait_for(timeout=30_000)
     page.get_by_text("eq-55: fails").first.click()  # a rerun can briefly leave the old element beside the new
     page.locator("strong:has-text('Evidence'):visible").first.wait_for(timeout=30_000)  # the opened record, not a collapsed one
-    _shot(page, "4-ledger")
+    shots.shot(page, out, "4-ledger")
     page.close()
 
 
-def test_runs_page(app_url, browser):
-    page = _open(browser, f"{app_url}/runs", "Resolved config")
-    _shot(page, "5-runs")
-    _type(page, "Another folder to search for run folders", "/no/such/folder")
-    page.get_by_text("/no/such/folder is not a folder.").wait_for(timeout=30_000)
+def test_runs_page_takes_a_relative_folder_and_keeps_the_selection(app, context):
+    url, _, out = app
+    page = shots.open_page(context, f"{url}/runs", "Resolved config")
+    shots.shot(page, out, "5-runs")
+    chosen = page.locator('[data-testid="stMultiSelect"]').first
+    assert "tiny-dfpo_min" in chosen.inner_text() and "tiny-gspo" in chosen.inner_text()
+    shots.type_into(page, "Another folder to search for run folders", "more")  # relative to the server's folder
+    page.get_by_text("more (1)").first.wait_for(timeout=30_000)
+    shots.settle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    assert "tiny-dfpo_min" in chosen.inner_text() and "tiny-gspo" in chosen.inner_text()  # the selection survived
+    shots.type_into(page, "Another folder to search for run folders", "/no/such/folder")
+    page.get_by_text("/no/such/folder is not a folder").wait_for(timeout=30_000)
     page.close()

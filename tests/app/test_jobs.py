@@ -1,0 +1,90 @@
+"""Background jobs of the explorer (``dfpo.app.jobs``): a real toy run stops within one step when
+cancelled, by the Stop button or when nobody watches it any more."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dfpo.app import data, jobs
+
+LONG = data.ToySettings(task="tenplusten", labels=("gspo", "dfpo_min"), steps=2000, seeds=2, group_size=4, inner_steps=1)
+
+
+def _wait(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_run_toy_ticks_once_per_training_step():
+    """tick's count moves by one per training step over all objectives and ends at the total."""
+    settings = data.ToySettings(task="tenplusten", labels=("gspo", "grpo_fix"), steps=3, seeds=2, group_size=4, inner_steps=1)
+    ticks = []
+    result = data.run_toy(settings, lambda label, done, total: ticks.append((label, done, total)))
+    steps = [(label, done) for label, done, _ in ticks]
+    assert ("gspo", 0) in steps and ("grpo_fix", 3) in steps  # before each objective
+    assert [d for _, d, _ in ticks if d] == [1, 2, 3, 3, 4, 5, 6] and {t for *_, t in ticks} == {6}
+    assert set(result.curves) == {"gspo", "grpo_fix"} and result.curves["gspo"]["reward"].shape == (3, 2)
+
+
+def test_cancel_stops_a_real_toy_run_within_a_step():
+    board = jobs.JobBoard()
+    job = board.watch(LONG, "session", lambda tick: data.run_toy(LONG, tick), LONG.total_steps)
+    _wait(lambda: job.progress.done >= 3)
+    board.release(LONG, "session")  # the Stop button: the only watcher lets go
+    job.thread.join(timeout=10)
+    assert not job.thread.is_alive()
+    p = job.progress
+    assert p.state == jobs.CANCELLED and p.done < LONG.total_steps
+    done = p.done
+    time.sleep(0.3)
+    assert job.progress.done == done  # no step after the stop
+
+
+def test_a_job_nobody_polls_cancels_itself_after_the_grace_period():
+    now = [0.0]
+    ticks = threading.Event()
+    release = threading.Event()
+
+    def work(tick):
+        for i in range(10_000):
+            tick("x", i, 10_000)
+            ticks.set()
+            release.wait(0.01)
+        return "finished"
+
+    job = jobs.Job(work, 10_000, grace=5.0, clock=lambda: now[0])
+    job.poll("tab")
+    job.start()
+    ticks.wait(5)
+    now[0] = 4.0
+    job.poll("tab")  # still watched
+    now[0] = 9.5  # 5.5 s since the last poll: Streamlit's Stop or a closed tab
+    job.thread.join(timeout=10)
+    assert job.progress.state == jobs.CANCELLED
+
+
+def test_a_job_watched_by_two_sessions_survives_one_stop_and_other_settings_cancel_it():
+    board = jobs.JobBoard()
+    job = board.watch(LONG, "a", lambda tick: data.run_toy(LONG, tick), LONG.total_steps)
+    board.watch(LONG, "b", lambda tick: pytest.fail("started twice"), LONG.total_steps)
+    _wait(lambda: job.progress.done >= 2)
+    board.release(LONG, "a")
+    time.sleep(0.3)
+    assert job.running  # b still watches it
+    other = data.ToySettings(task="tenplusten", labels=("gspo",), steps=2, seeds=1, group_size=4, inner_steps=1)
+    new = board.watch(other, "b", lambda tick: data.run_toy(other, tick), other.total_steps)  # b chose other settings
+    job.thread.join(timeout=10)
+    assert job.progress.state == jobs.CANCELLED
+    new.thread.join(timeout=60)
+    assert new.progress.state == jobs.DONE and set(new.progress.result.curves) == {"gspo"}
+
+
+def test_an_error_in_the_work_is_kept_for_the_page():
+    job = jobs.Job(lambda tick: (tick("gspo", 0, 5), 1 / 0), 5).start()
+    job.thread.join(timeout=10)
+    assert job.progress.state == jobs.FAILED and isinstance(job.progress.error, ZeroDivisionError)
