@@ -73,6 +73,13 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     specs = {}
     for name in c.objectives:
         spec = objective_from_label(name, **dict(c.overrides))  # ValueError for unknown names/overrides
+        unsupported = {arg: why for arg, why in spec.required_inputs().items() if not (arg == "entropy" and spec.token_mask != "none")}
+        if unsupported:
+            raise ValueError(
+                f"objective {name!r} needs {', '.join(f'{arg} for {why}' for arg, why in unsupported.items())}, which the toy lab "
+                "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
+                "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
+            )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
                 f"objective {name!r} masks tokens by batch statistics (token_mask={spec.token_mask!r}); exact mode cannot take its expectation"
@@ -148,7 +155,7 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         roll = sample(task, logpi_old, prompts, config.group_size, gen)
     old = gather_tokens(logpi_old, roll.rows, roll.tokens)  # (S, B, T)
     old = torch.where(roll.mask, old, torch.zeros_like(old))
-    if spec.token_mask != "none":  # only token masks read the entropy
+    if spec.needs_entropy:  # only token masks read the entropy (validation refuses an entropy bonus)
         ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), roll.rows, roll.tokens)  # (S, B, T)
     else:
         ent = None

@@ -220,6 +220,9 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
         ({"lr": 0.0}, "lr must be > 0"),
         ({"minibatches": 3}, "minibatches must be <="),
         ({"overrides": {"eps_lo": 0.1}}, "unknown override"),
+        ({"objectives": ("grpo:entropy_coef=0.01",)}, r"'grpo:entropy_coef=0.01' needs entropy for entropy_coef=0.01 .*no entropy bonus"),
+        ({"objectives": ("grpo:beta=0.1",)}, r"needs ref_logp for beta=0.1 .*no reference policy"),
+        ({"objectives": ("grpo:rollout_correction=token_truncate",)}, r"needs rollout_logp for rollout_correction='token_truncate'"),
     ],
 )
 def test_bad_options_fail_with_a_clear_message(changes, message):
