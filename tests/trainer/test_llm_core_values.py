@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import dfpo.trainer.llm.stage_update as update_mod
 import dfpo.trainer.llm.train as train_mod
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
 from dfpo.trainer.llm.config import ModelConfig
@@ -48,13 +49,13 @@ def test_old_log_probs_come_from_before_any_update_of_the_rollout_batch(tmp_path
     """K = 4 optimiser steps on one rollout batch: the first sees logp == old_logp exactly (ratio 1),
     later ones see the ratios the earlier updates produced (old log-probs were not recomputed)."""
     gaps = []
-    real = train_mod.policy_loss
+    real = update_mod.policy_loss
 
     def spy(objective, *, logp, old_logp, mask, **kw):
         gaps.append(float(torch.where(mask, (logp - old_logp).abs(), 0.0).max()))
         return real(objective, logp=logp, old_logp=old_logp, mask=mask, **kw)
 
-    monkeypatch.setattr(train_mod, "policy_loss", spy)
+    monkeypatch.setattr(update_mod, "policy_loss", spy)
     for source, first_gap in (("recompute", 0.0), ("sampler", 1e-5)):
         gaps.clear()
         cfg = tiny_config(

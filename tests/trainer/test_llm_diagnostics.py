@@ -6,8 +6,10 @@ import torch
 from dfpo import resolve_objective
 from dfpo.trainer import metrics
 from dfpo.trainer.llm import diagnostics as diag
+from dfpo.trainer.llm.diagnostics import StepDiagnostics
+from dfpo.trainer.llm.minibatches import MicroBatch
 from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.train import MicroBatch, StepDiagnostics, accumulate_gradients
+from dfpo.trainer.llm.stage_update import accumulate_gradients
 
 
 def test_closed_form_logit_gradient_norm_matches_autograd():

@@ -16,9 +16,10 @@ from dfpo.trainer.llm.distributed import (
     rank_share,
     shard_groups,
 )
+from dfpo.trainer.llm.minibatches import micro_batch, split_groups
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.train import accumulate_gradients, micro_batch, split_groups
+from dfpo.trainer.llm.stage_update import accumulate_gradients
 
 CASES = [("grpo", {}), ("dapo", {}), ("dr_grpo", {"max_completion_length": 6}), ("dfpo_min", {"eps_low": 0.05, "eps_high": 0.05})]
 

@@ -87,9 +87,9 @@ def test_existing_run_dir_is_refused_before_any_work(tmp_path):
 
 
 def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_path, monkeypatch):
-    import dfpo.trainer.llm.train as train_mod
+    import dfpo.trainer.llm.stage_update as update_mod
 
-    real = train_mod.policy_loss
+    real = update_mod.policy_loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -97,7 +97,7 @@ def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_
         calls["n"] += 1
         return loss * float("nan") if calls["n"] > 4 else loss, metrics  # step 1 fine, then NaN
 
-    monkeypatch.setattr(train_mod, "policy_loss", poisoned)
+    monkeypatch.setattr(update_mod, "policy_loss", poisoned)
     cfg = tiny_config(tmp_path, "train.steps=4", "train.max_nonfinite_in_row=3")
     trainer = Trainer(cfg, quiet=True)
     with pytest.raises(NonFiniteLossError, match=r"3 optimiser steps in a row.*last good checkpoint.*step 1"):
@@ -185,8 +185,7 @@ def test_full_finetune_with_reference_model_logs_kl(tmp_path):
 def test_chat_template_is_applied_when_the_tokenizer_has_one():
     from dfpo.trainer.llm.config import DataConfig
     from dfpo.trainer.llm.policy import build_char_tokenizer
-    from dfpo.trainer.llm.tasks import Example
-    from dfpo.trainer.llm.train import encode_prompts
+    from dfpo.trainer.llm.tasks import Example, encode_prompts
 
     tok = build_char_tokenizer()
     ex = [Example("1+2=", "3")]
@@ -239,3 +238,14 @@ def test_tiny_run_on_cuda_with_bf16_autocast(tmp_path):
     assert sum(float((after[n] - initial[n]).abs().sum()) for n in after) > 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+
+
+def test_identical_runs_write_identical_random_states(tmp_path):
+    """Every generator a checkpoint saves is seeded from the config: two runs of one config save equal states."""
+    states = []
+    for name in ("a", "b"):
+        Trainer(tiny_config(tmp_path / name, "train.steps=1", "eval.every=0"), quiet=True).run()
+        states.append(torch.load(tmp_path / name / "run" / "checkpoint.pt", weights_only=False)["rng"])
+    assert states[0]["python"] == states[1]["python"]
+    assert all((x == y).all() if hasattr(x, "all") else x == y for x, y in zip(states[0]["numpy"], states[1]["numpy"]))
+    assert torch.equal(states[0]["torch"], states[1]["torch"])

@@ -7,7 +7,7 @@ from dfpo.trainer.llm.config import ModelConfig
 from dfpo.trainer.llm.forward import completion_logprobs
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import HFGenerateEngine, SamplingParams, build_batch, sampler_logp
-from dfpo.trainer.llm.train import mismatch_metrics
+from dfpo.trainer.llm.stage_old_logp import mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

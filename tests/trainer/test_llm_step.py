@@ -11,17 +11,11 @@ from hypothesis import strategies as st
 from dfpo import resolve_objective
 from dfpo.trainer.llm.config import ModelConfig
 from dfpo.trainer.llm.forward import completion_logprobs, plain_lm_head
+from dfpo.trainer.llm.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch, completion_logits, token_logp
-from dfpo.trainer.llm.train import (
-    FirstPass,
-    MicroBatch,
-    accumulate_gradients,
-    accumulation_weights,
-    batch_logp,
-    micro_batch,
-    split_groups_by_tokens,
-)
+from dfpo.trainer.llm.stage_old_logp import FirstPass, batch_logp
+from dfpo.trainer.llm.stage_update import accumulate_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -167,16 +161,17 @@ def test_a_training_step_recomputes_old_log_probs_only_for_rows_after_the_first_
     sampling at temperature 1) never runs it."""
     from test_llm_e2e import tiny_config
 
+    from dfpo.trainer.llm import stage_old_logp
     from dfpo.trainer.llm import train as train_mod
 
     calls = []
-    real = train_mod.batch_logp
+    real = stage_old_logp.batch_logp
 
     def counting(model, batch, *args, **kwargs):
         calls.append(batch.mask.shape[0])
         return real(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "batch_logp", counting)
+    monkeypatch.setattr(stage_old_logp, "batch_logp", counting)
     for source, minibatch_groups, expected in (("recompute", 4, []), ("recompute", 2, [2 * 4]), ("auto", 2, [])):  # 4 prompts x G = 4
         calls.clear()
         cfg = tiny_config(
@@ -207,16 +202,17 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monke
 
     from test_llm_e2e import tiny_config
 
+    from dfpo.trainer.llm import stage_advantages
     from dfpo.trainer.llm import train as train_mod
 
     seen = []  # per step: the reward range of every group it trains on
-    real = train_mod.group_advantages
+    real = stage_advantages.group_advantages
 
     def spy(rewards, group_ids, **kw):
         seen.append([float(rewards[group_ids == g].max() - rewards[group_ids == g].min()) for g in group_ids.unique()])
         return real(rewards, group_ids, **kw)
 
-    monkeypatch.setattr(train_mod, "group_advantages", spy)
+    monkeypatch.setattr(stage_advantages, "group_advantages", spy)
     cfg = tiny_config(
         tmp_path,
         "train.steps=2",

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from dfpo import resolve_objective
 from dfpo.trainer.llm.config import ModelConfig
+from dfpo.trainer.llm.minibatches import MicroBatch, accumulation_weights, group_minibatches, split_groups
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.train import MicroBatch, accumulate_gradients, accumulation_weights, group_minibatches, lr_factor, split_groups
+from dfpo.trainer.llm.stage_update import accumulate_gradients, lr_factor
 
 
 @settings(max_examples=40, deadline=None)

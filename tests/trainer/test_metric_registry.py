@@ -94,9 +94,10 @@ def test_micro_batches_keep_a_minimum_and_a_maximum(tmp_path):
     """One optimiser step over two micro-batches logs the min and max of the sequence correction ratio over the
     whole mini-batch, as one micro-batch does (they were averaged over micro-batches before)."""
     from dfpo.trainer.llm.config import ModelConfig
+    from dfpo.trainer.llm.minibatches import MicroBatch
     from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
     from dfpo.trainer.llm.rollout import build_batch
-    from dfpo.trainer.llm.train import MicroBatch, accumulate_gradients
+    from dfpo.trainer.llm.stage_update import accumulate_gradients
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)

@@ -220,6 +220,13 @@ def load_checkpoint(run_dir: Path) -> dict:
     return state
 
 
+def seed_everything(seed: int) -> None:
+    """Seed every generator ``rng_state`` saves (Python, NumPy, torch CPU and CUDA) from ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict:
     """Every random generator the run draws from (Python, NumPy, torch CPU and CUDA)."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -21,8 +21,12 @@ trainer's batches: the shared-prefix residual and the zero-variance share.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from dfpo.trainer.metrics import energy_sums, logit_grad_norm, score_norm
 
 
 def shared_prefix_sums(coef: Tensor, factor: Tensor, token_ids: Tensor, mask: Tensor, group_ids: Tensor) -> tuple[float, float, int]:
@@ -55,3 +59,30 @@ def zero_variance_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     groups = torch.unique(group_ids)
     zero = sum(bool((rewards[group_ids == g] == rewards[group_ids == g][0]).all()) for g in groups.tolist())
     return zero / max(1, len(groups))
+
+
+@dataclass
+class StepDiagnostics:
+    """Running sums of one training step's diagnostics over its optimiser steps (and, once reduced, its processes)."""
+
+    energy: Tensor | None = None
+    shared_num: float = 0.0
+    shared_den: float = 0.0
+    shared_positions: int = 0
+
+    def add_energy(self, sums: Tensor) -> None:
+        self.energy = sums.cpu() if self.energy is None else self.energy + sums.cpu()
+
+    def add(
+        self, coef: Tensor, prob: Tensor, coll: Tensor, targets: Tensor, mask: Tensor, group_ids: Tensor, buckets: Tensor | None
+    ) -> None:
+        """Add one micro-batch: ``coef`` (b, T) = d loss / d logp (its accumulation weight included), pi(y_t) and
+        sum_v pi_v^2 (b, T) from ``vocab_stats``; Energy's bucket sums (eq 24) when ``buckets`` is given, and the
+        shared-prefix residual's sums."""
+        if buckets is not None:
+            norm = logit_grad_norm(coef, prob, coll)  # (b, T) closed-form logit-gradient norm
+            self.add_energy(energy_sums(norm, targets, mask, buckets))
+        num, den, n = shared_prefix_sums(coef, score_norm(prob, coll), targets, mask, group_ids)
+        self.shared_num += num
+        self.shared_den += den
+        self.shared_positions += n

@@ -5,18 +5,26 @@ The tiny preset (no network, no downloaded weights):
    each character one token, special tokens <pad> <eos> <unk>), wrapped in
    ``PreTrainedTokenizerFast``;
 2. a small ``Qwen2Config`` model initialised from scratch with the run's seed;
-3. a short supervised warm-start on the task's train split (prompt -> answer<eos>), so that
-   group-relative RL starts with some reward signal.
+3. a short supervised warm-start on the task's train split (prompt -> the task's ``sft_target``<eos>), so
+   that group-relative RL starts with some reward signal.
 The result is saved under ``RUN_DIR/init_model`` so resume and the reference model reload it.
+
+``load_policy`` gives the trainer a ``Model``: the policy (LoRA-wrapped when asked), its tokenizer, the frozen
+reference model a KL term reads, and the token ids that end a completion.
 """
 
 from __future__ import annotations
 
 import random
 import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from dfpo.trainer.llm.tasks import hub_reachable, sft_target
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
@@ -172,8 +180,6 @@ def _pretrained_source(name: str, trust_remote_code: bool):
     """(tokenizer, from_pretrained kwargs) for a local directory, the local HF cache, or the hub."""
     from transformers import AutoTokenizer
 
-    from dfpo.trainer.llm.tasks import hub_reachable
-
     if Path(name).is_dir():
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
     try:  # a hub name already in the local cache works offline
@@ -193,8 +199,6 @@ def check_model_available(name: str) -> None:
     """Cheap check, before any data or weights load, that ``model.name`` can be loaded."""
     if name == "tiny" or Path(name).is_dir():
         return
-    from dfpo.trainer.llm.tasks import hub_reachable
-
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -234,3 +238,88 @@ def wrap_lora(model, mcfg):
         r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
     )
     return get_peft_model(model, lcfg)
+
+
+def generation_eos_ids(model) -> list[int]:
+    """The EOS ids of the model's generation config (none when it has no config or no EOS there)."""
+    gc = getattr(model, "generation_config", None)
+    eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+@dataclass
+class Model:
+    """The policy and what goes with it."""
+
+    model: torch.nn.Module
+    """The policy being trained (a peft model with LoRA adapters when model.lora_r > 0)."""
+    tok: object
+    """Its tokenizer (pad token set)."""
+    ref: torch.nn.Module | None
+    """The frozen reference model of a KL term (None: no KL term, or LoRA, whose base model is the reference)."""
+    eos_ids: set[int]
+    """Token ids that end a completion: the tokenizer's EOS and the generation config's."""
+
+
+def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: Path, say: Callable[[str], None]) -> None:
+    """The tiny preset from scratch: char tokenizer, Qwen2 initialised with ``seed``, ``mcfg.sft_steps`` supervised
+    steps on the task's ``sft_target``; model and tokenizer saved to ``init_dir``."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(mcfg, tok, seed).to(device)
+    t0 = time.time()
+    losses = sft_warm_start(
+        model,
+        tok,
+        examples,
+        target_fn=sft_target(task),
+        steps=mcfg.sft_steps,
+        batch_size=mcfg.sft_batch_size,
+        lr=mcfg.sft_lr,
+        seed=seed,
+        device=device,
+    )
+    if losses:
+        say(f"tiny preset: {mcfg.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    model.save_pretrained(init_dir)
+    tok.save_pretrained(init_dir)
+
+
+def load_policy(
+    cfg,
+    *,
+    run_dir: Path,
+    device,
+    dtype: torch.dtype,
+    resume: bool,
+    with_ref: bool,
+    train_examples,
+    on_rank0: Callable,
+    say: Callable[[str], None],
+) -> Model:
+    """The policy of ``cfg.model``: the tiny preset (warmed up and saved under RUN_DIR/init_model by rank 0 on a
+    fresh run, reloaded from there by every rank) or a local/hub model; the reference model when ``with_ref`` and
+    no LoRA; gradient checkpointing and LoRA adapters as configured; in train mode."""
+    m = cfg.model
+    init_dir = run_dir / "init_model"
+    if m.name == "tiny":
+        if not resume:  # rank 0 warms up and saves; every rank loads the saved model below
+            on_rank0(lambda: warm_start_tiny(m, cfg.data.task, train_examples, seed=cfg.seed, device=device, init_dir=init_dir, say=say))
+        source = str(init_dir)
+    else:
+        source = m.name
+    weights_dtype = dtype if m.name != "tiny" else torch.float32
+    model, tok = load_pretrained_policy(source, m, device, weights_dtype)
+    check_pad_token(tok, m.pad_token)
+    ref = None
+    if with_ref and m.lora_r <= 0:
+        ref, _ = load_pretrained_policy(source, m, device, weights_dtype)
+        ref.eval().requires_grad_(False)
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = wrap_lora(model, m)
+    model.train()
+    eos_ids = {tok.eos_token_id} | set(generation_eos_ids(model))
+    eos_ids.discard(None)
+    return Model(model, tok, ref, eos_ids)

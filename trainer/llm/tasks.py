@@ -8,15 +8,24 @@ Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
   10+10-style task of several equivalent correct solutions (paper sec. 3, Prop. 3.1: drift
   between equivalent correct answers); ``surface_form`` names the form of a completion so
   the trainer can log how the policy spreads its mass over them.
+
+What the trainer asks of a task, besides its examples: ``encode_prompts`` (the prompt template and the
+tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target) and ``surface_form_shares``
+(the ``forms/*`` metrics of the arithmetic tasks).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dfpo.files import read_utf8
 
 
 @dataclass(frozen=True)
@@ -97,14 +106,60 @@ def surface_form(completion: str, example: Example) -> str:
     return "split"
 
 
+SURFACE_FORMS = ("number", "swap", "split", "echo", "invalid")
+"""The surface forms ``surface_form`` names, in the order the ``forms/*`` metrics are logged."""
+
+
+def surface_form_shares(task: str, completions: list[str], examples: list[Example]) -> dict[str, float]:
+    """``forms/<form>``: the share of ``completions`` (one per entry of ``examples``) in each surface form, for the
+    arithmetic tasks (add, equiv: how the policy spreads its mass over equivalent correct answers); {} for others."""
+    if task not in ("equiv", "add"):
+        return {}
+    forms = [surface_form(text, ex) for text, ex in zip(completions, examples)]
+    return {f"forms/{name}": forms.count(name) / len(forms) for name in SURFACE_FORMS}
+
+
+def sft_target(task: str) -> Callable[[Example, random.Random], str]:
+    """The supervised target of the tiny preset's warm start: a random correct surface form of a+b for equiv
+    (so that every form has mass to start from), the answer for every other task."""
+    if task == "equiv":
+        return lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng)
+    return lambda ex, rng: ex.answer
+
+
+def encode_prompts(tok, examples: list[Example], data, max_tokens: int | None = None) -> list[list[int]]:
+    """Prompt token ids: ``data.prompt_template`` applied, then the tokenizer's chat template when it has one
+    (data.chat_template = "auto"/"on") or plain text ("off", or no template). A prompt longer than
+    ``max_tokens`` is an error naming its source, or keeps its last tokens with data.truncate_prompts."""
+    has_template = bool(getattr(tok, "chat_template", None))
+    if data.chat_template == "on" and not has_template:
+        raise ValueError('data.chat_template = "on" but the tokenizer has no chat template; set it to "auto" or "off"')
+    out = []
+    for ex in examples:
+        text = data.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
+        if has_template and data.chat_template != "off":
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, enable_thinking=data.enable_thinking
+            )
+        ids = tok(text, add_special_tokens=False).input_ids
+        if max_tokens is not None and len(ids) > max_tokens:
+            if not data.truncate_prompts:
+                where = ex.source or f"prompt {ex.prompt[:40]!r}"
+                raise ValueError(
+                    f"{where}: the prompt has {len(ids)} tokens, more than the {max_tokens} the model's context leaves beside "
+                    "rollout.max_new_tokens; shorten it, lower rollout.max_new_tokens, or set data.truncate_prompts = true"
+                )
+            ids = ids[-max_tokens:]
+        out.append(ids)
+    return out
+
+
 def load_jsonl(path: str | Path) -> list[Example]:
     """Read {prompt, answer} objects, one per line; errors name the file and line. Lines end at "\\n" (JSON Lines):
     U+2028, U+2029 or NEL inside a string are text, as JSON allows them unescaped."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"data.path {str(path)!r}: no such file")
-    from dfpo.files import read_utf8
-
     out = []
     for lineno, line in enumerate(read_utf8(p).split("\n"), start=1):
         line = line.removesuffix("\r")
@@ -150,9 +205,6 @@ def _gsm8k_answer(text: str) -> str:
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether huggingface.co answers (and HF_HUB_OFFLINE is not set)."""
-    import os
-    import socket
-
     if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0"):
         return False
     try:
