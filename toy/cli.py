@@ -3,11 +3,17 @@
     dfpo toy run --task tenplusten --objectives gspo,dfpo_min,grpo_fix --seeds 4 --steps 100 --out runs/toy-demo
     dfpo toy run --objectives gspo,dfpo_min:stopgrad=score,gspo:clip=none --out runs/toy-labels
     dfpo toy ablate --task tenplusten --seeds 8 --out runs/toy-ablate
+    dfpo toy ablate --task tenplusten --seeds 32 --seed 1 --discovery runs/toy-ablate --out runs/toy-ablate-seed1
     dfpo toy spread --knob inner_steps --values 1,2,4,8,16 --seeds 16 --out runs/toy-spread
     dfpo toy sweep-g --task tenplusten --gs 2,4,8,16 --out runs/toy-sweep-g
 
 An objective label is a preset with optional overrides of its own, after colons
 (``dfpo_min:stopgrad=score:eps_low=0.2``); ``--override`` applies to every objective.
+
+``--seed`` picks the seed set: the S runs of a command draw their initial noise and their samples
+from one generator seeded with it, so commands with different ``--seed`` share no run. A
+statement found on one seed set is checked on another with ``--discovery DIR`` (the first run's
+folder): the tables then show both sets' verdicts.
 
 Module-level imports stay light (argparse only); torch and the lab load inside the handlers.
 """
@@ -87,6 +93,16 @@ def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an earlier run in --out (refused otherwise)")
 
 
+def _add_discovery(p: argparse.ArgumentParser, files: str) -> None:
+    p.add_argument(
+        "--discovery",
+        default=None,
+        metavar="DIR",
+        help=f"run folder ({files}) of the same command on another --seed: its verdicts are shown beside this run's, "
+        "with whether they replicate",
+    )
+
+
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
     """The ToyConfig of parsed options: every command-line field by name, the pairs parsed, G and lr resolved."""
     from dfpo.toy.config import ADAM_LR, ToyConfig
@@ -119,7 +135,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     validate(config)  # every bad option fails here, before any compute
     from dfpo.files import check_output_dir
+    from dfpo.toy.report import read_discovery
 
+    discovery = read_discovery(args.discovery, config) if args.discovery else None
     check_output_dir("--out", args.out, force=args.force, marker="config.json")
     torch.set_num_threads(toy_threads(config.mode))
     start = time.perf_counter()
@@ -128,7 +146,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     elapsed = time.perf_counter() - start
     summary = write_run(
-        args.out, config, task, results, plots=not args.no_plots, findings=[f"- Wall time of the training: {elapsed:.1f} s."]
+        args.out,
+        config,
+        task,
+        results,
+        plots=not args.no_plots,
+        findings=[f"- Wall time of the training: {elapsed:.1f} s."],
+        discovery=discovery,
     )
     print(summary.read_text())
     print(f"toy: wrote {args.out} in {elapsed:.1f} s")
@@ -159,6 +183,9 @@ def _cmd_spread(args: argparse.Namespace) -> int:
     for v in values:  # every configuration of the sweep is checked before any compute
         validate(dataclasses.replace(config, **{args.knob: type(getattr(config, args.knob))(v)}))
     from dfpo.files import check_output_dir
+    from dfpo.toy.spread import read_spread_discovery
+
+    discovery = read_spread_discovery(args.discovery, config, args.knob, values, args.baseline, args.method) if args.discovery else None
 
     check_output_dir("--out", args.out, force=args.force, marker="spread.json")
     torch.set_num_threads(toy_threads(args.mode))
@@ -171,6 +198,7 @@ def _cmd_spread(args: argparse.Namespace) -> int:
         method=args.method,
         plots=not args.no_plots,
         progress=lambda t: print(t, flush=True),
+        discovery=discovery,
     )
     print(path.read_text())
     return 0
@@ -220,10 +248,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})"
     )
     _add_common(p)
+    _add_discovery(p, "config.json and metrics.jsonl")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("ablate", help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls")
     _add_common(p)
+    _add_discovery(p, "config.json and metrics.jsonl")
     p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("spread", help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows")
@@ -234,6 +264,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default=SPREAD_PAIR[0], help=f"baseline label (default {SPREAD_PAIR[0]})")
     p.add_argument("--method", default=SPREAD_PAIR[1], help=f"method label, matched with the baseline (default {SPREAD_PAIR[1]})")
     _add_common(p)
+    _add_discovery(p, "config.json and spread.json")
     p.set_defaults(func=_cmd_spread)
 
     p = sub.add_parser("sweep-g", help="gain of a DFPO variant over GSPO as the group size grows (the toy's Table 4)")

@@ -1,16 +1,20 @@
-"""Run folders of the toy lab: per-step metrics, a markdown summary with bootstrap intervals, PNG curves.
+"""Run folders of the toy lab: per-step metrics, a markdown summary with Student-t intervals, PNG curves.
 
 Layout of a run folder::
 
     config.json         the ToyConfig and the task's shape
     metrics.jsonl       one line per objective, seed and step, every metric
     metrics_mean.csv    per objective and step, each metric's mean over seeds
-    summary.md          summary table (mean [95% bootstrap CI] over seeds) and the paper checks
+    summary.md          summary table (mean [95% t-interval] over seeds) and the paper checks
     reward.png, tax.png, equiv_entropy.png, asym.png, overview.png
 
 The paper checks compare a DFPO variant with GSPO on paired seeds (same seed index, same
-initial noise): "reproduced" when the 95% bootstrap interval of the paired difference lies on
-the predicted side of 0, "contradicted" when it lies on the other side, else "inconclusive".
+initial noise) with ``dfpo.toy.stats``: a Student-t interval of the paired difference,
+Bonferroni-adjusted over every check the table shows; "negligible" when that interval lies
+within 2% of the baseline's mean, "reproduced" when it lies on the predicted side of 0,
+"contradicted" on the other side, else "inconclusive". Given the run folder of the same command
+on a disjoint seed set (``--discovery``), each check also shows that set's verdict and whether
+the two agree (a statement is only written down when it replicates).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.toy.metrics import bootstrap_ci
+from dfpo.toy import stats
 from dfpo.trainer.metrics import jitter2, steps_to
 
 PLOTS = {
@@ -95,12 +99,12 @@ COLUMNS = [
 
 
 def _cell(values: np.ndarray, fmt: str) -> str:
-    mean, lo, hi = bootstrap_ci(values)
+    mean, lo, hi = stats.paired_interval(values).as_tuple()
     return f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
 def summary_table(summary: dict[str, dict[str, object]]) -> str:
-    """Markdown table: one row per objective, mean [95% bootstrap CI] over seeds."""
+    """Markdown table: one row per objective, mean [95% Student-t interval] over seeds (descriptive, not tests)."""
     cols = [c for c in COLUMNS if all(c[0] in s for s in summary.values())]
     lines = ["| objective | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, s in summary.items():
@@ -122,24 +126,36 @@ PREDICTIONS = [
 ]
 
 
-NEGLIGIBLE = 0.02
-"""A paired difference smaller than this fraction of the baseline's mean is called negligible."""
+NEGLIGIBLE = stats.NEGLIGIBLE
+"""A paired difference whose adjusted interval lies within this fraction of the baseline's mean is negligible."""
 
 
-def paired_verdict(diff: np.ndarray, direction: int, baseline: float | None = None) -> tuple[str, tuple[float, float, float]]:
-    """'reproduced' / 'contradicted' / 'inconclusive' from the bootstrap CI of a paired difference;
-    'negligible' when |mean difference| < NEGLIGIBLE * |baseline mean| (significant or not)."""
-    mean, lo, hi = bootstrap_ci(diff)
+def paired_verdict(
+    diff: np.ndarray, direction: int, baseline: float | None = None, *, tests: int = 1
+) -> tuple[str, tuple[float, float, float]]:
+    """The verdict of ``dfpo.toy.stats.verdict`` on the Student-t interval of a paired difference,
+    Bonferroni-adjusted over ``tests``: 'negligible (within 2% of the baseline)', 'reproduced',
+    'contradicted' or 'inconclusive'; 'inconclusive (no difference)' when every difference is 0."""
+    interval = stats.paired_interval(diff, tests=tests)
     if np.allclose(diff, 0, atol=1e-12):
-        return "inconclusive (no difference)", (mean, lo, hi)
-    if baseline is not None and abs(mean) < NEGLIGIBLE * abs(baseline):
-        return f"negligible (< {NEGLIGIBLE:.0%} of the baseline)", (mean, lo, hi)
-    low_side, high_side = (lo, hi) if direction > 0 else (-hi, -lo)  # the interval of direction * diff
-    if low_side > 0:
-        return "reproduced", (mean, lo, hi)
-    if high_side < 0:
-        return "contradicted", (mean, lo, hi)
-    return "inconclusive", (mean, lo, hi)
+        return "inconclusive (no difference)", interval.as_tuple()
+    word = stats.verdict(interval, direction, baseline, NEGLIGIBLE)
+    if word == "negligible":
+        word = f"negligible (within {NEGLIGIBLE:.0%} of the baseline)"
+    return word, interval.as_tuple()
+
+
+CLAIMS = ("reproduced", "contradicted", "negligible")
+"""Verdict words that state something (and so must replicate on a second seed set)."""
+
+
+def replicated(first: str, second: str) -> str:
+    """'yes' when two seed sets give the same claim, 'no' when they differ, 'n/a' when neither claims anything."""
+    claim = lambda v: next((w for w in CLAIMS if w in v), None)  # noqa: E731  'not attributable (reproduced ...)' claims 'reproduced'
+    a, b = claim(first), claim(second)
+    if a is None and b is None:
+        return "n/a"
+    return "yes" if a == b and ("not attributable" in first) == ("not attributable" in second) else "no"
 
 
 def _specs(labels, config) -> dict:
@@ -166,29 +182,65 @@ def comparison_pairs(labels, config) -> list[tuple[str, str, list[str]]]:
     return [(m, b, u) for m, b, u in pairs if not u or b == "gspo"]
 
 
-def prediction_checks(summary: dict[str, dict[str, object]], config=None) -> list[str]:
+def _check_rows(summary: dict[str, dict[str, object]], config) -> list[tuple[str, str, str, list[str], int, str, np.ndarray, float]]:
+    """(prediction text, method, baseline, unmatched, direction, key, paired difference, baseline mean) of every check."""
+    rows = []
+    for key, direction, text in PREDICTIONS:
+        for m, b, unmatched in comparison_pairs(list(summary), config):
+            if key not in summary[b] or key not in summary[m]:
+                continue
+            base = np.asarray(summary[b][key], float)
+            rows.append((text, m, b, unmatched, direction, key, np.asarray(summary[m][key], float) - base, float(base.mean())))
+    return rows
+
+
+def _judge(diff: np.ndarray, direction: int, base: float, unmatched: list[str], tests: int) -> tuple[str, tuple[float, float, float]]:
+    verdict, ci = paired_verdict(diff, direction, base, tests=tests)
+    if unmatched and verdict in ("reproduced", "contradicted"):
+        verdict = f"not attributable ({verdict} against an unmatched baseline)"
+    return verdict, ci
+
+
+def _seed_set(config, n: int) -> str:
+    return f"--seed {getattr(config, 'seed', '?')}, {n} seeds"
+
+
+def prediction_checks(summary: dict[str, dict[str, object]], config=None, discovery=None) -> list[str]:
     """Markdown lines: each paper prediction checked for every DFPO variant against every GSPO-family
     baseline of the run. Only a matched control can reproduce or contradict a prediction; against an
     unmatched baseline the verdict reads "not attributable" (the difference may come from the trust
-    region, not from the transform)."""
-    pairs = comparison_pairs(list(summary), config)
-    if not pairs:
+    region, not from the transform).
+
+    Every interval is Bonferroni-adjusted over the checks of the table. ``discovery`` = (summary,
+    config) of the same experiment on a disjoint seed set: its verdict stands beside each check,
+    with 'replicated?' (the same claim on both sets)."""
+    rows = _check_rows(summary, config)
+    if not rows:
         return ["(no check: needs a dfpo_* objective and a GSPO-family baseline (gspo, gspo_noclip) in the run)"]
+    tests = len(rows)
+    n = len(rows[0][6])
+    earlier = {}
+    if discovery is not None:
+        d_summary, d_config = discovery
+        d_rows = _check_rows(d_summary, d_config)
+        earlier = {(r[0], r[1], r[2]): _judge(r[6], r[4], r[7], r[3], len(d_rows))[0] for r in d_rows}
+        d_n = len(d_rows[0][6]) if d_rows else 0
+    head = f"| prediction | method | baseline | matched control? | paired difference (method - baseline) [adjusted CI] (relative to the baseline) | verdict ({_seed_set(config, n)}) |"
     lines = [
-        "| prediction | method | baseline | matched control? | paired difference (method - baseline) [95% CI] | verdict |",
-        "|---|---|---|---|---|---|",
+        f"Intervals: {stats.interval_note(tests)}.",
+        "",
+        head + (f" verdict on the discovery set ({_seed_set(d_config, d_n)}) | replicated? |" if discovery is not None else ""),
+        "|---" * (6 + 2 * (discovery is not None)) + "|",
     ]
-    for key, direction, text in PREDICTIONS:
-        for m, b, unmatched in pairs:
-            if key not in summary[b]:
-                continue
-            base = np.asarray(summary[b][key], float)
-            diff = np.asarray(summary[m][key], float) - base
-            verdict, (mean, lo, hi) = paired_verdict(diff, direction, float(base.mean()))
-            match = "yes" if not unmatched else "no: " + ", ".join(unmatched)
-            if unmatched and verdict in ("reproduced", "contradicted"):
-                verdict = f"not attributable ({verdict} against an unmatched baseline)"
-            lines.append(f"| {text} | {m} | {b} | {match} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] | {verdict} |")
+    for text, m, b, unmatched, direction, _key, diff, base in rows:
+        verdict, (mean, lo, hi) = _judge(diff, direction, base, unmatched, tests)
+        rel = stats.relative(stats.Interval(mean, lo, hi, n, 0.95, tests), base)
+        match = "yes" if not unmatched else "no: " + ", ".join(unmatched)
+        line = f"| {text} | {m} | {b} | {match} | {mean:+.3g} [{lo:+.3g}, {hi:+.3g}]{rel} | {verdict} |"
+        if discovery is not None:
+            before = earlier.get((text, m, b), "not checked")
+            line += f" {before} | {replicated(before, verdict)} |"
+        lines.append(line)
     return lines
 
 
@@ -203,6 +255,15 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
             "- The objectives aggregate differently (" + ", ".join(f"{o}: {a}" for o, a in aggs.items()) + "). At one learning rate "
             "a token sum takes steps about L times larger than a per-sequence token mean, so speed and drift differences between "
             "aggregations are partly step-size differences; compare objectives that share an aggregation, or tune lr per objective."
+        )
+    specs = {o: objective_from_label(o, **dict(config.overrides)) for o in summary}
+    shrunk = [o for o, sp in specs.items() if sp.length_aware and sp.transform == "min"]
+    if shrunk:
+        notes.append(
+            f"- {', '.join(shrunk)}: length-aware Min-Replace sets stilde_i = L_i min_j (sbar_j / L_j) <= sbar_i, which at ratios near 1 "
+            "is L_i / (the group's longest length): every sequence but the longest of its group takes a smaller step than under its "
+            "matched control. It cancels shared tokens at unequal lengths, but its differences in speed, tax and entropy are also "
+            "those of a smaller step, so they are not attributable to cancellation alone."
         )
     mean = lambda o, k: float(np.mean(summary[o][k]))  # noqa: E731
     if config.inner_steps == 1:
@@ -234,10 +295,11 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
         spec_clip = mean(o, "clip_frac")
         if o == "gspo" and spec_clip > 0.1:
             notes.append(
-                f"- {o} clips {spec_clip:.0%} of its sequences on average (the GSPO paper's clip range 3e-4 / 4e-4): after the first inner "
-                "step most of its gradient is clipped away. Ratio-form DFPO (the default, eqs 59-62) keeps exactly that clipping, so at this "
-                "range it can differ from GSPO only on the few unclipped sequences. Score-form DFPO (stopgrad=score, eq 68) keeps a gradient "
-                "on clipped sequences: it has no trust region there, and its matched control is gspo_noclip, not gspo."
+                f"- {o} clips {spec_clip:.0%} of its sequences on average over the inner steps (the GSPO paper's clip range 3e-4 / 4e-4; "
+                "the first inner step, at ratio 1, clips none), and a clipped sequence gets no gradient. Ratio-form DFPO (the default, "
+                "eqs 59-62) keeps exactly that clipping, so at this range it can differ from GSPO only on the unclipped sequences. "
+                "Score-form DFPO (stopgrad=score, eq 68) keeps a gradient on clipped sequences: it has no trust region there, and its "
+                "matched control is gspo_noclip, not gspo."
             )
     if config.task == "tenplusten" and all("final_equiv_entropy" in s for s in summary.values()):
         notes.append(
@@ -325,33 +387,110 @@ def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
                 w.writerow([name, t + 1, *[f"{h[k][t].mean():.6g}" if k in h else "" for k in keys]])
 
 
-def write_run(out: Path, config, task, results: dict, *, findings: list[str] | None = None, plots: bool = True) -> Path:
-    """Write the whole run folder; return the path of summary.md."""
+def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl."""
+    import math
+
+    from dfpo.files import read_utf8
+
+    cells: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
+    for line in read_utf8(Path(out) / "metrics.jsonl").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            by_key = cells.setdefault(rec.pop("objective"), {})
+            seed, step = rec.pop("seed"), rec.pop("step")
+            for key, value in rec.items():
+                by_key.setdefault(key, {})[(step - 1, seed)] = value
+    results = {}
+    for name, by_key in cells.items():
+        results[name] = {}
+        for key, vals in by_key.items():
+            steps, seeds = max(t for t, _ in vals) + 1, max(s for _, s in vals) + 1
+            arr = np.full((steps, seeds), math.nan)
+            for (t, s), v in vals.items():
+                arr[t, s] = v
+            if np.isnan(arr).any():
+                raise ValueError(f"{out}/metrics.jsonl is incomplete: {name} {key} misses {int(np.isnan(arr).sum())} (step, seed) values")
+            results[name][key] = arr
+    return results
+
+
+DISCOVERY_MUST_MATCH = ("task", "task_options", "objectives", "overrides", "mode", "steps", "group_size", "inner_steps", "minibatches")
+DISCOVERY_MUST_MATCH += ("groups_per_step", "optimizer", "lr", "init_noise", "kappa")
+
+
+def read_discovery(path, config) -> tuple[dict[str, dict[str, object]], object]:
+    """(per-seed summary, ToyConfig) of an earlier run folder of the same experiment on a disjoint seed set.
+
+    ValueError, before any training, when the folder is not a toy run, differs from ``config`` in
+    anything but the seed set, or used the same ``--seed`` (the same seeds: not a replication).
+    """
+    import dataclasses as dc
+
+    from dfpo.files import read_utf8
+    from dfpo.toy.config import ToyConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
+        raise ValueError(f"--discovery {str(path)!r}: no config.json and metrics.jsonl in it; is it a dfpo toy run folder?")
+    raw = json.loads(read_utf8(path / "config.json"))
+    known = {f.name for f in dc.fields(ToyConfig)}
+    raw = {k: v for k, v in raw.items() if k in known}
+    raw["objectives"] = tuple(raw.get("objectives", ()))
+    earlier = ToyConfig(**raw)
+    differ = [k for k in DISCOVERY_MUST_MATCH if _plain(getattr(earlier, k)) != _plain(getattr(config, k))]
+    if differ:
+        raise ValueError(
+            f"--discovery {str(path)!r} is another experiment: it differs in {', '.join(f'{k} ({getattr(earlier, k)!r} there, {getattr(config, k)!r} here)' for k in differ)}"
+        )
+    if earlier.seed == config.seed:
+        raise ValueError(
+            f"--discovery {str(path)!r} used the same --seed {config.seed}: the same seeds are no replication; choose another --seed"
+        )
+    return summarise(read_metrics(path), earlier.kappa), earlier
+
+
+def _plain(value):
+    """Comparable form of a config value (mappings as sorted items, sequences as tuples)."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return tuple(sorted((k, _plain(v)) for k, v in dict(value).items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def write_run(out: Path, config, task, results: dict, *, findings: list[str] | None = None, plots: bool = True, discovery=None) -> Path:
+    """Write the whole run folder; return the path of summary.md. ``discovery``: ``read_discovery``'s pair."""
+    from dfpo.files import write_text_atomic
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res = to_numpy(results)
     cfg = dataclasses.asdict(config)
     cfg["task_shape"] = {"prompts": len(task.prompts), "rows": task.n_rows, "vocab": len(task.vocab), "max_len": task.max_len}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+    write_text_atomic(out / "config.json", json.dumps(cfg, indent=2, default=str) + "\n")
     write_metrics(res, out)
     summary = summarise(res, config.kappa)
     title = f"toy {config.task} ({config.mode}), G={config.group_size}, K={config.inner_steps}, {config.optimizer} lr={config.lr}, {config.seeds} seeds"
     lines = [
         f"# {title}",
         "",
-        f"Steps: {config.steps}; kappa = {config.kappa}; every cell is the mean over seeds with its 95% percentile bootstrap interval.",
+        f"Steps: {config.steps}; kappa = {config.kappa}; seed set --seed {config.seed}; every cell is the mean over seeds with its 95% Student-t interval.",
         "E[R] is the exact expected reward of the policy (enumeration), not the sampled batch mean.",
         "",
         summary_table(summary),
         "",
         "## The paper's predictions in this toy (paired over seeds, DFPO variant vs each GSPO-family baseline)",
         "",
-        *prediction_checks(summary, config),
+        *prediction_checks(summary, config, discovery),
         "",
         "Only a matched control (same clip range and stop-gradient form, aggregation, advantage scale; lr and seeds are shared",
         "by the whole run) can reproduce or contradict a prediction. A difference that shows against an unmatched baseline and",
         "not against the matched one comes from the trust region, not from cancellation.",
         "A prediction that is not reproduced here is a finding about this toy, not a failure of the run.",
+        "Negligible: the adjusted interval lies within 2% of the baseline's mean; reproduced/contradicted: it lies wholly",
+        "on the predicted/opposite side of 0. A statement holds only if a second, disjoint seed set gives the same verdict",
+        "(--discovery: the run folder of the same command with another --seed).",
     ]
     notes = auto_notes(config, summary) + list(findings or [])
     if notes:
@@ -360,5 +499,5 @@ def write_run(out: Path, config, task, results: dict, *, findings: list[str] | N
         written = plot_curves(res, out, title)
         lines += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in written]]
     path = out / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.toy.metrics import bootstrap_ci
+from dfpo.toy import stats
 from dfpo.toy.report import summarise, to_numpy
 from dfpo.toy.train import ToyConfig, run
 
@@ -46,8 +46,15 @@ def spread_sweep(
     method: str,
     plots: bool = True,
     progress: Callable[[str], None] | None = None,
+    discovery: tuple[list[dict], dict] | None = None,
 ) -> Path:
-    """Train ``baseline`` and ``method`` at each value of ``knob``; write summary.md, spread.json, spread.png."""
+    """Train ``baseline`` and ``method`` at each value of ``knob``; write summary.md, spread.json, spread.png.
+
+    Each cell's interval is Bonferroni-adjusted over every cell of the table. ``discovery``
+    (``read_spread_discovery``) adds the replication table: the cells whose adjusted interval
+    excludes 0 on either seed set, and whether they do on both with the same sign.
+    """
+    from dfpo.files import write_text_atomic
     from dfpo.trainer.loss import objective_from_label, unmatched_components
 
     if knob not in KNOBS:
@@ -68,47 +75,74 @@ def spread_sweep(
             progress(f"toy spread: {knob} = {value}")
         _, results = run(config)
         res = to_numpy(results)
-        summary = summarise(res, config.kappa)
-        row = {
-            knob: value,
-            "spread": float(res[baseline]["ratio/spread"].mean()),
-            "spread_method": float(res[method]["ratio/spread"].mean()),
-        }
-        row["clip_frac"] = float(np.mean(summary[baseline]["clip_frac"]))
-        for key, _, _ in EFFECTS:
-            if key in summary[baseline]:
-                row[key] = bootstrap_ci(np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float))
-                row[f"{key}/baseline"] = float(np.mean(summary[baseline][key]))
-        rows.append(row)
-    (out / "spread.json").write_text(json.dumps(rows, indent=2) + "\n")
+        rows.append(_row(knob, value, res, summarise(res, config.kappa), baseline, method))
+    add_intervals(rows)
+    setup = {"config": dataclasses.asdict(base), "knob": knob, "values": list(values), "baseline": baseline, "method": method}
+    write_text_atomic(out / "config.json", json.dumps(setup, indent=2, default=str) + "\n")
+    write_text_atomic(out / "spread.json", json.dumps(rows, indent=2) + "\n")
     lines = _table(rows, base, knob, baseline, method)
+    if discovery is not None:
+        lines += ["", *replication_table(discovery[0], rows, discovery[1]["config"], base, knob)]
     if plots:
-        _plot(rows, knob, out / "spread.png", f"{method} - {baseline} (toy {base.task}, {base.seeds} paired seeds)")
+        _plot(rows, knob, out / "spread.png", f"{method} - {baseline} (toy {base.task}, {base.seeds} paired seeds, --seed {base.seed})")
         lines += ["", "![paired effect vs ratio spread](spread.png)"]
     path = out / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
-def _significant(ci: tuple[float, float, float]) -> bool:
+def _row(knob: str, value: float, res: dict, summary: dict, baseline: str, method: str) -> dict:
+    """One knob value: measured spread, the baseline's clipped fraction, per-seed paired differences and baseline means."""
+    row = {
+        knob: value,
+        "spread": float(res[baseline]["ratio/spread"].mean()),
+        "spread_method": float(res[method]["ratio/spread"].mean()),
+        "clip_frac": float(np.mean(summary[baseline]["clip_frac"])),
+    }
+    for key, _, _ in EFFECTS:
+        if key in summary[baseline]:
+            row[f"diffs/{key}"] = (np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float)).tolist()
+            row[f"{key}/baseline"] = float(np.mean(summary[baseline][key]))
+    return row
+
+
+def add_intervals(rows: list[dict]) -> int:
+    """Set row[key] = (mean, low, high), each Student-t interval Bonferroni-adjusted over every cell; return the cell count."""
+    keys = [k for k, _, _ in EFFECTS if f"diffs/{k}" in rows[0]]
+    tests = len(rows) * len(keys)
+    for row in rows:
+        for key in keys:
+            row[key] = stats.paired_interval(row[f"diffs/{key}"], tests=tests).as_tuple()
+        row["tests"] = tests
+    return tests
+
+
+def _significant(ci) -> bool:
     return ci[1] > 0 or ci[2] < 0
+
+
+def _effect_cell(row: dict, key: str, fmt: str) -> str:
+    """'mean [low, high] (x% [lo%, hi%])' of one effect at one knob value."""
+    m, lo, hi = row[key]
+    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}]" + _relative(row, key)
 
 
 def _relative(row: dict, key: str) -> str:
     base = row[f"{key}/baseline"]
-    return f" ({100 * row[key][0] / base:+.1f}%)" if abs(base) > 1e-12 else ""
+    return stats.relative(stats.Interval(*row[key], 0, 0.95, row["tests"]), base)
 
 
 def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: str) -> list[str]:
     effects = [e for e in EFFECTS if e[0] in rows[0]]
+    tests = rows[0]["tests"]
     lines = [
         f"# {method} vs {baseline} as the within-group ratio spread grows (toy {base.task}, {base.mode})",
         "",
-        f"{base.seeds} paired seeds, {base.steps} steps, G = {base.group_size}, K = {base.inner_steps}, {base.optimizer} lr = {base.lr}"
+        f"{base.seeds} paired seeds (--seed {base.seed}), {base.steps} steps, G = {base.group_size}, K = {base.inner_steps}, {base.optimizer} lr = {base.lr}"
         f" (the swept knob, {knob}, overrides its base value). Matched control: same clip range, stop-gradient form,",
-        "aggregation, advantage scale, lr and seeds. Cells: mean paired difference (method - baseline) [95% bootstrap CI];",
-        "* where the interval excludes 0; (x%) is the mean difference relative to the baseline's mean. Spread: within-group",
-        "std of log s_i at each update (baseline's run).",
+        f"aggregation, advantage scale, lr and seeds. Cells: mean paired difference (method - baseline) [{stats.interval_note(tests)}];",
+        "* where that interval excludes 0; (x% [lo%, hi%]) is the difference and its interval relative to the baseline's mean.",
+        "Spread: within-group std of log s_i at each update (baseline's run).",
         "",
         f"| {knob} | ratio spread | {baseline} clipped fraction | " + " | ".join(label for _, label, _ in effects) + " |",
         "|---" * (len(effects) + 3) + "|",
@@ -124,12 +158,89 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
     hits = [(row[knob], label) for row in rows for k, label, _ in effects if _significant(row[k])]
     lines += [""]
     if hits:
-        lines.append("Effects whose interval excludes 0: " + "; ".join(f"{label} at {knob} = {v:g}" for v, label in hits) + ".")
+        lines.append(
+            f"Effects whose adjusted interval excludes 0 ({tests} cells): "
+            + "; ".join(f"{label} at {knob} = {v:g}" for v, label in hits)
+            + "."
+        )
     else:
         lines.append(
-            f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep: here the in-group transform does not change steps, reward, tax or equivalent-set entropy beyond seed noise."
+            f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep after the correction for "
+            f"{tests} cells: here the in-group transform does not change steps, reward, tax or equivalent-set entropy beyond seed noise."
         )
     return lines
+
+
+def replication_table(first: list[dict], second: list[dict], first_config: dict, base: ToyConfig, knob: str) -> list[str]:
+    """Markdown: every cell whose adjusted interval excludes 0 on either seed set, with both sets' values and 'replicated?'."""
+    effects = [e for e in EFFECTS if e[0] in second[0] and e[0] in first[0]]
+    lines = [
+        f"Replication: discovery set --seed {first_config.get('seed')} ({first_config.get('seeds')} seeds, {first[0]['tests']} cells) "
+        f"and this set --seed {base.seed} ({base.seeds} seeds). A cell replicates when its adjusted interval excludes 0 on both",
+        "sets with the same sign; only those are findings.",
+        "",
+        f"| {knob} | effect | discovery set | this set | replicated? |",
+        "|---|---|---|---|---|",
+    ]
+    found = []
+    for a, b in zip(first, second):
+        for key, label, fmt in effects:
+            sa, sb = _significant(a[key]), _significant(b[key])
+            if not (sa or sb):
+                continue
+            same = sa and sb and np.sign(a[key][0]) == np.sign(b[key][0])
+            lines.append(
+                f"| {b[knob]:g} | {label} | {_effect_cell(a, key, fmt)}{' *' if sa else ''} | {_effect_cell(b, key, fmt)}{' *' if sb else ''} | {'yes' if same else 'no'} |"
+            )
+            if same:
+                found.append(f"{label} at {knob} = {b[knob]:g}")
+    if len(lines) == 5:
+        lines.append("| - | no cell excludes 0 on either set | | | |")
+    lines += ["", ("Replicated effects: " + "; ".join(found) + ".") if found else "No effect replicates on both seed sets."]
+    return lines
+
+
+SPREAD_MUST_MATCH = ("task", "task_options", "overrides", "mode", "steps", "group_size", "inner_steps", "minibatches")
+SPREAD_MUST_MATCH += ("groups_per_step", "optimizer", "lr", "init_noise", "kappa")
+
+
+def read_spread_discovery(path, base: ToyConfig, knob: str, values: list[float], baseline: str, method: str) -> tuple[list[dict], dict]:
+    """(rows, setup) of an earlier ``dfpo toy spread`` of the same sweep on a disjoint seed set.
+
+    ValueError, before any training, for a folder that is not a spread of this version, another
+    sweep (knob, values, labels or any config field but the knob's and the seed set's), or the same --seed.
+    """
+    from dfpo.files import read_utf8
+    from dfpo.toy.report import _plain
+
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "spread.json").is_file():
+        raise ValueError(
+            f"--discovery {str(path)!r}: no config.json and spread.json in it; is it a dfpo toy spread folder of this version?"
+        )
+    setup = json.loads(read_utf8(path / "config.json"))
+    rows = json.loads(read_utf8(path / "spread.json"))
+    here = {"knob": knob, "values": [float(v) for v in values], "baseline": baseline, "method": method}
+    there = {
+        "knob": setup.get("knob"),
+        "values": [float(v) for v in setup.get("values", [])],
+        "baseline": setup.get("baseline"),
+        "method": setup.get("method"),
+    }
+    cfg = setup.get("config", {})
+    differ = [f"{k} ({there[k]!r} there, {here[k]!r} here)" for k in here if there[k] != here[k]]
+    differ += [
+        f"{k} ({cfg.get(k)!r} there, {getattr(base, k)!r} here)"
+        for k in SPREAD_MUST_MATCH
+        if k != knob and _plain(cfg.get(k)) != _plain(getattr(base, k))
+    ]
+    if differ:
+        raise ValueError(f"--discovery {str(path)!r} is another sweep: it differs in {', '.join(differ)}")
+    if cfg.get("seed") == base.seed:
+        raise ValueError(
+            f"--discovery {str(path)!r} used the same --seed {base.seed}: the same seeds are no replication; choose another --seed"
+        )
+    return rows, setup
 
 
 def _plot(rows: list[dict], knob: str, path: Path, title: str) -> None:
@@ -152,7 +263,7 @@ def _plot(rows: list[dict], knob: str, path: Path, title: str) -> None:
         ax.set_xlabel("within-group std of log s_i")
         ax.set_title(f"difference in {label}", fontsize=9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: paired difference with 95% bootstrap CI", fontsize=10)
+    fig.suptitle(f"{title}: paired difference, 95% Student-t CI Bonferroni-adjusted over the table", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

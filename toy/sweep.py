@@ -3,7 +3,8 @@
 Paper Table 4 (Qwen3-32B, AIME25 avg@32, DFPO Min-Replace minus GSPO): G = 2, 4, 8, 16 ->
 +3.1, +4.2, +5.6, +5.7 points: the gain grows with G. Here the gain is measured on paired
 seeds (same seed index, same initial noise) for the toy's final expected reward, its mean over
-training (sample efficiency) and the learning tax.
+training (sample efficiency) and the learning tax, each with a Student-t interval Bonferroni-adjusted
+over every gain the table shows (``dfpo.toy.stats``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.toy.metrics import bootstrap_ci
+from dfpo.toy import stats
 from dfpo.toy.report import summarise, to_numpy, write_metrics
 from dfpo.toy.train import ToyConfig, run
 
@@ -38,6 +39,8 @@ def sweep_group_size(
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Run ``baseline`` and ``method`` for each config (one per G); write summary.md, gains.json, plots."""
+    from dfpo.files import write_text_atomic
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -52,11 +55,14 @@ def sweep_group_size(
         summary = summarise(res, config.kappa)
         row = {"G": config.group_size}
         for key, _ in GAINS:
-            diff = np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float)
-            row[key] = bootstrap_ci(diff)
-            row[f"{key}/{baseline}"] = bootstrap_ci(np.asarray(summary[baseline][key], float))
+            row[f"diffs/{key}"] = (np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float)).tolist()
+            row[f"{key}/{baseline}"] = stats.paired_interval(np.asarray(summary[baseline][key], float)).as_tuple()
         rows.append(row)
-    (out / "gains.json").write_text(json.dumps(rows, indent=2) + "\n")
+    tests = len(rows) * len(GAINS)
+    for row in rows:
+        for key, _ in GAINS:
+            row[key] = stats.paired_interval(row[f"diffs/{key}"], tests=tests).as_tuple()
+    write_text_atomic(out / "gains.json", json.dumps(rows, indent=2) + "\n")
     c = configs[0]
     from dfpo.trainer.loss import objective_from_label, unmatched_components
 
@@ -69,7 +75,7 @@ def sweep_group_size(
     lines = [
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",
-        f"{c.seeds} paired seeds, {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [95% bootstrap CI].",
+        f"{c.seeds} paired seeds (--seed {c.seed}), {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [{stats.interval_note(tests)}].",
         f"Steps of a seed that never reaches kappa = {c.kappa} are censored at steps + 1. Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
         f"Matched control (same clip range, stop-gradient form, aggregation, advantage scale): {match}.",
         "",
@@ -91,7 +97,7 @@ def sweep_group_size(
         _plot(rows, out / "gain_vs_G.png", f"{method} - {baseline} (toy {c.task})")
         lines += ["", "![gain vs G](gain_vs_G.png)"]
     path = out / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -113,7 +119,7 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
         ax.set_xlabel("group size G")
         ax.set_ylabel(f"gain in {label}")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title} (95% bootstrap CI over paired seeds)", fontsize=10)
+    fig.suptitle(f"{title} (95% t-interval over paired seeds, Bonferroni-adjusted over the table)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

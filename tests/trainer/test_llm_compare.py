@@ -1,14 +1,14 @@
-"""``dfpo compare``: paired seeds on the LLM trainer, statistics by hand, matched-control flags."""
+"""``dfpo compare``: paired seeds on the LLM trainer, statistics by hand, matched-control flags,
+per-seed output, warnings, and resuming without deleting anything."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from dfpo.cli import main
-from dfpo.toy.metrics import bootstrap_ci
+from dfpo.trainer.llm import compare as C
 from dfpo.trainer.llm.compare import make_plan, paired_table, read_run, run_dir, train_command
 
 
@@ -30,20 +30,22 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     rewards = [0.0] * 5 + [0.1 * i for i in range(10)]  # last ten: 0.0 .. 0.9, mean 0.45
     _write_run(tmp_path / "a", 0.375, rewards, None, clip=(0.1, 0.25), asym=0.5)
     rec = read_run(tmp_path / "a")
-    assert rec == pytest.approx({"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 15.0, "clip_frac": 0.35, "asym": 0.5})
+    assert rec == pytest.approx(
+        {"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 15.0, "kappa_reached": 0.0, "clip_frac": 0.35, "asym": 0.5}
+    )
 
 
-def test_paired_table_reports_the_mean_paired_difference_and_its_bootstrap_interval():
+def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_interval():
     base = {s: {"eval": 0.30 + 0.01 * s, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(4)}
-    diffs = [0.02, 0.04, 0.00, 0.02]  # mean 0.02, every seed's own baseline subtracted
+    diffs = [0.02, 0.04, 0.00, 0.02]  # mean 0.02, sd 0.01633, every seed's own baseline subtracted
     method = {s: dict(base[s], eval=base[s]["eval"] + d) for s, d in enumerate(diffs)}
     (line,) = [
         x for x in paired_table({"gspo": base, "dfpo_min": method}, "gspo", {"gspo": [], "dfpo_min": []}) if x.startswith("| dfpo_min")
     ]
-    mean, lo, hi = bootstrap_ci(np.array(diffs))
-    assert mean == pytest.approx(0.02)
-    assert f"| {mean:+.3f} [{lo:+.3f}, {hi:+.3f}]" in line and "| yes |" in line
+    # 5 intervals in the table: each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 5.841 * 0.01633 / 2 = 0.0477
+    assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
+    assert C.paired_intervals({"gspo": base, "dfpo_min": method}, "gspo")[("dfpo_min", "eval")].tests == 5
 
 
 def test_an_unmatched_pair_is_flagged_with_the_components_that_differ():
@@ -97,6 +99,7 @@ def test_a_label_becomes_objective_overrides_of_dfpo_train(tmp_path):
     assert plan.seeds == (5, 6) and plan.baseline == "gspo_noclip"
 
 
+@pytest.mark.slow
 def test_end_to_end_two_seeds_write_the_table_and_the_plot_and_resume(tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = [
@@ -119,5 +122,64 @@ def test_end_to_end_two_seeds_write_the_table_and_the_plot_and_resume(tmp_path, 
     assert main(argv) == 0
     text = (out / "compare.md").read_text()
     assert "| dfpo_min | yes |" in text and (out / "compare.png").stat().st_size > 1000
+    assert "warning: only 2 paired seeds" in capsys.readouterr().err
     assert main(argv) == 0  # second time: every run is skipped
     assert capsys.readouterr().out.count("done before, skipped") == 4
+
+
+# ----- per-seed output, warnings, resuming (fake finished runs: no training) -----
+
+
+def _fake_plan(tmp_path, seeds=3, labels="gspo,dfpo_min"):
+    return make_plan(labels, None, seeds, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+
+
+def _fake_runs(plan, reached=lambda label, seed: True):
+    """Finished run folders for every (label, seed): eval 0.30 + 0.01 seed (+0.02 for dfpo_min), 20 steps."""
+    for label in plan.labels:
+        for s in plan.seeds:
+            bump = 0.02 if label == "dfpo_min" else 0.0
+            _write_run(run_dir(plan, label, s), 0.30 + 0.01 * (s - 10) + bump, [0.5] * 20, 12 if reached(label, s) else None)
+
+
+def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_path):
+    plan = _fake_plan(tmp_path, seeds=8)
+    _fake_runs(plan)
+    warned = []
+    text = C.compare(plan, progress=lambda _: None, warn=warned.append).read_text()
+    assert warned == [] and "warning" not in text  # 8 seeds, every run reached kappa
+    assert "final eval avg@k:" in text and "| seed | gspo | dfpo_min | dfpo_min - gspo |" in text
+    assert "| 13 | 0.3300 | 0.3500 | +0.020 |" in text  # seed 13: its own values and its paired difference
+    assert text.count("| 17 |") == len(C.OUTCOMES)  # one per-seed table per outcome
+    rows = (plan.out / "per_seed.csv").read_text().splitlines()
+    assert rows[0] == "label,seed,eval,reward_last10,steps_to_kappa,clip_frac,asym,kappa_reached"
+    assert rows[1] == "gspo,10,0.3,0.5,12,0.3,0.5,1" and len(rows) == 1 + 2 * 8
+
+
+def test_compare_warns_below_eight_seeds_and_on_censored_runs(tmp_path, capsys):
+    plan = _fake_plan(tmp_path, seeds=3)
+    _fake_runs(plan, reached=lambda label, seed: not (label == "dfpo_min" and seed == 11))
+    text = C.compare(plan, progress=lambda _: None).read_text()
+    err = capsys.readouterr().err
+    for needle in ("warning: only 3 paired seeds (fewer than 8)", "warning: 1 of 6 runs never reached kappa (dfpo_min seed 11)"):
+        assert needle in err and needle in text
+    assert "| 11 | 12 | 20+ | +8.0 |" in text  # the censored run: its length, marked N+
+
+
+def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
+    plan = _fake_plan(tmp_path, seeds=2)
+    calls = []
+    monkeypatch.setattr(C.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or C.subprocess.CompletedProcess(cmd, 0, "", ""))
+    with_checkpoint, without = run_dir(plan, "gspo", 10), run_dir(plan, "dfpo_min", 10)
+    for path in (with_checkpoint, without):
+        path.mkdir(parents=True)
+        (path / "config.toml").write_text("seed = 10\n")
+        (path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (with_checkpoint / "checkpoint.pt").write_bytes(b"ckpt")
+    assert C.run_one(plan, "gspo", 10) == "compare: gspo seed 10: resumed"
+    assert calls[-1][-4:] == ["train", "--resume", str(with_checkpoint), "--quiet"]
+    assert C.run_one(plan, "dfpo_min", 10) == "compare: dfpo_min seed 10: trained"
+    assert calls[-1] == train_command(plan, "dfpo_min", 10)  # dfpo train restarts its own folder, or refuses
+    for path in (with_checkpoint, without):  # nothing was deleted here
+        assert (path / "config.toml").read_text() == "seed = 10\n" and (path / "metrics.jsonl").is_file()
+    assert (with_checkpoint / "checkpoint.pt").read_bytes() == b"ckpt"

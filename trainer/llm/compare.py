@@ -1,22 +1,32 @@
 """``dfpo compare``: objectives on the LLM trainer over paired seeds, with matched controls.
 
-    dfpo compare --objectives gspo,dfpo_min --seeds 10 --out runs/compare
-    dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --baseline gspo_noclip --seeds 10
+    dfpo compare --objectives gspo,dfpo_min --seeds 32 --out runs/compare
+    dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --baseline gspo_noclip --seeds 32 --first-seed 1000
 
 Every objective label (a preset, optionally with ``:key=value`` overrides) trains once per seed
 with everything else equal (same config, same seed: same warm start, same prompts, same held-out
-eval problems). Each method is compared with the baseline on the same seed, and the paired
-differences get 95% bootstrap intervals over seeds. A comparison whose two sides differ in the
-trust region (clip range, stop-gradient form, aggregation, advantage scale, ...; see
-``dfpo.trainer.loss.unmatched_components``) is flagged in the table: a difference it shows may
-come from the trust region, not from the in-group transform.
+eval problems). Each method is compared with the baseline on the same seed. The paired
+differences get Student-t intervals over seeds, Bonferroni-adjusted over every interval of the
+table (``dfpo.toy.stats``: honest at small n, where a percentile bootstrap under-covers); a cell
+is marked * only when its adjusted interval excludes 0. Every outcome's per-seed values are
+printed too (and written to per_seed.csv). A warning (stderr and compare.md) says when fewer than
+8 seeds were run or when a run never reached kappa (its steps to kappa is then censored at the
+run's length). A comparison whose two sides differ in the trust region (clip range, stop-gradient
+form, aggregation, advantage scale, ...; see ``dfpo.trainer.loss.unmatched_components``) is
+flagged in the table: a difference it shows may come from the trust region, not from the in-group
+transform.
 
 Runs go to OUT/<label>/seed<k>/ and are skipped when their summary.json exists, so a long
-comparison can be interrupted and started again with the same command.
+comparison can be interrupted and started again with the same command: a run with a
+checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
+``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
+Nothing is deleted here.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -26,14 +36,21 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.toy import stats
+
 # (key in the per-run record, column title, format of a difference)
 OUTCOMES = (
     ("eval", "final eval avg@k", "{:+.3f}"),
     ("reward_last10", "train reward, last 10 steps", "{:+.3f}"),
-    ("steps_to_kappa", "steps to kappa (10-step mean)", "{:+.1f}"),
+    ("steps_to_kappa", "steps to kappa (10-step mean; censored at the run's length)", "{:+.1f}"),
     ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
     ("asym", "Asym eq 23 (mean over steps)", "{:+.2e}"),
 )
+VALUE_FORMATS = {"eval": "{:.4f}", "reward_last10": "{:.4f}", "steps_to_kappa": "{:.0f}", "clip_frac": "{:.4f}", "asym": "{:.4g}"}
+"""How a per-seed value is printed."""
+
+MIN_SEEDS = 8
+"""Fewer paired seeds than this draw a warning: the interval is wide and leans on near-normal differences."""
 
 
 @dataclass(frozen=True)
@@ -86,23 +103,41 @@ def train_command(plan: Plan, label: str, seed: int) -> list[str]:
     return cmd
 
 
+def resume_command(path: Path) -> list[str]:
+    """The ``dfpo train --resume`` command continuing an interrupted run from its checkpoint.pt."""
+    return [sys.executable, "-m", "dfpo", "train", "--resume", str(path), "--quiet"]
+
+
+def command_for(plan: Plan, label: str, seed: int) -> tuple[list[str], str]:
+    """What to run for one (label, seed): resume it if it has a checkpoint, else train it from the start.
+
+    Nothing is ever deleted here: a folder that died before its first checkpoint is restarted by
+    ``dfpo train`` itself (it empties only a run folder it recognises), and anything else is refused.
+    """
+    path = run_dir(plan, label, seed)
+    if (path / "checkpoint.pt").is_file():
+        return resume_command(path), "resumed"
+    return train_command(plan, label, seed), "trained"
+
+
 def run_one(plan: Plan, label: str, seed: int) -> str:
-    """Train one run unless its summary.json exists; returns a status line."""
+    """Train (or resume) one run unless its summary.json exists; returns a status line."""
     path = run_dir(plan, label, seed)
     if (path / "summary.json").is_file():
         return f"compare: {label} seed {seed}: done before, skipped"
-    if path.exists():  # an interrupted run: start it again from scratch
-        import shutil
-
-        shutil.rmtree(path)
-    proc = subprocess.run(train_command(plan, label, seed), capture_output=True, text=True)
+    cmd, how = command_for(plan, label, seed)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{label} seed {seed} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return f"compare: {label} seed {seed}: trained"
+    return f"compare: {label} seed {seed}: {how}"
 
 
 def read_run(path: Path) -> dict[str, float]:
-    """The outcomes of one finished run from its summary.json and metrics.jsonl."""
+    """The outcomes of one finished run from its summary.json and metrics.jsonl.
+
+    ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
+    ``steps_to_kappa`` is the run's length, a lower bound (censored).
+    """
     summary = json.loads((path / "summary.json").read_text())
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
     final = summary.get("final_eval") or {}
@@ -112,16 +147,33 @@ def read_run(path: Path) -> dict[str, float]:
         "eval": avg[0] if avg else float("nan"),
         "reward_last10": float(np.mean([r["reward/mean"] for r in rows[-10:]])),
         "steps_to_kappa": float(steps if steps is not None else len(rows)),
+        "kappa_reached": float(steps is not None),
         "clip_frac": float(np.mean([r.get("clip/frac_low", 0.0) + r.get("clip/frac_high", 0.0) for r in rows])),
         "asym": float(np.mean([r.get("weights/asym", 0.0) for r in rows])),
     }
 
 
-def paired_table(records: dict[str, dict[int, dict[str, float]]], baseline: str, matched: dict[str, list[str]]) -> list[str]:
-    """Markdown: per method and outcome, mean paired difference (method - baseline) [95% bootstrap CI]."""
-    from dfpo.toy.metrics import bootstrap_ci
+Records = dict[str, dict[int, dict[str, float]]]
+"""{label: {seed: read_run's record}}"""
 
-    seeds = sorted(records[baseline])
+
+def _diff(records: Records, label: str, baseline: str, key: str) -> np.ndarray:
+    """Per-seed paired difference (label - baseline) of one outcome, (n_seeds,)."""
+    return np.array([records[label][s][key] - records[baseline][s][key] for s in sorted(records[baseline])])
+
+
+def paired_intervals(records: Records, baseline: str) -> dict[tuple[str, str], stats.Interval | None]:
+    """(method, outcome) -> Student-t interval of the paired difference, Bonferroni-adjusted over every
+    interval of the table (methods x outcomes); None where an outcome is missing (NaN) for some seed."""
+    cells = [(m, key) for m in records if m != baseline for key, _, _ in OUTCOMES]
+    diffs = {c: _diff(records, c[0], baseline, c[1]) for c in cells}
+    tests = sum(not np.isnan(d).any() for d in diffs.values()) or 1
+    return {c: None if np.isnan(d).any() else stats.paired_interval(d, tests=tests) for c, d in diffs.items()}
+
+
+def paired_table(records: Records, baseline: str, matched: dict[str, list[str]]) -> list[str]:
+    """Markdown: per method and outcome, mean paired difference (method - baseline) [adjusted 95% CI]; * where it excludes 0."""
+    intervals = paired_intervals(records, baseline)
     head = "| method - " + baseline + " | matched control? | " + " | ".join(t for _, t, _ in OUTCOMES) + " |"
     lines = [head, "|---" * (len(OUTCOMES) + 2) + "|"]
     for label in records:
@@ -129,19 +181,17 @@ def paired_table(records: dict[str, dict[int, dict[str, float]]], baseline: str,
             continue
         cells = []
         for key, _, fmt in OUTCOMES:
-            diff = np.array([records[label][s][key] - records[baseline][s][key] for s in seeds])
-            if np.isnan(diff).any():
+            ci = intervals[(label, key)]
+            if ci is None:
                 cells.append("n/a")
                 continue
-            mean, lo, hi = bootstrap_ci(diff)
-            side = "" if lo <= 0 <= hi else " *"
-            cells.append(f"{fmt.format(mean)} [{fmt.format(lo)}, {fmt.format(hi)}]{side}")
+            cells.append(f"{fmt.format(ci.mean)} [{fmt.format(ci.low)}, {fmt.format(ci.high)}]" + (" *" if ci.excludes_zero else ""))
         match = "yes" if not matched[label] else "NO: differs in " + ", ".join(matched[label])
         lines.append(f"| {label} | {match} | " + " | ".join(cells) + " |")
     return lines
 
 
-def level_table(records: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+def level_table(records: Records) -> list[str]:
     """Markdown: per label, each outcome's mean over seeds (what the differences are differences of)."""
     lines = ["| objective | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|"]
     for label, by_seed in records.items():
@@ -150,41 +200,105 @@ def level_table(records: dict[str, dict[int, dict[str, float]]]) -> list[str]:
     return lines
 
 
-def plot_differences(records, baseline: str, path: Path) -> None:
-    """One panel per outcome: each method's paired difference to the baseline with its 95% CI."""
+def _value(record: dict[str, float], key: str) -> str:
+    text = VALUE_FORMATS[key].format(record[key])
+    return text + "+" if key == "steps_to_kappa" and not record.get("kappa_reached", 1.0) else text
+
+
+def per_seed_tables(records: Records, baseline: str) -> list[str]:
+    """Markdown: one table per outcome, a row per seed with every label's value and each paired difference.
+
+    A steps-to-kappa value written N+ is censored: that run never reached kappa in its N steps.
+    """
+    methods = [m for m in records if m != baseline]
+    lines = []
+    for key, title, fmt in OUTCOMES:
+        lines += [
+            f"{title}:",
+            "",
+            "| seed | " + " | ".join(records) + " | " + " | ".join(f"{m} - {baseline}" for m in methods) + " |",
+            "|---" * (1 + len(records) + len(methods)) + "|",
+        ]
+        for s in sorted(records[baseline]):
+            values = [_value(records[label][s], key) for label in records]
+            diffs = [fmt.format(records[m][s][key] - records[baseline][s][key]) for m in methods]
+            lines.append(f"| {s} | " + " | ".join(values) + " | " + " | ".join(diffs) + " |")
+        lines.append("")
+    return lines
+
+
+def per_seed_csv(records: Records) -> str:
+    """CSV text: label, seed, every outcome and kappa_reached, one row per run."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    keys = [key for key, _, _ in OUTCOMES] + ["kappa_reached"]
+    w.writerow(["label", "seed", *keys])
+    for label, by_seed in records.items():
+        for s in sorted(by_seed):
+            w.writerow([label, s, *[f"{by_seed[s].get(k, float('nan')):.6g}" for k in keys]])
+    return buf.getvalue()
+
+
+def warnings_for(records: Records) -> list[str]:
+    """Why the table may mislead: fewer than MIN_SEEDS paired seeds, censored steps to kappa."""
+    out = []
+    n = len(next(iter(records.values())))
+    if n < MIN_SEEDS:
+        out.append(
+            f"warning: only {n} paired seeds (fewer than {MIN_SEEDS}): the intervals are wide and rest on the paired differences "
+            f"being close to normal; run --seeds {MIN_SEEDS} or more before reading a difference."
+        )
+    censored = [
+        f"{label} seed {s}" for label, by_seed in records.items() for s in sorted(by_seed) if not by_seed[s].get("kappa_reached", 1.0)
+    ]
+    if censored:
+        total = sum(len(v) for v in records.values())
+        out.append(
+            f"warning: {len(censored)} of {total} runs never reached kappa ({', '.join(censored)}): their steps to kappa is the "
+            "run's length, a lower bound, so that column's paired difference is biased (toward 0 when both runs of a pair are censored)."
+        )
+    return out
+
+
+def plot_differences(records: Records, baseline: str, path: Path) -> None:
+    """One panel per outcome: each method's paired difference to the baseline with its adjusted 95% CI."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dfpo.toy.metrics import bootstrap_ci
-
+    intervals = paired_intervals(records, baseline)
     methods = [m for m in records if m != baseline]
     seeds = sorted(records[baseline])
     fig, axes = plt.subplots(1, len(OUTCOMES), figsize=(3.3 * len(OUTCOMES), 0.6 * len(methods) + 2.2), dpi=110, squeeze=False)
     for ax, (key, title, _) in zip(axes[0], OUTCOMES):
         for i, m in enumerate(methods):
-            diff = np.array([records[m][s][key] - records[baseline][s][key] for s in seeds])
-            if np.isnan(diff).any():
+            ci = intervals[(m, key)]
+            if ci is None:
                 continue
-            mean, lo, hi = bootstrap_ci(diff)
-            ax.errorbar([mean], [i], xerr=[[mean - lo], [hi - mean]], fmt="o", capsize=4)
-            ax.scatter(diff, np.full(len(diff), i) + 0.18, s=8, alpha=0.5, color="gray")
+            ax.errorbar([ci.mean], [i], xerr=[[ci.mean - ci.low], [ci.high - ci.mean]], fmt="o", capsize=4)
+            ax.scatter(_diff(records, m, baseline, key), np.full(len(seeds), i) + 0.18, s=8, alpha=0.5, color="gray")
         ax.axvline(0, color="black", lw=0.8)
         ax.set_yticks(range(len(methods)), methods if ax is axes[0][0] else [""] * len(methods), fontsize=8)
         ax.set_ylim(-0.6, len(methods) - 0.4)
         ax.set_title(title, fontsize=8, wrap=True)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"paired difference to {baseline} over {len(seeds)} seeds (dot: mean, bar: 95% bootstrap CI; gray: seeds)", fontsize=9)
+    fig.suptitle(
+        f"paired difference to {baseline} over {len(seeds)} seeds (dot: mean, bar: 95% t-interval, Bonferroni-adjusted; gray: seeds)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-def compare(plan: Plan, *, jobs: int = 1, progress=print) -> Path:
-    """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md and OUT/compare.png."""
+def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
+    """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.png,
+    per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
+    from dfpo.files import write_text_atomic
     from dfpo.trainer.loss import objective_from_label, unmatched_components
 
+    warn = warn or (lambda text: print(text, file=sys.stderr))
     plan.out.mkdir(parents=True, exist_ok=True)
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -194,11 +308,17 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print) -> Path:
     base_spec = objective_from_label(plan.baseline)
     matched = {label: unmatched_components(objective_from_label(label), base_spec) for label in plan.labels}
     plot_differences(records, plan.baseline, plan.out / "compare.png")
+    warnings = warnings_for(records)
+    for text in warnings:
+        warn(text)
+    tests = sum(ci is not None for ci in paired_intervals(records, plan.baseline).values())
     lines = [
         f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}"
         + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
         "",
-        "Paired difference per seed (method - baseline), mean [95% percentile bootstrap CI over seeds]; * where the interval excludes 0.",
+        *[f"**{text}**" for text in warnings],
+        *([""] if warnings else []),
+        f"Paired difference per seed (method - baseline), mean [{stats.interval_note(tests)}]; * where that interval excludes 0.",
         "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does counts its length.",
         "",
         *paired_table(records, plan.baseline, matched),
@@ -207,9 +327,13 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print) -> Path:
         "",
         *level_table(records),
         "",
+        "Per seed (N+: censored, the run never reached kappa in its N steps):",
+        "",
+        *per_seed_tables(records, plan.baseline),
         "![paired differences](compare.png)",
     ]
+    write_text_atomic(plan.out / "per_seed.csv", per_seed_csv(records))
+    write_text_atomic(plan.out / "records.json", json.dumps({k: {str(s): r for s, r in v.items()} for k, v in records.items()}, indent=2))
     path = plan.out / "compare.md"
-    path.write_text("\n".join(lines) + "\n")
-    (plan.out / "records.json").write_text(json.dumps({k: {str(s): r for s, r in v.items()} for k, v in records.items()}, indent=2))
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
