@@ -39,5 +39,5 @@ n_cancel = int((frame[columns] == "cancels").sum().sum())
 st.markdown(
     f"**{n_cancel} of {frame[columns].size} cells cancel.** DFPO presets use the ratio stop-gradient form (GSPO's clipping kept), "
     "so at GSPO's clip range they cancel only where no sequence of the group is clipped; compare `dfpo_min:stopgrad=score` "
-    "on the *Cancellation by hand* page. The loss core's tests state the same verdict for every cell (`tests/test_cancellation.py`)."
+    "on the *Cancellation by hand* page. The loss core's tests state the same verdict for every cell (`tests/loss/test_cancellation.py`)."
 )

@@ -10,7 +10,7 @@ every read of a padded tensor goes through ``torch.where`` on the mask.
 
 Where this departs from the paper / peers:
 1. Rows with no real token are ignored by the sequence means (TRL's grpo, sapo and luspo divide by B,
-   empty rows included; ``tests/test_trl_crosscheck.py`` pins the factor B / non-empty rows).
+   empty rows included; ``tests/loss/test_trl_crosscheck.py`` pins the factor B / non-empty rows).
 2. DFPO's default stop-gradient form is ``ratio`` (eqs 59-62): sg(stilde/sbar) * sbar(theta), so a
    sequence GSPO clips gets no gradient, as the paper intends (App. B, K.3, K.5). The override
    ``stopgrad="score"`` (eq 68, 85, derived on the unclipped segment) gives clipped sequences a
