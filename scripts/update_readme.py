@@ -9,9 +9,12 @@ A block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAM
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import re
 import sys
+
+from dfpo.files import write_text_atomic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -30,12 +33,17 @@ def _demo() -> str:
     return "```text\n" + cancellation_demo() + "\n```"
 
 
-def _ledger() -> str:
-    try:
-        from dfpo.theory.ledger import ledger_summary_markdown
-    except ImportError:
-        return "_The claims ledger has not landed yet._"
-    return ledger_summary_markdown()
+@functools.cache
+def _claims():
+    from dfpo.theory.ledger import run_ledger
+
+    return tuple(run_ledger())  # about half a minute: once per call of this script
+
+
+def _ledger_document() -> str:
+    from dfpo.theory.ledger import render_markdown
+
+    return render_markdown(_claims())
 
 
 def _atlas() -> str:
@@ -44,15 +52,41 @@ def _atlas() -> str:
     return atlas_table(markdown=True, own_aggregation=True)
 
 
+def _components() -> str:
+    from dfpo.commands import components_table
+
+    return components_table(markdown=True)
+
+
+def _ledger_count() -> str:
+    from dfpo.theory.ledger import count_line
+
+    return count_line(_claims())
+
+
 def _metrics() -> str:
     from dfpo.trainer.metric_registry import markdown_table
 
     return markdown_table()
 
 
-BLOCKS = {"objectives": _objectives, "demo": _demo, "atlas": _atlas, "ledger": _ledger, "metrics": _metrics}
-FILES = {README: ("objectives", "demo", "atlas", "ledger"), ROOT / "docs" / "metrics.md": ("metrics",)}
+BLOCKS = {
+    "objectives": _objectives,
+    "components": _components,
+    "demo": _demo,
+    "atlas": _atlas,
+    "ledger_count": _ledger_count,
+    "metrics": _metrics,
+}
+FILES = {
+    README: ("ledger_count",),
+    ROOT / "docs" / "loss.md": ("objectives", "components"),
+    ROOT / "docs" / "cancellation.md": ("demo", "atlas"),
+    ROOT / "docs" / "metrics.md": ("metrics",),
+}
 """Each generated file and the blocks it must hold."""
+WHOLE = {ROOT / "docs" / "ledger.md": _ledger_document}
+"""Files generated whole (the ledger document is what `dfpo theory --markdown docs/ledger.md` writes)."""
 
 
 def render(text: str, names=tuple(BLOCKS)) -> str:
@@ -72,15 +106,16 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
     args = parser.parse_args()
     stale = []
-    for path, names in FILES.items():
-        current = path.read_text()
-        fresh = render(current, names)
+    fresh_files = {path: render(path.read_text(), names) for path, names in FILES.items()}
+    fresh_files.update({path: make() for path, make in WHOLE.items()})
+    for path, fresh in fresh_files.items():
+        current = path.read_text() if path.exists() else ""
         if fresh == current:
             continue
         if args.check:
             stale.append(str(path.relative_to(ROOT)))
         else:
-            path.write_text(fresh)
+            write_text_atomic(path, fresh)
     if stale:
         print(f"stale generated blocks in {', '.join(stale)}: run python scripts/update_readme.py", file=sys.stderr)
         return 1

@@ -34,3 +34,36 @@ def test_constraints_pin_torch():
 def test_generated_blocks_are_current():
     out = subprocess.run([sys.executable, str(ROOT / "scripts/update_readme.py"), "--check"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
+
+
+def _pages() -> list[pathlib.Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _links(page: pathlib.Path) -> list[str]:
+    """Relative link and image targets of a markdown page, without #anchors."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+    return [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_readme_is_a_front_door():
+    """The README stays short: the two commands, the finding, the parts, where to read on."""
+    assert len(README.splitlines()) <= 150
+
+
+def test_every_relative_link_resolves():
+    broken = [f"{page.relative_to(ROOT)} -> {t}" for page in _pages() for t in _links(page) if not (page.parent / t).exists()]
+    assert not broken
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    seen, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        for t in _links(page):
+            target = (page.parent / t).resolve()
+            if target.suffix == ".md" and target not in seen and target.exists():
+                seen.add(target)
+                todo.append(target)
+    unreachable = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.resolve() not in seen]
+    assert not unreachable

@@ -17,6 +17,6 @@ Modules (flat):
     transforms     eq 18, eq 51, eq 55, Thm. C.1, Thm. K.1, eq 23, Table 3 ablations
     bias           eqs 92, 93, 96 and App. K.3-K.4
     stapo          STAPO's gradient-norm identity, its bounds, its mask against cancellation
-    ledger         registry, run_ledger, table / JSON / markdown rendering, ledger_summary_markdown
+    ledger         registry, run_ledger, table / JSON / markdown rendering, count_line
     cli            ``dfpo theory``
 """

@@ -5,7 +5,7 @@
     claims = run_ledger(["eq-55"])        # a subset
 
 ``REGISTRY`` maps each claim id to the function that checks it; ids are stable (tests pin
-each one's verdict). ``ledger_summary_markdown()`` is the README's summary table.
+each one's verdict). ``count_line()`` is the README's one-line summary.
 Regenerate docs/ledger.md with ``dfpo theory --markdown docs/ledger.md``.
 """
 
@@ -122,9 +122,7 @@ def render_table(claims: Sequence[Claim], *, verbose: bool = False) -> str:
             ]
             if c.notes:
                 lines.append(f"  notes:      {c.notes}")
-    counts = summary_counts(claims)
-    lines += ["", f"{len(claims)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items())]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", count_line(claims)[:-1]])
 
 
 def render_json(claims: Sequence[Claim]) -> str:
@@ -145,14 +143,18 @@ def _md_cell(text: str) -> str:
 _BADGE = {HOLDS: "holds", HOLDS_UNDER_CONDITIONS: "**holds-under-conditions**", FAILS: "**fails**"}
 
 
+def count_line(claims: Sequence[Claim]) -> str:
+    """One sentence: how many claims and how many of each verdict ("38 claims: 22 holds, ...")."""
+    counts = summary_counts(claims)
+    return f"{len(claims)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."
+
+
 def summary_table_markdown(claims: Sequence[Claim]) -> str:
     """Markdown table: one row per claim (id, verdict, source, statement)."""
     lines = ["| id | verdict | source | claim (our words) |", "|---|---|---|---|"]
     for c in claims:
         lines.append(f"| `{c.id}` | {_BADGE[c.verdict]} | {_md_cell(c.source)} | {_md_cell(c.statement)} |")
-    counts = summary_counts(claims)
-    lines += ["", f"{len(claims)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", count_line(claims)])
 
 
 def render_markdown(claims: Sequence[Claim]) -> str:
@@ -193,22 +195,6 @@ def render_markdown(claims: Sequence[Claim]) -> str:
         if c.notes:
             out.append(f"- **Notes:** {c.notes}")
     return "\n".join(out) + "\n"
-
-
-def ledger_summary_markdown(claims: Sequence[Claim] | None = None) -> str:
-    """README section body: the summary table (generated) and how to reproduce it.
-
-    Runs the whole ledger unless ``claims`` is given (about half a minute on 2 cores).
-    """
-    claims = run_ledger() if claims is None else claims
-    return "\n".join(
-        [
-            summary_table_markdown(claims),
-            "",
-            "Reproduce: `dfpo theory` prints this table with methods; `dfpo theory --json ledger.json` writes every "
-            f"record with its evidence; `{REPRODUCE}` regenerates the full ledger with evidence and notes.",
-        ]
-    )
 
 
 def load_json(text: str) -> list[Claim]:
