@@ -7,8 +7,8 @@ Where this departs from the paper:
    kappa_i = w_i A_i read off the gradient of the loss (zero for a sequence whose gradient is
    clipped away), because cancellation (eq 2) is a statement about gradient coefficients. The
    loss core's ``weights/asym`` uses the post-clip value instead; the two agree when nothing is clipped.
-2. Energy (eq 24), Jitter2 (eq 20) and Steps (eq 19) are ``dfpo.trainer.metrics``'s, the
-   definitions the LLM trainer uses too.
+2. Energy (eq 24), Jitter2 (eq 20), Steps (eq 19) and the shared residual (eq 2) are
+   ``dfpo.trainer.metrics``'s, the definitions the LLM trainer uses too.
 3. Learning tax (Prop. 3.1) is measured as KL(pi_new || pi_old) at the task's template rows,
    the contexts whose every token leads to the same next state, so their true policy
    gradient is zero and any drift there is reward-irrelevant.
@@ -76,32 +76,6 @@ def sequence_coefficients(coef: Tensor, mask: Tensor, aggregation: str, max_len:
     per_length = aggregation != "seq_mean_token_mean"  # every other mode adds the tokens of a row up
     norm = count / maskf.sum(-1).clamp(min=1) if per_length else count.expand_as(total)  # (S, B)
     return -norm * total
-
-
-def shared_residual(
-    coef: Tensor, norms: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor, group_size: int, *, parts: bool = False
-):
-    """Gradient residual on shared context-token events (eq 2, Prop. 3.1). (S,), (S,).
-
-    An event is a group and a position t where every member has the same row and token
-    (groups sit contiguously, ``group_size`` members each). Its gradient on the row's logits is
-    (sum_i coef_it) (e_y - pi). Returns the norm sqrt(sum_events |.|^2) and the relative residual
-    sum_events |sum_i coef_it| / sum_events sum_i |coef_it| (0: exact cancellation, 1: none).
-    With ``parts`` also the numerator and denominator of the relative residual, (S,) each.
-    """
-    S, B, T = tokens.shape
-    shape = (S, B // group_size, group_size, T)
-    r, y, m, c = rows.reshape(shape), tokens.reshape(shape), mask.reshape(shape), coef.reshape(shape)
-    shared = ((r == r[:, :, :1]) & (y == y[:, :, :1]) & m).all(2)  # (S, n, T)
-    net = c.sum(2)  # (S, n, T)
-    gross = c.abs().sum(2)
-    n0 = norms.reshape(shape)[:, :, 0]  # (S, n, T) every member has the same |e_y - pi| on an event
-    zero = torch.zeros_like(net)
-    norm = torch.sqrt(torch.where(shared, (net * n0) ** 2, zero).sum((-1, -2)))
-    g = torch.where(shared, gross, zero).sum((-1, -2))
-    num = torch.where(shared, net.abs(), zero).sum((-1, -2))
-    rel = torch.where(g > 0, num / g.clamp(min=1e-30), torch.zeros_like(g))
-    return (norm, rel, num, g) if parts else (norm, rel)
 
 
 # ----- run summaries (numpy, over seeds) -----

@@ -349,19 +349,42 @@ def _update_metrics(
     if config.mode == "exact":
         kappa = torch.where(scale > 1e-30, kappa / scale.clamp(min=1e-30), torch.zeros_like(kappa))  # pi_old(y) ~ 0 rows carry no weight
     out["asym"] = _per_seed_group_variance(kappa, group, mask.any(-1), weight)  # eq 23 on kappa_i = w_i A_i
-    collision = (logpi.exp() ** 2).sum(-1)  # (S, R)
-    lp_tok = gather_tokens(logpi, rows, toks)
-    coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
-    prob_tok = torch.where(mask, lp_tok, torch.zeros_like(lp_tok)).exp()  # (S, B, T)
-    norms = metrics.score_norm(prob_tok, coll_tok)  # (S, B, T)
     if config.mode == "sampled":
+        collision = (logpi.exp() ** 2).sum(-1)  # (S, R)
+        lp_tok = gather_tokens(logpi, rows, toks)
+        coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
+        prob_tok = torch.where(mask, lp_tok, torch.zeros_like(lp_tok)).exp()  # (S, B, T)
         grad_norm = metrics.logit_grad_norm(coef, prob_tok, coll_tok)  # (S, B, T): |d loss / d logits| per token
         out["energy/frequent"] = torch.stack(
             [metrics.frequent_energy(grad_norm[s], toks[s], mask[s], len(task.vocab)) for s in range(S)]
         ).float()
-        res = M.shared_residual(coef, norms, rows, toks, mask, group, config.group_size, parts=True)
-        out["residual/shared"], out["residual/shared_rel"], out["residual/shared_net"], out["residual/shared_gross"] = res
+        out.update(_shared_residual(coef, rows, toks, mask, group, n_groups, len(task.vocab)))
     return out
+
+
+def _shared_residual(coef: Tensor, rows: Tensor, toks: Tensor, mask: Tensor, group: Tensor, n_groups: int, vocab: int) -> dict[str, Tensor]:
+    """Eq 2's residual per seed, (S,) each: ``dfpo.trainer.metrics.shared_residual`` on the toy's shared pairs.
+
+    coef (S, B, T) = each seed's d loss_s / d logp; group (S, B) in [0, n_groups). A pair is shared when every
+    member of the group has the same parameter row (the tabular policy's whole context) and token at t.
+    ``residual/shared`` is the mean |sum_i coef_it| per shared pair, ``residual/shared_rel`` net / gross,
+    ``residual/shared_net`` and ``residual/shared_gross`` the sums behind it (0 where there is none).
+    """
+    S, B, T = coef.shape
+    gid = (torch.arange(S)[:, None] * n_groups + group).reshape(-1)  # (S*B,) seeds never share a group
+    keys = (rows * vocab + toks).reshape(S * B, T)
+    shared = metrics.shared_mask(keys, mask.reshape(S * B, T), gid, prefix=False)
+    res = metrics.shared_residual(coef.reshape(S * B, T), shared, gid)
+    seed = res.groups // n_groups
+    per_seed = lambda x: torch.zeros(S, dtype=torch.float64).index_add_(0, seed, x.double())  # noqa: E731
+    net, gross, positions = per_seed(res.net), per_seed(res.gross), per_seed(res.positions)
+    zero = torch.zeros(S, dtype=torch.float64)
+    return {
+        "residual/shared": torch.where(positions > 0, net / positions.clamp(min=1), zero).float(),
+        "residual/shared_rel": torch.where(gross > 0, net / gross.clamp(min=1e-300), zero).float(),
+        "residual/shared_net": net.float(),
+        "residual/shared_gross": gross.float(),
+    }
 
 
 def run(
@@ -395,10 +418,19 @@ def shared_prefix_residual(
     """Exact gradient residual on the context-token pairs shared by a whole hand-picked group.
 
     ``completions`` (G,) indexes ``enum`` (one prompt); theta_old / theta (S, R, V) are the rollout
-    and current parameters. Returns (norm, relative) per seed, (S,) each: see
-    :func:`dfpo.toy.metrics.shared_residual`. Zero for objectives that cancel on shared tokens
-    (eq 2), non-zero for GSPO with unclipped ratios away from 1 (eq 13, eq 38).
+    and current parameters. Returns (mean |sum_i coef| per shared pair, relative residual net / gross)
+    per seed, (S,) each: see :func:`dfpo.trainer.metrics.shared_residual`. Zero for objectives that
+    cancel on shared tokens (eq 2), non-zero for GSPO with unclipped ratios away from 1 (eq 13, eq 38).
     """
+    coef, rows, toks, mask = group_coefficients(task, objective, theta_old, theta, completions, enum, **overrides)
+    res = _shared_residual(coef, rows, toks, mask, torch.zeros(mask.shape[:2], dtype=torch.long), 1, len(task.vocab))
+    return res["residual/shared"], res["residual/shared_rel"]
+
+
+def group_coefficients(
+    task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """d loss / d logp (S, G, T) of one hand-picked group of ``enum``'s completions, with their rows, tokens, mask."""
     spec = resolve_objective(objective, **overrides)
     S, G = theta.shape[0], completions.shape[0]
     ex = lambda x: x[completions][None].expand(S, *x[completions].shape)  # noqa: E731
@@ -411,8 +443,4 @@ def shared_prefix_residual(
     gid = (torch.arange(S)[:, None] + group).reshape(-1)
     adv = group_advantages(reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, G)
     coef, _ = loss_coefficients(spec, lp, old, adv, mask, group, ent, 1, task.max_len)
-    p_new = logpi.exp()
-    collision = (p_new**2).sum(-1)  # (S, R)
-    coll_tok = torch.gather(collision, 1, rows.reshape(S, -1)).reshape(rows.shape)
-    norms = metrics.score_norm(lp.exp(), coll_tok)  # (S, G, T)
-    return M.shared_residual(coef, norms, rows, toks, mask, group, G)
+    return coef, rows, toks, mask

@@ -101,11 +101,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("optim/skipped_nonfinite", "sum", "optimiser steps skipped for a non-finite loss or gradient", _TRAINER),
     Metric("grad/norm", "mean", "global gradient norm before clipping, mean over the step's optimiser steps", _TRAINER),
     Metric("energy/bucket{b}", "mean", "eq 24: share of the logit-gradient energy on frequency bucket b (0 = most frequent)", _TRAINER),
-    Metric("diag/shared_positions", "sum", "positions whose token and context every completion of a group shares", _TRAINER),
+    Metric(
+        "diag/shared_positions",
+        "sum",
+        "positions whose token and prefix every completion of a group shares (groups of 2 or more)",
+        _TRAINER,
+    ),
     Metric(
         "diag/shared_residual",
         "mean",
-        "eq 2 check: |net gradient| / gross gradient on the shared positions (0 = they cancel)",
+        "eq 2 check on the shared positions, with c_it = d loss / d log pi_it: sum_t abs(sum_i c_it) / sum_t sum_i abs(c_it) "
+        "(0 = they cancel, 1 = one sign per position; dfpo.trainer.metrics.shared_residual)",
         _TRAINER,
     ),
     Metric(

@@ -5,6 +5,7 @@
     Asym                eq 23   ``asymmetry`` (computed by the loss core, re-exported here)
     Energy(B)           eq 24   ``frequency_buckets`` + ``energy_sums`` (+ ``frequent_energy``)
     |d l_t / d logits|          ``logit_grad_norm`` (STAPO's closed form)
+    shared residual     eq 2    ``shared_mask`` + ``shared_residual``
 
 Definitions where the paper leaves a choice:
 1. Jitter2 divides by T - 2 (eq 20): it is undefined for fewer than 3 points, and ``jitter2`` returns
@@ -17,12 +18,20 @@ Definitions where the paper leaves a choice:
 3. Energy measures the gradient with respect to the output logits (STAPO's identity makes it exact and
    free: |d(c log pi(y))/dz| = |c| sqrt(1 - 2 pi(y) + sum_v pi_v^2)); eq 24 uses grad_theta. For a
    tabular policy (the toy) the logits ARE the parameters, so the two agree there.
+4. The shared residual (eq 2, sec 3) is read on the coefficient c_it = d L / d log pi_it, the factor
+   that multiplies grad log pi(v | h*) in the loss gradient (its aggregation normaliser, clipping and
+   sequence or score weights included), NOT on the logit-gradient norm |c_it| |e_y - pi|: the norm's
+   second factor is the same for every member at a shared pair, so it cannot decide cancellation, and
+   leaving it out keeps the quantity the paper's. "Shared" is given as a mask; ``shared_mask`` builds
+   it by prefix agreement (a sequence model: the context is the prefix) or by agreement at t alone
+   (the tabular toy, whose key at t is the state row and the token: the row IS the context).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,7 +46,10 @@ __all__ = [
     "frequent_energy",
     "jitter2",
     "logit_grad_norm",
+    "SharedResidual",
     "score_norm",
+    "shared_mask",
+    "shared_residual",
     "steps_to",
     "steps_to_threshold",
     "trailing_mean",
@@ -81,6 +93,68 @@ def frequent_energy(norm: Tensor, token_ids: Tensor, mask: Tensor, vocab_size: i
     sums = energy_sums(norm, token_ids, mask, frequency_buckets(token_ids, mask, [share], vocab_size))  # (2,)
     total = sums.sum()
     return torch.where(total > 0, sums[0] / total.clamp(min=1e-300), torch.zeros_like(total))
+
+
+def shared_mask(keys: Tensor, mask: Tensor, group_ids: Tensor, *, prefix: bool = True) -> Tensor:
+    """(B, T) bool: the positions whose context-token pair every member of the row's group holds (eq 2's h*, v).
+
+    keys (B, T): what must agree (token ids; in the tabular toy, row * V + token); mask (B, T): real tokens;
+    group_ids (B,). Position t of a group is shared when the group has at least two members, every member
+    is real at t and has the first member's key at t, and, with ``prefix`` (a sequence model, whose
+    context at t is the prefix 0..t-1 after the group's common prompt), at every earlier position too.
+    """
+    mask = mask.bool()
+    B, T = keys.shape
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.numel()
+    rows = torch.arange(B, device=keys.device)
+    first = torch.full((n,), B, dtype=torch.long, device=keys.device).scatter_reduce(0, inverse, rows, reduce="amin")  # (n,)
+    agree = (keys == keys.index_select(0, first.index_select(0, inverse))) & mask  # (B, T) the first member's key at t
+    disagree = torch.zeros(n, T, dtype=torch.long, device=keys.device).index_add_(0, inverse, (~agree).long())
+    shared = (disagree == 0) & (counts >= 2)[:, None]  # (n, T)
+    if prefix:
+        shared = shared.long().cumprod(-1).bool()
+    return shared.index_select(0, inverse)  # (index_select: advanced indexing is ~100x slower on small CPU tensors)
+
+
+@dataclass(frozen=True)
+class SharedResidual:
+    """Eq 2's residual on a batch's shared context-token pairs, per group (order of ``groups``), float64."""
+
+    groups: Tensor
+    """(n,) the group ids, sorted."""
+    net: Tensor
+    """(n,) sum over the group's shared positions t of |sum_i c_it|: the residual, 0 when the objective cancels."""
+    gross: Tensor
+    """(n,) sum over the same positions of sum_i |c_it|: the normaliser (net / gross in [0, 1])."""
+    positions: Tensor
+    """(n,) number of shared positions of the group (long)."""
+
+
+def shared_residual(coef: Tensor, shared: Tensor, group_ids: Tensor) -> SharedResidual:
+    """The residual of eq 2 (sec 3) on the shared context-token pairs (h*, v) of each group.
+
+    coef (B, T): c_it = d L / d log pi_it, the per-token coefficient of the loss gradient (read off autograd:
+    it carries the aggregation normaliser, clipping and any sequence or score weight); shared (B, T): the
+    pairs every member of the group holds (``shared_mask``); group_ids (B,). A shared pair's gradient is
+    (sum_i c_it) grad log pi(v | h*), so its residual is |sum_i c_it|, zero exactly when the objective
+    cancels there. A position counts only where every member of its group is marked shared.
+
+    Normalisers (definition 4 above): ``net / gross`` = sum_t |sum_i c_it| / sum_t sum_i |c_it| is the
+    relative residual (0: exact cancellation, 1: all coefficients of each pair have one sign), and
+    ``net / positions`` the mean absolute residual per shared pair. Sums are in float64, so an exact
+    cancellation reads at the coefficients' rounding error.
+    """
+    shared = shared.bool()
+    B, T = coef.shape
+    groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.numel()
+    marked = torch.zeros(n, T, dtype=torch.long, device=coef.device).index_add_(0, inverse, shared.long())
+    whole = marked == counts[:, None]  # (n, T) every member marked
+    c = torch.where(whole.index_select(0, inverse), coef.double(), torch.zeros((), dtype=torch.float64, device=coef.device))  # (B, T)
+    net = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c)
+    gross = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c.abs())
+    return SharedResidual(groups, net.abs().sum(-1), gross.sum(-1), whole.sum(-1))
 
 
 def jitter2(curve) -> np.ndarray | None:
