@@ -7,16 +7,29 @@ The public API is the shared loss core::
 Everything else lives in sub-packages: ``dfpo.theory`` (claims ledger), ``dfpo.toy``
 (tabular softmax lab), ``dfpo.trainer`` (loss core and LLM trainer), ``dfpo.app``
 (Streamlit explorer).
+
+The names are resolved on first use (PEP 562 ``__getattr__``): ``import dfpo.files`` or the reward
+workers' ``import dfpo.trainer.llm.rewards`` do not import torch, and ``dfpo --help`` starts without it.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
+import importlib
+from typing import TYPE_CHECKING
 
-try:
-    __version__ = version("dfpo")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them on first use
+    from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
+
+# public name -> the module that defines it
+_LAZY = {
+    "OBJECTIVES": "dfpo.trainer.loss",
+    "ObjectiveSpec": "dfpo.trainer.loss",
+    "group_advantages": "dfpo.trainer.loss",
+    "policy_loss": "dfpo.trainer.loss",
+    "resolve_objective": "dfpo.trainer.loss",
+}
+# sub-packages reachable as attributes after a bare ``import dfpo`` (as when this file imported the loss core)
+_SUBMODULES = ("app", "cli", "commands", "files", "integrations", "theory", "toy", "trainer")
 
 __all__ = [
     "OBJECTIVES",
@@ -26,3 +39,29 @@ __all__ = [
     "resolve_objective",
     "__version__",
 ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # deferred: only --version and __version__ read it
+
+    try:
+        return version("dfpo")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> object:
+    if name == "__version__":
+        value: object = _version()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # resolved once; later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})

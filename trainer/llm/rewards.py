@@ -23,7 +23,7 @@ Departures / choices:
    this process: a string comparison and a sum of at most 64 characters, 0.01-0.15 ms per batch of 64
    against 18-21 ms through two workers (a pipe round trip of ~0.3 ms a call; benchmarks/reward_pool.py).
    math-verify costs about the same either way (0.19-0.43 s per batch of 64 here, 0.29-0.33 s through two
-   workers on a shared 2-core machine); a built-in worker starts in ~6 s (``dfpo/__init__`` imports torch),
+   workers on a shared 2-core machine); a built-in worker starts in ~0.2 s (math-verify's in ~1 s: sympy),
    once per run, a user-reward worker in ~0.3 s. The format regex runs here (it is the run's own configuration).
 2. A worker rebuilds the reward from its name (a built-in kind, or kind=user's ``'module:function'``, imported
    with this process's ``sys.path``), never from a pickled closure. The value is converted to a float in
