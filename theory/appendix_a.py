@@ -18,6 +18,7 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
+from dfpo import group_advantages, policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
 from dfpo.theory.tabular import fmt, row_coefficient, trie_group
 
@@ -29,8 +30,6 @@ TAU = (
 
 
 def check_eq_30() -> Claim:
-    from dfpo import group_advantages
-
     R = [F(0), F(1), F(1)]
     exact = [r - sum(R) / 3 for r in R]
     core = group_advantages(torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64), torch.zeros(3, dtype=torch.long), scale="none").tolist()
@@ -69,8 +68,6 @@ def check_eq_38() -> Claim:
     c1 = row_coefficient(grad, group.table, states[()], vocab.index("answer"))
     c2 = row_coefficient(grad, group.table, states[("answer",)], vocab.index("is"))
     paper = vals["rho1"] * vals["rho2"] * (vals["lambda2"] - vals["lambda1"]) / 2
-    from dfpo import policy_loss
-
     group2, _, _ = trie_group(seqs, token_log_ratios=lr)
     loss, _ = policy_loss(
         "gspo",
@@ -102,8 +99,6 @@ def check_eq_38() -> Claim:
 
 def _drift(objective: str, seqs, adv, **overrides) -> float:
     """First-order change of log pi(tau_2) - log pi(tau_3) per unit step along -grad loss."""
-    from dfpo import policy_loss
-
     group, _, _ = trie_group(seqs)
     logp = group.logp()
     loss, _ = policy_loss(

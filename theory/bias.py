@@ -14,6 +14,7 @@ import numpy as np
 import sympy as sp
 import torch
 
+from dfpo import policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, Claim
 from dfpo.theory.tabular import fmt, log_ratios_for, tabular_group
 
@@ -23,8 +24,6 @@ def _estimators(seq_log_ratios, lengths, adv, seed, clip: str = "none"):
 
     ``clip="none"``: the linear segment of eqs 85-86; ``clip="ppo"``: GSPO's clip range, default (ratio) form.
     """
-    from dfpo import policy_loss
-
     group = tabular_group(log_ratios_for(seq_log_ratios, lengths, 0.03), seed=seed)
     B = len(lengths)
     a = torch.tensor(adv, dtype=torch.float64)
@@ -141,10 +140,9 @@ def check_sec_k_4() -> Claim:
     x = sp.Symbol("x", positive=True)
     base = (-1) * 1 * x + 1 * 2 * (x / 2)
     mnr = (-1) * 1 * x + 1 * 1 * (x / 2)
+
     # Loss core, the same geometry on a softmax table: sequence 1 = the shared token only, sequence 2 = the
     # shared token + a nearly deterministic token (small score), sbar = (1, 2).
-    from dfpo import policy_loss
-
     def norms(shift):
         group = tabular_group([[0.0], [0.0, math.log(4.0)]], seed=1)
         with torch.no_grad():

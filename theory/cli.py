@@ -6,22 +6,22 @@
     dfpo theory --json PATH             also write the ledger as JSON (the app reads it)
     dfpo theory --markdown PATH         also write it as markdown (docs/ledger.md)
 
-Module-level imports stay light (argparse only); the checks import torch and sympy.
+Module-level imports stay light (the standard library and dfpo.files); the checks import torch and sympy.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+
+from dfpo.files import check_output_file, write_text_atomic
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dfpo.files import check_output_file, write_text_atomic
-
     for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
         if path is not None:
             check_output_file(flag, path)  # before the ledger runs
-    import time
-
+    # deferred: the ledger imports every check (torch, sympy); dfpo --help and a bad flag stay free of them
     from dfpo.theory.ledger import render_json, render_markdown, render_table, run_ledger, validate_ids
 
     ids = validate_ids(args.only)  # ValueError on an unknown id, before any check runs

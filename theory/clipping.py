@@ -16,8 +16,10 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
+from dfpo import policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, Claim
 from dfpo.theory.tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
+from dfpo.trainer.loss import sequence_log_ratio
 
 A3 = (-2.0 / 3, 1.0 / 3, 1.0 / 3)
 
@@ -39,8 +41,6 @@ def _sbar(r, A, el, eh):
 
 def token_coefficients(objective: str, ratios, advantages, **overrides) -> list[float]:
     """d loss / d logp for one-token completions with the given ratios: the per-token gradient coefficient."""
-    from dfpo import policy_loss
-
     r = torch.tensor([[float(x)] for x in ratios], dtype=torch.float64)  # (B, 1)
     logp = torch.full_like(r, -1.0, requires_grad=True)  # (B, 1)
     old = (logp - torch.log(r)).detach()
@@ -70,9 +70,6 @@ def check_eq_49() -> Claim:
     # The naive rewrite A*min(s, clip(s)) that the paper warns against (App. B.2) is wrong for A < 0:
     naive = _ppo(F(3, 2), F(-1), F(1, 5), F(1, 5)) - F(-1) * min(F(3, 2), F(6, 5))
     # Loss core: gspo's loss and gradient equal those of eq 48 written with torch.minimum.
-    from dfpo import policy_loss
-    from dfpo.trainer.loss import sequence_log_ratio
-
     gen = torch.Generator().manual_seed(0)
     max_val, max_grad = 0.0, 0.0
     for _trial in range(20):

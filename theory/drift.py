@@ -15,8 +15,10 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
+from dfpo import policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
 from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
+from dfpo.trainer.loss import group_transform, sequence_log_ratio, sign_aware_clip
 
 
 def check_prop_3_1() -> Claim:
@@ -35,8 +37,6 @@ def check_prop_3_1() -> Claim:
     # Loss core: g_t* = the gradient that the shared token receives from gspo (off-policy, G=3).
     seq = [math.log(1.3), math.log(0.8), math.log(1.1)]
     group = tabular_group(log_ratios_for(seq, (3, 3, 3), 0.05))
-    from dfpo import policy_loss
-
     adv = torch.tensor([-2 / 3, 1 / 3, 1 / 3], dtype=torch.float64)
     loss, _ = policy_loss(
         "gspo",
@@ -92,8 +92,6 @@ def check_cor_3_2() -> Claim:
     sub = {ps[0]: F(1, 2), ps[1]: F(1, 4), ps[2]: F(1, 8), ps[3]: F(1, 8), ks[0]: F(11, 10), ks[1]: F(1), ks[2]: 0, ks[3]: 0}
     ce = sp.nsimplify(formula.subs(sub))
     # Loss core: a 3-completion group of one-token outputs at one context, GSPO off-policy, clip off.
-    from dfpo import policy_loss
-
     z = torch.tensor([0.7, 0.1, -0.3, 0.2], dtype=torch.float64, requires_grad=True)
     tokens = torch.tensor([0, 1, 2])
     s = torch.tensor([1.0, 1.0, 1.5], dtype=torch.float64)  # y_a, y_b correct (equal weights), y_c wrong
@@ -139,8 +137,6 @@ def check_cor_3_2() -> Claim:
 
 
 def check_cor_3_4() -> Claim:
-    from dfpo.trainer.loss import group_transform, sequence_log_ratio, sign_aware_clip
-
     seq = [math.log(1.3), math.log(0.8), math.log(1.1)]
     adv = (-2 / 3, 1 / 3, 1 / 3)
     rows = []

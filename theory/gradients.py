@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from dfpo import policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, Claim
 from dfpo.theory.tabular import fmt, log_ratios_for, tabular_group
 
@@ -24,8 +25,6 @@ def _scores(group):
 
 
 def check_eq_66_67() -> Claim:
-    from dfpo import policy_loss
-
     worst = {"gspo (eq 66)": 0.0, "grpo (eq 67)": 0.0, "gspo clipped: zero": 0.0}
     for seed in range(4):
         lengths = (2, 3, 5, 4)

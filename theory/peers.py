@@ -13,13 +13,13 @@ import torch
 
 from dfpo.theory.claim import FAILS, HOLDS_UNDER_CONDITIONS, Claim
 from dfpo.theory.tabular import fmt
+from dfpo.trainer.loss import group_advantages
+from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
 
 
 def _shared_residual(objective: str, shared_log_ratio: float, advantages: torch.Tensor | None = None, **overrides) -> float:
     """Largest |gradient| on a 3-token prefix shared by 4 equal-length completions (rewards 1, 0, 1, 0)."""
     import dataclasses
-
-    from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
 
     group = make_shared_prefix_group(torch.tensor([1.0, 0.0, 1.0, 0.0]), [7, 7, 7, 7], shared_log_ratio=shared_log_ratio, seed=5)
     if advantages is not None:
@@ -60,8 +60,6 @@ def check_soft_gate_cancel() -> Claim:
 
 def check_advantage_zero_sum() -> Claim:
     """Do the advantage estimators peers use keep sum_i A_i = 0 within a group (the premise of eq 2)?"""
-    from dfpo.trainer.loss import group_advantages
-
     rloo_sums = []
     for G in range(2, 9):  # sum_i (R_i - mean of the other G - 1 rewards), symbolic rewards
         R = sp.symbols(f"R1:{G + 1}")

@@ -18,6 +18,7 @@ import torch
 
 from dfpo.theory.claim import FAILS, HOLDS, Claim
 from dfpo.theory.tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
+from dfpo.trainer.loss import stapo_spurious_mask
 
 
 def check_stapo_grad_norm() -> Claim:
@@ -98,8 +99,6 @@ def check_stapo_bounds() -> Claim:
 
 
 def check_stapo_cancel() -> Claim:
-    from dfpo.trainer.loss import stapo_spurious_mask
-
     adv = (-2 / 3, 1 / 3, 1 / 3)
     V = 8
 

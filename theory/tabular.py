@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dfpo import policy_loss
+
 ZERO_TOL = 1e-12
 """|coefficient| below this counts as exact cancellation (float64, coefficients of order 1)."""
 
@@ -144,8 +146,6 @@ def shared_gradient(
     **overrides: object,
 ) -> SharedGradient:
     """Gradient of ``dfpo.policy_loss(objective, ...)`` on the table, read on the shared row."""
-    from dfpo import policy_loss
-
     B = group.mask.shape[0]
     adv = torch.tensor([float(a) for a in advantages], dtype=torch.float64)  # (B,)
     gids = torch.tensor(list(group_ids) if group_ids is not None else [0] * B, dtype=torch.long)  # (B,)
@@ -195,8 +195,6 @@ def own_token_coefficients(
     c_it * (e_{y_it} - pi(. | h_it)); c_it is read off by projection. The sign of -c_it is the
     direction in which the update moves log pi(y_it) (the loss is minimised).
     """
-    from dfpo import policy_loss
-
     B = group.mask.shape[0]
     adv = torch.tensor([float(a) for a in advantages], dtype=torch.float64)  # (B,)
     gids = torch.tensor(list(group_ids) if group_ids is not None else [0] * B, dtype=torch.long)

@@ -15,8 +15,18 @@ import numpy as np
 import sympy as sp
 import torch
 
+from dfpo import policy_loss
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, own_token_coefficients, tabular_group
+from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, own_token_coefficients, shared_gradient, tabular_group
+from dfpo.trainer.loss import (
+    group_advantages,
+    min_replace,
+    orth_projection,
+    positive_orth_projection,
+    sequence_log_ratio,
+    sign_aware_clip,
+    truncate_rebalance,
+)
 
 
 def _t(xs) -> torch.Tensor:
@@ -25,8 +35,6 @@ def _t(xs) -> torch.Tensor:
 
 def random_groups(n: int, seed: int, *, max_g: int = 8, spread: float = 0.6):
     """Yield (adv, sbar, lengths) for n random groups: binary rewards (both signs), GSPO-clipped weights."""
-    from dfpo.trainer.loss import group_advantages, sign_aware_clip
-
     rng = np.random.default_rng(seed)
     made = 0
     while made < n:
@@ -49,8 +57,6 @@ def _fvar(v):
 
 
 def check_eq_18() -> Claim:
-    from dfpo.trainer.loss import orth_projection
-
     worst = 0.0
     for adv, sbar, lengths in random_groups(300, 1):
         g = torch.zeros_like(adv, dtype=torch.long)
@@ -94,8 +100,6 @@ def _kkt_violation(v: torch.Tensor, s: torch.Tensor, a: torch.Tensor) -> float:
 
 
 def check_eq_51() -> Claim:
-    from dfpo.trainer.loss import orth_projection, positive_orth_projection, truncate_rebalance
-
     worst_kkt, zero_hits, agree, n = 0.0, 0, 0.0, 0
     tr_farther = 0.0
     for adv, sbar, lengths in random_groups(300, 2):
@@ -155,8 +159,6 @@ def check_eq_55() -> Claim:
     P2 = sum(a * x for a, x in zip(A2, splus) if a > 0)
     N2 = sum(-a * x for a, x in zip(A2, splus) if a < 0)
     st2 = [(N2 / P2) * x if a > 0 else x for a, x in zip(A2, splus)]
-    from dfpo.trainer.loss import truncate_rebalance
-
     core2 = truncate_rebalance(_t([1, F(1, 20), 3]), _t(A2), torch.zeros(3, dtype=torch.long), floor=0.1).tolist()
     core1 = truncate_rebalance(_t(s), _t(A), torch.zeros(2, dtype=torch.long)).tolist()
     worst_dot, min_v = 0.0, float("inf")
@@ -196,8 +198,6 @@ def check_eq_55() -> Claim:
 
 
 def check_thm_c_1() -> Claim:
-    from dfpo.trainer.loss import min_replace
-
     lo, hi, n = 1.0, 0.0, 0
     for adv, sbar, lengths in random_groups(300, 4):
         g = torch.zeros_like(adv, dtype=torch.long)
@@ -266,8 +266,6 @@ def check_tab_3_no_stopgrad() -> Claim:
     a = sp.symbols("A1:4")
     J = sum(ai * smin for ai in a).subs(a[2], -a[0] - a[1])
     dJ = sp.simplify(sp.diff(J, sp.Symbol("theta")))
-    from dfpo.theory.tabular import shared_gradient
-
     norms = {}
     seq = [math.log(1.3), math.log(0.7), math.log(1.1), 0.2]
     for obj in ("dfpo_min", "dfpo_orth", "dfpo_orth_pos", "dfpo_orth_tr"):
@@ -307,8 +305,6 @@ def check_tab_3_no_stopgrad() -> Claim:
 
 
 def check_eq_23() -> Claim:
-    from dfpo.trainer.loss import min_replace, orth_projection
-
     # Identity: with sum A = 0 and d = sbar - s_min >= 0, Var(sbar A) = Var(s_min A) + Var(dA) + 2 s_min E[d A^2].
     worst_min, orth_up, n = 0.0, 0, 0
     for adv, sbar, _lengths in random_groups(400, 5):
@@ -346,9 +342,6 @@ def check_eq_23() -> Claim:
 
 def check_stopgrad_forms() -> Claim:
     """Eq 68 (score form) vs eqs 59-62 (ratio form): how stilde enters the gradient."""
-    from dfpo import policy_loss
-    from dfpo.trainer.loss import sequence_log_ratio, sign_aware_clip
-
     theta, w, A, eps = sp.symbols("theta w A epsilon", positive=True)
     s = sp.exp(theta)  # a one-token sequence: log s = theta
     score = sp.diff(w * A * theta, theta)  # sg(stilde) A log pi: d/dtheta = w A
@@ -406,8 +399,6 @@ CHECKS = (check_eq_18, check_eq_51, check_eq_55, check_thm_c_1, check_thm_k_1, c
 
 def check_tab_3_scale() -> Claim:
     """Table 3's 'DFPO (scale by 0.5)': does a global factor 0.5 on the weights give smaller updates?"""
-    from dfpo import policy_loss
-
     seq = [math.log(1.2), math.log(0.9), math.log(1.05), math.log(0.8)]
     adv = torch.tensor([-0.75, -0.25, 0.25, 0.75], dtype=torch.float64)
 
