@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.files import read_utf8, write_text_atomic
 from dfpo.toy import stats
+from dfpo.toy.config import ToyConfig
+from dfpo.trainer.loss import objective_from_label, unmatched_components
 from dfpo.trainer.metrics import jitter2, steps_to
 
 PLOTS = {
@@ -159,8 +162,6 @@ def replicated(first: str, second: str) -> str:
 
 
 def _specs(labels, config) -> dict:
-    from dfpo.trainer.loss import objective_from_label
-
     return {o: objective_from_label(o, **dict(getattr(config, "overrides", {}) or {})) for o in labels}
 
 
@@ -173,8 +174,6 @@ def comparison_pairs(labels, config) -> list[tuple[str, str, list[str]]]:
     stop-gradient form (the score form counts as no clipping), aggregation, advantage scale, token mask
     and KL weight. The learning rate and seeds are the run's, shared by every objective.
     """
-    from dfpo.trainer.loss import unmatched_components
-
     specs = _specs(labels, config)
     methods = [o for o, sp in specs.items() if sp.transform != "none"]
     baselines = [o for o, sp in specs.items() if sp.transform == "none" and sp.ratio_level == "sequence"]
@@ -246,8 +245,6 @@ def prediction_checks(summary: dict[str, dict[str, object]], config=None, discov
 
 def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
     """Plain-language notes that explain the table (computed from the run, not hard-coded verdicts)."""
-    from dfpo.trainer.loss import objective_from_label
-
     notes = []
     aggs = {o: objective_from_label(o, **dict(config.overrides)).aggregation for o in summary}
     if len(set(aggs.values())) > 1:
@@ -313,7 +310,7 @@ def auto_notes(config, summary: dict[str, dict[str, object]]) -> list[str]:
 
 def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str) -> list[Path]:
     """One PNG per metric of PLOTS (a curve per objective, band = mean +- 1.96 s.e. over seeds) and an overview."""
-    import matplotlib
+    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -391,8 +388,6 @@ def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
     """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl."""
     import math
 
-    from dfpo.files import read_utf8
-
     cells: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
     for line in read_utf8(Path(out) / "metrics.jsonl").splitlines():
         if line.strip():
@@ -427,9 +422,6 @@ def read_discovery(path, config) -> tuple[dict[str, dict[str, object]], object]:
     """
     import dataclasses as dc
 
-    from dfpo.files import read_utf8
-    from dfpo.toy.config import ToyConfig
-
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
         raise ValueError(f"--discovery {str(path)!r}: no config.json and metrics.jsonl in it; is it a dfpo toy run folder?")
@@ -461,8 +453,6 @@ def _plain(value):
 
 def write_run(out: Path, config, task, results: dict, *, findings: list[str] | None = None, plots: bool = True, discovery=None) -> Path:
     """Write the whole run folder; return the path of summary.md. ``discovery``: ``read_discovery``'s pair."""
-    from dfpo.files import write_text_atomic
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     res = to_numpy(results)

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.files import read_utf8, write_text_atomic
 from dfpo.toy import stats
-from dfpo.toy.report import summarise, to_numpy
+from dfpo.toy.report import _plain, summarise, to_numpy
 from dfpo.toy.train import ToyConfig, run
+from dfpo.trainer.loss import objective_from_label, unmatched_components
 
 KNOBS = ("inner_steps", "lr", "group_size", "init_noise")
 """ToyConfig fields the sweep may vary."""
@@ -54,9 +56,6 @@ def spread_sweep(
     (``read_spread_discovery``) adds the replication table: the cells whose adjusted interval
     excludes 0 on either seed set, and whether they do on both with the same sign.
     """
-    from dfpo.files import write_text_atomic
-    from dfpo.trainer.loss import objective_from_label, unmatched_components
-
     if knob not in KNOBS:
         raise ValueError(f"knob must be one of {KNOBS}, got knob={knob!r}")
     unmatched = unmatched_components(
@@ -210,9 +209,6 @@ def read_spread_discovery(path, base: ToyConfig, knob: str, values: list[float],
     ValueError, before any training, for a folder that is not a spread of this version, another
     sweep (knob, values, labels or any config field but the knob's and the seed set's), or the same --seed.
     """
-    from dfpo.files import read_utf8
-    from dfpo.toy.report import _plain
-
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "spread.json").is_file():
         raise ValueError(
@@ -244,7 +240,7 @@ def read_spread_discovery(path, base: ToyConfig, knob: str, values: list[float],
 
 
 def _plot(rows: list[dict], knob: str, path: Path, title: str) -> None:
-    import matplotlib
+    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

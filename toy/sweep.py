@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.files import write_text_atomic
 from dfpo.toy import stats
 from dfpo.toy.report import summarise, to_numpy, write_metrics
 from dfpo.toy.train import ToyConfig, run
+from dfpo.trainer.loss import objective_from_label, unmatched_components
 
 PAPER_TABLE4 = {2: 3.1, 4: 4.2, 8: 5.6, 16: 5.7}
 
@@ -39,8 +41,6 @@ def sweep_group_size(
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Run ``baseline`` and ``method`` for each config (one per G); write summary.md, gains.json, plots."""
-    from dfpo.files import write_text_atomic
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -64,8 +64,6 @@ def sweep_group_size(
             row[key] = stats.paired_interval(row[f"diffs/{key}"], tests=tests).as_tuple()
     write_text_atomic(out / "gains.json", json.dumps(rows, indent=2) + "\n")
     c = configs[0]
-    from dfpo.trainer.loss import objective_from_label, unmatched_components
-
     unmatched = unmatched_components(objective_from_label(method, **dict(c.overrides)), objective_from_label(baseline, **dict(c.overrides)))
     match = (
         "yes"
@@ -102,7 +100,7 @@ def sweep_group_size(
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
