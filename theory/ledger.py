@@ -195,8 +195,3 @@ def render_markdown(claims: Sequence[Claim]) -> str:
         if c.notes:
             out.append(f"- **Notes:** {c.notes}")
     return "\n".join(out) + "\n"
-
-
-def load_json(text: str) -> list[Claim]:
-    """Claims back from ``render_json``'s output (for the app and for README generation without re-running)."""
-    return [Claim(**record) for record in json.loads(text)["claims"]]

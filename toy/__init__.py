@@ -9,7 +9,7 @@ Modules (read in this order):
 - ``train``   rollouts -> ``group_advantages`` -> K optimiser steps through ``dfpo.policy_loss``;
               ``sampled`` and ``exact`` (infinite-group) modes; per-step metrics.
 - ``metrics`` exact policy metrics, mechanism metrics (eq 2, 23, 24), Jitter2 (eq 20),
-              Steps (eq 19), bootstrap intervals.
+              Steps (eq 19).
 - ``report``  run folders: metrics JSONL/CSV, summary.md with the paper checks, PNG curves.
 - ``sweep``   the group-size sweep (the toy's Table 4).
 - ``cli``     ``dfpo toy run`` and ``dfpo toy sweep-g``.

@@ -16,7 +16,6 @@ Where this departs from the paper:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -76,21 +75,3 @@ def sequence_coefficients(coef: Tensor, mask: Tensor, aggregation: str, max_len:
     per_length = aggregation != "seq_mean_token_mean"  # every other mode adds the tokens of a row up
     norm = count / maskf.sum(-1).clamp(min=1) if per_length else count.expand_as(total)  # (S, B)
     return -norm * total
-
-
-# ----- run summaries (numpy, over seeds) -----
-
-
-def bootstrap_ci(values: np.ndarray, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over seeds and its percentile bootstrap interval: (mean, low, high)."""
-    values = np.asarray(values, dtype=float)
-    if values.size == 0 or not np.all(np.isfinite(values)):
-        raise ValueError(f"bootstrap_ci needs finite values, got {values!r}")
-    mean = float(values.mean())
-    if values.size == 1:
-        return mean, mean, mean
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, values.size, size=(n_boot, values.size))
-    means = values[idx].mean(-1)
-    a = (1 - level) / 2
-    return mean, float(np.quantile(means, a)), float(np.quantile(means, 1 - a))

@@ -26,14 +26,13 @@ Where this departs from real training:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dfpo import group_advantages, policy_loss, resolve_objective
+from dfpo import group_advantages, policy_loss
 from dfpo.toy import metrics as M
 from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
@@ -405,42 +404,3 @@ def run(
         callback = None if on_step is None else (lambda step, row, name=name: on_step(name, step))
         results[name] = train_objective(task, name, config, enum=enum, callback=callback)
     return task, results
-
-
-def with_options(config: ToyConfig, **changes: object) -> ToyConfig:
-    """A copy of ``config`` with some fields changed."""
-    return dataclasses.replace(config, **changes)
-
-
-def shared_prefix_residual(
-    task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object
-) -> tuple[Tensor, Tensor]:
-    """Exact gradient residual on the context-token pairs shared by a whole hand-picked group.
-
-    ``completions`` (G,) indexes ``enum`` (one prompt); theta_old / theta (S, R, V) are the rollout
-    and current parameters. Returns (mean |sum_i coef| per shared pair, relative residual net / gross)
-    per seed, (S,) each: see :func:`dfpo.trainer.metrics.shared_residual`. Zero for objectives that
-    cancel on shared tokens (eq 2), non-zero for GSPO with unclipped ratios away from 1 (eq 13, eq 38).
-    """
-    coef, rows, toks, mask = group_coefficients(task, objective, theta_old, theta, completions, enum, **overrides)
-    res = _shared_residual(coef, rows, toks, mask, torch.zeros(mask.shape[:2], dtype=torch.long), 1, len(task.vocab))
-    return res["residual/shared"], res["residual/shared_rel"]
-
-
-def group_coefficients(
-    task: Task, objective: str, theta_old: Tensor, theta: Tensor, completions: Tensor, enum: Enumeration, **overrides: object
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """d loss / d logp (S, G, T) of one hand-picked group of ``enum``'s completions, with their rows, tokens, mask."""
-    spec = resolve_objective(objective, **overrides)
-    S, G = theta.shape[0], completions.shape[0]
-    ex = lambda x: x[completions][None].expand(S, *x[completions].shape)  # noqa: E731
-    rows, toks, mask, reward = ex(enum.rows), ex(enum.tokens), ex(enum.mask), ex(enum.reward)
-    logpi_old, logpi = log_policy(theta_old, task.legal), log_policy(theta, task.legal)
-    old = torch.where(mask, gather_tokens(logpi_old, rows, toks), torch.zeros(()))  # (S, G, T)
-    lp = torch.where(mask, gather_tokens(logpi, rows, toks), torch.zeros(()))
-    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), rows, toks)
-    group = torch.zeros(S, G, dtype=torch.long)
-    gid = (torch.arange(S)[:, None] + group).reshape(-1)
-    adv = group_advantages(reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, G)
-    coef, _ = loss_coefficients(spec, lp, old, adv, mask, group, ent, 1, task.max_len)
-    return coef, rows, toks, mask

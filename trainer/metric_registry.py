@@ -132,9 +132,6 @@ METRICS: tuple[Metric, ...] = (
     Metric("eval/pass@{k}", "mean", "share of eval prompts with at least one correct sample of k", _EVAL),
 )
 
-INDEX_KEYS = ("step",)
-"""Keys that index a record instead of measuring something."""
-
 
 def lookup(key: str) -> Metric:
     """The declaration of a logged key (templates match their filled-in forms); KeyError naming the key otherwise."""

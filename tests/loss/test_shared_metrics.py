@@ -168,9 +168,10 @@ def test_toy_and_trainer_give_the_same_residual_on_one_group(case):
     GRPO whose shared 'answer' moved past its clip range (Cor. F.1): one sign's copies lose their gradient there
     while 'The' and 'is' still cancel, and the policy is nearly sure of 'answer' (|e_y - pi| ~ 0.02), so a residual
     weighted by the logit-gradient norm would read 10x smaller than the coefficients' own."""
-    from dfpo.toy.policy import gather_tokens, init_params, log_policy
+    from dfpo import group_advantages, resolve_objective
+    from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy
     from dfpo.toy.tasks import enumerate_completions, tenplusten
-    from dfpo.toy.train import group_coefficients, shared_prefix_residual
+    from dfpo.toy.train import _shared_residual, loss_coefficients
     from dfpo.trainer.llm.diagnostics import StepDiagnostics
 
     task = tenplusten()
@@ -187,9 +188,19 @@ def test_toy_and_trainer_give_the_same_residual_on_one_group(case):
         objective, overrides, seeds = "grpo", {}, [0]  # seed 0's ratio on 'answer' leaves [0.8, 1.2]
         theta = theta_old.clone()
         theta[:, int(enum.rows[i25, 1]), task.vocab.index("answer")] += 3.0
-    per_pair, rel = shared_prefix_residual(task, objective, theta_old, theta, group, enum, **overrides)
-    coef, rows, toks, mask = group_coefficients(task, objective, theta_old, theta, group, enum, **overrides)
-    pi = log_policy(theta, task.legal).exp()  # (S, R, V) the policy's own pi(y_t) and sum_v pi_v^2, as the trainer's
+    spec = resolve_objective(objective, **overrides)
+    ex = lambda x: x[group][None].expand(2, *x[group].shape)  # noqa: E731 (S=2 seeds, G=4)
+    rows, toks, mask, reward = ex(enum.rows), ex(enum.tokens), ex(enum.mask), ex(enum.reward)
+    logpi_old, logpi = log_policy(theta_old, task.legal), log_policy(theta, task.legal)
+    old = torch.where(mask, gather_tokens(logpi_old, rows, toks), torch.zeros(()))  # (S, G, T)
+    lp = torch.where(mask, gather_tokens(logpi, rows, toks), torch.zeros(()))
+    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), rows, toks)
+    gid = torch.zeros(2, 4, dtype=torch.long)
+    adv = group_advantages(reward.reshape(-1), torch.arange(2).repeat_interleave(4), scale=spec.adv_scale).reshape(2, 4)
+    coef, _ = loss_coefficients(spec, lp, old, adv, mask, gid, ent, 1, task.max_len)  # (S, G, T) the toy's d loss_s / d logp
+    toy = _shared_residual(coef, rows, toks, mask, gid, 1, len(task.vocab))  # what the toy's training loop logs
+    per_pair, rel = toy["residual/shared"], toy["residual/shared_rel"]
+    pi = logpi.exp()  # (S, R, V) the policy's own pi(y_t) and sum_v pi_v^2, as the trainer's
     prob, coll = gather_tokens(pi, rows, toks), (pi**2).sum(-1).gather(1, rows.reshape(2, -1)).reshape(rows.shape)
     for s in seeds:
         d = StepDiagnostics()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dfpo.cli import main
-from dfpo.toy.metrics import bootstrap_ci, kl_rows
+from dfpo.toy.metrics import kl_rows
 from dfpo.toy.report import paired_verdict
 from dfpo.trainer.metrics import jitter2, steps_to
 
@@ -112,13 +112,6 @@ def test_jitter2_is_zero_on_a_line_and_measures_curvature():
 def test_steps_to_kappa_is_first_crossing_and_censors_misses():
     steps, reached = steps_to(np.array([[0.1, 0.5, 0.9, 0.95], [0.1, 0.2, 0.3, 0.4]]), 0.9)
     assert steps.tolist() == [3.0, 5.0] and reached.tolist() == [True, False]
-
-
-def test_bootstrap_interval_contains_the_mean_and_refuses_nan():
-    mean, lo, hi = bootstrap_ci(np.array([1.0, 2.0, 3.0, 4.0]))
-    assert lo <= mean <= hi and mean == 2.5
-    with pytest.raises(ValueError):
-        bootstrap_ci(np.array([1.0, float("nan")]))
 
 
 def test_paired_verdicts():

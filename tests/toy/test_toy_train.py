@@ -9,7 +9,7 @@ import torch
 from dfpo import OBJECTIVES, group_advantages, policy_loss, resolve_objective
 from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family, tenplusten
-from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, shared_prefix_residual, train_objective, validate
+from dfpo.toy.train import ToyConfig, _shared_residual, loss_coefficients, make_batch, train_objective, validate
 from dfpo.trainer.loss import parse_objective_label
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -151,6 +151,33 @@ def _tenplusten_group():
     texts = [task.decode(enum.tokens[i][enum.mask[i]].tolist()) for i in range(enum.size)]
     i25, i20 = texts.index("The answer is 25 ."), texts.index("The answer is 20 .")
     return task, enum, torch.tensor([i25, i20, i20, i25])
+
+
+def group_coefficients(task, objective, theta_old, theta, completions, enum, **overrides):
+    """d loss / d logp (S, G, T) of one hand-picked group of ``enum``'s completions (one prompt), with their rows,
+    tokens and mask; theta_old / theta (S, R, V) are the rollout and current parameters."""
+    spec = resolve_objective(objective, **overrides)
+    S, G = theta.shape[0], completions.shape[0]
+    ex = lambda x: x[completions][None].expand(S, *x[completions].shape)  # noqa: E731
+    rows, toks, mask, reward = ex(enum.rows), ex(enum.tokens), ex(enum.mask), ex(enum.reward)
+    logpi_old, logpi = log_policy(theta_old, task.legal), log_policy(theta, task.legal)
+    old = torch.where(mask, gather_tokens(logpi_old, rows, toks), torch.zeros(()))  # (S, G, T)
+    lp = torch.where(mask, gather_tokens(logpi, rows, toks), torch.zeros(()))
+    ent = gather_tokens(row_entropy(logpi_old)[..., None].expand_as(logpi_old), rows, toks)
+    group = torch.zeros(S, G, dtype=torch.long)
+    gid = (torch.arange(S)[:, None] + group).reshape(-1)
+    adv = group_advantages(reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, G)
+    coef, _ = loss_coefficients(spec, lp, old, adv, mask, group, ent, 1, task.max_len)
+    return coef, rows, toks, mask
+
+
+def shared_prefix_residual(task, objective, theta_old, theta, completions, enum, **overrides):
+    """The toy's residual (eq 2) on the pairs a hand-picked group shares, through the training loop's own metric:
+    (mean |sum_i coef| per shared pair, net / gross) per seed. Zero for objectives that cancel on shared tokens,
+    non-zero for GSPO with unclipped ratios away from 1 (eq 13, eq 38)."""
+    coef, rows, toks, mask = group_coefficients(task, objective, theta_old, theta, completions, enum, **overrides)
+    res = _shared_residual(coef, rows, toks, mask, torch.zeros(mask.shape[:2], dtype=torch.long), 1, len(task.vocab))
+    return res["residual/shared"], res["residual/shared_rel"]
 
 
 def _perturbed_params(task, scale):

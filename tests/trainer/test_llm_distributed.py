@@ -14,7 +14,6 @@ from dfpo.trainer.llm.distributed import (
     combine_metrics,
     global_accumulation_weights,
     rank_share,
-    shard_groups,
 )
 from dfpo.trainer.llm.minibatches import micro_batch, split_groups
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
@@ -53,7 +52,7 @@ def _rank(rank: int, world: int, init_file: str, out_file: str, name: str, overr
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     model, batch, old, adv = _setup()
-    rows = shard_groups(batch.group_ids, rank, world)
+    rows = rank_share(torch.arange(batch.group_ids.numel()), batch.group_ids, rank, world)  # whole groups
     grads = _grads(model, batch, old, adv, resolve_objective(name, **overrides), rows)
     if rank == 0:
         torch.save(grads, out_file)
@@ -70,16 +69,6 @@ def test_two_gloo_ranks_give_the_one_process_gradient(tmp_path, name, overrides)
     mp.start_processes(_rank, args=(2, str(tmp_path / "init"), str(out), name, overrides), nprocs=2, join=True, start_method="fork")
     for a, b in zip(single, torch.load(out)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-
-
-def test_groups_are_shared_whole_and_evenly():
-    gid = torch.arange(6).repeat_interleave(3)
-    parts = [shard_groups(gid, r, 3) for r in range(3)]
-    assert sorted(torch.cat(parts).tolist()) == list(range(18))
-    for p in parts:
-        assert all(int((gid[p] == g).sum()) == 3 for g in gid[p].unique())
-    with pytest.raises(ValueError, match="6 groups cannot be shared evenly by 4 ranks"):
-        shard_groups(gid, 0, 4)
 
 
 def test_every_rank_gets_the_same_number_of_whole_groups_of_a_mini_batch():

@@ -1,6 +1,6 @@
 """Data parallelism over whole groups: the pieces that make N ranks compute one process's gradient.
 
-Each rank holds whole groups (``shard_groups``, ``rank_share``): DFPO's transforms need a group in one loss
+Each rank holds whole groups (``rank_share``): DFPO's transforms need a group in one loss
 call, so groups are never split across ranks. The loss normalisation is global: a micro-batch's accumulation
 weight is its ``aggregation_count`` over the count of the whole mini-batch across ALL ranks
 (``global_accumulation_weights``, one all-reduce), so after the gradients are summed over ranks
@@ -86,17 +86,6 @@ def init_from_env(device_type: str) -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return rank_and_world()
-
-
-def shard_groups(group_ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """Row indices of the groups rank ``rank`` of ``world`` trains on: every world-th group, whole (B,) -> (b,)."""
-    groups = torch.unique(group_ids)  # sorted
-    if len(groups) % world:
-        raise ValueError(
-            f"{len(groups)} groups cannot be shared evenly by {world} ranks; make the groups per step a multiple of the world size"
-        )
-    mine = groups[rank::world]
-    return torch.isin(group_ids, mine).nonzero().flatten()
 
 
 def rank_share(rows: torch.Tensor, group_ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:

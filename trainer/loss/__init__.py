@@ -5,7 +5,7 @@ from dfpo.trainer.loss import policy_loss, group_advantages, OBJECTIVES
 
 from dfpo.trainer.loss.advantages import group_advantages
 from dfpo.trainer.loss.aggregation import AGGREGATIONS, aggregate, aggregation_count
-from dfpo.trainer.loss.clipping import CLIP_MODES, CLIP_RULES, ClipRule, clipped_weight, sign_aware_clip, symmetric_clip
+from dfpo.trainer.loss.clipping import CLIP_MODES, CLIP_RULES, ClipRule, sign_aware_clip, symmetric_clip
 from dfpo.trainer.loss.core import asymmetry, compute_dtype, group_variance, policy_loss
 from dfpo.trainer.loss.fields import Bounds, FieldInfo, When
 from dfpo.trainer.loss.masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
@@ -61,7 +61,6 @@ __all__ = [
     "aggregate",
     "aggregation_count",
     "asymmetry",
-    "clipped_weight",
     "component_rows",
     "compute_dtype",
     "dropped_tokens",

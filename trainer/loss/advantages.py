@@ -14,8 +14,6 @@ from torch import Tensor
 from dfpo.trainer.loss.groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
 ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
-ZERO_SUM_SCALES = ("group", "batch", "none", "rloo")
-"""The estimators whose advantages sum to zero within every group."""
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, *, scale: str = "group", eps: float = 1e-4) -> Tensor:

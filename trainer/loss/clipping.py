@@ -174,8 +174,3 @@ def clip_rule(mode: str) -> ClipRule:
     if mode not in CLIP_RULES:
         raise ValueError(f"clip must be one of {CLIP_MODES}, got clip={mode!r}")
     return CLIP_RULES[mode]
-
-
-def clipped_weight(spec, ratio: Tensor, adv: Tensor, old_logp: Tensor | None = None) -> Tensor:
-    """Effective weight w(r, A) of the spec's clip mode, so that surrogate = A * w (score-function rules: w * A * log pi)."""
-    return clip_rule(spec.clip).weight(ratio, adv, spec, old_logp)
