@@ -26,6 +26,13 @@ def test_every_mutant_in_the_repository_loads_and_names_a_unique_id():
     assert all(m.tests and m.find != m.replace for m in mutants)
 
 
+def test_every_mutant_finds_its_text_exactly_once():
+    """A refactor that moves the code a mutant targets must move the mutant too (else it is silently left out)."""
+    root = _PATH.parents[1]
+    stale = [f"{m.id}: {m.file}" for m in mutation.load_mutants() if (root / m.file).read_text().count(m.find) != 1]
+    assert not stale
+
+
 def test_mutant_inherits_the_file_default_tests(tmp_path):
     d = _write(tmp_path, 'part = "toy"\ntests = ["tests/a.py"]\n[[mutant]]\nid = "x"\nfile = "f.py"\nfind = "a"\nreplace = "b"\n')
     (m,) = mutation.load_mutants(d)
