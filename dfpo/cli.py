@@ -19,24 +19,19 @@ import argparse
 import importlib
 import sys
 
+from dfpo import __version__
+
 # Parts that register their own subcommands; a part that is not built yet is skipped.
 PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.llm.cli", "dfpo.app.cli")
 
 
-def _version() -> str:
-    from dfpo import __version__
-
-    return __version__
-
-
 def _cmd_objectives(args: argparse.Namespace) -> int:
-    from dfpo.commands import objectives_table
+    # deferred (here and in _cmd_demo): dfpo.commands imports torch and the loss core; dfpo --help stays free of them
+    from dfpo.commands import atlas_table, objectives_table
 
     if args.atlas:
         if args.name:
             raise SystemExit(f"dfpo objectives: --atlas shows every objective; drop the name {args.name!r}")
-        from dfpo.commands import atlas_table
-
         print(atlas_table(markdown=args.markdown, own_aggregation=args.own_aggregation))
         return 0
     print(objectives_table(markdown=args.markdown, objective=args.name))
@@ -44,7 +39,7 @@ def _cmd_objectives(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from dfpo.commands import cancellation_demo
+    from dfpo.commands import cancellation_demo  # deferred: torch (see _cmd_objectives)
 
     print(cancellation_demo(seed=args.seed))
     return 0
@@ -55,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dfpo",
         description="Token gradient cancellation in group-relative RL fine-tuning (DFPO, arXiv 2604.13088).",
     )
-    parser.add_argument("--version", action="version", version=f"dfpo {_version()}")
+    parser.add_argument("--version", action="version", version=f"dfpo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("objectives", help="table of every objective with its components, defaults and sources")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
-from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+from dfpo.trainer.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
 from dfpo.trainer.loss.objectives import component_rows
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
@@ -143,8 +143,6 @@ def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggr
     A cell is "cancels" when the shared token's gradient is below 1e-12 in every one of ``groups`` random
     groups, else the largest residual seen. ``own_aggregation``: one row per objective, its preset's aggregation.
     """
-    from dfpo.trainer.loss.cancellation import atlas, atlas_rows
-
     columns, rows = atlas_rows(atlas(groups=groups, seed=seed))
     if own_aggregation:
         rows = [r for r in rows if r["aggregation"] == OBJECTIVES[r["objective"]].aggregation]

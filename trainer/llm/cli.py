@@ -3,6 +3,11 @@
 dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
 dfpo train --resume RUN_DIR [--set train.steps=N]
 dfpo train --nproc N ...   (N processes on this machine; ``dfpo.trainer.llm.launch``)
+
+Every ``dfpo`` command imports this module to register its subcommands, so its top imports only the standard
+library and ``dfpo.files``. The handlers import the trainer's modules when they run (deferred imports, each
+marked): config, checkpoint, runlog, distributed, train and compare import torch (config also tomli_w, an
+optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dfpo.files import read_utf8
 
 if TYPE_CHECKING:
     from dfpo.trainer.llm.config import Config
@@ -21,7 +28,7 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
     config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
     import tomllib
 
-    from dfpo.files import read_utf8
+    # deferred: torch (see the module docstring)
     from dfpo.trainer.llm.checkpoint import read_meta, write_run_file
     from dfpo.trainer.llm.config import RESUME_SETTABLE, apply_overrides, check_same_config, config_from_dict, dict_to_toml
 
@@ -59,7 +66,7 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
 
 
 def _config_of(args: argparse.Namespace) -> Config:
-    from dfpo.trainer.llm.config import load_config
+    from dfpo.trainer.llm.config import load_config  # deferred: torch, tomli_w (see the module docstring)
 
     if args.restore_config and not args.resume:
         raise ValueError("--restore-config goes with --resume RUN_DIR")
@@ -74,6 +81,7 @@ def _config_of(args: argparse.Namespace) -> Config:
 
 def _preflight(cfg: Config, resume: bool) -> None:
     """What the ranks would refuse, checked once before they are started: the run folder, the prompts' lengths."""
+    # deferred: torch (see the module docstring)
     from dfpo.trainer.llm.run_folder import check_run_folder
     from dfpo.trainer.llm.tasks import load_splits
     from dfpo.trainer.llm.train import check_lengths
@@ -83,6 +91,7 @@ def _preflight(cfg: Config, resume: bool) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    # deferred: torch, and launch's start-up cost (see the module docstring)
     from dfpo.trainer.llm import distributed as dp
     from dfpo.trainer.llm.launch import Launcher, stop_with_launcher
 
@@ -101,6 +110,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
     import json
     import sys
 
+    # deferred: torch (see the module docstring)
     from dfpo.trainer.llm import distributed as dp
     from dfpo.trainer.llm.checkpoint import WriteFailed
     from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals, TrainingInterrupted
@@ -165,7 +175,7 @@ def relaunch_command(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from dfpo.trainer.llm.compare import compare, make_plan
+    from dfpo.trainer.llm.compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
 
     plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, args.config, args.set, args.out)
     print(compare(plan, jobs=args.jobs).read_text())

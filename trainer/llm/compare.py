@@ -36,7 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.files import write_text_atomic
 from dfpo.toy import stats
+from dfpo.trainer.llm.config import load_config
+from dfpo.trainer.loss import objective_from_label, parse_objective_label, unmatched_components
 
 # (key in the per-run record, column title, format of a difference)
 OUTCOMES = (
@@ -67,9 +70,6 @@ class Plan:
 
 def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int, config: str, sets: list[str] | None, out: str) -> Plan:
     """Validate everything before any training: labels, baseline, seed count, config file."""
-    from dfpo.trainer.llm.config import load_config
-    from dfpo.trainer.loss import objective_from_label
-
     labels = tuple(x.strip() for x in objectives.split(",") if x.strip())
     if len(labels) < 2:
         raise ValueError(f"--objectives needs at least two labels, got --objectives {objectives!r}")
@@ -92,8 +92,6 @@ def run_dir(plan: Plan, label: str, seed: int) -> Path:
 
 def train_command(plan: Plan, label: str, seed: int) -> list[str]:
     """The ``dfpo train`` command of one (label, seed) run."""
-    from dfpo.trainer.loss import parse_objective_label
-
     name, overrides = parse_objective_label(label)
     cmd = [sys.executable, "-m", "dfpo", "train", "--config", plan.config, "--quiet"]
     for item in (*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"):
@@ -295,9 +293,6 @@ def plot_differences(records: Records, baseline: str, path: Path) -> None:
 def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.png,
     per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
-    from dfpo.files import write_text_atomic
-    from dfpo.trainer.loss import objective_from_label, unmatched_components
-
     warn = warn or (lambda text: print(text, file=sys.stderr))
     plan.out.mkdir(parents=True, exist_ok=True)
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together

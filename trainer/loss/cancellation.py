@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.advantages import group_advantages
+from dfpo.trainer.loss.aggregation import AGGREGATIONS
 from dfpo.trainer.loss.core import policy_loss
 from dfpo.trainer.loss.groups import Groups
-from dfpo.trainer.loss.objectives import resolve_objective
+from dfpo.trainer.loss.objectives import OBJECTIVES, resolve_objective
 from dfpo.trainer.loss.ratios import sequence_log_ratio
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch
 
@@ -170,9 +171,6 @@ def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]
     """For every objective: the largest shared-token residual over ``groups`` random groups (G = 4,
     both reward signs), per aggregation x equal/unequal lengths x shared ratio inside (1) or
     outside (e^0.5) the clip range. The same cells the cancellation tests state verdicts for."""
-    from dfpo.trainer.loss.aggregation import AGGREGATIONS
-    from dfpo.trainer.loss.objectives import OBJECTIVES
-
     gen = torch.Generator().manual_seed(seed)
     cases = []
     for _ in range(groups):
