@@ -14,7 +14,20 @@ import numpy as np
 import torch
 
 from dfpo.app import cache
-from dfpo.trainer.loss.cancellation import ATLAS_COLUMNS, CANCEL_TOL, AtlasCell, atlas, atlas_rows  # noqa: F401  the atlas lives with the core
+from dfpo.toy import train as toy_train
+from dfpo.toy.cli import toy_threads
+from dfpo.toy.config import ToyConfig
+from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
+from dfpo.trainer.loss import OBJECTIVES
+from dfpo.trainer.loss.cancellation import (  # noqa: F401  the atlas lives with the core
+    ATLAS_COLUMNS,
+    CANCEL_TOL,
+    AtlasCell,
+    atlas,
+    atlas_rows,
+    group_breakdown,
+    make_shared_prefix_group,
+)
 
 PREFIX_LEN = 3
 """Shared positions of the hand-made group ('The answer is' in the paper's 10+10 example)."""
@@ -41,8 +54,6 @@ def parse_numbers(text: str, name: str, cast=float) -> list:
 
 def components_of(objective: str) -> dict[str, object]:
     """The preset's own value of each of COMPONENTS (what the page shows when the objective is chosen)."""
-    from dfpo.trainer.loss import OBJECTIVES
-
     spec = OBJECTIVES[objective]
     return {name: getattr(spec, name) for name in COMPONENTS}
 
@@ -57,8 +68,6 @@ def cancellation_case(
     objective: str, rewards: list[float], lengths: list[int], *, shared_log_ratio: float, scale: float, seed: int, **overrides
 ):
     """The shared-token breakdown of one hand-made group, or ValueError saying why nothing can move."""
-    from dfpo.trainer.loss.cancellation import group_breakdown, make_shared_prefix_group
-
     if len(rewards) < 2:
         raise ValueError(f"a group needs G >= 2 completions, got G={len(rewards)}: with one completion every advantage is 0")
     if len(lengths) != len(rewards):
@@ -125,8 +134,6 @@ class ToySettings:
         return len(self.labels) * self.steps
 
     def config(self):
-        from dfpo.toy.config import ToyConfig
-
         return ToyConfig(
             task=self.task,
             objectives=self.labels,
@@ -167,9 +174,7 @@ def toy_settings(task: str, labels_text: str, group_size, inner_steps, steps, se
     if not labels:
         raise ValueError(f"name at least one objective label, got {labels_text!r}")
     settings = ToySettings(task, labels, int(group_size), int(inner_steps), int(steps), int(seeds), mode, optimizer, float(lr))
-    from dfpo.toy.train import validate
-
-    validate(settings.config())  # unknown objective, repeated label, bad task or mode: ValueError before any compute
+    toy_train.validate(settings.config())  # unknown objective, repeated label, bad task or mode: ValueError before any compute
     return settings
 
 
@@ -192,10 +197,6 @@ def run_toy(settings: ToySettings, tick=None) -> ToyResult:
     """Train the toy for each label. ``tick(label, done, total)`` is called before each label and after
     each of its training steps, ``done`` counting steps over all labels; it may raise to stop the run
     there (the page's Stop)."""
-    from dfpo.toy.cli import toy_threads
-    from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
-    from dfpo.toy.train import run
-
     config = settings.config()
     first = {label: i * settings.steps for i, label in enumerate(settings.labels)}  # steps done before each label
     hooks = {}
@@ -203,7 +204,7 @@ def run_toy(settings: ToySettings, tick=None) -> ToyResult:
         hooks["progress"] = lambda label: tick(label, first[label], settings.total_steps)
         hooks["on_step"] = lambda label, step: tick(label, first[label] + step + 1, settings.total_steps)
     torch.set_num_threads(toy_threads(settings.mode))
-    _, results = run(config, **hooks)
+    _, results = toy_train.run(config, **hooks)
     res = to_numpy(results)
     summary = summarise(res, config.kappa)
     return ToyResult(res, "\n".join([summary_table(summary), "", *prediction_checks(summary, config)]))
@@ -282,7 +283,7 @@ def ledger_records(*, fresh: bool = False) -> list[dict[str, str]]:
     Stored for this code version (``dfpo.app.cache``) and read back unless ``fresh``."""
     if not fresh and (stored := cache.load("ledger")) is not None:
         return stored
-    from dfpo.theory.ledger import run_ledger
+    from dfpo.theory.ledger import run_ledger  # deferred: the checks import sympy (~0.5 s); the app starts without it
 
     records = [c.to_dict() for c in run_ledger()]
     cache.store("ledger", records)
