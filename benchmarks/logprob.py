@@ -23,6 +23,10 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from dfpo.trainer.logprobs import naive_token_logprobs, token_logprobs
+
 VARIANTS = ("floor", "naive", "chunked")
 
 
@@ -32,10 +36,6 @@ def _rss_mib() -> float:
 
 def measure(variant: str, vocab: int, tokens: int, hidden: int, repeats: int, chunk: int, threads: int) -> dict:
     """One variant in this process: median seconds of forward+backward and peak MiB above the inputs."""
-    import torch
-
-    from dfpo.trainer.logprobs import naive_token_logprobs, token_logprobs
-
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     h = (torch.randn(tokens, hidden, generator=g) / hidden**0.5).requires_grad_()  # (T, H)

@@ -17,7 +17,7 @@ import torch
 
 from dfpo import resolve_objective
 from dfpo.toy.cli import toy_threads
-from dfpo.toy.policy import init_params, log_policy, table_gradient
+from dfpo.toy.policy import gather_tokens, init_params, log_policy, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family
 from dfpo.toy.train import ToyConfig, loss_coefficients, make_batch, run, validate
 
@@ -59,8 +59,6 @@ def bench_exact_step(repeats: int) -> None:
             batch = make_batch(task, spec, logpi_old, config, 0, enum, torch.Generator())
             logpi = log_policy(theta_new, task.legal)
             r = batch.roll
-            from dfpo.toy.policy import gather_tokens
-
             lp = torch.where(r.mask, gather_tokens(logpi, r.rows, r.tokens), torch.zeros(()))
             coef, _ = loss_coefficients(spec, lp, batch.old_logp, batch.adv, r.mask, r.group, batch.entropy, batch.n_groups, task.max_len)
             grad = table_gradient(coef, logpi, r.rows, r.tokens, r.mask)

@@ -17,6 +17,10 @@ Every trial runs in a fresh process (so its peak RSS is its own) and trains ``--
 the first is a warm-up and is left out of the times. Printed per trial: seconds per rollout batch split into
 rollout (generation and rewards), old log-probs, update; completion tokens per second; peak RSS. Then,
 per objective, the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
+
+Imports are deferred into the functions on purpose: a trial's process imports only its own side's stack (dfpo's
+trainer or TRL's; the TRL side takes dfpo's prompt generator and nothing else of it), so that neither side's peak
+RSS carries the other's modules.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ PROMPTS, G, MAX_NEW, MINIBATCHES = 16, 8, 32, 4
 
 def build_model(folder: Path, hidden: int, layers: int) -> None:
     """A Qwen2-style model with a 32k word-level vocabulary, its EOS logit raised so lengths vary."""
+    # deferred: this runs in the parent only (see the module docstring)
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
@@ -66,6 +71,7 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
 
 def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     """The prompts dfpo's built-in 'add' task makes (seeded), formatted as dfpo formats them."""
+    # deferred: the TRL trial calls this too and needs no more of dfpo (see the module docstring)
     from dfpo.trainer.llm.config import DataConfig
     from dfpo.trainer.llm.tasks import load_splits
 
@@ -75,6 +81,7 @@ def prompts_and_answers(n: int) -> list[tuple[str, str]]:
 
 
 def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto") -> dict:
+    # deferred: a trial imports only its own side's stack (see the module docstring)
     from dfpo.trainer.llm.config import apply_overrides, config_from_dict
     from dfpo.trainer.llm.train import Trainer
 

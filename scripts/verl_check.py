@@ -25,6 +25,10 @@ from pathlib import Path
 
 import torch
 
+from dfpo import policy_loss
+from dfpo.integrations.verl import check_groups_stay_whole, loss_mode_name
+from dfpo.trainer.loss import OBJECTIVES, objective_from_label
+
 
 def batch(seed: int = 0, n_groups: int = 3, G: int = 4, T: int = 7):
     g = torch.Generator().manual_seed(seed)
@@ -52,10 +56,6 @@ def main() -> int:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
     from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
-
-    from dfpo import policy_loss
-    from dfpo.integrations.verl import loss_mode_name
-    from dfpo.trainer.loss import OBJECTIVES
 
     logp, old, adv_bt, mask, G = batch()
     B = logp.shape[0]
@@ -94,8 +94,6 @@ def main() -> int:
         "dppo_tv": ("token-mean", "dppo_tv:eps_low=0.4:eps_high=0.4:dual_clip_c=3"),
         "dppo_kl": ("token-mean", "dppo_kl:eps_low=0.4:eps_high=0.4:dual_clip_c=3"),
     }
-    from dfpo.trainer.loss import objective_from_label
-
     ok = worst <= 1e-6
     for verl_name, (mode, label) in peers.items():
         fn = get_policy_loss_fn(verl_name)
@@ -155,8 +153,6 @@ def example_config_keeps_groups_whole() -> bool:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-
-    from dfpo.integrations.verl import check_groups_stay_whole
 
     overrides = example_overrides(Path(__file__).resolve().parents[1] / "examples" / "verl_dfpo_grpo.sh")
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")

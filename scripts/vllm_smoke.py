@@ -16,6 +16,11 @@ import tempfile
 import time
 
 import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from dfpo.trainer.llm.policy import build_char_tokenizer
+from dfpo.trainer.llm.rollout import SamplingParams
+from dfpo.trainer.llm.vllm_engine import VLLMEngine
 
 
 def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
@@ -30,12 +35,6 @@ def max_gap(model, prompt, samples) -> float:
 
 
 def main() -> int:
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from dfpo.trainer.llm.policy import build_char_tokenizer
-    from dfpo.trainer.llm.rollout import SamplingParams
-    from dfpo.trainer.llm.vllm_engine import VLLMEngine
-
     tok = build_char_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
