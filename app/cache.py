@@ -34,6 +34,7 @@ def cache_dir() -> Path:
 @functools.cache
 def code_version() -> str:
     """16 hex digits of a hash over every .py file of PACKAGES (path and content) and the numeric libraries' versions."""
+    # deferred: read only for their versions; importing dfpo.app.cache stays free of torch and sympy
     import numpy
     import sympy
     import torch

@@ -15,6 +15,7 @@ so a normalisation that depends on the completion's length enters the cancellati
 from __future__ import annotations
 
 import sympy as sp
+import torch
 
 from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
 from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
@@ -113,9 +114,8 @@ def check_eq_13() -> Claim:
     J = sp.Rational(1, 2) * (-A * rho * u1 + A * rho * u2)
     coef = sp.diff(J, rho) * rho  # derivative w.r.t. log rho
     residual = sp.simplify(coef - A * rho / 2 * (u2 - u1))
-    # Tabular product ratio through autograd (not a loss-core preset: the core uses eq 44).
-    import torch
 
+    # Tabular product ratio through autograd (not a loss-core preset: the core uses eq 44).
     def product_coef(rows, adv):
         g = tabular_group(rows)
         logp = g.logp()

@@ -260,7 +260,7 @@ def warnings_for(records: Records) -> list[str]:
 
 def plot_differences(records: Records, baseline: str, path: Path) -> None:
     """One panel per outcome: each method's paired difference to the baseline with its adjusted 95% CI."""
-    import matplotlib
+    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
