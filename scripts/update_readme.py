@@ -77,12 +77,14 @@ BLOCKS = {
     "atlas": _atlas,
     "ledger_count": _ledger_count,
     "metrics": _metrics,
+    "config": lambda: __import__("dfpo.trainer.settings", fromlist=["reference_markdown"]).reference_markdown(),
 }
 FILES = {
     README: ("ledger_count",),
     ROOT / "docs" / "loss.md": ("objectives", "components"),
     ROOT / "docs" / "cancellation.md": ("demo", "atlas"),
     ROOT / "docs" / "metrics.md": ("metrics",),
+    ROOT / "docs" / "config.md": ("config",),
 }
 """Each generated file and the blocks it must hold."""
 WHOLE = {ROOT / "docs" / "ledger.md": _ledger_document}

@@ -40,27 +40,20 @@ ABLATION = (
 SPREAD_PAIR = ("gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0.2")
 
 
-def _parse_value(text: str) -> object:
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+def _pairs(items: list[str] | None, flag: str, parse=None) -> dict[str, object]:
+    """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated); each value parsed by
+    ``parse(key, text)``, by default untyped (``dfpo.trainer.settings.parse_value``: bool, int, float or text)."""
+    from dfpo.trainer.settings import parse_value
 
-
-def _pairs(items: list[str] | None, flag: str) -> dict[str, object]:
-    """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated)."""
+    parse = parse or parse_value
     out: dict[str, object] = {}
     for item in items or []:
         for pair in filter(None, item.split(",")):
             if "=" not in pair:
                 raise ValueError(f"{flag} takes KEY=VALUE pairs, got {flag} {pair!r}")
             key, value = pair.split("=", 1)
-            out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+            key = key.strip().replace("-", "_")
+            out[key] = parse(key, value)
     return out
 
 
@@ -73,21 +66,35 @@ def _numbers(text: str, flag: str, cast=int) -> list:
         raise ValueError(f"{flag} takes comma-separated {kind}, got {flag} {text!r}") from None
 
 
+def _typed(key: str, type_: object):
+    """An argparse ``type=`` that parses with ``dfpo.trainer.settings.parse_value``, named after the declared
+    type so that argparse's own error reads as before ('argument --seeds: invalid int value: 'x'')."""
+    from dfpo.trainer.settings import parse_value, type_name
+
+    def parse(text: str) -> object:
+        return parse_value(key, text, type_)
+
+    parse.__name__ = type_name(type_)
+    return parse
+
+
 def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
     """The ToyConfig options (defaults and help from its fields), then the run-folder options."""
     from dfpo.toy.config import ToyConfig
+    from dfpo.trainer.settings import setting_of, type_hints
 
+    hints = type_hints(ToyConfig)
     for f in dataclasses.fields(ToyConfig):
-        meta = f.metadata
+        meta, doc = f.metadata, setting_of(f).doc
         if not meta.get("cli", True) or (f.name == "group_size" and not group_size):  # sweep-g sets G itself
             continue
         flags = [f"--{meta.get('flag', f.name.replace('_', '-'))}"] + ([f"-{meta['short']}"] if meta.get("short") else [])
         if meta.get("pairs"):
-            p.add_argument(*flags, dest=f.name, action="append", metavar="KEY=VALUE", help=meta["help"])
+            p.add_argument(*flags, dest=f.name, action="append", metavar="KEY=VALUE", help=doc)
         elif f.name == "lr":  # the default follows the optimiser
-            p.add_argument(*flags, dest=f.name, type=float, default=None, help=f"{meta['help']} (default {f.default} for sgd)")
+            p.add_argument(*flags, dest=f.name, type=_typed(f.name, float), default=None, help=f"{doc} (default {f.default} for sgd)")
         else:
-            p.add_argument(*flags, dest=f.name, type=type(f.default), default=f.default, help=f"{meta['help']} (default {f.default})")
+            p.add_argument(*flags, dest=f.name, type=_typed(f.name, hints[f.name]), default=f.default, help=f"{doc} (default {f.default})")
     p.add_argument("--out", default=None, help="run folder to write (default runs/toy-TASK-MODE, or runs/toy-sweep-g-TASK-MODE)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--force", action="store_true", help="overwrite an earlier run in --out (refused otherwise)")
@@ -106,10 +113,11 @@ def _add_discovery(p: argparse.ArgumentParser, files: str) -> None:
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
     """The ToyConfig of parsed options: every command-line field by name, the pairs parsed, G and lr resolved."""
     from dfpo.toy.config import ADAM_LR, ToyConfig
+    from dfpo.trainer.loss.objectives import parse_override
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ToyConfig) if f.metadata.get("cli", True) and hasattr(args, f.name)}
     values["task_options"] = _pairs(args.task_options, "--task-opt")
-    values["overrides"] = _pairs(args.overrides, "--override")
+    values["overrides"] = _pairs(args.overrides, "--override", parse_override)  # each in its component's type, as in a label
     values["group_size"] = group_size
     if values["lr"] is None:
         values["lr"] = ADAM_LR if args.optimizer == "adam" else ToyConfig.lr

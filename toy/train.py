@@ -34,7 +34,7 @@ from torch import Tensor
 
 from dfpo import group_advantages, policy_loss
 from dfpo.toy import metrics as M
-from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig
+from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig, check_config
 from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 from dfpo.trainer import metrics
@@ -49,22 +49,7 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     Raises ValueError naming the bad option and its value.
     """
     c = config
-    for name, low in (("seeds", 1), ("steps", 1), ("group_size", 2), ("inner_steps", 1), ("minibatches", 1), ("groups_per_step", 0)):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {name}={value!r}")
-    if c.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got mode={c.mode!r}")
-    if c.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got optimizer={c.optimizer!r}")
-    for name in ("lr", "init_noise", "kappa"):
-        value = getattr(c, name)
-        if not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
-            raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
-    if c.lr <= 0:
-        raise ValueError(f"lr must be > 0, got lr={c.lr!r}")
-    if c.init_noise < 0:
-        raise ValueError(f"init_noise must be >= 0, got init_noise={c.init_noise!r}")
+    check_config(c)  # types, bounds and choices, from the fields' declarations
     if not c.objectives:
         raise ValueError("objectives must name at least one objective, got objectives=()")
     if len(set(c.objectives)) != len(c.objectives):

@@ -20,8 +20,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-G", "1"], "group_size must be an int >= 2, got group_size=1"),
-        (["-K", "0"], "inner_steps must be an int >= 1, got inner_steps=0"),
+        (["-G", "1"], "group_size must be >= 2, got 1"),
+        (["-K", "0"], "inner_steps must be >= 1, got 0"),
+        (["--lr", "0"], "lr must be > 0, got 0.0"),
+        (["--mode", "both"], "mode must be one of sampled, exact; got 'both'"),
+        (["--override", "eps_low=wide"], "eps_low takes a float value, got eps_low='wide'"),
+        (["--override", "eps_low=-1"], "eps_low must be in [0, 1], got -1.0"),
         (["--task", "nope"], "unknown task='nope'"),
         (["--objectives", "gspo,nope"], "unknown objective='nope'"),
         (["--mode", "exact", "--objectives", "gspo", "--task", "family", "--task-opt", "k=6,distractors=9"], "too many for exact mode"),
@@ -136,6 +140,7 @@ def test_every_toy_option_takes_its_default_and_help_from_toyconfig():
 
     from dfpo.toy.cli import _add_common, _config
     from dfpo.toy.config import ADAM_LR, ToyConfig
+    from dfpo.trainer.settings import setting_of
 
     parser = argparse.ArgumentParser()
     _add_common(parser)
@@ -145,6 +150,6 @@ def test_every_toy_option_takes_its_default_and_help_from_toyconfig():
     helps = {a.dest: a.help for a in parser._actions}
     for f in dataclasses.fields(ToyConfig):
         if f.metadata.get("cli", True):
-            assert f.metadata["help"] in helps[f.name], f.name
+            assert setting_of(f).doc in helps[f.name], f.name
     adam = parser.parse_args(["--optimizer", "adam"])
     assert _config(adam, ("grpo",), 8).lr == ADAM_LR

@@ -234,8 +234,8 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"group_size": 1}, "group_size must be an int >= 2"),
-        ({"inner_steps": 0}, "inner_steps must be an int >= 1"),
+        ({"group_size": 1}, "group_size must be >= 2, got 1"),
+        ({"inner_steps": 0}, "inner_steps must be >= 1, got 0"),
         ({"task": "nope"}, "unknown task='nope'"),
         ({"objectives": ("gspo", "nope")}, "unknown objective='nope'"),
         (

@@ -99,19 +99,21 @@ def test_every_numeric_key_is_bounded_in_validation_naming_the_key(assignment, m
 
 
 def test_every_numeric_and_choice_field_declares_its_bounds_with_its_definition():
-    """A new numeric key cannot be added without bounds: validation reads them from the field."""
+    """A new numeric key cannot be added without bounds: validation reads them from the field's Setting."""
     import dataclasses
     import typing
 
     from dfpo.trainer.llm import config as C
+    from dfpo.trainer.settings import setting_of
 
     for section in [C.Config, *(t for t in typing.get_type_hints(C.Config).values() if dataclasses.is_dataclass(t))]:
         hints = typing.get_type_hints(section)
         for f in dataclasses.fields(section):
+            info = setting_of(f)
+            assert info is not None and info.doc.strip(), f"{section.__name__}.{f.name} is not declared with setting(...)"
             if hints[f.name] in (int, float):
-                assert "bounds" in f.metadata, f"{section.__name__}.{f.name} has no bounds"
-                low, high, *_ = f.metadata["bounds"]
-                assert low <= f.default <= high, f"{section.__name__}.{f.name}: default {f.default} outside its bounds"
+                assert info.bounds is not None, f"{section.__name__}.{f.name} has no bounds"
+                assert info.bounds.contains(f.default), f"{section.__name__}.{f.name}: default {f.default} outside its bounds"
 
 
 def test_the_advantage_estimator_is_set_in_one_place():
@@ -125,3 +127,44 @@ def test_the_advantage_estimator_is_set_in_one_place():
     assert resolve_objective(cfg.objective.name, **cfg.objective.overrides).adv_scale == "rloo"
     with pytest.raises(ValueError, match="adv_scale must be one of"):
         config_from_dict({"objective": {"name": "grpo", "overrides": {"adv_scale": "auto"}}})
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("optim.lr=fast", "optim.lr takes a float value, got optim.lr='fast'"),
+        ("train.steps=2.5", "train.steps takes an int value, got train.steps='2.5'"),
+        ("log.progress=maybe", "log.progress takes a bool value (true or false), got log.progress='maybe'"),
+        ("objective.overrides.eps_low=wide", "objective.overrides.eps_low takes a float value, got objective.overrides.eps_low='wide'"),
+    ],
+)
+def test_a_set_value_of_the_wrong_type_names_the_key_and_the_value(assignment, message):
+    """--set parses with dfpo.trainer.settings.parse_value into the key's declared type (an objective override
+    into its ObjectiveSpec field's type)."""
+    with pytest.raises(ValueError) as err:
+        apply_overrides({}, [assignment])
+    assert message in str(err.value)
+
+
+def test_set_keeps_every_toml_form_it_took_before():
+    """Numbers as TOML writes them, quoted strings with escapes, arrays, inline tables, bare words; None for
+    an optional objective override; an unknown key is parsed untyped and then refused by name."""
+    raw = apply_overrides(
+        {},
+        [
+            "train.steps=0x10",
+            "optim.lr=1",
+            "optim.weight_decay=1_0e-2",
+            "log.energy_buckets=[0.3, 0.9]",
+            "objective.overrides={eps_high = 0.28}",
+            "objective.overrides.max_completion_length=none",
+            "objective.name='gspo'",
+            "log.tensorboard=false",
+        ],
+    )
+    cfg = config_from_dict(raw)
+    assert cfg.train.steps == 16 and cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.optim.weight_decay == 0.1 and cfg.log.energy_buckets == [0.3, 0.9] and cfg.log.tensorboard is False
+    assert cfg.objective.overrides == {"eps_high": 0.28, "max_completion_length": None} and cfg.objective.name == "gspo"
+    with pytest.raises(ValueError, match=r"unknown config key optim\.lrr"):
+        config_from_dict(apply_overrides({}, ["optim.lrr=1e-4"]))

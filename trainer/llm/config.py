@@ -13,10 +13,12 @@ A config file is TOML with a few top-level keys and one table per section::
     [eval]       avg@k every N steps
     [log]        samples, TensorBoard, progress bar, diagnostics
 
-Every key is checked: an unknown key, a value of the wrong type or outside its choices
-raises ``ValueError`` naming the key, the bad value and what to write instead.
-``--set section.key=value`` overrides are parsed as TOML values (``--set optim.lr=1e-4``,
-``--set objective.name=\"gspo\"`` or simply ``--set objective.name=gspo``).
+Every field is declared once with ``dfpo.trainer.settings.setting``: its default, what it means, and its
+bounds or choices (docs/config.md is generated from these declarations). Every key is checked: an unknown
+key, a value of the wrong type, outside its bounds or its choices raises ``ValueError`` naming the key, the
+bad value and what to write instead. ``--set section.key=value`` overrides are parsed into the key's declared
+type by ``dfpo.trainer.settings.parse_value`` (``--set optim.lr=1e-4``, ``--set objective.name=\"gspo\"`` or
+simply ``--set objective.name=gspo``; ``objective.overrides.KEY`` takes the ObjectiveSpec field's type).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import tomli_w
 
 from dfpo.trainer.loss.correction import CORRECTIONS
+from dfpo.trainer.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -47,300 +50,230 @@ ENGINES = ("hf", "vllm")
 PARALLEL = ("ddp", "fsdp2")
 
 
-def bounded(default: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
-    """A numeric field whose bounds live with its definition; ``validate`` reads them."""
-    return field(default=default, metadata={"bounds": (low, high, low_open, high_open)})
-
-
-def one_of(default: str, choices: tuple[str, ...]):
-    """A string field with a fixed set of values; ``validate`` reads them."""
-    return field(default=default, metadata={"choices": choices})
-
-
-def _number(x: float) -> str:
-    """A bound as people write it: whole numbers in full (4294967295, not 4.29497e+09), others in %g."""
-    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else f"{x:g}"
-
-
-def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
-    if high == math.inf:
-        return f"{'>' if low_open else '>='} {_number(low)}"
-    return f"in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if high_open else ']'}"
-
-
-def field_checks(cfg: Config) -> None:
-    """Every field's bounds and choices, from the dataclass metadata; ValueError naming the key."""
-    sections = [("", cfg)] + [(f.name + ".", getattr(cfg, f.name)) for f in fields(cfg) if dataclasses.is_dataclass(getattr(cfg, f.name))]
-    for prefix, section in sections:
-        for f in fields(section):
-            value, where = getattr(section, f.name), prefix + f.name
-            if "choices" in f.metadata and value not in f.metadata["choices"]:
-                raise ValueError(f"{where} must be one of {', '.join(f.metadata['choices'])}; got {value!r}")
-            if "bounds" in f.metadata:
-                low, high, low_open, high_open = f.metadata["bounds"]
-                inside = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-                if not inside:
-                    raise ValueError(f"{where} must be {_interval(low, high, low_open, high_open)}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = "tiny"
-    """'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub)."""
-    dtype: str = one_of("auto", DTYPES)
-    """Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16."""
-    amp: str = one_of("auto", AMPS)
-    """Autocast of forward passes: auto (bf16 on CUDA, none on CPU), bf16, fp16, none."""
-    pad_token: str = ""
-    """Pad token to use when the tokenizer has none: '' (fail with a message), 'eos', or a token string."""
-    trust_remote_code: bool = False
-    """Passed to from_pretrained."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (saves memory on large models)."""
-    lora_r: int = bounded(0, 0, math.inf)
-    """LoRA rank through peft; 0 trains every parameter."""
-    lora_alpha: int = bounded(16, 0, math.inf, low_open=True)
-    """LoRA alpha."""
-    lora_dropout: float = bounded(0.0, 0, 1, high_open=True)
-    """LoRA dropout (keep 0 for exact old/new log-prob agreement)."""
-    lora_target_modules: str = "all-linear"
-    """peft target_modules: 'all-linear' or a comma-separated list of module names."""
-    tiny_hidden: int = bounded(64, 1, math.inf)
-    """Tiny preset: hidden size."""
-    tiny_layers: int = bounded(2, 1, math.inf)
-    """Tiny preset: number of decoder layers."""
-    tiny_heads: int = bounded(4, 1, math.inf)
-    """Tiny preset: attention heads (key/value heads are half of these, at least 1)."""
-    tiny_intermediate: int = bounded(256, 1, math.inf)
-    """Tiny preset: MLP width."""
-    sft_steps: int = bounded(300, 0, math.inf)
-    """Tiny preset: supervised warm-start steps on the task's train split (0 = none)."""
-    sft_batch_size: int = bounded(64, 1, math.inf)
-    """Tiny preset: supervised batch size."""
-    sft_lr: float = bounded(3e-3, 0, math.inf, low_open=True)
-    """Tiny preset: supervised AdamW learning rate."""
+    name: str = setting("tiny", "'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub).")
+    dtype: str = setting(
+        "auto", "Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16.", choices=DTYPES
+    )
+    amp: str = setting("auto", "Autocast of forward passes: auto (bf16 on CUDA, none on CPU), bf16, fp16, none.", choices=AMPS)
+    pad_token: str = setting("", "Pad token to use when the tokenizer has none: '' (fail with a message), 'eos', or a token string.")
+    trust_remote_code: bool = setting(False, "Passed to from_pretrained.")
+    gradient_checkpointing: bool = setting(False, "Recompute activations in the backward pass (saves memory on large models).")
+    lora_r: int = setting(0, "LoRA rank through peft; 0 trains every parameter.", bounds=Bounds(0))
+    lora_alpha: int = setting(16, "LoRA alpha.", bounds=Bounds(0, low_open=True))
+    lora_dropout: float = setting(0.0, "LoRA dropout (keep 0 for exact old/new log-prob agreement).", bounds=Bounds(0, 1, high_open=True))
+    lora_target_modules: str = setting("all-linear", "peft target_modules: 'all-linear' or a comma-separated list of module names.")
+    tiny_hidden: int = setting(64, "Tiny preset: hidden size.", bounds=Bounds(1))
+    tiny_layers: int = setting(2, "Tiny preset: number of decoder layers.", bounds=Bounds(1))
+    tiny_heads: int = setting(4, "Tiny preset: attention heads (key/value heads are half of these, at least 1).", bounds=Bounds(1))
+    tiny_intermediate: int = setting(256, "Tiny preset: MLP width.", bounds=Bounds(1))
+    sft_steps: int = setting(300, "Tiny preset: supervised warm-start steps on the task's train split (0 = none).", bounds=Bounds(0))
+    sft_batch_size: int = setting(64, "Tiny preset: supervised batch size.", bounds=Bounds(1))
+    sft_lr: float = setting(3e-3, "Tiny preset: supervised AdamW learning rate.", bounds=Bounds(0, low_open=True))
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    task: str = one_of("add", TASKS)
-    """add (integer 'a+b='), equiv (a+b with several correct surface forms), jsonl, reasoning_gym, hf."""
-    path: str = ""
-    """task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line."""
-    eval_path: str = ""
-    """task=jsonl: optional held-out JSONL file; '' splits eval_size examples off the train file."""
-    name: str = ""
-    """task=hf: dataset name (e.g. 'openai/gsm8k'); task=reasoning_gym: generator (e.g. 'gsm_symbolic')."""
-    subset: str = ""
-    """task=hf: dataset config name (e.g. 'main' for gsm8k)."""
-    split: str = "train"
-    """task=hf: train split name."""
-    eval_split: str = "test"
-    """task=hf: eval split name."""
-    prompt_field: str = "question"
-    """task=hf: field holding the prompt."""
-    answer_field: str = "answer"
-    """task=hf: field holding the answer (gsm8k's '#### 72' tail is extracted)."""
-    max_operand: int = bounded(99, 1, math.inf)
-    """Built-in tasks: operands are drawn from 0..max_operand."""
-    train_size: int = bounded(5000, 1, math.inf)
-    """Built-in and reasoning_gym tasks: number of train problems generated."""
-    eval_size: int = bounded(64, 1, math.inf)
-    """Number of held-out problems for evaluation."""
-    prompt_template: str = "{prompt}"
-    """Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."""
-    chat_template: str = one_of("auto", CHAT_TEMPLATE)
-    """auto (use the tokenizer's chat template when it has one), on (require one), off."""
-    enable_thinking: bool = False
-    """Passed to chat templates that understand it (Qwen3)."""
-    shuffle: bool = True
-    """Shuffle the train split each epoch (seeded, resumable)."""
-    truncate_prompts: bool = False
-    """A prompt longer than the model's context minus rollout.max_new_tokens is an error naming its
-    file and line; true keeps its last tokens instead (left truncation)."""
+    task: str = setting(
+        "add", "add (integer 'a+b='), equiv (a+b with several correct surface forms), jsonl, reasoning_gym, hf.", choices=TASKS
+    )
+    path: str = setting("", 'task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line.')
+    eval_path: str = setting("", "task=jsonl: optional held-out JSONL file; '' splits eval_size examples off the train file.")
+    name: str = setting("", "task=hf: dataset name (e.g. 'openai/gsm8k'); task=reasoning_gym: generator (e.g. 'gsm_symbolic').")
+    subset: str = setting("", "task=hf: dataset config name (e.g. 'main' for gsm8k).")
+    split: str = setting("train", "task=hf: train split name.")
+    eval_split: str = setting("test", "task=hf: eval split name.")
+    prompt_field: str = setting("question", "task=hf: field holding the prompt.")
+    answer_field: str = setting("answer", "task=hf: field holding the answer (gsm8k's '#### 72' tail is extracted).")
+    max_operand: int = setting(99, "Built-in tasks: operands are drawn from 0..max_operand.", bounds=Bounds(1))
+    train_size: int = setting(5000, "Built-in and reasoning_gym tasks: number of train problems generated.", bounds=Bounds(1))
+    eval_size: int = setting(64, "Number of held-out problems for evaluation.", bounds=Bounds(1))
+    prompt_template: str = setting(
+        "{prompt}", "Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."
+    )
+    chat_template: str = setting(
+        "auto", "auto (use the tokenizer's chat template when it has one), on (require one), off.", choices=CHAT_TEMPLATE
+    )
+    enable_thinking: bool = setting(False, "Passed to chat templates that understand it (Qwen3).")
+    shuffle: bool = setting(True, "Shuffle the train split each epoch (seeded, resumable).")
+    truncate_prompts: bool = setting(
+        False,
+        "A prompt longer than the model's context minus rollout.max_new_tokens is an error naming its file and line; true keeps its last tokens instead (left truncation).",
+    )
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    kind: str = one_of("auto", REWARD_KINDS)
-    """Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user."""
-    user_fn: str = ""
-    """kind=user: 'module:function' called as fn(prompt=, completion=, answer=) -> float."""
-    format_weight: float = bounded(0.0, 0, math.inf)
-    """Weight of the format reward added to correctness (0 = off)."""
-    format_regex: str = r"\\boxed\{.+\}"
-    """A completion earns the format reward when this regex is found in it."""
-    timeout_s: float = bounded(5.0, 0, math.inf, low_open=True)
-    """Time limit of one reward call, in its worker process; a call still running after it has its worker killed
-    (with what it started), gives 0 and is counted in reward/timeouts. A batch's calls run reward.workers at a time."""
-    workers: int = bounded(0, 0, 256)
-    """Worker processes that run user, math_verify and reasoning_gym rewards (0 = min(8, CPU count), shared out
-    among the processes of a --nproc run); exact and equiv run in the trainer's process."""
+    kind: str = setting("auto", "Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user.", choices=REWARD_KINDS)
+    user_fn: str = setting("", "kind=user: 'module:function' called as fn(prompt=, completion=, answer=) -> float.")
+    format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
+    format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
+    timeout_s: float = setting(
+        5.0,
+        "Time limit of one reward call, in its worker process; a call still running after it has its worker killed (with what it started), gives 0 and is counted in reward/timeouts. A batch's calls run reward.workers at a time.",
+        bounds=Bounds(0, low_open=True),
+    )
+    workers: int = setting(
+        0,
+        "Worker processes that run user, math_verify and reasoning_gym rewards (0 = min(8, CPU count), shared out among the processes of a --nproc run); exact and equiv run in the trainer's process.",
+        bounds=Bounds(0, 256),
+    )
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = one_of("hf", ENGINES)
-    """Rollout engine: 'hf' (the trainer's own model with a KV cache) or 'vllm' (vLLM in this process; see
-    dfpo.trainer.llm.vllm_engine and scripts/vllm_env.sh)."""
-    prompts_per_step: int = bounded(8, 1, math.inf)
-    """Prompts sampled per rollout batch."""
-    group_size: int = bounded(8, 2, math.inf)
-    """Completions per prompt (G)."""
-    max_new_tokens: int = bounded(8, 1, math.inf)
-    """Generation length limit; completions that hit it are counted as truncated."""
-    temperature: float = bounded(1.0, 0, math.inf, low_open=True)
-    """Sampling temperature."""
-    top_p: float = bounded(1.0, 0, 1, low_open=True)
-    """Nucleus sampling (1 = off)."""
-    top_k: int = bounded(0, 0, math.inf)
-    """Top-k sampling (0 = off)."""
-    mask_truncated: bool = False
-    """Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering)."""
-    batch_size: int = bounded(0, 0, math.inf)
-    """Completions generated per generate() call; 0 = all at once."""
-    correction: str = one_of("none", CORRECTIONS)
-    """Rollout/trainer mismatch correction, a detached pi_old/pi_rollout weight on the policy term: none,
-    token_truncate, token_mask, sequence_truncate, sequence_mask (sets the objective's rollout_correction)."""
-    correction_low: float = bounded(0.5, 0, 1)
-    """Mask modes: weights below this are zeroed."""
-    correction_cap: float = bounded(2.0, 1, math.inf)
-    """Truncate modes: the cap; mask modes: weights above it are zeroed."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."""
-    max_extra_batches: int = bounded(3, 0, math.inf)
-    """Dynamic sampling: at most this many extra rollout batches per step; then train on the groups at hand."""
-    seed_per_group: bool = False
-    """Sample every group from its own generator seeded by (seed, step, the group's index in the step), so the
-    completions do not depend on how the prompts are batched or shared between processes; always on when
-    training on more than one process (hf engine)."""
-    old_logp: str = one_of("auto", ("auto", "sampler", "recompute"))
-    """Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward
-    pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its
-    rows); 'auto' = 'sampler' when sampling is the policy itself (temperature 1, no top-k/top-p, float32, no
-    autocast), else 'recompute'."""
+    engine: str = setting(
+        "hf",
+        "Rollout engine: 'hf' (the trainer's own model with a KV cache) or 'vllm' (vLLM in this process; see dfpo.trainer.llm.vllm_engine and scripts/vllm_env.sh).",
+        choices=ENGINES,
+    )
+    prompts_per_step: int = setting(8, "Prompts sampled per rollout batch.", bounds=Bounds(1))
+    group_size: int = setting(8, "Completions per prompt (G).", bounds=Bounds(2))
+    max_new_tokens: int = setting(8, "Generation length limit; completions that hit it are counted as truncated.", bounds=Bounds(1))
+    temperature: float = setting(1.0, "Sampling temperature.", bounds=Bounds(0, low_open=True))
+    top_p: float = setting(1.0, "Nucleus sampling (1 = off).", bounds=Bounds(0, 1, low_open=True))
+    top_k: int = setting(0, "Top-k sampling (0 = off).", bounds=Bounds(0))
+    mask_truncated: bool = setting(False, "Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering).")
+    batch_size: int = setting(0, "Completions generated per generate() call; 0 = all at once.", bounds=Bounds(0))
+    correction: str = setting(
+        "none",
+        "Rollout/trainer mismatch correction, a detached pi_old/pi_rollout weight on the policy term: none, token_truncate, token_mask, sequence_truncate, sequence_mask (sets the objective's rollout_correction).",
+        choices=CORRECTIONS,
+    )
+    correction_low: float = setting(0.5, "Mask modes: weights below this are zeroed.", bounds=Bounds(0, 1))
+    correction_cap: float = setting(2.0, "Truncate modes: the cap; mask modes: weights above it are zeroed.", bounds=Bounds(1))
+    dynamic_sampling: bool = setting(
+        False, "DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."
+    )
+    max_extra_batches: int = setting(
+        3, "Dynamic sampling: at most this many extra rollout batches per step; then train on the groups at hand.", bounds=Bounds(0)
+    )
+    seed_per_group: bool = setting(
+        False,
+        "Sample every group from its own generator seeded by (seed, step, the group's index in the step), so the completions do not depend on how the prompts are batched or shared between processes; always on when training on more than one process (hf engine).",
+    )
+    old_logp: str = setting(
+        "auto",
+        "Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its rows); 'auto' = 'sampler' when sampling is the policy itself (temperature 1, no top-k/top-p, float32, no autocast), else 'recompute'.",
+        choices=("auto", "sampler", "recompute"),
+    )
 
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    name: str = "dfpo_min"
-    """A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...)."""
-    overrides: dict = field(default_factory=dict)
-    """ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...)."""
-    advantage_eps: float = bounded(1e-4, 0, math.inf)
-    """Epsilon added to the std in advantage scaling."""
+    name: str = setting("dfpo_min", "A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...).")
+    overrides: dict = setting(factory=dict, doc="ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...).")
+    advantage_eps: float = setting(1e-4, "Epsilon added to the std in advantage scaling.", bounds=Bounds(0))
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = bounded(1e-4, 0, math.inf, low_open=True)
-    """Peak learning rate."""
-    weight_decay: float = bounded(0.0, 0, math.inf)
-    """AdamW weight decay."""
-    beta1: float = bounded(0.9, 0, 1, high_open=True)
-    """AdamW beta1."""
-    beta2: float = bounded(0.999, 0, 1, high_open=True)
-    """AdamW beta2."""
-    adam_eps: float = bounded(1e-8, 0, math.inf, low_open=True)
-    """AdamW epsilon."""
-    max_grad_norm: float = bounded(1.0, 0, math.inf)
-    """Clip the global gradient norm to this (0 = no clipping)."""
-    warmup_ratio: float = bounded(0.03, 0, 1, high_open=True)
-    """Linear warmup over this share of all optimiser steps (the paper: 3%)."""
-    min_lr_ratio: float = bounded(0.2, 0, 1)
-    """Cosine decay ends at lr * min_lr_ratio (the paper: 0.2)."""
-    minibatch_groups: int = bounded(1, 1, math.inf)
-    """Whole groups per optimiser step; prompts_per_step / minibatch_groups steps per epoch."""
-    microbatch_groups: int = bounded(0, 0, math.inf)
-    """Whole groups per forward/backward (gradient accumulation); 0 = the whole mini-batch."""
-    max_tokens_per_microbatch: int = bounded(0, 0, math.inf)
-    """Token budget of one forward/backward: micro-batches of whole groups whose rows x longest row fit it
-    (a larger group alone); 0 = split by microbatch_groups instead."""
-    epochs: int = bounded(1, 1, math.inf)
-    """Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups."""
+    lr: float = setting(1e-4, "Peak learning rate.", bounds=Bounds(0, low_open=True))
+    weight_decay: float = setting(0.0, "AdamW weight decay.", bounds=Bounds(0))
+    beta1: float = setting(0.9, "AdamW beta1.", bounds=Bounds(0, 1, high_open=True))
+    beta2: float = setting(0.999, "AdamW beta2.", bounds=Bounds(0, 1, high_open=True))
+    adam_eps: float = setting(1e-8, "AdamW epsilon.", bounds=Bounds(0, low_open=True))
+    max_grad_norm: float = setting(1.0, "Clip the global gradient norm to this (0 = no clipping).", bounds=Bounds(0))
+    warmup_ratio: float = setting(
+        0.03, "Linear warmup over this share of all optimiser steps (the paper: 3%).", bounds=Bounds(0, 1, high_open=True)
+    )
+    min_lr_ratio: float = setting(0.2, "Cosine decay ends at lr * min_lr_ratio (the paper: 0.2).", bounds=Bounds(0, 1))
+    minibatch_groups: int = setting(
+        1, "Whole groups per optimiser step; prompts_per_step / minibatch_groups steps per epoch.", bounds=Bounds(1)
+    )
+    microbatch_groups: int = setting(
+        0, "Whole groups per forward/backward (gradient accumulation); 0 = the whole mini-batch.", bounds=Bounds(0)
+    )
+    max_tokens_per_microbatch: int = setting(
+        0,
+        "Token budget of one forward/backward: micro-batches of whole groups whose rows x longest row fit it (a larger group alone); 0 = split by microbatch_groups instead.",
+        bounds=Bounds(0),
+    )
+    epochs: int = setting(1, "Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups.", bounds=Bounds(1))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = bounded(50, 1, math.inf)
-    """Rollout batches (training steps) in the run."""
-    save_every: int = bounded(10, 1, math.inf)
-    """Write a checkpoint every this many steps (and at the end)."""
-    max_nonfinite_in_row: int = bounded(3, 1, math.inf)
-    """Stop after this many optimiser steps in a row with a non-finite loss or gradient."""
-    parallel: str = one_of("ddp", PARALLEL)
-    """Several processes (torchrun, or dfpo train --nproc N): 'ddp' keeps a full model on every process and sums
-    the gradients; 'fsdp2' shards the decoder layers' parameters, gradients and optimiser state (torch fully_shard;
-    embeddings, final norm and LM head stay whole). Checkpoints hold whole tensors either way. One process: unused."""
+    steps: int = setting(50, "Rollout batches (training steps) in the run.", bounds=Bounds(1))
+    save_every: int = setting(10, "Write a checkpoint every this many steps (and at the end).", bounds=Bounds(1))
+    max_nonfinite_in_row: int = setting(
+        3, "Stop after this many optimiser steps in a row with a non-finite loss or gradient.", bounds=Bounds(1)
+    )
+    parallel: str = setting(
+        "ddp",
+        "Several processes (torchrun, or dfpo train --nproc N): 'ddp' keeps a full model on every process and sums the gradients; 'fsdp2' shards the decoder layers' parameters, gradients and optimiser state (torch fully_shard; embeddings, final norm and LM head stay whole). Checkpoints hold whole tensors either way. One process: unused.",
+        choices=PARALLEL,
+    )
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = bounded(10, 0, math.inf)
-    """Evaluate every this many steps (0 = never); also at step 0 and the end."""
-    k: int = bounded(4, 1, math.inf)
-    """Samples per eval prompt for avg@k."""
-    temperature: float = bounded(1.0, 0, math.inf, low_open=True)
-    """Eval sampling temperature."""
-    kappa: float = bounded(0.5, -math.inf, math.inf)
-    """Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve."""
+    every: int = setting(10, "Evaluate every this many steps (0 = never); also at step 0 and the end.", bounds=Bounds(0))
+    k: int = setting(4, "Samples per eval prompt for avg@k.", bounds=Bounds(1))
+    temperature: float = setting(1.0, "Eval sampling temperature.", bounds=Bounds(0, low_open=True))
+    kappa: float = setting(0.5, "Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve.", bounds=Bounds(-math.inf))
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    samples_every: int = bounded(10, 0, math.inf)
-    """Write sample completions every this many steps (0 = never)."""
-    samples_per_step: int = bounded(4, 0, math.inf)
-    """Completions written per sampled step."""
-    tensorboard: bool = True
-    """Write TensorBoard events under RUN_DIR/tb."""
-    wandb_project: str = ""
-    """Also log to this wandb project when wandb is installed ('' = off)."""
-    progress: bool = True
-    """Show a progress bar."""
-    energy_buckets: list = field(default_factory=lambda: [0.5, 0.8])
-    """Energy (eq 24) buckets: cumulative token-occurrence shares splitting frequent/mid/rare tokens."""
-    diagnostics: bool = True
-    """Compute Energy and shared-prefix residual (costs one softmax over the vocab per token)."""
+    samples_every: int = setting(10, "Write sample completions every this many steps (0 = never).", bounds=Bounds(0))
+    samples_per_step: int = setting(4, "Completions written per sampled step.", bounds=Bounds(0))
+    tensorboard: bool = setting(True, "Write TensorBoard events under RUN_DIR/tb.")
+    wandb_project: str = setting("", "Also log to this wandb project when wandb is installed ('' = off).")
+    progress: bool = setting(True, "Show a progress bar.")
+    energy_buckets: list = setting(
+        factory=lambda: [0.5, 0.8], doc="Energy (eq 24) buckets: cumulative token-occurrence shares splitting frequent/mid/rare tokens."
+    )
+    diagnostics: bool = setting(True, "Compute Energy and shared-prefix residual (costs one softmax over the vocab per token).")
 
 
 @dataclass(frozen=True)
 class Config:
-    seed: int = bounded(0, 0, 2**32 - 1)
-    """Seed of data, model init, sampling (NumPy and the seeds derived from it need it below 2^32)."""
-    run_dir: str = "runs/default"
-    """Output folder (created; must be empty or absent unless resuming)."""
-    device: str = one_of("auto", DEVICES)
-    """auto (cuda when available), cpu, cuda."""
-    threads: int = bounded(0, 0, math.inf)
-    """CPU threads for torch (0 = torch's default). 1 is fastest for the tiny preset on a busy machine."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    seed: int = setting(
+        0, "Seed of data, model init, sampling (NumPy and the seeds derived from it need it below 2^32).", bounds=Bounds(0, 2**32 - 1)
+    )
+    run_dir: str = setting("runs/default", "Output folder (created; must be empty or absent unless resuming).")
+    device: str = setting("auto", "auto (cuda when available), cpu, cuda.", choices=DEVICES)
+    threads: int = setting(
+        0, "CPU threads for torch (0 = torch's default). 1 is fastest for the tiny preset on a busy machine.", bounds=Bounds(0)
+    )
+    model: ModelConfig = setting(
+        factory=ModelConfig,
+        doc="The policy model: the tiny offline preset or a pretrained model, its dtype, autocast, LoRA, and the tiny preset's warm start.",
+    )
+    data: DataConfig = setting(
+        factory=DataConfig,
+        doc="The task: a built-in arithmetic task, a JSONL file, a reasoning_gym generator or a hub dataset, with its prompt template and splits.",
+    )
+    reward: RewardConfig = setting(
+        factory=RewardConfig, doc="The reward: a correctness reward, an optional format reward, and where and how long reward calls run."
+    )
+    rollout: RolloutConfig = setting(
+        factory=RolloutConfig,
+        doc="Sampling: the engine, prompts and completions per step, the sampling parameters and the rollout/trainer mismatch correction.",
+    )
+    objective: ObjectiveConfig = setting(
+        factory=ObjectiveConfig,
+        doc="The loss: a preset of dfpo.OBJECTIVES and overrides of its components (every key of the objective overrides: the components of ObjectiveSpec).",
+    )
+    optim: OptimConfig = setting(
+        factory=OptimConfig, doc="The optimiser: AdamW, its warmup and cosine schedule, mini-batches, micro-batches and clipping."
+    )
+    train: TrainConfig = setting(
+        factory=TrainConfig, doc="The run: steps, checkpoints, the non-finite guard and how several processes share the model."
+    )
+    eval: EvalConfig = setting(
+        factory=EvalConfig, doc="Evaluation: avg@k on held-out problems every N steps, and the kappa of Steps(reward >= kappa)."
+    )
+    log: LogConfig = setting(
+        factory=LogConfig, doc="Logging: sample completions, TensorBoard, wandb, the progress bar and the Energy and residual diagnostics."
+    )
 
 
 def _section_types() -> dict[str, type]:
     hints = get_type_hints(Config)
     return {name: tp for name, tp in hints.items() if dataclasses.is_dataclass(tp)}
-
-
-def _check_value(where: str, value: Any, expected: type) -> Any:
-    """Return ``value`` coerced to ``expected`` (int -> float only) or raise a ValueError."""
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if expected is int and isinstance(value, bool):
-        raise ValueError(f"{where} must be an integer, got {value!r}")
-    if not isinstance(value, expected):
-        raise ValueError(f"{where} must be of type {expected.__name__}, got {value!r} ({type(value).__name__})")
-    if expected is float and not math.isfinite(value):
-        raise ValueError(f"{where} must be a finite number, got {value!r}")
-    return value
 
 
 def _build_section(name: str, cls: type, table: Any) -> Any:
@@ -354,7 +287,7 @@ def _build_section(name: str, cls: type, table: Any) -> Any:
             raise ValueError(f"config key {name}.{key} is no longer read: {MOVED_KEYS[f'{name}.{key}']}")
         if key not in known:
             raise ValueError(f"unknown config key {name}.{key}; valid keys of [{name}]: {', '.join(sorted(known))}")
-        kwargs[key] = _check_value(f"{name}.{key}", value, hints[key])
+        kwargs[key] = check_type(f"{name}.{key}", value, hints[key])
     return cls(**kwargs)
 
 
@@ -367,7 +300,7 @@ def config_from_dict(raw: dict) -> Config:
         if key in sections:
             kwargs[key] = _build_section(key, sections[key], value)
         elif key in hints:
-            kwargs[key] = _check_value(key, value, hints[key])
+            kwargs[key] = check_type(key, value, hints[key])
         else:
             valid = sorted(hints)
             raise ValueError(f"unknown config key {key!r}; valid top-level keys and sections: {', '.join(valid)}")
@@ -380,12 +313,24 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def _parse_value(text: str) -> Any:
-    """A --set value as TOML (numbers, booleans, quoted strings, arrays); bare words are strings."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+def declared_type(key: str) -> Any:
+    """The declared type of a dotted config key (``optim.lr`` -> float); an objective override
+    (``objective.overrides.eps_low``) has its ObjectiveSpec field's type; an unknown key is untyped (``object``)."""
+    parts, owner = key.split("."), Config
+    for i, part in enumerate(parts):
+        hints = type_hints(owner)
+        if part not in hints:
+            return object
+        if parts[: i + 1] == ["objective", "overrides"] and len(parts) == i + 2:
+            from dfpo.trainer.loss.objectives import override_type
+
+            return override_type(parts[-1])
+        if i == len(parts) - 1:
+            return hints[part]
+        owner = hints[part]
+        if not dataclasses.is_dataclass(owner):
+            return object
+    return object
 
 
 def apply_overrides(raw: dict, assignments: list[str]) -> dict:
@@ -407,7 +352,7 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
             child = dict(child)
             node[part] = child
             node = child
-        node[parts[-1]] = _parse_value(text.strip())
+        node[parts[-1]] = parse_value(key.strip(), text, declared_type(key.strip()))
     return out
 
 
@@ -431,7 +376,7 @@ def validate(cfg: Config) -> None:
     """Cross-field checks that need no model, data or network. Raises ValueError."""
     from dfpo import OBJECTIVES, resolve_objective
 
-    field_checks(cfg)
+    check_fields(cfg)
     if cfg.objective.name not in OBJECTIVES:
         raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
     try:

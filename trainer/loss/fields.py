@@ -5,14 +5,19 @@ choices, where the shared default comes from, when the loss core reads it (``act
 matched control must hold it equal (``trust_region``). ``validate_spec``'s value checks, ``COMMON_SOURCES``,
 ``TRUST_REGION_FIELDS``, ``unmatched_components`` and the component docs of ``dfpo objectives`` are all
 derived from it, so a new field is one declaration.
+
+``Bounds`` and the bounds and choice checks are those of ``dfpo.trainer.settings``, the one mechanism of every
+config (the trainer's, the toy's, and these objective overrides); ``FieldInfo`` adds what only an objective
+component has (owner, source, trust region, when it is read).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from dfpo.trainer.settings import Bounds, check_bounds, check_choice
 
 META_KEY = "dfpo"
 """The key of a field's ``FieldInfo`` in ``dataclasses.Field.metadata``."""
@@ -35,27 +40,6 @@ OWNERS = (
 KINDS = ("label", "choice", "number", "optional_number", "bool", "count")
 """label: free text (not validated); choice: a key of a registry; number: a finite float in ``bounds``;
 optional_number: None or a number in ``bounds``; bool; count: a positive int or None."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The interval a number must lie in: [low, high], or (low, high] with ``low_open``.
-
-    ``low`` may name another field of the spec (``cov_clip_high >= cov_clip_low``).
-    """
-
-    low: float | str = -math.inf
-    high: float = math.inf
-    low_open: bool = False
-
-    def resolve(self, spec: object) -> tuple[float, float]:
-        """(low, high) as numbers for ``spec``."""
-        low = getattr(spec, self.low) if isinstance(self.low, str) else self.low
-        return low, self.high
-
-    def describe(self) -> str:
-        low = self.low if isinstance(self.low, str) else f"{self.low:g}"
-        return f"{'(' if self.low_open else '['}{low}, {self.high:g}]"
 
 
 @dataclass(frozen=True)
@@ -138,21 +122,16 @@ def field_infos(cls_or_spec: object) -> dict[str, FieldInfo]:
 
 
 def check_number(name: str, value: object, bounds: Bounds, spec: object) -> None:
-    """ValueError naming ``name`` unless ``value`` is a finite number within ``bounds``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {name}={value!r}")
-    low, high = bounds.resolve(spec)
-    if value < low or value > high or (bounds.low_open and value == low):
-        interval = f"({low}, {high}]" if bounds.low_open else f"[{low}, {high}]"
-        raise ValueError(f"{name} must be in {interval}, got {name}={value!r}")
+    """ValueError naming ``name`` and ``value`` unless ``value`` is a finite number within ``bounds`` (an end that
+    names a field is read from ``spec``): ``dfpo.trainer.settings.check_bounds``, the one bounds check."""
+    check_bounds(name, value, bounds, spec)
 
 
 def check_value(name: str, info: FieldInfo, spec: object) -> None:
     """Check one field of ``spec`` against its declaration; ValueError naming the field and value."""
     value = getattr(spec, name)
     if info.kind == "choice":
-        if value not in info.choices:
-            raise ValueError(f"{name} must be one of {tuple(info.choices)}, got {name}={value!r}")
+        check_choice(name, value, tuple(info.choices))
     elif info.kind == "bool":
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be a bool, got {name}={value!r}")

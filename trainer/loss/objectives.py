@@ -27,6 +27,7 @@ from dfpo.trainer.loss.fields import META_KEY, Bounds, FieldInfo, When, check_va
 from dfpo.trainer.loss.masks import ENTROPY_MASKS, TOKEN_MASK_FUNCTIONS
 from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FUNCTIONS
 from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
+from dfpo.trainer.settings import parse_value, type_hints
 
 RATIO_LEVELS = tuple(RATIO_SHAPES)
 COV_CONTROLS = ("none", "clip_cov", "kl_cov")
@@ -854,22 +855,16 @@ OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
 )
 
 
-def _typed_component(key: str, text: str) -> object:
-    """The value of one ``key=text`` override, converted to the component's declared type."""
-    kind = next(f.type for f in dataclasses.fields(ObjectiveSpec) if f.name == key)  # e.g. "float", "int | None"
-    low = text.strip().lower()
-    try:
-        if kind == "bool":
-            if low not in ("true", "false"):
-                raise ValueError
-            return low == "true"
-        if kind.startswith("float"):
-            return None if low == "none" and "None" in kind else float(text)
-        if kind.startswith("int"):
-            return None if low == "none" and "None" in kind else int(text)
-    except ValueError:
-        raise ValueError(f"{key} takes a {kind} value, got {key}={text!r}") from None
-    return text.strip()
+def override_type(key: str) -> object:
+    """The declared type of objective override ``key`` (``float``, ``int | None``, ``bool``, ``str``); untyped
+    (``object``) for a key that is not a component, which ``resolve_objective`` then refuses by name."""
+    return type_hints(ObjectiveSpec)[key] if key in COMPONENT_FIELDS else object
+
+
+def parse_override(key: str, text: str) -> object:
+    """The value of one ``key=text`` objective override in the component's declared type: the one grammar of
+    ``dfpo.trainer.settings.parse_value`` (labels, ``dfpo toy --override``, ``dfpo train --set objective.overrides.KEY``)."""
+    return parse_value(key, text, override_type(key))
 
 
 def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
@@ -889,7 +884,7 @@ def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
             raise ValueError(f"objective {label!r}: override {part!r} is not KEY=VALUE")
         if key not in COMPONENT_FIELDS:
             raise ValueError(f"objective {label!r}: unknown component {key!r}; known: {', '.join(COMPONENT_FIELDS)}")
-        overrides[key] = _typed_component(key, text)
+        overrides[key] = parse_override(key, text)
     return name, overrides
 
 
