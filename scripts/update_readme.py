@@ -14,58 +14,58 @@ import pathlib
 import re
 import sys
 
+from dfpo.commands import atlas_table, cancellation_demo, components_table, objectives_table
 from dfpo.files import write_text_atomic
+from dfpo.theory.ledger import count_line, render_markdown, run_ledger
+from dfpo.trainer.metric_registry import markdown_table
+from dfpo.trainer.settings import reference_markdown
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
 def _objectives() -> str:
-    from dfpo.commands import objectives_table
-
     table = objectives_table(markdown=True).split("\n\n")[0]
     return table
 
 
 def _demo() -> str:
-    from dfpo.commands import cancellation_demo
 
     return "```text\n" + cancellation_demo() + "\n```"
 
 
 @functools.cache
 def _claims():
-    from dfpo.theory.ledger import run_ledger
 
     return tuple(run_ledger())  # about half a minute: once per call of this script
 
 
 def _ledger_document() -> str:
-    from dfpo.theory.ledger import render_markdown
 
     return render_markdown(_claims())
 
 
 def _atlas() -> str:
-    from dfpo.commands import atlas_table
 
     return atlas_table(markdown=True, own_aggregation=True)
 
 
 def _components() -> str:
-    from dfpo.commands import components_table
 
     return components_table(markdown=True)
 
 
 def _ledger_count() -> str:
-    from dfpo.theory.ledger import count_line
 
     return count_line(_claims())
 
 
+def _config() -> str:
+
+    return reference_markdown()
+
+
 def _metrics() -> str:
-    from dfpo.trainer.metric_registry import markdown_table
 
     return markdown_table()
 
@@ -77,7 +77,7 @@ BLOCKS = {
     "atlas": _atlas,
     "ledger_count": _ledger_count,
     "metrics": _metrics,
-    "config": lambda: __import__("dfpo.trainer.settings", fromlist=["reference_markdown"]).reference_markdown(),
+    "config": _config,
 }
 FILES = {
     README: ("ledger_count",),
