@@ -30,43 +30,35 @@ def _objectives() -> str:
 
 
 def _demo() -> str:
-
     return "```text\n" + cancellation_demo() + "\n```"
 
 
 @functools.cache
 def _claims():
-
     return tuple(run_ledger())  # about half a minute: once per call of this script
 
 
 def _ledger_document() -> str:
-
     return render_markdown(_claims())
 
 
 def _atlas() -> str:
-
     return atlas_table(markdown=True, own_aggregation=True)
 
 
 def _components() -> str:
-
     return components_table(markdown=True)
 
 
 def _ledger_count() -> str:
-
     return count_line(_claims())
 
 
 def _config() -> str:
-
     return reference_markdown()
 
 
 def _metrics() -> str:
-
     return markdown_table()
 
 
