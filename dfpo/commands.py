@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from dfpo.toy.config import ToyConfig
+from dfpo.trainer import settings
+from dfpo.trainer.llm.config import Config
 from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
 from dfpo.trainer.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
-from dfpo.trainer.loss.objectives import component_rows
+from dfpo.trainer.loss.objectives import ObjectiveSpec, component_rows
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
 
@@ -149,3 +154,43 @@ def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggr
     return _table(
         ["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown
     )
+
+
+def config_reference() -> str:
+    """The generated block of docs/config.md: the trainer's config, section by section, the toy's config and the
+    objective override keys, each key with its type, default, allowed values and meaning."""
+    parts = ["### `dfpo train`: top-level keys", "", settings.markdown_table(settings.rows(Config))]
+    for f in dataclasses.fields(Config):
+        section = settings.type_hints(Config)[f.name]
+        if dataclasses.is_dataclass(section):
+            parts += [
+                "",
+                f"### `dfpo train`: `[{f.name}]`",
+                "",
+                settings.setting_of(f).doc,
+                "",
+                settings.markdown_table(settings.rows(section, f.name + ".")),
+            ]
+    toy = settings.rows(ToyConfig)
+    for row, f in zip(toy, dataclasses.fields(ToyConfig)):
+        row["option"] = "" if not f.metadata.get("cli", True) else f"--{f.metadata.get('flag', f.name.replace('_', '-'))}"
+        if f.metadata.get("short"):
+            row["option"] += f", -{f.metadata['short']}"
+    toy = [{"key": r["key"], "option": r["option"], **{k: r[k] for k in ("type", "default", "allowed", "meaning")}} for r in toy]
+    parts += ["", "### `dfpo toy`: `ToyConfig`", "", settings.markdown_table(toy, code=("key", "option", "default"))]
+    hints = settings.type_hints(ObjectiveSpec)
+    defaults = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)}
+    overrides = [
+        {
+            "key": r["field"],
+            "component": r["owner"],
+            "type": settings.type_name(hints[r["field"]]),
+            "default": settings.literal(defaults[r["field"]]),
+            "allowed": r["allowed"],
+            "read when": r["read when"],
+            "meaning": settings.field_doc(ObjectiveSpec, r["field"]),
+        }
+        for r in component_rows()
+    ]
+    parts += ["", "### Objective overrides", "", settings.markdown_table(overrides)]
+    return "\n".join(parts)

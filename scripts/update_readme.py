@@ -14,11 +14,10 @@ import pathlib
 import re
 import sys
 
-from dfpo.commands import atlas_table, cancellation_demo, components_table, objectives_table
+from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, objectives_table
 from dfpo.files import write_text_atomic
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.metric_registry import markdown_table
-from dfpo.trainer.settings import reference_markdown
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -55,7 +54,7 @@ def _ledger_count() -> str:
 
 
 def _config() -> str:
-    return reference_markdown()
+    return config_reference()
 
 
 def _metrics() -> str:

@@ -23,7 +23,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from dfpo.files import check_output_dir
+from dfpo.toy.config import ADAM_LR, ToyConfig
 from dfpo.toy.config import DEFAULT_OBJECTIVES as _DEFAULT_OBJECTIVES
+from dfpo.trainer.settings import parse_value, setting_of, type_hints, type_name
 
 DEFAULT_OBJECTIVES = ",".join(_DEFAULT_OBJECTIVES)
 
@@ -43,7 +46,6 @@ SPREAD_PAIR = ("gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0
 def _pairs(items: list[str] | None, flag: str, parse=None) -> dict[str, object]:
     """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated); each value parsed by
     ``parse(key, text)``, by default untyped (``dfpo.trainer.settings.parse_value``: bool, int, float or text)."""
-    from dfpo.trainer.settings import parse_value
 
     parse = parse or parse_value
     out: dict[str, object] = {}
@@ -69,7 +71,6 @@ def _numbers(text: str, flag: str, cast=int) -> list:
 def _typed(key: str, type_: object):
     """An argparse ``type=`` that parses with ``dfpo.trainer.settings.parse_value``, named after the declared
     type so that argparse's own error reads as before ('argument --seeds: invalid int value: 'x'')."""
-    from dfpo.trainer.settings import parse_value, type_name
 
     def parse(text: str) -> object:
         return parse_value(key, text, type_)
@@ -80,8 +81,6 @@ def _typed(key: str, type_: object):
 
 def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
     """The ToyConfig options (defaults and help from its fields), then the run-folder options."""
-    from dfpo.toy.config import ToyConfig
-    from dfpo.trainer.settings import setting_of, type_hints
 
     hints = type_hints(ToyConfig)
     for f in dataclasses.fields(ToyConfig):
@@ -112,7 +111,6 @@ def _add_discovery(p: argparse.ArgumentParser, files: str) -> None:
 
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
     """The ToyConfig of parsed options: every command-line field by name, the pairs parsed, G and lr resolved."""
-    from dfpo.toy.config import ADAM_LR, ToyConfig
     from dfpo.trainer.loss.objectives import parse_override
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ToyConfig) if f.metadata.get("cli", True) and hasattr(args, f.name)}
@@ -142,7 +140,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from dfpo.toy.train import run, validate
 
     validate(config)  # every bad option fails here, before any compute
-    from dfpo.files import check_output_dir
     from dfpo.toy.report import read_discovery
 
     discovery = read_discovery(args.discovery, config) if args.discovery else None
@@ -190,7 +187,6 @@ def _cmd_spread(args: argparse.Namespace) -> int:
         raise ValueError(f"--knob must be one of {KNOBS}, got --knob {args.knob!r}")
     for v in values:  # every configuration of the sweep is checked before any compute
         validate(dataclasses.replace(config, **{args.knob: type(getattr(config, args.knob))(v)}))
-    from dfpo.files import check_output_dir
     from dfpo.toy.spread import read_spread_discovery
 
     discovery = read_spread_discovery(args.discovery, config, args.knob, values, args.baseline, args.method) if args.discovery else None
@@ -234,7 +230,6 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
 
     for c in configs:
         validate(c)
-    from dfpo.files import check_output_dir
 
     check_output_dir("--out", args.out, force=args.force, marker="gains.json")
     torch.set_num_threads(toy_threads(args.mode))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dfpo.toy.policy import sequence_logprob
 from dfpo.toy.tasks import WRONG, Enumeration
 from dfpo.trainer.loss import aggregation_count
 
@@ -39,7 +40,6 @@ def exact_policy_metrics(logpi: Tensor, enum: Enumeration, n_prompts: int, n_for
     ``reward`` E[R]; ``entropy/sequence`` H(pi(y|x)); ``equiv/entropy`` entropy of the
     normalised distribution over correct answer forms; ``equiv/logodds`` log P(form 0) - log P(form 1).
     """
-    from dfpo.toy.policy import sequence_logprob
 
     S = logpi.shape[0]
     ex = lambda x: x[None].expand(S, *x.shape)  # noqa: E731

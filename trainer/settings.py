@@ -13,8 +13,8 @@ go through the same four functions:
   ``dfpo train --set``, ``dfpo toy --override`` / ``--task-opt`` and objective labels (``gspo:eps_low=0.2``);
 - ``check_type(key, value, type_)``: a value (read from TOML, or built in Python) of the declared type;
 - ``check_value(key, value, setting)`` / ``check_bounds``: inside the declared bounds or choices;
-- ``markdown_table(cls)``: the reference rows (key, type, default, allowed values, meaning); ``reference_markdown()``
-  writes the whole of docs/config.md's generated block.
+- ``markdown_table(cls)``: the reference rows (key, type, default, allowed values, meaning); ``dfpo.commands.config_reference()``
+  writes the whole of docs/config.md's generated block from them.
 
 Every error is a ``ValueError`` that names the key and the bad value. Standard library only (no numpy, no
 torch), so the command line stays light.
@@ -382,40 +382,3 @@ def markdown_table(table: list[dict[str, str]], code: tuple[str, ...] = ("key", 
     for row in table:
         lines.append("| " + " | ".join(f"`{cell(row[h])}`" if h in code and row[h] else cell(row[h]) for h in heads) + " |")
     return "\n".join(lines)
-
-
-def reference_markdown() -> str:
-    """The generated block of docs/config.md: the trainer's config, section by section, the toy's config and the
-    objective override keys, each key with its type, default, allowed values and meaning."""
-    from dfpo.toy.config import ToyConfig
-    from dfpo.trainer.llm.config import Config
-    from dfpo.trainer.loss.objectives import ObjectiveSpec, component_rows
-
-    parts = ["### `dfpo train`: top-level keys", "", markdown_table(rows(Config))]
-    for f in dataclasses.fields(Config):
-        section = type_hints(Config)[f.name]
-        if dataclasses.is_dataclass(section):
-            parts += ["", f"### `dfpo train`: `[{f.name}]`", "", setting_of(f).doc, "", markdown_table(rows(section, f.name + "."))]
-    toy = rows(ToyConfig)
-    for row, f in zip(toy, dataclasses.fields(ToyConfig)):
-        row["option"] = "" if not f.metadata.get("cli", True) else f"--{f.metadata.get('flag', f.name.replace('_', '-'))}"
-        if f.metadata.get("short"):
-            row["option"] += f", -{f.metadata['short']}"
-    toy = [{"key": r["key"], "option": r["option"], **{k: r[k] for k in ("type", "default", "allowed", "meaning")}} for r in toy]
-    parts += ["", "### `dfpo toy`: `ToyConfig`", "", markdown_table(toy, code=("key", "option", "default"))]
-    hints = type_hints(ObjectiveSpec)
-    defaults = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)}
-    overrides = [
-        {
-            "key": r["field"],
-            "component": r["owner"],
-            "type": type_name(hints[r["field"]]),
-            "default": literal(defaults[r["field"]]),
-            "allowed": r["allowed"],
-            "read when": r["read when"],
-            "meaning": field_doc(ObjectiveSpec, r["field"]),
-        }
-        for r in component_rows()
-    ]
-    parts += ["", "### Objective overrides", "", markdown_table(overrides)]
-    return "\n".join(parts)

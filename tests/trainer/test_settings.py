@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dfpo.commands import config_reference
 from dfpo.toy.config import ToyConfig, check_config
 from dfpo.trainer.llm.config import Config, apply_overrides, config_from_dict, load_config
 from dfpo.trainer.loss import parse_objective_label, resolve_objective
@@ -22,7 +23,6 @@ from dfpo.trainer.settings import (
     check_fields,
     field_doc,
     parse_value,
-    reference_markdown,
     setting,
     setting_of,
     type_hints,
@@ -49,7 +49,7 @@ def every_key() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("key, doc", every_key(), ids=lambda x: x if isinstance(x, str) and len(x) < 40 else "")
 def test_every_field_of_every_config_has_a_meaning_and_the_reference_names_it(key, doc):
     assert doc.strip(), f"{key} has no doc"
-    assert f"| `{key}` |" in reference_markdown()
+    assert f"| `{key}` |" in config_reference()
 
 
 def test_every_trainer_and_toy_field_is_declared_with_setting():
@@ -59,7 +59,7 @@ def test_every_trainer_and_toy_field_is_declared_with_setting():
 
 
 def test_every_trainer_section_has_a_heading_and_its_doc_in_the_reference():
-    text = reference_markdown()
+    text = config_reference()
     for f in dataclasses.fields(Config):
         if dataclasses.is_dataclass(type_hints(Config)[f.name]):
             assert f"`[{f.name}]`" in text and setting_of(f).doc in text
@@ -67,7 +67,7 @@ def test_every_trainer_section_has_a_heading_and_its_doc_in_the_reference():
 
 def test_docs_config_md_holds_the_generated_reference():
     text = (ROOT / "docs" / "config.md").read_text()
-    assert f"<!-- BEGIN generated:config -->\n{reference_markdown()}\n<!-- END generated:config -->" in text
+    assert f"<!-- BEGIN generated:config -->\n{config_reference()}\n<!-- END generated:config -->" in text
 
 
 @pytest.mark.parametrize(

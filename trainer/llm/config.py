@@ -32,6 +32,8 @@ from typing import Any, get_type_hints
 
 import tomli_w
 
+from dfpo.files import read_utf8
+from dfpo.trainer.loss import OBJECTIVES, resolve_objective
 from dfpo.trainer.loss.correction import CORRECTIONS
 from dfpo.trainer.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 
@@ -363,8 +365,6 @@ def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"--config {path}: no such file")
-        from dfpo.files import read_utf8
-
         try:
             raw = tomllib.loads(read_utf8(p))
         except tomllib.TOMLDecodeError as err:
@@ -374,8 +374,6 @@ def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that need no model, data or network. Raises ValueError."""
-    from dfpo import OBJECTIVES, resolve_objective
-
     check_fields(cfg)
     if cfg.objective.name not in OBJECTIVES:
         raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
