@@ -35,6 +35,7 @@ import tomli_w
 from dfpo.files import read_utf8
 from dfpo.trainer.loss import OBJECTIVES, resolve_objective
 from dfpo.trainer.loss.correction import CORRECTIONS
+from dfpo.trainer.loss.objectives import override_type
 from dfpo.trainer.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -324,8 +325,6 @@ def declared_type(key: str) -> Any:
         if part not in hints:
             return object
         if parts[: i + 1] == ["objective", "overrides"] and len(parts) == i + 2:
-            from dfpo.trainer.loss.objectives import override_type
-
             return override_type(parts[-1])
         if i == len(parts) - 1:
             return hints[part]
