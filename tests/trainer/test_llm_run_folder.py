@@ -20,6 +20,7 @@ import torch
 from dfpo.cli import main
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
 from dfpo.trainer.llm.run_folder import RunFolderLock
+from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
 from dfpo.trainer.llm.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -359,6 +360,33 @@ def test_a_signal_during_start_up_stops_at_once_and_the_same_command_starts_agai
     cmd[cmd.index("model.sft_steps=100000")] = "model.sft_steps=3"
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+class _SignalsItselfWhileFinalised:
+    """Sends SIGTERM to its own process from ``__del__``, as a signal that arrives while the garbage collector runs a
+    finaliser: Python ignores an exception raised there ("Exception ignored in ... __del__")."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, inside the finaliser
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["start-up", "second-signal-in-training"])
+def test_a_signal_swallowed_by_a_finaliser_still_stops_the_program(training, capsys):
+    """A stop raised inside __del__ is lost to Python; the signal is delivered again until the program stops
+    (a run once went on warming up for minutes after SIGTERM)."""
+    swallowed = False
+    with pytest.raises(StoppedAtOnce), StopSignals() as stop:
+        if training:
+            stop.training().signum = signal.SIGINT  # a first signal already recorded: the next one stops at once
+        _SignalsItselfWhileFinalised()  # collected at once: the handler's exception is ignored
+        assert stop.signum == signal.SIGTERM
+        swallowed = True  # the program went on after the signal
+        deadline = time.monotonic() + 5 * StopSignals.REDELIVER_S
+        while time.monotonic() < deadline:  # the warm-up going on
+            time.sleep(0.01)
+    assert swallowed and signal.getsignal(signal.SIGTERM) is not stop._handle
+    assert "Exception ignored" not in capsys.readouterr().err
 
 
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path):

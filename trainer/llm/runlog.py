@@ -6,10 +6,13 @@ rank 0 alone writes the folder.
 
 from __future__ import annotations
 
+import _thread
 import json
 import math
 import signal
+import sys
 import threading
+import time
 from pathlib import Path
 
 from dfpo.files import write_text_atomic
@@ -166,14 +169,32 @@ class StopSignals:
     writes a checkpoint and stops. A second signal raises ``StoppedAtOnce``: whoever sends it twice wants out now.
     Handlers are installed in the main thread only (elsewhere Python cannot); outside the block the previous
     handlers are back.
+
+    Python ignores an exception raised while a finaliser (``__del__``, run by the garbage collector at any
+    moment) is on the stack, and a handler that raises there would be lost: the run would go on training. So
+    whenever the handler raises, a daemon thread delivers the same signal to the main thread again
+    (``_thread.interrupt_main``) every ``REDELIVER_S`` seconds until the block is left; and Python's report of
+    the ignored exception (``sys.unraisablehook``) is replaced, inside the block, by waking that thread at once
+    (not by redelivering from the hook, which runs inside the finaliser too), so no "Exception ignored"
+    traceback reaches the user.
     """
+
+    REDELIVER_S = 1.0
 
     def __init__(self, *, immediate: bool = True):
         self.signum: int | None = None
         self.immediate = immediate
         self._old: dict = {}
+        self._inside = False
+        self._redelivering = False
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._old_unraisablehook = None
 
     def __enter__(self) -> StopSignals:
+        self._inside = True
+        self._old_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -186,9 +207,40 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         if self.immediate or self.signum is not None:
+            self.signum = signum
+            self._redeliver_until_left(signum)
             raise StoppedAtOnce(signum)
         self.signum = signum
 
+    def _redeliver_until_left(self, signum: int) -> None:
+        """Deliver ``signum`` to the main thread again every REDELIVER_S seconds while the block is not left (see the
+        class docstring: a finaliser may have swallowed the exception)."""
+        if self._redelivering:
+            return
+        self._redelivering = True
+
+        def again() -> None:
+            while True:
+                self._wake.wait(self.REDELIVER_S)
+                self._wake.clear()
+                time.sleep(0.01)  # out of the finaliser that swallowed the stop
+                with self._lock:
+                    if not self._inside:
+                        return
+                    _thread.interrupt_main(signum)
+
+        threading.Thread(target=again, name="dfpo-signal-redelivery", daemon=True).start()
+
+    def _unraisable(self, unraisable) -> None:
+        """A stop swallowed by a finaliser: wake the redelivery thread instead of printing it."""
+        if isinstance(unraisable.exc_value, StoppedAtOnce):
+            self._wake.set()
+        else:
+            self._old_unraisablehook(unraisable)
+
     def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._inside = False
+        sys.unraisablehook = self._old_unraisablehook
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
