@@ -19,6 +19,7 @@ import torch
 
 from dfpo.cli import main
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
+from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
 from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
 from dfpo.trainer.llm.train import Trainer
@@ -387,6 +388,17 @@ def test_a_signal_swallowed_by_a_finaliser_still_stops_the_program(training, cap
             time.sleep(0.01)
     assert swallowed and signal.getsignal(signal.SIGTERM) is not stop._handle
     assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_repeated_parent_death_signals_stop_after_the_step_not_at_once():
+    """A dying launcher's kernel sends the rank PARENT_DEATH once per thread it is handed to: two of them are still
+    one "stop after the step", where two SIGTERMs would stop at once and lose the step."""
+    with StopSignals() as stop:
+        stop.training()
+        for _ in range(3):
+            os.kill(os.getpid(), PARENT_DEATH)
+            time.sleep(0.05)
+        assert stop.signum == PARENT_DEATH
 
 
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path):

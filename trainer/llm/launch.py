@@ -9,7 +9,7 @@ with the run's status:
    message (printed by rank 0), no traceback. A second signal is passed on too (the ranks stop at once); ranks
    still running ``grace_s`` after it are killed.
 2. The ranks run in a process group of their own, so a signal is delivered to each exactly once, and each asks
-   the kernel for SIGTERM when the launcher dies (``PR_SET_PDEATHSIG``; checked against a launcher that died
+   the kernel for SIGHUP when the launcher dies (``PR_SET_PDEATHSIG``, ``PARENT_DEATH``; checked against a launcher that died
    before the request): killing the launcher, even with SIGKILL, stops every rank after its step.
 3. A rank that fails makes the launcher stop the others (SIGTERM, then SIGKILL after ``grace_s``); the exit status
    is rank 0's (2 for an error in the input, which rank 0 printed once), else the first failing rank's.
@@ -32,6 +32,10 @@ import time
 
 LAUNCHER_PID_ENV = "DFPO_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1
+PARENT_DEATH = signal.SIGHUP
+"""The signal a rank of ``dfpo train --nproc`` asks the kernel for when its launcher dies (``PR_SET_PDEATHSIG``).
+Not SIGTERM: the kernel sends it again each time the rank is handed to another thread of the dying launcher, and
+repeated SIGTERMs mean "stop at once"; repeated SIGHUPs count as one "stop after the step"."""
 
 
 def free_port() -> int:
@@ -56,18 +60,18 @@ def rank_environment(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def stop_with_launcher() -> None:
-    """In a rank started by the launcher: ask for SIGTERM when the launcher dies, and stop now if it already has
+    """In a rank started by the launcher: ask for PARENT_DEATH (SIGHUP) when the launcher dies, and stop now if it already has
     (Linux; elsewhere a no-op)."""
     launcher = os.environ.get(LAUNCHER_PID_ENV)
     if not launcher or not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, PARENT_DEATH, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if os.getppid() != int(launcher):  # the launcher died before the request: it will never be delivered
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), PARENT_DEATH)
 
 
 class Launcher:

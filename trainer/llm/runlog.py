@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dfpo.files import write_text_atomic
 from dfpo.trainer.llm.checkpoint import WriteFailed, describe_write_error
+from dfpo.trainer.llm.launch import PARENT_DEATH
 
 
 def finite_only(metrics: dict) -> tuple[dict, list[str]]:
@@ -196,7 +197,7 @@ class StopSignals:
         self._old_unraisablehook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, PARENT_DEATH):
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -206,6 +207,9 @@ class StopSignals:
         return self
 
     def _handle(self, signum, frame) -> None:
+        if signum == PARENT_DEATH and not self.immediate:  # the kernel may send it once per launcher thread
+            self.signum = self.signum or signum
+            return
         if self.immediate or self.signum is not None:
             self.signum = signum
             self._redeliver_until_left(signum)
