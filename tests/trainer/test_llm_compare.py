@@ -39,9 +39,9 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
     base = {s: {"eval": 0.30 + 0.01 * s, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(4)}
     diffs = [0.02, 0.04, 0.00, 0.02]  # mean 0.02, sd 0.01633, every seed's own baseline subtracted
     method = {s: dict(base[s], eval=base[s]["eval"] + d) for s, d in enumerate(diffs)}
-    (line,) = [
-        x for x in paired_table({"gspo": base, "dfpo_min": method}, "gspo", {"gspo": [], "dfpo_min": []}) if x.startswith("| dfpo_min")
-    ]
+    records = {"gspo": base, "dfpo_min": method}
+    table = paired_table(records, "gspo", {"gspo": [], "dfpo_min": []}, C.paired_intervals(records, "gspo"))
+    (line,) = [x for x in table if x.startswith("| dfpo_min")]
     # 5 intervals in the table: each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 5.841 * 0.01633 / 2 = 0.0477
     assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
@@ -50,9 +50,9 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
 
 def test_an_unmatched_pair_is_flagged_with_the_components_that_differ():
     base = {s: {"eval": 0.3, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(3)}
-    lines = paired_table(
-        {"gspo": base, "dfpo_min:stopgrad=score": base}, "gspo", {"gspo": [], "dfpo_min:stopgrad=score": ["clip", "eps_low", "eps_high"]}
-    )
+    records = {"gspo": base, "dfpo_min:stopgrad=score": base}
+    matched = {"gspo": [], "dfpo_min:stopgrad=score": ["clip", "eps_low", "eps_high"]}
+    lines = paired_table(records, "gspo", matched, C.paired_intervals(records, "gspo"))
     assert "| NO: differs in clip, eps_low, eps_high |" in lines[-1]
 
 

@@ -155,12 +155,16 @@ Records = dict[str, dict[int, dict[str, float]]]
 """{label: {seed: read_run's record}}"""
 
 
+Intervals = dict[tuple[str, str], stats.Interval | None]
+"""paired_intervals' answer: (method, outcome) -> interval, computed once per table."""
+
+
 def _diff(records: Records, label: str, baseline: str, key: str) -> np.ndarray:
     """Per-seed paired difference (label - baseline) of one outcome, (n_seeds,)."""
     return np.array([records[label][s][key] - records[baseline][s][key] for s in sorted(records[baseline])])
 
 
-def paired_intervals(records: Records, baseline: str) -> dict[tuple[str, str], stats.Interval | None]:
+def paired_intervals(records: Records, baseline: str) -> Intervals:
     """(method, outcome) -> Student-t interval of the paired difference, Bonferroni-adjusted over every
     interval of the table (methods x outcomes); None where an outcome is missing (NaN) for some seed."""
     cells = [(m, key) for m in records if m != baseline for key, _, _ in OUTCOMES]
@@ -169,9 +173,8 @@ def paired_intervals(records: Records, baseline: str) -> dict[tuple[str, str], s
     return {c: None if np.isnan(d).any() else stats.paired_interval(d, tests=tests) for c, d in diffs.items()}
 
 
-def paired_table(records: Records, baseline: str, matched: dict[str, list[str]]) -> list[str]:
+def paired_table(records: Records, baseline: str, matched: dict[str, list[str]], intervals: Intervals) -> list[str]:
     """Markdown: per method and outcome, mean paired difference (method - baseline) [adjusted 95% CI]; * where it excludes 0."""
-    intervals = paired_intervals(records, baseline)
     head = "| method - " + baseline + " | matched control? | " + " | ".join(t for _, t, _ in OUTCOMES) + " |"
     lines = [head, "|---" * (len(OUTCOMES) + 2) + "|"]
     for label in records:
@@ -258,14 +261,13 @@ def warnings_for(records: Records) -> list[str]:
     return out
 
 
-def plot_differences(records: Records, baseline: str, path: Path) -> None:
+def plot_differences(records: Records, baseline: str, intervals: Intervals, path: Path) -> None:
     """One panel per outcome: each method's paired difference to the baseline with its adjusted 95% CI."""
     import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    intervals = paired_intervals(records, baseline)
     methods = [m for m in records if m != baseline]
     seeds = sorted(records[baseline])
     fig, axes = plt.subplots(1, len(OUTCOMES), figsize=(3.3 * len(OUTCOMES), 0.6 * len(methods) + 2.2), dpi=110, squeeze=False)
@@ -302,11 +304,12 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     records = {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
     base_spec = objective_from_label(plan.baseline)
     matched = {label: unmatched_components(objective_from_label(label), base_spec) for label in plan.labels}
-    plot_differences(records, plan.baseline, plan.out / "compare.png")
+    intervals = paired_intervals(records, plan.baseline)
+    plot_differences(records, plan.baseline, intervals, plan.out / "compare.png")
     warnings = warnings_for(records)
     for text in warnings:
         warn(text)
-    tests = sum(ci is not None for ci in paired_intervals(records, plan.baseline).values())
+    tests = sum(ci is not None for ci in intervals.values())
     lines = [
         f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}"
         + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
@@ -316,7 +319,7 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
         f"Paired difference per seed (method - baseline), mean [{stats.interval_note(tests)}]; * where that interval excludes 0.",
         "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does counts its length.",
         "",
-        *paired_table(records, plan.baseline, matched),
+        *paired_table(records, plan.baseline, matched, intervals),
         "",
         "Means over seeds:",
         "",
