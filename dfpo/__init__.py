@@ -14,8 +14,9 @@ workers' ``import dfpo.trainer.llm.rewards`` do not import torch, and ``dfpo --h
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from dfpo._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them on first use
     from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
@@ -50,18 +51,4 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-def __getattr__(name: str) -> object:
-    if name == "__version__":
-        value: object = _version()
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # resolved once; later lookups do not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBMODULES})
+__getattr__, __dir__ = lazy_attributes(globals(), _LAZY, _SUBMODULES, computed={"__version__": _version})

@@ -8,8 +8,9 @@ import torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from dfpo._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports it on first use
     from dfpo.trainer.logprobs import token_logprobs
@@ -21,16 +22,4 @@ _SUBMODULES = ("llm", "logprobs", "loss", "metric_registry", "metrics")
 __all__ = ["token_logprobs"]
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBMODULES})
+__getattr__, __dir__ = lazy_attributes(globals(), _LAZY, _SUBMODULES)
