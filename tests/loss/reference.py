@@ -58,6 +58,8 @@ def qp_by_active_sets(s: list[float], a: list[float]) -> list[float]:
     """argmin 1/2|v - s|^2 s.t. a.v = 0, v >= 0 by enumerating zero sets Z (v_Z = 0)."""
     G = len(s)
     best, best_val = None, math.inf
+    # a.v = 0 up to round-off relative to a's scale (an absolute 1e-9 let every v pass once |a| ~ 1e-13)
+    feasible_tol = 1e-12 * sum(abs(x) for x in a) * max(abs(x) for x in s)
     for k in range(G + 1):
         for zero in itertools.combinations(range(G), k):
             free = [i for i in range(G) if i not in zero]
@@ -66,7 +68,7 @@ def qp_by_active_sets(s: list[float], a: list[float]) -> list[float]:
             if den == 0 and abs(sum(a[i] * s[i] for i in free)) > 1e-12:
                 continue
             v = [0.0 if i in zero else s[i] - lam * a[i] for i in range(G)]
-            if min(v) < -1e-12 or abs(sum(a[i] * v[i] for i in range(G))) > 1e-9:
+            if min(v) < -1e-12 or abs(sum(a[i] * v[i] for i in range(G))) > feasible_tol:
                 continue
             val = sum((v[i] - s[i]) ** 2 for i in range(G))
             if val < best_val - 1e-15:

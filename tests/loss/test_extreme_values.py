@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo import OBJECTIVES, policy_loss
+from dfpo.trainer.loss.core import ADVANTAGE_BOUND
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 ARGUMENTS = ("logp", "old_logp", "advantages", "mask", "group_ids", "entropy", "ref_logp")
@@ -20,7 +21,7 @@ ARGUMENTS = ("logp", "old_logp", "advantages", "mask", "group_ids", "entropy", "
 
 @st.composite
 def extreme_batches(draw):
-    """Two regimes: wide (log-probs anywhere in [-1e30, 0], advantages up to +-1e20, inf once cast to float16,
+    """Two regimes: wide (log-probs anywhere in [-1e30, 0], advantages up to +-1e20 and past it, inf once cast to float16,
     which must be refused) and moderate (log-probs down to -100, advantages up to +-6e4); old_logp drawn on its
     own or as logp minus log-ratios up to +-90."""
     B = draw(st.integers(0, 6))
@@ -29,7 +30,7 @@ def extreme_batches(draw):
     moderate = st.one_of(st.floats(-100.0, 0.0), st.sampled_from([0.0, -1e-8, -5.0, -90.0, -95.0, -100.0]))
     if draw(st.booleans()):  # wide: log-probs anywhere a float64 holds (most such batches are refused)
         logp_values = st.one_of(st.floats(-1e30, 0.0), moderate, st.sampled_from([-1e4, -1e30]))
-        adv_values = st.one_of(st.floats(-1e20, 1e20), st.sampled_from([0.0, 1e20, -1e20, 1e-30]))
+        adv_values = st.one_of(st.floats(-1e20, 1e20), st.sampled_from([0.0, 1e20, -1e20, 1e-30, 3e38, -1e30]))
     else:  # moderate: real log-probs down to -100, advantages up to float16's range
         logp_values = moderate
         adv_values = st.one_of(st.floats(-10.0, 10.0), st.sampled_from([0.0, 1e-30, 6e4, -6e4]))
@@ -162,3 +163,48 @@ def test_an_empty_batch_has_a_zero_loss_in_every_aggregation(aggregation, shape)
     )
     loss, _ = policy_loss("grpo", logp=logp, **kw, aggregation=aggregation)
     assert float(loss.detach()) == 0.0
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+@pytest.mark.parametrize("big", [3e38, -1e30, 1.5e20, float("inf"), float("nan")])
+def test_advantages_past_the_bound_are_refused_naming_them(objective, big):
+    """|A| > 1e20 overflows a float32 loss within a few tokens (3e38 gave inf or NaN for every objective): refused
+    before any work with a ValueError that names the advantages, the value and the bound."""
+    logp = torch.tensor([[-0.5, -1.0], [-0.7, -0.2], [-0.3, -0.4], [-0.9, -0.1]], requires_grad=True)
+    with pytest.raises(ValueError, match=r"advantages must be finite and at most 1e\+20.*indices \[0\]"):
+        policy_loss(
+            objective,
+            logp=logp,
+            old_logp=logp.detach() - 0.01,
+            advantages=torch.tensor([big, -1.0, 0.5, 0.5]),
+            mask=torch.ones(4, 2, dtype=torch.bool),
+            group_ids=torch.tensor([0, 0, 1, 1]),
+            entropy=torch.ones(4, 2),
+        )
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_advantages_at_the_bound_give_a_finite_loss_metrics_and_gradient(objective, dtype):
+    """One advantage of 1e20 beside -1 (dfpo_orth_pos gave -inf there), and a group at +-1e20: all finite."""
+    logp = torch.tensor([[-0.5, -1.0], [-0.7, -0.2], [-0.3, -0.4], [-0.9, -0.1]], dtype=dtype)
+    adv = torch.tensor([ADVANTAGE_BOUND, -1.0, ADVANTAGE_BOUND, -ADVANTAGE_BOUND], dtype=dtype)
+    old = logp + torch.tensor([[1e-4, -2e-4], [3e-4, 0.0], [-1e-4, 2e-4], [0.0, 1e-4]], dtype=dtype)
+    loss, metrics, grad = _loss_and_grad(objective, logp, old, torch.ones(4, 2, dtype=torch.bool), adv, torch.tensor([0, 0, 1, 1]))
+    assert torch.isfinite(loss), (objective, loss)
+    assert all(torch.isfinite(v).all() for v in metrics.values()), {k: v for k, v in metrics.items() if not torch.isfinite(v).all()}
+    assert torch.isfinite(grad).all(), (objective, grad)
+
+
+def test_an_infinite_float16_advantage_is_refused_though_the_bound_is_past_float16s_range():
+    """1e20 is inf in float16: the bound check must not let inf <= inf pass."""
+    logp = torch.zeros(2, 2, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        policy_loss(
+            "grpo",
+            logp=logp,
+            old_logp=torch.zeros(2, 2, dtype=torch.float16),
+            advantages=torch.tensor([float("inf"), -1.0], dtype=torch.float16),
+            mask=torch.ones(2, 2, dtype=torch.bool),
+            group_ids=torch.zeros(2, dtype=torch.long),
+        )

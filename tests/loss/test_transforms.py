@@ -174,3 +174,50 @@ def test_positive_projection_scales_to_large_groups():
     lam = ((s - v)[support] / a[support]).median()
     torch.testing.assert_close(v[support], (s - lam * a)[support], rtol=1e-9, atol=1e-9)
     assert bool(((s - lam * a)[~support] <= 1e-9).all())
+
+
+@st.composite
+def spread_groups(draw, decades: int):
+    """(sbar, A) for one group with |A| = 10^k, k in [-decades, decades] (both signs present): A spans up to 2 * decades
+    orders of magnitude."""
+    G = draw(st.integers(2, 6))
+    s = torch.tensor(draw(st.lists(ratios, min_size=G, max_size=G)), dtype=torch.float64)
+    exponents = draw(st.lists(st.integers(-decades, decades), min_size=G, max_size=G))
+    signs = [1.0, -1.0] + draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=G - 2, max_size=G - 2))
+    a = torch.tensor([sign * 10.0**k for sign, k in zip(signs, exponents)], dtype=torch.float64)
+    return s, a
+
+
+def _project(s: torch.Tensor, a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return positive_orth_projection(s.to(dtype), a.to(dtype), torch.zeros(len(s), dtype=torch.long)).double()
+
+
+@given(spread_groups(decades=3), st.sampled_from([1e-20, 1.0, 1e20]), st.sampled_from([torch.float32, torch.float64]))
+def test_positive_projection_is_exact_at_any_scale_of_the_advantages(group, scale, dtype):
+    """Eq 51 is invariant to scaling A: |A| spread over 6 orders of magnitude, at any overall scale up to the 1e20
+    bound, gives the enumeration of every active set to the dtype's precision (float32 misplaced the root at 1e4 apart)."""
+    s, a = group
+    v = _project(s, scale * a, dtype)
+    ref = torch.tensor(qp_by_active_sets(s.tolist(), (a / a.abs().max()).tolist()), dtype=torch.float64)
+    tol = 1e-5 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(v, ref, rtol=0, atol=tol * float(s.max()))
+
+
+@given(spread_groups(decades=20))
+def test_positive_projection_stays_finite_and_feasible_whatever_the_spread(group):
+    """|A| from 1e-20 to 1e20 in one group (breakpoint interpolation gave weights of 1e20 or inf there): v is finite,
+    non-negative, orthogonal to A up to round-off, and float32 agrees with float64."""
+    s, a = group
+    v32, v64 = _project(s, a, torch.float32), _project(s, a, torch.float64)
+    scaled = a / a.abs().max()
+    assert bool(torch.isfinite(v32).all()) and bool((v32 >= 0).all()) and bool((v64 >= 0).all())
+    assert abs(float(scaled @ v64)) <= 1e-12 * float(scaled.abs().sum() * s.max())
+    torch.testing.assert_close(v32, v64, rtol=0, atol=1e-5 * float(s.max()))
+
+
+def test_positive_projection_of_the_reported_group_keeps_its_weights_finite():
+    """The report's case: one advantage of 1e20 (or 1e30) beside -1 in a group of two, in float32."""
+    s = torch.tensor([1.0001, 0.9999])
+    for big in (1e20, 1e30):
+        v = positive_orth_projection(s, torch.tensor([big, -1.0]), torch.zeros(2, dtype=torch.long))
+        torch.testing.assert_close(v, torch.tensor([0.0, 0.9999]), rtol=0, atol=1e-6)

@@ -42,6 +42,10 @@ from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms
 LOGP_FLOOR = 1e4
 """Log-probs below -LOGP_FLOOR at a real token are refused: float64's smallest positive number is
 e^-745, so no softmax produces them, and objectives that use log pi directly (CISPO) would overflow."""
+ADVANTAGE_BOUND = 1e20
+"""Advantages larger than this in magnitude are refused. A token's term is at most |A| times a weight of at most
+e^LOG_RATIO_BOUND (about 4.9e8; CISPO's |log pi| * eps_high is smaller), so below the bound a float32 loss can only
+overflow past about 7e9 real tokens in one batch; above it a few tokens already do (3e38 gave inf or NaN)."""
 
 
 def _check_inputs(
@@ -82,9 +86,13 @@ def _check_inputs(
         raise ValueError(
             f"logp must be >= -{LOGP_FLOOR:g} at real tokens (a log-probability), got min logp={float(torch.where(mask, logp.detach(), 0).min()):.3g}"
         )
-    if not bool(torch.isfinite(advantages.detach()).all()):
-        bad = torch.nonzero(~torch.isfinite(advantages.detach())).flatten()[:5].tolist()
-        raise ValueError(f"advantages must be finite; non-finite at indices {bad}")
+    in_bound = torch.isfinite(advantages.detach()) & (advantages.detach().abs() <= ADVANTAGE_BOUND)  # (B,); float16 casts 1e20 to inf
+    if not bool(in_bound.all()):
+        bad = torch.nonzero(~in_bound).flatten()[:5].tolist()
+        raise ValueError(
+            f"advantages must be finite and at most {ADVANTAGE_BOUND:g} in magnitude (larger ones overflow the loss); "
+            f"got {[float(advantages[i]) for i in bad]} at indices {bad}: rescale the rewards"
+        )
     return mask
 
 

@@ -60,17 +60,35 @@ def orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengt
     return sbar - coef[index] * a
 
 
-def _qp_multiplier(s: Tensor, a: Tensor) -> Tensor:
-    """The exact root lambda of g(lambda) = sum_i a_i max(s_i - lambda a_i, 0), per row.
+def _before(x: Tensor) -> Tensor:
+    """Exclusive prefix sums along the last axis: out[..., k] = sum_{i < k} x[..., i]."""
+    return torch.cat([torch.zeros_like(x[..., :1]), x.cumsum(-1)[..., :-1]], dim=-1)
+
+
+def _after(x: Tensor) -> Tensor:
+    """Exclusive suffix sums along the last axis: out[..., k] = sum_{i > k} x[..., i]. Summed from the end, so a large
+    term before k never enters (``total - cumsum`` lost the small terms behind it)."""
+    return torch.cat([x.flip(-1).cumsum(-1).flip(-1)[..., 1:], torch.zeros_like(x[..., :1])], dim=-1)
+
+
+def _qp_multiplier(s: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+    """The exact root lambda of g(lambda) = sum_i a_i max(s_i - lambda a_i, 0), per row, and its active set.
 
     s, a: (n, G) padded with a = 0 (padding adds nothing to g). Rows must hold both signs of
     a. g is piecewise linear and non-increasing with breakpoints b_i = s_i / a_i. With the
     breakpoints sorted, g at each of them is a pair of prefix/suffix sums (O(G log G) time,
     O(G) memory): at lambda = b_k the active terms are a_i > 0 with b_i > b_k and a_i < 0
     with b_i < b_k (a term at its own breakpoint is 0). The root is bracketed between the
-    largest breakpoint with g >= 0 and the smallest with g <= 0, where g is linear, and found
-    by interpolation; beyond the outermost breakpoints g is linear with a known active set.
+    largest breakpoint b_a with g >= 0 and the smallest b_b with g <= 0. Inside the bracket the
+    active set is fixed (a_i > 0 with b_i >= b_b, a_i < 0 with b_i <= b_a), so the root is
+    sum_active a s / sum_active a^2 exactly; interpolating g between the breakpoints instead
+    loses every digit when they lie far apart (advantages 1e20 apart gave inf). Beyond the
+    outermost breakpoints g is linear with a known active set too.
+    Returns lambda (n,) and the active set (n, G) bool in the input's order: lambda equals
+    sum_active a s / sum_active a^2 on every row that has an active term. Searched in float64 with
+    prefix and suffix sums that never subtract (``_before``, ``_after``), for any input dtype.
     """
+    dtype, s, a = s.dtype, s.double(), a.double()  # the search in float64 (float32 misplaced the root at |A| 1e4 apart)
     nonzero = a != 0
     inf = torch.tensor(float("inf"), dtype=s.dtype, device=s.device)
     bp = torch.where(nonzero, s / torch.where(nonzero, a, torch.ones_like(a)), inf)  # (n, G)
@@ -83,22 +101,21 @@ def _qp_multiplier(s: Tensor, a: Tensor) -> Tensor:
     n_as, n_a2 = torch.where(neg, a_sorted * s_sorted, zero), torch.where(neg, a_sorted**2, zero)
     bk = torch.where(valid, bp, zero)
     # positives after k (suffix, exclusive) + negatives before k (prefix, exclusive)
-    g = (p_as.sum(-1, keepdim=True) - p_as.cumsum(-1)) - bk * (p_a2.sum(-1, keepdim=True) - p_a2.cumsum(-1))
-    g = g + (n_as.cumsum(-1) - n_as) - bk * (n_a2.cumsum(-1) - n_a2)  # (n, G): g(b_k)
+    g = _after(p_as) - bk * _after(p_a2) + _before(n_as) - bk * _before(n_a2)  # (n, G): g(b_k)
     lam_a = torch.where(valid & (g >= 0), bp, -inf).amax(-1)  # (n,)
     lam_b = torch.where(valid & (g <= 0), bp, inf).amin(-1)  # (n,)
-    g_a = torch.where(valid & (bp == lam_a[:, None]) & (g >= 0), g, -inf).amax(-1)
-    g_b = torch.where(valid & (bp == lam_b[:, None]) & (g <= 0), g, inf).amin(-1)
     both = torch.isfinite(lam_a) & torch.isfinite(lam_b)
-    ones = torch.ones_like(lam_a)
-    span = torch.where(both, lam_b - lam_a, 0 * ones)
-    drop = torch.where(both, g_a - g_b, ones)
-    inner = torch.where(drop > 0, lam_a + torch.where(both, g_a, 0 * ones) * span / torch.where(drop > 0, drop, ones), lam_a)
+    active = valid & ((pos & (bp >= lam_b[:, None])) | (neg & (bp <= lam_a[:, None])))  # (n, G): the bracket's active set
+    a_s = torch.where(active, a_sorted * s_sorted, zero).sum(-1)  # (n,)
+    a_2 = torch.where(active, a_sorted**2, zero).sum(-1)  # (n,)
     tiny = torch.finfo(s.dtype).tiny
+    inner = torch.where(a_2 > 0, a_s / a_2.clamp(min=tiny), lam_a)
     # Left of every breakpoint only a_i > 0 are active; right of every breakpoint only a_i < 0.
     left = p_as.sum(-1) / p_a2.sum(-1).clamp(min=tiny)
     right = n_as.sum(-1) / n_a2.sum(-1).clamp(min=tiny)
-    return torch.where(both, inner, torch.where(torch.isfinite(lam_b), left, right))
+    lam = torch.where(both, inner, torch.where(torch.isfinite(lam_b), left, right))
+    active = torch.where(both[:, None], active, torch.where(torch.isfinite(lam_b)[:, None], pos, neg))
+    return lam.to(dtype), torch.zeros_like(active).scatter(-1, order, active)  # active back in the input's order
 
 
 def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None) -> Tensor:
@@ -118,20 +135,23 @@ def positive_orth_projection(sbar: Tensor, adv: Tensor, group_ids: Tensor | Grou
     a_dense, _ = group_dense(a, index, n)  # (n, G)
     has_pos = (a_dense > 0).any(-1)  # (n,)
     has_neg = (a_dense < 0).any(-1)
-    lam = _qp_multiplier(s_dense, a_dense)  # (n,)
+    lam, active = _qp_multiplier(s_dense.detach(), a_dense)  # (n,), (n, G)
     # The same root in closed form on its active set: lambda = sum_active a s / sum_active a^2. Equal in value;
     # its gradient is the exact derivative of the projection wherever the active set is locally constant,
     # which the breakpoint search's selection does not give when breakpoints tie (e.g. every ratio 1).
-    active = (s_dense - lam.detach()[:, None] * a_dense > 0) & (a_dense != 0)  # (n, G)
-    num = torch.where(active, a_dense * s_dense, 0.0).sum(-1)  # (n,)
-    den = torch.where(active, a_dense**2, 0.0).sum(-1)  # (n,)
-    lam = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), lam)
-    inf = torch.tensor(float("inf"), dtype=sbar.dtype, device=sbar.device)
+    # The active set comes from the search's bracket: re-reading it off s - lambda a > 0 drops a term that sits
+    # at the root within rounding (advantages 1e20 apart then gave a weight of 1e20).
+    # In float64: a^2 of a normalised advantage 1e-22 is a float32 subnormal with three significant bits.
+    a64, s64 = a_dense.double(), s_dense.double()  # (n, G)
+    num = torch.where(active, a64 * s64, 0.0).sum(-1)  # (n,)
+    den = torch.where(active, a64**2, 0.0).sum(-1)  # (n,)
+    lam = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), lam.double())
+    inf = torch.tensor(float("inf"), dtype=lam.dtype, device=sbar.device)
     # One-sided groups: lambda -> +inf (only positive a) or -inf (only negative a); none: 0.
     lam = torch.where(has_pos & has_neg, lam, torch.where(has_pos, inf, torch.where(has_neg, -inf, torch.zeros_like(lam))))
     lam_i = lam[index]  # (B,)
-    shift = torch.where(a == 0, torch.zeros_like(a), lam_i * a)  # avoid inf * 0
-    return torch.relu(sbar - shift)
+    shift = torch.where(a == 0, 0.0, lam_i * a.double())  # (B,) float64; avoid inf * 0
+    return torch.relu(sbar - shift).to(sbar.dtype)
 
 
 def truncate_rebalance(sbar: Tensor, adv: Tensor, group_ids: Tensor | Groups, lengths: Tensor | None = None, floor: float = 1e-6) -> Tensor:
