@@ -9,7 +9,7 @@ import torch
 from dfpo.toy.config import ToyConfig
 from dfpo.trainer import settings
 from dfpo.trainer.llm.config import Config
-from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES
+from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
 from dfpo.trainer.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
 from dfpo.trainer.loss.objectives import ObjectiveSpec, component_rows
 
@@ -188,7 +188,7 @@ def config_reference() -> str:
             "default": settings.literal(defaults[r["field"]]),
             "allowed": r["allowed"],
             "read when": r["read when"],
-            "meaning": settings.field_doc(ObjectiveSpec, r["field"]),
+            "meaning": SPEC_FIELDS[r["field"]].doc,
         }
         for r in component_rows()
     ]

@@ -189,16 +189,19 @@ def loss_coefficients(
     """Each seed's own d loss_s / d logp_it, (S, B, T), from one batched loss call, and the core's
     metrics (pooled over seeds).
 
-    A token mask that reads batch statistics (STAPO's entropy quantile) would couple the seeds:
-    for token-level objectives it is computed per seed with the core's own mask function and
-    passed as the completion mask (dropped tokens then leave the aggregation, which is STAPO's
-    renormalisation); any other masked objective, an unrenormalised mask (OPSM) and a covariance control
-    (Clip-Cov, KL-Cov: covariance over the batch) run one loss call per seed.
+    Folding the seeds into one batch is exact unless the spec says the batch is coupled
+    (``ObjectiveSpec.coupling_by_component``). A token mask (STAPO's entropy quantile) is made exact for
+    token-level objectives with a renormalised mask: it is computed per seed with the core's own mask function
+    and passed as the completion mask (dropped tokens then leave the aggregation, which is STAPO's
+    renormalisation). Any other coupling (a covariance control over the batch), and any other masked objective
+    (an unrenormalised mask such as OPSM, a mask at sequence level), runs one loss call per seed.
     """
     S, B, T = lp.shape
     leaf = lp.detach().requires_grad_(True)
     kwargs = dict(max_completion_length=max_len)
-    coupled = (spec.token_mask != "none" and (spec.ratio_level != "token" or not spec.mask_renormalise)) or spec.cov_control != "none"
+    mask_per_seed = spec.token_mask != "none" and spec.ratio_level == "token" and spec.mask_renormalise
+    others = {owner: why for owner, why in spec.coupling_by_component().items() if owner != "token_mask"}
+    coupled = bool(others) or (spec.token_mask != "none" and not mask_per_seed)
     if coupled:  # batch statistics or a mask the batched call cannot express: one call per seed
         coefs, pooled = [], []
         for s in range(S):

@@ -14,7 +14,8 @@ import torch
 from dfpo import ObjectiveSpec, policy_loss, resolve_objective
 from dfpo.trainer.loss import OBJECTIVES, RATIO_SHAPES, PolicyTerms, register_ratio_shape
 from dfpo.trainer.loss import core as core_module
-from dfpo.trainer.loss.shapes import SEQUENCE_WEIGHT_LEVELS, LossBatch, sequence_surrogate
+from dfpo.trainer.loss.shapes import SEQUENCE_WEIGHT_LEVELS, LossBatch
+from dfpo.trainer.loss.transforms import sequence_surrogate
 
 
 def _batch(seed: int = 0, B: int = 6, T: int = 7):
@@ -151,7 +152,7 @@ def test_registries_are_the_component_choices():
         TRANSFORMS,
     )
     from dfpo.trainer.loss.objectives import RATIO_LEVELS
-    from dfpo.trainer.loss.shapes import STOPGRAD_FORMS
+    from dfpo.trainer.loss.transforms import STOPGRAD_FORMS
 
     assert RATIO_LEVELS == tuple(RATIO_SHAPES) == ("token", "sequence_token", "sequence", "sequence_product", "geometric")
     assert CLIP_MODES == tuple(CLIP_RULES) and TRANSFORMS == tuple(TRANSFORM_FUNCTIONS)

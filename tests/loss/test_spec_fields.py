@@ -38,7 +38,7 @@ def test_every_spec_field_is_declared_with_complete_metadata():
 
 def test_an_unclassified_field_is_caught():
     """The check above is not vacuous: a dataclass with one bare field and one half-declared field fails it."""
-    info = FieldInfo(owner="clip", kind="bool", source="s", trust_region=True)
+    info = FieldInfo(owner="clip", kind="bool", source="s", trust_region=True, doc="d")
     probe = dataclasses.make_dataclass(
         "Probe",
         [
@@ -49,9 +49,11 @@ def test_an_unclassified_field_is_caught():
     )
     assert undeclared_fields(probe) == ["bare", "half"]
     with pytest.raises(ValueError, match="owner"):
-        FieldInfo(owner="nowhere", kind="bool", source="s", trust_region=True)
+        FieldInfo(owner="nowhere", kind="bool", source="s", trust_region=True, doc="d")
     with pytest.raises(ValueError, match="bounds"):
-        FieldInfo(owner="clip", kind="number", source="s", trust_region=True)
+        FieldInfo(owner="clip", kind="number", source="s", trust_region=True, doc="d")
+    with pytest.raises(ValueError, match="doc"):
+        FieldInfo(owner="clip", kind="bool", source="s", trust_region=True)
     with pytest.raises(ValueError, match="source"):
         FieldInfo(owner="clip", kind="bool", source=" ", trust_region=True)
 

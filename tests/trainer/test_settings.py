@@ -42,7 +42,7 @@ def every_key() -> list[tuple[str, str]]:
     keys = [(prefix + f.name, field_doc(cls, f.name)) for prefix, cls in trainer_sections() for f in dataclasses.fields(cls)]
     keys = [(k, d) for k, d in keys if not dataclasses.is_dataclass(type_hints(Config).get(k))]  # sections: own heading
     keys += [(f.name, field_doc(ToyConfig, f.name)) for f in dataclasses.fields(ToyConfig)]
-    keys += [(name, field_doc(ObjectiveSpec, name)) for name in COMPONENT_FIELDS]
+    keys += [(name, SPEC_FIELDS[name].doc) for name in COMPONENT_FIELDS]
     return keys
 
 

@@ -25,8 +25,9 @@ from dfpo.trainer.loss.objectives import (
     validate_spec,
 )
 from dfpo.trainer.loss.ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
-from dfpo.trainer.loss.shapes import RATIO_SHAPES, STOPGRAD_FUNCTIONS, LossBatch, PolicyTerms, register_ratio_shape
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms, register_ratio_shape
 from dfpo.trainer.loss.transforms import (
+    STOPGRAD_FUNCTIONS,
     TRANSFORM_FUNCTIONS,
     TRANSFORMS,
     group_transform,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import Component, component_field
 from dfpo.trainer.loss.groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
 ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
@@ -72,3 +73,18 @@ def _batch_whitened(rewards: Tensor, eps: float) -> Tensor:
     if rewards.numel() < 2 or bool(rewards.max() == rewards.min()):
         return torch.zeros_like(rewards)
     return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+# ----------------------------------------------------------------------------- the advantage component's settings
+
+ADV_SCALE = component_field(
+    "group",
+    "advantage",
+    "choice",
+    "group mean and std (paper eq 43; TRL scale_rewards='group')",
+    True,
+    choices=ADVANTAGE_SCALES,
+    doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp.",
+)
+
+ADVANTAGE_COMPONENT = Component("advantage")

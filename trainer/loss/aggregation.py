@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import Component, When, component_field
+
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean_token_sum")
 
 
@@ -52,3 +54,27 @@ def aggregate(
         count = count * (per_token.shape[-1] if max_completion_length is None else max_completion_length)
     count = count.clamp(min=1)  # an empty batch (or T = 0) sums to 0: its loss is 0, never 0/0
     return row_sum.sum() / count
+
+
+# ----------------------------------------------------------------------------- the aggregation component's settings
+
+AGGREGATION = component_field(
+    "seq_mean_token_mean",
+    "aggregation",
+    "choice",
+    "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
+    True,
+    choices=AGGREGATIONS,
+    doc="seq_mean_token_mean / token_mean / constant / seq_mean_token_sum.",
+)
+MAX_COMPLETION_LENGTH = component_field(
+    None,
+    "aggregation",
+    "count",
+    "None: the batch's T (TRL: max_completion_length)",
+    True,
+    active_when=When("aggregation", ("constant",)),
+    doc="T_max of the ``constant`` aggregation (None: the batch's T).",
+)
+
+AGGREGATION_COMPONENT = Component("aggregation")

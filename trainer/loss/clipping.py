@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import NONNEG, POSITIVE, UNIT, Component, When, component_field
+from dfpo.trainer.settings import Bounds
+
 Flags = tuple[Tensor, Tensor]
 
 
@@ -174,3 +177,125 @@ def clip_rule(mode: str) -> ClipRule:
     if mode not in CLIP_RULES:
         raise ValueError(f"clip must be one of {CLIP_MODES}, got clip={mode!r}")
     return CLIP_RULES[mode]
+
+
+# ----------------------------------------------------------------------------- the clip component's settings
+
+_READS_EPS_LOW = When("clip", ("ppo", "symmetric", "dppo_tv", "dppo_kl"))
+_READS_EPS_HIGH = When("clip", ("ppo", "symmetric", "cispo", "dppo_tv", "dppo_kl"))
+_READS_DUAL_CLIP = When("clip", ("ppo", "dppo_tv", "dppo_kl"))
+_CISPO = When("clip", ("cispo",))
+
+CLIP = component_field(
+    "ppo",
+    "clip",
+    "choice",
+    "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
+    True,
+    choices=CLIP_RULES,
+    doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks.",
+)
+EPS_LOW = component_field(
+    0.2,
+    "clip",
+    "number",
+    "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+    True,
+    bounds=UNIT,
+    bounds_when=((_CISPO, None),),
+    active_when=_READS_EPS_LOW,
+    doc="Lower clip range: the clip interval starts at 1 - eps_low (DPPO: the divergence bound when p falls).",
+)
+EPS_HIGH = component_field(
+    0.2,
+    "clip",
+    "number",
+    "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
+    True,
+    bounds=NONNEG,
+    bounds_when=((_CISPO, POSITIVE),),
+    active_when=_READS_EPS_HIGH,
+    doc="Upper clip range: 1 + eps_high (CISPO: the ratio cap itself; DPPO: the divergence bound when p rises).",
+)
+DUAL_CLIP_C = component_field(
+    None,
+    "clip",
+    "optional_number",
+    "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
+    True,
+    bounds=Bounds(1.0, math.inf, low_open=True),
+    active_when=_READS_DUAL_CLIP,
+    doc="Dual-clip: for A < 0 the weight is capped at c > 1 (verl clip_ratio_c, TRL delta); DPPO's ratio cap. None: off.",
+)
+SAPO_TAU_POS = component_field(
+    1.0,
+    "clip",
+    "number",
+    "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
+    True,
+    bounds=POSITIVE,
+    active_when=When("clip", ("sapo",)),
+    doc="SAPO gate temperature for A > 0.",
+)
+SAPO_TAU_NEG = component_field(
+    1.05,
+    "clip",
+    "number",
+    "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
+    True,
+    bounds=POSITIVE,
+    active_when=When("clip", ("sapo",)),
+    doc="SAPO gate temperature for A <= 0.",
+)
+VESPO_K_POS = component_field(
+    2.0,
+    "clip",
+    "number",
+    "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
+    True,
+    bounds=NONNEG,
+    active_when=When("clip", ("vespo",)),
+    doc="VESPO Gamma power k for A >= 0.",
+)
+VESPO_LAMBDA_POS = component_field(
+    3.0,
+    "clip",
+    "number",
+    "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
+    True,
+    bounds=POSITIVE,
+    active_when=When("clip", ("vespo",)),
+    doc="VESPO Gamma decay lambda for A >= 0.",
+)
+VESPO_K_NEG = component_field(
+    3.0,
+    "clip",
+    "number",
+    "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
+    True,
+    bounds=NONNEG,
+    active_when=When("clip", ("vespo",)),
+    doc="VESPO Gamma power k for A < 0.",
+)
+VESPO_LAMBDA_NEG = component_field(
+    2.0,
+    "clip",
+    "number",
+    "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
+    True,
+    bounds=POSITIVE,
+    active_when=When("clip", ("vespo",)),
+    doc="VESPO Gamma decay lambda for A < 0.",
+)
+
+
+def _check_clip(spec) -> None:
+    """A DFPO transform reweights A_i * w_i, which a score-function rule does not have; a token-probability rule
+    has no sequence-level form."""
+    if spec.transform != "none" and CLIP_RULES[spec.clip].score_function:
+        raise ValueError(f"transform={spec.transform!r} reweights A_i * w_i and has no meaning for the score-function clip={spec.clip!r}")
+    if not CLIP_RULES[spec.clip].sequence_level and spec.ratio_level != "token":
+        raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
+
+
+CLIP_COMPONENT = Component("clip", validate=_check_clip)

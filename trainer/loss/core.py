@@ -1,8 +1,11 @@
 """``policy_loss``: every objective as one composition of the components in this package.
 
     ratio shape (``RATIO_SHAPES``: ratio, clip rule eq 47/79, [DFPO group transform eqs 18,
-    50-55 through a stop-gradient form]) -> PolicyTerms -> token mask -> KL -> aggregation,
-    and every metric computed once from the PolicyTerms, whatever the ratio level.
+    50-55 through a stop-gradient form]) -> PolicyTerms -> token mask -> each component's
+    ``token_step`` (covariance control, rollout correction) -> aggregation -> each component's
+    ``loss_term`` (KL to the reference, entropy bonus), and every metric computed once from the
+    PolicyTerms, whatever the ratio level. No component is named here: each one's settings and
+    step live in its own module (``objectives.COMPONENTS``).
 
 Pure torch: tensors in, ``(loss, metrics)`` out; no I/O, no global state, no ``.item()``
 on the hot path (group bookkeeping aside). Padding may hold anything, NaN and inf included:
@@ -31,13 +34,11 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.aggregation import aggregate
-from dfpo.trainer.loss.correction import correction_metrics, rollout_weights
-from dfpo.trainer.loss.covariance import clip_cov_tokens, kl_cov_tokens
 from dfpo.trainer.loss.groups import Groups, group_sum
 from dfpo.trainer.loss.masks import dropped_tokens
-from dfpo.trainer.loss.objectives import ObjectiveSpec, resolve_objective
-from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, clamped_share, token_log_ratio
-from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, PolicyTerms
+from dfpo.trainer.loss.objectives import COMPONENTS, ObjectiveSpec, resolve_objective
+from dfpo.trainer.loss.ratios import clamped_share
+from dfpo.trainer.loss.shapes import RATIO_SHAPES, LossBatch, LossContext, PolicyTerms
 
 LOGP_FLOOR = 1e4
 """Log-probs below -LOGP_FLOOR at a real token are refused: float64's smallest positive number is
@@ -177,16 +178,6 @@ def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: T
     return var.clamp(max=torch.finfo(weights.dtype).max).to(weights.dtype)
 
 
-def _covariance_tokens(spec: ObjectiveSpec, terms: PolicyTerms, x: LossBatch, kept: Tensor) -> Tensor:
-    """The tokens a covariance control acts on (B, T) bool; none without one."""
-    if spec.cov_control == "clip_cov":
-        clipped = terms.clip_low | terms.clip_high
-        return clip_cov_tokens(x.logp, x.adv, kept, clipped, ratio=spec.cov_ratio, low=spec.cov_clip_low, high=spec.cov_clip_high)
-    if spec.cov_control == "kl_cov":
-        return kl_cov_tokens(x.logp, x.adv, kept, ratio=spec.cov_ratio)
-    return torch.zeros_like(kept)
-
-
 def _clip_shares(terms: PolicyTerms, kept: Tensor, valid_rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """clip/frac_low and clip/frac_high: share of non-empty sequences (sequence clip) or of kept tokens."""
     if terms.clip_per_sequence:
@@ -247,31 +238,29 @@ def policy_loss(
     dropped = dropped_tokens(spec, logp, x.old_logp, _sanitise(entropy, mask), x.adv, mask)  # (B, T)
     kept = mask & ~dropped
     agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise and spec.token_mask != "none" else (mask, lengths)
+    ctx = LossContext(
+        x=x,
+        terms=terms,
+        kept=kept,
+        agg_mask=agg_mask,
+        agg_lengths=agg_lengths,
+        entropy=entropy,
+        ref_logp=_sanitise(ref_logp, mask),
+        rollout_logp=_sanitise(rollout_logp, mask),
+    )
     per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
-    cov_tokens = _covariance_tokens(spec, terms, x, kept)  # (B, T) bool
-    if spec.cov_control == "clip_cov":  # dropped from the gradient, still counted by the aggregation (verl: loss * 0)
-        per_token = torch.where(cov_tokens, 0.0, per_token)
-    elif spec.cov_control == "kl_cov":  # + coef |log r| on the top-covariance tokens
-        log_ratio = token_log_ratio(logp, x.old_logp, mask)  # (B, T)
-        per_token = per_token + torch.where(cov_tokens, spec.kl_cov_coef * log_ratio.abs(), 0.0)
     metrics: dict[str, Tensor] = {}
-    if spec.rollout_correction != "none":  # a separate detached factor on the (transformed) policy term
-        rollout = _sanitise(rollout_logp, mask).detach()
-        weight = rollout_weights(x.old_logp, rollout, mask, spec.rollout_correction, spec.rollout_low, spec.rollout_cap)  # (B, T)
-        per_token = per_token * weight
-        metrics.update(correction_metrics(x.old_logp, rollout, mask, weight, spec.rollout_cap))
+    for component in COMPONENTS:  # covariance control, rollout correction: changes to the per-token loss
+        if component.token_step:
+            per_token, step_metrics = component.token_step(spec, ctx, per_token)
+            metrics.update(step_metrics)
     policy = aggregate(per_token, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
     loss = policy
-    if spec.beta > 0:
-        ref = _sanitise(ref_logp, mask).detach()
-        ref_gap = (ref - logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B, T), bounded like the ratios
-        k3 = torch.exp(ref_gap) - ref_gap - 1  # (B, T) k3 estimator
-        loss = policy + spec.beta * aggregate(k3, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
-        metrics["kl/ref"] = torch.where(mask, k3.detach(), 0.0).sum() / n_real
-    if spec.entropy_coef > 0:  # TRL's entropy bonus: a token mean over the kept tokens, whatever the aggregation
-        bonus = torch.where(kept, entropy, 0.0).sum() / kept.sum().clamp(min=1)
-        loss = loss - spec.entropy_coef * bonus
-        metrics["entropy/bonus"] = bonus.detach()
+    for component in COMPONENTS:  # the KL to the reference, the entropy bonus: terms added to the loss
+        if component.loss_term:
+            term, term_metrics = component.loss_term(spec, ctx)
+            loss = loss if term is None else loss + term
+            metrics.update(term_metrics)
 
     clip_low, clip_high = _clip_shares(terms, kept, valid_rows, logp.dtype)
     metrics.update(
@@ -284,7 +273,6 @@ def policy_loss(
             "weights/asym": asymmetry(terms.weight, x.adv, x.groups, valid_rows),
             "mask/frac": (dropped.sum() / n_real).to(logp.dtype),
             "ratio/clamped_frac": clamped_share(logp, x.old_logp, mask),
-            "cov/frac": (cov_tokens.sum() / n_real).to(logp.dtype),
         }
     )
     return loss, metrics

@@ -18,10 +18,14 @@ group (or equal to 1, as for float32 sampling from the policy itself) keeps it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import UNIT, Component, When, component_field
 from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND
+from dfpo.trainer.settings import Bounds
 
 CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -56,3 +60,52 @@ def correction_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, wei
     if seq.numel():
         out.update({"rollout/seq_ratio_min": seq.min(), "rollout/seq_ratio_mean": seq.mean(), "rollout/seq_ratio_max": seq.max()})
     return out
+
+
+def correction_step(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """The policy term times the detached correction weight, and the correction's metrics (nothing for ``none``)."""
+    if spec.rollout_correction == "none":
+        return per_token, {}
+    x = ctx.x
+    weight = rollout_weights(x.old_logp, ctx.rollout_logp, x.mask, spec.rollout_correction, spec.rollout_low, spec.rollout_cap)  # (B, T)
+    return per_token * weight, correction_metrics(x.old_logp, ctx.rollout_logp, x.mask, weight, spec.rollout_cap)
+
+
+# ----------------------------------------------------------------------------- the correction component's settings
+
+ROLLOUT_CORRECTION = component_field(
+    "none",
+    "correction",
+    "choice",
+    "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
+    True,
+    choices=CORRECTIONS,
+    doc="Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp``): none, token_truncate, token_mask, sequence_truncate, sequence_mask (see ``dfpo.trainer.loss.correction``).",
+)
+ROLLOUT_LOW = component_field(
+    0.5,
+    "correction",
+    "number",
+    "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min)",
+    True,
+    bounds=UNIT,
+    active_when=When("rollout_correction", ("token_mask", "sequence_mask")),
+    doc="Lower bound of the mask modes' kept interval [low, cap].",
+)
+ROLLOUT_CAP = component_field(
+    2.0,
+    "correction",
+    "number",
+    "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
+    True,
+    bounds=Bounds(1.0, math.inf),
+    active_when=When("rollout_correction", ("none",), negate=True),
+    doc="Truncation cap of the truncate modes, upper bound of the mask modes.",
+)
+
+
+def _correction_inputs(spec) -> dict[str, str]:
+    return {} if spec.rollout_correction == "none" else {"rollout_logp": f"rollout_correction={spec.rollout_correction!r}"}
+
+
+CORRECTION_COMPONENT = Component("correction", required_inputs=_correction_inputs, token_step=correction_step)

@@ -1,10 +1,17 @@
-"""What each field of ``ObjectiveSpec`` is, declared once beside the field (``dataclasses.field(metadata=...)``).
+"""What each field of ``ObjectiveSpec`` is, and what each component of an objective says about a spec.
 
 Every field carries a :class:`FieldInfo`: the component that owns it, the kind of value and its bounds or
-choices, where the shared default comes from, when the loss core reads it (``active_when``) and whether a
-matched control must hold it equal (``trust_region``). ``validate_spec``'s value checks, ``COMMON_SOURCES``,
-``TRUST_REGION_FIELDS``, ``unmatched_components`` and the component docs of ``dfpo objectives`` are all
-derived from it, so a new field is one declaration.
+choices, where the shared default comes from, when the loss core reads it (``active_when``), whether a
+matched control must hold it equal (``trust_region``) and what it means (``doc``). ``validate_spec``'s value
+checks, ``COMMON_SOURCES``, ``TRUST_REGION_FIELDS``, ``unmatched_components`` and the component docs of
+``dfpo objectives`` are all derived from it, so a new field is one declaration.
+
+Each component (a clip rule, the token mask, the KL term, ...) is one module of ``dfpo.trainer.loss`` that
+declares its fields (``spec_field``) next to the code that reads them, and one :class:`Component` record: the
+rules that tie its fields to others, the optional ``policy_loss`` inputs it needs, why it couples a batch, and
+its step of the loss pipeline. ``ObjectiveSpec`` lists the fields; ``validate_spec``,
+``ObjectiveSpec.required_inputs``, ``ObjectiveSpec.batch_coupling`` and ``policy_loss`` loop over the
+components, so no setting is read outside its component's module.
 
 ``Bounds`` and the bounds and choice checks are those of ``dfpo.trainer.settings``, the one mechanism of every
 config (the trainer's, the toy's, and these objective overrides); ``FieldInfo`` adds what only an objective
@@ -14,7 +21,8 @@ component has (owner, source, trust region, when it is read).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from dfpo.trainer.settings import Bounds, check_bounds, check_choice
@@ -80,6 +88,8 @@ class FieldInfo:
     """Bounds that replace ``bounds`` under a condition (first match wins; None: not checked there)."""
     active_when: When | None = None
     """When the loss core reads the field; None: always. An inactive field cannot make two specs unmatched."""
+    doc: str = ""
+    """What the field means, in a line or two (shown by ``dfpo objectives`` and docs/loss.md)."""
 
     def __post_init__(self) -> None:
         if self.owner not in OWNERS:
@@ -92,6 +102,8 @@ class FieldInfo:
             raise ValueError(f"a {self.kind} field needs bounds")
         if not self.source.strip():
             raise ValueError("a field needs the source of its shared default")
+        if self.owner != "preset" and not self.doc.strip():
+            raise ValueError("a component field needs a doc saying what it does")
 
     def bounds_for(self, spec: object) -> Bounds | None:
         """The bounds that apply to ``spec`` (a ``bounds_when`` match, else ``bounds``)."""
@@ -101,9 +113,21 @@ class FieldInfo:
         return self.bounds
 
 
+UNIT = Bounds(0.0, 1.0)
+UNIT_OPEN = Bounds(0.0, 1.0, low_open=True)
+NONNEG = Bounds(0.0, math.inf)
+POSITIVE = Bounds(0.0, math.inf, low_open=True)
+
+
 def spec_field(default: object, info: FieldInfo, **kwargs: object) -> dataclasses.Field:
     """``dataclasses.field`` with ``info`` as its metadata."""
     return dataclasses.field(default=default, metadata={META_KEY: info}, **kwargs)
+
+
+def component_field(default: object, owner: str, kind: str, source: str, trust_region: bool, **more: object) -> dataclasses.Field:
+    """The declaration of one component field of ``ObjectiveSpec``, made in its component's module: its default and
+    its ``FieldInfo`` (``more``: choices, bounds, bounds_when, active_when, doc)."""
+    return spec_field(default, FieldInfo(owner=owner, kind=kind, source=source, trust_region=trust_region, **more))
 
 
 def field_info(cls_or_spec: object, name: str) -> FieldInfo:
@@ -142,3 +166,30 @@ def check_value(name: str, info: FieldInfo, spec: object) -> None:
         bounds = info.bounds_for(spec)
         if bounds is not None and not (info.kind == "optional_number" and value is None):
             check_number(name, value, bounds, spec)
+
+
+@dataclass(frozen=True)
+class Component:
+    """What one component of an objective says about a spec, beside the fields it owns (``FieldInfo.owner``).
+
+    Each hook takes the spec (and, for the pipeline steps, the loss's context); a component that has nothing to
+    say for a hook leaves it None. The loss pipeline runs every ``token_step`` in component order on the per-token
+    loss (B, T), aggregates it, then adds every ``loss_term``.
+    """
+
+    owner: str
+    """The component (one of ``OWNERS``)."""
+    validate: Callable[[object], None] | None = None
+    """Raise ValueError naming the fields when this component's settings contradict another component's."""
+    required_inputs: Callable[[object], dict[str, str]] | None = None
+    """The optional ``policy_loss`` arguments this component needs for a spec, each with the setting that needs it."""
+    batch_coupling: Callable[[object], list[str]] | None = None
+    """Why this component makes a batch's loss differ from the weighted sum of its micro-batches' losses ([]: it does not)."""
+    token_step: Callable[..., tuple[object, dict[str, object]]] | None = None
+    """(spec, context, per_token (B, T)) -> (per_token (B, T), metrics): a change to the per-token loss before aggregation."""
+    loss_term: Callable[..., tuple[object | None, dict[str, object]]] | None = None
+    """(spec, context) -> (term or None, metrics): a scalar added to the aggregated loss (None: nothing to add)."""
+
+    def __post_init__(self) -> None:
+        if self.owner not in OWNERS:
+            raise ValueError(f"owner must be one of {OWNERS}, got owner={self.owner!r}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import NONNEG, UNIT, UNIT_OPEN, Component, When, component_field
+
 
 def stapo_spurious_mask(logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float) -> Tensor:
     """STAPO (arXiv 2602.15620): spurious tokens, True where a token is dropped (B, T).
@@ -68,3 +70,81 @@ def dropped_tokens(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None,
     if spec.token_mask in ENTROPY_MASKS and entropy is None:
         raise ValueError(f"entropy is required for token_mask={spec.token_mask!r}, got entropy=None")
     return TOKEN_MASK_FUNCTIONS[spec.token_mask](spec, logp, old_logp, entropy, adv, mask) & mask
+
+
+# ----------------------------------------------------------------------------- the token mask component's settings
+
+TOKEN_MASK = component_field(
+    "none",
+    "token_mask",
+    "choice",
+    "none: every real token gets a gradient",
+    True,
+    choices=TOKEN_MASK_FUNCTIONS,
+    doc="Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``, ``opsm``.",
+)
+MASK_RENORMALISE = component_field(
+    True,
+    "token_mask",
+    "bool",
+    "STAPO: the loss is divided by the number of kept tokens",
+    True,
+    active_when=When("token_mask", ("none",), negate=True),
+    doc="Aggregate over kept tokens only (STAPO) rather than over all real tokens (TRL top-entropy).",
+)
+STAPO_TAU_P = component_field(
+    0.002,
+    "token_mask",
+    "number",
+    "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
+    True,
+    bounds=UNIT_OPEN,
+    active_when=When("token_mask", ("stapo",)),
+    doc="STAPO probability threshold tau_p.",
+)
+STAPO_Q = component_field(
+    0.75,
+    "token_mask",
+    "number",
+    "STAPO (arXiv 2602.15620) latest version: q = 0.75",
+    True,
+    bounds=UNIT,
+    active_when=When("token_mask", ("stapo",)),
+    doc="STAPO entropy quantile q.",
+)
+TOP_ENTROPY_FRAC = component_field(
+    0.2,
+    "token_mask",
+    "number",
+    "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
+    True,
+    bounds=UNIT_OPEN,
+    active_when=When("token_mask", ("top_entropy",)),
+    doc='Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``.',
+)
+OPSM_DELTA = component_field(
+    0.5,
+    "token_mask",
+    "number",
+    "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
+    True,
+    bounds=NONNEG,
+    active_when=When("token_mask", ("opsm",)),
+    doc="Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped.",
+)
+
+
+def _mask_inputs(spec) -> dict[str, str]:
+    return {"entropy": f"token_mask={spec.token_mask!r}"} if spec.token_mask in ENTROPY_MASKS else {}
+
+
+def _mask_coupling(spec) -> list[str]:
+    reasons = []
+    if spec.token_mask in ("stapo", "top_entropy"):
+        reasons.append(f"token_mask={spec.token_mask!r} thresholds at a quantile over the whole batch")
+    if spec.token_mask != "none" and spec.mask_renormalise and spec.aggregation != "constant":
+        reasons.append("mask_renormalise=True divides by kept tokens, not by the real tokens micro-batches are weighted by")
+    return reasons
+
+
+TOKEN_MASK_COMPONENT = Component("token_mask", required_inputs=_mask_inputs, batch_coupling=_mask_coupling)

@@ -4,11 +4,12 @@
 returns a validated copy with some components changed. ``policy_loss`` reads only the spec.
 Every preset cites the source of each default in ``sources``.
 
-Each field of ``ObjectiveSpec`` declares, beside itself, a ``FieldInfo`` (``dfpo.trainer.loss.fields``):
-its owner component, its bounds or choices, the source of its shared default, when the loss core reads
-it and whether a matched control must hold it equal. ``validate_spec``'s value checks, ``COMMON_SOURCES``,
-``TRUST_REGION_FIELDS``, ``unmatched_components`` and ``component_rows`` (the docs of ``dfpo objectives``)
-are derived from those declarations.
+Each component field of ``ObjectiveSpec`` is declared in the module of the component that reads it, with a
+``FieldInfo`` (``dfpo.trainer.loss.fields``): its owner component, its bounds or choices, the source of its
+shared default, when the loss core reads it, whether a matched control must hold it equal and what it means.
+``validate_spec``'s value checks, ``COMMON_SOURCES``, ``TRUST_REGION_FIELDS``, ``unmatched_components`` and
+``component_rows`` (the docs of ``dfpo objectives``) are derived from those declarations; each component's
+cross-field rules, required inputs and batch coupling come from its ``Component`` record (``COMPONENTS``).
 """
 
 from __future__ import annotations
@@ -19,395 +20,112 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from dfpo.trainer.loss.advantages import ADVANTAGE_SCALES
-from dfpo.trainer.loss.aggregation import AGGREGATIONS
-from dfpo.trainer.loss.clipping import CLIP_RULES
-from dfpo.trainer.loss.correction import CORRECTIONS
-from dfpo.trainer.loss.fields import META_KEY, Bounds, FieldInfo, When, check_value, field_infos, spec_field
-from dfpo.trainer.loss.masks import ENTROPY_MASKS, TOKEN_MASK_FUNCTIONS
-from dfpo.trainer.loss.shapes import RATIO_SHAPES, SEQUENCE_WEIGHT_LEVELS, STOPGRAD_FUNCTIONS
-from dfpo.trainer.loss.transforms import TRANSFORM_FUNCTIONS
+from dfpo.trainer.loss.advantages import ADV_SCALE, ADVANTAGE_COMPONENT
+from dfpo.trainer.loss.aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
+from dfpo.trainer.loss.clipping import (
+    CLIP,
+    CLIP_COMPONENT,
+    DUAL_CLIP_C,
+    EPS_HIGH,
+    EPS_LOW,
+    SAPO_TAU_NEG,
+    SAPO_TAU_POS,
+    VESPO_K_NEG,
+    VESPO_K_POS,
+    VESPO_LAMBDA_NEG,
+    VESPO_LAMBDA_POS,
+)
+from dfpo.trainer.loss.correction import CORRECTION_COMPONENT, ROLLOUT_CAP, ROLLOUT_CORRECTION, ROLLOUT_LOW
+from dfpo.trainer.loss.covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL, COV_RATIO, KL_COV_COEF
+from dfpo.trainer.loss.entropy import ENTROPY_COEF, ENTROPY_COMPONENT
+from dfpo.trainer.loss.fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
+from dfpo.trainer.loss.kl import BETA, KL_COMPONENT
+from dfpo.trainer.loss.masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from dfpo.trainer.loss.shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
+from dfpo.trainer.loss.transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
 from dfpo.trainer.settings import parse_value, type_hints
 
+COMPONENTS: tuple[Component, ...] = (
+    RATIO_COMPONENT,
+    CLIP_COMPONENT,
+    TRANSFORM_COMPONENT,
+    TOKEN_MASK_COMPONENT,
+    COV_COMPONENT,
+    AGGREGATION_COMPONENT,
+    KL_COMPONENT,
+    CORRECTION_COMPONENT,
+    ENTROPY_COMPONENT,
+    ADVANTAGE_COMPONENT,
+)
+"""Every component, in the order the loss core applies them (``fields.OWNERS``): its cross-field rules, its inputs,
+why it couples a batch, and its step of the loss pipeline. Its fields are declared in its module."""
 RATIO_LEVELS = tuple(RATIO_SHAPES)
-COV_CONTROLS = ("none", "clip_cov", "kl_cov")
-
-_INF = math.inf
-_UNIT = Bounds(0.0, 1.0)
-_UNIT_OPEN = Bounds(0.0, 1.0, low_open=True)
-_NONNEG = Bounds(0.0, _INF)
-_POSITIVE = Bounds(0.0, _INF, low_open=True)
-_READS_EPS_LOW = When("clip", ("ppo", "symmetric", "dppo_tv", "dppo_kl"))
-_READS_EPS_HIGH = When("clip", ("ppo", "symmetric", "cispo", "dppo_tv", "dppo_kl"))
-_READS_DUAL_CLIP = When("clip", ("ppo", "dppo_tv", "dppo_kl"))
-_CISPO = When("clip", ("cispo",))
 
 
-def _info(owner: str, kind: str, source: str, trust_region: bool, **more: object) -> FieldInfo:
-    return FieldInfo(owner=owner, kind=kind, source=source, trust_region=trust_region, **more)
+def _bookkeeping(source: str) -> FieldInfo:
+    return FieldInfo(owner="preset", kind="label", source=source, trust_region=False)
 
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """One objective as a composition of components; valid by construction (``validate_spec`` runs on init)."""
+    """One objective as a composition of components; valid by construction (``validate_spec`` runs on init).
 
-    name: str = spec_field(dataclasses.MISSING, _info("preset", "label", "the preset's name (not a component)", False))
+    Each component field is declared (default, bounds or choices, source, when it is read, what it means) in the
+    module of the component that reads it, named in the comment above it; ``dfpo objectives`` lists them all.
+    """
+
+    name: str = spec_field(dataclasses.MISSING, _bookkeeping("the preset's name (not a component)"))
     """Preset name, e.g. ``"dfpo_min"``."""
-    description: str = spec_field(
-        dataclasses.MISSING, _info("preset", "label", "the preset's one-line description (not a component)", False)
-    )
+    description: str = spec_field(dataclasses.MISSING, _bookkeeping("the preset's one-line description (not a component)"))
     """One line saying what the objective is."""
-    ratio_level: str = spec_field("token", _info("ratio", "choice", "token ratio r_it (paper eq 7; PPO, GRPO)", True, choices=RATIO_SHAPES))
-    """``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO)."""
-    clip: str = spec_field(
-        "ppo", _info("clip", "choice", "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)", True, choices=CLIP_RULES)
-    )
-    """How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric``
-    clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1
-    (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks."""
-    eps_low: float = spec_field(
-        0.2,
-        _info(
-            "clip",
-            "number",
-            "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-            True,
-            bounds=_UNIT,
-            bounds_when=((_CISPO, None),),
-            active_when=_READS_EPS_LOW,
-        ),
-    )
-    """Lower clip range: the clip interval starts at 1 - eps_low (DPPO: the divergence bound when p falls)."""
-    eps_high: float = spec_field(
-        0.2,
-        _info(
-            "clip",
-            "number",
-            "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-            True,
-            bounds=_NONNEG,
-            bounds_when=((_CISPO, _POSITIVE),),
-            active_when=_READS_EPS_HIGH,
-        ),
-    )
-    """Upper clip range: 1 + eps_high (CISPO: the ratio cap itself; DPPO: the divergence bound when p rises)."""
-    dual_clip_c: float | None = spec_field(
-        None,
-        _info(
-            "clip",
-            "optional_number",
-            "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
-            True,
-            bounds=Bounds(1.0, _INF, low_open=True),
-            active_when=_READS_DUAL_CLIP,
-        ),
-    )
-    """Dual-clip: for A < 0 the weight is capped at c > 1 (verl clip_ratio_c, TRL delta); DPPO's ratio cap. None: off."""
-    sapo_tau_pos: float = spec_field(
-        1.0,
-        _info(
-            "clip",
-            "number",
-            "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
-            True,
-            bounds=_POSITIVE,
-            active_when=When("clip", ("sapo",)),
-        ),
-    )
-    """SAPO gate temperature for A > 0."""
-    sapo_tau_neg: float = spec_field(
-        1.05,
-        _info(
-            "clip",
-            "number",
-            "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
-            True,
-            bounds=_POSITIVE,
-            active_when=When("clip", ("sapo",)),
-        ),
-    )
-    """SAPO gate temperature for A <= 0."""
-    vespo_k_pos: float = spec_field(
-        2.0,
-        _info(
-            "clip",
-            "number",
-            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
-            True,
-            bounds=_NONNEG,
-            active_when=When("clip", ("vespo",)),
-        ),
-    )
-    """VESPO Gamma power k for A >= 0."""
-    vespo_lambda_pos: float = spec_field(
-        3.0,
-        _info(
-            "clip",
-            "number",
-            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
-            True,
-            bounds=_POSITIVE,
-            active_when=When("clip", ("vespo",)),
-        ),
-    )
-    """VESPO Gamma decay lambda for A >= 0."""
-    vespo_k_neg: float = spec_field(
-        3.0,
-        _info(
-            "clip",
-            "number",
-            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
-            True,
-            bounds=_NONNEG,
-            active_when=When("clip", ("vespo",)),
-        ),
-    )
-    """VESPO Gamma power k for A < 0."""
-    vespo_lambda_neg: float = spec_field(
-        2.0,
-        _info(
-            "clip",
-            "number",
-            "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
-            True,
-            bounds=_POSITIVE,
-            active_when=When("clip", ("vespo",)),
-        ),
-    )
-    """VESPO Gamma decay lambda for A < 0."""
-    transform: str = spec_field(
-        "none",
-        _info("transform", "choice", "none: no in-group transform (the baselines)", False, choices=TRANSFORM_FUNCTIONS),
-    )
-    """DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr."""
-    tr_floor: float = spec_field(
-        1e-6,
-        _info(
-            "transform",
-            "number",
-            "paper eq 52 names a small floor without a value; 1e-6 chosen here",
-            False,
-            bounds=_POSITIVE,
-            active_when=When("transform", ("orth_tr",)),
-        ),
-    )
-    """Truncation floor of truncate-and-rebalance (eq 52)."""
-    stopgrad: str = spec_field(
-        "ratio",
-        _info(
-            "transform",
-            "choice",
-            "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); "
-            "only read when a transform is set",
-            False,
-            choices=STOPGRAD_FUNCTIONS,
-            active_when=When("transform", ("none",), negate=True),
-        ),
-    )
-    """How stilde enters the gradient: ``ratio`` (eq 59-62, keeps GSPO's trust region), ``score`` (eq 68/85:
-    no trust region on clipped sequences), ``none`` (Table 3 ablation)."""
-    length_aware: bool = spec_field(
-        False,
-        _info(
-            "transform",
-            "bool",
-            "False: the paper's transforms (length-aware is this project's extension)",
-            False,
-            active_when=When("transform", ("none",), negate=True),
-        ),
-    )
-    """Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension)."""
-    token_mask: str = spec_field(
-        "none",
-        _info("token_mask", "choice", "none: every real token gets a gradient", True, choices=TOKEN_MASK_FUNCTIONS),
-    )
-    """Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``, ``opsm``."""
-    mask_renormalise: bool = spec_field(
-        True,
-        _info(
-            "token_mask",
-            "bool",
-            "STAPO: the loss is divided by the number of kept tokens",
-            True,
-            active_when=When("token_mask", ("none",), negate=True),
-        ),
-    )
-    """Aggregate over kept tokens only (STAPO) rather than over all real tokens (TRL top-entropy)."""
-    stapo_tau_p: float = spec_field(
-        0.002,
-        _info(
-            "token_mask",
-            "number",
-            "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
-            True,
-            bounds=_UNIT_OPEN,
-            active_when=When("token_mask", ("stapo",)),
-        ),
-    )
-    """STAPO probability threshold tau_p."""
-    stapo_q: float = spec_field(
-        0.75,
-        _info(
-            "token_mask",
-            "number",
-            "STAPO (arXiv 2602.15620) latest version: q = 0.75",
-            True,
-            bounds=_UNIT,
-            active_when=When("token_mask", ("stapo",)),
-        ),
-    )
-    """STAPO entropy quantile q."""
-    top_entropy_frac: float = spec_field(
-        0.2,
-        _info(
-            "token_mask",
-            "number",
-            "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
-            True,
-            bounds=_UNIT_OPEN,
-            active_when=When("token_mask", ("top_entropy",)),
-        ),
-    )
-    """Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``."""
-    cov_control: str = spec_field("none", _info("cov_control", "choice", "none: no covariance control", True, choices=COV_CONTROLS))
-    """Covariance token control (arXiv 2505.22617): ``none``, ``clip_cov`` (drop high-covariance tokens from the
-    gradient) or ``kl_cov`` (a |log r| penalty on the top-covariance tokens). Token level only."""
-    cov_ratio: float = spec_field(
-        2e-4,
-        _info(
-            "cov_control",
-            "number",
-            "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
-            True,
-            bounds=_UNIT_OPEN,
-            active_when=When("cov_control", ("none",), negate=True),
-        ),
-    )
-    """Share of real tokens Clip-Cov drops / KL-Cov penalises (at least one token)."""
-    cov_clip_low: float = spec_field(
-        1.0,
-        _info(
-            "cov_control",
-            "number",
-            "verl clip_cov_lb default 1.0",
-            True,
-            bounds=Bounds(-_INF, _INF),
-            active_when=When("cov_control", ("clip_cov",)),
-        ),
-    )
-    """Clip-Cov: lower bound of the covariance band it picks from."""
-    cov_clip_high: float = spec_field(
-        5.0,
-        _info(
-            "cov_control",
-            "number",
-            "verl clip_cov_ub default 5.0",
-            True,
-            bounds=Bounds("cov_clip_low", _INF),
-            active_when=When("cov_control", ("clip_cov",)),
-        ),
-    )
-    """Clip-Cov: upper bound of the covariance band it picks from."""
-    kl_cov_coef: float = spec_field(
-        1.0,
-        _info(
-            "cov_control",
-            "number",
-            "verl compute_policy_loss_kl_cov's fallback 1.0 (verl's PolicyLossConfig default is 0.1)",
-            True,
-            bounds=_NONNEG,
-            active_when=When("cov_control", ("kl_cov",)),
-        ),
-    )
-    """KL-Cov: weight of the |log r| penalty."""
-    opsm_delta: float = spec_field(
-        0.5,
-        _info(
-            "token_mask",
-            "number",
-            "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
-            True,
-            bounds=_NONNEG,
-            active_when=When("token_mask", ("opsm",)),
-        ),
-    )
-    """Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped."""
-    aggregation: str = spec_field(
-        "seq_mean_token_mean",
-        _info(
-            "aggregation",
-            "choice",
-            "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
-            True,
-            choices=AGGREGATIONS,
-        ),
-    )
-    """seq_mean_token_mean / token_mean / constant / seq_mean_token_sum."""
-    max_completion_length: int | None = spec_field(
-        None,
-        _info(
-            "aggregation",
-            "count",
-            "None: the batch's T (TRL: max_completion_length)",
-            True,
-            active_when=When("aggregation", ("constant",)),
-        ),
-    )
-    """T_max of the ``constant`` aggregation (None: the batch's T)."""
-    beta: float = spec_field(
-        0.0,
-        _info("kl", "number", "0: no KL term (TRL GRPOConfig default; DAPO, Dr. GRPO and GSPO drop it)", True, bounds=_NONNEG),
-    )
-    """Weight of the k3 KL to ``ref_logp``."""
-    rollout_correction: str = spec_field(
-        "none",
-        _info(
-            "correction",
-            "choice",
-            "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
-            True,
-            choices=CORRECTIONS,
-        ),
-    )
-    """Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp``): none, token_truncate, token_mask,
-    sequence_truncate, sequence_mask (see ``dfpo.trainer.loss.correction``)."""
-    rollout_low: float = spec_field(
-        0.5,
-        _info(
-            "correction",
-            "number",
-            "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min)",
-            True,
-            bounds=_UNIT,
-            active_when=When("rollout_correction", ("token_mask", "sequence_mask")),
-        ),
-    )
-    """Lower bound of the mask modes' kept interval [low, cap]."""
-    rollout_cap: float = spec_field(
-        2.0,
-        _info(
-            "correction",
-            "number",
-            "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
-            True,
-            bounds=Bounds(1.0, _INF),
-            active_when=When("rollout_correction", ("none",), negate=True),
-        ),
-    )
-    """Truncation cap of the truncate modes, upper bound of the mask modes."""
-    entropy_coef: float = spec_field(
-        0.0, _info("entropy", "number", "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)", True, bounds=_NONNEG)
-    )
-    """Entropy bonus: the loss minus entropy_coef times the mean entropy over the tokens the policy term keeps."""
-    adv_scale: str = spec_field(
-        "group",
-        _info("advantage", "choice", "group mean and std (paper eq 43; TRL scale_rewards='group')", True, choices=ADVANTAGE_SCALES),
-    )
-    """Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp."""
+    # ratio: dfpo.trainer.loss.shapes
+    ratio_level: str = RATIO_LEVEL
+    # clip: dfpo.trainer.loss.clipping
+    clip: str = CLIP
+    eps_low: float = EPS_LOW
+    eps_high: float = EPS_HIGH
+    dual_clip_c: float | None = DUAL_CLIP_C
+    sapo_tau_pos: float = SAPO_TAU_POS
+    sapo_tau_neg: float = SAPO_TAU_NEG
+    vespo_k_pos: float = VESPO_K_POS
+    vespo_lambda_pos: float = VESPO_LAMBDA_POS
+    vespo_k_neg: float = VESPO_K_NEG
+    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    # transform: dfpo.trainer.loss.transforms
+    transform: str = TRANSFORM
+    tr_floor: float = TR_FLOOR
+    stopgrad: str = STOPGRAD
+    length_aware: bool = LENGTH_AWARE
+    # token_mask: dfpo.trainer.loss.masks
+    token_mask: str = TOKEN_MASK
+    mask_renormalise: bool = MASK_RENORMALISE
+    stapo_tau_p: float = STAPO_TAU_P
+    stapo_q: float = STAPO_Q
+    top_entropy_frac: float = TOP_ENTROPY_FRAC
+    opsm_delta: float = OPSM_DELTA
+    # cov_control: dfpo.trainer.loss.covariance
+    cov_control: str = COV_CONTROL
+    cov_ratio: float = COV_RATIO
+    cov_clip_low: float = COV_CLIP_LOW
+    cov_clip_high: float = COV_CLIP_HIGH
+    kl_cov_coef: float = KL_COV_COEF
+    # aggregation: dfpo.trainer.loss.aggregation
+    aggregation: str = AGGREGATION
+    max_completion_length: int | None = MAX_COMPLETION_LENGTH
+    # kl: dfpo.trainer.loss.kl
+    beta: float = BETA
+    # correction: dfpo.trainer.loss.correction
+    rollout_correction: str = ROLLOUT_CORRECTION
+    rollout_low: float = ROLLOUT_LOW
+    rollout_cap: float = ROLLOUT_CAP
+    # entropy: dfpo.trainer.loss.entropy
+    entropy_coef: float = ENTROPY_COEF
+    # advantage: dfpo.trainer.loss.advantages
+    adv_scale: str = ADV_SCALE
     sources: Mapping[str, str] = field(
         default_factory=dict,
         compare=False,
-        metadata={META_KEY: _info("preset", "label", "each preset's own sources, keyed by field name (not a component)", False)},
+        metadata={META_KEY: _bookkeeping("each preset's own sources, keyed by field name (not a component)")},
     )
     """Where each default comes from, keyed by field name."""
 
@@ -430,16 +148,12 @@ class ObjectiveSpec:
         return condition is None or condition.holds(self)
 
     def required_inputs(self) -> dict[str, str]:
-        """The optional ``policy_loss`` arguments this spec needs, each with the component setting that needs it."""
+        """The optional ``policy_loss`` arguments this spec needs, each with the component setting that needs it
+        (the first component that needs an argument names it)."""
         needs: dict[str, str] = {}
-        if self.token_mask in ENTROPY_MASKS:
-            needs["entropy"] = f"token_mask={self.token_mask!r}"
-        elif self.entropy_coef > 0:
-            needs["entropy"] = f"entropy_coef={self.entropy_coef!r} (entropy with its gradient)"
-        if self.beta > 0:
-            needs["ref_logp"] = f"beta={self.beta!r} (the k3 KL to the reference policy)"
-        if self.rollout_correction != "none":
-            needs["rollout_logp"] = f"rollout_correction={self.rollout_correction!r}"
+        for component in COMPONENTS:
+            for name, why in (component.required_inputs(self) if component.required_inputs else {}).items():
+                needs.setdefault(name, why)
         return needs
 
     @property
@@ -457,22 +171,18 @@ class ObjectiveSpec:
         """``policy_loss`` needs ``rollout_logp``: a rollout correction (rollout_correction != 'none')."""
         return "rollout_logp" in self.required_inputs()
 
+    def coupling_by_component(self) -> dict[str, list[str]]:
+        """The reasons of ``batch_coupling``, keyed by the component that gives them (components with none left out)."""
+        reasons = {c.owner: c.batch_coupling(self) for c in COMPONENTS if c.batch_coupling}
+        return {owner: why for owner, why in reasons.items() if why}
+
     def batch_coupling(self) -> list[str]:
         """Why the loss of a batch is not the weighted sum of its micro-batches' losses ([] when it is).
 
         The micro-batches hold whole groups and keep the batch's padded width; each is weighted by
         ``aggregation_count`` of its real-token mask over the batch's (what a trainer knows before the loss).
         """
-        reasons = []
-        if self.token_mask in ("stapo", "top_entropy"):
-            reasons.append(f"token_mask={self.token_mask!r} thresholds at a quantile over the whole batch")
-        if self.token_mask != "none" and self.mask_renormalise and self.aggregation != "constant":
-            reasons.append("mask_renormalise=True divides by kept tokens, not by the real tokens micro-batches are weighted by")
-        if self.cov_control != "none":
-            reasons.append(f"cov_control={self.cov_control!r} centres on batch means and picks a share of the whole batch's tokens")
-        if self.entropy_coef > 0 and (self.aggregation != "token_mean" or self.token_mask != "none"):
-            reasons.append("the entropy bonus is a mean over kept tokens, weighted unlike the aggregation's micro-batches")
-        return reasons
+        return [reason for why in self.coupling_by_component().values() for reason in why]
 
     @property
     def batch_coupled(self) -> bool:
@@ -494,8 +204,8 @@ TRUST_REGION_FIELDS = tuple(name for name in COMPONENT_FIELDS if SPEC_FIELDS[nam
 def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     """Raise ValueError naming the first bad component; return the spec unchanged otherwise.
 
-    Each field is checked against its ``FieldInfo`` (choices first, then values), then the rules that tie
-    components together.
+    Each field is checked against its ``FieldInfo`` (choices first, then values), then each component's rules
+    that tie its fields to other components' (``Component.validate``).
     """
     for name, info in SPEC_FIELDS.items():
         if info.kind == "choice":
@@ -503,23 +213,9 @@ def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
     for name, info in SPEC_FIELDS.items():
         if info.kind != "choice":
             check_value(name, info, spec)
-    if spec.cov_control != "none" and spec.ratio_level != "token":
-        raise ValueError(
-            f"cov_control={spec.cov_control!r} selects tokens and needs ratio_level='token', got ratio_level={spec.ratio_level!r}"
-        )
-    if spec.transform != "none" and spec.ratio_level not in SEQUENCE_WEIGHT_LEVELS:
-        raise ValueError(
-            f"transform={spec.transform!r} acts on sequence weights and needs ratio_level in {sorted(SEQUENCE_WEIGHT_LEVELS)}, "
-            f"got ratio_level={spec.ratio_level!r}"
-        )
-    if spec.transform != "none" and CLIP_RULES[spec.clip].score_function:
-        raise ValueError(f"transform={spec.transform!r} reweights A_i * w_i and has no meaning for the score-function clip={spec.clip!r}")
-    if not CLIP_RULES[spec.clip].sequence_level and spec.ratio_level != "token":
-        raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
-    if spec.ratio_level == "geometric" and spec.clip != "none" and spec.eps_low >= 1.0:
-        raise ValueError(
-            f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}"
-        )
+    for component in COMPONENTS:
+        if component.validate:
+            component.validate(spec)
     return spec
 
 

@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 from dfpo.trainer.loss.clipping import clip_rule
+from dfpo.trainer.loss.fields import Component, component_field
 from dfpo.trainer.loss.groups import Groups
 from dfpo.trainer.loss.ratios import LOG_RATIO_BOUND, sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
-from dfpo.trainer.loss.transforms import group_transform
+from dfpo.trainer.loss.transforms import sequence_surrogate
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,26 @@ class PolicyTerms:
     """True: ``clip/frac_*`` counts sequences (as TRL logs GSPO); False: it counts kept tokens."""
 
 
+@dataclass(frozen=True)
+class LossContext:
+    """What the loss pipeline's component steps read (``Component.token_step``, ``Component.loss_term``)."""
+
+    x: LossBatch
+    terms: PolicyTerms
+    kept: Tensor
+    """(B, T) bool: real tokens the token mask keeps."""
+    agg_mask: Tensor
+    """(B, T) bool: the tokens the aggregation counts (the kept ones when a renormalised mask drops some)."""
+    agg_lengths: Tensor | None
+    """(B,) the row sums of ``agg_mask`` when known (None: the aggregation counts them)."""
+    entropy: Tensor | None
+    """(B, T) the policy's token entropy, with its gradient, in the compute dtype (None when not passed)."""
+    ref_logp: Tensor | None
+    """(B, T) detached reference log-probs, padding zeroed (None when not passed)."""
+    rollout_logp: Tensor | None
+    """(B, T) detached sampler log-probs, padding zeroed (None when not passed)."""
+
+
 RatioShape = Callable[[object, LossBatch], PolicyTerms]
 RATIO_SHAPES: dict[str, RatioShape] = {}
 SEQUENCE_WEIGHT_LEVELS: set[str] = set()
@@ -78,58 +99,6 @@ def register_ratio_shape(level: str, *, sequence_weight: bool = False) -> Callab
         return fn
 
     return register
-
-
-# ----------------------------------------------------------------------------- stop-gradient forms
-
-
-def _transform_in_graph(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
-    """``stopgrad="none"`` (Table 3 ablation): the transform stays in the graph; surrogate A_i stilde_i."""
-    stilde = stilde_of(sbar)  # (B,)
-    return (x.adv * stilde)[:, None].expand_as(x.logp), stilde.detach()
-
-
-def _ratio_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
-    """Eqs 59-62: sg(stilde / sbar) * sbar(theta), so a sequence the clip holds gets no gradient."""
-    with torch.no_grad():
-        stilde = stilde_of(sbar.detach())  # (B,)
-    positive = sbar.detach() > 0
-    factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)  # (B,)
-    return (x.adv * factor * sbar)[:, None].expand_as(x.logp), stilde
-
-
-def _score_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
-    """Eq 68/85: value stilde_i A_i, gradient stilde_i A_i grad log pi(y_it) at every token (no trust region)."""
-    with torch.no_grad():
-        stilde = stilde_of(sbar.detach())  # (B,)
-    score = torch.exp(x.logp - x.logp.detach())  # (B, T), value 1
-    return (x.adv * stilde)[:, None] * score, stilde
-
-
-STOPGRAD_FUNCTIONS = {"ratio": _ratio_form, "score": _score_form, "none": _transform_in_graph}
-"""How the transformed weight stilde enters the gradient, keyed by the ``stopgrad`` component."""
-STOPGRAD_FORMS = tuple(STOPGRAD_FUNCTIONS)
-
-
-def sequence_surrogate(spec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
-    """Per-token surrogate (B, T) and detached weight (B,) from post-clip sequence weights sbar (B,).
-
-    Without a transform: A_i sbar_i at every token (eq 49). With one: DFPO's group transform
-    (eqs 18, 50-55) through the spec's stop-gradient form. Empty rows take no part in a group
-    transform: each is a group of its own.
-    """
-    if spec.transform == "none":
-        return (x.adv * sbar)[:, None].expand_as(x.logp), sbar.detach()
-    groups, empty = x.groups, x.lengths == 0
-    if bool(empty.any()):
-        solo = groups.n + torch.arange(x.lengths.numel(), device=x.lengths.device)
-        groups = Groups(torch.where(empty, solo, groups.index), groups.n + x.lengths.numel())
-    lengths = x.lengths if spec.length_aware else None
-
-    def stilde_of(weights: Tensor) -> Tensor:
-        return group_transform(spec.transform, weights, x.adv, groups, lengths, spec.tr_floor)
-
-    return STOPGRAD_FUNCTIONS[spec.stopgrad](spec, sbar, stilde_of, x)
 
 
 def _row_mean(values: Tensor, mask: Tensor, lengths: Tensor) -> Tensor:
@@ -232,3 +201,32 @@ def geometric_shape(spec, x: LossBatch) -> PolicyTerms:
         clip_high=high,
         clip_per_sequence=False,
     )
+
+
+# ----------------------------------------------------------------------------- the ratio component's settings
+
+RATIO_LEVEL = component_field(
+    "token",
+    "ratio",
+    "choice",
+    "token ratio r_it (paper eq 7; PPO, GRPO)",
+    True,
+    choices=RATIO_SHAPES,
+    doc="``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO).",
+)
+
+
+def _check_ratio_level(spec) -> None:
+    """DFPO's transforms act on one weight per sequence; GMPO takes the log of clipped token ratios."""
+    if spec.transform != "none" and spec.ratio_level not in SEQUENCE_WEIGHT_LEVELS:
+        raise ValueError(
+            f"transform={spec.transform!r} acts on sequence weights and needs ratio_level in {sorted(SEQUENCE_WEIGHT_LEVELS)}, "
+            f"got ratio_level={spec.ratio_level!r}"
+        )
+    if spec.ratio_level == "geometric" and spec.clip != "none" and spec.eps_low >= 1.0:
+        raise ValueError(
+            f"ratio_level='geometric' takes the log of clipped token ratios and needs eps_low < 1, got eps_low={spec.eps_low!r}"
+        )
+
+
+RATIO_COMPONENT = Component("ratio", validate=_check_ratio_level)

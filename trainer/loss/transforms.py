@@ -1,7 +1,10 @@
-"""DFPO's in-group transforms of the post-clip weight vector (paper App. B, eqs 18, 50-55).
+"""DFPO's in-group transforms of the post-clip weight vector (paper App. B, eqs 18, 50-55), and how the
+transformed weight enters the gradient (the stop-gradient forms, eqs 59-62, 68/85): the transform component.
 
 Each transform maps a group's post-clip weights sbar (eq 47) and advantages A to new weights
 stilde. All of them take flat (B,) tensors and arbitrary ``group_ids`` (B,) (or a precomputed ``Groups``).
+``sequence_surrogate`` turns a ratio shape's sequence weights into the per-token surrogate through the
+spec's transform and stop-gradient form.
 
 Where this departs from the paper:
 1. Eq (55) prints beta = -sum_P A s+ / sum_N (-A) s+, which is negative; the factor that makes
@@ -14,11 +17,16 @@ Where this departs from the paper:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from dfpo.trainer.loss.fields import POSITIVE, Component, When, component_field
 from dfpo.trainer.loss.groups import Groups, group_amax, group_amin, group_dense, group_sum
+
+if TYPE_CHECKING:  # shapes imports this module (its sequence weights go through sequence_surrogate)
+    from dfpo.trainer.loss.shapes import LossBatch
 
 
 def _effective_adv(adv: Tensor, lengths: Tensor | None, groups: Groups) -> Tensor:
@@ -201,3 +209,100 @@ def group_transform(
     if kind not in TRANSFORM_FUNCTIONS:
         raise ValueError(f"transform must be one of {TRANSFORMS}, got transform={kind!r}")
     return TRANSFORM_FUNCTIONS[kind](sbar, adv, Groups.of(group_ids), lengths, floor)
+
+
+# ----------------------------------------------------------------------------- stop-gradient forms
+
+
+def _transform_in_graph(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """``stopgrad="none"`` (Table 3 ablation): the transform stays in the graph; surrogate A_i stilde_i."""
+    stilde = stilde_of(sbar)  # (B,)
+    return (x.adv * stilde)[:, None].expand_as(x.logp), stilde.detach()
+
+
+def _ratio_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Eqs 59-62: sg(stilde / sbar) * sbar(theta), so a sequence the clip holds gets no gradient."""
+    with torch.no_grad():
+        stilde = stilde_of(sbar.detach())  # (B,)
+    positive = sbar.detach() > 0
+    factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)  # (B,)
+    return (x.adv * factor * sbar)[:, None].expand_as(x.logp), stilde
+
+
+def _score_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Eq 68/85: value stilde_i A_i, gradient stilde_i A_i grad log pi(y_it) at every token (no trust region)."""
+    with torch.no_grad():
+        stilde = stilde_of(sbar.detach())  # (B,)
+    score = torch.exp(x.logp - x.logp.detach())  # (B, T), value 1
+    return (x.adv * stilde)[:, None] * score, stilde
+
+
+STOPGRAD_FUNCTIONS = {"ratio": _ratio_form, "score": _score_form, "none": _transform_in_graph}
+"""How the transformed weight stilde enters the gradient, keyed by the ``stopgrad`` component."""
+STOPGRAD_FORMS = tuple(STOPGRAD_FUNCTIONS)
+
+
+def sequence_surrogate(spec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
+    """Per-token surrogate (B, T) and detached weight (B,) from post-clip sequence weights sbar (B,).
+
+    Without a transform: A_i sbar_i at every token (eq 49). With one: DFPO's group transform
+    (eqs 18, 50-55) through the spec's stop-gradient form. Empty rows take no part in a group
+    transform: each is a group of its own.
+    """
+    if spec.transform == "none":
+        return (x.adv * sbar)[:, None].expand_as(x.logp), sbar.detach()
+    groups, empty = x.groups, x.lengths == 0
+    if bool(empty.any()):
+        solo = groups.n + torch.arange(x.lengths.numel(), device=x.lengths.device)
+        groups = Groups(torch.where(empty, solo, groups.index), groups.n + x.lengths.numel())
+    lengths = x.lengths if spec.length_aware else None
+
+    def stilde_of(weights: Tensor) -> Tensor:
+        return group_transform(spec.transform, weights, x.adv, groups, lengths, spec.tr_floor)
+
+    return STOPGRAD_FUNCTIONS[spec.stopgrad](spec, sbar, stilde_of, x)
+
+
+# ----------------------------------------------------------------------------- the transform component's settings
+
+TRANSFORM = component_field(
+    "none",
+    "transform",
+    "choice",
+    "none: no in-group transform (the baselines)",
+    False,
+    choices=TRANSFORM_FUNCTIONS,
+    doc="DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr.",
+)
+TR_FLOOR = component_field(
+    1e-6,
+    "transform",
+    "number",
+    "paper eq 52 names a small floor without a value; 1e-6 chosen here",
+    False,
+    bounds=POSITIVE,
+    active_when=When("transform", ("orth_tr",)),
+    doc="Truncation floor of truncate-and-rebalance (eq 52).",
+)
+STOPGRAD = component_field(
+    "ratio",
+    "transform",
+    "choice",
+    "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); "
+    "only read when a transform is set",
+    False,
+    choices=STOPGRAD_FUNCTIONS,
+    active_when=When("transform", ("none",), negate=True),
+    doc="How stilde enters the gradient: ``ratio`` (eq 59-62, keeps GSPO's trust region), ``score`` (eq 68/85: no trust region on clipped sequences), ``none`` (Table 3 ablation).",
+)
+LENGTH_AWARE = component_field(
+    False,
+    "transform",
+    "bool",
+    "False: the paper's transforms (length-aware is this project's extension)",
+    False,
+    active_when=When("transform", ("none",), negate=True),
+    doc="Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension).",
+)
+
+TRANSFORM_COMPONENT = Component("transform")
