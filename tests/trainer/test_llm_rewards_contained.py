@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -560,6 +561,14 @@ def test_parse_frame_accepts_what_a_worker_writes():
         assert reward_pool.parse_frame(json.dumps(message).encode()) == message
 
 
+def test_the_longest_frame_a_worker_writes_fits_the_bound():
+    """Details of DETAIL_CHARS characters that JSON escapes at 12 bytes each (astral characters), and a recycle
+    reason as long: still one atomic write (PIPE_BUF with its length)."""
+    widest = "\U0001f600" * reward_pool.DETAIL_CHARS
+    frame = json.dumps(["done", "0" * 16, -reward_pool.MAX_ABS_REWARD, "invalid", widest, "m" * reward_pool.DETAIL_CHARS])
+    assert len(frame.encode()) <= reward_pool.MAX_FRAME_BYTES == select.PIPE_BUF - 4  # the length takes 4 bytes
+
+
 def test_a_frame_longer_than_the_bound_is_refused_as_soon_as_its_length_is_read():
     buf = bytearray(struct.pack(">I", reward_pool.MAX_FRAME_BYTES + 1) + b"x")
     with pytest.raises(reward_pool.BadFrame, match=f"{reward_pool.MAX_FRAME_BYTES + 1} bytes long"):
@@ -648,7 +657,10 @@ def test_memory_and_recycling_settings_are_checked_before_any_worker_starts(sett
 
 @pytest.mark.parametrize("user_fn", ["../pkg/mod:fn", "pkg/mod.py:fn", ".mod:fn", "mod.:fn", "mod:fn.x", "mod", ":fn", "mod:"])
 def test_a_user_fn_that_is_not_module_colon_function_is_one_sentence_naming_it(user_fn):
-    message = f"reward.user_fn must look like 'package.module:function' (importable from sys.path), got {user_fn!r}"
+    message = (
+        "reward.user_fn must look like 'module:function' (or 'package.module:function': a module importable from "
+        f"sys.path, not a file path), got {user_fn!r}"
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         reward_spec("user", "add", user_fn)
     with pytest.raises(ValueError, match=re.escape(message)):

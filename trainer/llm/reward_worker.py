@@ -12,12 +12,13 @@ Protocol, one frame = 4-byte big-endian length + body:
     worker -> parent, JSON (the parent unpickles nothing that a process running user code wrote):
         ["ready"] or ["failed", message] once, then ["done", call_id, value, status, detail, recycle] per task;
         recycle is "" to keep the worker, else why it must be replaced.
-    Every frame is at most MAX_FRAME_BYTES (PIPE_BUF: written atomically); the parent checks each one
+    Each of these frames is at most PIPE_BUF bytes (written atomically); the parent checks each one
     (``reward_pool.parse_frame``): JSON with no NaN, the shape and types above, the call id of the call it gave.
     The reward's return value is converted to a float in the worker (``score``); only numbers and short
     strings cross. The worker's original stdout carries its frames; its fd 1 then points at stderr, so a
     reward's ``print`` cannot corrupt them, and its stdin is /dev/null. A reward can still write on the
-    result pipe (it runs in this process): what it writes fails the parent's checks and ends the worker.
+    result pipe (it runs in this process): what it writes is checked as the worker's own frames are, and
+    anything but a well-formed answer with the call's random id is a reward error that ends the worker.
 
 What the worker does for the pool (Linux):
 1. It is a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``): a process its reward forks stays its
@@ -66,8 +67,9 @@ SOFT_DEADLINE_SHARE = 0.9
 """The worker interrupts a call at this share of timeout_s; the parent kills it at timeout_s."""
 DETAIL_CHARS = 300
 """Failure details are cut to this length (at most 12 bytes each as JSON): a frame stays within MAX_FRAME_BYTES."""
-MAX_FRAME_BYTES = 4096
-"""The longest frame a worker writes (PIPE_BUF on Linux: one write, never interleaved); the parent refuses longer."""
+MAX_FRAME_BYTES = 4096 - 4
+"""The longest frame body a worker writes: with its 4-byte length it is PIPE_BUF on Linux (one write, never
+interleaved with another writer's); the parent refuses longer."""
 EXIT_PIPES_CLOSED = 86
 """The exit code of a worker whose reward closed or replaced its pipes to the parent."""
 MARKER_VARIABLE = "DFPO_REWARD_WORKER"
@@ -138,7 +140,10 @@ def parse_user_fn(spec: str) -> tuple[str, str]:
     """'package.module:function' -> (module name, function name); ValueError naming the value and the form."""
     module_name, colon, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not (colon and attr.isidentifier() and all(part.isidentifier() for part in module_name.split("."))):
-        raise ValueError(f"reward.user_fn must look like 'package.module:function' (importable from sys.path), got {spec!r}")
+        raise ValueError(
+            f"reward.user_fn must look like 'module:function' (or 'package.module:function': a module importable from "
+            f"sys.path, not a file path), got {spec!r}"
+        )
     return module_name, attr
 
 
