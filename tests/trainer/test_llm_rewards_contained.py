@@ -3,8 +3,13 @@ worker processes that are killed at their deadline, and SIGINT/SIGTERM work at a
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
+import select
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -15,11 +20,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from reward_fixtures import spec
+from tiny_run import TINY_MODEL_SETS
 
 from dfpo.trainer.llm import reward_pool
-from dfpo.trainer.llm.reward_pool import RewardPool, as_reward
-from dfpo.trainer.llm.rewards import RewardComputer, RewardSpec
+from dfpo.trainer.llm.reward_pool import RewardPool
+from dfpo.trainer.llm.reward_worker import as_reward
+from dfpo.trainer.llm.rewards import RewardComputer, RewardSpec, correctness_fn, reward_spec
 from dfpo.trainer.llm.tasks import Example
 
 EX = Example("1+1=", "2")
@@ -238,15 +247,14 @@ def test_hundreds_of_calls_whose_worker_is_killed_leak_no_process_or_thread():
 
 
 # -- the parent process: signals, exit ------------------------------------------------------------------
-# The scripts load reward_pool.py by path (standard library only): a child starts in a fraction of a second
-# instead of importing torch through dfpo. One test runs the same through RewardComputer.
+# The scripts import reward_pool alone (the standard library and dfpo's lazy package modules): a child starts in
+# a fraction of a second instead of importing torch. One test runs the same through RewardComputer.
 
 _SCRIPT = """
-import importlib.util, os, signal, sys, time
+import os, signal, sys, time
 sys.path.insert(0, {here!r})
-found = importlib.util.spec_from_file_location("reward_pool", {pool!r})
-reward_pool = sys.modules["reward_pool"] = importlib.util.module_from_spec(found)
-found.loader.exec_module(reward_pool)
+from dfpo.trainer.llm import reward_pool
+assert "torch" not in sys.modules
 def pool(name, **kw):
     return reward_pool.RewardPool("user", "reward_fixtures:" + name, **kw)
 def tasks(*completions):
@@ -261,7 +269,7 @@ if {handler!r} == "python":
 
 
 def _start(body: str, handler: str) -> subprocess.Popen:
-    code = _SCRIPT.format(here=str(HERE), pool=reward_pool.__file__, handler=handler) + textwrap.dedent(body)
+    code = _SCRIPT.format(here=str(HERE), handler=handler) + textwrap.dedent(body)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -316,6 +324,7 @@ def test_sigterm_reaches_a_trainer_style_handler_during_a_reward_computer_batch(
 import signal, sys
 sys.path.insert(0, {str(HERE)!r})
 from reward_fixtures import spec
+from tiny_run import TINY_MODEL_SETS
 from dfpo.trainer.llm.rewards import RewardComputer
 from dfpo.trainer.llm.tasks import Example
 def handler(signum, frame):
@@ -426,3 +435,259 @@ def test_reasoning_gym_scores_in_workers_equal_the_in_process_scores():
     with RewardComputer(reward_spec("auto", "reasoning_gym"), workers=2) as rc:
         out = rc([ex.prompt for ex in examples], completions, examples)
     assert out.correct == [local(ex.prompt, c, ex) for ex, c in zip(examples, completions)] and out.correct[:3] == [1.0] * 3
+
+
+# -- processes a reward leaves behind, whatever session they made ---------------------------------------
+
+
+def _recorded_pids(folder: Path) -> list[int]:
+    """The pids the daemon-leaving fixtures wrote into ``folder``."""
+    return [int(f.read_text()) for f in folder.glob("*.pid")]
+
+
+def test_daemons_a_reward_leaves_end_with_its_worker(tmp_path):
+    """A fork+setsid child and a double-fork daemon are outside the worker's process group; the worker is
+    replaced after such a call, and they end with it while the pool lives on."""
+    with RewardComputer(spec("leaves_daemons"), workers=1) as rc:
+        out = rc(["p"] * 2, ["c"] * 2, [Example("p", str(tmp_path))] * 2)
+        assert out.total == [1.0, 1.0]
+        daemons = _recorded_pids(tmp_path)
+        assert len(daemons) == 4 and not _wait_dead(daemons)
+
+
+def test_daemons_of_a_reward_killed_at_its_deadline_end_with_its_worker(tmp_path):
+    with RewardComputer(spec("leaves_daemons_and_hangs"), workers=1, timeout_s=0.5) as rc:
+        assert rc(["p"], ["c"], [Example("p", str(tmp_path))]).timeouts == 1
+        daemons = _recorded_pids(tmp_path)
+        assert len(daemons) == 2 and not _wait_dead(daemons)
+
+
+def test_daemons_of_a_reward_whose_worker_died_on_its_own_end_with_it(tmp_path):
+    """The worker's os._exit hands its orphans to init: they are found by the marker they inherited."""
+    with RewardComputer(spec("leaves_daemons_and_exits"), workers=1) as rc:
+        assert rc(["p"], ["c"], [Example("p", str(tmp_path))]).errors == 1
+        daemons = _recorded_pids(tmp_path)
+        assert len(daemons) == 2 and not _wait_dead(daemons)
+
+
+def test_after_a_process_that_ends_normally_no_daemon_of_its_rewards_is_alive(tmp_path):
+    proc = _start(
+        f"""
+        p = pool("leaves_daemons", workers=2)
+        print([o[1] for o in p.run([("p", "c", {str(tmp_path)!r}, None)] * 4)], flush=True)
+        """,
+        "default",
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.strip() == str(["ok"] * 4), err
+    daemons = _recorded_pids(tmp_path)
+    assert len(daemons) == 8 and not _wait_dead(daemons)
+
+
+@pytest.mark.slow
+def test_a_run_that_ends_normally_leaves_no_daemon_of_its_reward_alive(tmp_path, monkeypatch):
+    """dfpo train with a reward that leaves a fork+setsid child and a double-fork daemon on every call: rc 0,
+    and none of them outlives the run."""
+    from dfpo.cli import main
+
+    monkeypatch.setenv("REWARD_FIXTURES_PID_FOLDER", str(tmp_path))
+    config = tmp_path / "empty.toml"
+    config.write_text("# every key comes from --set\n")
+    sets = [
+        *TINY_MODEL_SETS,
+        *("train.steps=1", "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.every=0", "eval.k=1", "data.eval_size=2"),
+        *("log.tensorboard=false", "log.progress=false", f'run_dir="{tmp_path / "run"}"'),
+        *("reward.kind=user", 'reward.user_fn="reward_fixtures:leaves_daemons_in_env_folder"', "reward.workers=1"),
+    ]
+    assert main(["train", "--quiet", "--config", str(config), *(arg for s in sets for arg in ("--set", s))]) == 0
+    daemons = _recorded_pids(tmp_path)
+    assert len(daemons) >= 8 and not _wait_dead(daemons)
+
+
+# -- the result pipe: every frame is checked ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, detail",
+    [
+        ("frame_not_json", "not JSON"),
+        ("frame_forged_nan", "not JSON"),
+        ("frame_wrong_shape", "not a known message"),
+        ("frame_huge_length", "4294967295 bytes"),
+        ("frame_forged_done_early", "not the answer to the call it was given"),
+    ],
+)
+def test_a_bad_frame_on_the_result_pipe_is_a_reward_error_and_its_worker_is_replaced(name, detail, capsys):
+    with RewardComputer(spec(name), workers=2, timeout_s=5.0) as rc:
+        rc.wait_ready()
+        first = set(rc.worker_pids())
+        t0 = time.monotonic()
+        for _ in range(2):  # the run goes on
+            out = rc(["p"] * 3, ["c"] * 3, [EX] * 3)
+            assert out.total == [0.0] * 3 and out.errors == 3
+        assert time.monotonic() - t0 < 5.0  # found at once, not at a deadline
+        assert not first & set(rc.worker_pids())
+    err = capsys.readouterr().err
+    assert "BadWorkerFrame" in err and detail in err, err
+
+
+@given(
+    st.binary(max_size=64)
+    | st.builds(
+        lambda v: json.dumps(v).encode(),
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.text(max_size=8), lambda inner: st.lists(inner, max_size=7), max_leaves=12
+        ),
+    )
+)
+def test_parse_frame_returns_a_protocol_message_or_refuses_with_bad_frame(body):
+    """Whatever a reward writes on the pipe: a message of the protocol's shapes, or BadFrame; never another exception."""
+    try:
+        message = reward_pool.parse_frame(body)
+    except reward_pool.BadFrame:
+        return
+    assert message in (["ready"],) or message[0] in ("failed", "done")
+    if message[0] == "done":
+        assert math.isfinite(message[2]) and message[3] in ("ok", "error", "timeout", "invalid")
+
+
+def test_parse_frame_accepts_what_a_worker_writes():
+    for message in (
+        ["ready"],
+        ["failed", "ValueError: no"],
+        ["done", "ab12", 0.5, "ok", "", ""],
+        ["done", "ab12", 0, "timeout", "late", "memory: 9 MiB"],
+    ):
+        assert reward_pool.parse_frame(json.dumps(message).encode()) == message
+
+
+def test_the_longest_frame_a_worker_writes_fits_the_bound():
+    """Details of DETAIL_CHARS characters that JSON escapes at 12 bytes each (astral characters), and a recycle
+    reason as long: still one atomic write (PIPE_BUF with its length)."""
+    widest = "\U0001f600" * reward_pool.DETAIL_CHARS
+    frame = json.dumps(["done", "0" * 16, -reward_pool.MAX_ABS_REWARD, "invalid", widest, "m" * reward_pool.DETAIL_CHARS])
+    assert len(frame.encode()) <= reward_pool.MAX_FRAME_BYTES == select.PIPE_BUF - 4  # the length takes 4 bytes
+
+
+def test_a_frame_longer_than_the_bound_is_refused_as_soon_as_its_length_is_read():
+    buf = bytearray(struct.pack(">I", reward_pool.MAX_FRAME_BYTES + 1) + b"x")
+    with pytest.raises(reward_pool.BadFrame, match=f"{reward_pool.MAX_FRAME_BYTES + 1} bytes long"):
+        list(reward_pool.take_frames(buf))
+
+
+# -- rewards that close file descriptors -------------------------------------------------------------------
+
+
+def test_a_reward_that_closes_every_fd_is_an_error_in_one_line_without_a_traceback(capfd):
+    with RewardComputer(spec("closes_every_fd"), workers=2) as rc:
+        for _ in range(2):
+            out = rc(["p"] * 3, ["c"] * 3, [EX] * 3)
+            assert out.total == [0.0] * 3 and out.errors == 3
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.count("\n") == 1 and "closed its worker's pipes to the trainer" in err, err
+
+
+def test_a_reward_that_closes_its_standard_streams_is_scored_and_its_worker_replaced(capfd):
+    with RewardComputer(spec("closes_stdout_and_stderr"), workers=1) as rc:
+        first = rc.worker_pids()
+        assert rc(["p"] * 3, ["c"] * 3, [EX] * 3).total == [1.0] * 3
+        assert not set(first) & set(rc.worker_pids())
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+# -- memory: a cap per worker, and workers recycled ------------------------------------------------------
+
+
+def test_a_worker_whose_reward_keeps_memory_is_replaced_before_its_cap_naming_the_reward(capsys):
+    """16 MiB kept per call, 40 calls (640 MiB): every call scores, no worker ever holds more than its cap of
+    128 MiB, and the warning names the reward and the setting."""
+    with RewardComputer(spec("keeps_memory"), workers=1, memory_limit_mb=128) as rc:
+        pids = set()
+        for _ in range(10):
+            out = rc(["p"] * 4, ["c"] * 4, [Example("p", "16")] * 4)
+            assert out.errors == 0 and all(v > 0 for v in out.total)
+            pids |= {int(v) for v in out.total}
+            assert all(p.memory_info().rss <= 128 << 20 for p in _live_children())
+    assert len(pids) >= 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "reward_fixtures:keeps_memory" in err and "reward.memory_limit_mb = 128" in err, err
+
+
+def test_a_call_that_needs_more_than_the_cap_is_a_memory_error_naming_the_setting(capsys):
+    with RewardComputer(spec("allocates"), workers=1, memory_limit_mb=128) as rc:
+        out = rc(["p"] * 2, ["c"] * 2, [Example("p", "1024"), Example("p", "1")])
+        assert out.total == [0.0, 1.0] and out.errors == 1
+    assert "MemoryError" in capsys.readouterr().err  # the worker replaced for its memory, said once
+
+
+def test_max_tasks_per_worker_starts_a_new_worker_after_that_many_calls():
+    with RewardComputer(spec("echo_pid"), workers=1, max_tasks_per_worker=2) as rc:
+        pids = [int(v) for _ in range(3) for v in rc(["p"] * 2, ["c"] * 2, [EX] * 2).total]
+    assert len(set(pids)) == 3 and pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+
+
+def test_the_config_defaults_are_the_pool_defaults():
+    from dfpo.trainer.llm.config import RewardConfig
+
+    assert RewardConfig().memory_limit_mb == reward_pool.DEFAULT_MEMORY_LIMIT_MB
+    assert RewardConfig().max_tasks_per_worker == 0  # never recycled for their count, as multiprocessing's default
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("memory_limit_mb", -1, "reward.memory_limit_mb must be 0 (no cap) or an integer >= 64"),
+        ("memory_limit_mb", 10, "reward.memory_limit_mb must be 0 (no cap) or an integer >= 64"),
+        ("memory_limit_mb", 1.5, "reward.memory_limit_mb must be 0 (no cap) or an integer >= 64"),
+        ("max_tasks_per_worker", -1, "reward.max_tasks_per_worker must be an integer >= 0"),
+        ("max_tasks_per_worker", True, "reward.max_tasks_per_worker must be an integer >= 0"),
+    ],
+)
+def test_memory_and_recycling_settings_are_checked_before_any_worker_starts(setting, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RewardComputer(spec("one"), **{setting: value})
+    assert not _live_children()
+
+
+# -- naming the user's function ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("user_fn", ["../pkg/mod:fn", "pkg/mod.py:fn", ".mod:fn", "mod.:fn", "mod:fn.x", "mod", ":fn", "mod:"])
+def test_a_user_fn_that_is_not_module_colon_function_is_one_sentence_naming_it(user_fn):
+    message = (
+        "reward.user_fn must look like 'module:function' (or 'package.module:function': a module importable from "
+        f"sys.path, not a file path), got {user_fn!r}"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        reward_spec("user", "add", user_fn)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RewardComputer(RewardSpec("user", user_fn))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        reward_pool.RewardPool("user", user_fn)
+
+
+@pytest.mark.parametrize(
+    "module, raised",
+    [("reward_fixtures_exits_at_import", "SystemExit(0)"), ("reward_fixtures_raises_at_import", "RuntimeError: this module refuses")],
+)
+def test_a_user_module_that_exits_or_raises_at_import_is_one_sentence_naming_it(module, raised):
+    message = f"reward.user_fn '{module}:one': importing module '{module}' raised {raised}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RewardComputer(RewardSpec("user", f"{module}:one"))  # in its worker
+    with pytest.raises(ValueError, match=re.escape(message)):
+        correctness_fn("user", "add", f"{module}:one")  # in this process: the import must not end it
+
+
+@pytest.mark.parametrize("user_fn", ["../pkg/mod:fn", "reward_fixtures_exits_at_import:one"])
+def test_the_trainer_refuses_a_bad_user_reward_in_one_line_before_any_work(tmp_path, capsys, user_fn):
+    from dfpo.cli import main
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'run_dir = "{tmp_path / "run"}"\n[reward]\nkind = "user"\nuser_fn = "{user_fn}"\n')
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "reward.user_fn" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

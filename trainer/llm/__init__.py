@@ -9,6 +9,8 @@ Modules (read in this order):
                      prompt encoding, the warm-start target and forms/* metrics of the tasks
     rewards.py       exact / math-verify / equiv / reasoning-gym / user rewards, format reward
     reward_pool.py   the worker processes that run rewards with a deadline, killed and replaced when they hang or die
+    reward_worker.py one such worker (a fresh interpreter, standard library only) and the protocol both sides share
+    process_tree.py  the processes a reward worker started, found and killed whatever session they made
     policy.py        tiny offline preset (char tokenizer + Qwen2 from scratch + SFT), hub/local models, LoRA; ``Model``
     rollout.py       RolloutEngine interface, HF generate engine, batch layout, sampler log-probs
     forward.py       the policy's forward pass: per-token log-probs and entropy without (B, T, V) logits

@@ -109,7 +109,9 @@ class DataConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     kind: str = setting("auto", "Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user.", choices=REWARD_KINDS)
-    user_fn: str = setting("", "kind=user: 'module:function' called as fn(prompt=, completion=, answer=) -> float.")
+    user_fn: str = setting(
+        "", "kind=user: 'package.module:function' (importable from sys.path) called as fn(prompt=, completion=, answer=) -> float."
+    )
     format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
     format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
     timeout_s: float = setting(
@@ -121,6 +123,16 @@ class RewardConfig:
         0,
         "Worker processes that run user, math_verify and reasoning_gym rewards (0 = min(8, CPU count), shared out among the processes of a --nproc run); exact and equiv run in the trainer's process.",
         bounds=Bounds(0, 256),
+    )
+    max_tasks_per_worker: int = setting(
+        0,
+        "Reward calls after which a worker is replaced by a fresh one, as multiprocessing's maxtasksperchild (0 = never): for a reward that leaks what its process holds.",
+        bounds=Bounds(0),
+    )
+    memory_limit_mb: int = setting(
+        4096,
+        "Memory cap of each reward worker in MiB (RLIMIT_DATA, inherited by what the reward starts; 0 = none, else >= 64): a call that needs more scores 0 as a MemoryError in reward/errors, and a worker whose resident memory grew past halfway from its start-up size to the cap is replaced after its call, with a warning naming the reward.",
+        bounds=Bounds(0),
     )
 
 

@@ -1,58 +1,49 @@
 """Reward calls in worker processes that can be killed: a bounded pool, started once and reused.
 
-Imported, this module is the parent's side (``RewardPool``); run as a script (``python -P reward_pool.py``)
-it is one worker. Everything at module level is the standard library, so a worker for a user reward starts
-in a fraction of a second with ~15 MiB and imports nothing of dfpo but what the user's module does. A built-in
-kind's worker imports ``dfpo.trainer.llm.rewards``, which stays free of torch (``dfpo/__init__`` and
-``dfpo/trainer/__init__`` resolve their names on first use): ~0.2 s and ~17 MiB, plus math-verify's own imports
-for that kind (~1 s for two workers on a shared 2-core machine; it was ~3-12 s and ~230 MiB with torch).
-
-Protocol, one frame = 4-byte big-endian length + body:
-    parent -> worker stdin, pickled: an init dict (sys.path, parent pid, kind, user_fn, soft deadline),
-        then one task at a time: (prompt, completion, answer, meta).
-    worker -> parent, JSON (the parent unpickles nothing that a process running user code wrote):
-        ["ready"] or ["failed", message] once, then ["done", value, status, detail, recycle] per task.
-    The reward's return value is converted to a float in the worker (``score``); only numbers and short
-    strings cross. The worker's original stdout carries its frames; its fd 1 then points at stderr, so a
-    reward's ``print`` cannot corrupt them, and its stdin is /dev/null.
+This is the parent's side (``RewardPool``); each worker is a fresh interpreter running ``reward_worker.py``,
+whose docstring describes the protocol and what a worker does for itself (a subreaper, its memory cap, why it
+asks to be replaced). Standard library only, like the worker.
 
 Choices:
 1. Workers are fresh interpreters started by ``subprocess`` (fork + exec, as multiprocessing's ``spawn``;
-   never a plain fork of a process holding torch threads), each in its own session: killing the worker's
-   process group (SIGKILL) also kills what the reward forked (unless it made a session of its own), and a
-   terminal's Ctrl-C (sent to the foreground group) does not reach workers; they ignore SIGINT too. The
-   parent decides.
+   never a plain fork of a process holding torch threads), each in its own session, so a terminal's Ctrl-C
+   (sent to the foreground group) does not reach them; they ignore SIGINT too. The parent decides.
    multiprocessing's spawn would also re-import the parent's main module in every worker.
-2. Two deadlines per call. The worker arms an interval timer at ``SOFT_DEADLINE_SHARE * timeout_s`` that
-   raises into the reward: sleeps, waits, Python loops and sympy stop there and the worker is kept
-   (cheap: a math-verify worker's restart costs its sympy imports). A call still running at ``timeout_s`` (the
-   timer swallowed, or C code holding the GIL such as a catastrophic regex) has its worker's process
-   group killed; a new worker is started. Both count as timeouts.
-3. Parent death: a worker asks the kernel for SIGKILL when its parent dies (Linux
-   ``prctl(PR_SET_PDEATHSIG)`` through ctypes, no package needed; it works while the reward holds the
-   GIL, where a watchdog thread would not); an idle worker also exits on EOF of its stdin (any POSIX).
+2. A worker is killed with everything its reward started, whatever session that made (``process_tree``):
+   the worker is stopped, its descendants (kept in its tree by the subreaper) killed until none is left, then
+   the worker. A worker that died on its own left orphans to init: they are found by the environment marker
+   every worker's process inherits (``reward_worker.MARKER_VARIABLE``, one value per worker) and killed when
+   its death is noticed; ``close()`` and the exit hook kill every process marked for the pool.
+3. Two deadlines per call. The worker's interval timer interrupts a call at ``SOFT_DEADLINE_SHARE * timeout_s``
+   (sleeps, waits, Python loops and sympy stop there and the worker is kept: a math-verify worker's restart
+   costs its sympy imports). A call still running at ``timeout_s`` (the timer swallowed, or C code holding
+   the GIL such as a catastrophic regex) has its worker killed; a new worker is started. Both are timeouts.
+4. Every frame a worker writes is checked (``parse_frame``; a reward runs in the worker and can write on its
+   pipe): a bad one is a reward error (``BadWorkerFrame``) of the call it came with, and its worker is
+   replaced. One that comes with no call is counted too (``take_stray_errors``). The run goes on.
+5. Parent death: a worker gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; it works while the reward
+   holds the GIL, where a watchdog thread would not); an idle worker also exits on EOF of its stdin.
    Caveats: PDEATHSIG follows the *thread* that started the worker (start the pool from a thread that
    lives as long as it, e.g. the main thread; a worker killed this way is replaced and counted only if it
-   was computing); processes forked by a still-running reward outlive a parent that dies without running
-   Python's exit hooks (SIGKILL, or SIGTERM with no handler); ``close()`` and the exit hook kill them
-   in every other case.
-4. The parent never blocks without a timeout: it polls the workers' pipes for at most ``POLL_S`` at a
+   was computing); processes a still-running reward started outlive a parent that dies without running
+   Python's exit hooks (SIGKILL, or SIGTERM with no handler); ``close()`` and the exit hook end them in
+   every other case.
+6. The parent never blocks without a timeout: it polls the workers' pipes for at most ``POLL_S`` at a
    time; Python signal handlers run at once (PEP 475 retries the poll after them), and a handler that
    raises ends the batch and kills the workers that were computing.
-5. After each call a worker that has more threads or running child processes than when it became ready
-   says so and is replaced (its process group killed): nothing a reward started outlives its call.
-6. A worker that dies (``os._exit``, a signal) scores its call 0 as an error naming the exit code and is
-   replaced. ``sys.exit`` and ``KeyboardInterrupt`` raised by a reward are caught in the worker: errors
-   too, and the worker is kept.
+7. A worker is replaced after a call when it says so (memory, threads or processes left running, its
+   standard streams closed), after ``max_tasks_per_worker`` calls (as multiprocessing's ``maxtasksperchild``;
+   0 = never), and when it dies (``os._exit``, a signal: the call scores 0 as an error naming the exit code).
+   A worker replaced for its memory is reported once per pool (``take_notices``), naming the reward.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
 import pickle
+import secrets
 import select
 import signal
 import struct
@@ -61,36 +52,37 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MAX_ABS_REWARD = 1e6
-"""A reward outside +-MAX_ABS_REWARD (e.g. 1e308) is treated as invalid: it would swamp the group's advantages."""
+from dfpo.trainer.llm import process_tree, reward_worker
+from dfpo.trainer.llm.reward_worker import (
+    DETAIL_CHARS,
+    EXIT_PIPES_CLOSED,
+    KINDS,
+    MARKER_VARIABLE,
+    MAX_ABS_REWARD,
+    MAX_FRAME_BYTES,
+    SOFT_DEADLINE_SHARE,
+    STATUSES,
+    Outcome,
+    clip,
+    parse_user_fn,
+    write_frame,
+)
 
-BUILTIN_MODULE = "dfpo.trainer.llm.rewards"
-BUILTIN_FUNCTIONS = {
-    "exact": "exact_match",
-    "equiv": "equiv_match",
-    "math_verify": "math_verify_match",
-    "reasoning_gym": "reasoning_gym_match",
-}
-"""Built-in kinds a worker can rebuild by name: the function of that name in BUILTIN_MODULE (whose
-``warm_up(kind)`` the worker calls first)."""
-KINDS = (*BUILTIN_FUNCTIONS, "user")
-
-SOFT_DEADLINE_SHARE = 0.9
-"""The worker interrupts a call at this share of timeout_s; the parent kills it at timeout_s."""
 STARTUP_TIMEOUT_S = 120.0
 """A worker that is not ready (interpreter up, reward imported) after this long is killed (a start failure)."""
 POLL_S = 0.1
 """The longest the parent waits in one poll: signal handlers and deadlines are never further away."""
+EXIT_GRACE_S = 1.0
+"""How long a worker whose pipe closed gets to exit on its own (its exit code tells why) before it is killed."""
 KILL_WAIT_S = 5.0
 """How long the parent waits to reap a worker it killed (SIGKILL takes effect at once unless it is stuck in the kernel)."""
-DETAIL_CHARS = 300
-"""Failure details are cut to this length: a result frame stays below PIPE_BUF, so it is written atomically."""
+DEFAULT_MEMORY_LIMIT_MB = 4096
+"""Each worker's memory cap by default (reward.memory_limit_mb): far above a math-verify worker's ~300 MiB."""
+MIN_MEMORY_LIMIT_MB = 64
+"""The smallest cap accepted: an interpreter alone needs ~15 MiB, a reward's imports more."""
 
-Outcome = tuple[float, str, str]
-"""(value, status, detail) of one call; status in ok | error | timeout | invalid, value 0.0 unless ok."""
 Task = tuple[str, str, str, "dict | None"]
 """(prompt, completion, answer, meta) of one call; meta only for kinds that read it (reasoning_gym)."""
 
@@ -100,278 +92,28 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def check_pool_settings(timeout_s: float, workers: int) -> None:
-    """ValueError naming a timeout that is not a positive finite number of seconds or a negative worker count."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_pool_settings(timeout_s: float, workers: int, max_tasks_per_worker: int = 0, memory_limit_mb: int = 0) -> None:
+    """ValueError naming the first setting that is out of its range, with the range."""
     if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
         raise ValueError(f"reward.timeout_s must be a positive, finite number of seconds, got {timeout_s!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    if not _is_int(workers) or workers < 0:
         raise ValueError(f"reward.workers must be an integer >= 0 (0 = min(8, CPU count) = {default_workers()} here), got {workers!r}")
-
-
-# -- value conversion (in the worker, and in-process for the built-ins that run there) ----------------
-
-
-def as_reward(raw: object) -> float | None:
-    """A reward function's return value as a float, or None when it is not a finite number within +-MAX_ABS_REWARD.
-
-    float() failing with TypeError, ValueError or OverflowError (``10**400``) means "not such a number": None.
-    Any other exception raised by the value's ``__float__`` propagates: ``score`` counts it as an error.
-    """
-    if isinstance(raw, (str, bytes)) or not hasattr(raw, "__float__"):
-        return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return value if math.isfinite(value) and abs(value) <= MAX_ABS_REWARD else None
-
-
-def describe_error(err: BaseException) -> str:
-    """'ZeroDivisionError: division by zero', or just 'KeyboardInterrupt' when there is no message."""
-    try:
-        message = str(err)
-    except Exception:  # noqa: BLE001 - a broken __str__ still leaves the exception's name
-        message = ""
-    return _clip(f"{type(err).__name__}: {message}" if message else type(err).__name__)
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= DETAIL_CHARS else text[: DETAIL_CHARS - 3] + "..."
-
-
-def _short_repr(raw: object) -> str:
-    try:
-        text = repr(raw)
-    except Exception:  # noqa: BLE001 - a broken __repr__ (or an int past the digit limit) still gets a name
-        return f"<{type(raw).__name__} whose repr raised>"
-    return text if len(text) <= 80 else f"{text[:60]}... ({type(raw).__name__} of {len(text)} characters)"
-
-
-def score(raw: object) -> Outcome:
-    """The outcome of a call that returned ``raw``: ok with its float, invalid, or error (its ``__float__`` raised)."""
-    try:
-        value = as_reward(raw)
-    except _SoftDeadline:
-        raise
-    except BaseException as err:  # noqa: BLE001 - user code's __float__ may raise anything
-        return 0.0, "error", _clip(f"{describe_error(err)} (raised by float() of the returned {type(raw).__name__})")
-    if value is None:
-        return 0.0, "invalid", _clip(f"returned {_short_repr(raw)} (not a finite number within +-{MAX_ABS_REWARD:g})")
-    return value, "ok", ""
-
-
-# -- building the reward in a worker -------------------------------------------------------------------
-
-
-def load_user_fn(spec: str) -> Callable:
-    """'module:function' -> the function; ValueError naming what is wrong."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"reward.user_fn must look like 'module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward.user_fn {spec!r}: cannot import module {module_name!r} ({err})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward.user_fn {spec!r}: module {module_name!r} has no callable {attr!r}")
-    return fn
-
-
-def build_call(kind: str, user_fn: str = "") -> Callable[[str, str, str, dict | None], object]:
-    """The reward of ``kind`` as call(prompt, completion, answer, meta) -> raw value (imports what it needs)."""
-    if kind == "user":
-        fn = load_user_fn(user_fn)
-        return lambda prompt, completion, answer, meta: fn(prompt=prompt, completion=completion, answer=answer)
-    if kind not in BUILTIN_FUNCTIONS:
-        raise ValueError(f"reward kind {kind!r} unknown; known: {', '.join(KINDS)}")
-    module = importlib.import_module(BUILTIN_MODULE)
-    module.warm_up(kind)  # its imports now, not within the first call's deadline
-    builtin = getattr(module, BUILTIN_FUNCTIONS[kind])
-    Example = module.Example  # noqa: N806 - the rewards module's own (dfpo.trainer.llm.tasks'): this file imports only the standard library
-
-    return lambda prompt, completion, answer, meta: builtin(prompt, completion, Example(prompt, answer, meta or {}))
-
-
-# -- framing -------------------------------------------------------------------------------------------
-
-
-def _write_all(fd: int, body: bytes) -> None:
-    view = memoryview(struct.pack(">I", len(body)) + body)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_frame(stream) -> bytes | None:
-    """One frame's body from a blocking binary stream; None at EOF."""
-    head = stream.read(4)
-    if len(head) < 4:
-        return None
-    body = stream.read(struct.unpack(">I", head)[0])
-    return body if len(body) == struct.unpack(">I", head)[0] else None
-
-
-def _take_frames(buf: bytearray) -> list[bytes]:
-    """The complete frames at the start of ``buf`` (removed from it)."""
-    out = []
-    while len(buf) >= 4:
-        (n,) = struct.unpack_from(">I", buf)
-        if len(buf) < 4 + n:
-            break
-        out.append(bytes(buf[4 : 4 + n]))
-        del buf[: 4 + n]
-    return out
-
-
-# -- the worker ----------------------------------------------------------------------------------------
-
-
-class _SoftDeadline(BaseException):
-    """Raised into a reward call by the worker's interval timer, shortly before the parent would kill it."""
-
-
-_armed = False
-
-
-def _on_alarm(signum, frame) -> None:
-    global _armed
-    if _armed:
-        _armed = False
-        raise _SoftDeadline
-
-
-def _timed(call: Callable[[], object], soft_s: float) -> Outcome:
-    """Outcome of ``call()`` (converted), interrupted after ``soft_s`` seconds when it lets itself be."""
-    global _armed
-    signal.signal(signal.SIGALRM, _on_alarm)  # again each call: a reward may have taken SIGALRM for itself
-    _armed = True
-    signal.setitimer(signal.ITIMER_REAL, soft_s)
-    try:
-        return score(call())
-    except _SoftDeadline:
-        return 0.0, "timeout", f"no result within reward.timeout_s={soft_s / SOFT_DEADLINE_SHARE:g} (interrupted in its worker)"
-    except BaseException as err:  # noqa: BLE001 - sys.exit and KeyboardInterrupt from a reward end only its call
-        return 0.0, "error", describe_error(err)
-    finally:
-        _armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        import threading
-
-        return threading.active_count()
-
-
-def _has_running_children() -> bool:
-    """True while a child process of this worker runs (the ones that ended are reaped)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this worker when the parent dies (Linux); exit now if it already has."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-def _send(fd: int, *message) -> None:
-    _write_all(fd, json.dumps(message).encode())
-
-
-def _serve(inp, out_fd: int, call: Callable, soft_s: float) -> None:
-    """Answer tasks until EOF (the parent closed the pipe or died) or until a call leaves something running."""
-    threads_at_start, children_at_start = _thread_count(), _has_running_children()
-    while (frame := _read_frame(inp)) is not None:
-        prompt, completion, answer, meta = pickle.loads(frame)
-        try:
-            value, status, detail = _timed(lambda: call(prompt, completion, answer, meta), soft_s)  # noqa: B023 - called at once
-        except _SoftDeadline:  # the timer went off between the call and disarming it
-            value, status, detail = 0.0, "timeout", "no result within reward.timeout_s (interrupted in its worker)"
-        recycle = _thread_count() > threads_at_start or (not children_at_start and _has_running_children())
-        _send(out_fd, "done", value, status, detail, recycle)
-        if recycle:
-            return  # the parent kills this process group, with the threads and processes the reward left
-
-
-def worker_main() -> None:
-    """One worker: read the init frame, build the reward, say ready, then serve tasks."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    inp = os.fdopen(os.dup(0), "rb")
-    out_fd = os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(2, 1)  # a reward's print() goes to stderr, never into the frames
-    frame = _read_frame(inp)
-    if frame is None:
-        return
-    init = pickle.loads(frame)
-    _die_with_parent(init["parent_pid"])
-    sys.path[:] = init["sys_path"]
-    try:
-        call = build_call(init["kind"], init["user_fn"])
-    except BaseException as err:  # noqa: BLE001 - whatever importing the reward raises is reported, not printed
-        _send(out_fd, "failed", _clip(str(err)) if isinstance(err, ValueError) else describe_error(err))
-        return
-    _send(out_fd, "ready")
-    _serve(inp, out_fd, call, init["soft_s"])
-
-
-# -- the parent's side ---------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Worker:
-    proc: subprocess.Popen
-    started: float
-    ready: bool = False
-    task: int | None = None
-    deadline: float = math.inf
-    buf: bytearray = field(default_factory=bytearray)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the worker's process group (the worker and what its reward forked), then reap the worker."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # the group is gone: the worker was reaped and left nothing
-        pass
-    for stream in (proc.stdin, proc.stdout):
-        try:
-            stream.close()
-        except OSError:
-            pass
-    try:
-        proc.wait(timeout=KILL_WAIT_S)
-    except subprocess.TimeoutExpired:  # stuck in the kernel; SIGKILL is pending, nothing more to do
-        pass
-
-
-def _kill_all(workers: list[_Worker], owner_pid: int) -> None:
-    """Kill the workers, unless called in a forked copy of their parent (its exit hooks must not kill them)."""
-    while workers and os.getpid() == owner_pid:
-        _kill(workers.pop().proc)
+    if not _is_int(max_tasks_per_worker) or max_tasks_per_worker < 0:
+        raise ValueError(f"reward.max_tasks_per_worker must be an integer >= 0 (0 = no limit), got {max_tasks_per_worker!r}")
+    if not _is_int(memory_limit_mb) or not (memory_limit_mb == 0 or memory_limit_mb >= MIN_MEMORY_LIMIT_MB):
+        raise ValueError(f"reward.memory_limit_mb must be 0 (no cap) or an integer >= {MIN_MEMORY_LIMIT_MB} (MiB), got {memory_limit_mb!r}")
 
 
 def describe_exit(returncode: int | None) -> str:
-    """'exit code 7' or 'killed by SIGSEGV'."""
+    """'exit code 7', 'killed by SIGSEGV', or what the worker's own exit code means."""
     if returncode is None:
         return "exit code unknown"
+    if returncode == EXIT_PIPES_CLOSED:
+        return f"exit code {returncode}: the reward closed its worker's pipes to the trainer, e.g. with os.closerange"
     if returncode < 0:
         try:
             return f"killed by {signal.Signals(-returncode).name}"
@@ -380,26 +122,142 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+# -- checking what a worker writes -----------------------------------------------------------------------
+
+
+class BadFrame(ValueError):
+    """A frame a worker wrote that is not a message of the protocol; its text completes 'a frame that is ...'."""
+
+
+def take_frames(buf: bytearray):
+    """Yield the complete frames' bodies at the start of ``buf`` (removed from it); BadFrame for a frame longer
+    than MAX_FRAME_BYTES, as soon as its length is read (nothing of it is kept)."""
+    while len(buf) >= 4:
+        (n,) = struct.unpack_from(">I", buf)
+        if n > MAX_FRAME_BYTES:
+            raise BadFrame(f"{n} bytes long (at most {MAX_FRAME_BYTES})")
+        if len(buf) < 4 + n:
+            return
+        body = bytes(buf[4 : 4 + n])
+        del buf[: 4 + n]
+        yield body
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_reward_value(value: object, status: object) -> bool:
+    """A float the worker can have sent: finite, within +-MAX_ABS_REWARD, and 0 unless the call was ok."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and abs(value) <= MAX_ABS_REWARD and (status == "ok" or value == 0)
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= DETAIL_CHARS
+
+
+def parse_frame(body: bytes) -> list:
+    """A worker's message: ["ready"], ["failed", text] or ["done", call_id, value, status, detail, recycle], its
+    types checked; BadFrame naming what is wrong (strict JSON: NaN and Infinity are not numbers here)."""
+    try:
+        message = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as err:
+        raise BadFrame(f"not JSON ({clip(str(err))[:80]})") from None
+    match message:
+        case ["ready"]:
+            return message
+        case ["failed", str()] if _is_text(message[1]):
+            return message
+        case ["done", str(), value, status, detail, recycle] if (
+            status in STATUSES and _is_reward_value(value, status) and _is_text(detail) and _is_text(recycle)
+        ):
+            return message
+    raise BadFrame(f"not a known message: {clip(repr(message))[:80]}")
+
+
+# -- the parent's side ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Worker:
+    proc: subprocess.Popen
+    marker: str
+    """The value of MARKER_VARIABLE in this worker's environment, inherited by every process it starts."""
+    started: float
+    ready: bool = False
+    task: int | None = None
+    call_id: str = ""
+    deadline: float = math.inf
+    calls: int = 0
+    buf: bytearray = field(default_factory=bytearray)
+
+
+def _kill(w: _Worker) -> None:
+    """Kill the worker with everything its reward started (or, when it already died, what carries its marker),
+    close its pipes and reap it."""
+    alive = w.proc.poll() is None
+    process_tree.kill_tree(w.proc.pid)
+    for stream in (w.proc.stdin, w.proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    try:
+        w.proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:  # stuck in the kernel; SIGKILL is pending, nothing more to do
+        pass
+    if not alive:  # its orphans went to init: only the marker finds them
+        process_tree.kill_marked(MARKER_VARIABLE, w.marker)
+
+
+def _kill_all(workers: list[_Worker], owner_pid: int, pool_marker: str) -> None:
+    """Kill the workers and every process marked for the pool, unless called in a forked copy of their parent
+    (its exit hooks must not kill them)."""
+    if os.getpid() != owner_pid:
+        return
+    while workers:
+        _kill(workers.pop())
+    process_tree.kill_marked(MARKER_VARIABLE, pool_marker, prefix=True)
+
+
 class RewardPool:
     """Up to ``workers`` processes computing one reward ``kind`` (built-in by name, or 'user' with its
-    'module:function'); each call has ``timeout_s``. The first worker is ready when the constructor returns
+    'package.module:function'); each call has ``timeout_s``. The first worker is ready when the constructor returns
     (ValueError when the reward cannot be built, e.g. a user module that does not import); the others start
     meanwhile. ``close()`` (or leaving a ``with`` block, or interpreter exit) kills every worker.
     One batch at a time: ``run`` is not meant to be called from several threads at once."""
 
     def __init__(
-        self, kind: str, user_fn: str = "", *, workers: int = 0, timeout_s: float = 5.0, startup_timeout_s: float = STARTUP_TIMEOUT_S
+        self,
+        kind: str,
+        user_fn: str = "",
+        *,
+        workers: int = 0,
+        timeout_s: float = 5.0,
+        max_tasks_per_worker: int = 0,
+        memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
     ):
         if kind not in KINDS:
             raise ValueError(f"reward kind {kind!r} unknown; known: {', '.join(KINDS)}")
-        check_pool_settings(timeout_s, workers)
+        if kind == "user":
+            parse_user_fn(user_fn)
+        check_pool_settings(timeout_s, workers, max_tasks_per_worker, memory_limit_mb)
         self.kind, self.user_fn, self.timeout_s = kind, user_fn, float(timeout_s)
+        self.name = user_fn if kind == "user" else kind
         self.size = workers or default_workers()
+        self.max_tasks_per_worker, self.memory_limit_mb = max_tasks_per_worker, memory_limit_mb
         self.startup_timeout_s = startup_timeout_s
         self._workers: list[_Worker] = []
         self._start_errors: list[str] = []
+        self._stray_errors: list[str] = []
+        self._notices: list[str] = []
+        self._noticed: set[str] = set()
+        self._marker, self._spawned = f"{os.getpid()}-{secrets.token_hex(8)}/", 0
         self._closed = False
-        self._finalizer = weakref.finalize(self, _kill_all, self._workers, os.getpid())
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers, os.getpid(), self._marker)
         try:
             self.wait_ready(1)
         except BaseException:
@@ -413,7 +271,7 @@ class RewardPool:
         self.close()
 
     def close(self) -> None:
-        """Kill every worker (and what their rewards forked) and reap them; the pool cannot be used after."""
+        """Kill every worker (and what their rewards started) and reap them; the pool cannot be used after."""
         self._closed = True
         self._finalizer()
 
@@ -431,6 +289,16 @@ class RewardPool:
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
         return [w.proc.pid for w in self._workers]
+
+    def take_stray_errors(self) -> list[str]:
+        """Faults that came with no call (a bad frame from an idle worker), since the last time: reward errors too."""
+        out, self._stray_errors[:] = list(self._stray_errors), []
+        return out
+
+    def take_notices(self) -> list[str]:
+        """Workers replaced for what they became (their memory), each kind reported once per pool, since the last time."""
+        out, self._notices[:] = list(self._notices), []
+        return out
 
     def run(self, tasks: list[Task]) -> list[Outcome]:
         """One outcome per task, in order. A call still running at timeout_s has its worker killed."""
@@ -454,18 +322,21 @@ class RewardPool:
     # -- internals --------------------------------------------------------------------------------
 
     def _spawn(self) -> _Worker:
+        self._spawned += 1
+        marker = f"{self._marker}{self._spawned}"
         proc = subprocess.Popen(
-            [sys.executable, "-P", os.path.abspath(__file__)],
+            [sys.executable, "-P", reward_worker.__file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
             start_new_session=True,
+            env={**os.environ, MARKER_VARIABLE: marker},
         )
-        worker = _Worker(proc, time.monotonic())
+        worker = _Worker(proc, marker, time.monotonic())
         init = {"sys_path": list(sys.path), "parent_pid": os.getpid(), "kind": self.kind, "user_fn": self.user_fn}
-        init["soft_s"] = SOFT_DEADLINE_SHARE * self.timeout_s
+        init |= {"soft_s": SOFT_DEADLINE_SHARE * self.timeout_s, "memory_limit_mb": self.memory_limit_mb}
         try:
-            _write_all(proc.stdin.fileno(), pickle.dumps(init))
+            write_frame(proc.stdin.fileno(), pickle.dumps(init))
         except OSError:
             pass  # it died at once: its pipe reports EOF and _collect counts a start failure
         return worker
@@ -485,18 +356,19 @@ class RewardPool:
             if not w.ready or w.task is not None:
                 continue
             i = todo.popleft()
+            call_id = secrets.token_hex(8)
             try:
-                body = pickle.dumps(tasks[i])
+                body = pickle.dumps((call_id, *tasks[i]))
             except Exception as err:  # noqa: BLE001 - e.g. an example's meta that does not pickle
-                results[i] = (0.0, "error", _clip(f"{type(err).__name__}: the example could not be sent to a worker ({err})"))
+                results[i] = (0.0, "error", clip(f"{type(err).__name__}: the example could not be sent to a worker ({err})"))
                 continue
             try:
-                _write_all(w.proc.stdin.fileno(), body)
+                write_frame(w.proc.stdin.fileno(), body)
             except OSError:  # the idle worker died (e.g. its starting thread ended): the task waits for another
                 todo.appendleft(i)
                 self._discard(w)
                 continue
-            w.task, w.deadline = i, time.monotonic() + self.timeout_s
+            w.task, w.call_id, w.deadline = i, call_id, time.monotonic() + self.timeout_s
 
     def _collect(self, results: list[Outcome | None], todo: deque[int]) -> None:
         """Wait at most POLL_S (or until the next deadline) for the workers, then handle what happened."""
@@ -513,8 +385,12 @@ class RewardPool:
                 self._lost(w, results, todo)
                 continue
             w.buf += data
-            for frame in _take_frames(w.buf):
-                self._handle(w, json.loads(frame), results, todo)
+            try:
+                for body in take_frames(w.buf):
+                    if w in self._workers:
+                        self._handle(w, parse_frame(body), results, todo)
+            except BadFrame as bad:
+                self._bad_frame(w, str(bad), results, todo)
         now = time.monotonic()
         for w in list(self._workers):
             if w.task is not None and w.proc.poll() is not None:  # died, its pipe held open by a child
@@ -523,35 +399,70 @@ class RewardPool:
                 results[w.task] = (0.0, "timeout", f"no result within reward.timeout_s={self.timeout_s:g} (worker killed)")
                 self._discard(w)
             elif not w.ready and now - w.started > self.startup_timeout_s:
-                self._start_failed(w, f"a reward worker was not ready after {self.startup_timeout_s:g} s (killed)", results, todo)
+                self._start_failed(w, f"a reward worker was not ready after {self.startup_timeout_s:g} s (killed)")
         self._start_errors_to_tasks(results, todo)
 
     def _handle(self, w: _Worker, message: list, results: list[Outcome | None], todo: deque[int]) -> None:
+        """A checked message, in the state the worker is in; BadFrame when it does not fit that state."""
+        if message[0] == "ready" and not w.ready:
+            w.ready = True
+        elif message[0] == "failed" and not w.ready:
+            self._start_failed(w, message[1])
+        elif message[0] == "done" and w.task is not None:
+            _, call_id, value, status, detail, recycle = message
+            if call_id != w.call_id:
+                raise BadFrame("not the answer to the call it was given")
+            results[w.task] = (float(value), status, detail)
+            w.task, w.deadline, w.calls = None, math.inf, w.calls + 1
+            if recycle.startswith("memory:"):
+                why = recycle.removeprefix("memory: ")
+                self._notice(
+                    "memory", f"a worker of reward {self.name} was replaced: {why} (a reward that keeps memory from call to call?)"
+                )
+            if recycle or w.calls == self.max_tasks_per_worker:
+                self._discard(w)
+        else:
+            raise BadFrame(f"a {message[0]!r} message from a worker that is {self._state(w)}")
+
+    @staticmethod
+    def _state(w: _Worker) -> str:
+        return "computing a call" if w.task is not None else "idle" if w.ready else "starting"
+
+    def _notice(self, kind: str, text: str) -> None:
+        """Report ``text`` through take_notices, the first time only for each ``kind``."""
+        if kind not in self._noticed:
+            self._noticed.add(kind)
+            self._notices.append(text)
+
+    def _bad_frame(self, w: _Worker, reason: str, results: list[Outcome | None], todo: deque[int]) -> None:
+        """A frame that fails the checks: an error of the worker's call (or of no call), and a new worker."""
         if w not in self._workers:
             return
-        if message[0] == "ready":
-            w.ready = True
-        elif message[0] == "failed":
-            self._start_failed(w, message[1], results, todo)
-        elif message[0] == "done" and w.task is not None:
-            _, value, status, detail, recycle = message
-            results[w.task] = (float(value), status, detail)
-            w.task, w.deadline = None, math.inf
-            if recycle:
-                self._discard(w)
+        detail = clip(f"BadWorkerFrame: the worker of reward {self.name} wrote a frame that is {reason}; it was replaced")
+        if w.task is not None:
+            results[w.task] = (0.0, "error", detail)
+        elif not w.ready:
+            self._start_errors.append(detail)
+        else:
+            self._stray_errors.append(detail)
+        self._discard(w)
 
     def _lost(self, w: _Worker, results: list[Outcome | None], todo: deque[int]) -> None:
         """A worker whose pipe closed or whose process ended."""
         if w not in self._workers:
             return
+        try:
+            w.proc.wait(timeout=EXIT_GRACE_S)  # its pipe closed: it is exiting, and its exit code says why
+        except subprocess.TimeoutExpired:
+            pass
         self._discard(w)
         how = describe_exit(w.proc.returncode)
         if w.task is not None:
-            results[w.task] = (0.0, "error", f"WorkerDied: the reward's worker process ended ({how}); it was replaced")
+            results[w.task] = (0.0, "error", clip(f"WorkerDied: the reward's worker process ended ({how}); it was replaced"))
         elif not w.ready:
-            self._start_failed(w, f"a reward worker ended before it was ready ({how})", results, todo)
+            self._start_failed(w, f"a reward worker ended before it was ready ({how})")
 
-    def _start_failed(self, w: _Worker, message: str, results: list[Outcome | None], todo: deque[int]) -> None:
+    def _start_failed(self, w: _Worker, message: str) -> None:
         if w in self._workers:
             self._discard(w)
         self._start_errors.append(message)
@@ -563,12 +474,8 @@ class RewardPool:
             self._start_errors.clear()
             return
         while todo and self._start_errors:
-            results[todo.popleft()] = (0.0, "error", _clip(f"WorkerStartFailed: {self._start_errors.pop(0)}"))
+            results[todo.popleft()] = (0.0, "error", clip(f"WorkerStartFailed: {self._start_errors.pop(0)}"))
 
     def _discard(self, w: _Worker) -> None:
         self._workers.remove(w)
-        _kill(w.proc)
-
-
-if __name__ == "__main__":
-    worker_main()
+        _kill(w)

@@ -4,29 +4,34 @@ A reward function has the signature ``fn(prompt: str, completion: str, example) 
 (``reward.kind = "user"``) is called as ``fn(prompt=, completion=, answer=) -> float``. ``RewardComputer``
 computes a whole batch. Every failure scores 0 and is counted:
 
-- ``reward/errors``: the call raised (``sys.exit`` and ``KeyboardInterrupt`` included), its worker process
-  died (``os._exit``, a signal; the warning names the exit code), or the returned value's ``__float__`` raised;
+- ``reward/errors``: the call raised (``sys.exit`` and ``KeyboardInterrupt`` included, MemoryError at the
+  worker's memory cap), its worker process died (``os._exit``, a signal; the warning names the exit code),
+  the returned value's ``__float__`` raised, or the worker's result pipe carried a frame that fails the
+  pool's checks (``BadWorkerFrame``, counted even when it came with no call);
 - ``reward/timeouts``: the call was still running after ``timeout_s``;
 - ``reward/invalid``: the value is not a finite number within +-1e6 (``nan``, ``inf``, ``10**400``, ``1e308``,
   a string, a list, None).
 
 A broken reward never stops, hangs or poisons training, and SIGINT/SIGTERM keep working during a batch. When
-more than half of a batch's calls fail, a warning with the first failure of each kind is printed (once per
-kind per run), with or without --quiet.
+more than half of a batch's calls fail, a warning naming the reward with the first failure of each kind is
+printed (once per kind per run), with or without --quiet; so is a worker replaced for its memory (once per run).
+A user reward that cannot be named or imported (``reward.user_fn`` not ``package.module:function``, a module
+that raises or calls ``sys.exit`` at import) is a ValueError of one sentence naming it, before any batch.
 
 Departures / choices:
 1. What runs where. User rewards, math-verify and reasoning-gym run in worker processes that can be killed
    (``reward_pool.RewardPool``: bounded, started with the RewardComputer, reused for every batch). User code
    can do anything; the other two parse the policy's own output with sympy or generator code, which can run
    for minutes (math-verify on ``\\boxed{9^{9^{9^{9}}}}`` had not returned after 50 s). A call still running
-   at its deadline has its worker's process group killed and a new worker started. exact and equiv run in
-   this process: a string comparison and a sum of at most 64 characters, 0.01-0.15 ms per batch of 64
-   against 18-21 ms through two workers (a pipe round trip of ~0.3 ms a call; benchmarks/reward_pool.py).
+   at its deadline has its worker killed, with every process its reward started, and a new worker started.
+   exact and equiv run in this process: a string comparison and a sum of at most 64 characters, 0.01-0.15 ms
+   per batch of 64 against 9-21 ms through two workers (a pipe round trip of ~0.15-0.3 ms a call;
+   benchmarks/reward_pool.py).
    math-verify costs about the same either way (0.19-0.43 s per batch of 64 here, 0.29-0.33 s through two
    workers on a shared 2-core machine); a built-in worker starts in ~0.2 s (math-verify's in ~1 s: sympy),
    once per run, a user-reward worker in ~0.3 s. The format regex runs here (it is the run's own configuration).
-2. A worker rebuilds the reward from its name (a built-in kind, or kind=user's ``'module:function'``, imported
-   with this process's ``sys.path``), never from a pickled closure. The value is converted to a float in
+2. A worker rebuilds the reward from its name (a built-in kind, or kind=user's ``'package.module:function'``,
+   imported with this process's ``sys.path``), never from a pickled closure. The value is converted to a float in
    the worker: only numbers and short strings come back.
 3. math-verify runs with its own signal-based timeouts off (``parsing_timeout=None``,
    ``timeout_seconds=None``). In a worker the pool's deadlines replace them: its interval timer interrupts
@@ -45,17 +50,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from dfpo.trainer.llm.reward_pool import (
-    KINDS,
-    MAX_ABS_REWARD,
-    Outcome,
-    RewardPool,
-    as_reward,
-    check_pool_settings,
-    describe_error,
-    load_user_fn,
-    score,
-)
+from dfpo.trainer.llm.reward_pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
+from dfpo.trainer.llm.reward_worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
 from dfpo.trainer.llm.tasks import Example, sum_value
 
 __all__ = ["MAX_ABS_REWARD", "RewardBatch", "RewardComputer", "RewardSpec", "as_reward", "correctness_fn", "reward_spec"]
@@ -140,7 +136,7 @@ def warm_up(kind: str) -> None:
 
 
 def import_callable(spec: str) -> RewardFn:
-    """'module:function' -> an in-process reward calling it as fn(prompt=, completion=, answer=); ValueError naming what is wrong."""
+    """'package.module:function' -> an in-process reward calling it as fn(prompt=, completion=, answer=); ValueError naming what is wrong."""
     fn = load_user_fn(spec)
 
     def user(prompt: str, completion: str, example: Example) -> float:
@@ -172,9 +168,7 @@ def reward_spec(kind: str, task: str, user_fn: str = "") -> RewardSpec:
     if kind == "reasoning_gym" and task != "reasoning_gym":
         raise ValueError('reward.kind = "reasoning_gym" needs data.task = "reasoning_gym"')
     if kind == "user":
-        module_name, _, attr = user_fn.partition(":")
-        if not module_name or not attr:
-            raise ValueError(f"reward.user_fn must look like 'module:function', got {user_fn!r}")
+        parse_user_fn(user_fn)
         return RewardSpec("user", user_fn)
     return RewardSpec(kind)
 
@@ -229,8 +223,10 @@ def _local_outcome(fn: RewardFn, prompt: str, completion: str, example: Example)
 
 class RewardComputer:
     """Correctness + format_weight * format of a batch. Kinds other than exact and equiv run in up to
-    ``workers`` worker processes (0 = min(8, CPU count)), each call with a deadline of ``timeout_s``.
-    ``close()`` (or leaving a ``with`` block) kills the workers; interpreter exit does too."""
+    ``workers`` worker processes (0 = min(8, CPU count)), each call with a deadline of ``timeout_s``; a worker
+    is replaced after ``max_tasks_per_worker`` calls (0 = never) and its memory is capped at ``memory_limit_mb``
+    (0 = no cap; see ``reward_worker``). ``close()`` (or leaving a ``with`` block) kills the workers and what
+    their rewards started; interpreter exit does too."""
 
     def __init__(
         self,
@@ -240,9 +236,11 @@ class RewardComputer:
         format_regex: str = "",
         timeout_s: float = 5.0,
         workers: int = 0,
+        max_tasks_per_worker: int = 0,
+        memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     ):
         correctness = as_spec(correctness)
-        check_pool_settings(timeout_s, workers)
+        check_pool_settings(timeout_s, workers, max_tasks_per_worker, memory_limit_mb)
         self.spec = correctness
         self.format_weight = format_weight
         try:
@@ -252,7 +250,11 @@ class RewardComputer:
         self.timeout_s = timeout_s
         self._warned: set[str] = set()
         self._local = LOCAL_FUNCTIONS.get(correctness.kind)
-        self._pool = None if self._local else RewardPool(correctness.kind, correctness.user_fn, workers=workers, timeout_s=timeout_s)
+        self.name = correctness.user_fn if correctness.kind == "user" else correctness.kind
+        self._pool = None
+        if self._local is None:
+            limits = {"max_tasks_per_worker": max_tasks_per_worker, "memory_limit_mb": memory_limit_mb}
+            self._pool = RewardPool(correctness.kind, correctness.user_fn, workers=workers, timeout_s=timeout_s, **limits)
 
     def __enter__(self) -> RewardComputer:
         return self
@@ -274,12 +276,17 @@ class RewardComputer:
         """Process ids of the live workers ([] for the in-process kinds)."""
         return [] if self._pool is None else self._pool.pids()
 
-    def _call_all(self, prompts: list[str], completions: list[str], examples: list[Example]) -> list[Outcome]:
-        """(value, status, detail) per completion, status in ok | error | timeout | invalid."""
+    def _call_all(self, prompts: list[str], completions: list[str], examples: list[Example]) -> tuple[list[Outcome], list[str]]:
+        """(value, status, detail) per completion, status in ok | error | timeout | invalid; and the errors that
+        came with no call (a worker's bad frame while it was idle)."""
         if self._pool is None:
-            return [_local_outcome(self._local, p, c, ex) for p, c, ex in zip(prompts, completions, examples)]
+            return [_local_outcome(self._local, p, c, ex) for p, c, ex in zip(prompts, completions, examples)], []
         with_meta = self.spec.kind == "reasoning_gym"  # the only kind that reads more than the answer
-        return self._pool.run([(p, c, ex.answer, ex.meta if with_meta else None) for p, c, ex in zip(prompts, completions, examples)])
+        tasks = [(p, c, ex.answer, ex.meta if with_meta else None) for p, c, ex in zip(prompts, completions, examples)]
+        results = self._pool.run(tasks)
+        for notice in self._pool.take_notices():
+            print(f"dfpo: warning: {notice}; said once per run", file=sys.stderr, flush=True)
+        return results, self._pool.take_stray_errors()
 
     def _warn(self, results: list[Outcome]) -> None:
         """More than half the calls failed: the first failure of each kind, once per kind per run, on stderr."""
@@ -291,7 +298,7 @@ class RewardComputer:
             if kind not in self._warned:
                 self._warned.add(kind)
                 print(
-                    f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step; first {status}: {detail}",
+                    f"dfpo: warning: {len(failed)} of {len(results)} reward calls failed this step ({self.name}); first {status}: {detail}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -302,10 +309,11 @@ class RewardComputer:
             raise ValueError(
                 f"{len(prompts)} prompts, {len(completions)} completions and {len(examples)} examples: one of each per completion"
             )
-        results = self._call_all(prompts, completions, examples)
-        self._warn(results)
+        results, stray_errors = self._call_all(prompts, completions, examples)
+        self._warn(results + [(0.0, "error", detail) for detail in stray_errors])
         correct = [value for value, _, _ in results]
         fmt = [float(bool(self.format_re.search(c))) if self.format_re is not None else 0.0 for c in completions]
         total = [c + self.format_weight * f for c, f in zip(correct, fmt)]
         counts = {k: sum(status == k for _, status, _ in results) for k in ("error", "timeout", "invalid")}
+        counts["error"] += len(stray_errors)
         return RewardBatch(total, correct, fmt, errors=counts["error"], timeouts=counts["timeout"], invalid=counts["invalid"])

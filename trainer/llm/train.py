@@ -177,6 +177,8 @@ class Trainer:
             format_regex=cfg.reward.format_regex,
             timeout_s=cfg.reward.timeout_s,
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
+            max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
+            memory_limit_mb=cfg.reward.memory_limit_mb,
         )
         check_model_available(cfg.model.name)
         if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
