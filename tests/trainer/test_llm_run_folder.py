@@ -4,9 +4,14 @@ clean stops on SIGINT/SIGTERM, and damaged checkpoints or logs are named on resu
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import pickle
+import random
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +19,12 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from dfpo.cli import main
-from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
+from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
 from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
@@ -431,3 +437,136 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path)
         env=env,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- nothing read from a run folder runs code
+
+
+@pytest.fixture(scope="module")
+def finished_template(tmp_path_factory) -> Path:
+    """One finished tiny run (2 steps), copied by ``_copy_of_finished`` into each test that damages one."""
+    base = tmp_path_factory.mktemp("finished")
+    Trainer(tiny_config(base), quiet=True).run()
+    return base / "run"
+
+
+def _copy_of_finished(template: Path, tmp_path: Path) -> Path:
+    """A finished run at tmp_path/run, where ``tiny_config(tmp_path)`` points."""
+    run = tmp_path / "run"
+    shutil.copytree(template, run)
+    (run / ".lock").unlink()
+    return run
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("dfpo: error:")]
+
+
+class _RunsCodeWhenUnpickled:
+    """What a planted checkpoint carries: unpickling it runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def _plant(run: Path, marker: Path, *, form: str, record: bool) -> Path:
+    """Replace the run's checkpoint.pt with a pickle that would create ``marker`` (``form``: a torch.save zip or a bare
+    pickle); ``record``: give checkpoint.json its checksum (a checksum says the file is intact, not who wrote it),
+    else delete checkpoint.json."""
+    ckpt = run / "checkpoint.pt"
+    planted = {"step": 2, "model": {}, "payload": _RunsCodeWhenUnpickled(marker)}
+    if form == "zip":
+        torch.save(planted, ckpt)
+    else:
+        ckpt.write_bytes(pickle.dumps(planted))
+    if record:
+        meta = json.loads((run / "checkpoint.json").read_text())
+        meta.update(sha256=hashlib.sha256(ckpt.read_bytes()).hexdigest(), size=ckpt.stat().st_size)
+        (run / "checkpoint.json").write_text(json.dumps(meta))
+    else:
+        (run / "checkpoint.json").unlink()
+    return ckpt
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["with-matching-record", "without-record"])
+@pytest.mark.parametrize("form", ["zip", "bare-pickle"])
+def test_a_planted_pickle_never_runs_on_resume_and_the_message_names_the_file(finished_template, tmp_path, capsys, form, record):
+    run = _copy_of_finished(finished_template, tmp_path)
+    marker = tmp_path / "code-ran"
+    ckpt = _plant(run, marker, form=form, record=record)
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    errors = _error_lines(err)
+    assert "Traceback" not in err and len(errors) == 1 and str(ckpt) in errors[0], err
+
+
+@pytest.mark.parametrize("form", ["zip", "bare-pickle"])
+def test_load_checkpoint_loads_tensors_and_plain_data_only(tmp_path, form):
+    """The last line of defence, whatever ran before it: a checkpoint with a verified checksum is still read with
+    torch.load(weights_only=True), and one that needs more is refused naming the file."""
+    save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3)}, config={"seed": 0})
+    marker = tmp_path / "code-ran"
+    ckpt = _plant(tmp_path, marker, form=form, record=True)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(ckpt))} holds .*not tensors or plain data.*not loaded"):
+        load_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_loads_with_weights_only(finished_template):
+    """Every value a checkpoint holds is a tensor or plain data: torch.load(weights_only=True) reads it with no
+    allow-list (the NumPy RNG state included)."""
+    state = torch.load(finished_template / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "sampler", "config"} <= set(state)
+
+
+def test_a_checkpoint_of_the_previous_format_still_loads_and_restores_its_random_state(tmp_path):
+    """Format 2 kept NumPy's RNG key as an ndarray: the narrow allow-list transformers' Trainer also uses for it
+    (ndarray, dtype, uint32) lets runs started before format 3 resume; nothing else is allowed."""
+    np.random.seed(7)
+    old_numpy_state = np.random.get_state()  # ('MT19937', ndarray of uint32, pos, has_gauss, gauss)
+    expected = np.random.rand(3)
+    rng = {"python": random.getstate(), "numpy": old_numpy_state, "torch": torch.get_rng_state()}
+    save_checkpoint(tmp_path, {"step": 1, "rng": rng}, config={"seed": 0})
+    state = load_checkpoint(tmp_path)
+    np.random.seed(0)
+    set_rng_state(state["rng"])
+    assert np.array_equal(np.random.rand(3), expected)
+
+
+# ----------------------------------------------------------------------------- a checkpoint is verified, or not loaded
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        ("missing", r"no checkpoint.json beside it"),
+        ("empty", r"checkpoint.json is empty"),
+        ("torn", r"checkpoint.json is not valid JSON"),
+        ("no-checksum", r"checkpoint.json holds no checksum"),
+    ],
+)
+def test_a_checkpoint_without_a_usable_record_is_refused_saying_which(finished_template, tmp_path, damage, says):
+    """A bit flipped in checkpoint.pt and its record gone: no unverified checkpoint is ever loaded."""
+    run = _copy_of_finished(finished_template, tmp_path)
+    ckpt = run / "checkpoint.pt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    ckpt.write_bytes(bytes(data))
+    record = run / "checkpoint.json"
+    if damage == "missing":
+        record.unlink()
+    elif damage == "empty":
+        record.write_text("")
+    elif damage == "torn":
+        record.write_text(record.read_text()[:40])
+    else:
+        meta = json.loads(record.read_text())
+        del meta["sha256"]
+        record.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"{says}.*cannot be verified.*nothing was loaded"):
+        Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+    assert ckpt.read_bytes() == bytes(data)
