@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from dfpo.cli import main
+from dfpo.trainer.llm import run_state as run_state_module
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
@@ -570,3 +571,71 @@ def test_a_checkpoint_without_a_usable_record_is_refused_saying_which(finished_t
     with pytest.raises(ValueError, match=rf"{says}.*cannot be verified.*nothing was loaded"):
         Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
     assert ckpt.read_bytes() == bytes(data)
+
+
+# ----------------------------------------------------------------------------- init_model: written whole, cleared only if dfpo's
+
+
+def _killed_after_the_warm_up(tmp_path: Path, monkeypatch) -> Path:
+    """A run stopped between its warm-up (init_model written) and its first checkpoint."""
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(run_state_module, "save_checkpoint", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(tiny_config(tmp_path), quiet=True)
+    run = tmp_path / "run"
+    assert (run / "init_model" / "model.safetensors").is_file() and not (run / "checkpoint.pt").exists()
+    return run
+
+
+def test_a_run_nested_in_a_start_up_leftovers_init_model_is_never_deleted(tmp_path, monkeypatch):
+    """Run X stopped after its warm-up; run Y trained in X/init_model/other; X's command again is refused, naming
+    Y's folder, and Y is left whole."""
+    x = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    y = x / "init_model" / "other"
+    Trainer(tiny_config(tmp_path, f'run_dir="{y}"'), quiet=True).run()
+    before = _tree(x)
+    with pytest.raises(ValueError, match=r"files dfpo train did not write \(init_model/other\); nothing was deleted"):
+        Trainer(tiny_config(tmp_path), quiet=True)
+    assert _tree(x) == before and (y / "checkpoint.pt").is_file()
+
+
+@pytest.mark.parametrize("intruder", ["notes.txt", "sub/file", "link"])
+def test_an_init_model_holding_anything_else_is_refused(tmp_path, monkeypatch, intruder):
+    x = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    path = x / "init_model" / intruder
+    if intruder == "link":
+        (tmp_path / "target.txt").write_text("not dfpo's")
+        path.symlink_to(tmp_path / "target.txt")
+    else:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("mine")
+    before = _tree(x)
+    with pytest.raises(ValueError, match=r"files dfpo train did not write \(init_model/.*\); nothing was deleted"):
+        Trainer(tiny_config(tmp_path), quiet=True)
+    assert _tree(x) == before
+
+
+def test_a_run_stopped_after_its_warm_up_starts_again_in_the_same_folder(tmp_path, monkeypatch):
+    run = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    summary = Trainer(tiny_config(tmp_path), quiet=True).run()
+    assert summary["steps"] == 2 and (run / "checkpoint.pt").is_file()
+
+
+def test_resume_without_init_model_says_it_is_missing_not_to_download(finished_template, tmp_path, capsys):
+    run = _copy_of_finished(finished_template, tmp_path)
+    shutil.rmtree(run / "init_model")
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'init_model'} is missing" in err and "hub" not in err, err
+
+
+def test_resume_with_a_truncated_init_model_says_which_file(finished_template, tmp_path, capsys):
+    run = _copy_of_finished(finished_template, tmp_path)
+    weights = run / "init_model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    assert "model.safetensors" in capsys.readouterr().err

@@ -11,30 +11,57 @@ Layout of RUN_DIR::
     samples.jsonl     sample completions
     summary.json      run-level metrics (Jitter2, Steps(reward >= kappa), final eval)
     tb/               TensorBoard events
-    init_model/       the tiny preset after its warm-start (model + tokenizer)
+    init_model/       the tiny preset after its warm-start (model + tokenizer), and .dfpo-files.json: the name and
+                      size of every file written there, written last
 
 A fresh start clears a folder only when all of these hold: it carries the mark, the mark says no checkpoint was
-ever written in it, and everything in it is something dfpo train writes before its first checkpoint (a run killed
-during start-up). Anything else that is not empty is refused, naming what is in the way, and nothing is deleted:
-a project folder that happens to hold a ``config.toml``, a finished run whose checkpoint was pruned, a folder of
-an older dfpo without the mark.
+ever written in it, and everything in it is a file dfpo train writes before its first checkpoint (a run killed
+during start-up): in init_model/ only the files its .dfpo-files.json names (or, when a kill cut the save short
+before that record, only files save_pretrained writes), never a subfolder or a link. Anything else that is not
+empty is refused, naming what is in the way, and nothing is deleted: a project folder that happens to hold a
+``config.toml``, a finished run whose checkpoint was pruned, a folder of an older dfpo without the mark, a run
+someone started inside a leftover's init_model/.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from dfpo.files import check_writable_folder
-from dfpo.trainer.llm.checkpoint import _TMP, CHECKPOINT, CHECKPOINT_META, checkpoint_step, write_run_file
+from dfpo.files import check_writable_folder, write_text_atomic
+from dfpo.trainer.llm.checkpoint import (
+    _TMP,
+    CHECKPOINT,
+    CHECKPOINT_META,
+    check_checkpoint,
+    checkpoint_step,
+    write_run_file,
+)
 
 LOCK = ".lock"
 MARK = ".dfpo-run.json"
-STARTUP_FILES = frozenset({LOCK, MARK, "config.toml", "init_model", _TMP, CHECKPOINT_META})
+INIT_MODEL = "init_model"
+INIT_MODEL_RECORD = ".dfpo-files.json"
+"""In init_model/: the name and size of each file dfpo train wrote there, written after them."""
+STARTUP_FILES = frozenset({LOCK, MARK, "config.toml", INIT_MODEL, _TMP, CHECKPOINT_META})
 """What dfpo train writes in a run folder before its first checkpoint exists."""
+SAVE_PRETRAINED_FILES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "chat_template.jinja",
+    }
+)
+"""What save_pretrained writes for the tiny preset (some names only in some transformers versions): all that an
+init_model/ whose save was cut off before its record may hold."""
 
 
 def _is_own_temp_file(name: str) -> bool:
@@ -62,25 +89,68 @@ def write_mark(run_dir: Path, *, checkpointed: bool) -> None:
     write_run_file(Path(run_dir) / MARK, json.dumps(mark, sort_keys=True) + "\n")
 
 
-def startup_leftovers(run_dir: Path, *, resume: bool, steps: int) -> list[Path]:
-    """What a run in ``run_dir`` may start from, checked without touching anything: the paths a fresh start
-    clears (those of a run killed during its start-up), [] for an empty folder or a resume; ValueError naming the
-    folder and the reason for everything else."""
+def _init_model_record(folder: Path) -> dict[str, int] | None:
+    """{file name: size} that init_model/.dfpo-files.json records (None: no readable record)."""
+    try:
+        files = json.loads((folder / INIT_MODEL_RECORD).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {str(name): int(size) for name, size in files.items()} if isinstance(files, dict) else None
+
+
+def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
+    """``save(folder)`` into the new folder RUN_DIR/init_model, then its record of what was written. A folder
+    already there is refused (something else wrote it while this run started)."""
+    try:
+        folder.mkdir()
+        save(folder)
+        files = {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+        write_text_atomic(folder / INIT_MODEL_RECORD, json.dumps({"written_by": "dfpo train", "files": files}, sort_keys=True))
+    except FileExistsError:
+        raise ValueError(
+            f"run_dir {str(folder.parent)!r}: {folder} appeared while this run was starting, written by something else; "
+            "nothing was deleted. Choose another folder (--set run_dir=...)"
+        ) from None
+
+
+def _init_model_leftovers(folder: Path) -> tuple[list[Path], list[str]]:
+    """(the files of a start-up leftover's init_model/ dfpo train wrote, the names of everything else in it)."""
+    record = _init_model_record(folder)
+    ours = SAVE_PRETRAINED_FILES if record is None else {*record, INIT_MODEL_RECORD}
+    files, foreign = [], []
+    for p in sorted(folder.iterdir()):
+        if p.name in ours and p.is_file() and not p.is_symlink():
+            files.append(p)
+        else:
+            foreign.append(f"{INIT_MODEL}/{p.name}")
+    return files, foreign
+
+
+def init_model_problem(run_dir: Path) -> str | None:
+    """What is wrong with the tiny preset's init_model/ for a resume (None: nothing): missing, or a file its record
+    names missing or of another size (an older dfpo wrote no record: config.json and model.safetensors must be there)."""
+    folder = Path(run_dir) / INIT_MODEL
+    if not folder.is_dir():
+        return "is missing"
+    expected = _init_model_record(folder) or {"config.json": None, "model.safetensors": None}
+    for name, size in expected.items():
+        path = folder / name
+        if not path.is_file():
+            return f"lacks {name}"
+        if size is not None and path.stat().st_size != size:
+            return f"holds a {name} of {path.stat().st_size} bytes where {size} were written"
+    return None
+
+
+def startup_leftovers(run_dir: Path) -> list[Path]:
+    """What a fresh start in ``run_dir`` clears, checked without touching anything: the files (and then the emptied
+    init_model/) of a run of ours killed during its start-up, [] for an empty folder; ValueError naming the folder
+    and the reason for everything else."""
     run_dir = Path(run_dir)
-    has_checkpoint = (run_dir / CHECKPOINT).is_file()
-    if resume:
-        if not has_checkpoint:
-            raise ValueError(
-                f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again with --config"
-            )
-        step = checkpoint_step(run_dir)
-        if step is not None and steps < step:
-            raise ValueError(f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {step}; give train.steps >= {step}")
-        return []
     contents = sorted(p for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
     if not contents:
         return []
-    if has_checkpoint:
+    if (run_dir / CHECKPOINT).is_file():
         raise ValueError(
             f"run_dir {str(run_dir)!r} holds a run (checkpoint at step {checkpoint_step(run_dir)}); continue it with "
             f"--resume {run_dir} or choose another folder (--set run_dir=...)"
@@ -97,13 +167,41 @@ def startup_leftovers(run_dir: Path, *, resume: bool, steps: int) -> list[Path]:
             f"run_dir {str(run_dir)!r} holds a dfpo run whose {CHECKPOINT} is gone ({names}); its files are kept and nothing "
             f"was deleted. Put {CHECKPOINT} back to --resume it, or choose another folder (--set run_dir=...)"
         )
-    foreign = [p.name for p in contents if p.name not in STARTUP_FILES and not _is_own_temp_file(p.name)]
+    clear, foreign = [], []
+    for p in contents:
+        if p.name == INIT_MODEL and p.is_dir() and not p.is_symlink():
+            files, others = _init_model_leftovers(p)
+            clear += [*files, p]
+            foreign += others
+        elif (p.name in STARTUP_FILES or _is_own_temp_file(p.name)) and p.is_file() and not p.is_symlink():
+            clear.append(p)
+        else:
+            foreign.append(p.name)
     if foreign:
         raise ValueError(
             f"run_dir {str(run_dir)!r} holds a run that stopped before its first checkpoint, and files dfpo train did not "
             f"write ({', '.join(foreign[:5])}); nothing was deleted. Choose another folder (--set run_dir=...) or move them"
         )
-    return contents
+    return [p for p in clear if p.name != MARK]
+
+
+def check_resumable(run_dir: Path, *, steps: int) -> None:
+    """What a resume needs, checked before any work: a checkpoint its record vouches for (``check_checkpoint``), a
+    step within ``steps``, and the tiny preset's init_model/; ValueError naming the folder, the file and what to do
+    otherwise."""
+    run_dir = Path(run_dir)
+    meta = check_checkpoint(run_dir)
+    if steps < meta.step:
+        raise ValueError(
+            f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {meta.step}; give train.steps >= {meta.step}"
+        )
+    problem = init_model_problem(run_dir) if (meta.config or {}).get("model", {}).get("name") == "tiny" else None
+    if problem:
+        raise ValueError(
+            f"--resume {run_dir}: {run_dir / INIT_MODEL} {problem}: it holds the tiny preset's warm-started model, which "
+            "this run started from and which a resume does not build again. Restore it from a copy of the run folder, "
+            "or start the run again in a new folder"
+        )
 
 
 class RunFolderLock:
@@ -119,7 +217,8 @@ class RunFolderLock:
         self.created_folder = False  # set by prepare_run_folder when it made the folder
         self.created_file = False
 
-    def acquire(self) -> None:
+    def acquire(self, *, claim: bool = True) -> None:
+        """Take the lock (ValueError naming the holder if a live process has it); ``claim``: write this PID in it."""
         import fcntl
 
         self.created_file = not self.path.exists()
@@ -133,11 +232,12 @@ class RunFolderLock:
             raise ValueError(
                 f"run_dir {str(self.path.parent)!r} is in use by process {holder} (another dfpo train); wait for it or stop it"
             ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(str(os.getpid()))
-        fh.flush()
         self._fh = fh
+        if claim:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
 
     def release(self) -> None:
         if self._fh is not None:
@@ -176,17 +276,21 @@ def check_run_folder(run_dir: Path, *, resume: bool, steps: int) -> None:
         return
     if (run_dir / LOCK).exists():
         probe = RunFolderLock(run_dir)
-        probe.acquire()  # ValueError naming the holder when another process trains here
+        probe.acquire(claim=False)  # ValueError naming the holder when another process trains here
         probe.release()
-    startup_leftovers(run_dir, resume=resume, steps=steps)
+    if resume:
+        check_resumable(run_dir, steps=steps)
+    else:
+        startup_leftovers(run_dir)
 
 
 def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderLock:
     """Check, lock and claim a run folder before any expensive work; return the held lock.
 
-    Refused at once, naming the folder: a file in the way, a folder that cannot be written, a folder another
-    process is using, anything ``startup_leftovers`` refuses. A new or empty folder gets the mark; a fresh start
-    over a run of this trainer that was killed during its start-up clears what that run wrote.
+    Refused at once, naming the folder: a file in the way, a folder that cannot be written, a folder
+    another process is using, anything ``startup_leftovers`` or (resuming) ``check_resumable`` refuses. A new or empty
+    folder gets the mark; a fresh start over a run of this trainer that was killed during its start-up clears the
+    files that run wrote, one by one (a folder only once it is empty).
     """
     run_dir = Path(run_dir)
     check_writable_folder("run_dir", run_dir)
@@ -194,17 +298,17 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunFolderLock(run_dir)
     lock.created_folder = created
-    lock.acquire()
     try:
-        leftovers = startup_leftovers(run_dir, resume=resume, steps=steps)
-        for p in leftovers:  # a run of ours killed during start-up: start it again
-            if p.name == MARK:
-                continue
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        write_mark(run_dir, checkpointed=resume)  # a resumed folder holds a checkpoint: never a start-up leftover
+        lock.acquire()
+        if resume:
+            check_resumable(run_dir, steps=steps)
+        else:
+            for p in startup_leftovers(run_dir):  # a run of ours killed during start-up: start it again
+                if p.is_dir():
+                    p.rmdir()  # init_model/, emptied of its files just before
+                else:
+                    p.unlink()
+        write_mark(run_dir, checkpointed=resume)  # a resumed folder is never a start-up leftover
         return lock
     except BaseException:
         lock.abandon()
