@@ -639,3 +639,18 @@ def test_resume_with_a_truncated_init_model_says_which_file(finished_template, t
     weights.write_bytes(weights.read_bytes()[:100])
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
     assert "model.safetensors" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- run_dir a broken symbolic link
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+def test_a_run_dir_that_is_a_broken_symlink_is_refused_naming_it(tmp_path, capsys, kind):
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "nowhere" if kind == "dangling" else link)
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    assert main(["train", "--quiet", "--config", str(config), "--set", f"run_dir={link}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"run_dir {str(link)!r} is a symbolic link" in err, err
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()

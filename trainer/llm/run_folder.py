@@ -89,6 +89,18 @@ def write_mark(run_dir: Path, *, checkpointed: bool) -> None:
     write_run_file(Path(run_dir) / MARK, json.dumps(mark, sort_keys=True) + "\n")
 
 
+def check_run_dir_path(run_dir: Path) -> None:
+    """ValueError naming the link when ``run_dir``, or a folder above it, is a symbolic link that leads nowhere
+    (its target is missing, or it loops): the folder could not be created through it."""
+    for p in (run_dir, *run_dir.parents):
+        if p.is_symlink() and not p.exists():
+            where = "is a symbolic link" if p == run_dir else f"lies under {str(p)!r}, a symbolic link"
+            raise ValueError(
+                f"run_dir {str(run_dir)!r} {where} to {os.readlink(p)!r}, which does not exist or loops back to itself; "
+                "point the link at a folder, or choose another folder (--set run_dir=...)"
+            )
+
+
 def _init_model_record(folder: Path) -> dict[str, int] | None:
     """{file name: size} that init_model/.dfpo-files.json records (None: no readable record)."""
     try:
@@ -271,6 +283,7 @@ def check_run_folder(run_dir: Path, *, resume: bool, steps: int) -> None:
     """Every check of ``prepare_run_folder`` that needs no lock held afterwards, with no side effect beyond a
     moment's lock: run before launching several processes, so a refusal is one message before any work."""
     run_dir = Path(run_dir)
+    check_run_dir_path(run_dir)
     check_writable_folder("run_dir", run_dir)
     if not run_dir.is_dir():
         return
@@ -287,12 +300,13 @@ def check_run_folder(run_dir: Path, *, resume: bool, steps: int) -> None:
 def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderLock:
     """Check, lock and claim a run folder before any expensive work; return the held lock.
 
-    Refused at once, naming the folder: a file in the way, a folder that cannot be written, a folder
+    Refused at once, naming the folder: a broken link, a file in the way, a folder that cannot be written, a folder
     another process is using, anything ``startup_leftovers`` or (resuming) ``check_resumable`` refuses. A new or empty
     folder gets the mark; a fresh start over a run of this trainer that was killed during its start-up clears the
     files that run wrote, one by one (a folder only once it is empty).
     """
     run_dir = Path(run_dir)
+    check_run_dir_path(run_dir)
     check_writable_folder("run_dir", run_dir)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
