@@ -22,9 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from dfpo.cli import main
+from dfpo.trainer.llm import checkpoint as checkpoint_module
 from dfpo.trainer.llm import run_state as run_state_module
+from dfpo.trainer.llm import runlog as runlog_module
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
@@ -654,3 +657,121 @@ def test_a_run_dir_that_is_a_broken_symlink_is_refused_naming_it(tmp_path, capsy
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"run_dir {str(link)!r} is a symbolic link" in err, err
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+# ----------------------------------------------------------------------------- full disk: one message at every write
+
+
+class _FullAfter:
+    """A binary file whose writes fail with ENOSPC once ``room`` bytes are written (a disk filling up)."""
+
+    def __init__(self, fh, room: int):
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+def test_a_full_disk_inside_torch_save_is_a_write_failure_not_its_runtime_error(tmp_path, monkeypatch):
+    """torch.save turns the ENOSPC of the file it writes into 'RuntimeError: ... unexpected pos': the checkpoint
+    writer reports the OSError behind it, and the previous checkpoint stays."""
+    save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)}, config={"seed": 0})
+    monkeypatch.setattr(checkpoint_module, "open", lambda path, mode="r": _FullAfter(open(path, mode), 200), raising=False)
+    with pytest.raises(WriteFailed, match=r"checkpoint.pt: no space left on the device .* the previous checkpoint \(step 1\) is kept"):
+        save_checkpoint(tmp_path, {"step": 2, "w": torch.zeros(1000)}, config={"seed": 0})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.pt"]
+    assert load_checkpoint(tmp_path)["step"] == 1
+
+
+def test_a_full_disk_writing_init_model_is_one_message_and_the_same_command_starts_again(tmp_path, monkeypatch, capsys):
+    """safetensors reports ENOSPC as SafetensorError; the run stops with the one message, and once there is room the
+    same command starts the run again in the same folder."""
+    import transformers.modeling_utils
+
+    def disk_full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    run = tmp_path / "run"
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    argv = ["train", "--quiet", "--config", str(config)] + [x for s in [*SETS, "train.steps=1", f"run_dir={run}"] for x in ("--set", s)]
+    with monkeypatch.context() as m:
+        m.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+        assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(_error_lines(err)) == 1
+    assert f"{run / 'init_model'}: no space left on the device" in err and "run the same command again" in err, err
+    assert main(argv) == 0
+
+
+def test_logs_that_cannot_be_closed_on_a_full_disk_are_one_message(tmp_path, monkeypatch):
+    """A line that could not be written stays in the file's buffer, and closing the file tries again: that second
+    failure is the same message, never a bare OSError."""
+    run = _finished_run(tmp_path)
+    trainer = Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+
+    def disk_full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer.logs.metrics, "close", disk_full)
+    with pytest.raises(WriteFailed, match=rf"{re.escape(str(run / 'metrics.jsonl'))}: no space left on the device"):
+        trainer.close()
+    monkeypatch.undo()
+    trainer.close()
+
+
+def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkeypatch):
+    run = _finished_run(tmp_path)
+    lines = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(lines + '{"step": 3}\n')  # a line past the checkpoint: the resume drops it
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runlog_module, "write_text_atomic", disk_full)
+    with pytest.raises(WriteFailed, match=r"metrics.jsonl: no space left on the device"):
+        Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+    assert (run / "metrics.jsonl").read_text() == lines + '{"step": 3}\n'
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a Linux tmpfs")
+def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkpoint(tmp_path):
+    """dfpo train on filesystems from a few KiB to just too small for a whole run: every one stops with exit 1 and
+    one line naming the file and the space, no traceback, no temporary file, and a checkpoint it wrote still loads."""
+    probe = tmp_path / "probe"
+    cmd = lambda run: _cmd(run, 3) + ["--set", "train.save_every=1"]  # noqa: E731
+    subprocess.run(cmd(probe), check=True, capture_output=True, timeout=300)
+    need = _used(probe) + (probe / "checkpoint.pt").stat().st_size  # the run, and a second checkpoint being written
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, 4096):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    for i in range(13):
+        room = max(4096, need * i // 13)
+        assert _mount_tmpfs(disk, room)
+        try:
+            run = disk / "run"
+            proc = subprocess.run(cmd(run), capture_output=True, text=True, timeout=300)
+            where = f"room {room} of {need}: {proc.stderr[-3000:]}"
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, where
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("dfpo: error:")]
+            assert len(errors) == 1 and "no space left on the device" in errors[0], where
+            assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")], where
+            if (run / "checkpoint.pt").is_file():
+                assert load_checkpoint(run)["step"] == json.loads((run / "checkpoint.json").read_text())["step"], where
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -25,6 +25,10 @@ checkpoint.pt. A kill between the last two renames leaves a record that names th
 ``load_checkpoint`` finishes the rename (roll forward). A failed write (a full disk) removes the temp files and
 keeps the previous checkpoint and record untouched.
 
+A full disk: torch.save reports the ENOSPC of the file it writes as ``RuntimeError: ... unexpected pos`` and
+safetensors as ``SafetensorError: ... (os error 28)``; ``write_error`` finds the OSError behind either, so every
+write of the run folder ends in one ``WriteFailed`` sentence naming the file and the reason.
+
 Departures / choices:
 1. SHA-256 over the file bytes, computed while writing (no second read). Loading reads the file twice (hash,
    then ``torch.load``); on the sizes one host trains that costs about a second per GB.
@@ -40,6 +44,7 @@ import json
 import os
 import pickle
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +76,19 @@ def describe_write_error(path: Path, err: OSError) -> str:
     if err.errno in DISK_FULL_ERRNOS:
         return f"{path}: no space left on the device (or the quota is used up): {err.strerror or err}"
     return f"{path}: {err.strerror or err}"
+
+
+def write_error(err: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``err`` itself, or the one a library reported only in its message
+    (safetensors: ``SafetensorError: ... I/O error: No space left on device (os error 28)``); None for any other
+    error (a bug, which keeps its traceback)."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def write_run_file(path: Path, text: str) -> None:
@@ -132,15 +150,21 @@ def checkpoint_step(run_dir: Path) -> int | None:
 
 
 class _HashingWriter:
-    """A binary file wrapper that hashes and counts every byte written through it."""
+    """A binary file wrapper that hashes and counts every byte written through it, and keeps the OSError of a
+    failed write (torch.save reports it as a RuntimeError without it)."""
 
     def __init__(self, fh):
         self.fh, self.hash, self.size = fh, hashlib.sha256(), 0
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         self.hash.update(data)
         self.size += len(data)
-        return self.fh.write(data)
+        try:
+            return self.fh.write(data)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self.fh.flush()
@@ -174,7 +198,7 @@ def save_checkpoint(run_dir: Path, state: dict, *, config: dict | None = None) -
         state = {**state, "config": config}
     meta_path = run_dir / CHECKPOINT_META
     old_meta = meta_path.read_text() if meta_path.is_file() else None
-    meta_written = False
+    meta_written, writer = False, None
     try:
         with open(tmp, "wb") as fh:
             writer = _HashingWriter(fh)
@@ -193,11 +217,12 @@ def save_checkpoint(run_dir: Path, state: dict, *, config: dict | None = None) -
         tmp.unlink(missing_ok=True)
         if meta_written:  # the rename failed: the record must name the checkpoint that is there again
             _restore_meta(meta_path, old_meta)
-        if isinstance(err, OSError):
+        cause = writer.error if writer is not None and writer.error is not None else write_error(err)
+        if cause is not None:
             kept = checkpoint_step(run_dir)
             previous = f"the previous checkpoint (step {kept}) is kept" if kept is not None else "no earlier checkpoint exists"
             raise WriteFailed(
-                f"writing checkpoint step {int(state['step'])} failed: {describe_write_error(path, err)}; {previous}. "
+                f"writing checkpoint step {int(state['step'])} failed: {describe_write_error(path, cause)}; {previous}. "
                 f"Free space, then continue with: dfpo train --resume {run_dir}"
             ) from None
         raise

@@ -36,8 +36,11 @@ from dfpo.trainer.llm.checkpoint import (
     _TMP,
     CHECKPOINT,
     CHECKPOINT_META,
+    WriteFailed,
     check_checkpoint,
     checkpoint_step,
+    describe_write_error,
+    write_error,
     write_run_file,
 )
 
@@ -112,7 +115,8 @@ def _init_model_record(folder: Path) -> dict[str, int] | None:
 
 def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
     """``save(folder)`` into the new folder RUN_DIR/init_model, then its record of what was written. A folder
-    already there is refused (something else wrote it while this run started)."""
+    already there is refused (something else wrote it while this run started); a write that fails (a full disk,
+    including safetensors' SafetensorError) is one ``WriteFailed`` sentence."""
     try:
         folder.mkdir()
         save(folder)
@@ -122,6 +126,14 @@ def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
         raise ValueError(
             f"run_dir {str(folder.parent)!r}: {folder} appeared while this run was starting, written by something else; "
             "nothing was deleted. Choose another folder (--set run_dir=...)"
+        ) from None
+    except Exception as err:
+        cause = write_error(err)
+        if cause is None:
+            raise
+        raise WriteFailed(
+            f"writing the tiny preset's warm-started model failed: {describe_write_error(folder, cause)}; nothing written "
+            "before is lost. Free space, then run the same command again (it clears what this start wrote)"
         ) from None
 
 
@@ -234,7 +246,10 @@ class RunFolderLock:
         import fcntl
 
         self.created_file = not self.path.exists()
-        fh = open(self.path, "a+")
+        try:
+            fh = open(self.path, "a+")
+        except OSError as err:
+            raise WriteFailed(f"creating {describe_write_error(self.path, err)}; nothing was written") from None
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -245,11 +260,12 @@ class RunFolderLock:
                 f"run_dir {str(self.path.parent)!r} is in use by process {holder} (another dfpo train); wait for it or stop it"
             ) from None
         self._fh = fh
-        if claim:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(str(os.getpid()))
-            fh.flush()
+        if claim:  # unbuffered: a write that fails leaves nothing for close() to fail on again
+            try:
+                os.ftruncate(fh.fileno(), 0)
+                os.write(fh.fileno(), str(os.getpid()).encode())
+            except OSError as err:
+                raise WriteFailed(f"writing {describe_write_error(self.path, err)}; nothing else was written") from None
 
     def release(self) -> None:
         if self._fh is not None:
@@ -309,7 +325,10 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
     check_run_dir_path(run_dir)
     check_writable_folder("run_dir", run_dir)
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise WriteFailed(f"creating {describe_write_error(run_dir, err)}; nothing was written") from None
     lock = RunFolderLock(run_dir)
     lock.created_folder = created
     try:
