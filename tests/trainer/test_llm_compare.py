@@ -10,6 +10,8 @@ import pytest
 from dfpo.cli import main
 from dfpo.trainer.llm import compare as C
 from dfpo.trainer.llm.compare import make_plan, paired_table, read_run, run_dir, train_command
+from dfpo.trainer.llm.config import config_to_dict
+from dfpo.trainer.llm.run_folder import run_identity, write_mark
 
 
 def _write_run(path, eval_avg, rewards, steps_to_kappa, clip=(0.1, 0.2), asym=0.5):
@@ -134,12 +136,18 @@ def _fake_plan(tmp_path, seeds=3, labels="gspo,dfpo_min"):
     return make_plan(labels, None, seeds, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
 
 
+def _mark_as(plan, path, label, seed):
+    """The mark dfpo train leaves in a run folder: the identity of the run of ``label`` and ``seed`` under ``plan``."""
+    write_mark(path, checkpointed=True, identity=run_identity(config_to_dict(C.run_config(plan, label, seed))))
+
+
 def _fake_runs(plan, reached=lambda label, seed: True):
     """Finished run folders for every (label, seed): eval 0.30 + 0.01 seed (+0.02 for dfpo_min), 20 steps."""
     for label in plan.labels:
         for s in plan.seeds:
             bump = 0.02 if label == "dfpo_min" else 0.0
             _write_run(run_dir(plan, label, s), 0.30 + 0.01 * (s - 10) + bump, [0.5] * 20, 12 if reached(label, s) else None)
+            _mark_as(plan, run_dir(plan, label, s), label, s)
 
 
 def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_path):
@@ -183,3 +191,36 @@ def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_
     for path in (with_checkpoint, without):  # nothing was deleted here
         assert (path / "config.toml").read_text() == "seed = 10\n" and (path / "metrics.jsonl").is_file()
     assert (with_checkpoint / "checkpoint.pt").read_bytes() == b"ckpt"
+
+
+# ----- a folder holds the run of its label and seed, or nothing is run or reported -----
+
+
+def test_a_run_of_another_label_planted_in_a_folder_is_refused_naming_both(tmp_path):
+    """A dfpo_min run sitting in OUT/gspo/seed11 would be reported as gspo: compare checks each folder's identity
+    before it resumes or reports anything."""
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    _mark_as(plan, run_dir(plan, "gspo", 11), "dfpo_min", 11)
+    with pytest.raises(ValueError, match=r"gspo/seed11 holds the run dfpo_min seed 11, not gspo seed 11.*nothing was run or reported"):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+    assert not (plan.out / "compare.md").exists()
+
+
+def test_a_run_of_another_config_is_refused_naming_the_config(tmp_path):
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    other = make_plan("gspo,dfpo_min", None, 2, 10, "configs/tiny-cpu.toml", ["optim.lr=0.5"], str(tmp_path / "elsewhere"))
+    _mark_as(other, run_dir(plan, "gspo", 10), "gspo", 10)
+    with pytest.raises(
+        ValueError, match=r"gspo/seed10 holds a run of gspo seed 10 with another config \(config [0-9a-f]{12}, not [0-9a-f]{12}"
+    ):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+
+
+def test_a_folder_without_an_identity_is_refused(tmp_path):
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    (run_dir(plan, "dfpo_min", 10) / ".dfpo-run.json").unlink()
+    with pytest.raises(ValueError, match=r"dfpo_min/seed10 holds a run whose identity is unknown"):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)

@@ -29,6 +29,7 @@ from dfpo.trainer.llm import checkpoint as checkpoint_module
 from dfpo.trainer.llm import run_state as run_state_module
 from dfpo.trainer.llm import runlog as runlog_module
 from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.config import config_to_dict
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
 from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
@@ -574,6 +575,41 @@ def test_a_checkpoint_without_a_usable_record_is_refused_saying_which(finished_t
     with pytest.raises(ValueError, match=rf"{says}.*cannot be verified.*nothing was loaded"):
         Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
     assert ckpt.read_bytes() == bytes(data)
+
+
+# ----------------------------------------------------------------------------- a run has an identity
+
+
+def test_resume_refuses_a_checkpoint_copied_from_another_run_naming_both(tmp_path, capsys):
+    """A gspo run's checkpoint, record and config copied into a dfpo_min run's folder: metrics.jsonl would mix two
+    runs. The folder's mark says which run it holds, and the resume is refused before anything is written."""
+    mine = _finished_run(tmp_path / "mine", "objective.name=dfpo_min")
+    other = _finished_run(tmp_path / "other", "objective.name=gspo")
+    for name in ("checkpoint.pt", "checkpoint.json", "config.toml"):
+        shutil.copy(other / name, mine / name)
+    before = _tree(mine)
+    assert main(["train", "--quiet", "--resume", str(mine), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"holds the run dfpo_min seed 0 \(config [0-9a-f]{12}, \.dfpo-run\.json\).*gspo seed 0 \(config [0-9a-f]{12}", err), (
+        err
+    )
+    assert _tree(mine) == before
+
+
+def test_the_mark_records_the_runs_identity_when_it_starts(finished_template):
+    mark = json.loads((finished_template / ".dfpo-run.json").read_text())
+    assert mark["identity"]["objective"] == "dfpo_min" and mark["identity"]["seed"] == 0
+    assert re.fullmatch(r"[0-9a-f]{64}", mark["identity"]["config_sha256"])
+
+
+def test_the_identity_ignores_what_a_resume_may_change_and_nothing_else():
+    from dfpo.trainer.llm.run_folder import run_identity
+
+    base = config_to_dict(tiny_config(Path("/a")))
+    same = config_to_dict(tiny_config(Path("/b"), "train.steps=9", "train.save_every=3", "eval.every=0"))
+    assert run_identity(base) == run_identity(same)
+    for change in ("seed=1", "optim.lr=0.5", "objective.name=gspo", "rollout.group_size=2"):
+        assert run_identity(config_to_dict(tiny_config(Path("/a"), change))) != run_identity(base), change
 
 
 # ----------------------------------------------------------------------------- init_model: written whole, cleared only if dfpo's

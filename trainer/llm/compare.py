@@ -21,6 +21,11 @@ comparison can be interrupted and started again with the same command: a run wit
 checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
 ``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
 Nothing is deleted here.
+
+Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
+that label and seed under this comparison's config: its identity (``run_folder.run_identity``, kept in the mark
+dfpo train writes) is checked, and a folder holding another run, or one whose identity is unknown, is refused
+naming both, so no run is resumed or reported under a label it does not have.
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ import numpy as np
 
 from dfpo.files import write_text_atomic
 from dfpo.toy import stats
-from dfpo.trainer.llm.config import load_config
+from dfpo.trainer.llm.checkpoint import CHECKPOINT
+from dfpo.trainer.llm.config import Config, config_to_dict, load_config
+from dfpo.trainer.llm.run_folder import MARK, folder_identity, run_identity
 from dfpo.trainer.loss import objective_from_label, parse_objective_label, unmatched_components
 
 # (key in the per-run record, column title, format of a difference)
@@ -90,15 +97,50 @@ def run_dir(plan: Plan, label: str, seed: int) -> Path:
     return plan.out / label.replace(":", "__").replace("=", "-") / f"seed{seed}"
 
 
+def run_sets(plan: Plan, label: str, seed: int) -> list[str]:
+    """The --set assignments of one (label, seed) run: the plan's, then its seed, objective and folder."""
+    name, overrides = parse_objective_label(label)
+    sets = [*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"]
+    return sets + [f"objective.overrides.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+
+
+def run_config(plan: Plan, label: str, seed: int) -> Config:
+    """The config ``dfpo train`` resolves for one (label, seed) run."""
+    return load_config(plan.config, run_sets(plan, label, seed))
+
+
 def train_command(plan: Plan, label: str, seed: int) -> list[str]:
     """The ``dfpo train`` command of one (label, seed) run."""
-    name, overrides = parse_objective_label(label)
     cmd = [sys.executable, "-m", "dfpo", "train", "--config", plan.config, "--quiet"]
-    for item in (*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"):
+    for item in run_sets(plan, label, seed):
         cmd += ["--set", item]
-    for key, value in overrides.items():
-        cmd += ["--set", f"objective.overrides.{key}={str(value).lower() if isinstance(value, bool) else value}"]
     return cmd
+
+
+def check_identity(plan: Plan, label: str, seed: int) -> None:
+    """ValueError unless OUT/LABEL/seedN, when it holds a run (a checkpoint or a summary), holds the run of ``label``
+    and ``seed`` under the plan's config (``run_identity``); naming what it holds instead."""
+    path = run_dir(plan, label, seed)
+    if not ((path / CHECKPOINT).is_file() or (path / "summary.json").is_file()):
+        return
+    expected, found = run_identity(config_to_dict(run_config(plan, label, seed))), folder_identity(path)
+    if found == expected:
+        return
+    what_now = "nothing was run or reported. Move that folder away, or choose another --out"
+    if found is None:
+        raise ValueError(
+            f"{path} holds a run whose identity is unknown (no identity in {MARK} and no config in checkpoint.json: not a run "
+            f"of dfpo train, or of one older than run identities); {what_now}"
+        )
+    if (found.get("objective"), found.get("seed")) != (expected["objective"], expected["seed"]):
+        raise ValueError(
+            f"{path} holds the run {found.get('objective')} seed {found.get('seed')}, not {expected['objective']} seed {seed}; {what_now}"
+        )
+    raise ValueError(
+        f"{path} holds a run of {expected['objective']} seed {seed} with another config (config "
+        f"{str(found.get('config_sha256'))[:12]}, not {expected['config_sha256'][:12]} of --config {plan.config}"
+        f"{' --set ' + ' '.join(plan.sets) if plan.sets else ''}); {what_now}"
+    )
 
 
 def resume_command(path: Path) -> list[str]:
@@ -296,8 +338,10 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.png,
     per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
-    plan.out.mkdir(parents=True, exist_ok=True)
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together
+    for label, seed in tasks:  # before anything runs: no run is resumed or reported under a label it does not have
+        check_identity(plan, label, seed)
+    plan.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for line in pool.map(lambda t: run_one(plan, *t), tasks):
             progress(line)

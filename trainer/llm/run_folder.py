@@ -2,7 +2,8 @@
 
 Layout of RUN_DIR::
 
-    .dfpo-run.json    the mark of dfpo train: written when it claims a new or empty folder
+    .dfpo-run.json    the mark of dfpo train: written when it claims a new or empty folder; from the first
+                      checkpoint on it holds the run's identity
     .lock             flock held by the process training in the folder (its PID inside)
     config.toml       the resolved config (``--resume`` reads it back and checks it against the checkpoint)
     checkpoint.pt     the last good checkpoint, with checkpoint.json (step, config, SHA-256; ``checkpoint``)
@@ -21,10 +22,16 @@ before that record, only files save_pretrained writes), never a subfolder or a l
 empty is refused, naming what is in the way, and nothing is deleted: a project folder that happens to hold a
 ``config.toml``, a finished run whose checkpoint was pruned, a folder of an older dfpo without the mark, a run
 someone started inside a leftover's init_model/.
+
+A run's identity (``run_identity``): its objective label, its seed, and the SHA-256 of its config without the keys
+a resume may change (``RESUME_IGNORED``). It is written into the mark with the run's first checkpoint; a resume
+refuses a folder whose mark names another run than its checkpoint.json (files of two runs copied together), and
+``dfpo compare`` refuses a folder that does not hold the run of its label and seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -40,9 +47,11 @@ from dfpo.trainer.llm.checkpoint import (
     check_checkpoint,
     checkpoint_step,
     describe_write_error,
+    read_meta,
     write_error,
     write_run_file,
 )
+from dfpo.trainer.llm.config import RESUME_IGNORED, flat_items
 
 LOCK = ".lock"
 MARK = ".dfpo-run.json"
@@ -81,15 +90,56 @@ def read_mark(run_dir: Path) -> dict | None:
     return mark if isinstance(mark, dict) and mark.get("written_by") == "dfpo train" else None
 
 
-def write_mark(run_dir: Path, *, checkpointed: bool) -> None:
-    """Claim ``run_dir`` for dfpo train (``checkpointed``: a checkpoint has been written in it at least once)."""
+def write_mark(run_dir: Path, *, checkpointed: bool, identity: dict | None = None) -> None:
+    """Claim ``run_dir`` for dfpo train (``checkpointed``: a checkpoint has been written in it at least once;
+    ``identity``: the run's, ``run_identity``, else the one the mark holds already)."""
     previous = read_mark(run_dir) or {}
     mark = {
         "written_by": "dfpo train",
         "created": previous.get("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
         "checkpointed": checkpointed,
     }
+    identity = identity or previous.get("identity")
+    if identity:
+        mark["identity"] = identity
     write_run_file(Path(run_dir) / MARK, json.dumps(mark, sort_keys=True) + "\n")
+
+
+def _resume_may_change(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESUME_IGNORED)
+
+
+def objective_label(name: str, overrides: dict) -> str:
+    """``dfpo_min:length_aware=true:stopgrad=score``: the preset and its overrides as ``dfpo compare`` labels it."""
+    parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(overrides.items())]
+    return ":".join([name, *parts])
+
+
+def run_identity(config: dict) -> dict:
+    """The identity of the run a config (``config_to_dict``, or one read back from JSON) defines: its objective
+    label, its seed, and the SHA-256 of every key but those a resume may change (``RESUME_IGNORED``)."""
+    objective = config.get("objective") or {}
+    defining = {k: v for k, v in flat_items(config).items() if not _resume_may_change(k)}
+    return {
+        "objective": objective_label(str(objective.get("name")), objective.get("overrides") or {}),
+        "seed": config.get("seed"),
+        "config_sha256": hashlib.sha256(json.dumps(defining, sort_keys=True).encode()).hexdigest(),
+    }
+
+
+def describe_identity(identity: dict, where: str = "") -> str:
+    """``dfpo_min seed 0 (config 1a2b3c4d5e6f[, where])``."""
+    return f"{identity.get('objective')} seed {identity.get('seed')} (config {str(identity.get('config_sha256'))[:12]}{', ' + where if where else ''})"
+
+
+def folder_identity(run_dir: Path) -> dict | None:
+    """The identity of the run in ``run_dir``: the one its mark records, else that of the config its checkpoint.json
+    keeps (a folder of an older dfpo); None when neither says."""
+    mark = read_mark(run_dir) or {}
+    if mark.get("identity"):
+        return mark["identity"]
+    meta = read_meta(run_dir)
+    return run_identity(meta.config) if meta is not None and meta.config else None
 
 
 def check_run_dir_path(run_dir: Path) -> None:
@@ -209,15 +259,24 @@ def startup_leftovers(run_dir: Path) -> list[Path]:
     return [p for p in clear if p.name != MARK]
 
 
-def check_resumable(run_dir: Path, *, steps: int) -> None:
+def check_resumable(run_dir: Path, *, steps: int) -> dict | None:
     """What a resume needs, checked before any work: a checkpoint its record vouches for (``check_checkpoint``), a
-    step within ``steps``, and the tiny preset's init_model/; ValueError naming the folder, the file and what to do
-    otherwise."""
+    step within ``steps``, a mark and a record of the same run, and the tiny preset's init_model/. Returns the run's
+    identity; ValueError naming the folder, the file and what to do otherwise."""
     run_dir = Path(run_dir)
     meta = check_checkpoint(run_dir)
     if steps < meta.step:
         raise ValueError(
             f"--resume {run_dir}: train.steps={steps} is below the checkpoint's step {meta.step}; give train.steps >= {meta.step}"
+        )
+    found = run_identity(meta.config) if meta.config else None
+    started = (read_mark(run_dir) or {}).get("identity")
+    if started and found and started != found:
+        raise ValueError(
+            f"--resume {run_dir}: the folder holds the run {describe_identity(started, MARK)}, but its {CHECKPOINT_META} "
+            f"is of the run {describe_identity(found, CHECKPOINT_META)}: files of two runs are mixed, so nothing was loaded or "
+            f"written. Put back this folder's own {CHECKPOINT}, {CHECKPOINT_META} and config.toml, or resume the other run "
+            "in its own folder"
         )
     problem = init_model_problem(run_dir) if (meta.config or {}).get("model", {}).get("name") == "tiny" else None
     if problem:
@@ -226,6 +285,7 @@ def check_resumable(run_dir: Path, *, steps: int) -> None:
             "this run started from and which a resume does not build again. Restore it from a copy of the run folder, "
             "or start the run again in a new folder"
         )
+    return started or found
 
 
 class RunFolderLock:
@@ -334,14 +394,15 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, steps: int) -> RunFolderL
     try:
         lock.acquire()
         if resume:
-            check_resumable(run_dir, steps=steps)
+            identity = check_resumable(run_dir, steps=steps)
         else:
+            identity = None
             for p in startup_leftovers(run_dir):  # a run of ours killed during start-up: start it again
                 if p.is_dir():
                     p.rmdir()  # init_model/, emptied of its files just before
                 else:
                     p.unlink()
-        write_mark(run_dir, checkpointed=resume)  # a resumed folder is never a start-up leftover
+        write_mark(run_dir, checkpointed=resume, identity=identity)  # a resumed folder is never a start-up leftover
         return lock
     except BaseException:
         lock.abandon()

@@ -4,7 +4,8 @@
 row, the optimiser steps taken, whether rollouts are seeded per group). ``Checkpointer`` writes and restores
 ``checkpoint.pt`` in the one-process format whatever the parallel strategy (whole tensors; the world size that
 trained it is recorded), through ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (atomic, checksummed, with
-the config it was made with). ``RunLogs`` are the run folder's JSON Lines logs and scalars, written by rank 0; a log that cannot be written, trimmed or
+the config it was made with); the run's first checkpoint writes its identity into the folder's mark. ``RunLogs``
+are the run folder's JSON Lines logs and scalars, written by rank 0; a log that cannot be written, trimmed or
 closed (a full disk) is one ``WriteFailed`` sentence.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from dfpo.trainer.llm.checkpoint import WriteFailed, describe_write_error, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.config import Config, check_same_config, config_to_dict
 from dfpo.trainer.llm.parallel import OneProcess
-from dfpo.trainer.llm.run_folder import write_mark
+from dfpo.trainer.llm.run_folder import run_identity, write_mark
 from dfpo.trainer.llm.runlog import JsonlLog, NullLog, Scalars, missing_steps
 
 
@@ -106,8 +107,8 @@ class Checkpointer:
         def write() -> Path:
             config = config_to_dict(self.cfg)
             path = save_checkpoint(self.run_dir, content, config=config)
-            if step == state.start_step:  # the folder has held a checkpoint: it is never cleared as a start-up leftover
-                write_mark(self.run_dir, checkpointed=True)
+            if step == state.start_step:  # the folder holds a checkpoint, never a start-up leftover, of this run
+                write_mark(self.run_dir, checkpointed=True, identity=run_identity(config))
             return path
 
         return self.parallel.on_rank0(write) or self.path
