@@ -25,7 +25,8 @@ Nothing is deleted here.
 Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
 that label and seed under this comparison's config: its identity (``run_folder.run_identity``, kept in the mark
 dfpo train writes) is checked, and a folder holding another run, or one whose identity is unknown, is refused
-naming both, so no run is resumed or reported under a label it does not have.
+naming both, so no run is resumed or reported under a label it does not have. A run that fails, and a run whose
+files cannot be read (a torn metrics line: FILE:LINE), stop the comparison with one line.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int
 
 def run_dir(plan: Plan, label: str, seed: int) -> Path:
     return plan.out / label.replace(":", "__").replace("=", "-") / f"seed{seed}"
+
+
+class RunFailed(ValueError):
+    """A run of the comparison ended with an error (its own last error line says which). A ValueError: the command
+    line prints it as one line, with no traceback."""
 
 
 def run_sets(plan: Plan, label: str, seed: int) -> list[str]:
@@ -168,8 +174,52 @@ def run_one(plan: Plan, label: str, seed: int) -> str:
     cmd, how = command_for(plan, label, seed)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{label} seed {seed} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise RunFailed(f"{label} seed {seed} failed (exit {proc.returncode}): {last_error(proc.stderr)}")
     return f"compare: {label} seed {seed}: {how}"
+
+
+def last_error(stderr: str) -> str:
+    """The error a failed ``dfpo train`` printed: its last ``dfpo: error:`` line, else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line.removeprefix("dfpo: error:").strip() for line in lines if line.startswith("dfpo: error:")]
+    return (errors or lines or ["(nothing on stderr)"])[-1][-1000:]
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read as JSON ({err}); move {path.parent} away to train that run again") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a JSON object; move {path.parent} away to train that run again")
+    return summary
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """The lines of a finished run's metrics.jsonl; ValueError naming FILE:LINE of one that is not a JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read ({err}); move {path.parent} away to train that run again") from None
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            row, why = None, str(err)
+        else:
+            why = f"a JSON {type(row).__name__}"
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{path}:{number}: not a JSON object ({why}): the log of a finished run is damaged; move {path.parent} away "
+                "to train that run again"
+            )
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no step in it; move {path.parent} away to train that run again")
+    return rows
 
 
 def read_run(path: Path) -> dict[str, float]:
@@ -178,8 +228,8 @@ def read_run(path: Path) -> dict[str, float]:
     ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
     ``steps_to_kappa`` is the run's length, a lower bound (censored).
     """
-    summary = json.loads((path / "summary.json").read_text())
-    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = _read_summary(path / "summary.json")
+    rows = _read_metrics(path / "metrics.jsonl")
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")
