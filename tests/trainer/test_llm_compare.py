@@ -3,13 +3,24 @@ per-seed output, warnings, and resuming without deleting anything."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from dfpo.cli import main
 from dfpo.trainer.llm import compare as C
 from dfpo.trainer.llm.compare import make_plan, paired_table, read_run, run_dir, train_command
+from dfpo.trainer.llm.config import config_to_dict
+from dfpo.trainer.llm.run_folder import run_identity, write_mark
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_llm_resume import SETS  # noqa: E402
 
 
 def _write_run(path, eval_avg, rewards, steps_to_kappa, clip=(0.1, 0.2), asym=0.5):
@@ -134,12 +145,18 @@ def _fake_plan(tmp_path, seeds=3, labels="gspo,dfpo_min"):
     return make_plan(labels, None, seeds, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
 
 
+def _mark_as(plan, path, label, seed):
+    """The mark dfpo train leaves in a run folder: the identity of the run of ``label`` and ``seed`` under ``plan``."""
+    write_mark(path, checkpointed=True, identity=run_identity(config_to_dict(C.run_config(plan, label, seed))))
+
+
 def _fake_runs(plan, reached=lambda label, seed: True):
     """Finished run folders for every (label, seed): eval 0.30 + 0.01 seed (+0.02 for dfpo_min), 20 steps."""
     for label in plan.labels:
         for s in plan.seeds:
             bump = 0.02 if label == "dfpo_min" else 0.0
             _write_run(run_dir(plan, label, s), 0.30 + 0.01 * (s - 10) + bump, [0.5] * 20, 12 if reached(label, s) else None)
+            _mark_as(plan, run_dir(plan, label, s), label, s)
 
 
 def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_path):
@@ -183,3 +200,88 @@ def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_
     for path in (with_checkpoint, without):  # nothing was deleted here
         assert (path / "config.toml").read_text() == "seed = 10\n" and (path / "metrics.jsonl").is_file()
     assert (with_checkpoint / "checkpoint.pt").read_bytes() == b"ckpt"
+
+
+# ----- a folder holds the run of its label and seed, or nothing is run or reported -----
+
+
+def test_a_run_of_another_label_planted_in_a_folder_is_refused_naming_both(tmp_path):
+    """A dfpo_min run sitting in OUT/gspo/seed11 would be reported as gspo: compare checks each folder's identity
+    before it resumes or reports anything."""
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    _mark_as(plan, run_dir(plan, "gspo", 11), "dfpo_min", 11)
+    with pytest.raises(ValueError, match=r"gspo/seed11 holds the run dfpo_min seed 11, not gspo seed 11.*nothing was run or reported"):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+    assert not (plan.out / "compare.md").exists()
+
+
+def test_a_run_of_another_config_is_refused_naming_the_config(tmp_path):
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    other = make_plan("gspo,dfpo_min", None, 2, 10, "configs/tiny-cpu.toml", ["optim.lr=0.5"], str(tmp_path / "elsewhere"))
+    _mark_as(other, run_dir(plan, "gspo", 10), "gspo", 10)
+    with pytest.raises(
+        ValueError, match=r"gspo/seed10 holds a run of gspo seed 10 with another config \(config [0-9a-f]{12}, not [0-9a-f]{12}"
+    ):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+
+
+def test_a_folder_without_an_identity_is_refused(tmp_path):
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    (run_dir(plan, "dfpo_min", 10) / ".dfpo-run.json").unlink()
+    with pytest.raises(ValueError, match=r"dfpo_min/seed10 holds a run whose identity is unknown"):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+
+
+def test_a_torn_metrics_line_is_named_by_file_and_line(tmp_path, capsys):
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    metrics = run_dir(plan, "dfpo_min", 11) / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[2] = lines[2][:12]
+    metrics.write_text("\n".join(lines) + "\n")
+    argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--out", str(plan.out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"dfpo: error: {metrics}:3: not a JSON object" in err, err
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+@pytest.mark.slow
+def test_a_planted_pickle_is_never_run_when_compare_resumes_a_run(tmp_path, capsys):
+    """OUT/gspo/seed10 holds a real gspo run whose checkpoint.pt was replaced by a pickle that runs a command (with
+    a matching checksum): compare resumes it, the resume refuses it naming the file, and compare stops with that
+    one line."""
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    sets = [*SETS, "train.steps=2"]
+    plan = make_plan("gspo,dfpo_min", None, 2, 10, str(config), sets, str(tmp_path / "cmp"))
+    _fake_runs(plan)
+    run = run_dir(plan, "gspo", 10)
+    for name in ("summary.json", "metrics.jsonl", ".dfpo-run.json"):
+        (run / name).unlink()
+    assert main(train_command(plan, "gspo", 10)[3:]) == 0
+    (run / "summary.json").unlink()  # interrupted before its end: compare resumes it
+    marker = tmp_path / "code-ran"
+    ckpt = run / "checkpoint.pt"
+    torch.save({"step": 2, "payload": _RunsCodeWhenUnpickled(marker)}, ckpt)
+    meta = json.loads((run / "checkpoint.json").read_text())
+    meta.update(sha256=hashlib.sha256(ckpt.read_bytes()).hexdigest(), size=ckpt.stat().st_size)
+    (run / "checkpoint.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--config", str(config)]
+    argv += [x for s in sets for x in ("--set", s)] + ["--out", str(plan.out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    assert "Traceback" not in err and str(ckpt) in err and "gspo seed 10 failed" in err, err
+    assert not (plan.out / "compare.md").exists()

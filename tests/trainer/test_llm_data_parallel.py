@@ -86,7 +86,7 @@ def _one_process(run_dir: Path, *extra: str) -> None:
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def _initial(run_dir: Path) -> dict[str, torch.Tensor]:

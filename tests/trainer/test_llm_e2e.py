@@ -72,7 +72,7 @@ def test_run_folder_holds_config_logs_samples_and_checkpoint(tmp_path):
     for name in ("config.toml", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "summary.json", "checkpoint.pt", "init_model"):
         assert (run / name).exists(), name
     assert any((run / "tb").iterdir())
-    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
     assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "sampler"} <= set(state)
     summary = json.loads((run / "summary.json").read_text())
     assert "reward/jitter2" in summary and "reward/steps_to_kappa" in summary
@@ -102,7 +102,7 @@ def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_
     trainer = Trainer(cfg, quiet=True)
     with pytest.raises(NonFiniteLossError, match=r"3 optimiser steps in a row.*last good checkpoint.*step 1"):
         trainer.run()
-    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert state["step"] == 1
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     text = (tmp_path / "run" / "metrics.jsonl").read_text()
@@ -245,7 +245,7 @@ def test_identical_runs_write_identical_random_states(tmp_path):
     states = []
     for name in ("a", "b"):
         Trainer(tiny_config(tmp_path / name, "train.steps=1", "eval.every=0"), quiet=True).run()
-        states.append(torch.load(tmp_path / name / "run" / "checkpoint.pt", weights_only=False)["rng"])
+        states.append(torch.load(tmp_path / name / "run" / "checkpoint.pt", weights_only=True)["rng"])
     assert states[0]["python"] == states[1]["python"]
     assert all((x == y).all() if hasattr(x, "all") else x == y for x, y in zip(states[0]["numpy"], states[1]["numpy"]))
     assert torch.equal(states[0]["torch"], states[1]["torch"])

@@ -72,8 +72,8 @@ def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
     out = subprocess.run(resume, env=env, timeout=300, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
 
-    a = torch.load(full / "checkpoint.pt", weights_only=False)
-    b = torch.load(killed / "checkpoint.pt", weights_only=False)
+    a = torch.load(full / "checkpoint.pt", weights_only=True)
+    b = torch.load(killed / "checkpoint.pt", weights_only=True)
     assert a["step"] == b["step"] == STEPS
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs (kill seed {seed})"

@@ -4,9 +4,14 @@ clean stops on SIGINT/SIGTERM, and damaged checkpoints or logs are named on resu
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import pickle
+import random
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +19,17 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from safetensors import SafetensorError
 
 from dfpo.cli import main
-from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
+from dfpo.trainer.llm import checkpoint as checkpoint_module
+from dfpo.trainer.llm import run_state as run_state_module
+from dfpo.trainer.llm import runlog as runlog_module
+from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.config import config_to_dict
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock
 from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
@@ -431,3 +442,372 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path)
         env=env,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- nothing read from a run folder runs code
+
+
+@pytest.fixture(scope="module")
+def finished_template(tmp_path_factory) -> Path:
+    """One finished tiny run (2 steps), copied by ``_copy_of_finished`` into each test that damages one."""
+    base = tmp_path_factory.mktemp("finished")
+    Trainer(tiny_config(base), quiet=True).run()
+    return base / "run"
+
+
+def _copy_of_finished(template: Path, tmp_path: Path) -> Path:
+    """A finished run at tmp_path/run, where ``tiny_config(tmp_path)`` points."""
+    run = tmp_path / "run"
+    shutil.copytree(template, run)
+    (run / ".lock").unlink()
+    return run
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("dfpo: error:")]
+
+
+class _RunsCodeWhenUnpickled:
+    """What a planted checkpoint carries: unpickling it runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def _plant(run: Path, marker: Path, *, form: str, record: bool) -> Path:
+    """Replace the run's checkpoint.pt with a pickle that would create ``marker`` (``form``: a torch.save zip or a bare
+    pickle); ``record``: give checkpoint.json its checksum (a checksum says the file is intact, not who wrote it),
+    else delete checkpoint.json."""
+    ckpt = run / "checkpoint.pt"
+    planted = {"step": 2, "model": {}, "payload": _RunsCodeWhenUnpickled(marker)}
+    if form == "zip":
+        torch.save(planted, ckpt)
+    else:
+        ckpt.write_bytes(pickle.dumps(planted))
+    if record:
+        meta = json.loads((run / "checkpoint.json").read_text())
+        meta.update(sha256=hashlib.sha256(ckpt.read_bytes()).hexdigest(), size=ckpt.stat().st_size)
+        (run / "checkpoint.json").write_text(json.dumps(meta))
+    else:
+        (run / "checkpoint.json").unlink()
+    return ckpt
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["with-matching-record", "without-record"])
+@pytest.mark.parametrize("form", ["zip", "bare-pickle"])
+def test_a_planted_pickle_never_runs_on_resume_and_the_message_names_the_file(finished_template, tmp_path, capsys, form, record):
+    run = _copy_of_finished(finished_template, tmp_path)
+    marker = tmp_path / "code-ran"
+    ckpt = _plant(run, marker, form=form, record=record)
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert not marker.exists()
+    errors = _error_lines(err)
+    assert "Traceback" not in err and len(errors) == 1 and str(ckpt) in errors[0], err
+
+
+@pytest.mark.parametrize("form", ["zip", "bare-pickle"])
+def test_load_checkpoint_loads_tensors_and_plain_data_only(tmp_path, form):
+    """The last line of defence, whatever ran before it: a checkpoint with a verified checksum is still read with
+    torch.load(weights_only=True), and one that needs more is refused naming the file."""
+    save_checkpoint(tmp_path, {"step": 2, "w": torch.ones(3)}, config={"seed": 0})
+    marker = tmp_path / "code-ran"
+    ckpt = _plant(tmp_path, marker, form=form, record=True)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(ckpt))} holds .*not tensors or plain data.*not loaded"):
+        load_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_loads_with_weights_only(finished_template):
+    """Every value a checkpoint holds is a tensor or plain data: torch.load(weights_only=True) reads it with no
+    allow-list (the NumPy RNG state included)."""
+    state = torch.load(finished_template / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "sampler", "config"} <= set(state)
+
+
+def test_a_checkpoint_of_the_previous_format_still_loads_and_restores_its_random_state(tmp_path):
+    """Format 2 kept NumPy's RNG key as an ndarray: the narrow allow-list transformers' Trainer also uses for it
+    (ndarray, dtype, uint32) lets runs started before format 3 resume; nothing else is allowed."""
+    np.random.seed(7)
+    old_numpy_state = np.random.get_state()  # ('MT19937', ndarray of uint32, pos, has_gauss, gauss)
+    expected = np.random.rand(3)
+    rng = {"python": random.getstate(), "numpy": old_numpy_state, "torch": torch.get_rng_state()}
+    save_checkpoint(tmp_path, {"step": 1, "rng": rng}, config={"seed": 0})
+    state = load_checkpoint(tmp_path)
+    np.random.seed(0)
+    set_rng_state(state["rng"])
+    assert np.array_equal(np.random.rand(3), expected)
+
+
+# ----------------------------------------------------------------------------- a checkpoint is verified, or not loaded
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        ("missing", r"no checkpoint.json beside it"),
+        ("empty", r"checkpoint.json is empty"),
+        ("torn", r"checkpoint.json is not valid JSON"),
+        ("no-checksum", r"checkpoint.json holds no checksum"),
+    ],
+)
+def test_a_checkpoint_without_a_usable_record_is_refused_saying_which(finished_template, tmp_path, damage, says):
+    """A bit flipped in checkpoint.pt and its record gone: no unverified checkpoint is ever loaded."""
+    run = _copy_of_finished(finished_template, tmp_path)
+    ckpt = run / "checkpoint.pt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    ckpt.write_bytes(bytes(data))
+    record = run / "checkpoint.json"
+    if damage == "missing":
+        record.unlink()
+    elif damage == "empty":
+        record.write_text("")
+    elif damage == "torn":
+        record.write_text(record.read_text()[:40])
+    else:
+        meta = json.loads(record.read_text())
+        del meta["sha256"]
+        record.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"{says}.*cannot be verified.*nothing was loaded"):
+        Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+    assert ckpt.read_bytes() == bytes(data)
+
+
+# ----------------------------------------------------------------------------- a run has an identity
+
+
+def test_resume_refuses_a_checkpoint_copied_from_another_run_naming_both(tmp_path, capsys):
+    """A gspo run's checkpoint, record and config copied into a dfpo_min run's folder: metrics.jsonl would mix two
+    runs. The folder's mark says which run it holds, and the resume is refused before anything is written."""
+    mine = _finished_run(tmp_path / "mine", "objective.name=dfpo_min")
+    other = _finished_run(tmp_path / "other", "objective.name=gspo")
+    for name in ("checkpoint.pt", "checkpoint.json", "config.toml"):
+        shutil.copy(other / name, mine / name)
+    before = _tree(mine)
+    assert main(["train", "--quiet", "--resume", str(mine), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"holds the run dfpo_min seed 0 \(config [0-9a-f]{12}, \.dfpo-run\.json\).*gspo seed 0 \(config [0-9a-f]{12}", err), (
+        err
+    )
+    assert _tree(mine) == before
+
+
+def test_the_mark_records_the_runs_identity_when_it_starts(finished_template):
+    mark = json.loads((finished_template / ".dfpo-run.json").read_text())
+    assert mark["identity"]["objective"] == "dfpo_min" and mark["identity"]["seed"] == 0
+    assert re.fullmatch(r"[0-9a-f]{64}", mark["identity"]["config_sha256"])
+
+
+def test_the_identity_ignores_what_a_resume_may_change_and_nothing_else():
+    from dfpo.trainer.llm.run_folder import run_identity
+
+    base = config_to_dict(tiny_config(Path("/a")))
+    same = config_to_dict(tiny_config(Path("/b"), "train.steps=9", "train.save_every=3", "eval.every=0"))
+    assert run_identity(base) == run_identity(same)
+    for change in ("seed=1", "optim.lr=0.5", "objective.name=gspo", "rollout.group_size=2"):
+        assert run_identity(config_to_dict(tiny_config(Path("/a"), change))) != run_identity(base), change
+
+
+# ----------------------------------------------------------------------------- init_model: written whole, cleared only if dfpo's
+
+
+def _killed_after_the_warm_up(tmp_path: Path, monkeypatch) -> Path:
+    """A run stopped between its warm-up (init_model written) and its first checkpoint."""
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(run_state_module, "save_checkpoint", killed)
+        with pytest.raises(KeyboardInterrupt):
+            Trainer(tiny_config(tmp_path), quiet=True)
+    run = tmp_path / "run"
+    assert (run / "init_model" / "model.safetensors").is_file() and not (run / "checkpoint.pt").exists()
+    return run
+
+
+def test_a_run_nested_in_a_start_up_leftovers_init_model_is_never_deleted(tmp_path, monkeypatch):
+    """Run X stopped after its warm-up; run Y trained in X/init_model/other; X's command again is refused, naming
+    Y's folder, and Y is left whole."""
+    x = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    y = x / "init_model" / "other"
+    Trainer(tiny_config(tmp_path, f'run_dir="{y}"'), quiet=True).run()
+    before = _tree(x)
+    with pytest.raises(ValueError, match=r"files dfpo train did not write \(init_model/other\); nothing was deleted"):
+        Trainer(tiny_config(tmp_path), quiet=True)
+    assert _tree(x) == before and (y / "checkpoint.pt").is_file()
+
+
+@pytest.mark.parametrize("intruder", ["notes.txt", "sub/file", "link"])
+def test_an_init_model_holding_anything_else_is_refused(tmp_path, monkeypatch, intruder):
+    x = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    path = x / "init_model" / intruder
+    if intruder == "link":
+        (tmp_path / "target.txt").write_text("not dfpo's")
+        path.symlink_to(tmp_path / "target.txt")
+    else:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("mine")
+    before = _tree(x)
+    with pytest.raises(ValueError, match=r"files dfpo train did not write \(init_model/.*\); nothing was deleted"):
+        Trainer(tiny_config(tmp_path), quiet=True)
+    assert _tree(x) == before
+
+
+def test_a_run_stopped_after_its_warm_up_starts_again_in_the_same_folder(tmp_path, monkeypatch):
+    run = _killed_after_the_warm_up(tmp_path, monkeypatch)
+    summary = Trainer(tiny_config(tmp_path), quiet=True).run()
+    assert summary["steps"] == 2 and (run / "checkpoint.pt").is_file()
+
+
+def test_resume_without_init_model_says_it_is_missing_not_to_download(finished_template, tmp_path, capsys):
+    run = _copy_of_finished(finished_template, tmp_path)
+    shutil.rmtree(run / "init_model")
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'init_model'} is missing" in err and "hub" not in err, err
+
+
+def test_resume_with_a_truncated_init_model_says_which_file(finished_template, tmp_path, capsys):
+    run = _copy_of_finished(finished_template, tmp_path)
+    weights = run / "init_model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
+    assert "model.safetensors" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- run_dir a broken symbolic link
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+def test_a_run_dir_that_is_a_broken_symlink_is_refused_naming_it(tmp_path, capsys, kind):
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "nowhere" if kind == "dangling" else link)
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    assert main(["train", "--quiet", "--config", str(config), "--set", f"run_dir={link}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"run_dir {str(link)!r} is a symbolic link" in err, err
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+# ----------------------------------------------------------------------------- full disk: one message at every write
+
+
+class _FullAfter:
+    """A binary file whose writes fail with ENOSPC once ``room`` bytes are written (a disk filling up)."""
+
+    def __init__(self, fh, room: int):
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+def test_a_full_disk_inside_torch_save_is_a_write_failure_not_its_runtime_error(tmp_path, monkeypatch):
+    """torch.save turns the ENOSPC of the file it writes into 'RuntimeError: ... unexpected pos': the checkpoint
+    writer reports the OSError behind it, and the previous checkpoint stays."""
+    save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)}, config={"seed": 0})
+    monkeypatch.setattr(checkpoint_module, "open", lambda path, mode="r": _FullAfter(open(path, mode), 200), raising=False)
+    with pytest.raises(WriteFailed, match=r"checkpoint.pt: no space left on the device .* the previous checkpoint \(step 1\) is kept"):
+        save_checkpoint(tmp_path, {"step": 2, "w": torch.zeros(1000)}, config={"seed": 0})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.pt"]
+    assert load_checkpoint(tmp_path)["step"] == 1
+
+
+def test_a_full_disk_writing_init_model_is_one_message_and_the_same_command_starts_again(tmp_path, monkeypatch, capsys):
+    """safetensors reports ENOSPC as SafetensorError; the run stops with the one message, and once there is room the
+    same command starts the run again in the same folder."""
+    import transformers.modeling_utils
+
+    def disk_full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    run = tmp_path / "run"
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    argv = ["train", "--quiet", "--config", str(config)] + [x for s in [*SETS, "train.steps=1", f"run_dir={run}"] for x in ("--set", s)]
+    with monkeypatch.context() as m:
+        m.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+        assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(_error_lines(err)) == 1
+    assert f"{run / 'init_model'}: no space left on the device" in err and "run the same command again" in err, err
+    assert main(argv) == 0
+
+
+def test_logs_that_cannot_be_closed_on_a_full_disk_are_one_message(tmp_path, monkeypatch):
+    """A line that could not be written stays in the file's buffer, and closing the file tries again: that second
+    failure is the same message, never a bare OSError."""
+    run = _finished_run(tmp_path)
+    trainer = Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+
+    def disk_full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer.logs.metrics, "close", disk_full)
+    with pytest.raises(WriteFailed, match=rf"{re.escape(str(run / 'metrics.jsonl'))}: no space left on the device"):
+        trainer.close()
+    monkeypatch.undo()
+    trainer.close()
+
+
+def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkeypatch):
+    run = _finished_run(tmp_path)
+    lines = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(lines + '{"step": 3}\n')  # a line past the checkpoint: the resume drops it
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runlog_module, "write_text_atomic", disk_full)
+    with pytest.raises(WriteFailed, match=r"metrics.jsonl: no space left on the device"):
+        Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
+    assert (run / "metrics.jsonl").read_text() == lines + '{"step": 3}\n'
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="needs a Linux tmpfs")
+def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkpoint(tmp_path):
+    """dfpo train on filesystems from a few KiB to just too small for a whole run: every one stops with exit 1 and
+    one line naming the file and the space, no traceback, no temporary file, and a checkpoint it wrote still loads."""
+    probe = tmp_path / "probe"
+    cmd = lambda run: _cmd(run, 3) + ["--set", "train.save_every=1"]  # noqa: E731
+    subprocess.run(cmd(probe), check=True, capture_output=True, timeout=300)
+    need = _used(probe) + (probe / "checkpoint.pt").stat().st_size  # the run, and a second checkpoint being written
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, 4096):
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    for i in range(13):
+        room = max(4096, need * i // 13)
+        assert _mount_tmpfs(disk, room)
+        try:
+            run = disk / "run"
+            proc = subprocess.run(cmd(run), capture_output=True, text=True, timeout=300)
+            where = f"room {room} of {need}: {proc.stderr[-3000:]}"
+            assert proc.returncode == 1 and "Traceback" not in proc.stderr, where
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("dfpo: error:")]
+            assert len(errors) == 1 and "no space left on the device" in errors[0], where
+            assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")], where
+            if (run / "checkpoint.pt").is_file():
+                assert load_checkpoint(run)["step"] == json.loads((run / "checkpoint.json").read_text())["step"], where
+        finally:
+            subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -21,6 +21,12 @@ comparison can be interrupted and started again with the same command: a run wit
 checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
 ``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
 Nothing is deleted here.
+
+Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
+that label and seed under this comparison's config: its identity (``run_folder.run_identity``, kept in the mark
+dfpo train writes) is checked, and a folder holding another run, or one whose identity is unknown, is refused
+naming both, so no run is resumed or reported under a label it does not have. A run that fails, and a run whose
+files cannot be read (a torn metrics line: FILE:LINE), stop the comparison with one line.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ import numpy as np
 
 from dfpo.files import write_text_atomic
 from dfpo.toy import stats
-from dfpo.trainer.llm.config import load_config
+from dfpo.trainer.llm.checkpoint import CHECKPOINT
+from dfpo.trainer.llm.config import Config, config_to_dict, load_config
+from dfpo.trainer.llm.run_folder import MARK, folder_identity, run_identity
 from dfpo.trainer.loss import objective_from_label, parse_objective_label, unmatched_components
 
 # (key in the per-run record, column title, format of a difference)
@@ -90,15 +98,55 @@ def run_dir(plan: Plan, label: str, seed: int) -> Path:
     return plan.out / label.replace(":", "__").replace("=", "-") / f"seed{seed}"
 
 
+class RunFailed(ValueError):
+    """A run of the comparison ended with an error (its own last error line says which). A ValueError: the command
+    line prints it as one line, with no traceback."""
+
+
+def run_sets(plan: Plan, label: str, seed: int) -> list[str]:
+    """The --set assignments of one (label, seed) run: the plan's, then its seed, objective and folder."""
+    name, overrides = parse_objective_label(label)
+    sets = [*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"]
+    return sets + [f"objective.overrides.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+
+
+def run_config(plan: Plan, label: str, seed: int) -> Config:
+    """The config ``dfpo train`` resolves for one (label, seed) run."""
+    return load_config(plan.config, run_sets(plan, label, seed))
+
+
 def train_command(plan: Plan, label: str, seed: int) -> list[str]:
     """The ``dfpo train`` command of one (label, seed) run."""
-    name, overrides = parse_objective_label(label)
     cmd = [sys.executable, "-m", "dfpo", "train", "--config", plan.config, "--quiet"]
-    for item in (*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"):
+    for item in run_sets(plan, label, seed):
         cmd += ["--set", item]
-    for key, value in overrides.items():
-        cmd += ["--set", f"objective.overrides.{key}={str(value).lower() if isinstance(value, bool) else value}"]
     return cmd
+
+
+def check_identity(plan: Plan, label: str, seed: int) -> None:
+    """ValueError unless OUT/LABEL/seedN, when it holds a run (a checkpoint or a summary), holds the run of ``label``
+    and ``seed`` under the plan's config (``run_identity``); naming what it holds instead."""
+    path = run_dir(plan, label, seed)
+    if not ((path / CHECKPOINT).is_file() or (path / "summary.json").is_file()):
+        return
+    expected, found = run_identity(config_to_dict(run_config(plan, label, seed))), folder_identity(path)
+    if found == expected:
+        return
+    what_now = "nothing was run or reported. Move that folder away, or choose another --out"
+    if found is None:
+        raise ValueError(
+            f"{path} holds a run whose identity is unknown (no identity in {MARK} and no config in checkpoint.json: not a run "
+            f"of dfpo train, or of one older than run identities); {what_now}"
+        )
+    if (found.get("objective"), found.get("seed")) != (expected["objective"], expected["seed"]):
+        raise ValueError(
+            f"{path} holds the run {found.get('objective')} seed {found.get('seed')}, not {expected['objective']} seed {seed}; {what_now}"
+        )
+    raise ValueError(
+        f"{path} holds a run of {expected['objective']} seed {seed} with another config (config "
+        f"{str(found.get('config_sha256'))[:12]}, not {expected['config_sha256'][:12]} of --config {plan.config}"
+        f"{' --set ' + ' '.join(plan.sets) if plan.sets else ''}); {what_now}"
+    )
 
 
 def resume_command(path: Path) -> list[str]:
@@ -126,8 +174,52 @@ def run_one(plan: Plan, label: str, seed: int) -> str:
     cmd, how = command_for(plan, label, seed)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{label} seed {seed} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise RunFailed(f"{label} seed {seed} failed (exit {proc.returncode}): {last_error(proc.stderr)}")
     return f"compare: {label} seed {seed}: {how}"
+
+
+def last_error(stderr: str) -> str:
+    """The error a failed ``dfpo train`` printed: its last ``dfpo: error:`` line, else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line.removeprefix("dfpo: error:").strip() for line in lines if line.startswith("dfpo: error:")]
+    return (errors or lines or ["(nothing on stderr)"])[-1][-1000:]
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read as JSON ({err}); move {path.parent} away to train that run again") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a JSON object; move {path.parent} away to train that run again")
+    return summary
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    """The lines of a finished run's metrics.jsonl; ValueError naming FILE:LINE of one that is not a JSON object."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read ({err}); move {path.parent} away to train that run again") from None
+    rows = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            row, why = None, str(err)
+        else:
+            why = f"a JSON {type(row).__name__}"
+        if not isinstance(row, dict):
+            raise ValueError(
+                f"{path}:{number}: not a JSON object ({why}): the log of a finished run is damaged; move {path.parent} away "
+                "to train that run again"
+            )
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no step in it; move {path.parent} away to train that run again")
+    return rows
 
 
 def read_run(path: Path) -> dict[str, float]:
@@ -136,8 +228,8 @@ def read_run(path: Path) -> dict[str, float]:
     ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
     ``steps_to_kappa`` is the run's length, a lower bound (censored).
     """
-    summary = json.loads((path / "summary.json").read_text())
-    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = _read_summary(path / "summary.json")
+    rows = _read_metrics(path / "metrics.jsonl")
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")
@@ -296,8 +388,10 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.png,
     per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
-    plan.out.mkdir(parents=True, exist_ok=True)
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together
+    for label, seed in tasks:  # before anything runs: no run is resumed or reported under a label it does not have
+        check_identity(plan, label, seed)
+    plan.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for line in pool.map(lambda t: run_one(plan, *t), tasks):
             progress(line)

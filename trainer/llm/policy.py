@@ -7,7 +7,9 @@ The tiny preset (no network, no downloaded weights):
 2. a small ``Qwen2Config`` model initialised from scratch with the run's seed;
 3. a short supervised warm-start on the task's train split (prompt -> the task's ``sft_target``<eos>), so
    that group-relative RL starts with some reward signal.
-The result is saved under ``RUN_DIR/init_model`` so resume and the reference model reload it.
+The result is saved under ``RUN_DIR/init_model`` (``run_folder.write_init_model``: with a record of its files, a
+full disk one message) so resume and the reference model reload it. It is read back as data only: safetensors
+weights, never a pickled ``pytorch_model.bin``, and no code of its own whatever ``model.trust_remote_code`` says.
 
 ``load_policy`` gives the trainer a ``Model``: the policy (LoRA-wrapped when asked), its tokenizer, the frozen
 reference model a KL term reads, and the token ids that end a completion.
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from dfpo.trainer.llm.run_folder import write_init_model
 from dfpo.trainer.llm.tasks import hub_reachable, sft_target
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -213,14 +216,18 @@ def check_model_available(name: str) -> None:
         )
 
 
-def load_pretrained_policy(path_or_name: str, mcfg, device, dtype):
+def load_pretrained_policy(path_or_name: str, mcfg, device, dtype, *, from_run_folder: bool = False):
     """Model and tokenizer from a path or hub name; the tokenizer (and its pad token) is checked
-    before the weights load."""
+    before the weights load. ``from_run_folder``: the tiny preset's RUN_DIR/init_model, read as data only
+    (safetensors weights, no remote code)."""
     from transformers import AutoModelForCausalLM
 
-    tok, kwargs = _pretrained_source(path_or_name, mcfg.trust_remote_code)
+    trust = mcfg.trust_remote_code and not from_run_folder
+    tok, kwargs = _pretrained_source(path_or_name, trust)
+    if from_run_folder:
+        kwargs["use_safetensors"] = True
     check_pad_token(tok, mcfg.pad_token)
-    model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, trust_remote_code=mcfg.trust_remote_code, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, trust_remote_code=trust, **kwargs)
     return model.to(device), tok
 
 
@@ -282,8 +289,12 @@ def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: P
     )
     if losses:
         say(f"tiny preset: {mcfg.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    model.save_pretrained(init_dir)
-    tok.save_pretrained(init_dir)
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    write_init_model(init_dir, save)
 
 
 def load_policy(
@@ -310,11 +321,12 @@ def load_policy(
     else:
         source = m.name
     weights_dtype = dtype if m.name != "tiny" else torch.float32
-    model, tok = load_pretrained_policy(source, m, device, weights_dtype)
+    from_run_folder = m.name == "tiny"
+    model, tok = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
     check_pad_token(tok, m.pad_token)
     ref = None
     if with_ref and m.lora_r <= 0:
-        ref, _ = load_pretrained_policy(source, m, device, weights_dtype)
+        ref, _ = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
         ref.eval().requires_grad_(False)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -4,7 +4,9 @@
 row, the optimiser steps taken, whether rollouts are seeded per group). ``Checkpointer`` writes and restores
 ``checkpoint.pt`` in the one-process format whatever the parallel strategy (whole tensors; the world size that
 trained it is recorded), through ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (atomic, checksummed, with
-the config it was made with). ``RunLogs`` are the run folder's JSON Lines logs and scalars, written by rank 0.
+the config it was made with); the run's first checkpoint writes its identity into the folder's mark. ``RunLogs``
+are the run folder's JSON Lines logs and scalars, written by rank 0; a log that cannot be written, trimmed or
+closed (a full disk) is one ``WriteFailed`` sentence.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfpo.trainer.llm.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.checkpoint import WriteFailed, describe_write_error, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.config import Config, check_same_config, config_to_dict
 from dfpo.trainer.llm.parallel import OneProcess
-from dfpo.trainer.llm.run_folder import write_mark
+from dfpo.trainer.llm.run_folder import run_identity, write_mark
 from dfpo.trainer.llm.runlog import JsonlLog, NullLog, Scalars, missing_steps
 
 
@@ -45,6 +47,7 @@ class RunLogs:
     eval: JsonlLog | NullLog
     samples: JsonlLog | NullLog
     scalars: Scalars
+    run_dir: Path
 
     @classmethod
     def open(cls, run_dir: Path, cfg: Config, *, writes: bool, start_step: int) -> RunLogs:
@@ -52,11 +55,21 @@ class RunLogs:
         scalars = Scalars(
             run_dir, cfg.log.tensorboard and writes, cfg.log.wandb_project if writes else "", start_step or None, config_to_dict(cfg)
         )
-        return cls(log("metrics.jsonl"), log("eval.jsonl"), log("samples.jsonl"), scalars)
+        return cls(log("metrics.jsonl"), log("eval.jsonl"), log("samples.jsonl"), scalars, run_dir)
 
     def close(self) -> None:
+        """Close every log; a log whose last line cannot be flushed (a full disk) is ``WriteFailed`` once all are closed."""
+        failed = None
         for log in (self.metrics, self.eval, self.samples, self.scalars):
-            log.close()
+            try:
+                log.close()
+            except OSError as err:
+                failed = failed or (getattr(log, "path", self.run_dir / "tb"), err)
+        if failed is not None:
+            raise WriteFailed(
+                f"closing {describe_write_error(*failed)}; the last checkpoint is kept. Free space, then continue with: "
+                f"dfpo train --resume {self.run_dir}"
+            )
 
 
 class Checkpointer:
@@ -92,9 +105,10 @@ class Checkpointer:
         }
 
         def write() -> Path:
-            path = save_checkpoint(self.run_dir, content, config=config_to_dict(self.cfg))
-            if step == state.start_step:  # the folder has held a checkpoint: it is never cleared as a start-up leftover
-                write_mark(self.run_dir, checkpointed=True)
+            config = config_to_dict(self.cfg)
+            path = save_checkpoint(self.run_dir, content, config=config)
+            if step == state.start_step:  # the folder holds a checkpoint, never a start-up leftover, of this run
+                write_mark(self.run_dir, checkpointed=True, identity=run_identity(config))
             return path
 
         return self.parallel.on_rank0(write) or self.path
@@ -131,10 +145,20 @@ class Checkpointer:
         self.say(f"resumed {self.run_dir} at step {c}")
 
     def truncate_logs(self, c: int) -> None:
-        """Drop log lines past the checkpoint's step ``c`` (they are re-run); warn about lines lost before it."""
-        JsonlLog.truncate(self.run_dir / "metrics.jsonl", lambda r: r.get("step", 0) <= c)
-        JsonlLog.truncate(self.run_dir / "samples.jsonl", lambda r: r.get("step", 0) <= c)
-        JsonlLog.truncate(self.run_dir / "eval.jsonl", lambda r: r.get("step", 0) < c)
+        """Drop log lines past the checkpoint's step ``c`` (they are re-run); warn about lines lost before it. A log
+        that cannot be rewritten (a full disk) stays as it was: ``WriteFailed``."""
+        for name, keep in (
+            ("metrics.jsonl", lambda r: r.get("step", 0) <= c),
+            ("samples.jsonl", lambda r: r.get("step", 0) <= c),
+            ("eval.jsonl", lambda r: r.get("step", 0) < c),
+        ):
+            try:
+                JsonlLog.truncate(self.run_dir / name, keep)
+            except OSError as err:
+                raise WriteFailed(
+                    f"rewriting {describe_write_error(self.run_dir / name, err)}; the log and the checkpoint are as they were. "
+                    f"Free space, then continue with: dfpo train --resume {self.run_dir}"
+                ) from None
         lost = missing_steps(JsonlLog.read(self.run_dir / "metrics.jsonl"), c)
         if lost:  # said even with --quiet: the log will have a gap
             print(f"dfpo: warning: metrics.jsonl of {self.run_dir} has no line for step(s) {lost[:10]}{' ...' if len(lost) > 10 else ''} "
