@@ -168,3 +168,24 @@ def test_set_keeps_every_toml_form_it_took_before():
     assert cfg.objective.overrides == {"eps_high": 0.28, "max_completion_length": None} and cfg.objective.name == "gspo"
     with pytest.raises(ValueError, match=r"unknown config key optim\.lrr"):
         config_from_dict(apply_overrides({}, ["optim.lrr=1e-4"]))
+
+
+def test_a_config_file_with_a_byte_order_mark_reads_as_without_it(tmp_path):
+    """Windows editors may start a UTF-8 file with U+FEFF, which TOML does not allow: it used to say 'Invalid statement'."""
+    path = tmp_path / "c.toml"
+    path.write_text("\ufeffseed = 3\n[optim]\nlr = 0.001\n", encoding="utf-8")
+    assert load_config(path) == config_from_dict({"seed": 3, "optim": {"lr": 0.001}})
+
+
+def test_a_directory_or_a_fifo_given_as_config_is_named_as_such(tmp_path):
+    """Both used to say 'no such file'."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=rf"^--config '{tmp_path}' is a directory, expected a file$"):
+        load_config(tmp_path)
+    with pytest.raises(ValueError, match=rf"^--config '{fifo}' is not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ValueError, match=rf"^--config '{tmp_path / 'none.toml'}': no such file$"):
+        load_config(tmp_path / "none.toml")

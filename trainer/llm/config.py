@@ -32,7 +32,7 @@ from typing import Any, get_type_hints
 
 import tomli_w
 
-from dfpo.files import read_utf8
+from dfpo.files import check_input_file, read_utf8
 from dfpo.trainer.loss import OBJECTIVES, resolve_objective
 from dfpo.trainer.loss.correction import CORRECTIONS
 from dfpo.trainer.loss.objectives import override_type
@@ -357,15 +357,19 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
     return out
 
 
+def config_text(path: Path) -> str:
+    """The text of a config file, without the byte order mark some Windows editors put at the start of UTF-8 files
+    (TOML does not allow it; a user expects the file to read as it shows)."""
+    return read_utf8(path).removeprefix("\ufeff")
+
+
 def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
     """Read a TOML file (or start from defaults when ``path`` is None), apply --set, validate."""
     raw: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"--config {path}: no such file")
+        check_input_file("--config", path)
         try:
-            raw = tomllib.loads(read_utf8(p))
+            raw = tomllib.loads(config_text(Path(path)))
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"--config {path}: not valid TOML: {err}") from None
     return config_from_dict(apply_overrides(raw, list(assignments)))
