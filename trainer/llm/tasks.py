@@ -16,6 +16,7 @@ tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -192,6 +193,14 @@ def encode_prompts(tok, examples: list[Example], data, max_tokens: int | None = 
             ids = ids[-max_tokens:]
         out.append(ids)
     return out
+
+
+def clip_long_prompts(examples: list[Example], max_chars: int | None) -> list[Example]:
+    """``examples`` with every prompt longer than ``max_chars`` cut to its last ``max_chars`` characters (None: as
+    they are): what the tiny preset's warm start reads when data.truncate_prompts keeps a prompt's last tokens."""
+    if max_chars is None:
+        return examples
+    return [ex if len(ex.prompt) <= max_chars else dataclasses.replace(ex, prompt=ex.prompt[-max_chars:]) for ex in examples]
 
 
 def _text_problem(value: str) -> str | None:

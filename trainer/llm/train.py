@@ -46,8 +46,9 @@ import torch
 from dfpo import ObjectiveSpec, resolve_objective
 from dfpo.trainer.llm import parallel
 from dfpo.trainer.llm.checkpoint import seed_everything, write_run_file
-from dfpo.trainer.llm.config import Config, config_to_toml
+from dfpo.trainer.llm.config import Config, check_tiny_shape, config_to_toml
 from dfpo.trainer.llm.diagnostics import StepDiagnostics
+from dfpo.trainer.llm.memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
 from dfpo.trainer.llm.minibatches import MicroBatch, micro_batch, split_settings
 from dfpo.trainer.llm.policy import (
     Model,
@@ -70,7 +71,7 @@ from dfpo.trainer.llm.stage_metrics import Stopwatch, run_summary, step_metrics,
 from dfpo.trainer.llm.stage_old_logp import OldLogpStage, old_logp_from_sampler
 from dfpo.trainer.llm.stage_rollout import RolloutStage
 from dfpo.trainer.llm.stage_update import NonFiniteLossError, UpdateStage, accumulate_gradients
-from dfpo.trainer.llm.tasks import duplicate_prompts, encode_prompts, load_splits
+from dfpo.trainer.llm.tasks import clip_long_prompts, duplicate_prompts, encode_prompts, load_splits, prompt_char_limit
 from dfpo.trainer.llm.vllm_engine import VLLMEngine, check_vllm_available
 
 __all__ = [
@@ -99,15 +100,66 @@ def objective_spec(cfg: Config) -> ObjectiveSpec:
     return resolve_objective(cfg.objective.name, **overrides)
 
 
-def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
-    """The longest prompt the model's context leaves beside ``rollout.max_new_tokens`` (None: no limit known), after
-    checking every train and eval prompt against it: a ValueError names the first that does not fit. Needs only the
-    tokenizer and the model's config, so it runs before any weights load."""
+@dataclass(frozen=True)
+class PromptLengths:
+    """What the prompts' check measured (``measure_prompts``)."""
+
+    limit: int | None
+    """The longest prompt the model's context leaves beside rollout.max_new_tokens (None: no limit known)."""
+    shortest: int
+    """Tokens of the shortest encoded prompt."""
+    vocab: int
+    """The tokenizer's size."""
+    char_limit: int | None
+    """The most characters a prompt within ``limit`` can have (``tasks.prompt_char_limit``; None: no limit known)."""
+
+
+def measure_prompts(cfg: Config, train_examples: list, eval_examples: list) -> PromptLengths:
+    """Every train and eval prompt checked against the longest the model's context leaves beside
+    ``rollout.max_new_tokens``: a ValueError names the first that does not fit. Needs only the tokenizer and the
+    model's config, so it runs before any weights load."""
     tok, context = tokenizer_and_context(cfg.model)
     check_completion_fits(cfg.rollout.max_new_tokens, context)
     limit = None if context is None else context - cfg.rollout.max_new_tokens
-    encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
-    return limit
+    ids = encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
+    return PromptLengths(limit, min((len(i) for i in ids), default=1), len(tok), prompt_char_limit(tok, limit))
+
+
+def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
+    """``measure_prompts``'s check; returns the longest prompt the context leaves (None: no limit known)."""
+    return measure_prompts(cfg, train_examples, eval_examples).limit
+
+
+def check_prompts_per_step(cfg: Config, train_examples: list) -> None:
+    """ValueError unless a rollout batch's prompts are distinct prompts of the train split (more would repeat prompts
+    within a step, and 100 million of them exhaust memory before a message could say so)."""
+    if cfg.rollout.prompts_per_step > len(train_examples):
+        raise ValueError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(train_examples)} prompts of the train "
+            "split: each step would sample some prompts twice; lower it, or give more train data"
+        )
+
+
+def check_memory_fits(cfg: Config, lengths: PromptLengths, *, device: torch.device, world: int, with_ref: bool, resume: bool) -> None:
+    """The memory the settings need at the least (``memory.memory_needs``) against what the device has free now;
+    a ValueError names the setting that weighs most and its value. Nothing is checked for a model whose config
+    does not give its sizes."""
+    if cfg.model.name == "tiny":
+        shape = tiny_shape(cfg.model, lengths.vocab)
+    else:
+        from transformers import AutoConfig  # deferred: transformers loads only when a trainer is built
+
+        try:  # the config tokenizer_and_context just read: in the local folder or cache
+            shape = pretrained_shape(
+                AutoConfig.from_pretrained(cfg.model.name, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code)
+            )
+        except (OSError, ValueError):
+            shape = None
+    if shape is None:
+        return
+    needs = memory_needs(cfg, shape, shortest_prompt=lengths.shortest, with_ref=with_ref, world=world, resume=resume)
+    available, where = available_memory(device)
+    check_memory(needs, available, where, processes=world if device.type == "cpu" else 1)
 
 
 def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.dtype | None):
@@ -129,6 +181,8 @@ class Inputs:
     train_examples: list
     eval_examples: list
     max_prompt_tokens: int | None
+    sft_examples: list
+    """What the tiny preset's warm start trains on: the train examples, over-long prompts cut (``clip_long_prompts``)."""
 
 
 class Trainer:
@@ -151,15 +205,16 @@ class Trainer:
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
         try:
-            inputs = self.parallel.agree(lambda: self._check(cfg))  # refused on every process, reported once
+            inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
             self._setup(inputs, resume)
         except BaseException:
             self._close_rewards()
             self.lock.abandon()  # a refused config leaves no empty run folder behind
             raise
 
-    def _check(self, cfg: Config) -> Inputs:
-        """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths."""
+    def _check(self, cfg: Config, resume: bool) -> Inputs:
+        """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths,
+        memory."""
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = objective_spec(cfg)
@@ -178,6 +233,7 @@ class Trainer:
             timeout_s=cfg.reward.timeout_s,
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
         )
+        check_tiny_shape(cfg.model)
         check_model_available(cfg.model.name)
         if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
             check_vllm_available(self.device)
@@ -188,9 +244,13 @@ class Trainer:
         if shared and self.parallel.is_main:  # said once, even with --quiet
             print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
                   "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
+        check_prompts_per_step(cfg, train_examples)
         # lengths checked with the tokenizer alone: before any weights load or warm up
-        max_prompt_tokens = check_lengths(cfg, train_examples, eval_examples)
-        return Inputs(dtype, amp, train_examples, eval_examples, max_prompt_tokens)
+        lengths = measure_prompts(cfg, train_examples, eval_examples)
+        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
+        # the warm start reads raw prompts: with data.truncate_prompts, never more of one than the rollouts can keep
+        sft_examples = clip_long_prompts(train_examples, lengths.char_limit) if cfg.data.truncate_prompts else train_examples
+        return Inputs(dtype, amp, train_examples, eval_examples, lengths.limit, sft_examples)
 
     def _setup(self, inputs: Inputs, resume: bool) -> None:
         """The expensive part of construction: model, engine, stages (optimiser), checkpoint, logs."""
@@ -209,7 +269,7 @@ class Trainer:
             dtype=inputs.dtype,
             resume=resume,
             with_ref=self.spec.beta > 0,
-            train_examples=inputs.train_examples,
+            train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
             say=self._say,
         )
