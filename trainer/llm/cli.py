@@ -8,6 +8,9 @@ Every ``dfpo`` command imports this module to register its subcommands, so its t
 library and ``dfpo.files``. The handlers import the trainer's modules when they run (deferred imports, each
 marked): config, checkpoint, runlog, distributed, train and compare import torch (config also tomli_w, an
 optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``.
+
+A signal at any moment ends the command with one line and the shell's status: ``exit_signals`` before the
+trainer's own handling and after it, ``runlog.StopSignals`` during it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dfpo.files import read_utf8
+from dfpo.trainer.llm import exit_signals
 
 if TYPE_CHECKING:
     from dfpo.trainer.llm.config import Config
@@ -40,7 +44,8 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
     if restore:
         if saved is None:
             raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
-        write_run_file(cfg_path, dict_to_toml(saved))
+        with exit_signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
+            write_run_file(cfg_path, dict_to_toml(saved))
     bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
     if bad:
         raise ValueError(
@@ -101,7 +106,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         dp.check_world_size(cfg, args.nproc)  # before launching anything
         if args.nproc > 1:
             _preflight(cfg, bool(args.resume))
-            return Launcher(relaunch_command(args), args.nproc).run()
+            status = Launcher(relaunch_command(args), args.nproc).run()
+            exit_signals.decided(status)
+            return status
     return _train(cfg, args)
 
 
@@ -118,7 +125,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
 
     trainer, rank = None, dp.launched_rank()
     say = (lambda msg: print(f"dfpo: {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)  # noqa: E731
-    with StopSignals() as stop:  # from the first moment to the last: a signal always ends in a message and a status
+    with StopSignals() as stop:  # from here to the end: a signal always ends in a message and a status
         try:
             try:
                 trainer = Trainer(cfg, resume=bool(args.resume), quiet=args.quiet)
@@ -126,18 +133,26 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
                 dp.barrier()  # every process done before any leaves the group
             except (NonFiniteLossError, WriteFailed) as err:
                 say(f"error: {err}")
-                return 1
+                return _decided(1)
             except TrainingInterrupted as stopped:
                 say(str(stopped))
-                return stopped.exit_code
+                return _decided(stopped.exit_code)
             finally:
                 dp.shutdown()
         except StoppedAtOnce as stopped:
+            exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
             say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, bool(args.resume)))
             return stopped.exit_code
+        exit_signals.decided(0)
     if rank == 0:
         print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
+
+
+def _decided(status: int) -> int:
+    """``status``, once the exit signals know it (a later signal ends the program with it)."""
+    exit_signals.decided(status)
+    return status
 
 
 def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) -> str:
