@@ -130,6 +130,26 @@ def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int
     return measure_prompts(cfg, train_examples, eval_examples).limit
 
 
+def check_model_folder(name: str) -> None:
+    """ValueError naming ``model.name`` when it names a folder on this machine that holds no model (a transformers
+    model folder has a config.json), a file, or a path that does not exist; a hub name is left to
+    ``policy.check_model_available`` (the local cache, then the hub)."""
+    if name == "tiny":
+        return
+    path = Path(name).expanduser()
+    where = f"model.name {name!r}" + (f" ({path.resolve()})" if str(path.resolve()) != name else "")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{where} is a folder without a model in it (no config.json); name a folder written by save_pretrained, "
+                'a hub name such as "Qwen/Qwen3-0.6B", or "tiny" (the offline preset)'
+            )
+    elif path.exists():
+        raise ValueError(f'{where} is a file; name a model folder (written by save_pretrained), a hub name, or "tiny"')
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, never a hub name
+        raise ValueError(f'{where}: no such folder; name a model folder, a hub name such as "Qwen/Qwen3-0.6B", or "tiny"')
+
+
 def check_prompts_per_step(cfg: Config, train_examples: list) -> None:
     """ValueError unless a rollout batch's prompts are distinct prompts of the train split (more would repeat prompts
     within a step, and 100 million of them exhaust memory before a message could say so)."""
@@ -215,6 +235,7 @@ class Trainer:
     def _check(self, cfg: Config, resume: bool) -> Inputs:
         """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths,
         memory."""
+        self._phase(1, "checking the config, the data and the prompts' lengths")
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = objective_spec(cfg)
@@ -234,6 +255,7 @@ class Trainer:
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
         )
         check_tiny_shape(cfg.model)
+        check_model_folder(cfg.model.name)
         check_model_available(cfg.model.name)
         if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
             check_vllm_available(self.device)
@@ -258,6 +280,7 @@ class Trainer:
 
         hf_logging.disable_progress_bar()
         cfg, run_dir = self.cfg, Path(self.cfg.run_dir)
+        self._phase(2, self._model_phase(resume))
         if self.parallel.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_run_file(run_dir / "config.toml", config_to_toml(cfg))  # on resume: with any --set train.steps
@@ -274,6 +297,12 @@ class Trainer:
             say=self._say,
         )
         self.parallel.shard(self.policy.model)  # FSDP2: the decoder layers are sharded, the rest stays whole
+        self._phase(
+            3,
+            "the rollout engine, the optimiser, "
+            + ("the checkpoint to resume from" if resume else "the step-0 checkpoint")
+            + " and the logs",
+        )
         engine = rollout_engine(cfg, self.policy, self.device, inputs.amp)
         self.old_logp_stage = OldLogpStage(
             self.policy.model,
@@ -347,6 +376,20 @@ class Trainer:
     def _say(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
+
+    START_UP_PHASES = 3
+
+    def _phase(self, n: int, what: str) -> None:
+        """One line as each phase of the start-up begins (the training steps have their progress bar)."""
+        self._say(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
+
+    def _model_phase(self, resume: bool) -> str:
+        m = self.cfg.model
+        if m.name != "tiny":
+            return f"loading the model {m.name!r}"
+        if resume or m.sft_steps == 0:
+            return "building the tiny model" if not resume else "loading the tiny model of the run folder"
+        return f"building the tiny model and warming it up: {m.sft_steps} supervised steps of {m.sft_batch_size} prompts"
 
     # -- one step ------------------------------------------------------------------------------
 
