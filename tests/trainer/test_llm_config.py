@@ -197,7 +197,7 @@ def test_a_temperature_that_overflows_the_logits_is_refused_naming_the_key(key):
     for value in ("1e-300", "5e-324", "0.001"):
         with pytest.raises(ValueError, match=rf"^{key} must be >= 0.01, got {float(value)!r}$"):
             load_config(None, [f"{key}={value}"])
-    assert getattr(getattr(load_config(None, [f"{key}=0.01"]), key.split(".")[0]), "temperature") == 0.01
+    assert getattr(load_config(None, [f"{key}=0.01"]), key.split(".")[0]).temperature == 0.01
 
 
 @pytest.mark.parametrize(
