@@ -1,5 +1,5 @@
-"""The first hour of `dfpo train`: what it does without --config, --print-config, the start-up lines, and the
-command-line mistakes that used to name the wrong thing."""
+"""The first hour of `dfpo train`: what it does without --config, --print-config, the start-up lines, the curves at
+the end of a run, and the command-line mistakes that used to name the wrong thing."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def test_print_config_of_a_config_file_applies_the_file_then_set(tmp_path, capsy
     assert config_from_dict(tomllib.loads(capsys.readouterr().out)) == config_from_dict({"seed": 7, "rollout": {"group_size": 6}})
 
 
-def test_train_without_a_config_trains_the_built_in_defaults(tmp_path, capsys):
+def test_train_without_a_config_trains_the_built_in_defaults_and_draws_its_curves(tmp_path, capsys):
     """What verl's trainer does with no config: its built-in one. Every key not set is the documented default; the
-    start-up says what it does phase by phase."""
+    start-up says what it does phase by phase, and the run ends with curves.png beside its logs."""
     run = tmp_path / "run"
     assert main(["train", *_sets(*QUICK, f"run_dir={run}")]) == 0
     err = capsys.readouterr().err
@@ -60,6 +60,7 @@ def test_train_without_a_config_trains_the_built_in_defaults(tmp_path, capsys):
     phases = [line for line in err.splitlines() if "start-up" in line]
     assert [p.split(":")[1].strip() for p in phases] == ["start-up 1/3", "start-up 2/3", "start-up 3/3"]
     assert "warming it up: 3 supervised steps of 8 prompts" in phases[1]
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_quiet_prints_no_start_up_lines(tmp_path, capsys):
@@ -107,6 +108,19 @@ def test_a_model_name_that_names_no_model_folder_names_the_key(tmp_path, capsys,
     assert err.startswith(f"dfpo: error: model.name {name!r}")
     assert __import__("re").search(says, err), err
     assert not run.exists()
+
+
+def test_curves_are_drawn_again_on_demand(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--quiet", *_sets(*QUICK, f"run_dir={run}")]) == 0
+    (run / "curves.png").unlink()
+    capsys.readouterr()
+    assert main(["train", "--curves", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "curves.png") and (run / "curves.png").is_file()
+    assert main(["train", "--curves", str(run), "--config", "x.toml"]) == 2
+    assert "--curves RUN_DIR draws an existing run and trains nothing; drop --config" in capsys.readouterr().err
+    assert main(["train", "--curves", str(tmp_path / "none")]) == 2
+    assert f"--curves {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
 
 
 def test_the_printed_config_is_what_config_to_toml_writes(capsys):

@@ -5,6 +5,7 @@ dfpo train [--set key=value ...]          (no --config: the built-in defaults, t
 dfpo train --resume RUN_DIR [--set train.steps=N]
 dfpo train --nproc N ...   (N processes on this machine; ``dfpo.trainer.llm.launch``)
 dfpo train --print-config ...             (the resolved config as TOML, every key; nothing trained)
+dfpo train --curves RUN_DIR               (RUN_DIR/curves.png from its logs; written at the end of every run too)
 
 Without --config the run takes every key's default (docs/config.md), as verl's trainer runs its built-in config
 when given none: the tiny offline model on "a+b=", into runs/default. A signal at any moment ends the command
@@ -111,6 +112,8 @@ def _preflight(cfg: Config, resume: bool) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    if args.curves is not None:
+        return _cmd_curves(args)
     # deferred: torch, and launch's start-up cost (see the module docstring)
     from dfpo.trainer.llm import distributed as dp
     from dfpo.trainer.llm.config import config_to_toml
@@ -136,6 +139,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
             exit_signals.decided(status)
             return status
     return _train(cfg, args)
+
+
+def _cmd_curves(args: argparse.Namespace) -> int:
+    """``--curves RUN_DIR``: write RUN_DIR/curves.png from the run's logs, train nothing."""
+    from dfpo.trainer.llm.curves import write_curves  # deferred: matplotlib (see the module docstring)
+
+    others = [
+        flag
+        for flag, given in (("--config", args.config), ("--resume", args.resume), ("--set", args.set), ("--nproc", args.nproc))
+        if given is not None
+    ]
+    if others or args.print_config or args.restore_config:
+        raise ValueError(
+            f"--curves RUN_DIR draws an existing run and trains nothing; drop {', '.join(others) or '--print-config / --restore-config'}"
+        )
+    print(write_curves(Path(args.curves)))
+    return 0
 
 
 def _train(cfg: Config, args: argparse.Namespace) -> int:
@@ -164,6 +184,8 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
                 return _decided(stopped.exit_code)
             finally:
                 dp.shutdown()
+            if rank == 0:
+                _write_curves(Path(cfg.run_dir), say)
         except StoppedAtOnce as stopped:
             exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
             say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, resume))
@@ -178,6 +200,16 @@ def _decided(status: int) -> int:
     """``status``, once the exit signals know it (a later signal ends the program with it)."""
     exit_signals.decided(status)
     return status
+
+
+def _write_curves(run_dir: Path, say) -> None:
+    """RUN_DIR/curves.png at the end of a run; a failure is a warning: the run and its logs are complete."""
+    from dfpo.trainer.llm.curves import write_curves  # deferred: matplotlib (see the module docstring)
+
+    try:
+        write_curves(run_dir)
+    except Exception as err:  # noqa: BLE001 - a picture of finished logs never fails the run that wrote them
+        say(f"warning: {run_dir / 'curves.png'} not written ({err}); dfpo train --curves {run_dir} tries again")
 
 
 def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) -> str:
@@ -225,7 +257,7 @@ def register(subparsers) -> None:
         "train",
         help="RL fine-tuning of a transformers model with any objective (without --config: the built-in defaults, the tiny offline model)",
         description="Group-relative RL fine-tuning with every objective of dfpo.OBJECTIVES. "
-        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt).",
+        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt, curves.png).",
     )
     p.add_argument(
         "--config",
@@ -244,6 +276,12 @@ def register(subparsers) -> None:
         "--print-config",
         action="store_true",
         help="print the resolved config (every key, defaults included, after --set) as TOML and exit without training",
+    )
+    p.add_argument(
+        "--curves",
+        default=None,
+        metavar="RUN_DIR",
+        help="write RUN_DIR/curves.png from the run's logs and exit (every run writes it at its end)",
     )
     p.add_argument(
         "--nproc",
