@@ -94,8 +94,8 @@ def _model_settings(cfg) -> tuple[tuple[str, object], ...]:
     m = cfg.model
     if m.name != "tiny":
         return (("model.name", m.name),)
-    defaults = {"tiny_hidden": 64, "tiny_intermediate": 256, "tiny_layers": 2}
-    key = max(defaults, key=lambda k: getattr(m, k) / defaults[k])
+    default = type(m)()
+    key = max(("tiny_hidden", "tiny_intermediate", "tiny_layers"), key=lambda k: getattr(m, k) / getattr(default, k))
     return ((f"model.{key}", getattr(m, key)),)
 
 
