@@ -99,73 +99,88 @@ def _model_settings(cfg) -> tuple[tuple[str, object], ...]:
     return ((f"model.{key}", getattr(m, key)),)
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """Bytes per unit that every phase reads: per parameter, per cached token, per token of activations."""
+
+    param: int
+    kv_per_token: int
+    activations_per_token: int
+
+
+def _sizes(cfg, shape: ModelShape) -> _Sizes:
+    m = cfg.model
+    param = 4 if m.name == "tiny" or m.dtype == "auto" else PARAM_BYTES[m.dtype]
+    act = 2 if m.amp in ("bf16", "fp16") else param
+    per_token_layer = shape.hidden if m.gradient_checkpointing else 4 * shape.hidden + 3 * shape.intermediate
+    return _Sizes(param, shape.layers * 2 * shape.kv_width * act, shape.layers * per_token_layer * act)
+
+
+def _rows_at_once(rows: int, batch_size: int, settings: tuple) -> tuple[int, tuple]:
+    """Rows sampled in one generate call: all of them, or ``rollout.batch_size`` when that is fewer (then it is the
+    setting to name)."""
+    if batch_size and batch_size < rows:
+        return batch_size, (("rollout.batch_size", batch_size),)
+    return rows, settings
+
+
+def _warm_start(cfg, shape: ModelShape, sizes: _Sizes) -> Need:
+    m = cfg.model
+    tokens = m.sft_batch_size * 2  # a prompt token, and the answer's first token or the EOS
+    return Need(
+        "the supervised warm start's logits and activations",
+        tokens * (2 * shape.vocab * 4 + sizes.activations_per_token),  # float32 logits and their gradient
+        (("model.sft_batch_size", m.sft_batch_size),),
+        "warm start",
+    )
+
+
+def _sampling(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int) -> Need:
+    r = cfg.rollout
+    batch_rows = math.ceil(r.prompts_per_step / world) * r.group_size
+    rows, settings = _rows_at_once(
+        batch_rows, r.batch_size, (("rollout.prompts_per_step", r.prompts_per_step), ("rollout.group_size", r.group_size))
+    )
+    batch_ids = batch_rows * world * seq * 8  # every process holds the whole batch's int64 ids
+    cache = rows * seq * (sizes.kv_per_token + 4) + rows * shape.vocab * 4  # keys, values, log-probs; last logits
+    return Need(f"sampling {rows} completions at once", cache + batch_ids, settings, "sampling")
+
+
+def _evaluation(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int) -> Need:
+    all_rows = math.ceil(cfg.data.eval_size / world) * cfg.eval.k
+    rows, settings = _rows_at_once(all_rows, cfg.rollout.batch_size, (("data.eval_size", cfg.data.eval_size), ("eval.k", cfg.eval.k)))
+    return Need(f"evaluating {rows} completions at once", rows * seq * sizes.kv_per_token + rows * shape.vocab * 4, settings, "evaluation")
+
+
+def _update(cfg, sizes: _Sizes, seq: int, world: int) -> Need:
+    o, g = cfg.optim, cfg.rollout.group_size
+    if o.max_tokens_per_microbatch:  # micro-batches of whole groups under a token budget: one group at the least
+        rows, settings = g, (("rollout.group_size", g),)
+    else:
+        groups = o.microbatch_groups or o.minibatch_groups
+        key = "optim.microbatch_groups" if o.microbatch_groups else "optim.minibatch_groups"
+        rows, settings = max(1, math.ceil(groups / world)) * g, ((key, groups), ("rollout.group_size", g))
+    return Need(f"the update's activations for {rows} rows", rows * seq * sizes.activations_per_token, settings, "update")
+
+
 def memory_needs(cfg, shape: ModelShape, *, shortest_prompt: int, with_ref: bool, world: int = 1, resume: bool = False) -> list[Need]:
     """What a run of ``cfg`` on a model of ``shape`` holds in memory at the least, per process (see the module
     docstring). ``shortest_prompt``: tokens of the shortest encoded prompt; ``with_ref``: the objective has a KL term."""
-    m, r = cfg.model, cfg.rollout
-    param_bytes = 4 if m.name == "tiny" or m.dtype == "auto" else PARAM_BYTES[m.dtype]
-    act_bytes = 2 if m.amp in ("bf16", "fp16") else param_bytes
+    m, sizes = cfg.model, _sizes(cfg, shape)
     model_settings = _model_settings(cfg)
-    needs = [Need("the weights", shape.params * param_bytes, model_settings)]
+    weights = shape.params * sizes.param
+    needs = [Need("the weights", weights, model_settings)]
     if with_ref and m.lora_r <= 0:
-        needs.append(Need("the reference model", shape.params * param_bytes, model_settings))
-    if m.lora_r <= 0:
-        needs.append(Need("the gradients and AdamW state", 3 * shape.params * param_bytes, model_settings))
-    per_token_layer = shape.hidden if m.gradient_checkpointing else 4 * shape.hidden + 3 * shape.intermediate
-    activations_per_token = shape.layers * per_token_layer * act_bytes
+        needs.append(Need("the reference model", weights, model_settings))
+    if m.lora_r <= 0:  # LoRA's adapters are left out (a lower bound)
+        needs.append(Need("the gradients and AdamW state", 3 * weights, model_settings))
     if m.name == "tiny" and m.sft_steps > 0 and not resume:
-        tokens = m.sft_batch_size * 2  # a prompt token, the answer's or the EOS
-        needs.append(
-            Need(
-                "the supervised warm start's logits and activations",
-                tokens * (2 * shape.vocab * 4 + activations_per_token),
-                (("model.sft_batch_size", m.sft_batch_size),),
-                "warm start",
-            )
-        )
-    kv_per_token = shape.layers * 2 * shape.kv_width * act_bytes
+        needs.append(_warm_start(cfg, shape, sizes))
     seq = shortest_prompt + 1
-    batch_rows = math.ceil(r.prompts_per_step / world) * r.group_size
-    rows = min(r.batch_size, batch_rows) if r.batch_size else batch_rows
-    rollout_settings = (
-        (("rollout.batch_size", r.batch_size),)
-        if r.batch_size and r.batch_size < batch_rows
-        else (("rollout.prompts_per_step", r.prompts_per_step), ("rollout.group_size", r.group_size))
-    )
-    batch_ids = math.ceil(r.prompts_per_step / world) * r.group_size * seq * 8 * world  # every process holds the whole batch's ids
-    needs.append(
-        Need(
-            f"sampling {rows} completions at once",
-            rows * seq * (kv_per_token + 4) + rows * shape.vocab * 4 + batch_ids,
-            rollout_settings,
-            "sampling",
-        )
-    )
+    needs.append(_sampling(cfg, shape, sizes, seq, world))
     if cfg.eval.every:
-        all_eval_rows = math.ceil(cfg.data.eval_size / world) * cfg.eval.k
-        eval_rows = min(r.batch_size, all_eval_rows) if r.batch_size else all_eval_rows
-        eval_settings = (
-            (("rollout.batch_size", r.batch_size),)
-            if r.batch_size and r.batch_size < all_eval_rows
-            else (("data.eval_size", cfg.data.eval_size), ("eval.k", cfg.eval.k))
-        )
-        needs.append(
-            Need(
-                f"evaluating {eval_rows} completions at once",
-                eval_rows * seq * kv_per_token + eval_rows * shape.vocab * 4,
-                eval_settings,
-                "evaluation",
-            )
-        )
-    o = cfg.optim
-    groups = o.microbatch_groups or o.minibatch_groups
-    key = "optim.microbatch_groups" if o.microbatch_groups else "optim.minibatch_groups"
-    rows = max(1, math.ceil(groups / world)) * r.group_size
-    if o.max_tokens_per_microbatch:  # micro-batches of whole groups under a token budget: one group at the least
-        rows, update_settings = r.group_size, (("rollout.group_size", r.group_size),)
-    else:
-        update_settings = ((key, groups), ("rollout.group_size", r.group_size))
-    needs.append(Need(f"the update's activations for {rows} rows", rows * seq * activations_per_token, update_settings, "update"))
+        needs.append(_evaluation(cfg, shape, sizes, seq, world))
+    needs.append(_update(cfg, sizes, seq, world))
     return needs
 
 
