@@ -13,9 +13,9 @@ with one line and the shell's status (``exit_signals`` before the trainer's own 
 during it).
 
 Every ``dfpo`` command imports this module to register its subcommands, so its top imports only the standard
-library and ``dfpo.files``. The handlers import the trainer's modules when they run (deferred imports, each
+library, ``dfpo.files`` and ``exit_signals`` (standard library only). The handlers import the trainer's modules when they run (deferred imports, each
 marked): config, checkpoint, runlog, distributed, train and compare import torch (config also tomli_w, an
-optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``.
+optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``, curves imports matplotlib.
 """
 
 from __future__ import annotations
