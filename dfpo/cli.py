@@ -11,15 +11,19 @@ handler), so `dfpo --help` and `dfpo objectives` start fast:
 
 A part's module exposes ``register(subparsers) -> None``; it adds one parser and sets
 ``func=<callable(args) -> int>`` on it with ``set_defaults``.
+
+``dfpo train`` answers SIGINT and SIGTERM from its first moment: ``main`` installs
+``dfpo.trainer.llm.exit_signals`` before it imports the parts (see that module).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
-from dfpo import __version__
+from dfpo.trainer.llm.exit_signals import decided, exit_on_signal
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
 PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.llm.cli", "dfpo.app.cli")
@@ -45,12 +49,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """--version, with the installed version read only when asked (importlib.metadata costs every start ~25 ms)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from dfpo import __version__
+
+        print(f"dfpo {__version__}")  # to stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dfpo",
         description="Token gradient cancellation in group-relative RL fine-tuning (DFPO, arXiv 2604.13088).",
     )
-    parser.add_argument("--version", action="version", version=f"dfpo {__version__}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("objectives", help="table of every objective with its components, defaults and sources")
@@ -78,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit status. Without ``argv`` (the ``dfpo`` program itself) the command line is read
+    and ``dfpo train``'s exit signals stay installed until the process ends; with ``argv`` (a call from Python)
+    the previous signal handlers are back on return."""
+    program = argv is None
+    argv = sys.argv[1:] if program else list(argv)
+    with exit_on_signal(for_the_process=program) if argv[:1] == ["train"] else contextlib.nullcontext():  # before importing parts
+        status = _run(argv)
+        decided(status)  # the command's outcome: a later signal only ends the program sooner, with this status
+        return status
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

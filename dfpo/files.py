@@ -65,6 +65,20 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def check_input_file(flag: str, path: str | os.PathLike) -> None:
+    """ValueError naming ``flag`` and the path unless it is a regular file that can be read (a folder, a FIFO or a
+    device given as a file is named as such: reading a FIFO would wait forever)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{flag} {str(path)!r}: no such file")
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a directory, expected a file")
+    if not path.is_file():
+        raise ValueError(f"{flag} {str(path)!r} is not a regular file (a FIFO, socket or device); give the path of a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{flag} {str(path)!r} cannot be read (permission denied)")
+
+
 def read_utf8(path: str | os.PathLike) -> str:
     """A text file's content; ValueError ``FILE:LINE: not UTF-8`` at the first line that does not decode."""
     data = Path(path).read_bytes()

@@ -277,7 +277,22 @@ def check_type(key: str, value: object, type_: Any) -> object:
         raise ValueError(f"{key} must be of type {type_name(type_)}, got {value!r} ({type(value).__name__})")
     if base is float and not math.isfinite(value):
         raise ValueError(f"{key} must be a finite number, got {value!r}")
+    if base is str:
+        check_text(key, value)
     return value
+
+
+def check_text(key: str, value: str) -> None:
+    """ValueError naming the key unless ``value`` is text that can be written as UTF-8: a lone surrogate (from
+    bytes that are not UTF-8 on a command line, or an escape such as \\ud800) would fail later, in a tokenizer or a
+    file writer, far from the setting."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"{key} holds {value!r}, which is not text: character {err.start} is a lone surrogate (bytes that are not UTF-8?); "
+            "write it in UTF-8"
+        ) from None
 
 
 def check_bounds(key: str, value: object, bounds: Bounds, obj: object = None) -> None:

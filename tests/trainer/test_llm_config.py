@@ -78,7 +78,7 @@ def test_shipped_configs_parse():
     "assignment, message",
     [
         ("model.sft_batch_size=0", "model.sft_batch_size must be >= 1, got 0"),
-        ("model.tiny_hidden=0", "model.tiny_hidden must be >= 1, got 0"),
+        ("model.tiny_hidden=0", "model.tiny_hidden must be in [1, 4096], got 0"),
         ("data.train_size=0", "data.train_size must be >= 1, got 0"),
         ("objective.advantage_eps=-1", "objective.advantage_eps must be >= 0, got -1.0"),
         ("model.sft_lr=-1", "model.sft_lr must be > 0, got -1.0"),
@@ -168,3 +168,43 @@ def test_set_keeps_every_toml_form_it_took_before():
     assert cfg.objective.overrides == {"eps_high": 0.28, "max_completion_length": None} and cfg.objective.name == "gspo"
     with pytest.raises(ValueError, match=r"unknown config key optim\.lrr"):
         config_from_dict(apply_overrides({}, ["optim.lrr=1e-4"]))
+
+
+def test_a_config_file_with_a_byte_order_mark_reads_as_without_it(tmp_path):
+    """Windows editors may start a UTF-8 file with U+FEFF, which TOML does not allow: it used to say 'Invalid statement'."""
+    path = tmp_path / "c.toml"
+    path.write_text("\ufeffseed = 3\n[optim]\nlr = 0.001\n", encoding="utf-8")
+    assert load_config(path) == config_from_dict({"seed": 3, "optim": {"lr": 0.001}})
+
+
+def test_a_directory_or_a_fifo_given_as_config_is_named_as_such(tmp_path):
+    """Both used to say 'no such file'."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=rf"^--config '{tmp_path}' is a directory, expected a file$"):
+        load_config(tmp_path)
+    with pytest.raises(ValueError, match=rf"^--config '{fifo}' is not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ValueError, match=rf"^--config '{tmp_path / 'none.toml'}': no such file$"):
+        load_config(tmp_path / "none.toml")
+
+
+@pytest.mark.parametrize("key", ["rollout.temperature", "eval.temperature"])
+def test_a_temperature_that_overflows_the_logits_is_refused_naming_the_key(key):
+    """1e-300 passed validation and then divided the logits into inf and NaN inside sampling (a traceback)."""
+    for value in ("1e-300", "5e-324", "0.001"):
+        with pytest.raises(ValueError, match=rf"^{key} must be >= 0.01, got {float(value)!r}$"):
+            load_config(None, [f"{key}={value}"])
+    assert getattr(load_config(None, [f"{key}=0.01"]), key.split(".")[0]).temperature == 0.01
+
+
+@pytest.mark.parametrize(
+    "key, value, bound",
+    [("model.tiny_hidden", 10_000_000, 4096), ("model.tiny_intermediate", 10**9, 16384), ("model.tiny_layers", 1000, 64)],
+)
+def test_the_tiny_presets_dimensions_are_bounded(key, value, bound):
+    """A 'tiny' model with a hidden size of ten million used to pass validation and then grow memory with no message."""
+    with pytest.raises(ValueError, match=rf"^{key} must be in \[1, {bound}\], got {value}$"):
+        load_config(None, [f"{key}={value}"])

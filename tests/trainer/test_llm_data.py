@@ -170,3 +170,95 @@ def test_a_prompt_longer_than_the_context_names_file_and_line_or_is_truncated(tm
         tiny_config(tmp_path, *sets, "data.truncate_prompts=true", 'run_dir="' + str(tmp_path / "run2") + '"'), quiet=True
     ).run()
     assert summary["steps"] == 2
+
+
+# -- data that used to fail deep inside a library: named by file, line and field before any work -----------------
+
+
+def test_a_json_line_nested_100000_deep_is_named_by_file_and_line(tmp_path):
+    """json.loads recurses once per level: such a line used to end in a RecursionError traceback."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": ' + "[" * 100_000 + "]" * 100_000 + ', "answer": "1"}\n')
+    with pytest.raises(ValueError, match=rf"^{path}:2: JSON nested too deeply to read"):
+        load_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "field, line", [("prompt", '{"prompt": "a\\ud800b", "answer": "1"}'), ("answer", '{"prompt": "a", "answer": "\\udfff"}')]
+)
+def test_a_lone_surrogate_is_named_by_file_line_and_field(tmp_path, field, line):
+    """JSON lets an escape name half a surrogate pair, which is not text: the tokenizer used to fail with a TypeError."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "ok", "answer": "1"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2: field '{field}' holds a lone surrogate"):
+        load_jsonl(path)
+
+
+def test_a_byte_order_mark_at_the_start_of_a_jsonl_file_is_skipped(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('\ufeff{"prompt": "1+1=", "answer": "2"}\n', encoding="utf-8")
+    assert load_jsonl(path) == [Example("1+1=", "2")]
+
+
+@pytest.mark.parametrize("key", ["data.path", "data.eval_path"])
+def test_a_directory_or_a_fifo_given_as_a_data_file_is_named_as_such(tmp_path, key):
+    """Both used to say 'no such file'; a FIFO would make a reader wait forever."""
+    import os
+
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.tasks import load_splits
+
+    good = tmp_path / "d.jsonl"
+    good.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
+    folder, fifo = tmp_path / "folder", tmp_path / "fifo"
+    folder.mkdir()
+    os.mkfifo(fifo)
+    for path, says in [(folder, "is a directory, expected a file"), (fifo, "is not a regular file"), (tmp_path / "none", ": no such file")]:
+        files = {"path": str(good), "eval_path": str(good)} | {key.removeprefix("data."): str(path)}
+        with pytest.raises(ValueError, match=rf"^{key} '{path}'{says}" if says.startswith(":") else rf"^{key} '{path}' {says}"):
+            load_splits(DataConfig(task="jsonl", **files), seed=0)
+
+
+class _TokenizerSpy:
+    """A tokenizer that remembers the longest text it was given."""
+
+    def __init__(self, tok):
+        self.tok, self.longest = tok, 0
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def __call__(self, text, **kwargs):
+        self.longest = max(self.longest, len(text))
+        return self.tok(text, **kwargs)
+
+
+def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenised():
+    """A 50 MB one-line prompt used to be tokenised whole before the length check: 13 GB of memory, then a panic in
+    the tokenizer. More characters than the limit's tokens x the longest token (5 characters here: '<pad>') cannot fit."""
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.policy import build_char_tokenizer
+    from dfpo.trainer.llm.tasks import encode_prompts, prompt_char_limit
+
+    tok = _TokenizerSpy(build_char_tokenizer())
+    assert prompt_char_limit(tok, 253) == 253 * 5
+    huge = Example("9" * 1_000_000, "9", source="big.jsonl:7")
+    with pytest.raises(
+        ValueError, match=r"^big.jsonl:7: the prompt has 1000000 characters \(a token is at most 5 here\), so more tokens than the 253"
+    ):
+        encode_prompts(tok, [Example("1+1=", "2"), huge], DataConfig(), 253)
+    assert tok.longest == len("1+1=")  # the long prompt never reached the tokenizer
+
+
+def test_a_prompt_too_long_in_characters_is_cut_before_tokenising_when_truncation_is_asked():
+    """data.truncate_prompts keeps the last tokens; the tokenizer sees at most 2 x the character limit, so the tokens
+    kept lie far from the cut and are the ones a whole tokenisation would keep."""
+    from dfpo.trainer.llm.config import DataConfig
+    from dfpo.trainer.llm.policy import build_char_tokenizer
+    from dfpo.trainer.llm.tasks import encode_prompts
+
+    tok = _TokenizerSpy(build_char_tokenizer())
+    prompt = "".join(str(i % 10) for i in range(1_000_000)) + "+1="
+    (ids,) = encode_prompts(tok, [Example(prompt, "1")], DataConfig(truncate_prompts=True), 253)
+    assert tok.longest <= 2 * 253 * 5
+    assert tok.decode(ids) == prompt[-253:]

@@ -235,3 +235,11 @@ def test_the_settings_module_and_the_toy_config_stay_light():
     code = "import sys, dfpo.trainer.settings, dfpo.toy.config; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("text", ["\udcff{prompt}", "a\ud800"])
+def test_a_string_that_is_not_text_names_the_key(text):
+    """Bytes that are not UTF-8 on a command line reach Python as lone surrogates: a tokenizer or a file writer used to
+    fail on them far from the setting."""
+    with pytest.raises(ValueError, match=r"^data.prompt_template holds .*, which is not text: character \d+ is a lone surrogate"):
+        load_config(None, [f"data.prompt_template={text}"])

@@ -29,6 +29,9 @@ Modules (read in this order):
     runlog.py        JSONL logs, TensorBoard/wandb, SIGINT/SIGTERM handling
     distributed.py   the collectives of data parallelism over whole groups (DDP, FSDP2)
     launch.py        ``--nproc N``: the ranks on one machine, signals passed on, none outliving the launcher
+    exit_signals.py  SIGINT/SIGTERM before the trainer's own handling and after it: one line, the shell's status
+    memory.py        the memory a config needs at the least, checked against the device before any work
+    curves.py        RUN_DIR/curves.png from metrics.jsonl and eval.jsonl
 
 Every logged key (RUN_DIR/metrics.jsonl, eval.jsonl, TensorBoard), its meaning and its reduction over micro-batches,
 processes and optimiser steps: ``dfpo.trainer.metric_registry`` and docs/metrics.md. RUN_DIR/summary.json holds

@@ -32,7 +32,7 @@ from typing import Any, get_type_hints
 
 import tomli_w
 
-from dfpo.files import read_utf8
+from dfpo.files import check_input_file, read_utf8
 from dfpo.trainer.loss import OBJECTIVES, resolve_objective
 from dfpo.trainer.loss.correction import CORRECTIONS
 from dfpo.trainer.loss.objectives import override_type
@@ -51,6 +51,8 @@ MOVED_KEYS = {
 AMPS = ("auto", "bf16", "fp16", "none")
 ENGINES = ("hf", "vllm")
 PARALLEL = ("ddp", "fsdp2")
+MIN_TEMPERATURE = 0.01
+"""The lowest sampling temperature: vLLM clamps lower ones to it, and logits divided by much less overflow."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,14 @@ class ModelConfig:
     lora_alpha: int = setting(16, "LoRA alpha.", bounds=Bounds(0, low_open=True))
     lora_dropout: float = setting(0.0, "LoRA dropout (keep 0 for exact old/new log-prob agreement).", bounds=Bounds(0, 1, high_open=True))
     lora_target_modules: str = setting("all-linear", "peft target_modules: 'all-linear' or a comma-separated list of module names.")
-    tiny_hidden: int = setting(64, "Tiny preset: hidden size.", bounds=Bounds(1))
-    tiny_layers: int = setting(2, "Tiny preset: number of decoder layers.", bounds=Bounds(1))
-    tiny_heads: int = setting(4, "Tiny preset: attention heads (key/value heads are half of these, at least 1).", bounds=Bounds(1))
-    tiny_intermediate: int = setting(256, "Tiny preset: MLP width.", bounds=Bounds(1))
+    tiny_hidden: int = setting(
+        64,
+        "Tiny preset: hidden size (a multiple of tiny_heads with an even head size; a larger model: a model folder).",
+        bounds=Bounds(1, 4096),
+    )
+    tiny_layers: int = setting(2, "Tiny preset: number of decoder layers.", bounds=Bounds(1, 64))
+    tiny_heads: int = setting(4, "Tiny preset: attention heads (key/value heads are half of these, at least 1).", bounds=Bounds(1, 256))
+    tiny_intermediate: int = setting(256, "Tiny preset: MLP width.", bounds=Bounds(1, 16384))
     sft_steps: int = setting(300, "Tiny preset: supervised warm-start steps on the task's train split (0 = none).", bounds=Bounds(0))
     sft_batch_size: int = setting(64, "Tiny preset: supervised batch size.", bounds=Bounds(1))
     sft_lr: float = setting(3e-3, "Tiny preset: supervised AdamW learning rate.", bounds=Bounds(0, low_open=True))
@@ -146,7 +152,11 @@ class RolloutConfig:
     prompts_per_step: int = setting(8, "Prompts sampled per rollout batch.", bounds=Bounds(1))
     group_size: int = setting(8, "Completions per prompt (G).", bounds=Bounds(2))
     max_new_tokens: int = setting(8, "Generation length limit; completions that hit it are counted as truncated.", bounds=Bounds(1))
-    temperature: float = setting(1.0, "Sampling temperature.", bounds=Bounds(0, low_open=True))
+    temperature: float = setting(
+        1.0,
+        "Sampling temperature (at least 0.01, where vLLM clamps it: logits divided by less overflow to inf and NaN).",
+        bounds=Bounds(MIN_TEMPERATURE),
+    )
     top_p: float = setting(1.0, "Nucleus sampling (1 = off).", bounds=Bounds(0, 1, low_open=True))
     top_k: int = setting(0, "Top-k sampling (0 = off).", bounds=Bounds(0))
     mask_truncated: bool = setting(False, "Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering).")
@@ -226,7 +236,7 @@ class TrainConfig:
 class EvalConfig:
     every: int = setting(10, "Evaluate every this many steps (0 = never); also at step 0 and the end.", bounds=Bounds(0))
     k: int = setting(4, "Samples per eval prompt for avg@k.", bounds=Bounds(1))
-    temperature: float = setting(1.0, "Eval sampling temperature.", bounds=Bounds(0, low_open=True))
+    temperature: float = setting(1.0, "Eval sampling temperature (at least 0.01, as rollout.temperature).", bounds=Bounds(MIN_TEMPERATURE))
     kappa: float = setting(0.5, "Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve.", bounds=Bounds(-math.inf))
 
 
@@ -369,15 +379,19 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
     return out
 
 
+def config_text(path: Path) -> str:
+    """The text of a config file, without the byte order mark some Windows editors put at the start of UTF-8 files
+    (TOML does not allow it; a user expects the file to read as it shows)."""
+    return read_utf8(path).removeprefix("\ufeff")
+
+
 def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
     """Read a TOML file (or start from defaults when ``path`` is None), apply --set, validate."""
     raw: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"--config {path}: no such file")
+        check_input_file("--config", path)
         try:
-            raw = tomllib.loads(read_utf8(p))
+            raw = tomllib.loads(config_text(Path(path)))
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"--config {path}: not valid TOML: {err}") from None
     return config_from_dict(apply_overrides(raw, list(assignments)))
@@ -418,6 +432,17 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
         raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+
+
+def check_tiny_shape(m: ModelConfig) -> None:
+    """ValueError unless the tiny preset's heads split its hidden size into heads of an even size (rotary position
+    embeddings rotate pairs of dimensions; an odd head size fails inside the model's first forward pass). Checked
+    by the trainer before any work, not by ``validate``: each key alone stays valid at its bounds."""
+    if m.name == "tiny" and (m.tiny_hidden % m.tiny_heads or (m.tiny_hidden // m.tiny_heads) % 2):
+        raise ValueError(
+            f"model.tiny_hidden={m.tiny_hidden} must be a multiple of model.tiny_heads={m.tiny_heads} with an even head size "
+            "(rotary position embeddings rotate pairs of dimensions), e.g. 2 x tiny_heads x an integer"
+        )
 
 
 def config_to_toml(cfg: Config) -> str:

@@ -16,6 +16,7 @@ tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dfpo.files import read_utf8
+from dfpo.files import check_input_file, read_utf8
 
 
 @dataclass(frozen=True)
@@ -127,16 +128,60 @@ def sft_target(task: str) -> Callable[[Example, random.Random], str]:
     return lambda ex, rng: ex.answer
 
 
+def longest_token_chars(tok) -> int | None:
+    """The most characters one token of ``tok`` can stand for: the longest entry of its vocabulary (a byte-level
+    BPE entry has one symbol per byte, a byte is at most one character; added and special tokens count). None
+    when the tokenizer does not list its vocabulary."""
+    get_vocab = getattr(tok, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab()
+    except (NotImplementedError, AttributeError, TypeError):
+        return None
+    return max((len(t) for t in vocab), default=1) or 1
+
+
+def prompt_char_limit(tok, max_tokens: int | None) -> int | None:
+    """The most characters a prompt of at most ``max_tokens`` tokens can have: ``max_tokens`` times the longest
+    token (``longest_token_chars``). A longer text has more tokens than that for certain, so it is refused (or cut)
+    before tokenising: a 50 MB prompt is never handed to the tokenizer. None: no limit known."""
+    if max_tokens is None:
+        return None
+    longest = longest_token_chars(tok)
+    return None if longest is None else max_tokens * longest
+
+
+def _too_long(where: str, length: str, max_tokens: int) -> ValueError:
+    return ValueError(
+        f"{where}: the prompt has {length} the {max_tokens} the model's context leaves beside rollout.max_new_tokens; "
+        "shorten it, lower rollout.max_new_tokens, or set data.truncate_prompts = true"
+    )
+
+
 def encode_prompts(tok, examples: list[Example], data, max_tokens: int | None = None) -> list[list[int]]:
     """Prompt token ids: ``data.prompt_template`` applied, then the tokenizer's chat template when it has one
     (data.chat_template = "auto"/"on") or plain text ("off", or no template). A prompt longer than
-    ``max_tokens`` is an error naming its source, or keeps its last tokens with data.truncate_prompts."""
+    ``max_tokens`` is an error naming its source, or keeps its last tokens with data.truncate_prompts.
+
+    A prompt of more characters than ``prompt_char_limit`` is too long whatever the tokenizer makes of it: it is
+    refused before tokenising, or (data.truncate_prompts) cut to its last 2 x that many characters first, which
+    still hold at least 2 x ``max_tokens`` tokens, so the tokens kept lie far from the cut."""
     has_template = bool(getattr(tok, "chat_template", None))
     if data.chat_template == "on" and not has_template:
         raise ValueError('data.chat_template = "on" but the tokenizer has no chat template; set it to "auto" or "off"')
+    char_limit: int | None = None
     out = []
     for ex in examples:
         text = data.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
+        where = ex.source or f"prompt {ex.prompt[:40]!r}"
+        if max_tokens is not None and len(text) > max_tokens:  # else no tokenizer can make it too long by characters
+            char_limit = char_limit or prompt_char_limit(tok, max_tokens)
+            if char_limit is not None and len(text) > char_limit:
+                if not data.truncate_prompts:
+                    per_token = char_limit // max_tokens
+                    raise _too_long(where, f"{len(text)} characters (a token is at most {per_token} here), so more tokens than", max_tokens)
+                text = text[-2 * char_limit :]
         if has_template and data.chat_template != "off":
             text = tok.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, enable_thinking=data.enable_thinking
@@ -144,24 +189,37 @@ def encode_prompts(tok, examples: list[Example], data, max_tokens: int | None = 
         ids = tok(text, add_special_tokens=False).input_ids
         if max_tokens is not None and len(ids) > max_tokens:
             if not data.truncate_prompts:
-                where = ex.source or f"prompt {ex.prompt[:40]!r}"
-                raise ValueError(
-                    f"{where}: the prompt has {len(ids)} tokens, more than the {max_tokens} the model's context leaves beside "
-                    "rollout.max_new_tokens; shorten it, lower rollout.max_new_tokens, or set data.truncate_prompts = true"
-                )
+                raise _too_long(where, f"{len(ids)} tokens, more than", max_tokens)
             ids = ids[-max_tokens:]
         out.append(ids)
     return out
 
 
-def load_jsonl(path: str | Path) -> list[Example]:
+def clip_long_prompts(examples: list[Example], max_chars: int | None) -> list[Example]:
+    """``examples`` with every prompt longer than ``max_chars`` cut to its last ``max_chars`` characters (None: as
+    they are): what the tiny preset's warm start reads when data.truncate_prompts keeps a prompt's last tokens."""
+    if max_chars is None:
+        return examples
+    return [ex if len(ex.prompt) <= max_chars else dataclasses.replace(ex, prompt=ex.prompt[-max_chars:]) for ex in examples]
+
+
+def _text_problem(value: str) -> str | None:
+    """Why a string read from JSON is not text (a lone surrogate from an escape such as "\\ud800"), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"a lone surrogate {value[err.start]!r} at character {err.start}, which is not text; write the character itself or a valid pair of escapes"
+    return None
+
+
+def load_jsonl(path: str | Path, key: str = "data.path") -> list[Example]:
     """Read {prompt, answer} objects, one per line; errors name the file and line. Lines end at "\\n" (JSON Lines):
-    U+2028, U+2029 or NEL inside a string are text, as JSON allows them unescaped."""
+    U+2028, U+2029 or NEL inside a string are text, as JSON allows them unescaped. A UTF-8 byte order mark at the
+    start is skipped. ``key``: the config key that named the file (in the error when it is not a readable file)."""
+    check_input_file(key, path)
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"data.path {str(path)!r}: no such file")
     out = []
-    for lineno, line in enumerate(read_utf8(p).split("\n"), start=1):
+    for lineno, line in enumerate(read_utf8(p).removeprefix("\ufeff").split("\n"), start=1):
         line = line.removesuffix("\r")
         if not line.strip():
             continue
@@ -169,6 +227,8 @@ def load_jsonl(path: str | Path) -> list[Example]:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{p}:{lineno}: not valid JSON ({err.msg}); each line must be a JSON object") from None
+        except RecursionError:
+            raise ValueError(f"{p}:{lineno}: JSON nested too deeply to read; each line must be a flat {{prompt, answer}} object") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{p}:{lineno}: expected a JSON object with fields 'prompt' and 'answer'")
         missing = [k for k in ("prompt", "answer") if k not in obj]
@@ -179,6 +239,10 @@ def load_jsonl(path: str | Path) -> list[Example]:
         answer = obj["answer"]
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise ValueError(f"{p}:{lineno}: field 'answer' must be a string or number, got {answer!r}")
+        for name in ("prompt", "answer"):
+            problem = _text_problem(obj[name]) if isinstance(obj[name], str) else None
+            if problem:
+                raise ValueError(f"{p}:{lineno}: field {name!r} holds {problem}")
         meta = {k: v for k, v in obj.items() if k not in ("prompt", "answer")}
         out.append(Example(prompt=obj["prompt"], answer=str(answer), meta=meta, source=f"{p}:{lineno}"))
     if not out:
@@ -261,7 +325,7 @@ def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
     if task == "jsonl":
         train = load_jsonl(data.path)
         if data.eval_path:
-            return train, load_jsonl(data.eval_path)
+            return train, load_jsonl(data.eval_path, "data.eval_path")
         if len(train) <= data.eval_size:
             raise ValueError(
                 f"data.path {data.path!r} has {len(train)} examples, not more than data.eval_size={data.eval_size}; "

@@ -46,8 +46,9 @@ import torch
 from dfpo import ObjectiveSpec, resolve_objective
 from dfpo.trainer.llm import parallel
 from dfpo.trainer.llm.checkpoint import seed_everything, write_run_file
-from dfpo.trainer.llm.config import Config, config_to_toml
+from dfpo.trainer.llm.config import Config, check_tiny_shape, config_to_toml
 from dfpo.trainer.llm.diagnostics import StepDiagnostics
+from dfpo.trainer.llm.memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
 from dfpo.trainer.llm.minibatches import MicroBatch, micro_batch, split_settings
 from dfpo.trainer.llm.policy import (
     Model,
@@ -70,7 +71,7 @@ from dfpo.trainer.llm.stage_metrics import Stopwatch, run_summary, step_metrics,
 from dfpo.trainer.llm.stage_old_logp import OldLogpStage, old_logp_from_sampler
 from dfpo.trainer.llm.stage_rollout import RolloutStage
 from dfpo.trainer.llm.stage_update import NonFiniteLossError, UpdateStage, accumulate_gradients
-from dfpo.trainer.llm.tasks import duplicate_prompts, encode_prompts, load_splits
+from dfpo.trainer.llm.tasks import clip_long_prompts, duplicate_prompts, encode_prompts, load_splits, prompt_char_limit
 from dfpo.trainer.llm.vllm_engine import VLLMEngine, check_vllm_available
 
 __all__ = [
@@ -99,15 +100,86 @@ def objective_spec(cfg: Config) -> ObjectiveSpec:
     return resolve_objective(cfg.objective.name, **overrides)
 
 
-def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
-    """The longest prompt the model's context leaves beside ``rollout.max_new_tokens`` (None: no limit known), after
-    checking every train and eval prompt against it: a ValueError names the first that does not fit. Needs only the
-    tokenizer and the model's config, so it runs before any weights load."""
+@dataclass(frozen=True)
+class PromptLengths:
+    """What the prompts' check measured (``measure_prompts``)."""
+
+    limit: int | None
+    """The longest prompt the model's context leaves beside rollout.max_new_tokens (None: no limit known)."""
+    shortest: int
+    """Tokens of the shortest encoded prompt."""
+    vocab: int
+    """The tokenizer's size."""
+    char_limit: int | None
+    """The most characters a prompt within ``limit`` can have (``tasks.prompt_char_limit``; None: no limit known)."""
+
+
+def measure_prompts(cfg: Config, train_examples: list, eval_examples: list) -> PromptLengths:
+    """Every train and eval prompt checked against the longest the model's context leaves beside
+    ``rollout.max_new_tokens``: a ValueError names the first that does not fit. Needs only the tokenizer and the
+    model's config, so it runs before any weights load."""
     tok, context = tokenizer_and_context(cfg.model)
     check_completion_fits(cfg.rollout.max_new_tokens, context)
     limit = None if context is None else context - cfg.rollout.max_new_tokens
-    encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
-    return limit
+    ids = encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
+    return PromptLengths(limit, min((len(i) for i in ids), default=1), len(tok), prompt_char_limit(tok, limit))
+
+
+def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
+    """``measure_prompts``'s check; returns the longest prompt the context leaves (None: no limit known)."""
+    return measure_prompts(cfg, train_examples, eval_examples).limit
+
+
+def check_model_folder(name: str) -> None:
+    """ValueError naming ``model.name`` when it names a folder on this machine that holds no model (a transformers
+    model folder has a config.json), a file, or a path that does not exist; a hub name is left to
+    ``policy.check_model_available`` (the local cache, then the hub)."""
+    if name == "tiny":
+        return
+    path = Path(name).expanduser()
+    where = f"model.name {name!r}" + (f" ({path.resolve()})" if str(path.resolve()) != name else "")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{where} is a folder without a model in it (no config.json); name a folder written by save_pretrained, "
+                'a hub name such as "Qwen/Qwen3-0.6B", or "tiny" (the offline preset)'
+            )
+    elif path.exists():
+        raise ValueError(f'{where} is a file; name a model folder (written by save_pretrained), a hub name, or "tiny"')
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, never a hub name
+        raise ValueError(f'{where}: no such folder; name a model folder, a hub name such as "Qwen/Qwen3-0.6B", or "tiny"')
+
+
+def check_prompts_per_step(cfg: Config, train_examples: list) -> None:
+    """ValueError unless a rollout batch's prompts are distinct prompts of the train split (more would repeat prompts
+    within a step, and 100 million of them exhaust memory before a message could say so)."""
+    if cfg.rollout.prompts_per_step > len(train_examples):
+        raise ValueError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(train_examples)} prompts of the train "
+            "split: each step would sample some prompts twice; lower it, or give more train data"
+        )
+
+
+def check_memory_fits(cfg: Config, lengths: PromptLengths, *, device: torch.device, world: int, with_ref: bool, resume: bool) -> None:
+    """The memory the settings need at the least (``memory.memory_needs``) against what the device has free now;
+    a ValueError names the setting that weighs most and its value. Nothing is checked for a model whose config
+    does not give its sizes."""
+    if cfg.model.name == "tiny":
+        shape = tiny_shape(cfg.model, lengths.vocab)
+    else:
+        from transformers import AutoConfig  # deferred: transformers loads only when a trainer is built
+
+        try:  # the config tokenizer_and_context just read: in the local folder or cache
+            shape = pretrained_shape(
+                AutoConfig.from_pretrained(cfg.model.name, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code)
+            )
+        except (OSError, ValueError):
+            shape = None
+    if shape is None:
+        return
+    needs = memory_needs(cfg, shape, shortest_prompt=lengths.shortest, with_ref=with_ref, world=world, resume=resume)
+    available, where = available_memory(device)
+    check_memory(needs, available, where, processes=world if device.type == "cpu" else 1)
 
 
 def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.dtype | None):
@@ -129,6 +201,8 @@ class Inputs:
     train_examples: list
     eval_examples: list
     max_prompt_tokens: int | None
+    sft_examples: list
+    """What the tiny preset's warm start trains on: the train examples, over-long prompts cut (``clip_long_prompts``)."""
 
 
 class Trainer:
@@ -151,15 +225,17 @@ class Trainer:
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
         try:
-            inputs = self.parallel.agree(lambda: self._check(cfg))  # refused on every process, reported once
+            inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
             self._setup(inputs, resume)
         except BaseException:
             self._close_rewards()
             self.lock.abandon()  # a refused config leaves no empty run folder behind
             raise
 
-    def _check(self, cfg: Config) -> Inputs:
-        """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths."""
+    def _check(self, cfg: Config, resume: bool) -> Inputs:
+        """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths,
+        memory."""
+        self._phase(1, "checking the config, the data and the prompts' lengths")
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = objective_spec(cfg)
@@ -180,6 +256,8 @@ class Trainer:
             max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
             memory_limit_mb=cfg.reward.memory_limit_mb,
         )
+        check_tiny_shape(cfg.model)
+        check_model_folder(cfg.model.name)
         check_model_available(cfg.model.name)
         if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
             check_vllm_available(self.device)
@@ -190,9 +268,13 @@ class Trainer:
         if shared and self.parallel.is_main:  # said once, even with --quiet
             print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
                   "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
+        check_prompts_per_step(cfg, train_examples)
         # lengths checked with the tokenizer alone: before any weights load or warm up
-        max_prompt_tokens = check_lengths(cfg, train_examples, eval_examples)
-        return Inputs(dtype, amp, train_examples, eval_examples, max_prompt_tokens)
+        lengths = measure_prompts(cfg, train_examples, eval_examples)
+        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
+        # the warm start reads raw prompts: with data.truncate_prompts, never more of one than the rollouts can keep
+        sft_examples = clip_long_prompts(train_examples, lengths.char_limit) if cfg.data.truncate_prompts else train_examples
+        return Inputs(dtype, amp, train_examples, eval_examples, lengths.limit, sft_examples)
 
     def _setup(self, inputs: Inputs, resume: bool) -> None:
         """The expensive part of construction: model, engine, stages (optimiser), checkpoint, logs."""
@@ -200,6 +282,7 @@ class Trainer:
 
         hf_logging.disable_progress_bar()
         cfg, run_dir = self.cfg, Path(self.cfg.run_dir)
+        self._phase(2, self._model_phase(resume))
         if self.parallel.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_run_file(run_dir / "config.toml", config_to_toml(cfg))  # on resume: with any --set train.steps
@@ -211,11 +294,17 @@ class Trainer:
             dtype=inputs.dtype,
             resume=resume,
             with_ref=self.spec.beta > 0,
-            train_examples=inputs.train_examples,
+            train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
             say=self._say,
         )
         self.parallel.shard(self.policy.model)  # FSDP2: the decoder layers are sharded, the rest stays whole
+        self._phase(
+            3,
+            "the rollout engine, the optimiser, "
+            + ("the checkpoint to resume from" if resume else "the step-0 checkpoint")
+            + " and the logs",
+        )
         engine = rollout_engine(cfg, self.policy, self.device, inputs.amp)
         self.old_logp_stage = OldLogpStage(
             self.policy.model,
@@ -289,6 +378,20 @@ class Trainer:
     def _say(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=sys.stderr, flush=True)
+
+    START_UP_PHASES = 3
+
+    def _phase(self, n: int, what: str) -> None:
+        """One line as each phase of the start-up begins (the training steps have their progress bar)."""
+        self._say(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
+
+    def _model_phase(self, resume: bool) -> str:
+        m = self.cfg.model
+        if m.name != "tiny":
+            return f"loading the model {m.name!r}"
+        if resume or m.sft_steps == 0:
+            return "building the tiny model" if not resume else "loading the tiny model of the run folder"
+        return f"building the tiny model and warming it up: {m.sft_steps} supervised steps of {m.sft_batch_size} prompts"
 
     # -- one step ------------------------------------------------------------------------------
 
