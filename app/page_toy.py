@@ -12,6 +12,7 @@ import streamlit as st
 from plotly.colors import qualitative
 
 from dfpo.app import data, jobs
+from dfpo.app.text import plotly_text
 
 PLOTS = [
     ("reward", "expected reward E[R]"),
@@ -150,7 +151,9 @@ for tab, (key, title) in zip(st.tabs([title for _, title in shown]), shown):
                     hoverinfo="skip",
                 )
             )
-            fig.add_trace(go.Scatter(x=x, y=mean, name=label, line=dict(color=colour, dash=["solid", "dash", "dot", "dashdot"][i % 4])))
+            fig.add_trace(
+                go.Scatter(x=x, y=mean, name=plotly_text(label), line=dict(color=colour, dash=["solid", "dash", "dot", "dashdot"][i % 4]))
+            )
         n_seeds = next(iter(results.values()))[key].shape[1]
         fig.update_layout(title=f"{title} (band: mean +- 1.96 s.e. over {n_seeds} seeds)", xaxis_title="step (rollout batch)", height=420)
         st.plotly_chart(fig, width="stretch")

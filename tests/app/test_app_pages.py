@@ -4,6 +4,7 @@ what it shows the way the maths says (Streamlit's AppTest, no browser)."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import random
 from pathlib import Path
@@ -17,6 +18,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dfpo.app import data  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
+from dfpo.app.text import markdown_text, plotly_text  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
 SMALL_TOY = data.ToySettings(steps=5, seeds=2)
@@ -409,9 +411,50 @@ def test_runs_page_says_when_an_added_folder_holds_no_run(tmp_path, monkeypatch)
     monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
     at = page("runs")
     at.text_input(key="runs_extra").set_value(str(tmp_path / "empty")).run()
-    assert any(w.value.startswith(f"No run folder in {tmp_path / 'empty'}") for w in at.warning)
+    assert any(w.value.startswith(f"No run folder in {markdown_text(tmp_path / 'empty')}") for w in at.warning)
     at.text_input(key="runs_extra").set_value(str(tmp_path / "missing")).run()
-    assert any(f"{tmp_path / 'missing'} is not a folder" in e.value for e in at.error)
+    assert any(f"{markdown_text(tmp_path / 'missing')} is not a folder" in e.value for e in at.error)
+
+
+IMAGE_NAME = "![x](http:/127.0.0.1:8600/pixel.png)"
+LINK_NAME = '<a href="http:/x">CLICK</a>'
+"""Run folder names (relative to their root, so each spans three folders) that are markup: an image
+request and a live link wherever they are rendered instead of shown."""
+
+
+def _markdown_bodies(at: AppTest) -> list[str]:
+    """The source of every element Streamlit renders as markdown."""
+    elements = [*at.markdown, *at.caption, *at.error, *at.warning, *at.info, *at.success, *at.subheader, *at.title]
+    return [e.value for e in elements] + [e.label for e in at.expander]
+
+
+def test_runs_page_shows_run_folder_names_as_text_never_as_markup(tmp_path, monkeypatch):
+    """Before the fix the samples heading rendered IMAGE_NAME as an image (a request to its URL) and the
+    legends rendered LINK_NAME as a live link."""
+    for name, lr in ((IMAGE_NAME, 1e-4), (LINK_NAME, 3e-4)):
+        _fake_run(tmp_path / name, lr, [0.1, 0.2, 0.3])
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    assert sorted(_options(at)) == sorted([IMAGE_NAME, LINK_NAME])  # widget options are plain text: shown as they are
+    bodies = _markdown_bodies(at)
+    for name in (IMAGE_NAME, LINK_NAME):
+        assert not any(name in body for body in bodies)
+        assert f"**{markdown_text(name)}**, step 2" in bodies  # the samples heading shows the name, escaped
+    charts = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    names = sorted(t["name"] for spec in charts for t in spec["data"] if "name" in t)
+    assert names and all("<" not in n and ">" not in n for n in names)
+    assert plotly_text(IMAGE_NAME) in names and plotly_text(LINK_NAME + " eval/avg@4") in names  # the eval legend too
+    assert html.unescape(plotly_text(LINK_NAME)) == LINK_NAME  # entities: Plotly shows the name as it is
+
+
+def test_runs_page_shows_a_metric_key_from_a_log_as_text(tmp_path, monkeypatch):
+    key = "<b>reward</b>"
+    _fake_run(tmp_path / "a", 1e-4, [0.1, 0.2], extra_lines=(json.dumps({"step": 3, key: 1.0}),))
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    at.multiselect(key="runs_metrics").set_value([key]).run()
+    titles = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")]
+    assert titles[0] == plotly_text(key)
 
 
 def test_runs_page_skips_lines_with_a_bad_step_instead_of_failing(tmp_path, monkeypatch):
