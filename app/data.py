@@ -36,20 +36,39 @@ DEFAULT_REWARDS = (0.0, 1.0, 1.0, 0.0)
 DEFAULT_LENGTHS = (5, 5, 5, 5)
 COMPONENTS = ("stopgrad", "aggregation", "length_aware", "eps_low", "eps_high")
 """The objective components the cancellation page lets a user change."""
+MAX_COMPLETIONS = 64
+"""Most completions (rewards) of the cancellation page's group."""
+MAX_LENGTH = 4096
+"""Longest completion of the cancellation page's group, in tokens: the group is a G x max-length table."""
+SEED_RANGE = (0, 2**16)
+"""Seeds the pages accept (both ends included)."""
 
 
 def parse_numbers(text: str, name: str, cast=float) -> list:
-    """'1, 0, 1' -> [1.0, 0.0, 1.0]; ValueError naming the field and the bad entry."""
+    """'1, 0, 1' -> [1.0, 0.0, 1.0]; ValueError naming the field and the bad entry (``cast=int``: whole numbers)."""
     out = []
     for item in filter(None, (x.strip() for x in text.replace(";", ",").split(","))):
         try:
             value = cast(item)
         except ValueError:
-            raise ValueError(f"{name}: {item!r} is not a number") from None
+            kind = "a whole number" if cast is int else "a number"
+            raise ValueError(f"{name}: {item!r} is not {kind}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name}: {item!r} is not a finite number")
         out.append(value)
     return out
+
+
+def whole_number(value, name: str, low: int, high: int) -> int:
+    """A number box's value as an int: ValueError naming it and its range when it is not a whole number in [low, high].
+
+    The boxes pass on whatever is typed (a browser rounds 2.5 to 2 in a box for whole numbers, and keeps a value
+    outside a box's own bounds from the page while showing it), so the page checks it here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {name}={value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {name}={value:g}")
+    return int(value)
 
 
 def components_of(objective: str) -> dict[str, object]:
@@ -70,10 +89,14 @@ def cancellation_case(
     """The shared-token breakdown of one hand-made group, or ValueError saying why nothing can move."""
     if len(rewards) < 2:
         raise ValueError(f"a group needs G >= 2 completions, got G={len(rewards)}: with one completion every advantage is 0")
+    if len(rewards) > MAX_COMPLETIONS:
+        raise ValueError(f"this page takes at most {MAX_COMPLETIONS} completions, got G={len(rewards)} rewards: give fewer")
     if len(lengths) != len(rewards):
         raise ValueError(f"give one length per completion: {len(rewards)} rewards but {len(lengths)} lengths")
     if min(lengths) <= PREFIX_LEN:
         raise ValueError(f"every length must exceed the {PREFIX_LEN} shared tokens, got lengths={lengths}")
+    if max(lengths) > MAX_LENGTH:
+        raise ValueError(f"every length must be at most {MAX_LENGTH} tokens on this page, got lengths={lengths}: give shorter ones")
     if len(set(rewards)) == 1:
         raise ValueError("all rewards are equal: every advantage is 0, so no objective moves anything (the group carries no signal)")
     group = make_shared_prefix_group(

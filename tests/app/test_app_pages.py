@@ -45,6 +45,67 @@ def test_entry_script_lists_the_five_pages_and_fetches_no_icon_from_the_web():
     assert 'page_icon=":material' not in text  # a material page icon is fetched from fonts.gstatic.com
 
 
+def app() -> AppTest:
+    """The whole explorer (its navigation), on its first page."""
+    at = AppTest.from_file(str(APP / "main.py"), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _leave_and_come_back(at: AppTest, page_file: str, elsewhere: str = "page_ledger.py") -> AppTest:
+    at.switch_page(elsewhere).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page(page_file).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+CANCEL_INPUTS = {  # every input of the page, each away from its default
+    ("selectbox", "objective"): "dfpo_min",
+    ("text_input", "rewards"): "1, 0, 0, 1, 0.5",
+    ("text_input", "lengths"): "4, 6, 9, 5, 7",
+    ("slider", "shared"): 0.25,
+    ("slider", "scale"): 0.5,
+    ("number_input", "seed"): 7,
+    ("selectbox", "stopgrad"): "score",
+    ("selectbox", "aggregation"): "token_mean",
+    ("checkbox", "length_aware"): True,
+    ("number_input", "eps_low"): 0.1,
+    ("number_input", "eps_high"): 0.3,
+}
+ATLAS_INPUTS = {
+    ("multiselect", "atlas_objectives"): ["grpo_fix", "gspo"],
+    ("number_input", "atlas_groups"): 2,
+    ("number_input", "atlas_seed"): 5,
+}
+
+
+def _set_all(at: AppTest, inputs: dict) -> None:
+    for (kind, key), value in inputs.items():  # one at a time, as a user does: the objective resets the components
+        getattr(at, kind)(key=key).set_value(value).run()
+        assert not at.exception, [e.value for e in at.exception]
+
+
+def _shown(at: AppTest, inputs: dict) -> dict:
+    return {(kind, key): getattr(at, kind)(key=key).value for kind, key in inputs}
+
+
+def test_every_input_of_the_cancellation_page_and_the_atlas_is_kept_when_the_user_comes_back():
+    """Before the fix leaving a page and coming back reset every input to its default."""
+    at = app()
+    _set_all(at, CANCEL_INPUTS)
+    residual = metric(at, "residual")
+    at.switch_page("page_atlas.py").run()
+    _set_all(at, ATLAS_INPUTS)
+    cells = at.dataframe[0].value
+    _leave_and_come_back(at, "page_cancel.py")
+    assert _shown(at, CANCEL_INPUTS) == CANCEL_INPUTS
+    assert metric(at, "residual") == residual
+    _leave_and_come_back(at, "page_atlas.py")
+    assert _shown(at, ATLAS_INPUTS) == ATLAS_INPUTS
+    assert at.dataframe[0].value.equals(cells)
+
+
 # ----------------------------------------------------------------------------- cancellation by hand
 
 
@@ -165,6 +226,47 @@ def test_cancellation_by_hand_explains_bad_input_without_a_traceback(field, valu
     at.text_input(key=field).set_value(value).run()
     assert not at.exception
     assert any(message in e.value for e in at.error)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("lengths", "1000000000000, 5, 5, 5", "every length must be at most 4096 tokens on this page, got lengths=[1000000000000, 5, 5, 5]: give shorter ones"),
+        ("lengths", "5, 5.5, 5, 5", "lengths: '5.5' is not a whole number"),
+        ("rewards", ", ".join(["0", "1"] * 40), "this page takes at most 64 completions, got G=80 rewards: give fewer"),
+    ],
+)  # fmt: skip
+def test_cancellation_by_hand_refuses_a_group_too_large_to_draw_in_one_sentence(field, value, message):
+    """Before the fix a length of 10^12 tokens asked torch for 32 TB and the page showed a RuntimeError traceback."""
+    at = page("cancel")
+    at.text_input(key=field).set_value(value).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [f"Nothing to show: {message}"]
+    assert not at.metric  # nothing computed from the earlier input is left on the page
+
+
+@pytest.mark.parametrize("value, shown", [(70000, "70000"), (2.5, "2.5"), (-1, "-1")])
+def test_cancellation_by_hand_a_seed_out_of_range_or_not_whole_shows_no_numbers(value, shown):
+    """Before the fix the browser held back a seed outside the box's bounds (drawn red) and rounded 2.5 to 2,
+    while the page went on showing the numbers of the old seed; now the box passes any value on and the page names it."""
+    at = page("cancel")
+    assert at.metric
+    at.number_input(key="seed").set_value(value).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Nothing to show: seed must be a whole number from 0 to 65536, got seed={shown}"]
+    assert not at.metric
+    assert at.number_input(key="seed").proto.has_min is False and at.number_input(key="seed").proto.has_max is False
+
+
+def test_atlas_a_seed_or_group_count_out_of_range_shows_no_table():
+    at = page("atlas")
+    at.number_input(key="atlas_seed").set_value(70000).run()
+    assert [e.value for e in at.error] == ["Nothing to show: seed must be a whole number from 0 to 65536, got seed=70000"]
+    assert not at.dataframe
+    at.number_input(key="atlas_seed").set_value(3).run()
+    at.number_input(key="atlas_groups").set_value(1.5).run()
+    assert [e.value for e in at.error] == ["Nothing to show: groups must be a whole number from 1 to 16, got groups=1.5"]
+    assert not at.dataframe
 
 
 def test_cancellation_by_hand_negative_eps_is_a_message():
