@@ -311,3 +311,30 @@ def ledger_records(*, fresh: bool = False) -> list[dict[str, str]]:
     records = [c.to_dict() for c in run_ledger()]
     cache.store("ledger", records)
     return records
+
+
+def claim_matches(claim: dict[str, str], text: str) -> bool:
+    """True when ``text`` (any case) is in the claim's id, source or statement; an empty text matches every claim."""
+    needle = text.strip().lower()
+    return needle in f"{claim['id']} {claim['source']} {claim['statement']}".lower()
+
+
+def filter_claims(claims: list[dict[str, str]], verdicts, methods, text: str) -> list[dict[str, str]]:
+    """The claims whose verdict is one of ``verdicts``, method one of ``methods``, and that mention ``text``."""
+    return [c for c in claims if c["verdict"] in verdicts and c["method"] in methods and claim_matches(c, text)]
+
+
+def no_claim_hint(claims: list[dict[str, str]], verdicts, methods, text: str) -> str:
+    """The sentence the ledger page shows when its filter keeps no claim: what to change to see some."""
+    if not verdicts or not methods:
+        missing = " and ".join(name for name, chosen in (("verdict", verdicts), ("method", methods)) if not chosen)
+        return f"No claim shown: choose at least one {missing}."
+    search = text.strip()
+    mentioning = [c for c in claims if claim_matches(c, search)]
+    if not mentioning:
+        return f"No claim mentions {search!r} in its id, source or statement: change or clear the search."
+    kinds = sorted({f"{c['verdict']} ({c['method']})" for c in mentioning})
+    return (
+        f"No claim with the chosen verdicts and methods mentions {search!r}; {len(mentioning)} with other verdicts or "
+        f"methods do: {', '.join(kinds)}. Add those, or clear the search."
+    )

@@ -310,6 +310,46 @@ def test_ledger_filters_by_verdict_expands_each_claim_and_wraps_statements():
     assert any(e.label.startswith("eq-55: fails") for e in at.expander)
 
 
+def _claims_line(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if "claims shown" in m.value]
+
+
+def test_ledger_a_filter_that_keeps_no_claim_says_what_to_change():
+    """Before the fix the page printed '**0 of 38 claims shown**: ' with nothing after it."""
+    claims = data.ledger_records()
+    holds = next(c for c in claims if c["verdict"] == "holds")
+    at = page("ledger")
+    at.text_input(key="ledger_search").set_value("no claim says this").run()
+    assert [w.value for w in at.warning] == [
+        markdown_text("No claim mentions 'no claim says this' in its id, source or statement: change or clear the search.")
+    ]
+    assert not _claims_line(at) and not at.dataframe and not at.expander
+    at.text_input(key="ledger_search").set_value(holds["id"]).run()
+    at.multiselect(key="ledger_verdicts").set_value(["fails"]).run()
+    (hint,) = [w.value for w in at.warning]
+    assert hint.startswith(markdown_text(f"No claim with the chosen verdicts and methods mentions {holds['id']!r}"))
+    assert markdown_text(f"holds ({holds['method']})") in hint and hint.endswith(markdown_text("Add those, or clear the search."))
+    at.multiselect(key="ledger_verdicts").set_value([]).run()
+    assert [w.value for w in at.warning] == [markdown_text("No claim shown: choose at least one verdict.")]
+    at.multiselect(key="ledger_verdicts").set_value(["holds"]).run()
+    assert not at.warning and _claims_line(at)[0].startswith("**1 of ")
+
+
+def test_ledger_filter_is_kept_when_the_user_comes_back():
+    fails = next(c for c in data.ledger_records() if c["verdict"] == "fails")
+    inputs = {
+        ("multiselect", "ledger_verdicts"): ["fails", "holds-under-conditions"],
+        ("multiselect", "ledger_methods"): [fails["method"]],
+        ("text_input", "ledger_search"): fails["id"],
+    }
+    at = app()
+    at.switch_page("page_ledger.py").run()
+    _set_all(at, inputs)
+    assert _claims_line(at)[0].startswith("**1 of ")
+    _leave_and_come_back(at, "page_ledger.py", elsewhere="page_cancel.py")
+    assert _shown(at, inputs) == inputs and _claims_line(at)[0].startswith("**1 of ")
+
+
 def test_ledger_is_stored_once_per_code_version_and_read_back(app_cache, monkeypatch):
     from dfpo.app import cache
 
