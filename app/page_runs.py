@@ -14,6 +14,8 @@ from dfpo.app.text import markdown_text, plotly_text
 
 COLOURS = qualitative.D3
 DASHES = ("solid", "dash", "dot", "dashdot")
+DEFAULT_METRICS = ("reward/mean", "clip/frac_high", "weights/asym")
+"""Charts drawn first: keys of dfpo.trainer.metric_registry that trainer and toy runs both log."""
 
 
 @st.cache_resource
@@ -87,7 +89,7 @@ if dropped:
     st.warning(f"{dropped} non-finite metric value(s) (NaN or infinite) left out of the curves.")
 
 keys = R.metric_keys(chosen)
-default = [k for k in ("reward/mean", "reward", "clip/frac_high", "weights/asym", "asym") if k in keys][:3] or keys[:1]
+default = [k for k in DEFAULT_METRICS if k in keys] or keys[:1]
 c1, c2 = st.columns([3, 1])
 metrics = c1.multiselect("Metrics", keys, default=default, key="runs_metrics")
 window = c2.slider(

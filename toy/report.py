@@ -29,6 +29,7 @@ import numpy as np
 from dfpo.files import read_utf8, write_text_atomic
 from dfpo.toy import stats
 from dfpo.toy.config import ToyConfig
+from dfpo.toy.metric_names import RENAMED
 from dfpo.trainer.loss import objective_from_label, unmatched_components
 from dfpo.trainer.metrics import jitter2, steps_to
 
@@ -385,7 +386,8 @@ def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
 
 
 def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
-    """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl."""
+    """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl (keys of
+    RENAMED under their new names)."""
     import math
 
     cells: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
@@ -395,7 +397,7 @@ def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
             by_key = cells.setdefault(rec.pop("objective"), {})
             seed, step = rec.pop("seed"), rec.pop("step")
             for key, value in rec.items():
-                by_key.setdefault(key, {})[(step - 1, seed)] = value
+                by_key.setdefault(RENAMED.get(key, key), {})[(step - 1, seed)] = value
     results = {}
     for name, by_key in cells.items():
         results[name] = {}

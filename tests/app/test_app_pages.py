@@ -623,6 +623,22 @@ def test_runs_page_shows_a_toy_run_folder_per_objective(tmp_path, monkeypatch):
     assert diff.iloc[0]["key"] == "objective"
 
 
+def test_runs_page_draws_toy_and_trainer_runs_in_the_same_default_charts(tmp_path, monkeypatch):
+    """Before the fix the toy logged reward and asym and the trainer reward/mean and weights/asym, so a toy run was
+    missing from the default charts whenever a trainer run was chosen beside it."""
+    from dfpo.cli import main
+
+    _fake_run(tmp_path / "runs" / "tiny", 1e-4, [0.1, 0.2, 0.3], extra_lines=(json.dumps({"step": 4, "weights/asym": 0.5}),))
+    out = tmp_path / "runs" / "toy"
+    assert main(["toy", "run", "--task", "tenplusten", "--objectives", "gspo", "--seeds", "2", "--steps", "3", "--no-plots", "--out", str(out)]) == 0  # fmt: skip
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = page("runs")
+    assert _options(at) == ["tiny", "toy: gspo"] and len(_chosen(at)) == 2
+    assert list(at.multiselect(key="runs_metrics").value) == ["reward/mean", "clip/frac_high", "weights/asym"]
+    for title in ("reward/mean", "clip/frac_high", "weights/asym"):
+        assert [t["name"] for t in _traces(at, title)] == ["tiny", "toy: gspo"], title
+
+
 def test_runs_page_without_runs_says_how_to_make_one(tmp_path, monkeypatch):
     monkeypatch.setenv(RUNS_ENV, str(tmp_path))
     at = page("runs")
