@@ -11,6 +11,7 @@ from plotly.colors import qualitative
 from dfpo.app import runs as R
 from dfpo.app.cli import RUNS_ENV
 from dfpo.app.text import markdown_text, plotly_text
+from dfpo.app.widgets import KEEP
 
 COLOURS = qualitative.D3
 DASHES = ("solid", "dash", "dot", "dashdot")
@@ -24,6 +25,14 @@ def registry() -> dict:
     return {}
 
 
+def keep_choices(key: str, options: list, default: list) -> None:
+    """The choices of multiselect ``key``: ``default`` at first, then what the user chose (kept across pages),
+    less any option that is gone (a run folder deleted, a metric no chosen run logs)."""
+    chosen = st.session_state.setdefault(key, default)
+    if any(c not in options for c in chosen):
+        st.session_state[key] = [c for c in chosen if c in options]
+
+
 def style(i: int) -> dict:
     """The i-th chosen run's line: its own colour (and a dash pattern once the colours run out)."""
     return dict(color=COLOURS[i % len(COLOURS)], dash=DASHES[(i // len(COLOURS)) % len(DASHES)])
@@ -35,6 +44,7 @@ extra_text = st.text_input(
     "Another folder to search for run folders",
     "",
     key="runs_extra",
+    persist_state=KEEP,
     help=f"an absolute path, ~/..., or a path relative to {markdown_text(os.getcwd())}",
 )
 extra = None
@@ -63,9 +73,8 @@ if not found:
     )
     st.stop()
 by_id = {r.id: r for r in found}
-chosen_ids = st.multiselect(
-    "Runs", list(by_id), default=list(by_id)[: min(2, len(by_id))], format_func=lambda i: by_id[i].name, key="runs_chosen"
-)
+keep_choices("runs_chosen", list(by_id), default=list(by_id)[:2])
+chosen_ids = st.multiselect("Runs", list(by_id), format_func=lambda i: by_id[i].name, key="runs_chosen", persist_state=KEEP)
 chosen, configs = [], []
 with st.spinner("Reading the logs (a large log is read once; later only what was appended) ..."):
     for run_id in chosen_ids:
@@ -89,11 +98,17 @@ if dropped:
     st.warning(f"{dropped} non-finite metric value(s) (NaN or infinite) left out of the curves.")
 
 keys = R.metric_keys(chosen)
-default = [k for k in DEFAULT_METRICS if k in keys] or keys[:1]
+keep_choices("runs_metrics", keys, default=[k for k in DEFAULT_METRICS if k in keys] or keys[:1])
 c1, c2 = st.columns([3, 1])
-metrics = c1.multiselect("Metrics", keys, default=default, key="runs_metrics")
+metrics = c1.multiselect("Metrics", keys, key="runs_metrics", persist_state=KEEP)
 window = c2.slider(
-    "Smoothing (steps)", 1, 100, 1, key="runs_smooth", help="trailing mean over this many logged steps; 1 draws the raw values"
+    "Smoothing (steps)",
+    1,
+    100,
+    1,
+    key="runs_smooth",
+    help="trailing mean over this many logged steps; 1 draws the raw values",
+    persist_state=KEEP,
 )
 for key in metrics:
     fig, thinned = go.Figure(), False

@@ -639,6 +639,34 @@ def test_runs_page_draws_toy_and_trainer_runs_in_the_same_default_charts(tmp_pat
         assert [t["name"] for t in _traces(at, title)] == ["tiny", "toy: gspo"], title
 
 
+def test_runs_page_inputs_are_kept_when_the_user_comes_back_and_a_run_deleted_meanwhile_is_dropped(tmp_path, monkeypatch):
+    import shutil
+
+    for name, lr in (("a", 1e-4), ("b", 2e-4), ("c", 3e-4)):
+        _fake_run(tmp_path / "runs" / name, lr, [0.1, 0.2, 0.3], extra_lines=(json.dumps({"step": 4, "loss/policy": 0.5}),))
+    _fake_run(tmp_path / "more" / "d", 4e-4, [0.3, 0.4])
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = app()
+    at.switch_page("page_runs.py").run()
+    ids = {name: str(tmp_path / root / name) for root, names in (("runs", "abc"), ("more", "d")) for name in names}
+    inputs = {  # every input away from its default (runs a, b; the three default metrics; no smoothing; no folder)
+        ("text_input", "runs_extra"): str(tmp_path / "more"),
+        ("multiselect", "runs_chosen"): [ids["c"], ids["d"]],
+        ("multiselect", "runs_metrics"): ["loss/policy"],
+        ("slider", "runs_smooth"): 3,
+    }
+    _set_all(at, inputs)
+    assert [t["name"] for t in _traces(at, "loss/policy") if "name" in t] == ["c"]  # and its faint raw curve
+    _leave_and_come_back(at, "page_runs.py")
+    assert _shown(at, inputs) == inputs
+    assert [t["name"] for t in _traces(at, "loss/policy") if "name" in t] == ["c"]  # and its faint raw curve
+    at.switch_page("page_ledger.py").run()
+    shutil.rmtree(tmp_path / "runs" / "c")
+    at.switch_page("page_runs.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert _chosen(at) == [ids["d"]] and list(at.multiselect(key="runs_metrics").value) == []  # d logs no loss/policy
+
+
 def test_runs_page_without_runs_says_how_to_make_one(tmp_path, monkeypatch):
     monkeypatch.setenv(RUNS_ENV, str(tmp_path))
     at = page("runs")
