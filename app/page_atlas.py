@@ -7,8 +7,7 @@ from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.trainer.loss import OBJECTIVES
 
-MAX_GROUPS = 16
-"""Most random groups per cell (each cell of every objective is computed live)."""
+MAX_GROUPS = 16  # most random groups per cell (each cell of every objective is computed live)
 
 
 @st.cache_data(show_spinner="Computing the atlas from policy_loss ...")

@@ -15,8 +15,7 @@ from dfpo.app.widgets import KEEP
 
 COLOURS = qualitative.D3
 DASHES = ("solid", "dash", "dot", "dashdot")
-DEFAULT_METRICS = ("reward/mean", "clip/frac_high", "weights/asym")
-"""Charts drawn first: keys of dfpo.trainer.metric_registry that trainer and toy runs both log."""
+DEFAULT_METRICS = ("reward/mean", "clip/frac_high", "weights/asym")  # drawn first: registry keys trainer and toy runs both log
 
 
 @st.cache_resource

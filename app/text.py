@@ -30,5 +30,6 @@ def markdown_text(text: object) -> str:
 
 
 def plotly_text(text: object) -> str:
-    """``text`` for a Plotly trace name, title or hover text: HTML special characters as entities."""
-    return html.escape(visible(text), quote=True)
+    """``text`` for a Plotly trace name, title or hover text: ``&``, ``<`` and ``>`` as entities, so no tag can
+    form (Plotly shows these entities as their characters, but not ``&quot;``: quotes stay as they are)."""
+    return html.escape(visible(text), quote=False)

@@ -3,6 +3,7 @@ what it shows the way the maths says (Streamlit's AppTest, no browser)."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import html
 import json
@@ -104,6 +105,28 @@ def test_every_input_of_the_cancellation_page_and_the_atlas_is_kept_when_the_use
     _leave_and_come_back(at, "page_atlas.py")
     assert _shown(at, ATLAS_INPUTS) == ATLAS_INPUTS
     assert at.dataframe[0].value.equals(cells)
+
+
+def _bare_strings(tree: ast.AST) -> list[str]:
+    """String expression statements that are not a docstring (the first statement of a module, class or function)."""
+    docstrings = {
+        id(node.body[0]) for node in ast.walk(tree) if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+    }
+    return [
+        node.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_no_page_holds_a_bare_string_that_streamlit_would_write_onto_it():
+    """Streamlit's magic writes every bare string of a page script onto the page: a constant's docstring there showed
+    'After a script run is interrupted, ...' above the toy lab's title."""
+    for script in [APP / "main.py", *sorted(APP.glob("page_*.py"))]:
+        assert _bare_strings(ast.parse(script.read_text())) == [], script.name
 
 
 # ----------------------------------------------------------------------------- cancellation by hand

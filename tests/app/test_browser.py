@@ -31,6 +31,10 @@ pytestmark = [
     pytest.mark.slow,  # starts a server and a browser; the toy page trains for tens of seconds
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+IMAGE_NAME = "![x](http:/127.0.0.1:8600/pixel.png)"
+LINK_NAME = '<a href="http:/x">CLICK</a>'
+"""Run folder names (each spans three folders) that are markup: an image request (to this machine, so the check
+for requests leaving it would not see it) and a live link, wherever they are rendered instead of shown."""
 
 
 def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
@@ -51,6 +55,8 @@ def app(tmp_path_factory):
     _fake_run(home / "runs" / "tiny-gspo", 3e-4, [0.3 + 0.03 * i for i in range(10)])
     _fake_run(home / "runs" / "tiny-dfpo_min", 1e-4, [0.3 + 0.025 * i for i in range(10)])
     _fake_run(home / "more" / "tiny-grpo", 1e-4, [0.2 + 0.04 * i for i in range(10)])
+    _fake_run(home / "odd" / IMAGE_NAME, 2e-4, [0.1 + 0.05 * i for i in range(10)])
+    _fake_run(home / "odd" / LINK_NAME, 3e-4, [0.1 + 0.04 * i for i in range(10)])
     with shots.running_app([Path("runs")], cache=home / "cache", cwd=home) as (url, proc):
         yield url, proc.pid, tmp_path_factory.mktemp("screenshots")
 
@@ -190,6 +196,32 @@ def test_ledger_page(app, context):
     page.get_by_text("eq-55: fails").first.click()  # a rerun can briefly leave the old element beside the new
     page.locator("strong:has-text('Evidence'):visible").first.wait_for(timeout=30_000)  # the opened record, not a collapsed one
     shots.shot(page, out, "4-ledger")
+    page.close()
+
+
+def test_runs_page_shows_run_folder_names_as_text(app, context):
+    """Before the fix a run folder named like a markdown image made the browser request the image, and one named
+    like an HTML link became a live link in the eval legend."""
+    url, _, _ = app
+    fetched: list[str] = []
+    context.on("request", lambda request: fetched.append(request.url) if "pixel" in request.url else None)
+    page = shots.open_page(context, f"{url}/runs", "Resolved config")
+    shots.type_into(page, "Another folder to search for run folders", "odd")
+    page.get_by_text("odd (2)").first.wait_for(timeout=30_000)
+    runs = page.locator('[data-testid="stMultiSelect"]').first
+    for name in (IMAGE_NAME, LINK_NAME):
+        runs.click()
+        page.get_by_role("option", name=name, exact=True).click()
+        shots.settle(page)
+    page.keyboard.press("Escape")
+    page.get_by_text("Sample completions").wait_for(timeout=30_000)
+    shots.settle(page)
+    main = page.locator('[data-testid="stMain"]')
+    assert main.locator("img").count() == 0 and main.locator("a[href*='http:']").count() == 0
+    assert main.get_by_text(IMAGE_NAME + ", step 10", exact=True).count() == 1  # the samples heading, as text
+    legends = page.locator(".legendtext").evaluate_all("texts => texts.map(t => t.textContent)")  # SVG text
+    assert f"{LINK_NAME} eval/avg@4" in legends and IMAGE_NAME in legends  # Plotly shows the names as they are
+    assert fetched == []
     page.close()
 
 
