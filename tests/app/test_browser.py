@@ -135,6 +135,32 @@ def test_cancellation_page_switches_objectives_and_draws_a_seed(app, context):
     page.close()
 
 
+def test_cancellation_page_refuses_a_seed_out_of_range_and_keeps_its_inputs_across_pages(app, context):
+    """Before the fix the browser held back seed 70000 (the box drawn red) while the page kept showing the old seed's
+    numbers, and leaving the page reset every input."""
+    url, _, _ = app
+    page = shots.open_page(context, url, "does not cancel")
+    shots.type_into(page, "seed of the other tokens' ratios", "70000")
+    page.get_by_text("seed must be a whole number from 0 to 65536, got seed=70000").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert page.locator('[data-testid="stMetric"]').count() == 0  # no number of the old seed left
+    shots.type_into(page, "seed of the other tokens' ratios", "2.5")
+    page.get_by_text("seed must be a whole number from 0 to 65536, got seed=2.5").wait_for(timeout=30_000)
+    shots.type_into(page, "seed of the other tokens' ratios", "3")
+    shots.type_into(page, "Rewards, one per completion", "1, 0, 0, 1")
+    page.get_by_text("verdict").first.wait_for(timeout=30_000)
+    _choose(page, "Objective", "grpo_fix")
+    page.get_by_text("Components (the grpo_fix preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    page.get_by_role("link", name="Claims ledger").click()
+    page.get_by_text("claims shown").first.wait_for(timeout=300_000)
+    page.get_by_role("link", name="Cancellation by hand").click()
+    page.get_by_text("Components (the grpo_fix preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert _value(page, "seed of the other tokens' ratios") == "3" and _value(page, "Rewards, one per completion") == "1, 0, 0, 1"
+    page.close()
+
+
 def test_atlas_page(app, context):
     url, _, out = app
     page = shots.open_page(context, f"{url}/atlas", "cells cancel")
