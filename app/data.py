@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dfpo.app import cache
+from dfpo.app import cache, jobs
 from dfpo.toy import train as toy_train
 from dfpo.toy.cli import toy_threads
 from dfpo.toy.config import ToyConfig
 from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
+from dfpo.toy.tasks import count_completions, enumerate_completions
 from dfpo.trainer.loss import OBJECTIVES
 from dfpo.trainer.loss.cancellation import (  # noqa: F401  the atlas lives with the core
     ATLAS_COLUMNS,
@@ -219,18 +220,50 @@ class ToyResult:
 def run_toy(settings: ToySettings, tick=None) -> ToyResult:
     """Train the toy for each label. ``tick(label, done, total)`` is called before each label and after
     each of its training steps, ``done`` counting steps over all labels; it may raise to stop the run
-    there (the page's Stop)."""
+    there (the page's Stop). A ``jobs.Cancelled`` it raises leaves with the result of the steps that
+    finished as its ``partial`` (``partial_toy_result``)."""
     config = settings.config()
-    first = {label: i * settings.steps for i, label in enumerate(settings.labels)}  # steps done before each label
-    hooks = {}
-    if tick is not None:
-        hooks["progress"] = lambda label: tick(label, first[label], settings.total_steps)
-        hooks["on_step"] = lambda label, step: tick(label, first[label] + step + 1, settings.total_steps)
+    task, _ = toy_train.validate(config)  # every option checked before any compute
+    enum = enumerate_completions(task, limit=config.exact_limit) if count_completions(task) <= config.exact_limit else None
+    total = settings.total_steps
     torch.set_num_threads(toy_threads(settings.mode))
-    _, results = toy_train.run(config, **hooks)
+    finished: dict[str, list[dict]] = {}  # label -> the metrics of each step it finished
+    results = {}
+    try:
+        for i, label in enumerate(settings.labels):
+            first = i * settings.steps  # steps done before this label
+            if tick is not None:
+                tick(label, first, total)
+            rows = finished[label] = []
+
+            def on_step(step: int, row: dict, label=label, rows=rows, first=first) -> None:
+                rows.append(row)
+                if tick is not None:
+                    tick(label, first + step + 1, total)
+
+            results[label] = toy_train.train_objective(task, label, config, enum=enum, callback=on_step)
+    except jobs.Cancelled as stop:
+        stop.partial = partial_toy_result(settings, finished)
+        raise
     res = to_numpy(results)
     summary = summarise(res, config.kappa)
     return ToyResult(res, "\n".join([summary_table(summary), "", *prediction_checks(summary, config)]))
+
+
+def partial_toy_result(settings: ToySettings, finished: dict[str, list[dict]]) -> ToyResult | None:
+    """The result of a run stopped early, from the metrics of each step that finished ({label: [step rows]}):
+    its curves and each objective's summary over the steps it ran (None when no step finished). The paper's
+    predictions compare objectives over the same steps, so they wait for a finished run."""
+    ran = {label: rows for label, rows in finished.items() if rows}
+    if not ran:
+        return None
+    curves = to_numpy({label: {key: torch.stack([row[key] for row in rows]) for key in rows[0]} for label, rows in ran.items()})
+    steps = ", ".join(f"{label} {len(rows)} of {settings.steps} steps" for label, rows in ran.items())
+    note = (
+        f"Stopped early: {steps}. Each objective's summary is over the steps it ran; the paper's predictions are "
+        "checked once a run finishes (they compare objectives over the same steps)."
+    )
+    return ToyResult(curves, "\n".join([note, "", summary_table(summarise(curves, settings.config().kappa))]))
 
 
 def toy_failure(err: BaseException, settings: ToySettings, label: str, done: int) -> str:

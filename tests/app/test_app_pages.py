@@ -459,6 +459,100 @@ def test_toy_lab_bad_label_is_a_message(small_toy):
     assert not at.exception and any("unknown objective='nope'" in e.value for e in at.error)
 
 
+def _no_training(*args, **kwargs):
+    raise AssertionError("trained despite a bad input")  # an Exception: the job fails and the page shows it
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("toy_steps", 2.5, "the number of steps must be a whole number, got steps=2.5"),
+        ("toy_G", 4.5, "the group size G must be a whole number, got group_size=4.5"),
+        ("toy_seeds", 1.5, "the number of seeds must be a whole number, got seeds=1.5"),
+    ],
+)
+def test_toy_lab_a_fraction_where_a_whole_number_belongs_is_refused(small_toy, monkeypatch, key, value, message):
+    """Before the fix the box rounded steps 2.5 down to 2 in the browser and the page trained 2 steps."""
+    at = page("toy")
+    monkeypatch.setattr(data, "run_toy", _no_training)
+    at.number_input(key=key).set_value(value)
+    at.button[0].click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Cannot run this configuration: {message}"]
+    assert not at.tabs and not _tables(at)
+
+
+TOY_INPUTS = {  # every input of the form, each away from its default
+    ("selectbox", "toy_task"): "tenplusten",
+    ("selectbox", "toy_mode"): "exact",
+    ("selectbox", "toy_optimizer"): "adam",
+    ("number_input", "toy_lr"): 0.05,
+    ("text_input", "toy_labels"): "gspo_noclip,dfpo_min:stopgrad=score",
+    ("number_input", "toy_G"): 4,
+    ("number_input", "toy_K"): 2,
+    ("number_input", "toy_steps"): 3,
+    ("number_input", "toy_seeds"): 1,
+}
+
+
+def test_toy_lab_inputs_and_result_are_kept_when_the_user_comes_back(small_toy):
+    """Before the fix leaving the page and coming back reset the form to the default comparison."""
+    at = app()
+    at.switch_page("page_toy.py").run()
+    for (kind, key), value in TOY_INPUTS.items():  # a form: nothing runs until Run
+        getattr(at, kind)(key=key).set_value(value)
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    summary = _tables(at)[0]
+    assert summary.startswith("| metric | gspo_noclip | dfpo_min:stopgrad=score |")
+    _leave_and_come_back(at, "page_toy.py")
+    assert _shown(at, TOY_INPUTS) == TOY_INPUTS
+    assert _tables(at)[0] == summary
+
+
+def _stop_like_streamlit_after(steps: int, monkeypatch) -> None:
+    """Streamlit's own Stop (top right) while the page polls a run: the script run is stopped at its next
+    Streamlit call, which raises StopException in the script's thread; here the page's poll raises it."""
+    from streamlit.runtime.scriptrunner import StopException
+
+    from dfpo.app import jobs
+
+    poll = jobs.Job.poll
+
+    def poll_then_stop(self, watcher):
+        p = poll(self, watcher)
+        if p.done >= steps:
+            raise StopException()
+        return p
+
+    monkeypatch.setattr(jobs.Job, "poll", poll_then_stop)
+
+
+def test_toy_lab_streamlits_own_stop_ends_the_run_and_shows_what_finished(monkeypatch, tmp_path):
+    """Before the fix Streamlit's Stop left the page frozen mid-run (its progress bar and the page's Stop still shown)
+    while training went on for 5 s, and the steps that had finished were never shown."""
+    long = data.ToySettings(steps=2000, seeds=2)
+    monkeypatch.setattr(data, "TOY_DEFAULT", long)
+    monkeypatch.setenv("DFPO_APP_CACHE", str(tmp_path))  # no stored default comparison: the page trains
+    st.cache_resource.clear()
+    _stop_like_streamlit_after(3, monkeypatch)
+    at = AppTest.from_file(str(APP / "page_toy.py"), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Button" not in _kinds(at) and not at.get("progress")  # the page's Stop and the progress bar are gone
+    (notice,) = [i.value for i in at.info]
+    done = int(notice.split("Stopped after ")[1].split(" ")[0])
+    assert (
+        3 <= done < long.steps
+        and notice == f"Stopped after {done} of 8000 steps: below, what those steps show. Press Run to start it again."
+    )
+    assert at.tabs and _tables(at)[0].startswith("| metric | gspo |\n")  # the summary of the steps that finished
+    assert any(m.value.startswith(f"Stopped early: gspo {done} of 2000 steps.") for m in at.markdown)
+    monkeypatch.setattr(data, "run_toy", lambda *a, **k: pytest.fail("trained again without Run"))
+    at.run()  # a later run of the page shows the stopped run again
+    assert not at.exception and [i.value for i in at.info] == [notice] and at.tabs
+    st.cache_resource.clear()
+
+
 def test_toy_lab_training_error_is_a_sentence_and_the_progress_bar_goes(small_toy, monkeypatch, tmp_path):
     monkeypatch.setenv("DFPO_APP_CACHE", str(tmp_path))  # no stored default comparison: the page trains
 

@@ -188,14 +188,22 @@ def test_toy_page_both_stops_end_the_computation_and_a_bad_input_is_named(app, c
     page = shots.open_page(context, f"{url}/toy", "Toy lab")
     page.get_by_text(running).first.wait_for(timeout=120_000)  # the default comparison runs, with a progress bar
     page.get_by_test_id("stBaseButton-header").get_by_text("Stop").click()  # Streamlit's own Stop, top right
-    idle = _seconds_until_idle(pid)  # nobody polls the run any more: it cancels itself after a 5 s grace
-    assert idle < 15, "the server kept computing after Streamlit's Stop"  # before: 11 more minutes of CPU
+    # before: the page froze mid-run (its bar and its Stop still shown) and the run went on for a 5 s grace
+    page.get_by_text(re.compile(r"Stopped after \d+ of 600 steps: below, what those steps show")).wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stProgress"]').count() == 0
+    assert page.get_by_test_id("stButton").get_by_role("button", name="Stop").count() == 0
+    page.get_by_role("tab", name="expected reward E[R]").wait_for(timeout=30_000)  # the steps that finished
+    idle = _seconds_until_idle(pid)
+    assert idle < 5, "the server kept computing after Streamlit's Stop"  # before the grace: 11 more minutes of CPU
 
+    shots.type_into(page, "steps", "2.5")  # before: the box rounded it to 2 and the page trained 2 steps
+    page.get_by_text("the number of steps must be a whole number, got steps=2.5").wait_for(timeout=30_000)
     page.get_by_label("steps", exact=True).fill("2000")
     shots.type_into(page, "seeds", "2")
     page.get_by_text(re.compile(r"training \S+: \d+ of 8000 steps")).first.wait_for(timeout=120_000)
     page.get_by_test_id("stButton").get_by_role("button", name="Stop").click()  # the page's Stop button
-    page.get_by_text(re.compile(r"Stopped after \d+ of 8000 steps")).wait_for(timeout=30_000)
+    page.get_by_text(re.compile(r"Stopped after \d+ of 8000 steps: below, what those steps show")).wait_for(timeout=30_000)
+    page.get_by_role("tab", name="expected reward E[R]").wait_for(timeout=30_000)
     idle = _seconds_until_idle(pid)
     assert idle < 5, "the server kept computing after the page's Stop"
 
