@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dfpo.app import cache
+from dfpo.app import cache, jobs
 from dfpo.toy import train as toy_train
 from dfpo.toy.cli import toy_threads
 from dfpo.toy.config import ToyConfig
 from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
+from dfpo.toy.tasks import count_completions, enumerate_completions
 from dfpo.trainer.loss import OBJECTIVES
 from dfpo.trainer.loss.cancellation import (  # noqa: F401  the atlas lives with the core
     ATLAS_COLUMNS,
@@ -36,20 +37,39 @@ DEFAULT_REWARDS = (0.0, 1.0, 1.0, 0.0)
 DEFAULT_LENGTHS = (5, 5, 5, 5)
 COMPONENTS = ("stopgrad", "aggregation", "length_aware", "eps_low", "eps_high")
 """The objective components the cancellation page lets a user change."""
+MAX_COMPLETIONS = 64
+"""Most completions (rewards) of the cancellation page's group."""
+MAX_LENGTH = 4096
+"""Longest completion of the cancellation page's group, in tokens: the group is a G x max-length table."""
+SEED_RANGE = (0, 2**16)
+"""Seeds the pages accept (both ends included)."""
 
 
 def parse_numbers(text: str, name: str, cast=float) -> list:
-    """'1, 0, 1' -> [1.0, 0.0, 1.0]; ValueError naming the field and the bad entry."""
+    """'1, 0, 1' -> [1.0, 0.0, 1.0]; ValueError naming the field and the bad entry (``cast=int``: whole numbers)."""
     out = []
     for item in filter(None, (x.strip() for x in text.replace(";", ",").split(","))):
         try:
             value = cast(item)
         except ValueError:
-            raise ValueError(f"{name}: {item!r} is not a number") from None
+            kind = "a whole number" if cast is int else "a number"
+            raise ValueError(f"{name}: {item!r} is not {kind}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{name}: {item!r} is not a finite number")
         out.append(value)
     return out
+
+
+def whole_number(value, name: str, low: int, high: int) -> int:
+    """A number box's value as an int: ValueError naming it and its range when it is not a whole number in [low, high].
+
+    The boxes pass on whatever is typed (a browser rounds 2.5 to 2 in a box for whole numbers, and keeps a value
+    outside a box's own bounds from the page while showing it), so the page checks it here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {name}={value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}, got {name}={value:g}")
+    return int(value)
 
 
 def components_of(objective: str) -> dict[str, object]:
@@ -70,10 +90,14 @@ def cancellation_case(
     """The shared-token breakdown of one hand-made group, or ValueError saying why nothing can move."""
     if len(rewards) < 2:
         raise ValueError(f"a group needs G >= 2 completions, got G={len(rewards)}: with one completion every advantage is 0")
+    if len(rewards) > MAX_COMPLETIONS:
+        raise ValueError(f"this page takes at most {MAX_COMPLETIONS} completions, got G={len(rewards)} rewards: give fewer")
     if len(lengths) != len(rewards):
         raise ValueError(f"give one length per completion: {len(rewards)} rewards but {len(lengths)} lengths")
     if min(lengths) <= PREFIX_LEN:
         raise ValueError(f"every length must exceed the {PREFIX_LEN} shared tokens, got lengths={lengths}")
+    if max(lengths) > MAX_LENGTH:
+        raise ValueError(f"every length must be at most {MAX_LENGTH} tokens on this page, got lengths={lengths}: give shorter ones")
     if len(set(rewards)) == 1:
         raise ValueError("all rewards are equal: every advantage is 0, so no objective moves anything (the group carries no signal)")
     group = make_shared_prefix_group(
@@ -196,18 +220,50 @@ class ToyResult:
 def run_toy(settings: ToySettings, tick=None) -> ToyResult:
     """Train the toy for each label. ``tick(label, done, total)`` is called before each label and after
     each of its training steps, ``done`` counting steps over all labels; it may raise to stop the run
-    there (the page's Stop)."""
+    there (the page's Stop). A ``jobs.Cancelled`` it raises leaves with the result of the steps that
+    finished as its ``partial`` (``partial_toy_result``)."""
     config = settings.config()
-    first = {label: i * settings.steps for i, label in enumerate(settings.labels)}  # steps done before each label
-    hooks = {}
-    if tick is not None:
-        hooks["progress"] = lambda label: tick(label, first[label], settings.total_steps)
-        hooks["on_step"] = lambda label, step: tick(label, first[label] + step + 1, settings.total_steps)
+    task, _ = toy_train.validate(config)  # every option checked before any compute
+    enum = enumerate_completions(task, limit=config.exact_limit) if count_completions(task) <= config.exact_limit else None
+    total = settings.total_steps
     torch.set_num_threads(toy_threads(settings.mode))
-    _, results = toy_train.run(config, **hooks)
+    finished: dict[str, list[dict]] = {}  # label -> the metrics of each step it finished
+    results = {}
+    try:
+        for i, label in enumerate(settings.labels):
+            first = i * settings.steps  # steps done before this label
+            if tick is not None:
+                tick(label, first, total)
+            rows = finished[label] = []
+
+            def on_step(step: int, row: dict, label=label, rows=rows, first=first) -> None:
+                rows.append(row)
+                if tick is not None:
+                    tick(label, first + step + 1, total)
+
+            results[label] = toy_train.train_objective(task, label, config, enum=enum, callback=on_step)
+    except jobs.Cancelled as stop:
+        stop.partial = partial_toy_result(settings, finished)
+        raise
     res = to_numpy(results)
     summary = summarise(res, config.kappa)
     return ToyResult(res, "\n".join([summary_table(summary), "", *prediction_checks(summary, config)]))
+
+
+def partial_toy_result(settings: ToySettings, finished: dict[str, list[dict]]) -> ToyResult | None:
+    """The result of a run stopped early, from the metrics of each step that finished ({label: [step rows]}):
+    its curves and each objective's summary over the steps it ran (None when no step finished). The paper's
+    predictions compare objectives over the same steps, so they wait for a finished run."""
+    ran = {label: rows for label, rows in finished.items() if rows}
+    if not ran:
+        return None
+    curves = to_numpy({label: {key: torch.stack([row[key] for row in rows]) for key in rows[0]} for label, rows in ran.items()})
+    steps = ", ".join(f"{label} {len(rows)} of {settings.steps} steps" for label, rows in ran.items())
+    note = (
+        f"Stopped early: {steps}. Each objective's summary is over the steps it ran; the paper's predictions are "
+        "checked once a run finishes (they compare objectives over the same steps)."
+    )
+    return ToyResult(curves, "\n".join([note, "", summary_table(summarise(curves, settings.config().kappa))]))
 
 
 def toy_failure(err: BaseException, settings: ToySettings, label: str, done: int) -> str:
@@ -288,3 +344,30 @@ def ledger_records(*, fresh: bool = False) -> list[dict[str, str]]:
     records = [c.to_dict() for c in run_ledger()]
     cache.store("ledger", records)
     return records
+
+
+def claim_matches(claim: dict[str, str], text: str) -> bool:
+    """True when ``text`` (any case) is in the claim's id, source or statement; an empty text matches every claim."""
+    needle = text.strip().lower()
+    return needle in f"{claim['id']} {claim['source']} {claim['statement']}".lower()
+
+
+def filter_claims(claims: list[dict[str, str]], verdicts, methods, text: str) -> list[dict[str, str]]:
+    """The claims whose verdict is one of ``verdicts``, method one of ``methods``, and that mention ``text``."""
+    return [c for c in claims if c["verdict"] in verdicts and c["method"] in methods and claim_matches(c, text)]
+
+
+def no_claim_hint(claims: list[dict[str, str]], verdicts, methods, text: str) -> str:
+    """The sentence the ledger page shows when its filter keeps no claim: what to change to see some."""
+    if not verdicts or not methods:
+        missing = " and ".join(name for name, chosen in (("verdict", verdicts), ("method", methods)) if not chosen)
+        return f"No claim shown: choose at least one {missing}."
+    search = text.strip()
+    mentioning = [c for c in claims if claim_matches(c, search)]
+    if not mentioning:
+        return f"No claim mentions {search!r} in its id, source or statement: change or clear the search."
+    kinds = sorted({f"{c['verdict']} ({c['method']})" for c in mentioning})
+    return (
+        f"No claim with the chosen verdicts and methods mentions {search!r}; {len(mentioning)} with other verdicts or "
+        f"methods do: {', '.join(kinds)}. Add those, or clear the search."
+    )

@@ -2,13 +2,16 @@
 
 A ``Job`` runs ``work(tick)`` in a daemon thread; ``work`` calls ``tick(label, done, total)`` after
 every unit of work (a training step of the toy), and ``tick`` raises ``Cancelled`` once the job is
-cancelled, so the thread stops within one unit and its CPU use with it.
+cancelled, so the thread stops within one unit and its CPU use with it. ``work`` may attach what it
+finished to that exception as ``partial`` on its way out: a cancelled job keeps it as its result.
 
 Pages watch jobs through a ``JobBoard`` shared by every browser session of the server: a session
 ``watch``es the job of its settings (starting it if needed) and polls it for progress. A job is
 cancelled when the last session watching it lets go (``release``: the Stop button, or the session
-chose other settings) or when no session has polled it for ``grace`` seconds (Streamlit's own Stop,
-a closed tab). No Streamlit here: tests drive jobs directly.
+chose other settings) or when no session has polled it for ``grace`` seconds (a closed tab). A
+session whose script run was interrupted (Streamlit's own Stop, or a rerun that replaces it)
+``let_go``es with a short delay instead: a rerun polls again within it and the job goes on, after
+Streamlit's Stop nobody does and the job is cancelled. No Streamlit here: tests drive jobs directly.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 
 
 class Cancelled(Exception):
-    """Raised inside a job's thread by ``tick`` once the job is cancelled."""
+    """Raised inside a job's thread by ``tick`` once the job is cancelled; ``partial`` is what the work
+    finished, when it says (the job's result once cancelled)."""
+
+    partial: object = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ class Job:
         self._work, self._clock, self.grace = work, clock, grace
         self._cancel = threading.Event()
         self._lock = threading.Lock()
-        self._watchers: dict[Hashable, float] = {}
+        self._watchers: dict[Hashable, float] = {}  # watcher -> when it counts as gone unless it polls again
         self._progress = Progress(RUNNING, 0, total, "starting")
         self.thread = threading.Thread(target=self._main, daemon=True, name="dfpo-app-job")
 
@@ -63,7 +69,7 @@ class Job:
         with self._lock:
             self._progress = Progress(RUNNING, done, total, label)
             now = self._clock()
-            stale = self._watchers and all(now - seen > self.grace for seen in self._watchers.values())
+            stale = self._watchers and all(now > gone for gone in self._watchers.values())
         if stale:
             self._cancel.set()
         if self._cancel.is_set():
@@ -72,8 +78,8 @@ class Job:
     def _main(self) -> None:
         try:
             result = self._work(self._tick)
-        except Cancelled:
-            self._finish(CANCELLED)
+        except Cancelled as stop:
+            self._finish(CANCELLED, result=stop.partial)
         except Exception as err:  # shown to the user by the page
             self._finish(FAILED, error=err)
         else:
@@ -87,8 +93,19 @@ class Job:
     def poll(self, watcher: Hashable) -> Progress:
         """The job's progress; ``watcher`` is marked as having looked now."""
         with self._lock:
-            self._watchers[watcher] = self._clock()
+            self._watchers[watcher] = self._clock() + self.grace
             return self._progress
+
+    def let_go(self, watcher: Hashable, within: float) -> None:
+        """``watcher`` counts as gone unless it polls again within ``within`` seconds (its script run was interrupted)."""
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers[watcher] = min(self._watchers[watcher], self._clock() + within)
+
+    def wait(self, timeout: float) -> Progress:
+        """The progress once the job has ended, or after ``timeout`` seconds if it has not."""
+        self.thread.join(timeout)
+        return self.progress
 
     def release(self, watcher: Hashable) -> None:
         """``watcher`` stops watching; the job is cancelled when nobody watches it any more."""

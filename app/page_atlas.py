@@ -4,7 +4,10 @@ import pandas as pd
 import streamlit as st
 
 from dfpo.app import data
+from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.trainer.loss import OBJECTIVES
+
+MAX_GROUPS = 16  # most random groups per cell (each cell of every objective is computed live)
 
 
 @st.cache_data(show_spinner="Computing the atlas from policy_loss ...")
@@ -20,13 +23,20 @@ st.caption(
     "1 (inside every clip range) or e^0.5 (outside every token clip range). Every objective of `OBJECTIVES` appears here."
 )
 c1, c2, c3 = st.columns([3, 1, 1])
-chosen = c1.multiselect("Objectives", list(OBJECTIVES), default=list(OBJECTIVES), key="atlas_objectives")
-groups = c2.number_input("random groups per cell", 1, 16, 4, key="atlas_groups")
-seed = c3.number_input("seed", 0, 2**16, 0, key="atlas_seed")
+chosen = c1.multiselect("Objectives", list(OBJECTIVES), default=list(OBJECTIVES), key="atlas_objectives", persist_state=KEEP)
+groups = whole_number_input(c2, "random groups per cell", key="atlas_groups", default=4, help=f"a whole number from 1 to {MAX_GROUPS}")
+low, high = data.SEED_RANGE
+seed = whole_number_input(c3, "seed", key="atlas_seed", default=0, help=f"a whole number from {low} to {high}")
+try:
+    groups = data.whole_number(groups, "groups", 1, MAX_GROUPS)
+    seed = data.whole_number(seed, "seed", low, high)
+except ValueError as err:
+    st.error(f"Nothing to show: {err}")
+    st.stop()
 if not chosen:
     st.info("Pick at least one objective.")
     st.stop()
-columns, rows = atlas_table(int(groups), int(seed))
+columns, rows = atlas_table(groups, seed)
 frame = pd.DataFrame([r for r in rows if r["objective"] in chosen])
 
 

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dfpo.app import data
+from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.trainer.loss import AGGREGATIONS, OBJECTIVES
 
 st.title("Cancellation by hand")
@@ -23,34 +24,46 @@ def use_preset_components() -> None:
 
 
 def draw_random_seed() -> None:
-    st.session_state.seed = random.randrange(2**16)
+    st.session_state.seed = float(random.randrange(data.SEED_RANGE[1]))
 
 
 # The widgets below take their values from the session state: GSPO and its own components at first.
 st.session_state.setdefault("objective", "gspo")
-st.session_state.setdefault("seed", 0)
 for name, value in data.components_of(st.session_state.objective).items():
     st.session_state.setdefault(name, value)
 
 left, right = st.columns([1, 2], gap="large")
 with left:
-    objective = st.selectbox("Objective", list(OBJECTIVES), key="objective", on_change=use_preset_components)
-    rewards_text = st.text_input("Rewards, one per completion", ", ".join(f"{r:g}" for r in data.DEFAULT_REWARDS), key="rewards")
-    lengths_text = st.text_input("Lengths (tokens, > 3 each)", ", ".join(map(str, data.DEFAULT_LENGTHS)), key="lengths")
-    shared = st.slider("log-ratio of the shared token, log r*", -1.0, 1.0, 0.0, 0.05, key="shared")
-    scale = st.slider("scale of the other tokens' log-ratios", 0.0, 1.0, 0.3, 0.05, key="scale")
+    objective = st.selectbox("Objective", list(OBJECTIVES), key="objective", on_change=use_preset_components, persist_state=KEEP)
+    rewards_text = st.text_input(
+        "Rewards, one per completion",
+        ", ".join(f"{r:g}" for r in data.DEFAULT_REWARDS),
+        key="rewards",
+        help=f"2 to {data.MAX_COMPLETIONS} numbers, not all equal",
+        persist_state=KEEP,
+    )
+    lengths_text = st.text_input(
+        f"Lengths (tokens, {data.PREFIX_LEN + 1} to {data.MAX_LENGTH} each)",
+        ", ".join(map(str, data.DEFAULT_LENGTHS)),
+        key="lengths",
+        help=f"one whole number per completion, each more than the {data.PREFIX_LEN} shared tokens and at most {data.MAX_LENGTH}",
+        persist_state=KEEP,
+    )
+    shared = st.slider("log-ratio of the shared token, log r*", -1.0, 1.0, 0.0, 0.05, key="shared", persist_state=KEEP)
+    scale = st.slider("scale of the other tokens' log-ratios", 0.0, 1.0, 0.3, 0.05, key="scale", persist_state=KEEP)
     c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
-    c1.number_input("seed of the other tokens' ratios", 0, 2**16, key="seed")
+    low, high = data.SEED_RANGE
+    seed = whole_number_input(c1, "seed of the other tokens' ratios", key="seed", default=0, help=f"a whole number from {low} to {high}")
     c2.button("random", key="random", on_click=draw_random_seed, help="draw a new seed for the other tokens' log-ratios")
     with st.expander(f"Components (the {objective} preset's own until you change one)", expanded=True):
         chosen = {
-            "stopgrad": st.selectbox("stopgrad (DFPO transforms only)", ["ratio", "score", "none"], key="stopgrad"),
-            "aggregation": st.selectbox("aggregation", AGGREGATIONS, key="aggregation"),
-            "length_aware": st.checkbox("length_aware (a_i = A_i / L_i in the transforms)", key="length_aware"),
+            "stopgrad": st.selectbox("stopgrad (DFPO transforms only)", ["ratio", "score", "none"], key="stopgrad", persist_state=KEEP),
+            "aggregation": st.selectbox("aggregation", AGGREGATIONS, key="aggregation", persist_state=KEEP),
+            "length_aware": st.checkbox("length_aware (a_i = A_i / L_i in the transforms)", key="length_aware", persist_state=KEEP),
         }
         e1, e2 = st.columns(2)
-        chosen["eps_low"] = e1.number_input("eps_low", format="%.4g", key="eps_low")
-        chosen["eps_high"] = e2.number_input("eps_high", format="%.4g", key="eps_high")
+        chosen["eps_low"] = e1.number_input("eps_low", format="%.4g", key="eps_low", persist_state=KEEP)
+        chosen["eps_high"] = e2.number_input("eps_high", format="%.4g", key="eps_high", persist_state=KEEP)
         overrides = data.component_overrides(objective, chosen)
         st.caption("Overrides sent to `policy_loss`: " + (", ".join(f"`{k}={v}`" for k, v in overrides.items()) if overrides else "none"))
 
@@ -58,9 +71,8 @@ with right:
     try:
         rewards = data.parse_numbers(rewards_text, "rewards")
         lengths = data.parse_numbers(lengths_text, "lengths", int)
-        b = data.cancellation_case(
-            objective, rewards, lengths, shared_log_ratio=shared, scale=scale, seed=int(st.session_state.seed), **overrides
-        )  # fmt: skip
+        seed = data.whole_number(seed, "seed", *data.SEED_RANGE)
+        b = data.cancellation_case(objective, rewards, lengths, shared_log_ratio=shared, scale=scale, seed=seed, **overrides)
     except ValueError as err:
         st.error(f"Nothing to show: {err}")
         st.stop()

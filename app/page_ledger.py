@@ -4,6 +4,8 @@ import pandas as pd
 import streamlit as st
 
 from dfpo.app import data
+from dfpo.app.text import markdown_text
+from dfpo.app.widgets import KEEP
 
 
 @st.cache_data(show_spinner="Running the claims ledger (sympy and the loss core), about 10 s ...")
@@ -21,17 +23,18 @@ if st.button("Re-run the ledger", key="rerun_ledger", help="compute every verdic
     claims = records(fresh=True)
 else:
     claims = records()
-frame = pd.DataFrame(claims)
+verdict_names = sorted({c["verdict"] for c in claims})
+method_names = sorted({c["method"] for c in claims})
 c1, c2, c3 = st.columns([2, 2, 3])
-verdicts = c1.multiselect("Verdict", sorted(frame["verdict"].unique()), default=sorted(frame["verdict"].unique()), key="ledger_verdicts")
-methods = c2.multiselect("Method", sorted(frame["method"].unique()), default=sorted(frame["method"].unique()), key="ledger_methods")
-text = c3.text_input("Search (id, section, statement)", "", key="ledger_search")
-shown = frame[frame["verdict"].isin(verdicts) & frame["method"].isin(methods)]
-if text.strip():
-    needle = text.strip().lower()
-    shown = shown[shown.apply(lambda r: needle in f"{r['id']} {r['source']} {r['statement']}".lower(), axis=1)]
+verdicts = c1.multiselect("Verdict", verdict_names, default=verdict_names, key="ledger_verdicts", persist_state=KEEP)
+methods = c2.multiselect("Method", method_names, default=method_names, key="ledger_methods", persist_state=KEEP)
+text = c3.text_input("Search (id, section, statement)", "", key="ledger_search", persist_state=KEEP)
+shown = pd.DataFrame(data.filter_claims(claims, verdicts, methods, text), columns=list(claims[0]))
+if shown.empty:
+    st.warning(markdown_text(data.no_claim_hint(claims, verdicts, methods, text)))
+    st.stop()
 counts = shown["verdict"].value_counts().to_dict()
-st.markdown(f"**{len(shown)} of {len(frame)} claims shown**: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+st.markdown(f"**{len(shown)} of {len(claims)} claims shown**: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 st.dataframe(
     shown[["id", "verdict", "method", "source", "statement"]],
     hide_index=True,

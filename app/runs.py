@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dfpo.toy.metric_names import RENAMED as TOY_RENAMED
+
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20
 """Bytes read at a time from a log."""
@@ -153,10 +155,12 @@ class JsonlReader:
 
 class MetricLog(JsonlReader):
     """Numeric values by (series, metric) as (step, value) arrays; ``series_key`` names the field that
-    splits the log into series (``objective`` in a toy run), else one series ''."""
+    splits the log into series (``objective`` in a toy run), else one series ''; ``renamed`` maps keys an
+    older writer used to today's names."""
 
-    def __init__(self, path: Path, series_key: str | None = None):
+    def __init__(self, path: Path, series_key: str | None = None, renamed: dict[str, str] | None = None):
         self.series_key = series_key
+        self.renamed = dict(renamed or {})
         super().__init__(path)
 
     def _clear(self) -> None:
@@ -180,7 +184,7 @@ class MetricLog(JsonlReader):
                 dropped += int((present & ~finite).sum())
                 keep = present & finite
                 if keep.any():
-                    s, v = points.setdefault((series, key), (array("d"), array("d")))
+                    s, v = points.setdefault((series, self.renamed.get(key, key)), (array("d"), array("d")))
                     s.frombytes(steps[keep].tobytes())
                     v.frombytes(values[keep].tobytes())
         return dropped
@@ -281,7 +285,10 @@ class RunFolder:
         self.kind = run_kind(self.path)
         if self.kind is None:
             raise ValueError(f"{self.path} is not a run folder (config.toml or config.json, and metrics.jsonl)")
-        self.metrics = MetricLog(self.path / "metrics.jsonl", "objective" if self.kind == TOY else None)
+        if self.kind == TOY:  # an older toy run logged some of the trainer's metrics under the toy's own names
+            self.metrics = MetricLog(self.path / "metrics.jsonl", "objective", TOY_RENAMED)
+        else:
+            self.metrics = MetricLog(self.path / "metrics.jsonl")
         self.evals = MetricLog(self.path / "eval.jsonl")
         self.samples = LatestRows(self.path / "samples.jsonl")
         self._lock = threading.Lock()

@@ -29,6 +29,7 @@ import numpy as np
 from dfpo.files import read_utf8, write_text_atomic
 from dfpo.toy import stats
 from dfpo.toy.config import ToyConfig
+from dfpo.toy.metric_names import RENAMED
 from dfpo.trainer.loss import objective_from_label, unmatched_components
 from dfpo.trainer.metrics import jitter2, steps_to
 
@@ -336,31 +337,40 @@ def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str
         ax.grid(alpha=0.3)
 
     for fname, key, label in keys:
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110, layout="constrained")
         draw(ax, key, label)
         ax.set_title(f"{title}\n{label}", fontsize=10)
-        ax.legend(fontsize=8, ncol=2)
-        fig.tight_layout()
+        legend_below(fig, *ax.get_legend_handles_labels(), fontsize=8)
         path = out / f"{fname}.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     if keys:
-        fig, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=100)
+        fig, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=100, layout="constrained")
         for ax, (_, key, label) in zip(axes.flat, keys):
             draw(ax, key, label)
             ax.set_title(label, fontsize=10)
         for ax in list(axes.flat)[len(keys) :]:
             ax.axis("off")
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9)
+        legend_below(fig, *axes.flat[0].get_legend_handles_labels(), fontsize=9)
         fig.suptitle(f"{title} (band: mean +- 1.96 s.e. over seeds)", fontsize=11)
-        fig.tight_layout(rect=(0, 0.05, 1, 0.96))
         path = out / "overview.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def legend_below(fig, handles, labels, *, fontsize: float, max_columns: int = 6):
+    """A legend under the axes of ``fig`` (a constrained layout makes room for it), in as many columns as fit
+    the figure's width: a row of long labels (``dfpo_min:eps_low=0.2:eps_high=0.2``) ran off the canvas and was cut."""
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(len(labels), max_columns), 0, -1):
+        legend = fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize)
+        if ncol == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return legend
+        legend.remove()
+    return None
 
 
 def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
@@ -385,7 +395,8 @@ def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
 
 
 def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
-    """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl."""
+    """The inverse of ``write_metrics``: {objective: {metric: (steps, S) array}} from OUT/metrics.jsonl (keys of
+    RENAMED under their new names)."""
     import math
 
     cells: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
@@ -395,7 +406,7 @@ def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
             by_key = cells.setdefault(rec.pop("objective"), {})
             seed, step = rec.pop("seed"), rec.pop("step")
             for key, value in rec.items():
-                by_key.setdefault(key, {})[(step - 1, seed)] = value
+                by_key.setdefault(RENAMED.get(key, key), {})[(step - 1, seed)] = value
     results = {}
     for name, by_key in cells.items():
         results[name] = {}

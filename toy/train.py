@@ -252,10 +252,12 @@ def train_objective(
 ) -> dict[str, Tensor]:
     """Train ``config.seeds`` tabular policies with one objective; per-step metrics (steps, S).
 
-    Metrics (see README table): reward, reward/sampled, tax/kl_step, tax/kl_cum, tax/kl_init,
+    Metrics (see the table of ``dfpo.toy``): reward, reward/mean, tax/kl_step, tax/kl_cum, tax/kl_init,
     grad/template, residual/shared, residual/shared_rel, equiv/logodds, equiv/entropy,
     entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high,
+    weights/asym (sampled mode),
     ratio/spread (within-group std of the sequence log-ratio log s_i at each update, averaged over groups).
+    A quantity the LLM trainer logs too carries its name (``dfpo.trainer.metric_registry``).
     """
     spec = objective_from_label(objective, **dict(config.overrides))
     S, K = config.seeds, config.inner_steps
@@ -294,6 +296,8 @@ def train_objective(
                 upd["ratio/spread"] = _per_seed_group_variance(seq_log_ratio, group, mask.any(-1), weight).sqrt()  # (S,)
                 upd["clip/frac_low"] = core["clip/frac_low"].expand(S)
                 upd["clip/frac_high"] = core["clip/frac_high"].expand(S)
+                if config.mode == "sampled":  # exact mode scales each advantage by pi_old(y): the core's Asym would be of A_i c_i
+                    upd["weights/asym"] = core["weights/asym"].expand(S)
                 for key, val in upd.items():
                     acc[key] = acc.get(key, 0) + val / K
             opt.step()
@@ -304,13 +308,13 @@ def train_objective(
             row = dict(acc)
             row["tax/kl_step"], row["tax/kl_cum"], row["tax/kl_init"] = kl, kl_cum.clone(), M.kl_rows(logpi_new, logpi_init, tpl)
             w = batch.weight / batch.weight.sum(-1, keepdim=True)
-            row["reward/sampled"] = (w * batch.roll.reward).sum(-1)
+            row["reward/mean"] = (w * batch.roll.reward).sum(-1)
             ent_rows = row_entropy(logpi_new)  # (S, R)
             row["entropy/token"] = ent_rows[:, tpl].mean(-1) if bool(tpl.any()) else torch.zeros(S)
             if enum is not None:
                 row.update(M.exact_policy_metrics(logpi_new, enum, len(task.prompts), n_forms))
             else:
-                row["reward"] = row["reward/sampled"]
+                row["reward"] = row["reward/mean"]
             for key, val in row.items():
                 if not bool(torch.isfinite(val).all()):
                     raise FloatingPointError(f"metric {key} is not finite at step {step} for objective {objective!r}")

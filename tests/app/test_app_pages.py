@@ -3,7 +3,9 @@ what it shows the way the maths says (Streamlit's AppTest, no browser)."""
 
 from __future__ import annotations
 
+import ast
 import base64
+import html
 import json
 import random
 from pathlib import Path
@@ -17,6 +19,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dfpo.app import data  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
+from dfpo.app.text import markdown_text, plotly_text  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
 SMALL_TOY = data.ToySettings(steps=5, seeds=2)
@@ -41,6 +44,89 @@ def test_entry_script_lists_the_five_pages_and_fetches_no_icon_from_the_web():
     for name in ("cancel", "atlas", "toy", "ledger", "runs"):
         assert f"page_{name}.py" in text and (APP / f"page_{name}.py").is_file()
     assert 'page_icon=":material' not in text  # a material page icon is fetched from fonts.gstatic.com
+
+
+def app() -> AppTest:
+    """The whole explorer (its navigation), on its first page."""
+    at = AppTest.from_file(str(APP / "main.py"), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _leave_and_come_back(at: AppTest, page_file: str, elsewhere: str = "page_ledger.py") -> AppTest:
+    at.switch_page(elsewhere).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page(page_file).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+CANCEL_INPUTS = {  # every input of the page, each away from its default
+    ("selectbox", "objective"): "dfpo_min",
+    ("text_input", "rewards"): "1, 0, 0, 1, 0.5",
+    ("text_input", "lengths"): "4, 6, 9, 5, 7",
+    ("slider", "shared"): 0.25,
+    ("slider", "scale"): 0.5,
+    ("number_input", "seed"): 7,
+    ("selectbox", "stopgrad"): "score",
+    ("selectbox", "aggregation"): "token_mean",
+    ("checkbox", "length_aware"): True,
+    ("number_input", "eps_low"): 0.1,
+    ("number_input", "eps_high"): 0.3,
+}
+ATLAS_INPUTS = {
+    ("multiselect", "atlas_objectives"): ["grpo_fix", "gspo"],
+    ("number_input", "atlas_groups"): 2,
+    ("number_input", "atlas_seed"): 5,
+}
+
+
+def _set_all(at: AppTest, inputs: dict) -> None:
+    for (kind, key), value in inputs.items():  # one at a time, as a user does: the objective resets the components
+        getattr(at, kind)(key=key).set_value(value).run()
+        assert not at.exception, [e.value for e in at.exception]
+
+
+def _shown(at: AppTest, inputs: dict) -> dict:
+    return {(kind, key): getattr(at, kind)(key=key).value for kind, key in inputs}
+
+
+def test_every_input_of_the_cancellation_page_and_the_atlas_is_kept_when_the_user_comes_back():
+    """Before the fix leaving a page and coming back reset every input to its default."""
+    at = app()
+    _set_all(at, CANCEL_INPUTS)
+    residual = metric(at, "residual")
+    at.switch_page("page_atlas.py").run()
+    _set_all(at, ATLAS_INPUTS)
+    cells = at.dataframe[0].value
+    _leave_and_come_back(at, "page_cancel.py")
+    assert _shown(at, CANCEL_INPUTS) == CANCEL_INPUTS
+    assert metric(at, "residual") == residual
+    _leave_and_come_back(at, "page_atlas.py")
+    assert _shown(at, ATLAS_INPUTS) == ATLAS_INPUTS
+    assert at.dataframe[0].value.equals(cells)
+
+
+def _bare_strings(tree: ast.AST) -> list[str]:
+    """String expression statements that are not a docstring (the first statement of a module, class or function)."""
+    docstrings = {
+        id(node.body[0]) for node in ast.walk(tree) if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+    }
+    return [
+        node.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        and id(node) not in docstrings
+    ]
+
+
+def test_no_page_holds_a_bare_string_that_streamlit_would_write_onto_it():
+    """Streamlit's magic writes every bare string of a page script onto the page: a constant's docstring there showed
+    'After a script run is interrupted, ...' above the toy lab's title."""
+    for script in [APP / "main.py", *sorted(APP.glob("page_*.py"))]:
+        assert _bare_strings(ast.parse(script.read_text())) == [], script.name
 
 
 # ----------------------------------------------------------------------------- cancellation by hand
@@ -165,6 +251,47 @@ def test_cancellation_by_hand_explains_bad_input_without_a_traceback(field, valu
     assert any(message in e.value for e in at.error)
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("lengths", "1000000000000, 5, 5, 5", "every length must be at most 4096 tokens on this page, got lengths=[1000000000000, 5, 5, 5]: give shorter ones"),
+        ("lengths", "5, 5.5, 5, 5", "lengths: '5.5' is not a whole number"),
+        ("rewards", ", ".join(["0", "1"] * 40), "this page takes at most 64 completions, got G=80 rewards: give fewer"),
+    ],
+)  # fmt: skip
+def test_cancellation_by_hand_refuses_a_group_too_large_to_draw_in_one_sentence(field, value, message):
+    """Before the fix a length of 10^12 tokens asked torch for 32 TB and the page showed a RuntimeError traceback."""
+    at = page("cancel")
+    at.text_input(key=field).set_value(value).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [f"Nothing to show: {message}"]
+    assert not at.metric  # nothing computed from the earlier input is left on the page
+
+
+@pytest.mark.parametrize("value, shown", [(70000, "70000"), (2.5, "2.5"), (-1, "-1")])
+def test_cancellation_by_hand_a_seed_out_of_range_or_not_whole_shows_no_numbers(value, shown):
+    """Before the fix the browser held back a seed outside the box's bounds (drawn red) and rounded 2.5 to 2,
+    while the page went on showing the numbers of the old seed; now the box passes any value on and the page names it."""
+    at = page("cancel")
+    assert at.metric
+    at.number_input(key="seed").set_value(value).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Nothing to show: seed must be a whole number from 0 to 65536, got seed={shown}"]
+    assert not at.metric
+    assert at.number_input(key="seed").proto.has_min is False and at.number_input(key="seed").proto.has_max is False
+
+
+def test_atlas_a_seed_or_group_count_out_of_range_shows_no_table():
+    at = page("atlas")
+    at.number_input(key="atlas_seed").set_value(70000).run()
+    assert [e.value for e in at.error] == ["Nothing to show: seed must be a whole number from 0 to 65536, got seed=70000"]
+    assert not at.dataframe
+    at.number_input(key="atlas_seed").set_value(3).run()
+    at.number_input(key="atlas_groups").set_value(1.5).run()
+    assert [e.value for e in at.error] == ["Nothing to show: groups must be a whole number from 1 to 16, got groups=1.5"]
+    assert not at.dataframe
+
+
 def test_cancellation_by_hand_negative_eps_is_a_message():
     at = page("cancel")
     at.number_input(key="eps_low").set_value(-0.1).run()
@@ -204,6 +331,46 @@ def test_ledger_filters_by_verdict_expands_each_claim_and_wraps_statements():
     shown = at.dataframe[0].value
     assert 0 < len(shown) < n and set(shown["verdict"]) == {"fails"}
     assert any(e.label.startswith("eq-55: fails") for e in at.expander)
+
+
+def _claims_line(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if "claims shown" in m.value]
+
+
+def test_ledger_a_filter_that_keeps_no_claim_says_what_to_change():
+    """Before the fix the page printed '**0 of 38 claims shown**: ' with nothing after it."""
+    claims = data.ledger_records()
+    holds = next(c for c in claims if c["verdict"] == "holds")
+    at = page("ledger")
+    at.text_input(key="ledger_search").set_value("no claim says this").run()
+    assert [w.value for w in at.warning] == [
+        markdown_text("No claim mentions 'no claim says this' in its id, source or statement: change or clear the search.")
+    ]
+    assert not _claims_line(at) and not at.dataframe and not at.expander
+    at.text_input(key="ledger_search").set_value(holds["id"]).run()
+    at.multiselect(key="ledger_verdicts").set_value(["fails"]).run()
+    (hint,) = [w.value for w in at.warning]
+    assert hint.startswith(markdown_text(f"No claim with the chosen verdicts and methods mentions {holds['id']!r}"))
+    assert markdown_text(f"holds ({holds['method']})") in hint and hint.endswith(markdown_text("Add those, or clear the search."))
+    at.multiselect(key="ledger_verdicts").set_value([]).run()
+    assert [w.value for w in at.warning] == [markdown_text("No claim shown: choose at least one verdict.")]
+    at.multiselect(key="ledger_verdicts").set_value(["holds"]).run()
+    assert not at.warning and _claims_line(at)[0].startswith("**1 of ")
+
+
+def test_ledger_filter_is_kept_when_the_user_comes_back():
+    fails = next(c for c in data.ledger_records() if c["verdict"] == "fails")
+    inputs = {
+        ("multiselect", "ledger_verdicts"): ["fails", "holds-under-conditions"],
+        ("multiselect", "ledger_methods"): [fails["method"]],
+        ("text_input", "ledger_search"): fails["id"],
+    }
+    at = app()
+    at.switch_page("page_ledger.py").run()
+    _set_all(at, inputs)
+    assert _claims_line(at)[0].startswith("**1 of ")
+    _leave_and_come_back(at, "page_ledger.py", elsewhere="page_cancel.py")
+    assert _shown(at, inputs) == inputs and _claims_line(at)[0].startswith("**1 of ")
 
 
 def test_ledger_is_stored_once_per_code_version_and_read_back(app_cache, monkeypatch):
@@ -290,6 +457,100 @@ def test_toy_lab_bad_label_is_a_message(small_toy):
     at.text_input(key="toy_labels").set_value("gspo,nope")
     at.button[0].click().run()
     assert not at.exception and any("unknown objective='nope'" in e.value for e in at.error)
+
+
+def _no_training(*args, **kwargs):
+    raise AssertionError("trained despite a bad input")  # an Exception: the job fails and the page shows it
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("toy_steps", 2.5, "the number of steps must be a whole number, got steps=2.5"),
+        ("toy_G", 4.5, "the group size G must be a whole number, got group_size=4.5"),
+        ("toy_seeds", 1.5, "the number of seeds must be a whole number, got seeds=1.5"),
+    ],
+)
+def test_toy_lab_a_fraction_where_a_whole_number_belongs_is_refused(small_toy, monkeypatch, key, value, message):
+    """Before the fix the box rounded steps 2.5 down to 2 in the browser and the page trained 2 steps."""
+    at = page("toy")
+    monkeypatch.setattr(data, "run_toy", _no_training)
+    at.number_input(key=key).set_value(value)
+    at.button[0].click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [f"Cannot run this configuration: {message}"]
+    assert not at.tabs and not _tables(at)
+
+
+TOY_INPUTS = {  # every input of the form, each away from its default
+    ("selectbox", "toy_task"): "tenplusten",
+    ("selectbox", "toy_mode"): "exact",
+    ("selectbox", "toy_optimizer"): "adam",
+    ("number_input", "toy_lr"): 0.05,
+    ("text_input", "toy_labels"): "gspo_noclip,dfpo_min:stopgrad=score",
+    ("number_input", "toy_G"): 4,
+    ("number_input", "toy_K"): 2,
+    ("number_input", "toy_steps"): 3,
+    ("number_input", "toy_seeds"): 1,
+}
+
+
+def test_toy_lab_inputs_and_result_are_kept_when_the_user_comes_back(small_toy):
+    """Before the fix leaving the page and coming back reset the form to the default comparison."""
+    at = app()
+    at.switch_page("page_toy.py").run()
+    for (kind, key), value in TOY_INPUTS.items():  # a form: nothing runs until Run
+        getattr(at, kind)(key=key).set_value(value)
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    summary = _tables(at)[0]
+    assert summary.startswith("| metric | gspo_noclip | dfpo_min:stopgrad=score |")
+    _leave_and_come_back(at, "page_toy.py")
+    assert _shown(at, TOY_INPUTS) == TOY_INPUTS
+    assert _tables(at)[0] == summary
+
+
+def _stop_like_streamlit_after(steps: int, monkeypatch) -> None:
+    """Streamlit's own Stop (top right) while the page polls a run: the script run is stopped at its next
+    Streamlit call, which raises StopException in the script's thread; here the page's poll raises it."""
+    from streamlit.runtime.scriptrunner import StopException
+
+    from dfpo.app import jobs
+
+    poll = jobs.Job.poll
+
+    def poll_then_stop(self, watcher):
+        p = poll(self, watcher)
+        if p.done >= steps:
+            raise StopException()
+        return p
+
+    monkeypatch.setattr(jobs.Job, "poll", poll_then_stop)
+
+
+def test_toy_lab_streamlits_own_stop_ends_the_run_and_shows_what_finished(monkeypatch, tmp_path):
+    """Before the fix Streamlit's Stop left the page frozen mid-run (its progress bar and the page's Stop still shown)
+    while training went on for 5 s, and the steps that had finished were never shown."""
+    long = data.ToySettings(steps=2000, seeds=2)
+    monkeypatch.setattr(data, "TOY_DEFAULT", long)
+    monkeypatch.setenv("DFPO_APP_CACHE", str(tmp_path))  # no stored default comparison: the page trains
+    st.cache_resource.clear()
+    _stop_like_streamlit_after(3, monkeypatch)
+    at = AppTest.from_file(str(APP / "page_toy.py"), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Button" not in _kinds(at) and not at.get("progress")  # the page's Stop and the progress bar are gone
+    (notice,) = [i.value for i in at.info]
+    done = int(notice.split("Stopped after ")[1].split(" ")[0])
+    assert (
+        3 <= done < long.steps
+        and notice == f"Stopped after {done} of 8000 steps: below, what those steps show. Press Run to start it again."
+    )
+    assert at.tabs and _tables(at)[0].startswith("| metric | gspo |\n")  # the summary of the steps that finished
+    assert any(m.value.startswith(f"Stopped early: gspo {done} of 2000 steps.") for m in at.markdown)
+    monkeypatch.setattr(data, "run_toy", lambda *a, **k: pytest.fail("trained again without Run"))
+    at.run()  # a later run of the page shows the stopped run again
+    assert not at.exception and [i.value for i in at.info] == [notice] and at.tabs
+    st.cache_resource.clear()
 
 
 def test_toy_lab_training_error_is_a_sentence_and_the_progress_bar_goes(small_toy, monkeypatch, tmp_path):
@@ -409,9 +670,50 @@ def test_runs_page_says_when_an_added_folder_holds_no_run(tmp_path, monkeypatch)
     monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
     at = page("runs")
     at.text_input(key="runs_extra").set_value(str(tmp_path / "empty")).run()
-    assert any(w.value.startswith(f"No run folder in {tmp_path / 'empty'}") for w in at.warning)
+    assert any(w.value.startswith(f"No run folder in {markdown_text(tmp_path / 'empty')}") for w in at.warning)
     at.text_input(key="runs_extra").set_value(str(tmp_path / "missing")).run()
-    assert any(f"{tmp_path / 'missing'} is not a folder" in e.value for e in at.error)
+    assert any(f"{markdown_text(tmp_path / 'missing')} is not a folder" in e.value for e in at.error)
+
+
+IMAGE_NAME = "![x](http:/127.0.0.1:8600/pixel.png)"
+LINK_NAME = '<a href="http:/x">CLICK</a>'
+"""Run folder names (relative to their root, so each spans three folders) that are markup: an image
+request and a live link wherever they are rendered instead of shown."""
+
+
+def _markdown_bodies(at: AppTest) -> list[str]:
+    """The source of every element Streamlit renders as markdown."""
+    elements = [*at.markdown, *at.caption, *at.error, *at.warning, *at.info, *at.success, *at.subheader, *at.title]
+    return [e.value for e in elements] + [e.label for e in at.expander]
+
+
+def test_runs_page_shows_run_folder_names_as_text_never_as_markup(tmp_path, monkeypatch):
+    """Before the fix the samples heading rendered IMAGE_NAME as an image (a request to its URL) and the
+    legends rendered LINK_NAME as a live link."""
+    for name, lr in ((IMAGE_NAME, 1e-4), (LINK_NAME, 3e-4)):
+        _fake_run(tmp_path / name, lr, [0.1, 0.2, 0.3])
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    assert sorted(_options(at)) == sorted([IMAGE_NAME, LINK_NAME])  # widget options are plain text: shown as they are
+    bodies = _markdown_bodies(at)
+    for name in (IMAGE_NAME, LINK_NAME):
+        assert not any(name in body for body in bodies)
+        assert f"**{markdown_text(name)}**, step 2" in bodies  # the samples heading shows the name, escaped
+    charts = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    names = sorted(t["name"] for spec in charts for t in spec["data"] if "name" in t)
+    assert names and all("<" not in n and ">" not in n for n in names)
+    assert plotly_text(IMAGE_NAME) in names and plotly_text(LINK_NAME + " eval/avg@4") in names  # the eval legend too
+    assert html.unescape(plotly_text(LINK_NAME)) == LINK_NAME  # entities: Plotly shows the name as it is
+
+
+def test_runs_page_shows_a_metric_key_from_a_log_as_text(tmp_path, monkeypatch):
+    key = "<b>reward</b>"
+    _fake_run(tmp_path / "a", 1e-4, [0.1, 0.2], extra_lines=(json.dumps({"step": 3, key: 1.0}),))
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = page("runs")
+    at.multiselect(key="runs_metrics").set_value([key]).run()
+    titles = [json.loads(chart.proto.spec)["layout"]["title"]["text"] for chart in at.get("plotly_chart")]
+    assert titles[0] == plotly_text(key)
 
 
 def test_runs_page_skips_lines_with_a_bad_step_instead_of_failing(tmp_path, monkeypatch):
@@ -436,6 +738,50 @@ def test_runs_page_shows_a_toy_run_folder_per_objective(tmp_path, monkeypatch):
     assert [t["name"] for t in _traces(at, "reward")] == ["toy-demo: dfpo_min", "toy-demo: gspo"]
     diff = at.dataframe[0].value
     assert diff.iloc[0]["key"] == "objective"
+
+
+def test_runs_page_draws_toy_and_trainer_runs_in_the_same_default_charts(tmp_path, monkeypatch):
+    """Before the fix the toy logged reward and asym and the trainer reward/mean and weights/asym, so a toy run was
+    missing from the default charts whenever a trainer run was chosen beside it."""
+    from dfpo.cli import main
+
+    _fake_run(tmp_path / "runs" / "tiny", 1e-4, [0.1, 0.2, 0.3], extra_lines=(json.dumps({"step": 4, "weights/asym": 0.5}),))
+    out = tmp_path / "runs" / "toy"
+    assert main(["toy", "run", "--task", "tenplusten", "--objectives", "gspo", "--seeds", "2", "--steps", "3", "--no-plots", "--out", str(out)]) == 0  # fmt: skip
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = page("runs")
+    assert _options(at) == ["tiny", "toy: gspo"] and len(_chosen(at)) == 2
+    assert list(at.multiselect(key="runs_metrics").value) == ["reward/mean", "clip/frac_high", "weights/asym"]
+    for title in ("reward/mean", "clip/frac_high", "weights/asym"):
+        assert [t["name"] for t in _traces(at, title)] == ["tiny", "toy: gspo"], title
+
+
+def test_runs_page_inputs_are_kept_when_the_user_comes_back_and_a_run_deleted_meanwhile_is_dropped(tmp_path, monkeypatch):
+    import shutil
+
+    for name, lr in (("a", 1e-4), ("b", 2e-4), ("c", 3e-4)):
+        _fake_run(tmp_path / "runs" / name, lr, [0.1, 0.2, 0.3], extra_lines=(json.dumps({"step": 4, "loss/policy": 0.5}),))
+    _fake_run(tmp_path / "more" / "d", 4e-4, [0.3, 0.4])
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "runs"))
+    at = app()
+    at.switch_page("page_runs.py").run()
+    ids = {name: str(tmp_path / root / name) for root, names in (("runs", "abc"), ("more", "d")) for name in names}
+    inputs = {  # every input away from its default (runs a, b; the three default metrics; no smoothing; no folder)
+        ("text_input", "runs_extra"): str(tmp_path / "more"),
+        ("multiselect", "runs_chosen"): [ids["c"], ids["d"]],
+        ("multiselect", "runs_metrics"): ["loss/policy"],
+        ("slider", "runs_smooth"): 3,
+    }
+    _set_all(at, inputs)
+    assert [t["name"] for t in _traces(at, "loss/policy") if "name" in t] == ["c"]  # and its faint raw curve
+    _leave_and_come_back(at, "page_runs.py")
+    assert _shown(at, inputs) == inputs
+    assert [t["name"] for t in _traces(at, "loss/policy") if "name" in t] == ["c"]  # and its faint raw curve
+    at.switch_page("page_ledger.py").run()
+    shutil.rmtree(tmp_path / "runs" / "c")
+    at.switch_page("page_runs.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert _chosen(at) == [ids["d"]] and list(at.multiselect(key="runs_metrics").value) == []  # d logs no loss/policy
 
 
 def test_runs_page_without_runs_says_how_to_make_one(tmp_path, monkeypatch):

@@ -31,6 +31,10 @@ pytestmark = [
     pytest.mark.slow,  # starts a server and a browser; the toy page trains for tens of seconds
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+IMAGE_NAME = "![x](http:/127.0.0.1:8600/pixel.png)"
+LINK_NAME = '<a href="http:/x">CLICK</a>'
+"""Run folder names (each spans three folders) that are markup: an image request (to this machine, so the check
+for requests leaving it would not see it) and a live link, wherever they are rendered instead of shown."""
 
 
 def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
@@ -51,6 +55,8 @@ def app(tmp_path_factory):
     _fake_run(home / "runs" / "tiny-gspo", 3e-4, [0.3 + 0.03 * i for i in range(10)])
     _fake_run(home / "runs" / "tiny-dfpo_min", 1e-4, [0.3 + 0.025 * i for i in range(10)])
     _fake_run(home / "more" / "tiny-grpo", 1e-4, [0.2 + 0.04 * i for i in range(10)])
+    _fake_run(home / "odd" / IMAGE_NAME, 2e-4, [0.1 + 0.05 * i for i in range(10)])
+    _fake_run(home / "odd" / LINK_NAME, 3e-4, [0.1 + 0.04 * i for i in range(10)])
     with shots.running_app([Path("runs")], cache=home / "cache", cwd=home) as (url, proc):
         yield url, proc.pid, tmp_path_factory.mktemp("screenshots")
 
@@ -129,6 +135,32 @@ def test_cancellation_page_switches_objectives_and_draws_a_seed(app, context):
     page.close()
 
 
+def test_cancellation_page_refuses_a_seed_out_of_range_and_keeps_its_inputs_across_pages(app, context):
+    """Before the fix the browser held back seed 70000 (the box drawn red) while the page kept showing the old seed's
+    numbers, and leaving the page reset every input."""
+    url, _, _ = app
+    page = shots.open_page(context, url, "does not cancel")
+    shots.type_into(page, "seed of the other tokens' ratios", "70000")
+    page.get_by_text("seed must be a whole number from 0 to 65536, got seed=70000").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert page.locator('[data-testid="stMetric"]').count() == 0  # no number of the old seed left
+    shots.type_into(page, "seed of the other tokens' ratios", "2.5")
+    page.get_by_text("seed must be a whole number from 0 to 65536, got seed=2.5").wait_for(timeout=30_000)
+    shots.type_into(page, "seed of the other tokens' ratios", "3")
+    shots.type_into(page, "Rewards, one per completion", "1, 0, 0, 1")
+    page.get_by_text("verdict").first.wait_for(timeout=30_000)
+    _choose(page, "Objective", "grpo_fix")
+    page.get_by_text("Components (the grpo_fix preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    page.get_by_role("link", name="Claims ledger").click()
+    page.get_by_text("claims shown").first.wait_for(timeout=300_000)
+    page.get_by_role("link", name="Cancellation by hand").click()
+    page.get_by_text("Components (the grpo_fix preset's own").wait_for(timeout=30_000)
+    shots.settle(page)
+    assert _value(page, "seed of the other tokens' ratios") == "3" and _value(page, "Rewards, one per completion") == "1, 0, 0, 1"
+    page.close()
+
+
 def test_atlas_page(app, context):
     url, _, out = app
     page = shots.open_page(context, f"{url}/atlas", "cells cancel")
@@ -156,14 +188,22 @@ def test_toy_page_both_stops_end_the_computation_and_a_bad_input_is_named(app, c
     page = shots.open_page(context, f"{url}/toy", "Toy lab")
     page.get_by_text(running).first.wait_for(timeout=120_000)  # the default comparison runs, with a progress bar
     page.get_by_test_id("stBaseButton-header").get_by_text("Stop").click()  # Streamlit's own Stop, top right
-    idle = _seconds_until_idle(pid)  # nobody polls the run any more: it cancels itself after a 5 s grace
-    assert idle < 15, "the server kept computing after Streamlit's Stop"  # before: 11 more minutes of CPU
+    # before: the page froze mid-run (its bar and its Stop still shown) and the run went on for a 5 s grace
+    page.get_by_text(re.compile(r"Stopped after \d+ of 600 steps: below, what those steps show")).wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stProgress"]').count() == 0
+    assert page.get_by_test_id("stButton").get_by_role("button", name="Stop").count() == 0
+    page.get_by_role("tab", name="expected reward E[R]").wait_for(timeout=30_000)  # the steps that finished
+    idle = _seconds_until_idle(pid)
+    assert idle < 5, "the server kept computing after Streamlit's Stop"  # before the grace: 11 more minutes of CPU
 
+    shots.type_into(page, "steps", "2.5")  # before: the box rounded it to 2 and the page trained 2 steps
+    page.get_by_text("the number of steps must be a whole number, got steps=2.5").wait_for(timeout=30_000)
     page.get_by_label("steps", exact=True).fill("2000")
     shots.type_into(page, "seeds", "2")
     page.get_by_text(re.compile(r"training \S+: \d+ of 8000 steps")).first.wait_for(timeout=120_000)
     page.get_by_test_id("stButton").get_by_role("button", name="Stop").click()  # the page's Stop button
-    page.get_by_text(re.compile(r"Stopped after \d+ of 8000 steps")).wait_for(timeout=30_000)
+    page.get_by_text(re.compile(r"Stopped after \d+ of 8000 steps: below, what those steps show")).wait_for(timeout=30_000)
+    page.get_by_role("tab", name="expected reward E[R]").wait_for(timeout=30_000)
     idle = _seconds_until_idle(pid)
     assert idle < 5, "the server kept computing after the page's Stop"
 
@@ -190,6 +230,32 @@ def test_ledger_page(app, context):
     page.get_by_text("eq-55: fails").first.click()  # a rerun can briefly leave the old element beside the new
     page.locator("strong:has-text('Evidence'):visible").first.wait_for(timeout=30_000)  # the opened record, not a collapsed one
     shots.shot(page, out, "4-ledger")
+    page.close()
+
+
+def test_runs_page_shows_run_folder_names_as_text(app, context):
+    """Before the fix a run folder named like a markdown image made the browser request the image, and one named
+    like an HTML link became a live link in the eval legend."""
+    url, _, _ = app
+    fetched: list[str] = []
+    context.on("request", lambda request: fetched.append(request.url) if "pixel" in request.url else None)
+    page = shots.open_page(context, f"{url}/runs", "Resolved config")
+    shots.type_into(page, "Another folder to search for run folders", "odd")
+    page.get_by_text("odd (2)").first.wait_for(timeout=30_000)
+    runs = page.locator('[data-testid="stMultiSelect"]').first
+    for name in (IMAGE_NAME, LINK_NAME):
+        runs.click()
+        page.get_by_role("option", name=name, exact=True).click()
+        shots.settle(page)
+    page.keyboard.press("Escape")
+    page.get_by_text("Sample completions").wait_for(timeout=30_000)
+    shots.settle(page)
+    main = page.locator('[data-testid="stMain"]')
+    assert main.locator("img").count() == 0 and main.locator("a[href*='http:']").count() == 0
+    assert main.get_by_text(IMAGE_NAME + ", step 10", exact=True).count() == 1  # the samples heading, as text
+    legends = page.locator(".legendtext").evaluate_all("texts => texts.map(t => t.textContent)")  # SVG text
+    assert f"{LINK_NAME} eval/avg@4" in legends and IMAGE_NAME in legends  # Plotly shows the names as they are
+    assert fetched == []
     page.close()
 
 

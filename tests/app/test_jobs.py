@@ -88,3 +88,60 @@ def test_an_error_in_the_work_is_kept_for_the_page():
     job = jobs.Job(lambda tick: (tick("gspo", 0, 5), 1 / 0), 5).start()
     job.thread.join(timeout=10)
     assert job.progress.state == jobs.FAILED and isinstance(job.progress.error, ZeroDivisionError)
+
+
+def test_a_cancelled_toy_run_keeps_what_finished_as_its_result():
+    """Before the fix a stopped run's finished steps were thrown away; now the job's result holds their curves and
+    each objective's summary over the steps it ran (the paper's predictions wait for a finished run)."""
+    settings = data.ToySettings(task="tenplusten", labels=("gspo", "dfpo_min", "grpo_fix"), steps=10, seeds=2, group_size=4, inner_steps=1)
+    board = jobs.JobBoard()
+    job = board.watch(settings, "session", lambda tick: data.run_toy(settings, tick), settings.total_steps)
+    _wait(lambda: job.progress.done >= settings.steps + 3)  # the first objective done, the second begun
+    board.release(settings, "session")
+    p = job.wait(10)
+    assert p.state == jobs.CANCELLED
+    curves, second = p.result.curves, p.done - settings.steps
+    assert list(curves) == ["gspo", "dfpo_min"]  # grpo_fix never started
+    assert curves["gspo"]["reward"].shape == (settings.steps, settings.seeds)
+    assert curves["dfpo_min"]["reward"].shape == (second, settings.seeds)  # every step that finished, no more
+    assert p.result.summary.startswith(f"Stopped early: gspo 10 of 10 steps, dfpo_min {second} of 10 steps.")
+    assert "| gspo |" in p.result.summary and "Prediction 1" not in p.result.summary
+
+
+def test_a_run_stopped_before_its_first_step_has_no_partial_result():
+    settings = data.ToySettings(task="tenplusten", labels=("gspo",), steps=3, seeds=1, group_size=4, inner_steps=1)
+
+    def stop_at_once(label, done, total):
+        raise jobs.Cancelled
+
+    with pytest.raises(jobs.Cancelled) as stopped:
+        data.run_toy(settings, stop_at_once)
+    assert stopped.value.partial is None
+
+
+def test_a_watcher_let_go_cancels_the_job_unless_it_polls_again_in_time():
+    """An interrupted script run lets go with a short delay: a rerun that polls again keeps the job (before, Streamlit's
+    Stop left it running for the whole 5 s grace), and nobody polling cancels it after the delay."""
+    now = [0.0]
+    going = threading.Event()
+
+    def work(tick):
+        for i in range(100_000):
+            tick("x", i, 100_000)
+            going.set()
+            time.sleep(0.001)
+        return "finished"
+
+    job = jobs.Job(work, 100_000, grace=5.0, clock=lambda: now[0])
+    job.poll("tab")
+    job.start()
+    going.wait(5)
+    job.let_go("tab", within=1.0)
+    now[0] = 0.5
+    job.poll("tab")  # the rerun took over: watched for a full grace again
+    now[0] = 1.5
+    time.sleep(0.05)
+    assert job.running
+    job.let_go("tab", within=1.0)
+    now[0] = 3.0  # nobody polled within 1 s: Streamlit's Stop
+    assert job.wait(10).state == jobs.CANCELLED

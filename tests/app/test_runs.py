@@ -99,6 +99,19 @@ def test_toy_run_folder_shows_each_objective_as_the_mean_over_its_seeds(tmp_path
     assert run.config()["objective"] == "grpo_fix" and run.config()["task"] == "tenplusten"
 
 
+def test_an_older_toy_run_shows_its_batch_reward_as_reward_mean(tmp_path):
+    """Toy runs written before the toy took the trainer's names logged reward/mean as reward/sampled."""
+    folder = tmp_path / "runs" / "old-toy"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"objectives": ["gspo"], "task": "tenplusten"}))
+    rows = [{"objective": "gspo", "seed": s, "step": t, "reward/sampled": 0.1 * t + s, "reward": 0.5} for s in (0, 1) for t in (1, 2)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run,) = R.runs_under([tmp_path / "runs"], {})[0]
+    run.folder.refresh()
+    assert "reward/sampled" not in run.keys() and {"reward/mean", "reward"} <= run.keys()
+    np.testing.assert_allclose(run.curve("reward/mean")[1], [0.6, 0.7])  # the mean over the two seeds
+
+
 def test_runs_under_names_runs_by_root_and_keeps_ids_stable_when_a_root_is_added(tmp_path):
     trainer_run(tmp_path / "a" / "r1", ['{"step": 1, "x": 1}'])
     trainer_run(tmp_path / "b" / "r1", ['{"step": 1, "x": 2}'])
