@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import sys
 
+from dfpo.files import WRITE_ERRNOS, WriteFailed, describe_write_error
 from dfpo.trainer.llm.exit_signals import decided, exit_on_signal
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
@@ -118,6 +119,17 @@ def _run(argv: list[str]) -> int:
         if not getattr(err, "already_reported", False):  # another process (rank 0) printed it
             print(f"dfpo: error: {err}", file=sys.stderr)
         return 2
+    except WriteFailed as err:  # a file could not be written; what was written before is kept
+        print(f"dfpo: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full disk, a read-only folder, a permission: named, one line (any other OSError is a bug)
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        print(
+            f"dfpo: error: {describe_write_error(err.filename or '(a file)', err)}; free space or fix the folder, then run again",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

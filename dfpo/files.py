@@ -2,9 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+WRITE_ERRNOS = (*DISK_FULL_ERRNOS, errno.EROFS, errno.EACCES, errno.EPERM)
+"""The errors of a write that the user mends (space, a read-only disk, permissions): the command line names the
+file in one sentence instead of a traceback."""
+
+
+class WriteFailed(RuntimeError):
+    """A file of the run folder could not be written (a full disk, a quota, permissions); what was written
+    before is kept. The message says what failed and what to do; the command line prints it without a traceback."""
+
+
+def describe_write_error(path: Path, err: OSError) -> str:
+    """``path: <the reason in words>`` for an OSError of a write."""
+    if err.errno in DISK_FULL_ERRNOS:
+        return f"{path}: no space left on the device (or the quota is used up): {err.strerror or err}"
+    return f"{path}: {err.strerror or err}"
+
+
+def write_error(err: BaseException) -> OSError | None:
+    """The OSError behind a failed write: ``err`` itself, or the one a library reported only in its message
+    (safetensors: ``SafetensorError: ... I/O error: No space left on device (os error 28)``); None for any other
+    error (a bug, which keeps its traceback)."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def write_run_file(path: Path, text: str) -> None:
+    """``write_text_atomic`` for a file of the run folder: on failure the old file stays, the temp file is gone, and
+    ``WriteFailed`` names the file and the reason."""
+    try:
+        write_text_atomic(path, text)
+    except OSError as err:
+        raise WriteFailed(f"writing {describe_write_error(path, err)}; the previous version of the file is kept") from None
 
 
 def check_output_file(flag: str, path: str | os.PathLike) -> None:
@@ -38,21 +81,35 @@ def check_output_dir(flag: str, path: str | os.PathLike, *, force: bool, marker:
         raise ValueError(f"{flag} {str(path)!r} already holds a run ({marker}); pass --force to overwrite it or choose another folder")
 
 
+@contextlib.contextmanager
+def naming_write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Give an OSError raised inside the block the file name it lacks (a buffered file's flush, ``os.fsync``), so
+    the command line can name the file in one sentence."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno is not None:  # an error of the system (one made up in Python keeps its words)
+            err.filename = str(path)
+        raise
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader
-    (or a crash half-way) sees the old file or the new one, never a torn one."""
+    (or a crash half-way) sees the old file or the new one, never a torn one. A ``path`` that is a symbolic link
+    is replaced by the new file (its target is left as it was)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, _file_mode(path))  # mkstemp makes 0600; keep the old file's mode, or the umask's default
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with naming_write_errors(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent.resolve(), prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            os.fchmod(fd, _file_mode(path))  # mkstemp makes 0600; keep the old file's mode, or the umask's default
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _file_mode(path: Path) -> int:

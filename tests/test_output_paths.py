@@ -70,3 +70,37 @@ def test_a_read_only_folder_is_refused(tmp_path):
     ro.chmod(0o500)
     with pytest.raises(ValueError, match="cannot be"):
         check_output_dir("--out", ro / "run", force=False, marker="config.json")
+
+
+def _fsync_fails_for(monkeypatch, name: str) -> None:
+    """``os.fsync`` of a file called ``name`` (or its temporary twin) fails as on a full disk (ENOSPC)."""
+    import errno
+
+    real = os.fsync
+
+    def fsync(fd):
+        if name in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full and /proc (Linux)")
+@pytest.mark.parametrize("full", ["metrics.jsonl", "summary.md"])
+def test_a_full_disk_under_any_command_is_one_sentence_naming_the_file(tmp_path, capsys, monkeypatch, full):
+    """A toy run whose disk is full when it writes one of its files (metrics.jsonl, written line by line, is a link to
+    /dev/full; summary.md, written atomically, fails its fsync) ends in one line naming that file and the lack of
+    space, exit status 1, no traceback, and no temporary file left behind."""
+    out = tmp_path / "run"
+    out.mkdir()
+    if full == "metrics.jsonl":
+        (out / full).symlink_to("/dev/full")
+    else:
+        _fsync_fails_for(monkeypatch, full)
+    assert main(["toy", "run", "--objectives", "gspo", "--seeds", "2", "--steps", "2", "--no-plots", "--out", str(out)]) == 1
+    assert not list(out.glob(".*.tmp"))
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("toy: training")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "no space left on the device" in lines[0] and str(out / full) in lines[0], err

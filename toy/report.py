@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.files import read_utf8, write_text_atomic
+from dfpo.files import naming_write_errors, read_utf8, write_text_atomic
 from dfpo.toy import stats
 from dfpo.toy.config import ToyConfig
 from dfpo.toy.metric_names import RENAMED
@@ -375,7 +375,7 @@ def legend_below(fig, handles, labels, *, fontsize: float, max_columns: int = 6)
 
 def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
     """metrics.jsonl (every objective, seed, step) and metrics_mean.csv (means over seeds)."""
-    with open(out / "metrics.jsonl", "w") as f:
+    with naming_write_errors(out / "metrics.jsonl"), open(out / "metrics.jsonl", "w") as f:
         for name, h in results.items():
             keys = sorted(h)
             steps, seeds = h[keys[0]].shape

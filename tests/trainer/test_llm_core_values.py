@@ -12,7 +12,8 @@ import torch
 
 import dfpo.trainer.llm.stage_update as update_mod
 import dfpo.trainer.llm.train as train_mod
-from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint
+from dfpo.files import WriteFailed
+from dfpo.trainer.llm.checkpoint import load_checkpoint, save_checkpoint
 from dfpo.trainer.llm.config import ModelConfig
 from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.llm.rollout import build_batch, completion_logits, token_logp

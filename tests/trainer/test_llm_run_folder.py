@@ -25,10 +25,11 @@ import torch
 from safetensors import SafetensorError
 
 from dfpo.cli import main
+from dfpo.files import WriteFailed
 from dfpo.trainer.llm import checkpoint as checkpoint_module
 from dfpo.trainer.llm import run_state as run_state_module
 from dfpo.trainer.llm import runlog as runlog_module
-from dfpo.trainer.llm.checkpoint import WriteFailed, load_checkpoint, save_checkpoint, set_rng_state
+from dfpo.trainer.llm.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.config import config_to_dict
 from dfpo.trainer.llm.launch import PARENT_DEATH
 from dfpo.trainer.llm.run_folder import RunFolderLock

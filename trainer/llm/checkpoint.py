@@ -38,20 +38,18 @@ Departures / choices:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import pickle
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dfpo.files import write_text_atomic
+from dfpo.files import WriteFailed, describe_write_error, write_error, write_text_atomic
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_META = "checkpoint.json"
@@ -60,44 +58,9 @@ _TMP = CHECKPOINT + ".tmp"
 FORMAT = 3
 """Version of checkpoint.json and checkpoint.pt: 3 keeps every RNG state as plain data (2 added the checksum and
 the config; 1: step and world size only)."""
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NUMPY_CORE = np._core if hasattr(np, "_core") else np.core  # renamed in NumPy 2
 OLD_RNG_TYPES = (np.ndarray, np.dtype, type(np.dtype(np.uint32)), _NUMPY_CORE.multiarray._reconstruct)
 """What torch.load may build besides tensors and plain data: the NumPy RNG key of a format-2 checkpoint."""
-
-
-class WriteFailed(RuntimeError):
-    """A file of the run folder could not be written (a full disk, a quota, permissions); what was written
-    before is kept. The message says what failed and what to do; the command line prints it without a traceback."""
-
-
-def describe_write_error(path: Path, err: OSError) -> str:
-    """``path: <the reason in words>`` for an OSError of a write."""
-    if err.errno in DISK_FULL_ERRNOS:
-        return f"{path}: no space left on the device (or the quota is used up): {err.strerror or err}"
-    return f"{path}: {err.strerror or err}"
-
-
-def write_error(err: BaseException) -> OSError | None:
-    """The OSError behind a failed write: ``err`` itself, or the one a library reported only in its message
-    (safetensors: ``SafetensorError: ... I/O error: No space left on device (os error 28)``); None for any other
-    error (a bug, which keeps its traceback)."""
-    if isinstance(err, OSError):
-        return err
-    found = re.search(r"\(os error (\d+)\)", str(err))
-    if found is None:
-        return None
-    code = int(found.group(1))
-    return OSError(code, os.strerror(code))
-
-
-def write_run_file(path: Path, text: str) -> None:
-    """``write_text_atomic`` for a file of the run folder: on failure the old file stays, the temp file is gone, and
-    ``WriteFailed`` names the file and the reason."""
-    try:
-        write_text_atomic(path, text)
-    except OSError as err:
-        raise WriteFailed(f"writing {describe_write_error(path, err)}; the previous version of the file is kept") from None
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,10 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
     config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
     import tomllib
 
+    from dfpo.files import write_run_file
+
     # deferred: torch (see the module docstring)
-    from dfpo.trainer.llm.checkpoint import read_meta, write_run_file
+    from dfpo.trainer.llm.checkpoint import read_meta
     from dfpo.trainer.llm.config import RESUME_SETTABLE, apply_overrides, check_same_config, config_from_dict, config_text, dict_to_toml
 
     if run_dir.exists() and not run_dir.is_dir():
@@ -162,9 +164,10 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
     """One process of a run: construct, train, and answer every way it can end with a message and an exit status."""
     import json
 
+    from dfpo.files import WriteFailed
+
     # deferred: torch (see the module docstring)
     from dfpo.trainer.llm import distributed as dp
-    from dfpo.trainer.llm.checkpoint import WriteFailed
     from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals, TrainingInterrupted
     from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
 

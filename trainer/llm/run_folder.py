@@ -38,19 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dfpo.files import check_writable_folder, write_text_atomic
-from dfpo.trainer.llm.checkpoint import (
-    _TMP,
-    CHECKPOINT,
-    CHECKPOINT_META,
-    WriteFailed,
-    check_checkpoint,
-    checkpoint_step,
-    describe_write_error,
-    read_meta,
-    write_error,
-    write_run_file,
-)
+from dfpo.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
+from dfpo.trainer.llm.checkpoint import _TMP, CHECKPOINT, CHECKPOINT_META, check_checkpoint, checkpoint_step, read_meta
 from dfpo.trainer.llm.config import RESUME_IGNORED, flat_items
 
 LOCK = ".lock"

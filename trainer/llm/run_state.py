@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfpo.trainer.llm.checkpoint import WriteFailed, describe_write_error, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from dfpo.files import WriteFailed, describe_write_error
+from dfpo.trainer.llm.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from dfpo.trainer.llm.config import Config, check_same_config, config_to_dict
 from dfpo.trainer.llm.parallel import OneProcess
 from dfpo.trainer.llm.run_folder import run_identity, write_mark

@@ -15,8 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from dfpo.files import write_text_atomic
-from dfpo.trainer.llm.checkpoint import WriteFailed, describe_write_error
+from dfpo.files import WriteFailed, describe_write_error, write_text_atomic
 from dfpo.trainer.llm.launch import PARENT_DEATH
 
 

@@ -44,8 +44,9 @@ from pathlib import Path
 import torch
 
 from dfpo import ObjectiveSpec, resolve_objective
+from dfpo.files import write_run_file
 from dfpo.trainer.llm import parallel
-from dfpo.trainer.llm.checkpoint import seed_everything, write_run_file
+from dfpo.trainer.llm.checkpoint import seed_everything
 from dfpo.trainer.llm.config import Config, check_tiny_shape, config_to_toml
 from dfpo.trainer.llm.diagnostics import StepDiagnostics
 from dfpo.trainer.llm.memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
