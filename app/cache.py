@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from dfpo.files import write_text_atomic
+from ..core.files import write_text_atomic
 
 CACHE_ENV = "DFPO_APP_CACHE"
 PACKAGES = ("dfpo", "dfpo.theory", "dfpo.toy", "dfpo.trainer", "dfpo.app")

@@ -1,7 +1,7 @@
 """What the explorer's pages show, as plain functions (no Streamlit here, so tests call them directly).
 
 Every number comes from the project's own code: the loss core (``policy_loss`` through the
-shared-prefix probe of ``dfpo.trainer.loss.cancellation``), the toy lab and the claims ledger (run
+shared-prefix probe of ``dfpo.core.loss.cancellation``), the toy lab and the claims ledger (run
 folders are read by ``dfpo.app.runs``). Bad input raises ``ValueError`` with a sentence a page can show.
 """
 
@@ -13,14 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dfpo.app import cache, jobs
-from dfpo.toy import train as toy_train
-from dfpo.toy.cli import toy_threads
-from dfpo.toy.config import ToyConfig
-from dfpo.toy.report import prediction_checks, summarise, summary_table, to_numpy
-from dfpo.toy.tasks import count_completions, enumerate_completions
-from dfpo.trainer.loss import OBJECTIVES
-from dfpo.trainer.loss.cancellation import (  # noqa: F401  the atlas lives with the core
+from ..core.loss import OBJECTIVES
+from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the core
     ATLAS_COLUMNS,
     CANCEL_TOL,
     AtlasCell,
@@ -29,6 +23,12 @@ from dfpo.trainer.loss.cancellation import (  # noqa: F401  the atlas lives with
     group_breakdown,
     make_shared_prefix_group,
 )
+from ..toy import train as toy_train
+from ..toy.cli import toy_threads
+from ..toy.config import ToyConfig
+from ..toy.report import prediction_checks, summarise, summary_table, to_numpy
+from ..toy.tasks import count_completions, enumerate_completions
+from . import cache, jobs
 
 PREFIX_LEN = 3
 """Shared positions of the hand-made group ('The answer is' in the paper's 10+10 example)."""
@@ -339,7 +339,7 @@ def ledger_records(*, fresh: bool = False) -> list[dict[str, str]]:
     Stored for this code version (``dfpo.app.cache``) and read back unless ``fresh``."""
     if not fresh and (stored := cache.load("ledger")) is not None:
         return stored
-    from dfpo.theory.ledger import run_ledger  # deferred: the checks import sympy (~0.5 s); the app starts without it
+    from ..theory.ledger import run_ledger  # deferred: the checks import sympy (~0.5 s); the app starts without it
 
     records = [c.to_dict() for c in run_ledger()]
     cache.store("ledger", records)

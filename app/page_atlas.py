@@ -5,7 +5,7 @@ import streamlit as st
 
 from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
-from dfpo.trainer.loss import OBJECTIVES
+from dfpo.core.loss import OBJECTIVES
 
 MAX_GROUPS = 16  # most random groups per cell (each cell of every objective is computed live)
 
@@ -49,5 +49,5 @@ n_cancel = int((frame[columns] == "cancels").sum().sum())
 st.markdown(
     f"**{n_cancel} of {frame[columns].size} cells cancel.** DFPO presets use the ratio stop-gradient form (GSPO's clipping kept), "
     "so at GSPO's clip range they cancel only where no sequence of the group is clipped; compare `dfpo_min:stopgrad=score` "
-    "on the *Cancellation by hand* page. The loss core's tests state the same verdict for every cell (`tests/loss/test_cancellation.py`)."
+    "on the *Cancellation by hand* page. The loss core's tests state the same verdict for every cell (`tests/core/test_cancellation.py`)."
 )

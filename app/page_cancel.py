@@ -8,7 +8,7 @@ import streamlit as st
 
 from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
-from dfpo.trainer.loss import AGGREGATIONS, OBJECTIVES
+from dfpo.core.loss import AGGREGATIONS, OBJECTIVES
 
 st.title("Cancellation by hand")
 st.caption(

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.toy.metric_names import RENAMED as TOY_RENAMED
+from ..toy.metric_names import RENAMED as TOY_RENAMED
 
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20

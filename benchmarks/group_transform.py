@@ -18,7 +18,7 @@ import time
 import torch
 
 from dfpo import policy_loss
-from dfpo.trainer.logprobs import token_logprobs
+from dfpo.core.logprobs import token_logprobs
 
 
 def _median(fn, repeats: int = 3) -> float:

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from dfpo.trainer.logprobs import naive_token_logprobs, token_logprobs
+from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
 
 VARIANTS = ("floor", "naive", "chunked")
 

@@ -46,7 +46,7 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
 
-    from dfpo.trainer.llm.policy import CHARS, SPECIAL_TOKENS
+    from dfpo.trainer.policy import CHARS, SPECIAL_TOKENS
 
     words = list(SPECIAL_TOKENS) + list(CHARS)
     words += [f"<w{i}>" for i in range(VOCAB - len(words))]
@@ -72,8 +72,8 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
 def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     """The prompts dfpo's built-in 'add' task makes (seeded), formatted as dfpo formats them."""
     # deferred: the TRL trial calls this too and needs no more of dfpo (see the module docstring)
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.tasks import load_splits
 
     data = DataConfig(task="add", train_size=n, eval_size=1)
     train, _ = load_splits(data, 0)
@@ -82,8 +82,8 @@ def prompts_and_answers(n: int) -> list[tuple[str, str]]:
 
 def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto") -> dict:
     # deferred: a trial imports only its own side's stack (see the module docstring)
-    from dfpo.trainer.llm.config import apply_overrides, config_from_dict
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.config import apply_overrides, config_from_dict
+    from dfpo.trainer.train import Trainer
 
     sets = [
         f'model.name="{folder}"', "model.gradient_checkpointing=false", f"data.train_size={PROMPTS}", "data.eval_size=1",

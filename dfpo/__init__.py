@@ -4,12 +4,12 @@ The public API is the shared loss core::
 
     from dfpo import policy_loss, group_advantages, OBJECTIVES
 
-Everything else lives in sub-packages: ``dfpo.theory`` (claims ledger), ``dfpo.toy``
-(tabular softmax lab), ``dfpo.trainer`` (loss core and LLM trainer), ``dfpo.app``
-(Streamlit explorer).
+Everything else lives in sub-packages: ``dfpo.core`` (the shared core: loss, log-probs, metrics,
+settings, statistics), ``dfpo.theory`` (claims ledger), ``dfpo.toy`` (tabular softmax lab),
+``dfpo.trainer`` (LLM trainer), ``dfpo.app`` (Streamlit explorer), ``dfpo.integrations`` (TRL, verl).
 
-The names are resolved on first use (PEP 562 ``__getattr__``): ``import dfpo.files`` or the reward
-workers' ``import dfpo.trainer.llm.rewards`` do not import torch, and ``dfpo --help`` starts without it.
+The names are resolved on first use (PEP 562 ``__getattr__``): ``import dfpo.core.files`` or the reward
+workers' ``import dfpo.trainer.rewards`` do not import torch, and ``dfpo --help`` starts without it.
 """
 
 from __future__ import annotations
@@ -19,18 +19,20 @@ from typing import TYPE_CHECKING
 from dfpo._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them on first use
-    from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
+    from dfpo.core.logprobs import token_logprobs
+    from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
 
 # public name -> the module that defines it
 _LAZY = {
-    "OBJECTIVES": "dfpo.trainer.loss",
-    "ObjectiveSpec": "dfpo.trainer.loss",
-    "group_advantages": "dfpo.trainer.loss",
-    "policy_loss": "dfpo.trainer.loss",
-    "resolve_objective": "dfpo.trainer.loss",
+    "OBJECTIVES": "dfpo.core.loss",
+    "ObjectiveSpec": "dfpo.core.loss",
+    "group_advantages": "dfpo.core.loss",
+    "policy_loss": "dfpo.core.loss",
+    "resolve_objective": "dfpo.core.loss",
+    "token_logprobs": "dfpo.core.logprobs",
 }
 # sub-packages reachable as attributes after a bare ``import dfpo`` (as when this file imported the loss core)
-_SUBMODULES = ("app", "cli", "commands", "files", "integrations", "theory", "toy", "trainer")
+_SUBMODULES = ("app", "cli", "commands", "core", "integrations", "theory", "toy", "trainer")
 
 __all__ = [
     "OBJECTIVES",
@@ -38,6 +40,7 @@ __all__ = [
     "group_advantages",
     "policy_loss",
     "resolve_objective",
+    "token_logprobs",
     "__version__",
 ]
 

@@ -3,17 +3,17 @@
 Each part registers its own subcommand from a light module (heavy imports stay inside the
 handler), so `dfpo --help` and `dfpo objectives` start fast:
 
-    dfpo objectives            table of every objective preset (dfpo.trainer.loss)
+    dfpo objectives            table of every objective preset (dfpo.core.loss)
     dfpo demo                  shared-prefix cancellation on a hand-made group
     dfpo theory ...            claims ledger (dfpo.theory.cli)
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
-    dfpo train ...             LLM trainer (dfpo.trainer.llm.cli)
+    dfpo train ...             LLM trainer (dfpo.trainer.cli)
 
 A part's module exposes ``register(subparsers) -> None``; it adds one parser and sets
 ``func=<callable(args) -> int>`` on it with ``set_defaults``.
 
 ``dfpo train`` answers SIGINT and SIGTERM from its first moment: ``main`` installs
-``dfpo.trainer.llm.exit_signals`` before it imports the parts (see that module).
+``dfpo.trainer.exit_signals`` before it imports the parts (see that module).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import contextlib
 import importlib
 import sys
 
-from dfpo.files import WRITE_ERRNOS, WriteFailed, describe_write_error
-from dfpo.trainer.llm.exit_signals import decided, exit_on_signal
+from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
+from dfpo.trainer.exit_signals import decided, exit_on_signal
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
-PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.llm.cli", "dfpo.app.cli")
+PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.app.cli")
 
 
 def _cmd_objectives(args: argparse.Namespace) -> int:

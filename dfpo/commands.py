@@ -6,12 +6,12 @@ import dataclasses
 
 import torch
 
+from dfpo.core import settings
+from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
+from dfpo.core.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
+from dfpo.core.loss.objectives import ObjectiveSpec, component_rows
 from dfpo.toy.config import ToyConfig
-from dfpo.trainer import settings
-from dfpo.trainer.llm.config import Config
-from dfpo.trainer.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
-from dfpo.trainer.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
-from dfpo.trainer.loss.objectives import ObjectiveSpec, component_rows
+from dfpo.trainer.config import Config
 
 _COLUMNS = ("ratio_level", "clip", "eps_low", "eps_high", "transform", "stopgrad", "token_mask", "aggregation", "adv_scale")
 

@@ -23,8 +23,8 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from dfpo.integrations.trl import DFPOGRPOTrainer
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 
 
 def correct_sum(completions, answer, **kwargs):

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from dfpo.commands import cancellation_demo
-from dfpo.files import write_text_atomic
+from dfpo.core.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"

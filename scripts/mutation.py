@@ -19,7 +19,7 @@ Format of ``mutation/<name>.toml``::
     tests = ["tests/test_x.py"]        # default selection for this file's mutants
     [[mutant]]
     id = "asym-sample-variance"
-    file = "trainer/loss/core.py"
+    file = "core/loss/core.py"
     find = "exact source text"
     replace = "mutated text"
     why = "what bug this stands for"

@@ -15,9 +15,9 @@ import re
 import sys
 
 from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, objectives_table
-from dfpo.files import write_text_atomic
+from dfpo.core.files import write_text_atomic
+from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
-from dfpo.trainer.metric_registry import markdown_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

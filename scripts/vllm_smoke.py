@@ -18,9 +18,9 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from dfpo.trainer.llm.policy import build_char_tokenizer
-from dfpo.trainer.llm.rollout import SamplingParams
-from dfpo.trainer.llm.vllm_engine import VLLMEngine
+from dfpo.trainer.policy import build_char_tokenizer
+from dfpo.trainer.rollout import SamplingParams
+from dfpo.trainer.vllm_engine import VLLMEngine
 
 
 def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dfpo.cli import main
-from dfpo.files import check_output_dir, check_output_file, write_text_atomic
+from dfpo.core.files import check_output_dir, check_output_file, write_text_atomic
 
 
 def test_toy_refuses_to_overwrite_an_earlier_run_unless_forced(tmp_path, capsys):

@@ -26,7 +26,7 @@ def test_every_package_folder_is_listed_under_the_dfpo_namespace():
 
 def test_installed_distribution_has_no_bare_top_level_modules(tmp_path):
     """Outside the source tree, `import app` / `import trainer` must fail: only `dfpo.*` is installed."""
-    code = "import importlib.util as u; print([m for m in ('app', 'trainer', 'toy', 'theory') if u.find_spec(m)]); import dfpo.trainer.loss, dfpo.app, dfpo.toy, dfpo.theory"
+    code = "import importlib.util as u; print([m for m in ('app', 'trainer', 'toy', 'theory') if u.find_spec(m)]); import dfpo.core.loss, dfpo.app, dfpo.toy, dfpo.theory"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -101,10 +101,10 @@ def test_every_preset_value_that_differs_from_the_shared_default_cites_its_own_s
     import dataclasses
 
     import dfpo
-    from dfpo.trainer.loss.objectives import COMMON_SOURCES
+    from dfpo.core.loss.objectives import COMMON_SOURCES
 
     defaults = {f.name: f.default for f in dataclasses.fields(dfpo.ObjectiveSpec) if f.name in COMMON_SOURCES}
-    assert set(COMMON_SOURCES) == set(dfpo.trainer.loss.COMPONENT_FIELDS)
+    assert set(COMMON_SOURCES) == set(dfpo.core.loss.COMPONENT_FIELDS)
     for name, spec in dfpo.OBJECTIVES.items():
         for component, default in defaults.items():
             assert spec.source(component)
@@ -117,3 +117,72 @@ def test_the_python_floor_in_pyproject_is_the_one_the_code_needs():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert meta["requires-python"].startswith(">=3.11")
     assert sys.version_info >= (3, 11)
+
+
+PARTS = {name.split(".", 1)[1]: folder for name, folder in MAPPING.items() if name.count(".") == 1 and name != "dfpo.integrations"}
+SCRIPTS = {"app/main.py", "trainer/reward_worker.py"}
+"""Files run as scripts (Streamlit runs app/main.py and the pages by path; the reward worker runs as ``python -P``):
+a relative import cannot run there, so they import ``dfpo.*`` absolutely."""
+
+
+def _part_modules() -> list[pathlib.Path]:
+    files = [p for folder in PARTS.values() for p in (ROOT / folder).rglob("*.py")]
+    return [p for p in files if str(p.relative_to(ROOT)) not in SCRIPTS and not p.name.startswith("page_")]
+
+
+def _imports_of_dfpo(path: pathlib.Path) -> list[tuple[int, str, int]]:
+    """(line, module, level) of every ``from X import``/``import X`` that names dfpo (absolute) or is relative."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "dfpo"):
+            found.append((node.lineno, node.module or "", node.level))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, 0) for a in node.names if a.name.split(".")[0] == "dfpo"]
+    return found
+
+
+def test_every_import_between_dfpo_modules_in_a_part_is_relative_and_lands_on_a_file():
+    """A static tool (an editor, an import graph) follows an import by the file tree, not by pyproject's package-dir
+    mapping: inside core/, theory/, toy/, trainer/ and app/ every import of dfpo is relative, and resolving it by
+    folders from the importing file reaches a module or package of the tree (the root folders sit side by side, as
+    their packages do under dfpo)."""
+    problems = []
+    for path in _part_modules():
+        for line, module, level in _imports_of_dfpo(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if level == 0:
+                problems.append(f"{where}: absolute import of {module}")
+                continue
+            base = path.parent
+            for _ in range(level - 1):
+                base = base.parent
+            target = base.joinpath(*module.split(".")) if module else base
+            if not (target.with_suffix(".py").is_file() or (target / "__init__.py").is_file()):
+                problems.append(f"{where}: {'.' * level}{module} resolves to no file ({target.relative_to(ROOT)})")
+    assert not problems, "\n".join(problems)
+
+
+LAYERS = {"core": set(), "theory": {"core"}, "toy": {"core"}, "trainer": {"core"}, "app": {"core", "theory", "toy", "trainer"}}
+"""Which parts each part may import: the shared core imports none, the ledger, the toy and the trainer only the core
+(the toy does not depend on the LLM trainer, nor the trainer on the toy), the explorer any of them."""
+
+
+def test_the_parts_depend_on_each_other_in_one_direction():
+    """Every import between parts goes down the layers (resolved statically, by files, as the test above checks)."""
+    assert set(LAYERS) == set(PARTS)
+    wrong = []
+    for path in [p for folder in PARTS.values() for p in (ROOT / folder).rglob("*.py")]:
+        part = path.relative_to(ROOT).parts[0]
+        for line, module, level in _imports_of_dfpo(path):
+            if level:
+                base = path.parent
+                for _ in range(level - 1):
+                    base = base.parent
+                target = base.joinpath(*module.split(".")).relative_to(ROOT).parts[0]
+            else:
+                target = module.split(".")[1] if module.count(".") else "dfpo"
+            if target != part and target not in LAYERS[part] | {"dfpo"}:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {part} imports {target}")
+    assert not wrong, "\n".join(wrong)

@@ -18,9 +18,9 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
-from dfpo import group_advantages, policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import fmt, row_coefficient, trie_group
+from ..core.loss import group_advantages, policy_loss
+from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
+from .tabular import fmt, row_coefficient, trie_group
 
 TAU = (
     ("The", "answer", "is", "25", "."),

@@ -14,9 +14,9 @@ import numpy as np
 import sympy as sp
 import torch
 
-from dfpo import policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, Claim
-from dfpo.theory.tabular import fmt, log_ratios_for, tabular_group
+from ..core.loss import policy_loss
+from .claim import FAILS, HOLDS, Claim
+from .tabular import fmt, log_ratios_for, tabular_group
 
 
 def _estimators(seq_log_ratios, lengths, adv, seed, clip: str = "none"):

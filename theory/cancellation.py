@@ -17,8 +17,8 @@ from __future__ import annotations
 import sympy as sp
 import torch
 
-from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
+from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
+from .tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
 
 A3 = (-2.0 / 3, 1.0 / 3, 1.0 / 3)  # eq 30 (G = 3, both signs)
 A4 = (-0.75, -0.25, 0.25, 0.75)  # G = 4

@@ -6,7 +6,7 @@
     dfpo theory --json PATH             also write the ledger as JSON (the app reads it)
     dfpo theory --markdown PATH         also write it as markdown (docs/ledger.md)
 
-Module-level imports stay light (the standard library and dfpo.files); the checks import torch and sympy.
+Module-level imports stay light (the standard library and dfpo.core.files); the checks import torch and sympy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from dfpo.files import check_output_file, write_text_atomic
+from ..core.files import check_output_file, write_text_atomic
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -22,7 +22,7 @@ def _run(args: argparse.Namespace) -> int:
         if path is not None:
             check_output_file(flag, path)  # before the ledger runs
     # deferred: the ledger imports every check (torch, sympy); dfpo --help and a bad flag stay free of them
-    from dfpo.theory.ledger import render_json, render_markdown, render_table, run_ledger, validate_ids
+    from .ledger import render_json, render_markdown, render_table, run_ledger, validate_ids
 
     ids = validate_ids(args.only)  # ValueError on an unknown id, before any check runs
     start = time.perf_counter()

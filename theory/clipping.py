@@ -16,10 +16,9 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
-from dfpo import policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
-from dfpo.trainer.loss import sequence_log_ratio
+from ..core.loss import policy_loss, sequence_log_ratio
+from .claim import FAILS, HOLDS, Claim
+from .tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
 
 A3 = (-2.0 / 3, 1.0 / 3, 1.0 / 3)
 

@@ -15,10 +15,9 @@ from fractions import Fraction as F
 import sympy as sp
 import torch
 
-from dfpo import policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
-from dfpo.trainer.loss import group_transform, sequence_log_ratio, sign_aware_clip
+from ..core.loss import group_transform, policy_loss, sequence_log_ratio, sign_aware_clip
+from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
+from .tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
 
 
 def check_prop_3_1() -> Claim:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from dfpo import policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, Claim
-from dfpo.theory.tabular import fmt, log_ratios_for, tabular_group
+from ..core.loss import policy_loss
+from .claim import FAILS, HOLDS, Claim
+from .tabular import fmt, log_ratios_for, tabular_group
 
 
 def _scores(group):

@@ -1,6 +1,6 @@
 """The claims ledger: run every check, render the verdicts as a table, JSON or markdown.
 
-    from dfpo.theory.ledger import run_ledger, render_markdown
+    from .ledger import run_ledger, render_markdown
     claims = run_ledger()                 # list[Claim], paper order
     claims = run_ledger(["eq-55"])        # a subset
 
@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from dfpo.theory import appendix_a, bias, cancellation, clipping, drift, gradients, peers, stapo, transforms
-from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
+from . import appendix_a, bias, cancellation, clipping, drift, gradients, peers, stapo, transforms
+from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
 REPRODUCE = "dfpo theory --markdown docs/ledger.md"

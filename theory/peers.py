@@ -11,10 +11,10 @@ from __future__ import annotations
 import sympy as sp
 import torch
 
-from dfpo.theory.claim import FAILS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import fmt
-from dfpo.trainer.loss import group_advantages
-from dfpo.trainer.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+from ..core.loss import group_advantages
+from ..core.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+from .claim import FAILS, HOLDS_UNDER_CONDITIONS, Claim
+from .tabular import fmt
 
 
 def _shared_residual(objective: str, shared_log_ratio: float, advantages: torch.Tensor | None = None, **overrides) -> float:

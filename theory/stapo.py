@@ -16,9 +16,9 @@ import numpy as np
 import sympy as sp
 import torch
 
-from dfpo.theory.claim import FAILS, HOLDS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
-from dfpo.trainer.loss import stapo_spurious_mask
+from ..core.loss import stapo_spurious_mask
+from .claim import FAILS, HOLDS, Claim
+from .tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
 
 
 def check_stapo_grad_norm() -> Claim:

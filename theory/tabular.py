@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dfpo import policy_loss
+from ..core.loss import policy_loss
 
 ZERO_TOL = 1e-12
 """|coefficient| below this counts as exact cancellation (float64, coefficients of order 1)."""

@@ -2,7 +2,7 @@
 rebalance (eqs 52-55), the no-reverse-update theorems (Thm. C.1, Thm. K.1), the Asym metric
 (eq 23) and the "no stop-grad" ablation (Table 3).
 
-The loss core's transforms (``dfpo.trainer.loss``) are what is checked; the exact parts use
+The loss core's transforms (``dfpo.core.loss``) are what is checked; the exact parts use
 ``fractions.Fraction`` so that a counterexample is a set of rationals a reader can redo by hand.
 """
 
@@ -15,18 +15,18 @@ import numpy as np
 import sympy as sp
 import torch
 
-from dfpo import policy_loss
-from dfpo.theory.claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from dfpo.theory.tabular import ZERO_TOL, fmt, log_ratios_for, own_token_coefficients, shared_gradient, tabular_group
-from dfpo.trainer.loss import (
+from ..core.loss import (
     group_advantages,
     min_replace,
     orth_projection,
+    policy_loss,
     positive_orth_projection,
     sequence_log_ratio,
     sign_aware_clip,
     truncate_rebalance,
 )
+from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
+from .tabular import ZERO_TOL, fmt, log_ratios_for, own_token_coefficients, shared_gradient, tabular_group
 
 
 def _t(xs) -> torch.Tensor:

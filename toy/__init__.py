@@ -16,7 +16,7 @@ Modules (read in this order):
 - ``cli``     ``dfpo toy run`` and ``dfpo toy sweep-g``.
 
 Per-step metric keys (each a value per seed). A quantity the LLM trainer logs too carries the
-trainer's name from ``dfpo.trainer.metric_registry`` (``reward/mean``, ``weights/asym``, the clip
+trainer's name from ``dfpo.core.metric_registry`` (``reward/mean``, ``weights/asym``, the clip
 fractions), so toy and trainer runs share their charts in the explorer; the others are the toy's own.
 
 | key | meaning |

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from dfpo.files import check_output_dir
-from dfpo.toy.config import ADAM_LR, ToyConfig
-from dfpo.toy.config import DEFAULT_OBJECTIVES as _DEFAULT_OBJECTIVES
-from dfpo.trainer.settings import parse_value, setting_of, type_hints, type_name
+from ..core.files import check_output_dir
+from ..core.settings import parse_value, setting_of, type_hints, type_name
+from .config import ADAM_LR, ToyConfig
+from .config import DEFAULT_OBJECTIVES as _DEFAULT_OBJECTIVES
 
 DEFAULT_OBJECTIVES = ",".join(_DEFAULT_OBJECTIVES)
 
@@ -45,7 +45,7 @@ SPREAD_PAIR = ("gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0
 
 def _pairs(items: list[str] | None, flag: str, parse=None) -> dict[str, object]:
     """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated); each value parsed by
-    ``parse(key, text)``, by default untyped (``dfpo.trainer.settings.parse_value``: bool, int, float or text)."""
+    ``parse(key, text)``, by default untyped (``dfpo.core.settings.parse_value``: bool, int, float or text)."""
 
     parse = parse or parse_value
     out: dict[str, object] = {}
@@ -69,7 +69,7 @@ def _numbers(text: str, flag: str, cast=int) -> list:
 
 
 def _typed(key: str, type_: object):
-    """An argparse ``type=`` that parses with ``dfpo.trainer.settings.parse_value``, named after the declared
+    """An argparse ``type=`` that parses with ``dfpo.core.settings.parse_value``, named after the declared
     type so that argparse's own error reads as before ('argument --seeds: invalid int value: 'x'')."""
 
     def parse(text: str) -> object:
@@ -111,7 +111,7 @@ def _add_discovery(p: argparse.ArgumentParser, files: str) -> None:
 
 def _config(args: argparse.Namespace, objectives: tuple[str, ...], group_size: int):
     """The ToyConfig of parsed options: every command-line field by name, the pairs parsed, G and lr resolved."""
-    from dfpo.trainer.loss.objectives import parse_override
+    from ..core.loss.objectives import parse_override
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ToyConfig) if f.metadata.get("cli", True) and hasattr(args, f.name)}
     values["task_options"] = _pairs(args.task_options, "--task-opt")
@@ -136,11 +136,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dfpo.toy.report import write_run
-    from dfpo.toy.train import run, validate
+    from .report import write_run
+    from .train import run, validate
 
     validate(config)  # every bad option fails here, before any compute
-    from dfpo.toy.report import read_discovery
+    from .report import read_discovery
 
     discovery = read_discovery(args.discovery, config) if args.discovery else None
     check_output_dir("--out", args.out, force=args.force, marker="config.json")
@@ -180,14 +180,14 @@ def _cmd_spread(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dfpo.toy.spread import KNOBS, spread_sweep
-    from dfpo.toy.train import validate
+    from .spread import KNOBS, spread_sweep
+    from .train import validate
 
     if args.knob not in KNOBS:
         raise ValueError(f"--knob must be one of {KNOBS}, got --knob {args.knob!r}")
     for v in values:  # every configuration of the sweep is checked before any compute
         validate(dataclasses.replace(config, **{args.knob: type(getattr(config, args.knob))(v)}))
-    from dfpo.toy.spread import read_spread_discovery
+    from .spread import read_spread_discovery
 
     discovery = read_spread_discovery(args.discovery, config, args.knob, values, args.baseline, args.method) if args.discovery else None
 
@@ -225,8 +225,8 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
     args.out = args.out or f"runs/toy-sweep-g-{args.task}-{args.mode}"
     import torch
 
-    from dfpo.toy.sweep import sweep_group_size
-    from dfpo.toy.train import validate
+    from .sweep import sweep_group_size
+    from .train import validate
 
     for c in configs:
         validate(c)

@@ -1,11 +1,11 @@
 """``ToyConfig``: one toy experiment. Light on purpose (no torch), so the CLI can build its options from it.
 
-Every field is declared once with ``dfpo.trainer.settings.setting``: its default, its help text (the
+Every field is declared once with ``dfpo.core.settings.setting``: its default, its help text (the
 ``Setting`` doc) and its bounds or choices. ``dfpo toy``'s options, their defaults and their help are read
 from here, never declared a second time; ``dfpo.toy.train.validate`` checks the bounds and choices through
 ``check_config`` and docs/config.md is generated from the same declarations. Command-line metadata beside
 the ``Setting``: ``short`` (a one-letter flag), ``cli`` (False: not an option), ``flag`` (the option's name
-when it is not the field's) and ``pairs`` (KEY=VALUE pairs, parsed by ``dfpo.trainer.settings.parse_value``).
+when it is not the field's) and ``pairs`` (KEY=VALUE pairs, parsed by ``dfpo.core.settings.parse_value``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dfpo.trainer.settings import Bounds, check_fields, setting
+from ..core.settings import Bounds, check_fields, setting
 
 MODES = ("sampled", "exact")
 OPTIMIZERS = ("adam", "sgd")

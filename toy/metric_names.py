@@ -2,7 +2,7 @@
 the explorer's runs page reads toy logs without torch).
 
 A quantity the LLM trainer logs too is logged by the toy under the trainer's name from
-``dfpo.trainer.metric_registry``, so toy and trainer runs share their charts.
+``dfpo.core.metric_registry``, so toy and trainer runs share their charts.
 """
 
 RENAMED = {"reward/sampled": "reward/mean"}

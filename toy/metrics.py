@@ -8,7 +8,7 @@ Where this departs from the paper:
    clipped away), because cancellation (eq 2) is a statement about gradient coefficients. The
    loss core's ``weights/asym`` uses the post-clip value instead; the two agree when nothing is clipped.
 2. Energy (eq 24), Jitter2 (eq 20), Steps (eq 19) and the shared residual (eq 2) are
-   ``dfpo.trainer.metrics``'s, the definitions the LLM trainer uses too.
+   ``dfpo.core.metrics``'s, the definitions the LLM trainer uses too.
 3. Learning tax (Prop. 3.1) is measured as KL(pi_new || pi_old) at the task's template rows,
    the contexts whose every token leads to the same next state, so their true policy
    gradient is zero and any drift there is reward-irrelevant.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dfpo.toy.policy import sequence_logprob
-from dfpo.toy.tasks import WRONG, Enumeration
-from dfpo.trainer.loss import aggregation_count
+from ..core.loss import aggregation_count
+from .policy import sequence_logprob
+from .tasks import WRONG, Enumeration
 
 
 def kl_rows(logp_new: Tensor, logp_old: Tensor, rows: Tensor) -> Tensor:

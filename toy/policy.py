@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dfpo.toy.tasks import END, Enumeration, Task
+from .tasks import END, Enumeration, Task
 
 
 def init_params(task: Task, seeds: int, *, noise: float, generator: torch.Generator) -> Tensor:

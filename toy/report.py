@@ -9,7 +9,7 @@ Layout of a run folder::
     reward.png, tax.png, equiv_entropy.png, asym.png, overview.png
 
 The paper checks compare a DFPO variant with GSPO on paired seeds (same seed index, same
-initial noise) with ``dfpo.toy.stats``: a Student-t interval of the paired difference,
+initial noise) with ``dfpo.core.stats``: a Student-t interval of the paired difference,
 Bonferroni-adjusted over every check the table shows; "negligible" when that interval lies
 within 2% of the baseline's mean, "reproduced" when it lies on the predicted side of 0,
 "contradicted" on the other side, else "inconclusive". Given the run folder of the same command
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.files import naming_write_errors, read_utf8, write_text_atomic
-from dfpo.toy import stats
-from dfpo.toy.config import ToyConfig
-from dfpo.toy.metric_names import RENAMED
-from dfpo.trainer.loss import objective_from_label, unmatched_components
-from dfpo.trainer.metrics import jitter2, steps_to
+from ..core import stats
+from ..core.files import naming_write_errors, read_utf8, write_text_atomic
+from ..core.loss import objective_from_label, unmatched_components
+from ..core.metrics import jitter2, steps_to
+from .config import ToyConfig
+from .metric_names import RENAMED
 
 PLOTS = {
     "reward": ("reward", "expected reward E[R]"),
@@ -137,7 +137,7 @@ NEGLIGIBLE = stats.NEGLIGIBLE
 def paired_verdict(
     diff: np.ndarray, direction: int, baseline: float | None = None, *, tests: int = 1
 ) -> tuple[str, tuple[float, float, float]]:
-    """The verdict of ``dfpo.toy.stats.verdict`` on the Student-t interval of a paired difference,
+    """The verdict of ``dfpo.core.stats.verdict`` on the Student-t interval of a paired difference,
     Bonferroni-adjusted over ``tests``: 'negligible (within 2% of the baseline)', 'reproduced',
     'contradicted' or 'inconclusive'; 'inconclusive (no difference)' when every difference is 0."""
     interval = stats.paired_interval(diff, tests=tests)

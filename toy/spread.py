@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.files import read_utf8, write_text_atomic
-from dfpo.toy import stats
-from dfpo.toy.report import _plain, summarise, to_numpy
-from dfpo.toy.train import ToyConfig, run
-from dfpo.trainer.loss import objective_from_label, unmatched_components
+from ..core import stats
+from ..core.files import read_utf8, write_text_atomic
+from ..core.loss import objective_from_label, unmatched_components
+from .report import _plain, summarise, to_numpy
+from .train import ToyConfig, run
 
 KNOBS = ("inner_steps", "lr", "group_size", "init_noise")
 """ToyConfig fields the sweep may vary."""

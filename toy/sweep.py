@@ -4,7 +4,7 @@ Paper Table 4 (Qwen3-32B, AIME25 avg@32, DFPO Min-Replace minus GSPO): G = 2, 4,
 +3.1, +4.2, +5.6, +5.7 points: the gain grows with G. Here the gain is measured on paired
 seeds (same seed index, same initial noise) for the toy's final expected reward, its mean over
 training (sample efficiency) and the learning tax, each with a Student-t interval Bonferroni-adjusted
-over every gain the table shows (``dfpo.toy.stats``).
+over every gain the table shows (``dfpo.core.stats``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dfpo.files import write_text_atomic
-from dfpo.toy import stats
-from dfpo.toy.report import summarise, to_numpy, write_metrics
-from dfpo.toy.train import ToyConfig, run
-from dfpo.trainer.loss import objective_from_label, unmatched_components
+from ..core import stats
+from ..core.files import write_text_atomic
+from ..core.loss import objective_from_label, unmatched_components
+from .report import summarise, to_numpy, write_metrics
+from .train import ToyConfig, run
 
 PAPER_TABLE4 = {2: 3.1, 4: 4.2, 8: 5.6, 16: 5.7}
 

@@ -32,13 +32,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dfpo import group_advantages, policy_loss
-from dfpo.toy import metrics as M
-from dfpo.toy.config import MODES, OPTIMIZERS, ToyConfig, check_config
-from dfpo.toy.policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
-from dfpo.toy.tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
-from dfpo.trainer import metrics
-from dfpo.trainer.loss import aggregation_count, dropped_tokens, group_variance, objective_from_label, sequence_log_ratio
+from ..core import metrics
+from ..core.loss import (
+    aggregation_count,
+    dropped_tokens,
+    group_advantages,
+    group_variance,
+    objective_from_label,
+    policy_loss,
+    sequence_log_ratio,
+)
+from . import metrics as M
+from .config import MODES, OPTIMIZERS, ToyConfig, check_config
+from .policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
+from .tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
 __all__ = ["MODES", "OPTIMIZERS", "ToyConfig", "loss_coefficients", "make_batch", "run", "train_objective", "validate"]
 
@@ -257,7 +264,7 @@ def train_objective(
     entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high,
     weights/asym (sampled mode),
     ratio/spread (within-group std of the sequence log-ratio log s_i at each update, averaged over groups).
-    A quantity the LLM trainer logs too carries its name (``dfpo.trainer.metric_registry``).
+    A quantity the LLM trainer logs too carries its name (``dfpo.core.metric_registry``).
     """
     spec = objective_from_label(objective, **dict(config.overrides))
     S, K = config.seeds, config.inner_steps
@@ -354,7 +361,7 @@ def _update_metrics(
 
 
 def _shared_residual(coef: Tensor, rows: Tensor, toks: Tensor, mask: Tensor, group: Tensor, n_groups: int, vocab: int) -> dict[str, Tensor]:
-    """Eq 2's residual per seed, (S,) each: ``dfpo.trainer.metrics.shared_residual`` on the toy's shared pairs.
+    """Eq 2's residual per seed, (S,) each: ``dfpo.core.metrics.shared_residual`` on the toy's shared pairs.
 
     coef (S, B, T) = each seed's d loss_s / d logp; group (S, B) in [0, n_groups). A pair is shared when every
     member of the group has the same parameter row (the tabular policy's whole context) and token at t.

@@ -19,7 +19,7 @@ accelerate / DeepSpeed, logging. Two methods change:
   (any preset or label, e.g. ``"dfpo_min:stopgrad=score"``), TRL's old and reference log-probs; every call
   checks that it holds whole groups. dfpo's metrics (``weights/asym``, clip fractions, ...) are logged through
   TRL's logger under ``dfpo/``, combined over the processes and over TRL's logging window by each key's declared
-  reduction (``dfpo.trainer.metric_registry``: ``ratio/max`` stays a maximum, a count a sum).
+  reduction (``dfpo.core.metric_registry``: ``ratio/max`` stays a maximum, a count a sum).
 
 Several processes (``accelerate launch``): each process builds its own generation batch from TRL's
 ``RepeatSampler`` (every prompt ``num_generations`` times in a row, the same order on every process), and
@@ -45,8 +45,8 @@ import warnings
 
 import torch
 
-from dfpo.trainer.loss import ObjectiveSpec, objective_from_label, policy_loss
-from dfpo.trainer.metric_registry import reduce_values
+from dfpo.core.loss import ObjectiveSpec, objective_from_label, policy_loss
+from dfpo.core.metric_registry import reduce_values
 
 try:
     from accelerate.utils import gather_object
@@ -57,7 +57,7 @@ except ImportError as err:  # pragma: no cover - the [dev] extra installs TRL
 
 GROUP_KEY = "dfpo_group_ids"
 DFPO_PREFIX = "dfpo/"
-"""dfpo's metrics in TRL's logs: ``dfpo/<key of dfpo.trainer.metric_registry>``."""
+"""dfpo's metrics in TRL's logs: ``dfpo/<key of dfpo.core.metric_registry>``."""
 
 
 def shuffle_groups(batch: dict, group_size: int, generator: torch.Generator | None = None, first_group: int = 0) -> dict:

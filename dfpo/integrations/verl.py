@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dfpo.trainer.loss import OBJECTIVES, ObjectiveSpec, policy_loss
+from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
 
 
 def loss_mode_name(preset: str) -> str:

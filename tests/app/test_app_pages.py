@@ -136,7 +136,7 @@ def _direct(objective: str, lengths: list[int], seed: int = 0):
     """The breakdown computed with the cancellation helpers, no page involved: the preset, no overrides."""
     import torch
 
-    from dfpo.trainer.loss.cancellation import group_breakdown, make_shared_prefix_group
+    from dfpo.core.loss.cancellation import group_breakdown, make_shared_prefix_group
 
     group = make_shared_prefix_group(
         torch.tensor(data.DEFAULT_REWARDS, dtype=torch.float64), lengths, prefix_len=3, shared_log_ratio=0.0, log_ratio_scale=0.3, seed=seed
@@ -149,7 +149,7 @@ COMPONENTS = ("stopgrad", "aggregation", "length_aware", "eps_low", "eps_high")
 
 def _expected_verdict(b) -> str:
     """The page's verdict rule applied to a breakdown computed without the page."""
-    from dfpo.trainer.loss.cancellation import CANCEL_TOL
+    from dfpo.core.loss.cancellation import CANCEL_TOL
 
     if bool((b.coefficient.abs() < CANCEL_TOL).all()):
         return "no gradient at all"
@@ -169,7 +169,7 @@ def _components_shown(at: AppTest) -> dict:
 def test_cancellation_by_hand_switching_objectives_shows_each_presets_components_and_its_verdict():
     """grpo -> gspo -> grpo_fix -> dapo differ in clip range and aggregation: each shows its own and the
     verdict and residual of the preset itself (before the fix grpo_fix and dapo kept GSPO's components)."""
-    from dfpo.trainer.loss import OBJECTIVES
+    from dfpo.core.loss import OBJECTIVES
 
     at = page("cancel")
     lengths = [4, 6, 9, 5]
@@ -308,7 +308,7 @@ def test_cancellation_by_hand_metric_labels_are_short_and_explained():
 
 
 def test_atlas_covers_every_objective_and_grpo_fix_cancels_with_a_length_free_aggregation():
-    from dfpo.trainer.loss import OBJECTIVES
+    from dfpo.core.loss import OBJECTIVES
 
     at = page("atlas")
     frame = at.dataframe[0].value

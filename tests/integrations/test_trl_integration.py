@@ -12,12 +12,12 @@ pytest.importorskip("trl")
 
 from dfpo import policy_loss, resolve_objective  # noqa: E402
 from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer, check_group_prompts, check_whole_groups, shuffle_groups  # noqa: E402
-from dfpo.trainer.llm.config import ModelConfig  # noqa: E402
-from dfpo.trainer.llm.forward import completion_logprobs  # noqa: E402
-from dfpo.trainer.llm.minibatches import micro_batch  # noqa: E402
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
-from dfpo.trainer.llm.rollout import build_batch  # noqa: E402
-from dfpo.trainer.llm.stage_update import accumulate_gradients  # noqa: E402
+from dfpo.trainer.config import ModelConfig  # noqa: E402
+from dfpo.trainer.forward import completion_logprobs  # noqa: E402
+from dfpo.trainer.minibatches import micro_batch  # noqa: E402
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
+from dfpo.trainer.rollout import build_batch  # noqa: E402
+from dfpo.trainer.stage_update import accumulate_gradients  # noqa: E402
 
 G = 4
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dfpo import policy_loss
+from dfpo.core.loss import OBJECTIVES
 from dfpo.integrations.verl import check_groups_stay_whole, loss_mode_name, make_verl_policy_loss, register_dfpo_losses
-from dfpo.trainer.loss import OBJECTIVES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 
 G = 4
 

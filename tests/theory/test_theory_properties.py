@@ -10,14 +10,14 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dfpo.theory.tabular import log_ratios_for, shared_gradient, tabular_group
-from dfpo.trainer.loss import (
+from dfpo.core.loss import (
     asymmetry,
     group_advantages,
     min_replace,
     sign_aware_clip,
     truncate_rebalance,
 )
+from dfpo.theory.tabular import log_ratios_for, shared_gradient, tabular_group
 
 rationals = st.fractions(min_value=Fr(1, 50), max_value=Fr(5), max_denominator=60)
 signed = st.fractions(min_value=Fr(-3), max_value=Fr(3), max_denominator=30)

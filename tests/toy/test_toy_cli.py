@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dfpo.cli import main
+from dfpo.core.metrics import jitter2, steps_to
 from dfpo.toy.metrics import kl_rows
 from dfpo.toy.report import paired_verdict
-from dfpo.trainer.metrics import jitter2, steps_to
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,9 +138,9 @@ def test_every_toy_option_takes_its_default_and_help_from_toyconfig():
     import argparse
     import dataclasses
 
+    from dfpo.core.settings import setting_of
     from dfpo.toy.cli import _add_common, _config
     from dfpo.toy.config import ADAM_LR, ToyConfig
-    from dfpo.trainer.settings import setting_of
 
     parser = argparse.ArgumentParser()
     _add_common(parser)

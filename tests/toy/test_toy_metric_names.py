@@ -1,4 +1,4 @@
-"""The toy logs a quantity the LLM trainer logs too under the trainer's name (dfpo.trainer.metric_registry), so
+"""The toy logs a quantity the LLM trainer logs too under the trainer's name (dfpo.core.metric_registry), so
 the explorer draws toy and trainer runs in the same charts; older toy run folders are read under today's names."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from dfpo.cli import main
+from dfpo.core.metric_registry import lookup
 from dfpo.toy.metric_names import RENAMED
 from dfpo.toy.report import read_metrics
 from dfpo.toy.tasks import tenplusten
 from dfpo.toy.train import ToyConfig, train_objective
-from dfpo.trainer.metric_registry import lookup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

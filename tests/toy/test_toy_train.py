@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from dfpo import OBJECTIVES, group_advantages, policy_loss, resolve_objective
+from dfpo.core.loss import parse_objective_label
 from dfpo.toy.policy import gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
 from dfpo.toy.tasks import enumerate_completions, family, tenplusten
 from dfpo.toy.train import ToyConfig, _shared_residual, loss_coefficients, make_batch, train_objective, validate
-from dfpo.trainer.loss import parse_objective_label
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from dfpo.cli import main
-from dfpo.trainer.llm import compare as C
-from dfpo.trainer.llm.compare import make_plan, paired_table, read_run, run_dir, train_command
-from dfpo.trainer.llm.config import config_to_dict
-from dfpo.trainer.llm.run_folder import run_identity, write_mark
+from dfpo.trainer import compare as C
+from dfpo.trainer.compare import make_plan, paired_table, read_run, run_dir, train_command
+from dfpo.trainer.config import config_to_dict
+from dfpo.trainer.run_folder import run_identity, write_mark
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_resume import SETS  # noqa: E402

@@ -4,7 +4,7 @@ import tomllib
 
 import pytest
 
-from dfpo.trainer.llm.config import Config, apply_overrides, config_from_dict, config_to_toml, load_config
+from dfpo.trainer.config import Config, apply_overrides, config_from_dict, config_to_toml, load_config
 
 
 def test_defaults_validate():
@@ -91,7 +91,7 @@ def test_shipped_configs_parse():
     ],
 )
 def test_every_numeric_key_is_bounded_in_validation_naming_the_key(assignment, message):
-    from dfpo.trainer.llm.config import load_config
+    from dfpo.trainer.config import load_config
 
     with pytest.raises(ValueError) as err:
         load_config("configs/tiny-cpu.toml", [assignment])
@@ -103,8 +103,8 @@ def test_every_numeric_and_choice_field_declares_its_bounds_with_its_definition(
     import dataclasses
     import typing
 
-    from dfpo.trainer.llm import config as C
-    from dfpo.trainer.settings import setting_of
+    from dfpo.core.settings import setting_of
+    from dfpo.trainer import config as C
 
     for section in [C.Config, *(t for t in typing.get_type_hints(C.Config).values() if dataclasses.is_dataclass(t))]:
         hints = typing.get_type_hints(section)
@@ -139,7 +139,7 @@ def test_the_advantage_estimator_is_set_in_one_place():
     ],
 )
 def test_a_set_value_of_the_wrong_type_names_the_key_and_the_value(assignment, message):
-    """--set parses with dfpo.trainer.settings.parse_value into the key's declared type (an objective override
+    """--set parses with dfpo.core.settings.parse_value into the key's declared type (an objective override
     into its ObjectiveSpec field's type)."""
     with pytest.raises(ValueError) as err:
         apply_overrides({}, [assignment])

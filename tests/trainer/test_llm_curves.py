@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dfpo.trainer.llm.curves import PANELS, rolling_mean, series, write_curves
+from dfpo.trainer.curves import PANELS, rolling_mean, series, write_curves
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -63,7 +63,7 @@ def test_a_folder_without_a_logged_step_is_named(tmp_path):
 
 
 def test_every_panel_is_a_metric_the_trainer_logs():
-    from dfpo.trainer.metric_registry import lookup
+    from dfpo.core.metric_registry import lookup
 
     for key, _ in PANELS:
         lookup(key)  # KeyError for a key nobody logs

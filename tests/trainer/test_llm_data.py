@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from dfpo.trainer.llm.rewards import RewardComputer, correctness_fn, equiv_match, exact_match, math_verify_match
-from dfpo.trainer.llm.tasks import Example, PromptSampler, load_jsonl, make_add_examples, sum_value, surface_form
+from dfpo.trainer.rewards import RewardComputer, correctness_fn, equiv_match, exact_match, math_verify_match
+from dfpo.trainer.tasks import Example, PromptSampler, load_jsonl, make_add_examples, sum_value, surface_form
 
 
 def test_add_task_answers_are_sums():
@@ -71,7 +71,7 @@ def test_slow_reward_times_out_to_zero_and_is_counted():
 
 
 def test_format_reward_adds_weighted_regex_match():
-    from dfpo.trainer.llm.rewards import RewardSpec
+    from dfpo.trainer.rewards import RewardSpec
 
     rc = RewardComputer(RewardSpec("exact"), format_weight=0.5, format_regex=r"^\d+$")
     out = rc(["p"] * 3, ["5", "x", "6"], [Example("p", "5")] * 3)
@@ -79,7 +79,7 @@ def test_format_reward_adds_weighted_regex_match():
 
 
 def test_user_reward_callable_is_imported_and_bad_spec_rejected():
-    from dfpo.trainer.llm.rewards import RewardSpec, reward_spec
+    from dfpo.trainer.rewards import RewardSpec, reward_spec
 
     fn = correctness_fn("user", "add", "json:dumps")
     assert callable(fn)
@@ -109,8 +109,8 @@ def test_prompt_sampler_resumes_exactly():
 
 
 def test_builtin_eval_split_is_held_out():
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.tasks import load_splits
 
     train, evals = load_splits(DataConfig(task="add", max_operand=9, train_size=500, eval_size=30), seed=0)
     assert len({e.prompt for e in evals}) == 30
@@ -120,8 +120,8 @@ def test_builtin_eval_split_is_held_out():
 
 
 def test_files_that_are_not_utf8_are_named_with_their_line(tmp_path):
-    from dfpo.trainer.llm.config import load_config
-    from dfpo.trainer.llm.tasks import load_jsonl
+    from dfpo.trainer.config import load_config
+    from dfpo.trainer.tasks import load_jsonl
 
     bad = tmp_path / "d.jsonl"
     bad.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
@@ -135,7 +135,7 @@ def test_files_that_are_not_utf8_are_named_with_their_line(tmp_path):
 
 @pytest.mark.parametrize("answer", ["true", "null", "[1]", '{"x": 1}'])
 def test_an_answer_that_is_not_a_string_or_number_is_rejected(tmp_path, answer):
-    from dfpo.trainer.llm.tasks import load_jsonl
+    from dfpo.trainer.tasks import load_jsonl
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": ' + answer + "}\n")
@@ -144,7 +144,7 @@ def test_an_answer_that_is_not_a_string_or_number_is_rejected(tmp_path, answer):
 
 
 def test_duplicate_prompts_across_the_split_are_found():
-    from dfpo.trainer.llm.tasks import duplicate_prompts
+    from dfpo.trainer.tasks import duplicate_prompts
 
     train = [Example("1+1=", "2"), Example("2+2=", "4")]
     assert duplicate_prompts(train, [Example("2+2=", "4"), Example("3+3=", "6")]) == ["2+2="]
@@ -157,7 +157,7 @@ def test_a_prompt_longer_than_the_context_names_file_and_line_or_is_truncated(tm
     _sys.path.insert(0, str(_Path(__file__).parent))
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     data = tmp_path / "d.jsonl"
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(8)] + [{"prompt": "9" * 400 + "+1=", "answer": "x"}]
@@ -205,8 +205,8 @@ def test_a_directory_or_a_fifo_given_as_a_data_file_is_named_as_such(tmp_path, k
     """Both used to say 'no such file'; a FIFO would make a reader wait forever."""
     import os
 
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.tasks import load_splits
 
     good = tmp_path / "d.jsonl"
     good.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
@@ -236,9 +236,9 @@ class _TokenizerSpy:
 def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenised():
     """A 50 MB one-line prompt used to be tokenised whole before the length check: 13 GB of memory, then a panic in
     the tokenizer. More characters than the limit's tokens x the longest token (5 characters here: '<pad>') cannot fit."""
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.policy import build_char_tokenizer
-    from dfpo.trainer.llm.tasks import encode_prompts, prompt_char_limit
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.policy import build_char_tokenizer
+    from dfpo.trainer.tasks import encode_prompts, prompt_char_limit
 
     tok = _TokenizerSpy(build_char_tokenizer())
     assert prompt_char_limit(tok, 253) == 253 * 5
@@ -253,9 +253,9 @@ def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenised():
 def test_a_prompt_too_long_in_characters_is_cut_before_tokenising_when_truncation_is_asked():
     """data.truncate_prompts keeps the last tokens; the tokenizer sees at most 2 x the character limit, so the tokens
     kept lie far from the cut and are the ones a whole tokenisation would keep."""
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.policy import build_char_tokenizer
-    from dfpo.trainer.llm.tasks import encode_prompts
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.policy import build_char_tokenizer
+    from dfpo.trainer.tasks import encode_prompts
 
     tok = _TokenizerSpy(build_char_tokenizer())
     prompt = "".join(str(i % 10) for i in range(1_000_000)) + "+1="

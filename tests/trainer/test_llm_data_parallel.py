@@ -18,9 +18,9 @@ import pytest
 import torch
 from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
-from dfpo.trainer.llm.cli import relaunch_command
-from dfpo.trainer.llm.config import apply_overrides, config_from_dict
-from dfpo.trainer.llm.train import Trainer
+from dfpo.trainer.cli import relaunch_command
+from dfpo.trainer.config import apply_overrides, config_from_dict
+from dfpo.trainer.train import Trainer
 
 SETS = [
     *TINY_MODEL_SETS,
@@ -192,9 +192,9 @@ def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_p
 
 
 def test_group_seeds_make_completions_independent_of_their_batch():
-    from dfpo.trainer.llm.config import ModelConfig
-    from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.llm.rollout import HFGenerateEngine, SamplingParams
+    from dfpo.trainer.config import ModelConfig
+    from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+    from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from dfpo import resolve_objective
-from dfpo.trainer import metrics
-from dfpo.trainer.llm import diagnostics as diag
-from dfpo.trainer.llm.diagnostics import StepDiagnostics
-from dfpo.trainer.llm.minibatches import MicroBatch
-from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.stage_update import accumulate_gradients
+from dfpo.core import metrics
+from dfpo.trainer import diagnostics as diag
+from dfpo.trainer.diagnostics import StepDiagnostics
+from dfpo.trainer.minibatches import MicroBatch
+from dfpo.trainer.rollout import build_batch
+from dfpo.trainer.stage_update import accumulate_gradients
 
 
 def test_closed_form_logit_gradient_norm_matches_autograd():
@@ -65,14 +65,14 @@ def _shared_prefix_batch(tok):
 def test_shared_prefix_residual_is_zero_exactly_when_the_objective_cancels(objective, cancels):
     """Paper sec. 3: with sum_i A_i = 0 and equal lengths, GRPO's shared-token gradients cancel
     on-policy; GSPO's sequence weights s_i break it off-policy; Min-Replace restores it."""
-    from dfpo.trainer.llm.config import ModelConfig
-    from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
+    from dfpo.trainer.config import ModelConfig
+    from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 
     torch.manual_seed(0)
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
     batch = _shared_prefix_batch(tok)
-    from dfpo.trainer.llm.rollout import completion_logits, token_logp
+    from dfpo.trainer.rollout import completion_logits, token_logp
 
     with torch.no_grad():
         logp = token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids)  # (4, 4)

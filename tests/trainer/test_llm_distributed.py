@@ -8,17 +8,17 @@ import torch
 import torch.multiprocessing as mp
 
 from dfpo import resolve_objective
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.distributed import (
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.distributed import (
     all_reduce_gradients,
     combine_metrics,
     global_accumulation_weights,
     rank_share,
 )
-from dfpo.trainer.llm.minibatches import micro_batch, split_groups
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.stage_update import accumulate_gradients
+from dfpo.trainer.minibatches import micro_batch, split_groups
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.rollout import build_batch
+from dfpo.trainer.stage_update import accumulate_gradients
 
 CASES = [("grpo", {}), ("dapo", {}), ("dr_grpo", {"max_completion_length": 6}), ("dfpo_min", {"eps_low": 0.05, "eps_high": 0.05})]
 

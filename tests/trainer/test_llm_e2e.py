@@ -8,8 +8,8 @@ import torch
 from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
 
 from dfpo import OBJECTIVES
-from dfpo.trainer.llm.config import apply_overrides, config_from_dict
-from dfpo.trainer.llm.train import NonFiniteLossError, Trainer
+from dfpo.trainer.config import apply_overrides, config_from_dict
+from dfpo.trainer.train import NonFiniteLossError, Trainer
 
 # A reward with variance from the first step: the format reward pays completions that start
 # with a letter or digit (about 2 in 3 characters), so groups are rarely all-equal.
@@ -87,7 +87,7 @@ def test_existing_run_dir_is_refused_before_any_work(tmp_path):
 
 
 def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_path, monkeypatch):
-    import dfpo.trainer.llm.stage_update as update_mod
+    import dfpo.trainer.stage_update as update_mod
 
     real = update_mod.policy_loss
     calls = {"n": 0}
@@ -110,7 +110,7 @@ def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_
 
 
 def test_tokenizer_without_pad_token_fails_with_what_to_set():
-    from dfpo.trainer.llm.policy import build_char_tokenizer, check_pad_token
+    from dfpo.trainer.policy import build_char_tokenizer, check_pad_token
 
     tok = build_char_tokenizer()
     tok.pad_token = None
@@ -150,7 +150,7 @@ def test_tiny_cpu_config_raises_reward(tmp_path):
     held-out evaluations beat the one at step 0."""
     from pathlib import Path
 
-    from dfpo.trainer.llm.config import load_config
+    from dfpo.trainer.config import load_config
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs" / "tiny-cpu.toml", [f'run_dir="{tmp_path / "run"}"', "log.progress=false"])
@@ -183,9 +183,9 @@ def test_full_finetune_with_reference_model_logs_kl(tmp_path):
 
 
 def test_chat_template_is_applied_when_the_tokenizer_has_one():
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.policy import build_char_tokenizer
-    from dfpo.trainer.llm.tasks import Example, encode_prompts
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.policy import build_char_tokenizer
+    from dfpo.trainer.tasks import Example, encode_prompts
 
     tok = build_char_tokenizer()
     ex = [Example("1+2=", "3")]
@@ -199,9 +199,9 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one():
 
 
 def test_reasoning_gym_problems_load_offline_and_score():
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.rewards import correctness_fn
-    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.rewards import correctness_fn
+    from dfpo.trainer.tasks import load_splits
 
     train, evals = load_splits(DataConfig(task="reasoning_gym", name="gsm_symbolic", train_size=3, eval_size=2), seed=0)
     assert len(train) == 3 and len(evals) == 2

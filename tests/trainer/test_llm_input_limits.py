@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dfpo.trainer.llm.config import config_from_dict, config_to_toml, load_config
-from dfpo.trainer.llm.tasks import load_jsonl
-from dfpo.trainer.llm.train import Trainer
+from dfpo.trainer.config import config_from_dict, config_to_toml, load_config
+from dfpo.trainer.tasks import load_jsonl
+from dfpo.trainer.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_llm_data_parallel import ENV, _cmd, children
 
-from dfpo.trainer.llm.launch import Launcher, rank_environment
+from dfpo.trainer.launch import Launcher, rank_environment
 
 LONG = ("train.steps=400", "train.save_every=50")
 

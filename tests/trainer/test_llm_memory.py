@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.llm.config import apply_overrides, config_from_dict
-from dfpo.trainer.llm.memory import check_memory, memory_needs, pretrained_shape, tiny_shape, total_bytes
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.llm.train import Trainer
+from dfpo.trainer.config import apply_overrides, config_from_dict
+from dfpo.trainer.memory import check_memory, memory_needs, pretrained_shape, tiny_shape, total_bytes
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from reward_fixtures import spec
 from tiny_run import TINY_MODEL_SETS
 
-from dfpo.trainer.llm import reward_pool
-from dfpo.trainer.llm.reward_pool import RewardPool
-from dfpo.trainer.llm.reward_worker import as_reward
-from dfpo.trainer.llm.rewards import RewardComputer, RewardSpec, correctness_fn, reward_spec
-from dfpo.trainer.llm.tasks import Example
+from dfpo.trainer import reward_pool
+from dfpo.trainer.reward_pool import RewardPool
+from dfpo.trainer.reward_worker import as_reward
+from dfpo.trainer.rewards import RewardComputer, RewardSpec, correctness_fn, reward_spec
+from dfpo.trainer.tasks import Example
 
 EX = Example("1+1=", "2")
 HERE = Path(__file__).resolve().parent
@@ -253,7 +253,7 @@ def test_hundreds_of_calls_whose_worker_is_killed_leak_no_process_or_thread():
 _SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {here!r})
-from dfpo.trainer.llm import reward_pool
+from dfpo.trainer import reward_pool
 assert "torch" not in sys.modules
 def pool(name, **kw):
     return reward_pool.RewardPool("user", "reward_fixtures:" + name, **kw)
@@ -325,8 +325,8 @@ import signal, sys
 sys.path.insert(0, {str(HERE)!r})
 from reward_fixtures import spec
 from tiny_run import TINY_MODEL_SETS
-from dfpo.trainer.llm.rewards import RewardComputer
-from dfpo.trainer.llm.tasks import Example
+from dfpo.trainer.rewards import RewardComputer
+from dfpo.trainer.tasks import Example
 def handler(signum, frame):
     print("handler ran", flush=True)
     raise SystemExit(100 + signum)
@@ -412,7 +412,7 @@ def test_pool_rejects_an_unknown_kind():
 
 
 def test_a_function_from_correctness_fn_is_run_by_its_name():
-    from dfpo.trainer.llm.rewards import correctness_fn, exact_match
+    from dfpo.trainer.rewards import correctness_fn, exact_match
 
     with RewardComputer(correctness_fn("user", "add", "reward_fixtures:os_exit"), workers=1) as rc:
         assert rc.spec == spec("os_exit") and rc(["p"], ["c"], [EX]).errors == 1  # in a worker: the process survives
@@ -424,9 +424,9 @@ def test_a_function_from_correctness_fn_is_run_by_its_name():
 
 @pytest.mark.slow
 def test_reasoning_gym_scores_in_workers_equal_the_in_process_scores():
-    from dfpo.trainer.llm.config import DataConfig
-    from dfpo.trainer.llm.rewards import correctness_fn, reward_spec
-    from dfpo.trainer.llm.tasks import load_splits
+    from dfpo.trainer.config import DataConfig
+    from dfpo.trainer.rewards import correctness_fn, reward_spec
+    from dfpo.trainer.tasks import load_splits
 
     train, _ = load_splits(DataConfig(task="reasoning_gym", name="gsm_symbolic", train_size=3, eval_size=2), seed=0)
     completions = [f"so \\boxed{{{ex.answer}}}" for ex in train] + ["\\boxed{-1}"] * 3
@@ -630,7 +630,7 @@ def test_max_tasks_per_worker_starts_a_new_worker_after_that_many_calls():
 
 
 def test_the_config_defaults_are_the_pool_defaults():
-    from dfpo.trainer.llm.config import RewardConfig
+    from dfpo.trainer.config import RewardConfig
 
     assert RewardConfig().memory_limit_mb == reward_pool.DEFAULT_MEMORY_LIMIT_MB
     assert RewardConfig().max_tasks_per_worker == 0  # never recycled for their count, as multiprocessing's default

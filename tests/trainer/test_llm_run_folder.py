@@ -25,16 +25,16 @@ import torch
 from safetensors import SafetensorError
 
 from dfpo.cli import main
-from dfpo.files import WriteFailed
-from dfpo.trainer.llm import checkpoint as checkpoint_module
-from dfpo.trainer.llm import run_state as run_state_module
-from dfpo.trainer.llm import runlog as runlog_module
-from dfpo.trainer.llm.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from dfpo.trainer.llm.config import config_to_dict
-from dfpo.trainer.llm.launch import PARENT_DEATH
-from dfpo.trainer.llm.run_folder import RunFolderLock
-from dfpo.trainer.llm.runlog import StoppedAtOnce, StopSignals
-from dfpo.trainer.llm.train import Trainer
+from dfpo.core.files import WriteFailed
+from dfpo.trainer import checkpoint as checkpoint_module
+from dfpo.trainer import run_state as run_state_module
+from dfpo.trainer import runlog as runlog_module
+from dfpo.trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from dfpo.trainer.config import config_to_dict
+from dfpo.trainer.launch import PARENT_DEATH
+from dfpo.trainer.run_folder import RunFolderLock
+from dfpo.trainer.runlog import StoppedAtOnce, StopSignals
+from dfpo.trainer.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402
@@ -605,7 +605,7 @@ def test_the_mark_records_the_runs_identity_when_it_starts(finished_template):
 
 
 def test_the_identity_ignores_what_a_resume_may_change_and_nothing_else():
-    from dfpo.trainer.llm.run_folder import run_identity
+    from dfpo.trainer.run_folder import run_identity
 
     base = config_to_dict(tiny_config(Path("/a")))
     same = config_to_dict(tiny_config(Path("/b"), "train.steps=9", "train.save_every=3", "eval.every=0"))

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.forward import completion_logprobs
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.llm.rollout import HFGenerateEngine, SamplingParams, build_batch, sampler_logp
-from dfpo.trainer.llm.stage_old_logp import mismatch_metrics
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.forward import completion_logprobs
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, sampler_logp
+from dfpo.trainer.stage_old_logp import mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,7 +64,7 @@ def test_top_k_one_is_greedy_with_log_prob_zero():
     assert samples.tokens[0] == samples.tokens[1]
     assert all(lp == 0.0 for lp in samples.logprobs[0])
     batch = build_batch(_prompts(tok)[:1], samples.tokens[:1], 1, pad_id=tok.pad_token_id, eos_ids={tok.eos_token_id}, max_new_tokens=5)
-    from dfpo.trainer.llm.rollout import completion_logits
+    from dfpo.trainer.rollout import completion_logits
 
     with torch.no_grad():
         greedy = completion_logits(model, batch, "cpu").argmax(-1)[0, : len(samples.tokens[0])]
@@ -77,7 +77,7 @@ def test_tempered_sampling_recomputes_old_log_probs_and_logs_the_gap(tmp_path):
 
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, "train.steps=1", "eval.every=0", "rollout.temperature=0.7"), quiet=True)
     assert not trainer.old_logp_from_sampler()
@@ -93,7 +93,7 @@ def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_pa
 
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     cfg = tiny_config(
         tmp_path,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from dfpo.trainer.llm import parallel
-from dfpo.trainer.llm.diagnostics import StepDiagnostics
-from dfpo.trainer.llm.minibatches import accumulation_weights
-from dfpo.trainer.llm.stage_old_logp import FirstPass
-from dfpo.trainer.llm.tasks import Example, sft_target, surface_form_shares
+from dfpo.trainer import parallel
+from dfpo.trainer.diagnostics import StepDiagnostics
+from dfpo.trainer.minibatches import accumulation_weights
+from dfpo.trainer.stage_old_logp import FirstPass
+from dfpo.trainer.tasks import Example, sft_target, surface_form_shares
 
-LLM = Path(__file__).resolve().parents[2] / "trainer" / "llm"
+LLM = Path(__file__).resolve().parents[2] / "trainer"
 
 
 def test_one_process_answers_every_question_with_its_own_value():

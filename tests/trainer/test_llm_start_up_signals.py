@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.llm.exit_signals import start_up_message
+from dfpo.trainer.exit_signals import start_up_message
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.toml"
 WARM_UP_FOR_MINUTES = ("--set", "model.sft_steps=100000")

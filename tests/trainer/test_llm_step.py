@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo import resolve_objective
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.forward import completion_logprobs, plain_lm_head
-from dfpo.trainer.llm.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.llm.rollout import build_batch, completion_logits, token_logp
-from dfpo.trainer.llm.stage_old_logp import FirstPass, batch_logp
-from dfpo.trainer.llm.stage_update import accumulate_gradients
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.forward import completion_logprobs, plain_lm_head
+from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
+from dfpo.trainer.stage_old_logp import FirstPass, batch_logp
+from dfpo.trainer.stage_update import accumulate_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -161,8 +161,8 @@ def test_a_training_step_recomputes_old_log_probs_only_for_rows_after_the_first_
     sampling at temperature 1) never runs it."""
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm import stage_old_logp
-    from dfpo.trainer.llm import train as train_mod
+    from dfpo.trainer import stage_old_logp
+    from dfpo.trainer import train as train_mod
 
     calls = []
     real = stage_old_logp.batch_logp
@@ -202,8 +202,8 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monke
 
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm import stage_advantages
-    from dfpo.trainer.llm import train as train_mod
+    from dfpo.trainer import stage_advantages
+    from dfpo.trainer import train as train_mod
 
     seen = []  # per step: the reward range of every group it trains on
     real = stage_advantages.group_advantages

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dfpo.cli import build_parser, main
-from dfpo.trainer.llm.config import Config, apply_overrides, config_from_dict, config_to_toml
+from dfpo.trainer.config import Config, apply_overrides, config_from_dict, config_to_toml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import TINY  # noqa: E402

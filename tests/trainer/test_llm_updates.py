@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo import resolve_objective
-from dfpo.trainer.llm.config import ModelConfig
-from dfpo.trainer.llm.minibatches import MicroBatch, accumulation_weights, group_minibatches, split_groups
-from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.llm.rollout import build_batch
-from dfpo.trainer.llm.stage_update import accumulate_gradients, lr_factor
+from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, group_minibatches, split_groups
+from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+from dfpo.trainer.rollout import build_batch
+from dfpo.trainer.stage_update import accumulate_gradients, lr_factor
 
 
 @settings(max_examples=40, deadline=None)
@@ -113,7 +113,7 @@ def test_lr_schedule_warms_up_linearly_then_decays_to_the_floor():
 
 @pytest.mark.parametrize("objective", ["grpo", "gspo", "dfpo_min"])
 def test_a_small_step_raises_positive_advantage_completions_relative_to_negative(objective):
-    from dfpo.trainer.llm.rollout import completion_logits, token_logp
+    from dfpo.trainer.rollout import completion_logits, token_logp
 
     torch.manual_seed(1)
     model, tok = _tiny()
@@ -158,7 +158,7 @@ def test_a_batch_coupled_objective_split_over_loss_calls_is_warned_about(tmp_pat
     _sys.path.insert(0, str(_Path(__file__).parent))
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, f"objective.name={objective}", *sets), quiet=False)
     trainer.close()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfpo.trainer.loss import OBJECTIVES, policy_loss, resolve_objective
-from dfpo.trainer.metric_registry import METRICS, lookup, markdown_table, reduce_records, reduce_values
+from dfpo.core.loss import OBJECTIVES, policy_loss, resolve_objective
+from dfpo.core.metric_registry import METRICS, lookup, markdown_table, reduce_records, reduce_values
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402
@@ -73,7 +73,7 @@ def test_every_key_the_loss_core_returns_is_declared(name):
 
 
 def test_every_key_a_training_run_logs_is_declared(tmp_path):
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     cfg = tiny_config(
         tmp_path,
@@ -93,11 +93,11 @@ def test_every_key_a_training_run_logs_is_declared(tmp_path):
 def test_micro_batches_keep_a_minimum_and_a_maximum(tmp_path):
     """One optimiser step over two micro-batches logs the min and max of the sequence correction ratio over the
     whole mini-batch, as one micro-batch does (they were averaged over micro-batches before)."""
-    from dfpo.trainer.llm.config import ModelConfig
-    from dfpo.trainer.llm.minibatches import MicroBatch
-    from dfpo.trainer.llm.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.llm.rollout import build_batch
-    from dfpo.trainer.llm.stage_update import accumulate_gradients
+    from dfpo.trainer.config import ModelConfig
+    from dfpo.trainer.minibatches import MicroBatch
+    from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
+    from dfpo.trainer.rollout import build_batch
+    from dfpo.trainer.stage_update import accumulate_gradients
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)

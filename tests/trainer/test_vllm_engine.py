@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.llm.rollout import SamplingParams
-from dfpo.trainer.llm.vllm_engine import check_vllm_available, vllm_sampling_kwargs
+from dfpo.trainer.rollout import SamplingParams
+from dfpo.trainer.vllm_engine import check_vllm_available, vllm_sampling_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def test_asking_for_vllm_without_it_fails_before_any_work_naming_what_to_install
         check_vllm_available("cpu")
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.llm.train import Trainer
+    from dfpo.trainer.train import Trainer
 
     with pytest.raises(ValueError, match="needs vLLM"):
         Trainer(tiny_config(tmp_path, "rollout.engine=vllm"), quiet=True)

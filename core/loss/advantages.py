@@ -1,0 +1,90 @@
+"""Advantage estimators: group-relative (paper eq 43; TRL ``scale_rewards``; Dr. GRPO), RLOO and REINFORCE++.
+
+Which of them sum to zero within a group (the property shared-token cancellation rests on, eq 2):
+group, batch, none and rloo do (each is a group-centred reward times a factor shared by the group);
+reinforce_pp does not (its baseline is the batch mean, so a group whose mean reward differs from
+the batch's has sum_i A_i != 0 and a token shared by the group keeps a net gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .fields import Component, component_field
+from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
+
+ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
+
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """Eq (43): A_i = (R_i - mean_group R) / (std R + eps), per completion (B,) -> (B,).
+
+    - ``scale="group"``: std over the completion's group (torch's unbiased std, as TRL).
+    - ``scale="batch"``: std over the whole batch (TRL ``scale_rewards="batch"``).
+    - ``scale="none"``: mean-centred only (Dr. GRPO).
+    - ``scale="rloo"``: RLOO, R_i minus the mean of the other completions of its group,
+      = G/(G-1) (R_i - mean), no std (TRL RLOOTrainer with normalize_advantages=False).
+    - ``scale="reinforce_pp"``: REINFORCE++ with a batch baseline, (R_i - mean_batch R) / (std_batch R + eps).
+
+    A group whose rewards are all equal, or that has a single completion, gets A = 0
+    exactly (never NaN), so that sum_{i in group} A_i = 0 holds for every group.
+    """
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got scale={scale!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0 and eps == eps and eps != float("inf")):
+        raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape (B,), got rewards={tuple(rewards.shape)}, group_ids={tuple(group_ids.shape)}"
+        )
+    if group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids must be an integer tensor, got dtype={group_ids.dtype}")
+    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    if not torch.isfinite(rewards).all():
+        bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()[:5]
+        raise ValueError(f"rewards must be finite; non-finite at indices {bad}")
+    if rewards.numel() == 0:
+        return rewards.clone()
+    if scale == "reinforce_pp":
+        return _batch_whitened(rewards, eps)
+
+    index, n_groups = group_index(group_ids)
+    count = group_count(index, n_groups, rewards.dtype)[index]  # (B,)
+    centred = rewards - group_mean(rewards, index, n_groups)[index]  # (B,)
+    # A group is degenerate when it has one completion or all rewards are equal.
+    degenerate = (count < 2) | (group_amax(rewards, index, n_groups) == group_amin(rewards, index, n_groups))[index]
+    centred = torch.where(degenerate, torch.zeros_like(centred), centred)
+    if scale == "none":
+        return centred
+    if scale == "rloo":  # R_i - (sum_group R - R_i) / (G - 1) = G / (G - 1) * (R_i - mean_group R)
+        return centred * count / (count - 1).clamp(min=1)
+    if scale == "group":
+        sq = group_sum(centred**2, index, n_groups)[index]  # (B,)
+        std = torch.sqrt(sq / (count - 1).clamp(min=1))  # unbiased, as torch.std
+    else:
+        std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
+        std = std.expand_as(rewards)
+    return torch.where(degenerate, torch.zeros_like(centred), centred / (std + eps))
+
+
+def _batch_whitened(rewards: Tensor, eps: float) -> Tensor:
+    """REINFORCE++ (batch baseline): (R - mean R) / (std R + eps) over the whole batch (B,); 0 when B < 2 or R constant."""
+    if rewards.numel() < 2 or bool(rewards.max() == rewards.min()):
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean()) / (rewards.std() + eps)
+
+
+# ----------------------------------------------------------------------------- the advantage component's settings
+
+ADV_SCALE = component_field(
+    "group",
+    "advantage",
+    "choice",
+    "group mean and std (paper eq 43; TRL scale_rewards='group')",
+    True,
+    choices=ADVANTAGE_SCALES,
+    doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp.",
+)
+
+ADVANTAGE_COMPONENT = Component("advantage")

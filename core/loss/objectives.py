@@ -1,0 +1,610 @@
+"""Objective presets: each objective is data, a composition of orthogonal components.
+
+``OBJECTIVES[name]`` is a frozen :class:`ObjectiveSpec`; ``resolve_objective(name, **overrides)``
+returns a validated copy with some components changed. ``policy_loss`` reads only the spec.
+Every preset cites the source of each default in ``sources``.
+
+Each component field of ``ObjectiveSpec`` is declared in the module of the component that reads it, with a
+``FieldInfo`` (``dfpo.core.loss.fields``): its owner component, its bounds or choices, the source of its
+shared default, when the loss core reads it, whether a matched control must hold it equal and what it means.
+``validate_spec``'s value checks, ``COMMON_SOURCES``, ``TRUST_REGION_FIELDS``, ``unmatched_components`` and
+``component_rows`` (the docs of ``dfpo objectives``) are derived from those declarations; each component's
+cross-field rules, required inputs and batch coupling come from its ``Component`` record (``COMPONENTS``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..settings import parse_value, type_hints
+from .advantages import ADV_SCALE, ADVANTAGE_COMPONENT
+from .aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
+from .clipping import (
+    CLIP,
+    CLIP_COMPONENT,
+    DUAL_CLIP_C,
+    EPS_HIGH,
+    EPS_LOW,
+    SAPO_TAU_NEG,
+    SAPO_TAU_POS,
+    VESPO_K_NEG,
+    VESPO_K_POS,
+    VESPO_LAMBDA_NEG,
+    VESPO_LAMBDA_POS,
+)
+from .correction import CORRECTION_COMPONENT, ROLLOUT_CAP, ROLLOUT_CORRECTION, ROLLOUT_LOW
+from .covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL, COV_RATIO, KL_COV_COEF
+from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
+from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
+from .kl import BETA, KL_COMPONENT
+from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
+from .transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
+
+COMPONENTS: tuple[Component, ...] = (
+    RATIO_COMPONENT,
+    CLIP_COMPONENT,
+    TRANSFORM_COMPONENT,
+    TOKEN_MASK_COMPONENT,
+    COV_COMPONENT,
+    AGGREGATION_COMPONENT,
+    KL_COMPONENT,
+    CORRECTION_COMPONENT,
+    ENTROPY_COMPONENT,
+    ADVANTAGE_COMPONENT,
+)
+"""Every component, in the order the loss core applies them (``fields.OWNERS``): its cross-field rules, its inputs,
+why it couples a batch, and its step of the loss pipeline. Its fields are declared in its module."""
+RATIO_LEVELS = tuple(RATIO_SHAPES)
+
+
+def _bookkeeping(source: str) -> FieldInfo:
+    return FieldInfo(owner="preset", kind="label", source=source, trust_region=False)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective as a composition of components; valid by construction (``validate_spec`` runs on init).
+
+    Each component field is declared (default, bounds or choices, source, when it is read, what it means) in the
+    module of the component that reads it, named in the comment above it; ``dfpo objectives`` lists them all.
+    """
+
+    name: str = spec_field(dataclasses.MISSING, _bookkeeping("the preset's name (not a component)"))
+    """Preset name, e.g. ``"dfpo_min"``."""
+    description: str = spec_field(dataclasses.MISSING, _bookkeeping("the preset's one-line description (not a component)"))
+    """One line saying what the objective is."""
+    # ratio: dfpo.core.loss.shapes
+    ratio_level: str = RATIO_LEVEL
+    # clip: dfpo.core.loss.clipping
+    clip: str = CLIP
+    eps_low: float = EPS_LOW
+    eps_high: float = EPS_HIGH
+    dual_clip_c: float | None = DUAL_CLIP_C
+    sapo_tau_pos: float = SAPO_TAU_POS
+    sapo_tau_neg: float = SAPO_TAU_NEG
+    vespo_k_pos: float = VESPO_K_POS
+    vespo_lambda_pos: float = VESPO_LAMBDA_POS
+    vespo_k_neg: float = VESPO_K_NEG
+    vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    # transform: dfpo.core.loss.transforms
+    transform: str = TRANSFORM
+    tr_floor: float = TR_FLOOR
+    stopgrad: str = STOPGRAD
+    length_aware: bool = LENGTH_AWARE
+    # token_mask: dfpo.core.loss.masks
+    token_mask: str = TOKEN_MASK
+    mask_renormalise: bool = MASK_RENORMALISE
+    stapo_tau_p: float = STAPO_TAU_P
+    stapo_q: float = STAPO_Q
+    top_entropy_frac: float = TOP_ENTROPY_FRAC
+    opsm_delta: float = OPSM_DELTA
+    # cov_control: dfpo.core.loss.covariance
+    cov_control: str = COV_CONTROL
+    cov_ratio: float = COV_RATIO
+    cov_clip_low: float = COV_CLIP_LOW
+    cov_clip_high: float = COV_CLIP_HIGH
+    kl_cov_coef: float = KL_COV_COEF
+    # aggregation: dfpo.core.loss.aggregation
+    aggregation: str = AGGREGATION
+    max_completion_length: int | None = MAX_COMPLETION_LENGTH
+    # kl: dfpo.core.loss.kl
+    beta: float = BETA
+    # correction: dfpo.core.loss.correction
+    rollout_correction: str = ROLLOUT_CORRECTION
+    rollout_low: float = ROLLOUT_LOW
+    rollout_cap: float = ROLLOUT_CAP
+    # entropy: dfpo.core.loss.entropy
+    entropy_coef: float = ENTROPY_COEF
+    # advantage: dfpo.core.loss.advantages
+    adv_scale: str = ADV_SCALE
+    sources: Mapping[str, str] = field(
+        default_factory=dict,
+        compare=False,
+        metadata={META_KEY: _bookkeeping("each preset's own sources, keyed by field name (not a component)")},
+    )
+    """Where each default comes from, keyed by field name."""
+
+    def __post_init__(self) -> None:
+        validate_spec(self)
+
+    def source(self, component: str) -> str:
+        """Where this preset's value of ``component`` comes from (preset-specific, else the shared default's)."""
+        if component not in COMPONENT_FIELDS:
+            raise ValueError(f"unknown component={component!r}; known: {', '.join(COMPONENT_FIELDS)}")
+        return self.sources.get(component) or COMMON_SOURCES[component]
+
+    def components(self) -> dict[str, object]:
+        """The component fields (everything but name, description and sources)."""
+        return {name: getattr(self, name) for name in COMPONENT_FIELDS}
+
+    def is_active(self, component: str) -> bool:
+        """Whether the loss core reads ``component`` for this spec (its ``FieldInfo.active_when``)."""
+        condition = SPEC_FIELDS[component].active_when
+        return condition is None or condition.holds(self)
+
+    def required_inputs(self) -> dict[str, str]:
+        """The optional ``policy_loss`` arguments this spec needs, each with the component setting that needs it
+        (the first component that needs an argument names it)."""
+        needs: dict[str, str] = {}
+        for component in COMPONENTS:
+            for name, why in (component.required_inputs(self) if component.required_inputs else {}).items():
+                needs.setdefault(name, why)
+        return needs
+
+    @property
+    def needs_entropy(self) -> bool:
+        """``policy_loss`` needs ``entropy``: an entropy token mask (stapo, top_entropy) or an entropy bonus (entropy_coef > 0)."""
+        return "entropy" in self.required_inputs()
+
+    @property
+    def needs_ref_logp(self) -> bool:
+        """``policy_loss`` needs ``ref_logp``: a KL term to the reference policy (beta > 0)."""
+        return "ref_logp" in self.required_inputs()
+
+    @property
+    def needs_rollout_logp(self) -> bool:
+        """``policy_loss`` needs ``rollout_logp``: a rollout correction (rollout_correction != 'none')."""
+        return "rollout_logp" in self.required_inputs()
+
+    def coupling_by_component(self) -> dict[str, list[str]]:
+        """The reasons of ``batch_coupling``, keyed by the component that gives them (components with none left out)."""
+        reasons = {c.owner: c.batch_coupling(self) for c in COMPONENTS if c.batch_coupling}
+        return {owner: why for owner, why in reasons.items() if why}
+
+    def batch_coupling(self) -> list[str]:
+        """Why the loss of a batch is not the weighted sum of its micro-batches' losses ([] when it is).
+
+        The micro-batches hold whole groups and keep the batch's padded width; each is weighted by
+        ``aggregation_count`` of its real-token mask over the batch's (what a trainer knows before the loss).
+        """
+        return [reason for why in self.coupling_by_component().values() for reason in why]
+
+    @property
+    def batch_coupled(self) -> bool:
+        """True when accumulating micro-batches (whole groups, weighted by ``aggregation_count``) is not exact:
+        see ``batch_coupling`` for the reasons. Token masks with batch thresholds (stapo, top_entropy),
+        renormalised token masks, covariance controls, and an entropy bonus outside ``token_mean`` couple a batch."""
+        return bool(self.batch_coupling())
+
+
+SPEC_FIELDS: Mapping[str, FieldInfo] = MappingProxyType(field_infos(ObjectiveSpec))
+"""Every field's declaration, in field order."""
+COMPONENT_FIELDS = tuple(name for name, info in SPEC_FIELDS.items() if info.owner != "preset")
+COMMON_SOURCES: Mapping[str, str] = MappingProxyType({name: SPEC_FIELDS[name].source for name in COMPONENT_FIELDS})
+"""The source of each component's shared default (a preset that changes it cites its own)."""
+TRUST_REGION_FIELDS = tuple(name for name in COMPONENT_FIELDS if SPEC_FIELDS[name].trust_region)
+"""What a matched control must hold equal: everything but the DFPO transform and its parameters."""
+
+
+def validate_spec(spec: ObjectiveSpec) -> ObjectiveSpec:
+    """Raise ValueError naming the first bad component; return the spec unchanged otherwise.
+
+    Each field is checked against its ``FieldInfo`` (choices first, then values), then each component's rules
+    that tie its fields to other components' (``Component.validate``).
+    """
+    for name, info in SPEC_FIELDS.items():
+        if info.kind == "choice":
+            check_value(name, info, spec)
+    for name, info in SPEC_FIELDS.items():
+        if info.kind != "choice":
+            check_value(name, info, spec)
+    for component in COMPONENTS:
+        if component.validate:
+            component.validate(spec)
+    return spec
+
+
+def component_rows() -> list[dict[str, str]]:
+    """One row per component field, from its declaration: owner, default, allowed values, when it is read,
+    whether a matched control holds it equal, and the source of its shared default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ObjectiveSpec)}
+    rows = []
+    for name in COMPONENT_FIELDS:
+        info = SPEC_FIELDS[name]
+        if info.kind == "choice":
+            allowed = " / ".join(info.choices)
+        elif info.kind in ("number", "optional_number"):
+            allowed = info.bounds.describe() + (" or None" if info.kind == "optional_number" else "")
+            allowed += "".join(f"; {b.describe() if b else 'unchecked'} when {w.describe()}" for w, b in info.bounds_when)
+        else:
+            allowed = {"bool": "true / false", "count": "positive int or None"}[info.kind]
+        rows.append(
+            {
+                "field": name,
+                "owner": info.owner,
+                "default": f"{defaults[name]:g}" if isinstance(defaults[name], float) else str(defaults[name]),
+                "allowed": allowed,
+                "read when": "always" if info.active_when is None else info.active_when.describe(),
+                "trust region": "yes" if info.trust_region else "no",
+                "source": info.source,
+            }
+        )
+    return rows
+
+
+def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> ObjectiveSpec:
+    """The preset named ``objective`` (or a spec) with ``overrides`` applied and validated."""
+    if isinstance(objective, ObjectiveSpec):
+        spec = objective
+    elif objective in OBJECTIVES:
+        spec = OBJECTIVES[objective]
+    else:
+        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
+    unknown = sorted(set(overrides) - set(COMPONENT_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown override(s) {unknown} for objective {spec.name!r}; known: {', '.join(COMPONENT_FIELDS)}")
+    return dataclasses.replace(spec, **overrides) if overrides else spec
+
+
+_GRPO_SRC = "DeepSeekMath (arXiv 2402.03300); TRL GRPOConfig defaults"
+_GSPO_CLIP = "GSPO (arXiv 2507.18071) sec. 5.1: eps_low=3e-4, eps_high=4e-4"
+_DFPO_CLIP = "paper gives no clip range for DFPO; GSPO's sec. 5.1 values used (DFPO is built on GSPO, App. B)"
+_DFPO_STOPGRAD = (
+    "paper eqs 59-62 (ratio form: sg(stilde/sbar) * sbar(theta), GSPO's zero gradient on clipped sequences kept); "
+    "the override stopgrad='score' (eq 68/85) removes the trust region on clipped sequences"
+)
+_SEQ_AGG = "GSPO objective eq 42: mean over the group of per-sequence terms"
+_LUSPO_CLIP = (
+    "LUSPO (arXiv 2602.05261) sec. 5.1: eps_low=2e-3, eps_high=2.5e-3, as TRL's paper index sets it for loss_type='luspo' "
+    "(TRL's GRPOConfig default epsilon=0.2 is GRPO's range: luspo:eps_low=0.2:eps_high=0.2)"
+)
+_GMPO_CLIP = "GMPO (arXiv 2507.20673): token log-ratios clipped to [-0.4, 0.4], i.e. r in [e^-0.4, e^0.4]"
+
+
+def _preset(name: str, description: str, sources: dict[str, str], **components: object) -> ObjectiveSpec:
+    return ObjectiveSpec(name=name, description=description, sources=MappingProxyType(sources), **components)
+
+
+def _dfpo(name: str, transform: str, description: str, eq: str) -> ObjectiveSpec:
+    return _preset(
+        name,
+        description,
+        {
+            "ratio_level": "paper eq 44 (GSPO sequence ratio)",
+            "eps_low": _DFPO_CLIP,
+            "eps_high": _DFPO_CLIP,
+            "transform": eq,
+            "stopgrad": _DFPO_STOPGRAD,
+            "aggregation": _SEQ_AGG,
+        },
+        ratio_level="sequence",
+        eps_low=3e-4,
+        eps_high=4e-4,
+        transform=transform,
+    )
+
+
+def _dppo(name: str, divergence: str, bound: float, description: str) -> ObjectiveSpec:
+    """DPPO (arXiv 2602.04879, verl ``dppo_tv`` / ``dppo_kl``): score-function loss with a divergence mask."""
+    return _preset(
+        name,
+        description,
+        {
+            "clip": f"DPPO (arXiv 2602.04879) binary-{divergence} mask; verl policy loss {name!r}",
+            "eps_low": f"DPPO recipe: {divergence} bound {bound}",
+            "eps_high": f"DPPO recipe: {divergence} bound {bound}",
+            "dual_clip_c": f"verl {name}: ratio truncated at clip_ratio_c = 20",
+            "aggregation": f"verl {name!r} default loss_agg_mode='token-mean'",
+        },
+        clip=name,
+        eps_low=bound,
+        eps_high=bound,
+        dual_clip_c=20.0,
+        aggregation="token_mean",
+    )
+
+
+OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            _preset(
+                "grpo",
+                "GRPO: token ratio, PPO clipping, per-sequence token mean",
+                {"eps_low": _GRPO_SRC, "eps_high": _GRPO_SRC, "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'"},
+            ),
+            _preset(
+                "dr_grpo",
+                "Dr. GRPO: GRPO without std scaling and without length normalisation",
+                {
+                    "eps_low": _GRPO_SRC,
+                    "eps_high": _GRPO_SRC,
+                    "aggregation": "Dr. GRPO (arXiv 2503.20783); TRL loss_type='dr_grpo'",
+                    "adv_scale": "Dr. GRPO (arXiv 2503.20783): no std normalisation",
+                },
+                aggregation="constant",
+                adv_scale="none",
+            ),
+            _preset(
+                "dapo",
+                "DAPO: clip-higher and token-level mean",
+                {
+                    "eps_low": "DAPO (arXiv 2503.14476)",
+                    "eps_high": "DAPO (arXiv 2503.14476) clip-higher",
+                    "aggregation": "DAPO token-level loss; TRL loss_type='dapo'",
+                },
+                eps_high=0.28,
+                aggregation="token_mean",
+            ),
+            _preset(
+                "gspo",
+                "GSPO: length-normalised sequence ratio, PPO clipping per sequence",
+                {"ratio_level": "GSPO eq (paper eq 44)", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
+                ratio_level="sequence",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "gspo_noclip",
+                "GSPO without clipping: the matched control for score-form DFPO (stopgrad='score' has no trust region on clipped sequences)",
+                {
+                    "ratio_level": "GSPO eq (paper eq 44)",
+                    "clip": "clipping off: what stopgrad='score' does to clipped sequences, as a baseline",
+                    "eps_low": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                    "eps_high": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                    "aggregation": _SEQ_AGG,
+                },
+                ratio_level="sequence",
+                clip="none",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "gspo_token",
+                "GSPO-token: sequence ratio value, token-wise gradient",
+                {
+                    "ratio_level": "GSPO (arXiv 2507.18071) GSPO-token",
+                    "eps_low": _GSPO_CLIP,
+                    "eps_high": _GSPO_CLIP,
+                    "aggregation": _SEQ_AGG,
+                },
+                ratio_level="sequence_token",
+                eps_low=3e-4,
+                eps_high=4e-4,
+            ),
+            _preset(
+                "grpo_fix",
+                "GRPO-fix: symmetric clipping A * clip(r, 0, 1+eps) per token",
+                {
+                    "clip": "paper App. H eq 79-80",
+                    "eps_low": "paper eq 79: lower bound 0 (eps_low = 1)",
+                    "eps_high": "paper App. H (eps as GRPO's 0.2)",
+                    "aggregation": "paper eq 80: (1/G) sum_i sum_t, no 1/|y_i| (so shared tokens cancel at any lengths, Cor. H.1)",
+                },
+                clip="symmetric",
+                eps_low=1.0,
+                eps_high=0.2,
+                aggregation="seq_mean_token_sum",
+            ),
+            _dfpo("dfpo_min", "min", "DFPO Min-Replace: GSPO with stilde_i = min_j sbar_j", "paper eq 50 (App. B.4.1)"),
+            _dfpo("dfpo_orth", "orth", "DFPO Orth-Proj: GSPO with sbar projected orthogonal to A", "paper eq 18 (sec. 4.4.2)"),
+            _dfpo(
+                "dfpo_orth_pos",
+                "orth_pos",
+                "DFPO Positive Orth-Proj: exact non-negative projection QP",
+                "paper eq 51 (App. B.4.2), solved exactly",
+            ),
+            _dfpo("dfpo_orth_tr", "orth_tr", "DFPO truncate-and-rebalance approximation of eq 51", "paper eqs 52-55 (beta sign corrected)"),
+            _preset(
+                "stapo",
+                "STAPO: DAPO with spurious tokens masked and the loss renormalised",
+                {
+                    "eps_high": "DAPO clip-higher (STAPO builds on DAPO)",
+                    "token_mask": "STAPO (arXiv 2602.15620)",
+                    "stapo_tau_p": "STAPO latest version: tau_p = 0.002",
+                    "stapo_q": "STAPO latest version: q = 0.75",
+                    "aggregation": "STAPO: loss divided by the number of kept tokens",
+                },
+                eps_high=0.28,
+                token_mask="stapo",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "cispo",
+                "CISPO: sg(min(r, eps_high)) * A * log pi, every token keeps a gradient",
+                {
+                    "clip": "MiniMax-M1 (arXiv 2506.13585)",
+                    "eps_low": "unused: CISPO only caps the ratio from above",
+                    "eps_high": "ScaleRL (arXiv 2510.13786) eps_max = 5.0, TRL's recommended epsilon_high for loss_type='cispo' "
+                    "(TRL's GRPOConfig default leaves epsilon_high = epsilon = 0.2: cispo:eps_high=0.2)",
+                    "aggregation": "TRL cispo: token mean",
+                },
+                clip="cispo",
+                eps_low=0.0,
+                eps_high=5.0,
+                aggregation="token_mean",
+            ),
+            _preset(
+                "sapo",
+                "SAPO: a soft, temperature-controlled gate on the token ratio instead of a hard clip",
+                {
+                    "clip": "SAPO (arXiv 2511.20347) gate sigmoid(tau (r - 1)) * 4 / tau; TRL loss_type='sapo'",
+                    "eps_low": "unused: the gate has no clip range",
+                    "eps_high": "unused: the gate has no clip range",
+                    "aggregation": "SAPO: per-sequence token mean (TRL 'sapo', verl forces seq-mean-token-mean)",
+                },
+                clip="sapo",
+            ),
+            _preset(
+                "luspo",
+                "LUSPO: GSPO with each sequence's loss scaled by its length",
+                {
+                    "ratio_level": "GSPO eq (paper eq 44); TRL requires importance_sampling_level='sequence' for luspo",
+                    "eps_low": _LUSPO_CLIP,
+                    "eps_high": _LUSPO_CLIP,
+                    "aggregation": "LUSPO (arXiv 2602.05261); TRL 'luspo': sum over tokens, mean over sequences",
+                },
+                ratio_level="sequence",
+                eps_low=2e-3,
+                eps_high=2.5e-3,
+                aggregation="seq_mean_token_sum",
+            ),
+            _preset(
+                "vespo",
+                "VESPO: a detached Gamma weight of the sequence ratio prod_t r_it times A * log pi",
+                {
+                    "ratio_level": "VESPO (arXiv 2602.10693): w = prod_t r_it (TRL get_gamma_weights)",
+                    "clip": "VESPO Gamma weighting phi(w) = e^lambda w^k e^(-lambda w); TRL loss_type='vespo'",
+                    "eps_low": "unused: VESPO has no clip range",
+                    "eps_high": "unused: VESPO has no clip range",
+                    "aggregation": "TRL 'vespo': token sum over the batch's real tokens",
+                },
+                ratio_level="sequence_product",
+                clip="vespo",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "gpg",
+                "GPG: plain policy gradient A * log pi, no ratio and no clip",
+                {
+                    "clip": "GPG (arXiv 2504.02546); verl policy loss 'gpg': -A * log pi",
+                    "eps_low": "unused: no clip",
+                    "eps_high": "unused: no clip",
+                    "aggregation": "verl 'gpg' default loss_agg_mode='token-mean'",
+                },
+                clip="pg",
+                aggregation="token_mean",
+            ),
+            _dppo(
+                "dppo_tv", "TV", 0.15, "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked"
+            ),
+            _dppo("dppo_kl", "KL", 0.05, "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound"),
+            _preset(
+                "opsm",
+                "GRPO with off-policy sequence masking: negative samples the policy has moved away from are dropped",
+                {
+                    "eps_low": _GRPO_SRC,
+                    "eps_high": _GRPO_SRC,
+                    "token_mask": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9; TRL off_policy_mask_threshold",
+                    "mask_renormalise": "TRL multiplies the per-token loss by the mask: the normaliser keeps every real token",
+                    "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'",
+                },
+                token_mask="opsm",
+                mask_renormalise=False,
+            ),
+            _preset(
+                "clip_cov",
+                "Clip-Cov: GRPO with the highest advantage/log-prob covariance tokens dropped from the gradient",
+                {
+                    "eps_low": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                    "eps_high": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) Clip-Cov; verl policy loss 'clip_cov'",
+                    "aggregation": "verl 'clip_cov' default loss_agg_mode='token-mean'",
+                },
+                cov_control="clip_cov",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "kl_cov",
+                "KL-Cov: unclipped policy gradient with a |log r| penalty on the top-covariance tokens",
+                {
+                    "clip": "verl kl_cov: -A * r without clipping",
+                    "eps_low": "unused: no clip",
+                    "eps_high": "unused: no clip",
+                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) KL-Cov; verl policy loss 'kl_cov'",
+                    "aggregation": "verl 'kl_cov' default loss_agg_mode='token-mean'",
+                },
+                clip="none",
+                cov_control="kl_cov",
+                aggregation="token_mean",
+            ),
+            _preset(
+                "gmpo",
+                "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
+                {
+                    "ratio_level": "GMPO (arXiv 2507.20673) eq 4: geometric mean of token-level clipped ratios",
+                    "eps_low": _GMPO_CLIP,
+                    "eps_high": _GMPO_CLIP,
+                    "aggregation": "GMPO eq 4: (1/G) sum_i of per-sequence terms (verl geo_mean: mean over sequences)",
+                },
+                ratio_level="geometric",
+                eps_low=1.0 - math.exp(-0.4),
+                eps_high=math.exp(0.4) - 1.0,
+            ),
+        )
+    }
+)
+
+
+def override_type(key: str) -> object:
+    """The declared type of objective override ``key`` (``float``, ``int | None``, ``bool``, ``str``); untyped
+    (``object``) for a key that is not a component, which ``resolve_objective`` then refuses by name."""
+    return type_hints(ObjectiveSpec)[key] if key in COMPONENT_FIELDS else object
+
+
+def parse_override(key: str, text: str) -> object:
+    """The value of one ``key=text`` objective override in the component's declared type: the one grammar of
+    ``dfpo.core.settings.parse_value`` (labels, ``dfpo toy --override``, ``dfpo train --set objective.overrides.KEY``)."""
+    return parse_value(key, text, override_type(key))
+
+
+def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
+    """``"dfpo_min:stopgrad=score:eps_low=0.2"`` -> ``("dfpo_min", {"stopgrad": "score", "eps_low": 0.2})``.
+
+    A label names a preset and, after colons, component overrides of that one objective; values take
+    the type of the component (bool, number, string). Raises ValueError naming the bad part.
+    """
+    name, *parts = [p.strip() for p in label.strip().split(":")]
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective={name!r} in {label!r}; known: {', '.join(OBJECTIVES)}")
+    overrides: dict[str, object] = {}
+    for part in parts:
+        key, sep, text = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"objective {label!r}: override {part!r} is not KEY=VALUE")
+        if key not in COMPONENT_FIELDS:
+            raise ValueError(f"objective {label!r}: unknown component {key!r}; known: {', '.join(COMPONENT_FIELDS)}")
+        overrides[key] = parse_override(key, text)
+    return name, overrides
+
+
+def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
+    """The validated spec of an objective label; the label's own overrides win over ``base_overrides``."""
+    name, overrides = parse_objective_label(label)
+    return resolve_objective(name, **{**base_overrides, **overrides})
+
+
+def trust_region(spec: ObjectiveSpec) -> dict[str, object]:
+    """What a fair comparison must hold fixed between two objectives: every ``TRUST_REGION_FIELDS`` value
+    the loss core reads for this spec (None for a field it does not read, e.g. ``stapo_q`` without STAPO's mask).
+
+    Score-form DFPO (eq 68) gives clipped sequences a gradient, so its effective clipping is none;
+    ratio-form DFPO (eqs 59-62) keeps its clip range. Two specs with equal ``trust_region`` differ
+    only in the in-group transform, which is the mechanism a comparison should isolate.
+    """
+    effective = spec
+    if spec.transform != "none" and spec.stopgrad == "score":
+        effective = dataclasses.replace(spec, clip="none")
+    return {key: getattr(effective, key) if effective.is_active(key) else None for key in TRUST_REGION_FIELDS}
+
+
+def unmatched_components(method: ObjectiveSpec, baseline: ObjectiveSpec) -> list[str]:
+    """Components (of ``trust_region``) in which ``method`` and ``baseline`` differ; [] for a matched control."""
+    a, b = trust_region(method), trust_region(baseline)
+    return [key for key in TRUST_REGION_FIELDS if a[key] != b[key]]

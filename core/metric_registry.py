@@ -1,0 +1,184 @@
+"""Every logged metric key, once: what it measures and how values of it combine (its reduction).
+
+The loss core, the LLM trainer (``metrics.jsonl``, TensorBoard), its processes (``distributed.combine_metrics``)
+and the TRL integration (``dfpo/*`` keys in TRL's logs) all combine values with ``reduce_values`` and the
+reduction declared here, so a maximum stays a maximum whether it is taken over micro-batches, processes,
+optimiser steps or a logging window. ``docs/metrics.md`` is generated from this table
+(``python scripts/update_readme.py``), and a test fails for a key that is logged but not declared here.
+
+Reductions:
+- ``mean``: a weighted mean (over micro-batches with their accumulation weights, over processes with their
+  shares of the batch; equal weights over optimiser steps and logging windows);
+- ``min`` / ``max``: the extreme value;
+- ``sum``: a count added up (failures, dropped groups, positions);
+- ``last``: the latest value (the learning rate, the number of updates so far).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+REDUCTIONS = ("mean", "min", "max", "sum", "last")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A logged key (``{name}`` in it stands for a part filled in at run time), its meaning and reduction."""
+
+    key: str
+    reduction: str
+    meaning: str
+    where: str
+    """Who writes it: ``policy_loss`` (the loss core, per call), ``trainer`` (one value per training step) or
+    ``eval`` (one value per evaluation)."""
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"metric {self.key!r}: reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+
+    @property
+    def pattern(self) -> re.Pattern:
+        return re.compile("^" + re.sub(r"\\\{\w+\\\}", r"[^/]+", re.escape(self.key)) + "$")
+
+
+_LOSS, _TRAINER, _EVAL = "policy_loss", "trainer", "eval"
+
+METRICS: tuple[Metric, ...] = (
+    # the loss core (dfpo.policy_loss), one value per loss call
+    Metric("loss/policy", "mean", "the policy term of the loss alone (no KL term, no entropy bonus)", _LOSS),
+    Metric(
+        "clip/frac_low",
+        "mean",
+        "share clipped on the low side: token level, kept tokens with A < 0 and r < 1 - eps_low (symmetric: r below the "
+        "range); sequence level, the share of sequences",
+        _LOSS,
+    ),
+    Metric("clip/frac_high", "mean", "the same on the high side (A > 0 and r > 1 + eps_high; CISPO: r > eps_high)", _LOSS),
+    Metric("ratio/mean", "mean", "mean over real tokens of the ratio the objective uses (r_it, or s_i broadcast)", _LOSS),
+    Metric("ratio/max", "max", "largest ratio the objective uses over real tokens", _LOSS),
+    Metric(
+        "weights/asym",
+        "mean",
+        "eq 23: Var_i(w_i A_i) within each group (population variance), averaged over groups; w_i is the post-transform "
+        "sequence weight, or the token mean of post-clip token weights",
+        _LOSS,
+    ),
+    Metric("mask/frac", "mean", "share of real tokens dropped by the token mask (STAPO, top-entropy, OPSM)", _LOSS),
+    Metric(
+        "ratio/clamped_frac",
+        "mean",
+        "share of real tokens whose |log pi - log pi_old| exceeded 20 and was clamped there (no ratio gradient)",
+        _LOSS,
+    ),
+    Metric("cov/frac", "mean", "share of real tokens Clip-Cov drops or KL-Cov penalises", _LOSS),
+    Metric("kl/ref", "mean", "mean k3 KL to the reference policy over real tokens (beta > 0 only)", _LOSS),
+    Metric("entropy/bonus", "mean", "the mean entropy over kept tokens that the entropy bonus rewards (entropy_coef > 0)", _LOSS),
+    Metric("rollout/weight_mean", "mean", "mean of the rollout correction's weight pi_old / pi_rollout over real tokens", _LOSS),
+    Metric("rollout/weight_zero_frac", "mean", "share of real tokens the rollout correction's mask zeroes", _LOSS),
+    Metric("rollout/token_truncated_frac", "mean", "share of real tokens whose correction ratio exceeds the cap", _LOSS),
+    Metric("rollout/seq_ratio_min", "min", "smallest sequence-level correction ratio prod_t pi_old / pi_rollout", _LOSS),
+    Metric("rollout/seq_ratio_mean", "mean", "mean sequence-level correction ratio over non-empty completions", _LOSS),
+    Metric("rollout/seq_ratio_max", "max", "largest sequence-level correction ratio prod_t pi_old / pi_rollout", _LOSS),
+    # the trainer, one value per training step (metrics.jsonl)
+    Metric("entropy/mean", "mean", "policy entropy over the real tokens of the loss calls (when the objective reads it)", _TRAINER),
+    Metric("reward/mean", "mean", "mean total reward of the step's completions", _TRAINER),
+    Metric("reward/std", "mean", "standard deviation of the step's total rewards (population)", _TRAINER),
+    Metric("reward/correct", "mean", "share of completions the correctness reward scores as correct (its mean)", _TRAINER),
+    Metric("reward/format", "mean", "share of completions that earn the format reward", _TRAINER),
+    Metric("reward/errors", "sum", "reward calls that raised or whose worker died (scored 0)", _TRAINER),
+    Metric("reward/timeouts", "sum", "reward calls still running at reward.timeout_s (scored 0, worker replaced)", _TRAINER),
+    Metric("reward/invalid", "sum", "reward calls that returned something other than a finite number within +-1e6", _TRAINER),
+    Metric("completion/length", "mean", "mean number of real completion tokens", _TRAINER),
+    Metric("completion/truncated_frac", "mean", "share of completions that hit rollout.max_new_tokens", _TRAINER),
+    Metric("completion/empty_frac", "mean", "share of completions that are empty after stripping whitespace", _TRAINER),
+    Metric("groups/zero_var_frac", "mean", "share of groups whose rewards are all equal (zero advantages)", _TRAINER),
+    Metric("entropy/rollout", "mean", "entropy of the old policy over the rollout's real tokens", _TRAINER),
+    Metric("optim/lr", "last", "learning rate after the step's last optimiser step", _TRAINER),
+    Metric("optim/updates", "last", "optimiser steps taken since the start of the run", _TRAINER),
+    Metric("optim/skipped_nonfinite", "sum", "optimiser steps skipped for a non-finite loss or gradient", _TRAINER),
+    Metric("grad/norm", "mean", "global gradient norm before clipping, mean over the step's optimiser steps", _TRAINER),
+    Metric("energy/bucket{b}", "mean", "eq 24: share of the logit-gradient energy on frequency bucket b (0 = most frequent)", _TRAINER),
+    Metric(
+        "diag/shared_positions",
+        "sum",
+        "positions whose token and prefix every completion of a group shares (groups of 2 or more)",
+        _TRAINER,
+    ),
+    Metric(
+        "diag/shared_residual",
+        "mean",
+        "eq 2 check on the shared positions, with c_it = d loss / d log pi_it: sum_t abs(sum_i c_it) / sum_t sum_i abs(c_it) "
+        "(0 = they cancel, 1 = one sign per position; dfpo.core.metrics.shared_residual)",
+        _TRAINER,
+    ),
+    Metric(
+        "forms/{name}", "mean", "add/equiv tasks: share of completions of each surface form (number, swap, split, echo, invalid)", _TRAINER
+    ),
+    Metric("rollout/dropped_groups", "sum", "dynamic sampling: groups dropped because all their rewards were equal", _TRAINER),
+    Metric("rollout/extra_batches", "sum", "dynamic sampling: extra rollout batches drawn to fill the step", _TRAINER),
+    Metric("rollout/logp_gap_mean", "mean", "mean |log pi_rollout - log pi_old| over real tokens (sampler vs trainer)", _TRAINER),
+    Metric("rollout/logp_gap_max", "max", "largest |log pi_rollout - log pi_old| over real tokens", _TRAINER),
+    Metric("rollout/k3_kl", "mean", "k3 estimate of KL(pi_old || pi_rollout) per real token", _TRAINER),
+    Metric("log/dropped_nonfinite", "sum", "metrics of the step left out of the log because they were not finite", _TRAINER),
+    Metric("time/rollout_s", "mean", "seconds spent sampling and scoring the step's rollout", _TRAINER),
+    Metric("time/old_logp_s", "mean", "seconds spent computing old log-probs (pi_old) by a forward pass", _TRAINER),
+    Metric("time/update_s", "mean", "seconds spent in the optimiser steps", _TRAINER),
+    Metric("time/step_s", "mean", "seconds of the whole training step", _TRAINER),
+    # evaluation (eval.jsonl)
+    Metric("eval/avg@{k}", "mean", "mean correctness over k samples of each eval prompt", _EVAL),
+    Metric("eval/pass@{k}", "mean", "share of eval prompts with at least one correct sample of k", _EVAL),
+)
+
+
+def lookup(key: str) -> Metric:
+    """The declaration of a logged key (templates match their filled-in forms); KeyError naming the key otherwise."""
+    for metric in METRICS:
+        if metric.key == key or metric.pattern.match(key):
+            return metric
+    raise KeyError(f"metric {key!r} is not declared in dfpo.core.metric_registry.METRICS")
+
+
+def reduce_values(key: str, values: Sequence[float], weights: Sequence[float] | None = None) -> float:
+    """``values`` of ``key`` combined by its reduction; ``weights`` weigh a ``mean`` (equal weights when None or when
+    they sum to 0). Non-finite values are left out (NaN never leaks into a log); nan when none is left."""
+    reduction = lookup(key).reduction
+    pairs = [(float(v), 1.0 if weights is None else float(w)) for v, w in zip(values, weights or [None] * len(values))]
+    pairs = [(v, w) for v, w in pairs if math.isfinite(v)]
+    if not pairs:
+        return math.nan
+    vals = [v for v, _ in pairs]
+    if reduction == "min":
+        return min(vals)
+    if reduction == "max":
+        return max(vals)
+    if reduction == "sum":
+        return sum(vals)
+    if reduction == "last":
+        return vals[-1]
+    total = sum(w for _, w in pairs)
+    if total <= 0:
+        return sum(vals) / len(vals)
+    return sum(v * w for v, w in pairs) / total
+
+
+def reduce_records(records: Iterable[dict[str, float]], weights: Sequence[float] | None = None) -> dict[str, float]:
+    """One record from several (micro-batches, processes, optimiser steps): every key by its reduction, over the
+    records that hold it (``weights``: one per record, for ``mean`` keys)."""
+    records = list(records)
+    weights = list(weights) if weights is not None else [1.0] * len(records)
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    out = {}
+    for k in keys:
+        held = [(r[k], w) for r, w in zip(records, weights) if k in r]
+        out[k] = reduce_values(k, [v for v, _ in held], [w for _, w in held])
+    return out
+
+
+def markdown_table() -> str:
+    """The registry as the markdown table of docs/metrics.md."""
+    rows = ["| key | reduction | written by | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{m.key}` | {m.reduction} | {m.where} | {m.meaning} |" for m in METRICS]
+    return "\n".join(rows)

@@ -1,0 +1,196 @@
+"""The paper's run-level and mechanism metrics, one definition each, for the toy lab and the LLM trainer.
+
+    Steps(m >= kappa)   eq 19   ``steps_to`` (arrays over seeds) / ``steps_to_threshold`` (one logged curve)
+    Jitter2(m)          eq 20   ``jitter2``
+    Asym                eq 23   ``asymmetry`` (computed by the loss core, re-exported here)
+    Energy(B)           eq 24   ``frequency_buckets`` + ``energy_sums`` (+ ``frequent_energy``)
+    |d l_t / d logits|          ``logit_grad_norm`` (STAPO's closed form)
+    shared residual     eq 2    ``shared_mask`` + ``shared_residual``
+
+Definitions where the paper leaves a choice:
+1. Jitter2 divides by T - 2 (eq 20): it is undefined for fewer than 3 points, and ``jitter2`` returns
+   None there (never 0, which would read as "perfectly smooth").
+2. Energy's buckets (eq 24: "the token set bucketed by frequency"): token types sorted by their
+   number of occurrences among the real tokens of the batch, most frequent first; bucket k holds the
+   types whose cumulative share of occurrences, counted before the type, lies in [shares[k-1], shares[k]).
+   With shares = (0.5,) the "frequent" bucket is the most frequent types that together make up the
+   first half of all token occurrences (the template tokens, typically). Unseen types fall in the last bucket.
+3. Energy measures the gradient with respect to the output logits (STAPO's identity makes it exact and
+   free: |d(c log pi(y))/dz| = |c| sqrt(1 - 2 pi(y) + sum_v pi_v^2)); eq 24 uses grad_theta. For a
+   tabular policy (the toy) the logits ARE the parameters, so the two agree there.
+4. The shared residual (eq 2, sec 3) is read on the coefficient c_it = d L / d log pi_it, the factor
+   that multiplies grad log pi(v | h*) in the loss gradient (its aggregation normaliser, clipping and
+   sequence or score weights included), NOT on the logit-gradient norm |c_it| |e_y - pi|: the norm's
+   second factor is the same for every member at a shared pair, so it cannot decide cancellation, and
+   leaving it out keeps the quantity the paper's. "Shared" is given as a mask; ``shared_mask`` builds
+   it by prefix agreement (a sequence model: the context is the prefix) or by agreement at t alone
+   (the tabular toy, whose key at t is the state row and the token: the row IS the context).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .loss.core import asymmetry
+
+__all__ = [
+    "asymmetry",
+    "energy_sums",
+    "frequency_buckets",
+    "frequent_energy",
+    "jitter2",
+    "logit_grad_norm",
+    "SharedResidual",
+    "score_norm",
+    "shared_mask",
+    "shared_residual",
+    "steps_to",
+    "steps_to_threshold",
+    "trailing_mean",
+]
+
+FREQUENT_SHARE = 0.5
+"""The "frequent" bucket of Energy: the most frequent token types covering this share of occurrences."""
+
+
+def score_norm(prob: Tensor, collision: Tensor) -> Tensor:
+    """|e_y - pi|_2 = sqrt(1 - 2 pi(y) + sum_v pi_v^2) per token (STAPO's identity); any shape, elementwise."""
+    return (1 - 2 * prob + collision).clamp(min=0).sqrt()
+
+
+def logit_grad_norm(coef: Tensor, prob: Tensor, collision: Tensor) -> Tensor:
+    """|d(coef * log pi(y)) / d logits| = |coef| * |e_y - pi| per token; any shape, elementwise."""
+    return coef.abs() * score_norm(prob, collision)
+
+
+def frequency_buckets(token_ids: Tensor, mask: Tensor, shares: Sequence[float], vocab_size: int) -> Tensor:
+    """Bucket index (vocab_size,) of every token type by its count among the real tokens (definition 2 above)."""
+    counts = torch.bincount(token_ids[mask].flatten().cpu(), minlength=vocab_size).double()  # (V,)
+    order = torch.argsort(counts, descending=True, stable=True)
+    before = (counts[order].cumsum(0) - counts[order]) / counts.sum().clamp(min=1)  # (V,) share before each type
+    bucket_sorted = torch.bucketize(before, torch.tensor(list(shares), dtype=torch.double), right=True)
+    buckets = torch.full((vocab_size,), len(shares), dtype=torch.long)
+    buckets[order] = torch.where(counts[order] > 0, bucket_sorted, torch.full_like(bucket_sorted, len(shares)))
+    return buckets
+
+
+def energy_sums(norm: Tensor, token_ids: Tensor, mask: Tensor, buckets: Tensor) -> Tensor:
+    """Sum of the per-token gradient norm on each bucket (n_buckets,) float64; Energy(B) = this / its total (eq 24)."""
+    n = int(buckets.max()) + 1
+    bucket_of = buckets.to(token_ids.device)[token_ids]  # (..., T)
+    values = torch.where(mask, norm, torch.zeros_like(norm))  # (..., T)
+    return torch.zeros(n, dtype=torch.float64, device=norm.device).index_add_(0, bucket_of.flatten(), values.flatten().double())
+
+
+def frequent_energy(norm: Tensor, token_ids: Tensor, mask: Tensor, vocab_size: int, share: float = FREQUENT_SHARE) -> Tensor:
+    """Energy(frequent) (eq 24) of one batch: the share of the gradient norm on the frequent bucket (0-d); 0 without gradient."""
+    sums = energy_sums(norm, token_ids, mask, frequency_buckets(token_ids, mask, [share], vocab_size))  # (2,)
+    total = sums.sum()
+    return torch.where(total > 0, sums[0] / total.clamp(min=1e-300), torch.zeros_like(total))
+
+
+def shared_mask(keys: Tensor, mask: Tensor, group_ids: Tensor, *, prefix: bool = True) -> Tensor:
+    """(B, T) bool: the positions whose context-token pair every member of the row's group holds (eq 2's h*, v).
+
+    keys (B, T): what must agree (token ids; in the tabular toy, row * V + token); mask (B, T): real tokens;
+    group_ids (B,). Position t of a group is shared when the group has at least two members, every member
+    is real at t and has the first member's key at t, and, with ``prefix`` (a sequence model, whose
+    context at t is the prefix 0..t-1 after the group's common prompt), at every earlier position too.
+    """
+    mask = mask.bool()
+    B, T = keys.shape
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.numel()
+    rows = torch.arange(B, device=keys.device)
+    first = torch.full((n,), B, dtype=torch.long, device=keys.device).scatter_reduce(0, inverse, rows, reduce="amin")  # (n,)
+    agree = (keys == keys.index_select(0, first.index_select(0, inverse))) & mask  # (B, T) the first member's key at t
+    disagree = torch.zeros(n, T, dtype=torch.long, device=keys.device).index_add_(0, inverse, (~agree).long())
+    shared = (disagree == 0) & (counts >= 2)[:, None]  # (n, T)
+    if prefix:
+        shared = shared.long().cumprod(-1).bool()
+    return shared.index_select(0, inverse)  # (index_select: advanced indexing is ~100x slower on small CPU tensors)
+
+
+@dataclass(frozen=True)
+class SharedResidual:
+    """Eq 2's residual on a batch's shared context-token pairs, per group (order of ``groups``), float64."""
+
+    groups: Tensor
+    """(n,) the group ids, sorted."""
+    net: Tensor
+    """(n,) sum over the group's shared positions t of |sum_i c_it|: the residual, 0 when the objective cancels."""
+    gross: Tensor
+    """(n,) sum over the same positions of sum_i |c_it|: the normaliser (net / gross in [0, 1])."""
+    positions: Tensor
+    """(n,) number of shared positions of the group (long)."""
+
+
+def shared_residual(coef: Tensor, shared: Tensor, group_ids: Tensor) -> SharedResidual:
+    """The residual of eq 2 (sec 3) on the shared context-token pairs (h*, v) of each group.
+
+    coef (B, T): c_it = d L / d log pi_it, the per-token coefficient of the loss gradient (read off autograd:
+    it carries the aggregation normaliser, clipping and any sequence or score weight); shared (B, T): the
+    pairs every member of the group holds (``shared_mask``); group_ids (B,). A shared pair's gradient is
+    (sum_i c_it) grad log pi(v | h*), so its residual is |sum_i c_it|, zero exactly when the objective
+    cancels there. A position counts only where every member of its group is marked shared.
+
+    Normalisers (definition 4 above): ``net / gross`` = sum_t |sum_i c_it| / sum_t sum_i |c_it| is the
+    relative residual (0: exact cancellation, 1: all coefficients of each pair have one sign), and
+    ``net / positions`` the mean absolute residual per shared pair. Sums are in float64, so an exact
+    cancellation reads at the coefficients' rounding error.
+    """
+    shared = shared.bool()
+    B, T = coef.shape
+    groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    n = counts.numel()
+    marked = torch.zeros(n, T, dtype=torch.long, device=coef.device).index_add_(0, inverse, shared.long())
+    whole = marked == counts[:, None]  # (n, T) every member marked
+    c = torch.where(whole.index_select(0, inverse), coef.double(), torch.zeros((), dtype=torch.float64, device=coef.device))  # (B, T)
+    net = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c)
+    gross = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c.abs())
+    return SharedResidual(groups, net.abs().sum(-1), gross.sum(-1), whole.sum(-1))
+
+
+def jitter2(curve) -> np.ndarray | None:
+    """Eq (20), Jitter2(m) = (1 / (T-2)) sum_t |m_{t+2} - 2 m_{t+1} + m_t| along the last axis; None when T < 3."""
+    curve = np.asarray(curve, dtype=float)
+    if curve.shape[-1] < 3:
+        return None
+    return np.abs(curve[..., 2:] - 2 * curve[..., 1:-1] + curve[..., :-2]).mean(-1)
+
+
+def steps_to(curve, kappa: float) -> tuple[np.ndarray, np.ndarray]:
+    """Eq (19), Steps(m >= kappa) of curves sampled at steps 1..T (last axis): (first step, reached).
+
+    A curve that never reaches kappa is censored at T + 1.
+    """
+    curve = np.asarray(curve, dtype=float)
+    hit = curve >= kappa
+    reached = hit.any(-1)
+    first = np.where(reached, hit.argmax(-1) + 1, curve.shape[-1] + 1)
+    return first.astype(float), reached
+
+
+def steps_to_threshold(steps: Sequence[int], curve: Sequence[float | None], kappa: float) -> int | None:
+    """Eq (19) on a logged curve with its own step numbers: the first step whose value is >= kappa; None if never."""
+    for step, value in zip(steps, curve, strict=True):
+        if value is not None and math.isfinite(value) and value >= kappa:
+            return step
+    return None
+
+
+def trailing_mean(curve: Sequence[float], window: int) -> list[float]:
+    """Mean of the last ``window`` points at each step (fewer at the start)."""
+    out, acc = [], 0.0
+    for t, value in enumerate(curve):
+        acc += value
+        if t >= window:
+            acc -= curve[t - window]
+        out.append(acc / min(t + 1, window))
+    return out

@@ -1,0 +1,249 @@
+"""Slow reference: every objective written as plain per-sequence / per-group Python loops.
+
+It shares no code with ``dfpo.core.loss`` except the spec (the presets are data). The
+positive orthogonal projection (eq 51) is solved here by enumerating every active set, an
+independent check of the core's breakpoint solver. Use on small batches only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+from torch import Tensor
+
+from dfpo import ObjectiveSpec
+
+
+def _clip_weight(spec: ObjectiveSpec, r: Tensor, a: float) -> Tensor:
+    """The weight w with surrogate a * w, for the ratio-times-advantage rules."""
+    if spec.clip == "none":
+        return r
+    if spec.clip == "sapo":
+        tau = spec.sapo_tau_pos if a > 0 else spec.sapo_tau_neg
+        return 4.0 / tau / (1.0 + torch.exp(-tau * (r - 1.0)))
+    lo, hi = 1.0 - spec.eps_low, 1.0 + spec.eps_high
+    c = torch.clamp(r, lo, hi)
+    if spec.clip == "symmetric":
+        return c
+    # PPO: the surrogate is min(r a, c a); return it divided by a (a != 0) or r's min form.
+    w = torch.minimum(r, c) if a >= 0 else torch.maximum(r, c)
+    if spec.dual_clip_c is not None and a < 0:  # dual-clip: max(min(r a, c a), dual_c a) for a < 0
+        w = torch.clamp(w, max=spec.dual_clip_c)
+    return w
+
+
+def _score_weight(spec: ObjectiveSpec, r: float, a: float, p_old: float, log_w_seq: float | None = None) -> float:
+    """The detached weight of the score-function rules (surrogate w * a * log pi)."""
+    if spec.clip == "cispo":
+        return min(r, spec.eps_high)
+    if spec.clip == "pg":
+        return 1.0
+    if spec.clip == "vespo":
+        k, lam = (spec.vespo_k_pos, spec.vespo_lambda_pos) if a >= 0 else (spec.vespo_k_neg, spec.vespo_lambda_neg)
+        log_w = min(max(log_w_seq, math.log(1e-8)), 20.0)
+        return math.exp(lam + k * log_w - lam * math.exp(log_w))
+    p_old = min(p_old, 1.0)  # DPPO: is the probability change inside the divergence bound? (log-probs > 0 read as 1)
+    p = min(r * p_old, 1.0)
+    if spec.clip == "dppo_tv":
+        inside = (p - p_old <= spec.eps_high) if a > 0 else (p - p_old >= -spec.eps_low)
+    else:
+        kl = -p_old * math.log(r) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        inside = (kl <= spec.eps_high or p <= p_old) if a > 0 else (kl <= spec.eps_low or p >= p_old)
+    return min(r, spec.dual_clip_c) if inside else 0.0
+
+
+def qp_by_active_sets(s: list[float], a: list[float]) -> list[float]:
+    """argmin 1/2|v - s|^2 s.t. a.v = 0, v >= 0 by enumerating zero sets Z (v_Z = 0)."""
+    G = len(s)
+    best, best_val = None, math.inf
+    # a.v = 0 up to round-off relative to a's scale (an absolute 1e-9 let every v pass once |a| ~ 1e-13)
+    feasible_tol = 1e-12 * sum(abs(x) for x in a) * max(abs(x) for x in s)
+    for k in range(G + 1):
+        for zero in itertools.combinations(range(G), k):
+            free = [i for i in range(G) if i not in zero]
+            den = sum(a[i] ** 2 for i in free)
+            lam = sum(a[i] * s[i] for i in free) / den if den > 0 else 0.0
+            if den == 0 and abs(sum(a[i] * s[i] for i in free)) > 1e-12:
+                continue
+            v = [0.0 if i in zero else s[i] - lam * a[i] for i in range(G)]
+            if min(v) < -1e-12 or abs(sum(a[i] * v[i] for i in range(G))) > feasible_tol:
+                continue
+            val = sum((v[i] - s[i]) ** 2 for i in range(G))
+            if val < best_val - 1e-15:
+                best, best_val = v, val
+    return best
+
+
+def _transform(spec: ObjectiveSpec, sbar: list[float], adv: list[float], lengths: list[int]) -> list[float]:
+    G = len(sbar)
+    a = [adv[i] / lengths[i] for i in range(G)] if spec.length_aware else list(adv)
+    if spec.transform == "min":
+        if spec.length_aware:
+            m = min(sbar[j] / lengths[j] for j in range(G))
+            return [lengths[i] * m for i in range(G)]
+        return [min(sbar)] * G
+    if spec.transform == "orth":
+        den = sum(x * x for x in a)
+        coef = sum(a[i] * sbar[i] for i in range(G)) / den if den > 0 else 0.0
+        return [sbar[i] - coef * a[i] for i in range(G)]
+    if spec.transform == "orth_pos":
+        if all(x == 0 for x in a):
+            return list(sbar)
+        return qp_by_active_sets(sbar, a)
+    if spec.transform == "orth_tr":
+        sp = [max(x, spec.tr_floor) for x in sbar]
+        pos = sum(a[i] * sp[i] for i in range(G) if a[i] > 0)
+        neg = sum(-a[i] * sp[i] for i in range(G) if a[i] < 0)
+        if pos > neg:
+            return [sp[i] * (neg / pos) if a[i] > 0 else sp[i] for i in range(G)]
+        if pos < neg:
+            return [sp[i] * (pos / neg) if a[i] < 0 else sp[i] for i in range(G)]
+        return sp
+    raise AssertionError(spec.transform)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default), written out."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor, adv: Tensor, lengths: list[int]) -> set[tuple[int, int]]:
+    B = len(lengths)
+    real = [(i, t) for i in range(B) for t in range(lengths[i])]
+    if spec.token_mask == "none":
+        return set()
+    if spec.token_mask == "opsm":  # whole sequences: A < 0 and mean log(pi_old / pi) > delta
+        gone = {
+            i
+            for i in range(B)
+            if lengths[i]
+            and adv[i] < 0
+            and sum(float(old_logp[i, t] - logp[i, t]) for t in range(lengths[i])) / lengths[i] > spec.opsm_delta
+        }
+        return {(i, t) for i, t in real if i in gone}
+    if spec.token_mask == "stapo":
+        cand = [(i, t) for i, t in real if adv[i] > 0 and math.exp(float(logp[i, t])) < spec.stapo_tau_p]
+        if not cand:
+            return set()
+        thr = _quantile([float(entropy[i, t]) for i, t in cand], spec.stapo_q)
+        return {(i, t) for i, t in cand if float(entropy[i, t]) < thr}
+    if spec.top_entropy_frac >= 1.0:
+        return set()
+    thr = _quantile([float(entropy[i, t]) for i, t in real], 1.0 - spec.top_entropy_frac)
+    return {(i, t) for i, t in real if float(entropy[i, t]) < thr}
+
+
+def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, group_ids, entropy=None, ref_logp=None) -> Tensor:
+    B, T = logp.shape
+    lengths = [int(mask[i].sum()) for i in range(B)]
+    adv = [float(a) for a in advantages]
+    # per-token surrogate terms u[i][t] (with autograd through logp)
+    u: dict[tuple[int, int], Tensor] = {}
+    if spec.clip == "vespo":  # a detached Gamma weight of prod_t r_it times a * log pi at every token
+        for i in range(B):
+            log_w = sum(float(logp[i, t] - old_logp[i, t]) for t in range(lengths[i]))
+            for t in range(lengths[i]):
+                u[i, t] = _score_weight(spec, 0.0, adv[i], 0.0, log_w) * adv[i] * logp[i, t]
+    elif spec.ratio_level in ("sequence", "geometric"):
+        sbar = {}
+        for i in range(B):
+            if lengths[i] == 0:
+                continue
+            if spec.ratio_level == "sequence":  # GSPO: clip the geometric mean of the token ratios
+                log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
+                sbar[i] = _clip_weight(spec, torch.exp(log_s), adv[i])
+            else:  # GMPO: the geometric mean of the clipped token ratios
+                logs = [torch.log(_clip_weight(spec, torch.exp(logp[i, t] - old_logp[i, t]), adv[i])) for t in range(lengths[i])]
+                sbar[i] = torch.exp(sum(logs) / lengths[i])
+        weight = dict(sbar)
+        if spec.transform != "none":
+            for g in set(int(x) for x in group_ids):
+                members = [i for i in range(B) if int(group_ids[i]) == g and lengths[i] > 0]
+                if not members:
+                    continue
+                new = _transform(spec, [float(sbar[i].detach()) for i in members], [adv[i] for i in members], [lengths[i] for i in members])
+                for i, v in zip(members, new):
+                    if spec.stopgrad == "score":
+                        weight[i] = v  # float: no gradient through the weight
+                    elif spec.stopgrad == "ratio":
+                        weight[i] = (v / float(sbar[i].detach()) if float(sbar[i].detach()) > 0 else 0.0) * sbar[i]
+                    else:
+                        raise AssertionError("stopgrad='none' is not in the reference")
+        for i in weight:
+            for t in range(lengths[i]):
+                if spec.transform != "none" and spec.stopgrad == "score":
+                    u[i, t] = adv[i] * weight[i] * torch.exp(logp[i, t] - logp[i, t].detach())
+                else:
+                    u[i, t] = adv[i] * weight[i]
+    else:
+        for i in range(B):
+            if lengths[i] == 0:
+                continue
+            log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
+            for t in range(lengths[i]):
+                if spec.ratio_level == "sequence_token":
+                    r = torch.exp(log_s).detach() * torch.exp(logp[i, t] - logp[i, t].detach())
+                else:
+                    r = torch.exp(logp[i, t] - old_logp[i, t])
+                if spec.clip in ("cispo", "pg", "dppo_tv", "dppo_kl"):
+                    w = _score_weight(spec, float(r.detach()), adv[i], math.exp(float(old_logp[i, t])))
+                    u[i, t] = w * adv[i] * logp[i, t]
+                else:
+                    u[i, t] = adv[i] * _clip_weight(spec, r, adv[i])
+    dropped = _dropped(spec, logp.detach(), old_logp, entropy, advantages, lengths)
+    kept_len = [sum(1 for t in range(lengths[i]) if (i, t) not in dropped) for i in range(B)]
+    norm_len = kept_len if spec.mask_renormalise else lengths
+
+    def agg(terms: dict[tuple[int, int], Tensor]) -> Tensor:
+        rows = [i for i in range(B) if norm_len[i] > 0]
+        total = logp.sum() * 0.0
+        if spec.aggregation == "seq_mean_token_mean":
+            for i in rows:
+                total = total + sum(terms[i, t] for t in range(lengths[i]) if (i, t) in terms) / norm_len[i]
+            return total / max(len(rows), 1)
+        s = sum((v for v in terms.values()), logp.sum() * 0.0)
+        if spec.aggregation == "token_mean":
+            return s / max(sum(norm_len), 1)
+        if spec.aggregation == "constant":
+            return s / (B * (spec.max_completion_length or T))
+        return s / max(len(rows), 1)
+
+    kept = {k: -v for k, v in u.items() if k not in dropped}
+    if spec.cov_control != "none":  # covariance of A and log pi over the kept real tokens, by hand
+        real = sorted(k for k in u if k not in dropped)
+        a_mean = sum(adv[i] for i, _ in real) / len(real)
+        lp_mean = sum(float(logp[i, t]) for i, t in real) / len(real)
+        cov = {(i, t): (adv[i] - a_mean) * (float(logp[i, t]) - lp_mean) for i, t in real}
+        count = max(int(spec.cov_ratio * len(real)), 1)
+        if spec.cov_control == "clip_cov":
+
+            def clipped(i, t):
+                r = math.exp(float(logp[i, t] - old_logp[i, t]))
+                return (adv[i] > 0 and r > 1 + spec.eps_high) or (adv[i] < 0 and r < 1 - spec.eps_low)
+
+            band = [k for k in real if spec.cov_clip_low < cov[k] < spec.cov_clip_high and not clipped(*k)]
+            for k in sorted(band, key=lambda k: -cov[k])[:count]:
+                kept[k] = kept[k] * 0.0  # no gradient, still counted by the aggregation
+        else:
+            for i, t in sorted(real, key=lambda k: -cov[k])[:count]:
+                kept[i, t] = kept[i, t] + spec.kl_cov_coef * torch.abs(logp[i, t] - old_logp[i, t])
+    loss = agg(kept)
+    if spec.entropy_coef > 0:  # minus the coefficient times the mean entropy of the kept tokens
+        kept_tokens = [(i, t) for i in range(B) for t in range(lengths[i]) if (i, t) not in dropped]
+        loss = loss - spec.entropy_coef * sum(entropy[i, t] for i, t in kept_tokens) / max(len(kept_tokens), 1)
+    if spec.beta > 0:
+        kl = {}
+        for i in range(B):
+            for t in range(lengths[i]):
+                if (i, t) in dropped and spec.mask_renormalise:
+                    continue
+                d = ref_logp[i, t] - logp[i, t]
+                kl[i, t] = torch.exp(d) - d - 1
+        loss = loss + spec.beta * agg(kl)
+    return loss

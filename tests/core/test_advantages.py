@@ -1,0 +1,89 @@
+"""Group-relative advantages (eq 43): zero-sum per group, order-free, the std TRL uses."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dfpo import group_advantages
+
+rewards_lists = st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=1, max_size=24)
+
+
+@given(rewards_lists, st.integers(1, 5), st.sampled_from(["group", "batch", "none", "rloo"]), st.randoms())
+def test_advantages_sum_to_zero_in_every_group(rewards, n_groups, scale, rnd):
+    """sum_{i in group} A_i = 0 for every group, wherever its completions sit in the batch."""
+    ids = torch.tensor([rnd.randrange(n_groups) * 11 for _ in rewards])
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), ids, scale=scale)
+    for g in ids.unique():
+        assert abs(float(adv[ids == g].sum())) < 1e-12
+    assert bool(torch.isfinite(adv).all())
+
+
+@given(rewards_lists, st.integers(1, 4))
+def test_group_scale_is_mean_centred_over_unbiased_std_plus_eps(rewards, n_groups):
+    ids = torch.arange(len(rewards)) % n_groups
+    r = torch.tensor(rewards, dtype=torch.float64)
+    adv = group_advantages(r, ids, eps=1e-4)
+    for g in ids.unique():
+        x = r[ids == g]
+        expected = torch.zeros_like(x) if len(x) < 2 or bool((x == x[0]).all()) else (x - x.mean()) / (x.std() + 1e-4)
+        torch.testing.assert_close(adv[ids == g], expected, rtol=1e-12, atol=1e-12)
+
+
+@given(rewards_lists, st.randoms())
+def test_permuting_the_batch_permutes_the_advantages(rewards, rnd):
+    ids = torch.arange(len(rewards)) % 3
+    r = torch.tensor(rewards, dtype=torch.float64)
+    perm = list(range(len(rewards)))
+    rnd.shuffle(perm)
+    perm = torch.tensor(perm)
+    torch.testing.assert_close(group_advantages(r[perm], ids[perm]), group_advantages(r, ids)[perm], rtol=0, atol=1e-15)
+
+
+def test_rloo_is_the_leave_one_out_baseline_by_hand():
+    """RLOO: A_i = R_i - mean of the other completions of the group (TRL RLOOTrainer's baseline)."""
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    grouped = r.view(2, 4)
+    trl_baseline = ((grouped.sum(1, keepdim=True) - grouped) / 3).view(-1)  # TRL rloo_trainer's lines
+    expected = torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3, 4 / 3, 0.0, 0.0, -4 / 3], dtype=torch.float64)
+    torch.testing.assert_close(group_advantages(r, ids, scale="rloo"), expected)
+    torch.testing.assert_close(r - trl_baseline, expected)
+
+
+def test_reinforce_pp_whitens_over_the_batch_by_hand():
+    """REINFORCE++ (batch baseline): (R - mean_batch) / (std_batch + eps), torch's unbiased std."""
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1])
+    std = (sum((x - 0.25) ** 2 for x in [1.0, 0.0, 0.0, 0.0]) / 3) ** 0.5
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25], dtype=torch.float64) / (std + 1e-4)
+    torch.testing.assert_close(group_advantages(r, ids, scale="reinforce_pp"), expected)
+    assert float(group_advantages(r, ids, scale="reinforce_pp")[2:].sum()) < 0  # group 1 does not sum to zero
+
+
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=4), st.lists(st.sampled_from([0.0, 1.0]), min_size=4, max_size=4))
+def test_reinforce_pp_breaks_zero_sum_exactly_when_group_means_differ(first, second):
+    """With a batch baseline, sum_{i in g} A_i = 0 iff the group's mean reward equals the batch's."""
+    r = torch.tensor(first + second, dtype=torch.float64)
+    ids = torch.tensor([0] * 4 + [1] * 4)
+    adv = group_advantages(r, ids, scale="reinforce_pp")
+    same_mean = sum(first) == sum(second)
+    assert (abs(float(adv[:4].sum())) < 1e-12) == (same_mean or len(set(first + second)) == 1)
+
+
+def test_a_shared_token_keeps_a_gradient_under_reinforce_pp_but_not_rloo():
+    """Cancellation (eq 2) needs sum_i A_i = 0 in the group: RLOO keeps it, REINFORCE++'s batch baseline does not."""
+    import dataclasses
+
+    from dfpo.core.loss.cancellation import make_shared_prefix_group, shared_token_gradient
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # group mean 0.25
+    group = make_shared_prefix_group(rewards, [6, 6, 6, 6], seed=3)
+    batch_rewards = torch.cat([rewards, torch.ones(4, dtype=torch.float64)])  # a second group of all-correct answers
+    ids = torch.tensor([0] * 4 + [1] * 4)
+    for scale, cancels in (("rloo", True), ("reinforce_pp", False)):
+        adv = group_advantages(batch_rewards, ids, scale=scale)[:4]
+        residual = shared_token_gradient("grpo", dataclasses.replace(group, advantages=adv)).abs().max()
+        assert (float(residual) < 1e-12) == cancels, scale

@@ -1,0 +1,320 @@
+"""`dfpo train`: group-relative RL fine-tuning of a transformers model (imports stay light here).
+
+dfpo train --config configs/tiny-cpu.toml [--set key=value ...]
+dfpo train [--set key=value ...]          (no --config: the built-in defaults, the tiny offline model)
+dfpo train --resume RUN_DIR [--set train.steps=N]
+dfpo train --nproc N ...   (N processes on this machine; ``dfpo.trainer.launch``)
+dfpo train --print-config ...             (the resolved config as TOML, every key; nothing trained)
+dfpo train --curves RUN_DIR               (RUN_DIR/curves.png from its logs; written at the end of every run too)
+
+Without --config the run takes every key's default (docs/config.md), as verl's trainer runs its built-in config
+when given none: the tiny offline model on "a+b=", into runs/default. A signal at any moment ends the command
+with one line and the shell's status (``exit_signals`` before the trainer's own handling, ``runlog.StopSignals``
+during it).
+
+Every ``dfpo`` command imports this module to register its subcommands, so its top imports only the standard
+library, ``dfpo.core.files`` and ``exit_signals`` (standard library only). The handlers import the trainer's modules when they run (deferred imports, each
+marked): config, checkpoint, runlog, distributed, train and compare import torch (config also tomli_w, an
+optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``, curves imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..core.files import check_input_file
+from . import exit_signals
+
+if TYPE_CHECKING:
+    from .config import Config
+
+
+def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> Config:
+    """The config of ``--resume RUN_DIR``: RUN_DIR/config.toml with the --set changes a resume allows, checked
+    against the config the checkpoint was made with (checkpoint.json) before any work. ``restore`` first writes
+    config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
+    import tomllib
+
+    from ..core.files import write_run_file
+
+    # deferred: torch (see the module docstring)
+    from .checkpoint import read_meta
+    from .config import RESUME_SETTABLE, apply_overrides, check_same_config, config_from_dict, config_text, dict_to_toml
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir} is a file, not a run folder")
+    if not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir}: no such folder")
+    cfg_path, meta = run_dir / "config.toml", read_meta(run_dir)
+    saved = None if meta is None else meta.config
+    hint = f" (dfpo train --resume {run_dir} --restore-config writes it back from the checkpoint)" if saved is not None else ""
+    if restore:
+        if saved is None:
+            raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
+        with exit_signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
+            write_run_file(cfg_path, dict_to_toml(saved))
+    bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
+    if bad:
+        raise ValueError(
+            f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
+        )
+    if not cfg_path.exists():
+        raise ValueError(f"--resume {run_dir}: no config.toml in it; is it a dfpo run folder?{hint}")
+    check_input_file("--resume", cfg_path)
+    text = config_text(cfg_path)
+    if not text.strip():
+        raise ValueError(f"{cfg_path} is empty: a resume never falls back to built-in defaults{hint}")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{cfg_path} is not valid TOML ({err}){hint}") from None
+    raw = apply_overrides(raw, sets)
+    raw["run_dir"] = str(run_dir)
+    try:
+        cfg = config_from_dict(raw)
+    except ValueError as err:
+        raise ValueError(f"{cfg_path}: {err}") from None
+    check_same_config(run_dir, saved, cfg)
+    return cfg
+
+
+def _config_of(args: argparse.Namespace) -> Config:
+    """The run's config: --resume RUN_DIR's, --config FILE's, or the built-in defaults, each with --set applied."""
+    from .config import load_config  # deferred: torch, tomli_w (see the module docstring)
+
+    if args.restore_config and args.resume is None:
+        raise ValueError("--restore-config goes with --resume RUN_DIR")
+    if args.resume is not None:
+        if args.config is not None:
+            raise ValueError("--resume reads RUN_DIR/config.toml; drop --config (use --set train.steps=N to extend)")
+        if not args.resume.strip():  # Path("") would be the current folder
+            raise ValueError("--resume needs the run folder to continue, got an empty path")
+        if args.restore_config and args.print_config:
+            raise ValueError(
+                "--print-config writes nothing; drop --restore-config to print the run's config, or --print-config to restore it"
+            )
+        return resume_config(Path(args.resume), list(args.set or []), restore=args.restore_config)
+    if args.config is not None and not args.config.strip():
+        raise ValueError("--config needs a TOML file, got an empty path; leave --config out to train the built-in defaults")
+    return load_config(args.config, list(args.set or []))
+
+
+def _preflight(cfg: Config, resume: bool) -> None:
+    """What the ranks would refuse, checked once before they are started: the run folder, the prompts' lengths."""
+    # deferred: torch (see the module docstring)
+    from .run_folder import check_run_folder
+    from .tasks import load_splits
+    from .train import check_lengths
+
+    check_run_folder(Path(cfg.run_dir), resume=resume, steps=cfg.train.steps)
+    check_lengths(cfg, *load_splits(cfg.data, cfg.seed))
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    if args.curves is not None:
+        return _cmd_curves(args)
+    # deferred: torch, and launch's start-up cost (see the module docstring)
+    from . import distributed as dp
+    from .config import config_to_toml
+    from .launch import Launcher, stop_with_launcher
+
+    stop_with_launcher()  # a rank started by --nproc stops when its launcher dies
+    cfg = _config_of(args)
+    if args.print_config:
+        print(config_to_toml(cfg), end="")
+        return 0
+    if args.config is None and args.resume is None and not args.quiet and dp.launched_rank() == 0:
+        print(
+            f"dfpo: no --config: training the built-in defaults (the tiny offline model on 'a+b=', into {cfg.run_dir}); "
+            "dfpo train --print-config shows every key",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.nproc is not None and dp.launched_world_size() == 1:
+        dp.check_world_size(cfg, args.nproc)  # before launching anything
+        if args.nproc > 1:
+            _preflight(cfg, args.resume is not None)
+            status = Launcher(relaunch_command(args), args.nproc).run()
+            exit_signals.decided(status)
+            return status
+    return _train(cfg, args)
+
+
+def _cmd_curves(args: argparse.Namespace) -> int:
+    """``--curves RUN_DIR``: write RUN_DIR/curves.png from the run's logs, train nothing."""
+    from .curves import write_curves  # deferred: matplotlib (see the module docstring)
+
+    others = [
+        flag
+        for flag, given in (("--config", args.config), ("--resume", args.resume), ("--set", args.set), ("--nproc", args.nproc))
+        if given is not None
+    ]
+    if others or args.print_config or args.restore_config:
+        raise ValueError(
+            f"--curves RUN_DIR draws an existing run and trains nothing; drop {', '.join(others) or '--print-config / --restore-config'}"
+        )
+    print(write_curves(Path(args.curves)))
+    return 0
+
+
+def _train(cfg: Config, args: argparse.Namespace) -> int:
+    """One process of a run: construct, train, and answer every way it can end with a message and an exit status."""
+    import json
+
+    from ..core.files import WriteFailed
+
+    # deferred: torch (see the module docstring)
+    from . import distributed as dp
+    from .runlog import StoppedAtOnce, StopSignals, TrainingInterrupted
+    from .train import NonFiniteLossError, Trainer
+
+    trainer, rank, resume = None, dp.launched_rank(), args.resume is not None
+    say = (lambda msg: print(f"dfpo: {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)  # noqa: E731
+    with StopSignals() as stop:  # from here to the end: a signal always ends in a message and a status
+        try:
+            try:
+                trainer = Trainer(cfg, resume=resume, quiet=args.quiet)
+                summary = trainer.run(stop)
+                dp.barrier()  # every process done before any leaves the group
+            except (NonFiniteLossError, WriteFailed) as err:
+                say(f"error: {err}")
+                return _decided(1)
+            except TrainingInterrupted as stopped:
+                say(str(stopped))
+                return _decided(stopped.exit_code)
+            finally:
+                dp.shutdown()
+            if rank == 0:
+                _write_curves(Path(cfg.run_dir), say)
+        except StoppedAtOnce as stopped:
+            exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
+            say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, resume))
+            return stopped.exit_code
+        exit_signals.decided(0)
+    if rank == 0:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def _decided(status: int) -> int:
+    """``status``, once the exit signals know it (a later signal ends the program with it)."""
+    exit_signals.decided(status)
+    return status
+
+
+def _write_curves(run_dir: Path, say) -> None:
+    """RUN_DIR/curves.png at the end of a run; a failure is a warning: the run and its logs are complete."""
+    from .curves import write_curves  # deferred: matplotlib (see the module docstring)
+
+    try:
+        write_curves(run_dir)
+    except Exception as err:  # noqa: BLE001 - a picture of finished logs never fails the run that wrote them
+        say(f"warning: {run_dir / 'curves.png'} not written ({err}); dfpo train --curves {run_dir} tries again")
+
+
+def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) -> str:
+    """What a signal that stopped the program where it was leaves behind, and how to go on."""
+    import signal
+
+    name = signal.Signals(signum).name
+    if trainer is None:
+        tail = (
+            f"the checkpoint is unchanged; resume with: dfpo train --resume {run_dir}" if resume else "start it again with the same command"
+        )
+        return f"{name} during start-up: stopped before the first training step; {tail}"
+    if trainer.last_checkpoint_step >= trainer.step_now:
+        return f"{name} again: stopped at once; the checkpoint of step {trainer.last_checkpoint_step} is written; resume with: dfpo train --resume {run_dir}"
+    return (
+        f"{name} again: stopped at once during step {trainer.step_now}, which is lost; resume from the checkpoint "
+        f"of step {trainer.last_checkpoint_step} with: dfpo train --resume {run_dir}"
+    )
+
+
+def relaunch_command(args: argparse.Namespace) -> list[str]:
+    """The ``dfpo train`` command each of ``args.nproc`` ranks runs: this one without --nproc."""
+    cmd = [sys.executable, "-m", "dfpo", "train"]
+    if args.config is not None:
+        cmd += ["--config", args.config]
+    if args.resume is not None:
+        cmd += ["--resume", args.resume]
+    for s in args.set or []:
+        cmd += ["--set", s]
+    if args.quiet:
+        cmd.append("--quiet")
+    return cmd
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
+
+    plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, args.config, args.set, args.out)
+    print(compare(plan, jobs=args.jobs).read_text())
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="RL fine-tuning of a transformers model with any objective (without --config: the built-in defaults, the tiny offline model)",
+        description="Group-relative RL fine-tuning with every objective of dfpo.OBJECTIVES. "
+        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt, curves.png).",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML config file (see configs/); without it, every key's default (docs/config.md): the tiny offline model on 'a+b=' into runs/default",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key, e.g. --set optim.lr=1e-4 (repeatable)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint, exactly")
+    p.add_argument(
+        "--restore-config",
+        action="store_true",
+        help="with --resume: write RUN_DIR/config.toml back from the config kept with the checkpoint",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (every key, defaults included, after --set) as TOML and exit without training",
+    )
+    p.add_argument(
+        "--curves",
+        default=None,
+        metavar="RUN_DIR",
+        help="write RUN_DIR/curves.png from the run's logs and exit (every run writes it at its end)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train on N processes on this machine (data parallel, train.parallel); SIGINT/SIGTERM reach every process",
+    )
+    p.set_defaults(func=_cmd_train)
+
+    p = subparsers.add_parser(
+        "compare",
+        help="objectives on the LLM trainer over paired seeds: per-seed values, paired differences with Student-t intervals "
+        "(Bonferroni-adjusted over the table) and a matched-control check",
+    )
+    p.add_argument(
+        "--objectives",
+        default="gspo,dfpo_min",
+        help="comma-separated labels, e.g. gspo,dfpo_min,dfpo_min:stopgrad=score (default gspo,dfpo_min)",
+    )
+    p.add_argument("--baseline", default=None, help="label every other one is compared with (default: the first)")
+    p.add_argument("--seeds", type=int, default=10, help="paired seeds (default 10; fewer than 8 draws a warning)")
+    p.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="first seed (default 0); a second seed set that replicates a finding must not overlap the first",
+    )
+    p.add_argument("--config", default="configs/tiny-cpu.toml", help="base config of every run (default configs/tiny-cpu.toml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run (repeatable)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")
+    p.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    p.set_defaults(func=_cmd_compare)

@@ -1,0 +1,505 @@
+"""Run configuration of the LLM trainer: frozen dataclasses parsed from TOML, strictly.
+
+A config file is TOML with a few top-level keys and one table per section::
+
+    seed = 0
+    [model]      policy, tokenizer, tiny preset, LoRA, reference model
+    [data]       task, prompt template, train/eval split
+    [reward]     correctness reward, format reward, user callable, timeout
+    [rollout]    group size, sampling, max new tokens
+    [objective]  name of a dfpo.OBJECTIVES preset and its overrides
+    [optim]      AdamW, schedule, mini-batches, accumulation, clipping
+    [train]      steps, checkpoints, non-finite guard
+    [eval]       avg@k every N steps
+    [log]        samples, TensorBoard, progress bar, diagnostics
+
+Every field is declared once with ``dfpo.core.settings.setting``: its default, what it means, and its
+bounds or choices (docs/config.md is generated from these declarations). Every key is checked: an unknown
+key, a value of the wrong type, outside its bounds or its choices raises ``ValueError`` naming the key, the
+bad value and what to write instead. ``--set section.key=value`` overrides are parsed into the key's declared
+type by ``dfpo.core.settings.parse_value`` (``--set optim.lr=1e-4``, ``--set objective.name=\"gspo\"`` or
+simply ``--set objective.name=gspo``; ``objective.overrides.KEY`` takes the ObjectiveSpec field's type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import tomli_w
+
+from ..core.files import check_input_file, read_utf8
+from ..core.loss import OBJECTIVES, resolve_objective
+from ..core.loss.correction import CORRECTIONS
+from ..core.loss.objectives import override_type
+from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TASKS = ("add", "equiv", "jsonl", "reasoning_gym", "hf")
+REWARD_KINDS = ("auto", "exact", "math_verify", "equiv", "reasoning_gym", "user")
+CHAT_TEMPLATE = ("auto", "on", "off")
+MOVED_KEYS = {
+    "objective.advantage_scale": "the advantage estimator is a component of the objective: set objective.overrides.adv_scale "
+    "(group, batch, none, rloo or reinforce_pp; leave it out for the preset's own)",
+}
+"""Keys that earlier versions accepted, and where their setting lives now."""
+AMPS = ("auto", "bf16", "fp16", "none")
+ENGINES = ("hf", "vllm")
+PARALLEL = ("ddp", "fsdp2")
+MIN_TEMPERATURE = 0.01
+"""The lowest sampling temperature: vLLM clamps lower ones to it, and logits divided by much less overflow."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = setting("tiny", "'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub).")
+    dtype: str = setting(
+        "auto", "Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16.", choices=DTYPES
+    )
+    amp: str = setting("auto", "Autocast of forward passes: auto (bf16 on CUDA, none on CPU), bf16, fp16, none.", choices=AMPS)
+    pad_token: str = setting("", "Pad token to use when the tokenizer has none: '' (fail with a message), 'eos', or a token string.")
+    trust_remote_code: bool = setting(False, "Passed to from_pretrained.")
+    gradient_checkpointing: bool = setting(False, "Recompute activations in the backward pass (saves memory on large models).")
+    lora_r: int = setting(0, "LoRA rank through peft; 0 trains every parameter.", bounds=Bounds(0))
+    lora_alpha: int = setting(16, "LoRA alpha.", bounds=Bounds(0, low_open=True))
+    lora_dropout: float = setting(0.0, "LoRA dropout (keep 0 for exact old/new log-prob agreement).", bounds=Bounds(0, 1, high_open=True))
+    lora_target_modules: str = setting("all-linear", "peft target_modules: 'all-linear' or a comma-separated list of module names.")
+    tiny_hidden: int = setting(
+        64,
+        "Tiny preset: hidden size (a multiple of tiny_heads with an even head size; a larger model: a model folder).",
+        bounds=Bounds(1, 4096),
+    )
+    tiny_layers: int = setting(2, "Tiny preset: number of decoder layers.", bounds=Bounds(1, 64))
+    tiny_heads: int = setting(4, "Tiny preset: attention heads (key/value heads are half of these, at least 1).", bounds=Bounds(1, 256))
+    tiny_intermediate: int = setting(256, "Tiny preset: MLP width.", bounds=Bounds(1, 16384))
+    sft_steps: int = setting(300, "Tiny preset: supervised warm-start steps on the task's train split (0 = none).", bounds=Bounds(0))
+    sft_batch_size: int = setting(64, "Tiny preset: supervised batch size.", bounds=Bounds(1))
+    sft_lr: float = setting(3e-3, "Tiny preset: supervised AdamW learning rate.", bounds=Bounds(0, low_open=True))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    task: str = setting(
+        "add", "add (integer 'a+b='), equiv (a+b with several correct surface forms), jsonl, reasoning_gym, hf.", choices=TASKS
+    )
+    path: str = setting("", 'task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line.')
+    eval_path: str = setting("", "task=jsonl: optional held-out JSONL file; '' splits eval_size examples off the train file.")
+    name: str = setting("", "task=hf: dataset name (e.g. 'openai/gsm8k'); task=reasoning_gym: generator (e.g. 'gsm_symbolic').")
+    subset: str = setting("", "task=hf: dataset config name (e.g. 'main' for gsm8k).")
+    split: str = setting("train", "task=hf: train split name.")
+    eval_split: str = setting("test", "task=hf: eval split name.")
+    prompt_field: str = setting("question", "task=hf: field holding the prompt.")
+    answer_field: str = setting("answer", "task=hf: field holding the answer (gsm8k's '#### 72' tail is extracted).")
+    max_operand: int = setting(99, "Built-in tasks: operands are drawn from 0..max_operand.", bounds=Bounds(1))
+    train_size: int = setting(5000, "Built-in and reasoning_gym tasks: number of train problems generated.", bounds=Bounds(1))
+    eval_size: int = setting(64, "Number of held-out problems for evaluation.", bounds=Bounds(1))
+    prompt_template: str = setting(
+        "{prompt}", "Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."
+    )
+    chat_template: str = setting(
+        "auto", "auto (use the tokenizer's chat template when it has one), on (require one), off.", choices=CHAT_TEMPLATE
+    )
+    enable_thinking: bool = setting(False, "Passed to chat templates that understand it (Qwen3).")
+    shuffle: bool = setting(True, "Shuffle the train split each epoch (seeded, resumable).")
+    truncate_prompts: bool = setting(
+        False,
+        "A prompt longer than the model's context minus rollout.max_new_tokens is an error naming its file and line; true keeps its last tokens instead (left truncation).",
+    )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    kind: str = setting("auto", "Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user.", choices=REWARD_KINDS)
+    user_fn: str = setting(
+        "", "kind=user: 'package.module:function' (importable from sys.path) called as fn(prompt=, completion=, answer=) -> float."
+    )
+    format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
+    format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
+    timeout_s: float = setting(
+        5.0,
+        "Time limit of one reward call, in its worker process; a call still running after it has its worker killed (with what it started), gives 0 and is counted in reward/timeouts. A batch's calls run reward.workers at a time.",
+        bounds=Bounds(0, low_open=True),
+    )
+    workers: int = setting(
+        0,
+        "Worker processes that run user, math_verify and reasoning_gym rewards (0 = min(8, CPU count), shared out among the processes of a --nproc run); exact and equiv run in the trainer's process.",
+        bounds=Bounds(0, 256),
+    )
+    max_tasks_per_worker: int = setting(
+        0,
+        "Reward calls after which a worker is replaced by a fresh one, as multiprocessing's maxtasksperchild (0 = never): for a reward that leaks what its process holds.",
+        bounds=Bounds(0),
+    )
+    memory_limit_mb: int = setting(
+        4096,
+        "Memory cap of each reward worker in MiB (RLIMIT_DATA, inherited by what the reward starts; 0 = none, else >= 64): a call that needs more scores 0 as a MemoryError in reward/errors, and a worker whose resident memory grew past halfway from its start-up size to the cap is replaced after its call, with a warning naming the reward.",
+        bounds=Bounds(0),
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = setting(
+        "hf",
+        "Rollout engine: 'hf' (the trainer's own model with a KV cache) or 'vllm' (vLLM in this process; see dfpo.trainer.vllm_engine and scripts/vllm_env.sh).",
+        choices=ENGINES,
+    )
+    prompts_per_step: int = setting(8, "Prompts sampled per rollout batch.", bounds=Bounds(1))
+    group_size: int = setting(8, "Completions per prompt (G).", bounds=Bounds(2))
+    max_new_tokens: int = setting(8, "Generation length limit; completions that hit it are counted as truncated.", bounds=Bounds(1))
+    temperature: float = setting(
+        1.0,
+        "Sampling temperature (at least 0.01, where vLLM clamps it: logits divided by less overflow to inf and NaN).",
+        bounds=Bounds(MIN_TEMPERATURE),
+    )
+    top_p: float = setting(1.0, "Nucleus sampling (1 = off).", bounds=Bounds(0, 1, low_open=True))
+    top_k: int = setting(0, "Top-k sampling (0 = off).", bounds=Bounds(0))
+    mask_truncated: bool = setting(False, "Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering).")
+    batch_size: int = setting(0, "Completions generated per generate() call; 0 = all at once.", bounds=Bounds(0))
+    correction: str = setting(
+        "none",
+        "Rollout/trainer mismatch correction, a detached pi_old/pi_rollout weight on the policy term: none, token_truncate, token_mask, sequence_truncate, sequence_mask (sets the objective's rollout_correction).",
+        choices=CORRECTIONS,
+    )
+    correction_low: float = setting(0.5, "Mask modes: weights below this are zeroed.", bounds=Bounds(0, 1))
+    correction_cap: float = setting(2.0, "Truncate modes: the cap; mask modes: weights above it are zeroed.", bounds=Bounds(1))
+    dynamic_sampling: bool = setting(
+        False, "DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."
+    )
+    max_extra_batches: int = setting(
+        3, "Dynamic sampling: at most this many extra rollout batches per step; then train on the groups at hand.", bounds=Bounds(0)
+    )
+    seed_per_group: bool = setting(
+        False,
+        "Sample every group from its own generator seeded by (seed, step, the group's index in the step), so the completions do not depend on how the prompts are batched or shared between processes; always on when training on more than one process (hf engine).",
+    )
+    old_logp: str = setting(
+        "auto",
+        "Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its rows); 'auto' = 'sampler' when sampling is the policy itself (temperature 1, no top-k/top-p, float32, no autocast), else 'recompute'.",
+        choices=("auto", "sampler", "recompute"),
+    )
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    name: str = setting("dfpo_min", "A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...).")
+    overrides: dict = setting(factory=dict, doc="ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...).")
+    advantage_eps: float = setting(1e-4, "Epsilon added to the std in advantage scaling.", bounds=Bounds(0))
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = setting(1e-4, "Peak learning rate.", bounds=Bounds(0, low_open=True))
+    weight_decay: float = setting(0.0, "AdamW weight decay.", bounds=Bounds(0))
+    beta1: float = setting(0.9, "AdamW beta1.", bounds=Bounds(0, 1, high_open=True))
+    beta2: float = setting(0.999, "AdamW beta2.", bounds=Bounds(0, 1, high_open=True))
+    adam_eps: float = setting(1e-8, "AdamW epsilon.", bounds=Bounds(0, low_open=True))
+    max_grad_norm: float = setting(1.0, "Clip the global gradient norm to this (0 = no clipping).", bounds=Bounds(0))
+    warmup_ratio: float = setting(
+        0.03, "Linear warmup over this share of all optimiser steps (the paper: 3%).", bounds=Bounds(0, 1, high_open=True)
+    )
+    min_lr_ratio: float = setting(0.2, "Cosine decay ends at lr * min_lr_ratio (the paper: 0.2).", bounds=Bounds(0, 1))
+    minibatch_groups: int = setting(
+        1, "Whole groups per optimiser step; prompts_per_step / minibatch_groups steps per epoch.", bounds=Bounds(1)
+    )
+    microbatch_groups: int = setting(
+        0, "Whole groups per forward/backward (gradient accumulation); 0 = the whole mini-batch.", bounds=Bounds(0)
+    )
+    max_tokens_per_microbatch: int = setting(
+        0,
+        "Token budget of one forward/backward: micro-batches of whole groups whose rows x longest row fit it (a larger group alone); 0 = split by microbatch_groups instead.",
+        bounds=Bounds(0),
+    )
+    epochs: int = setting(1, "Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups.", bounds=Bounds(1))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = setting(50, "Rollout batches (training steps) in the run.", bounds=Bounds(1))
+    save_every: int = setting(10, "Write a checkpoint every this many steps (and at the end).", bounds=Bounds(1))
+    max_nonfinite_in_row: int = setting(
+        3, "Stop after this many optimiser steps in a row with a non-finite loss or gradient.", bounds=Bounds(1)
+    )
+    parallel: str = setting(
+        "ddp",
+        "Several processes (torchrun, or dfpo train --nproc N): 'ddp' keeps a full model on every process and sums the gradients; 'fsdp2' shards the decoder layers' parameters, gradients and optimiser state (torch fully_shard; embeddings, final norm and LM head stay whole). Checkpoints hold whole tensors either way. One process: unused.",
+        choices=PARALLEL,
+    )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = setting(10, "Evaluate every this many steps (0 = never); also at step 0 and the end.", bounds=Bounds(0))
+    k: int = setting(4, "Samples per eval prompt for avg@k.", bounds=Bounds(1))
+    temperature: float = setting(1.0, "Eval sampling temperature (at least 0.01, as rollout.temperature).", bounds=Bounds(MIN_TEMPERATURE))
+    kappa: float = setting(0.5, "Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve.", bounds=Bounds(-math.inf))
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    samples_every: int = setting(10, "Write sample completions every this many steps (0 = never).", bounds=Bounds(0))
+    samples_per_step: int = setting(4, "Completions written per sampled step.", bounds=Bounds(0))
+    tensorboard: bool = setting(True, "Write TensorBoard events under RUN_DIR/tb.")
+    wandb_project: str = setting("", "Also log to this wandb project when wandb is installed ('' = off).")
+    progress: bool = setting(True, "Show a progress bar.")
+    energy_buckets: list = setting(
+        factory=lambda: [0.5, 0.8], doc="Energy (eq 24) buckets: cumulative token-occurrence shares splitting frequent/mid/rare tokens."
+    )
+    diagnostics: bool = setting(True, "Compute Energy and shared-prefix residual (costs one softmax over the vocab per token).")
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = setting(
+        0, "Seed of data, model init, sampling (NumPy and the seeds derived from it need it below 2^32).", bounds=Bounds(0, 2**32 - 1)
+    )
+    run_dir: str = setting("runs/default", "Output folder (created; must be empty or absent unless resuming).")
+    device: str = setting("auto", "auto (cuda when available), cpu, cuda.", choices=DEVICES)
+    threads: int = setting(
+        0, "CPU threads for torch (0 = torch's default). 1 is fastest for the tiny preset on a busy machine.", bounds=Bounds(0)
+    )
+    model: ModelConfig = setting(
+        factory=ModelConfig,
+        doc="The policy model: the tiny offline preset or a pretrained model, its dtype, autocast, LoRA, and the tiny preset's warm start.",
+    )
+    data: DataConfig = setting(
+        factory=DataConfig,
+        doc="The task: a built-in arithmetic task, a JSONL file, a reasoning_gym generator or a hub dataset, with its prompt template and splits.",
+    )
+    reward: RewardConfig = setting(
+        factory=RewardConfig, doc="The reward: a correctness reward, an optional format reward, and where and how long reward calls run."
+    )
+    rollout: RolloutConfig = setting(
+        factory=RolloutConfig,
+        doc="Sampling: the engine, prompts and completions per step, the sampling parameters and the rollout/trainer mismatch correction.",
+    )
+    objective: ObjectiveConfig = setting(
+        factory=ObjectiveConfig,
+        doc="The loss: a preset of dfpo.OBJECTIVES and overrides of its components (every key of the objective overrides: the components of ObjectiveSpec).",
+    )
+    optim: OptimConfig = setting(
+        factory=OptimConfig, doc="The optimiser: AdamW, its warmup and cosine schedule, mini-batches, micro-batches and clipping."
+    )
+    train: TrainConfig = setting(
+        factory=TrainConfig, doc="The run: steps, checkpoints, the non-finite guard and how several processes share the model."
+    )
+    eval: EvalConfig = setting(
+        factory=EvalConfig, doc="Evaluation: avg@k on held-out problems every N steps, and the kappa of Steps(reward >= kappa)."
+    )
+    log: LogConfig = setting(
+        factory=LogConfig, doc="Logging: sample completions, TensorBoard, wandb, the progress bar and the Energy and residual diagnostics."
+    )
+
+
+def _section_types() -> dict[str, type]:
+    hints = get_type_hints(Config)
+    return {name: tp for name, tp in hints.items() if dataclasses.is_dataclass(tp)}
+
+
+def _build_section(name: str, cls: type, table: Any) -> Any:
+    if not isinstance(table, dict):
+        raise ValueError(f"[{name}] must be a table, got {table!r}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    kwargs = {}
+    for key, value in table.items():
+        if f"{name}.{key}" in MOVED_KEYS:
+            raise ValueError(f"config key {name}.{key} is no longer read: {MOVED_KEYS[f'{name}.{key}']}")
+        if key not in known:
+            raise ValueError(f"unknown config key {name}.{key}; valid keys of [{name}]: {', '.join(sorted(known))}")
+        kwargs[key] = check_type(f"{name}.{key}", value, hints[key])
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Build a validated Config from a nested dict (a parsed TOML document)."""
+    sections = _section_types()
+    hints = get_type_hints(Config)
+    kwargs = {}
+    for key, value in raw.items():
+        if key in sections:
+            kwargs[key] = _build_section(key, sections[key], value)
+        elif key in hints:
+            kwargs[key] = check_type(key, value, hints[key])
+        else:
+            valid = sorted(hints)
+            raise ValueError(f"unknown config key {key!r}; valid top-level keys and sections: {', '.join(valid)}")
+    cfg = Config(**kwargs)
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def declared_type(key: str) -> Any:
+    """The declared type of a dotted config key (``optim.lr`` -> float); an objective override
+    (``objective.overrides.eps_low``) has its ObjectiveSpec field's type; an unknown key is untyped (``object``)."""
+    parts, owner = key.split("."), Config
+    for i, part in enumerate(parts):
+        hints = type_hints(owner)
+        if part not in hints:
+            return object
+        if parts[: i + 1] == ["objective", "overrides"] and len(parts) == i + 2:
+            return override_type(parts[-1])
+        if i == len(parts) - 1:
+            return hints[part]
+        owner = hints[part]
+        if not dataclasses.is_dataclass(owner):
+            return object
+    return object
+
+
+def apply_overrides(raw: dict, assignments: list[str]) -> dict:
+    """Apply ``section.key=value`` assignments to a nested dict (returns a new dict).
+
+    ``objective.overrides.eps_high=0.28`` sets one objective override.
+    """
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for item in assignments:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {key}: {part!r} is not a section")
+            child = dict(child)
+            node[part] = child
+            node = child
+        node[parts[-1]] = parse_value(key.strip(), text, declared_type(key.strip()))
+    return out
+
+
+def config_text(path: Path) -> str:
+    """The text of a config file, without the byte order mark some Windows editors put at the start of UTF-8 files
+    (TOML does not allow it; a user expects the file to read as it shows)."""
+    return read_utf8(path).removeprefix("\ufeff")
+
+
+def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
+    """Read a TOML file (or start from defaults when ``path`` is None), apply --set, validate."""
+    raw: dict = {}
+    if path is not None:
+        check_input_file("--config", path)
+        try:
+            raw = tomllib.loads(config_text(Path(path)))
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"--config {path}: not valid TOML: {err}") from None
+    return config_from_dict(apply_overrides(raw, list(assignments)))
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that need no model, data or network. Raises ValueError."""
+    check_fields(cfg)
+    if cfg.objective.name not in OBJECTIVES:
+        raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
+    try:
+        resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"objective.overrides {cfg.objective.overrides!r}: {err}") from None
+    if cfg.rollout.prompts_per_step % cfg.optim.minibatch_groups:
+        raise ValueError(
+            f"optim.minibatch_groups={cfg.optim.minibatch_groups} must divide rollout.prompts_per_step="
+            f"{cfg.rollout.prompts_per_step} (mini-batches hold whole groups)"
+        )
+    micro = cfg.optim.microbatch_groups
+    if micro and cfg.optim.minibatch_groups % micro:
+        raise ValueError(
+            f"optim.microbatch_groups={micro} must divide optim.minibatch_groups={cfg.optim.minibatch_groups} "
+            "(micro-batches hold whole groups); 0 = no accumulation"
+        )
+    if cfg.rollout.seed_per_group and cfg.rollout.engine != "hf":
+        raise ValueError(f"rollout.seed_per_group = true needs rollout.engine = 'hf'; got rollout.engine = {cfg.rollout.engine!r}")
+    if cfg.data.task == "jsonl" and not cfg.data.path:
+        raise ValueError('data.task = "jsonl" needs data.path = "FILE.jsonl"')
+    if cfg.data.task in ("hf", "reasoning_gym") and not cfg.data.name:
+        raise ValueError(f'data.task = "{cfg.data.task}" needs data.name (e.g. "openai/gsm8k" or "gsm_symbolic")')
+    if "{prompt}" not in cfg.data.prompt_template:
+        raise ValueError(f"data.prompt_template must contain '{{prompt}}', got {cfg.data.prompt_template!r}")
+    if cfg.reward.kind == "user" and ":" not in cfg.reward.user_fn:
+        raise ValueError(f'reward.kind = "user" needs reward.user_fn = "module:function", got {cfg.reward.user_fn!r}')
+    buckets = cfg.log.energy_buckets
+    if not all(isinstance(b, (int, float)) and 0 < b < 1 for b in buckets) or list(buckets) != sorted(buckets):
+        raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
+    if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
+        raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+
+
+def check_tiny_shape(m: ModelConfig) -> None:
+    """ValueError unless the tiny preset's heads split its hidden size into heads of an even size (rotary position
+    embeddings rotate pairs of dimensions; an odd head size fails inside the model's first forward pass). Checked
+    by the trainer before any work, not by ``validate``: each key alone stays valid at its bounds."""
+    if m.name == "tiny" and (m.tiny_hidden % m.tiny_heads or (m.tiny_hidden // m.tiny_heads) % 2):
+        raise ValueError(
+            f"model.tiny_hidden={m.tiny_hidden} must be a multiple of model.tiny_heads={m.tiny_heads} with an even head size "
+            "(rotary position embeddings rotate pairs of dimensions), e.g. 2 x tiny_heads x an integer"
+        )
+
+
+def config_to_toml(cfg: Config) -> str:
+    """The resolved config as TOML text (tomllib reads it back to an equal Config; every string escaped, control
+    characters included)."""
+    return dict_to_toml(config_to_dict(cfg))
+
+
+def dict_to_toml(data: dict) -> str:
+    """A config dict (``config_to_dict``, or one read back from JSON) as TOML text."""
+    return tomli_w.dumps(data)
+
+
+def flat_items(table: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-4}}`` -> ``{"optim.lr": 1e-4}`` (nested tables as dotted keys)."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_items(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (``config_to_dict``), except ``ignore`` and the
+    keys under them."""
+    fa, fb = flat_items(a), flat_items(b)
+    skipped = lambda key: any(key == p or key.startswith(p + ".") for p in ignore)  # noqa: E731
+    return sorted(k for k in set(fa) | set(fb) if not skipped(k) and fa.get(k, _MISSING) != fb.get(k, _MISSING))
+
+
+_MISSING = object()
+
+RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every", "train.parallel")
+"""Keys that --set may change when resuming without breaking exact continuation."""
+RESUME_IGNORED = (*RESUME_SETTABLE, "run_dir")
+"""Config keys a resume may change: those --set may change with --resume, and where the folder now is."""
+
+
+def check_same_config(run_dir: str | Path, saved: dict | None, cfg: Config) -> None:
+    """ValueError naming each key (and both values) in which ``cfg`` differs from the config the checkpoint was made
+    with (``saved``), the resume-settable keys aside; nothing to check for a checkpoint of an older dfpo (None)."""
+    if saved is None:
+        return
+    current = config_to_dict(cfg)
+    diff = config_differences(saved, current, ignore=RESUME_IGNORED)
+    if diff:
+        raise ValueError(config_mismatch_message(run_dir, diff, saved, current))
+
+
+def config_mismatch_message(run_dir: str | Path, keys: list[str], saved: dict, current: dict) -> str:
+    a, b = flat_items(saved), flat_items(current)
+    shown = ", ".join(f"{k} ({a.get(k)!r} in the checkpoint, {b.get(k)!r} in config.toml)" for k in keys[:5])
+    more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+    return (
+        f"--resume {run_dir}: {Path(run_dir) / 'config.toml'} differs from the config checkpoint.pt was made with: {shown}{more}. "
+        "A resume continues that run exactly: put config.toml back as it was (dfpo train --resume RUN --restore-config "
+        "writes it from the checkpoint), or start a new run with --config"
+    )

@@ -1,0 +1,116 @@
+"""The policy's forward pass over a rollout batch: per-token log-probs of the completion tokens.
+
+``completion_logprobs`` runs the model's decoder once, keeps the hidden states of the positions that
+predict a real completion token (prompt positions and padding never reach the LM head), and scores
+them with ``dfpo.core.logprobs.token_logprobs``: chunked over positions, with a backward pass that recomputes
+each chunk's logits, so no (B, T, V) logits tensor exists in the forward or the backward pass.
+
+It falls back to full logits (``completion_logits`` + log-softmax) for a model whose output is not a
+plain linear head on the last hidden state: a head with a bias, a logit soft-cap or scale
+(``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``), or an adapter on the head itself.
+``plain_lm_head`` says which path a model takes.
+
+Vocabulary statistics that only the diagnostics need (pi(y) and sum_v pi_v^2, for Energy's closed-form
+norm) are computed by ``vocab_stats`` under no_grad, and only when asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..core.logprobs import token_logprobs
+from .rollout import RolloutBatch, autocast, completion_logits, token_logp, token_stats
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config attributes of models whose logits are not W h (the chunked path would be wrong for them)."""
+
+
+def _base_model(model):
+    """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def plain_lm_head(model) -> Tensor | None:
+    """The LM-head weight (V, H) when logits = hidden @ W.T exactly; None when the model needs full logits."""
+    base = _base_model(model)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None or not hasattr(base, "get_decoder"):
+        return None
+    config = getattr(base, "config", None)
+    if any(getattr(config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS):
+        return None
+    return head.weight
+
+
+def completion_hidden(model, batch: RolloutBatch, device, amp_dtype: torch.dtype | None = None) -> Tensor:
+    """Last hidden states at the positions predicting each completion token (B, T, H)."""
+    att = batch.attention_mask.to(device)  # (B, L)
+    position_ids = (att.cumsum(-1) - 1).clamp(min=0)  # (B, L) left padding aware
+    decoder = _base_model(model).get_decoder()
+    with autocast(device, amp_dtype):
+        out = decoder(input_ids=batch.input_ids.to(device), attention_mask=att, position_ids=position_ids, use_cache=False)
+    P, T = batch.prompt_width, batch.mask.shape[1]
+    return out.last_hidden_state[:, P - 1 : P + T - 1]  # (B, T, H)
+
+
+@dataclass
+class TokenScores:
+    """What one forward pass gives the trainer, all (B, T) float32, zero at padded positions."""
+
+    logp: Tensor
+    """log pi(y_t), with the graph when computed with gradients."""
+    entropy: Tensor | None
+    """Entropy of pi(. | context) when asked for (with the graph too: an entropy bonus needs it)."""
+    kept: Tensor | None = None
+    """Detached (B, T, H) hidden states, or (B, T, V) logits on the full-logits path; kept only for ``vocab_stats``."""
+
+
+def completion_logprobs(
+    model,
+    batch: RolloutBatch,
+    device,
+    amp_dtype: torch.dtype | None = None,
+    *,
+    with_entropy: bool = True,
+    keep_hidden: bool = False,
+    chunk_size: int = 1024,
+) -> TokenScores:
+    """Per-token log-probs (and entropy) of the batch's completion tokens under ``model``."""
+    targets = batch.completion_ids.to(device)  # (B, T)
+    mask = batch.mask.to(device)  # (B, T)
+    weight = plain_lm_head(model)
+    if weight is None:  # full-logits fallback
+        logits = completion_logits(model, batch, device, amp_dtype)  # (B, T, V)
+        logp = torch.where(mask, token_logp(logits, targets), 0.0)
+        entropy = None
+        if with_entropy:
+            logp_all = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+            entropy = torch.where(mask, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+        return TokenScores(logp, entropy, logits.detach() if keep_hidden else None)
+    hidden = completion_hidden(model, batch, device, amp_dtype)  # (B, T, H)
+    real = mask.nonzero(as_tuple=True)
+    # The head runs in the weight's dtype (float32 master weights under bf16 autocast: exact, and chunked).
+    lp_real, ent_real = token_logprobs(
+        hidden[real].to(weight.dtype), weight, targets[real], chunk_size=chunk_size, with_entropy=with_entropy
+    )  # (N,)
+    logp = torch.zeros(mask.shape, dtype=lp_real.dtype, device=lp_real.device).index_put(real, lp_real)  # (B, T)
+    entropy = None if ent_real is None else torch.zeros_like(logp).index_put(real, ent_real)
+    return TokenScores(logp, entropy, hidden.detach() if keep_hidden else None)
+
+
+@torch.no_grad()
+def vocab_stats(model, scores: TokenScores, batch: RolloutBatch, device, chunk_rows: int = 8) -> tuple[Tensor, Tensor]:
+    """(pi(y_t), sum_v pi_v^2), each (B, T), from a forward pass's kept hidden states (or logits), no grad."""
+    targets = batch.completion_ids.to(device)
+    weight = plain_lm_head(model)
+    probs, collisions = [], []
+    for s in range(0, targets.shape[0], chunk_rows):
+        part = scores.kept[s : s + chunk_rows]
+        logits = part if weight is None else part.to(weight.dtype) @ weight.T  # (b, T, V)
+        _, prob, coll = token_stats(logits, targets[s : s + chunk_rows])
+        probs.append(prob)
+        collisions.append(coll)
+    return torch.cat(probs), torch.cat(collisions)

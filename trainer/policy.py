@@ -1,0 +1,337 @@
+"""Policy loading: the offline ``tiny`` preset, local/hub transformers models, LoRA, reference.
+
+The tiny preset (no network, no downloaded weights):
+1. a character-level tokenizer built with ``tokenizers`` (WordLevel over printable ASCII,
+   each character one token, special tokens <pad> <eos> <unk>), wrapped in
+   ``PreTrainedTokenizerFast``;
+2. a small ``Qwen2Config`` model initialised from scratch with the run's seed;
+3. a short supervised warm-start on the task's train split (prompt -> the task's ``sft_target``<eos>), so
+   that group-relative RL starts with some reward signal.
+The result is saved under ``RUN_DIR/init_model`` (``run_folder.write_init_model``: with a record of its files, a
+full disk one message) so resume and the reference model reload it. It is read back as data only: safetensors
+weights, never a pickled ``pytorch_model.bin``, and no code of its own whatever ``model.trust_remote_code`` says.
+
+``load_policy`` gives the trainer a ``Model``: the policy (LoRA-wrapped when asked), its tokenizer, the frozen
+reference model a KL term reads, and the token ids that end a completion.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .run_folder import write_init_model
+from .tasks import hub_reachable, sft_target
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError('device = "cuda" but no CUDA device is available; use device = "auto" or "cpu"')
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Parameter dtype. 'auto' keeps float32 master weights: bf16 parameters would round away
+    updates of the size RL fine-tuning makes (lr ~1e-6), so speed comes from autocast instead."""
+    if name == "auto":
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype of forward passes (None = no autocast)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if name != "none" and device.type != "cuda":
+        raise ValueError(f'model.amp = "{name}" needs a CUDA device; use "auto" or "none" on CPU')
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[name]
+
+
+def build_char_tokenizer():
+    """Character-level tokenizer: one token per printable ASCII character."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + list(CHARS))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+TINY_CONTEXT = 256
+"""Positions of the tiny preset's model (its max_position_embeddings)."""
+
+
+def tokenizer_and_context(mcfg) -> tuple[object, int | None]:
+    """The policy's tokenizer (pad token checked) and context length, without loading any weights: what the checks
+    of prompt and completion lengths need before the model loads or warms up. Context None: the model's config
+    does not say."""
+    if mcfg.name == "tiny":
+        return build_char_tokenizer(), TINY_CONTEXT
+    from transformers import AutoConfig
+
+    tok, kwargs = _pretrained_source(mcfg.name, mcfg.trust_remote_code)
+    check_pad_token(tok, mcfg.pad_token)
+    config = AutoConfig.from_pretrained(mcfg.name, trust_remote_code=mcfg.trust_remote_code, **kwargs)
+    return tok, getattr(config, "max_position_embeddings", None)
+
+
+def check_completion_fits(max_new_tokens: int, context: int | None) -> None:
+    """ValueError unless a completion of ``max_new_tokens`` leaves room for a prompt in the model's context."""
+    if context is not None and max_new_tokens >= context:
+        raise ValueError(
+            f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context of {context} tokens "
+            f"(max_position_embeddings); set it below {context}"
+        )
+
+
+def build_tiny_model(mcfg, tokenizer, seed: int, max_positions: int = TINY_CONTEXT):
+    """A small Qwen2 causal LM initialised from scratch (deterministic given ``seed``)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    heads = mcfg.tiny_heads
+    if mcfg.tiny_hidden % heads:
+        raise ValueError(f"model.tiny_hidden={mcfg.tiny_hidden} must be divisible by model.tiny_heads={heads}")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=mcfg.tiny_hidden,
+        intermediate_size=mcfg.tiny_intermediate,
+        num_hidden_layers=mcfg.tiny_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    return model.float()
+
+
+def sft_warm_start(model, tokenizer, examples, *, target_fn, steps: int, batch_size: int, lr: float, seed: int, device) -> list[float]:
+    """Supervised steps on prompt -> target<eos> (loss on target tokens only). Returns the losses.
+
+    ``target_fn(example, rng) -> str`` gives the supervised target (the answer, or one of the
+    equivalent surface forms for the equiv task).
+    """
+    if steps <= 0:
+        return []
+    rng = random.Random(seed + 77)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    eos = tokenizer.eos_token_id
+    losses = []
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 78)
+        for _ in range(steps):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+            seqs = []
+            for ex in batch:
+                p = tokenizer(ex.prompt, add_special_tokens=False).input_ids
+                c = tokenizer(target_fn(ex, rng), add_special_tokens=False).input_ids + [eos]
+                seqs.append((p, c))
+            width = max(len(p) + len(c) for p, c in seqs)
+            ids = torch.full((batch_size, width), tokenizer.pad_token_id, dtype=torch.long)  # (B, L)
+            att = torch.zeros(batch_size, width, dtype=torch.long)  # (B, L)
+            labels = torch.full((batch_size, width), -100, dtype=torch.long)  # (B, L)
+            for i, (p, c) in enumerate(seqs):
+                s = p + c
+                ids[i, : len(s)] = torch.tensor(s)
+                att[i, : len(s)] = 1
+                labels[i, len(p) : len(s)] = torch.tensor(c)
+            out = model(input_ids=ids.to(device), attention_mask=att.to(device), labels=labels.to(device))
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(out.loss.detach()))
+    return losses
+
+
+def check_pad_token(tokenizer, pad_token: str) -> None:
+    """Give the tokenizer a pad token as configured, or fail saying what to set."""
+    if tokenizer.pad_token is not None and not pad_token:
+        return
+    if not pad_token:
+        raise ValueError(
+            'the tokenizer has no pad token; set model.pad_token = "eos" to reuse its EOS token '
+            "(safe here: the trainer masks by length, not by token id) or name a token string"
+        )
+    if pad_token == "eos":
+        if tokenizer.eos_token is None:
+            raise ValueError('model.pad_token = "eos" but the tokenizer has no EOS token either; name a token string')
+        tokenizer.pad_token = tokenizer.eos_token
+    else:
+        tokenizer.pad_token = pad_token
+
+
+def _pretrained_source(name: str, trust_remote_code: bool):
+    """(tokenizer, from_pretrained kwargs) for a local directory, the local HF cache, or the hub."""
+    from transformers import AutoTokenizer
+
+    if Path(name).is_dir():
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
+    try:  # a hub name already in the local cache works offline
+        return AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=trust_remote_code), {"local_files_only": True}
+    except Exception:
+        pass
+    if not hub_reachable():
+        raise ValueError(
+            f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
+            "not reachable. Download the model on a machine with network (huggingface-cli download NAME --local-dir DIR) "
+            'and set model.name = "DIR", or use model.name = "tiny" (offline preset).'
+        )
+    return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code), {}
+
+
+def check_model_available(name: str) -> None:
+    """Cheap check, before any data or weights load, that ``model.name`` can be loaded."""
+    if name == "tiny" or Path(name).is_dir():
+        return
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except Exception:
+        pass
+    if not hub_reachable():
+        raise ValueError(
+            f"model.name {name!r} is not a local directory nor in the local Hugging Face cache, and the hub is "
+            'not reachable. Download it where there is network and set model.name = "DIR", or use model.name = "tiny".'
+        )
+
+
+def load_pretrained_policy(path_or_name: str, mcfg, device, dtype, *, from_run_folder: bool = False):
+    """Model and tokenizer from a path or hub name; the tokenizer (and its pad token) is checked
+    before the weights load. ``from_run_folder``: the tiny preset's RUN_DIR/init_model, read as data only
+    (safetensors weights, no remote code)."""
+    from transformers import AutoModelForCausalLM
+
+    trust = mcfg.trust_remote_code and not from_run_folder
+    tok, kwargs = _pretrained_source(path_or_name, trust)
+    if from_run_folder:
+        kwargs["use_safetensors"] = True
+    check_pad_token(tok, mcfg.pad_token)
+    model = AutoModelForCausalLM.from_pretrained(path_or_name, dtype=dtype, trust_remote_code=trust, **kwargs)
+    return model.to(device), tok
+
+
+def wrap_lora(model, mcfg):
+    """peft LoRA adapters on ``model`` when model.lora_r > 0 (only adapters train)."""
+    if mcfg.lora_r <= 0:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ValueError("model.lora_r > 0 needs the peft package: pip install peft") from None
+    targets = mcfg.lora_target_modules
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lcfg = LoraConfig(
+        r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, lcfg)
+
+
+def generation_eos_ids(model) -> list[int]:
+    """The EOS ids of the model's generation config (none when it has no config or no EOS there)."""
+    gc = getattr(model, "generation_config", None)
+    eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+
+@dataclass
+class Model:
+    """The policy and what goes with it."""
+
+    model: torch.nn.Module
+    """The policy being trained (a peft model with LoRA adapters when model.lora_r > 0)."""
+    tok: object
+    """Its tokenizer (pad token set)."""
+    ref: torch.nn.Module | None
+    """The frozen reference model of a KL term (None: no KL term, or LoRA, whose base model is the reference)."""
+    eos_ids: set[int]
+    """Token ids that end a completion: the tokenizer's EOS and the generation config's."""
+
+
+def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: Path, say: Callable[[str], None]) -> None:
+    """The tiny preset from scratch: char tokenizer, Qwen2 initialised with ``seed``, ``mcfg.sft_steps`` supervised
+    steps on the task's ``sft_target``; model and tokenizer saved to ``init_dir``."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(mcfg, tok, seed).to(device)
+    t0 = time.time()
+    losses = sft_warm_start(
+        model,
+        tok,
+        examples,
+        target_fn=sft_target(task),
+        steps=mcfg.sft_steps,
+        batch_size=mcfg.sft_batch_size,
+        lr=mcfg.sft_lr,
+        seed=seed,
+        device=device,
+    )
+    if losses:
+        say(f"tiny preset: {mcfg.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    write_init_model(init_dir, save)
+
+
+def load_policy(
+    cfg,
+    *,
+    run_dir: Path,
+    device,
+    dtype: torch.dtype,
+    resume: bool,
+    with_ref: bool,
+    train_examples,
+    on_rank0: Callable,
+    say: Callable[[str], None],
+) -> Model:
+    """The policy of ``cfg.model``: the tiny preset (warmed up and saved under RUN_DIR/init_model by rank 0 on a
+    fresh run, reloaded from there by every rank) or a local/hub model; the reference model when ``with_ref`` and
+    no LoRA; gradient checkpointing and LoRA adapters as configured; in train mode."""
+    m = cfg.model
+    init_dir = run_dir / "init_model"
+    if m.name == "tiny":
+        if not resume:  # rank 0 warms up and saves; every rank loads the saved model below
+            on_rank0(lambda: warm_start_tiny(m, cfg.data.task, train_examples, seed=cfg.seed, device=device, init_dir=init_dir, say=say))
+        source = str(init_dir)
+    else:
+        source = m.name
+    weights_dtype = dtype if m.name != "tiny" else torch.float32
+    from_run_folder = m.name == "tiny"
+    model, tok = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
+    check_pad_token(tok, m.pad_token)
+    ref = None
+    if with_ref and m.lora_r <= 0:
+        ref, _ = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
+        ref.eval().requires_grad_(False)
+    if m.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = wrap_lora(model, m)
+    model.train()
+    eos_ids = {tok.eos_token_id} | set(generation_eos_ids(model))
+    eos_ids.discard(None)
+    return Model(model, tok, ref, eos_ids)

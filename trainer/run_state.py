@@ -1,0 +1,166 @@
+"""What a run carries from step to step and keeps in its folder: counters, checkpoints, logs.
+
+``RunState`` holds the counters a checkpoint carries besides the tensors (the step, the non-finite skips in a
+row, the optimiser steps taken, whether rollouts are seeded per group). ``Checkpointer`` writes and restores
+``checkpoint.pt`` in the one-process format whatever the parallel strategy (whole tensors; the world size that
+trained it is recorded), through ``checkpoint.save_checkpoint`` / ``load_checkpoint`` (atomic, checksummed, with
+the config it was made with); the run's first checkpoint writes its identity into the folder's mark. ``RunLogs``
+are the run folder's JSON Lines logs and scalars, written by rank 0; a log that cannot be written, trimmed or
+closed (a full disk) is one ``WriteFailed`` sentence.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.files import WriteFailed, describe_write_error
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import Config, check_same_config, config_to_dict
+from .parallel import OneProcess
+from .run_folder import run_identity, write_mark
+from .runlog import JsonlLog, NullLog, Scalars, missing_steps
+
+
+@dataclass
+class RunState:
+    """The counters of a run (checkpointed with its tensors)."""
+
+    seed_per_group: bool
+    """Rollouts draw each group from its own seed (``rollout.seed_per_group``; kept once a run was seeded so)."""
+    start_step: int = 0
+    """The step this session started from (0, or the resumed checkpoint's)."""
+    step_now: int = 0
+    """The training step being run (or last run)."""
+    last_checkpoint_step: int = 0
+    nonfinite_in_row: int = 0
+    """Optimiser steps skipped in a row for a non-finite loss or gradient."""
+    updates_done: int = 0
+    """Optimiser steps taken."""
+
+
+@dataclass
+class RunLogs:
+    """metrics.jsonl, eval.jsonl, samples.jsonl and the scalars (TensorBoard, wandb) of a run; nothing on ranks > 0."""
+
+    metrics: JsonlLog | NullLog
+    eval: JsonlLog | NullLog
+    samples: JsonlLog | NullLog
+    scalars: Scalars
+    run_dir: Path
+
+    @classmethod
+    def open(cls, run_dir: Path, cfg: Config, *, writes: bool, start_step: int) -> RunLogs:
+        log = lambda name: JsonlLog(run_dir / name) if writes else NullLog()  # noqa: E731
+        scalars = Scalars(
+            run_dir, cfg.log.tensorboard and writes, cfg.log.wandb_project if writes else "", start_step or None, config_to_dict(cfg)
+        )
+        return cls(log("metrics.jsonl"), log("eval.jsonl"), log("samples.jsonl"), scalars, run_dir)
+
+    def close(self) -> None:
+        """Close every log; a log whose last line cannot be flushed (a full disk) is ``WriteFailed`` once all are closed."""
+        failed = None
+        for log in (self.metrics, self.eval, self.samples, self.scalars):
+            try:
+                log.close()
+            except OSError as err:
+                failed = failed or (getattr(log, "path", self.run_dir / "tb"), err)
+        if failed is not None:
+            raise WriteFailed(
+                f"closing {describe_write_error(*failed)}; the last checkpoint is kept. Free space, then continue with: "
+                f"dfpo train --resume {self.run_dir}"
+            )
+
+
+class Checkpointer:
+    """Saves and restores the training state of a run: trainable parameters, optimiser, schedule, prompt order,
+    RNG states and the ``RunState`` counters."""
+
+    def __init__(self, cfg: Config, parallel: OneProcess, *, model, optimizer, scheduler, prompts, say):
+        self.cfg, self.parallel, self.say = cfg, parallel, say
+        self.run_dir = Path(cfg.run_dir)
+        self.model, self.optimizer, self.scheduler, self.prompts = model, optimizer, scheduler, prompts
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    def save(self, step: int, state: RunState) -> Path:
+        """Rank 0 writes the checkpoint: whole tensors, the one-process format, and the world size that trained it."""
+        state.last_checkpoint_step = step
+        if not self.parallel.builds_checkpoint:  # DDP, rank > 0: rank 0 holds the same parameters and optimiser state
+            self.parallel.on_rank0(lambda: None)
+            return self.path
+        content = {
+            "step": step,
+            "model": self.parallel.trainable_state(self.model),
+            "optimizer": self.parallel.optimizer_state(self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.prompts.state_dict(),
+            "rng": rng_state(),
+            "nonfinite_in_row": state.nonfinite_in_row,
+            "updates_done": state.updates_done,
+            "world_size": self.parallel.world,
+            "seed_per_group": state.seed_per_group,
+        }
+
+        def write() -> Path:
+            config = config_to_dict(self.cfg)
+            path = save_checkpoint(self.run_dir, content, config=config)
+            if step == state.start_step:  # the folder holds a checkpoint, never a start-up leftover, of this run
+                write_mark(self.run_dir, checkpointed=True, identity=run_identity(config))
+            return path
+
+        return self.parallel.on_rank0(write) or self.path
+
+    def restore(self, state: RunState) -> None:
+        """Load the run folder's checkpoint into the model, optimiser, schedule, prompt order, RNGs and ``state``
+        (checked against the config first); drop log lines past its step."""
+        saved = load_checkpoint(self.run_dir)
+        check_same_config(self.run_dir, saved.get("config"), self.cfg)
+        names = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(saved["model"]) != names:
+            raise ValueError(f"--resume {self.run_dir}: checkpoint parameters do not match the model (was the config edited?)")
+        for n, p in self.model.named_parameters():
+            if n in saved["model"]:
+                self.parallel.load_parameter(p, saved["model"][n])
+        self.parallel.load_optimizer_state(self.optimizer, saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.prompts.load_state_dict(saved["sampler"])
+        set_rng_state(saved["rng"])
+        c = state.start_step = state.last_checkpoint_step = int(saved["step"])
+        state.nonfinite_in_row = int(saved["nonfinite_in_row"])
+        state.updates_done = int(saved["updates_done"])
+        saved_world, world = int(saved.get("world_size", 1)), self.parallel.world
+        was_seeded = bool(saved.get("seed_per_group", self.cfg.rollout.seed_per_group))
+        state.seed_per_group = state.seed_per_group or was_seeded  # a run seeded per group stays so on any world size
+        if saved_world != world and self.parallel.is_main:  # said even with --quiet: the run goes on differently laid out
+            print(f"dfpo: resuming {self.run_dir} on {world} process(es); the checkpoint (step {c}) was written by a run on "
+                  f"{saved_world}: the world size changed", file=sys.stderr, flush=True)  # fmt: skip
+            if not was_seeded and state.seed_per_group:
+                print("dfpo: note: rollouts are now seeded per group (rollout.seed_per_group), as on more than one process; "
+                      "they no longer continue the single-process random stream", file=sys.stderr, flush=True)  # fmt: skip
+        if self.parallel.is_main:
+            self.truncate_logs(c)
+        self.say(f"resumed {self.run_dir} at step {c}")
+
+    def truncate_logs(self, c: int) -> None:
+        """Drop log lines past the checkpoint's step ``c`` (they are re-run); warn about lines lost before it. A log
+        that cannot be rewritten (a full disk) stays as it was: ``WriteFailed``."""
+        for name, keep in (
+            ("metrics.jsonl", lambda r: r.get("step", 0) <= c),
+            ("samples.jsonl", lambda r: r.get("step", 0) <= c),
+            ("eval.jsonl", lambda r: r.get("step", 0) < c),
+        ):
+            try:
+                JsonlLog.truncate(self.run_dir / name, keep)
+            except OSError as err:
+                raise WriteFailed(
+                    f"rewriting {describe_write_error(self.run_dir / name, err)}; the log and the checkpoint are as they were. "
+                    f"Free space, then continue with: dfpo train --resume {self.run_dir}"
+                ) from None
+        lost = missing_steps(JsonlLog.read(self.run_dir / "metrics.jsonl"), c)
+        if lost:  # said even with --quiet: the log will have a gap
+            print(f"dfpo: warning: metrics.jsonl of {self.run_dir} has no line for step(s) {lost[:10]}{' ...' if len(lost) > 10 else ''} "
+                  f"(lost before the checkpoint at step {c}); they are not re-run", file=sys.stderr, flush=True)  # fmt: skip

@@ -1,0 +1,208 @@
+"""The rollout stage: prompts -> G completions each, decoded and scored, laid out as one rollout batch.
+
+Each step takes ``prompts_per_step`` prompts from the seeded, resumable ``PromptSampler`` and samples G
+completions of each (a group, GRPO's sampling of eq 14 from pi_old), scores them with the reward (timeouts and
+errors give 0 and are counted) and lays them out with ``build_batch``. Choices:
+
+1. On several processes each samples and scores its share of the groups (every world-th) and the shares are
+   gathered (``parallel``), so every process holds the whole batch. With per-group seeds (``seed_per_group``)
+   group g of rollout draw d samples from seed (seed, step, d * n + g): the completions do not depend on how the
+   groups are shared out.
+2. DAPO's dynamic sampling (``rollout.dynamic_sampling``, arXiv 2503.14476 sec. 3.2): groups whose rewards are
+   all equal carry no group-relative signal and are dropped; more prompts are drawn until ``prompts_per_step``
+   groups remain or ``rollout.max_extra_batches`` extra draws were made (then the step trains on the groups it
+   has; with none at all, on the last draw as it is).
+3. Evaluation (``evaluate``) samples k completions of every eval prompt with its own forked RNG, so that it
+   changes nothing the training draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .parallel import OneProcess
+from .rewards import RewardBatch
+from .rollout import RolloutBatch, Samples, SamplingParams, build_batch, row_seed, sampler_logp
+from .tasks import PromptSampler, encode_prompts
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout batch: the completions of ``examples`` (G per prompt, grouped), their texts and rewards."""
+
+    examples: list
+    batch: RolloutBatch
+    texts: list[str]
+    rewards: RewardBatch
+    sampler_logp: torch.Tensor  # (B, T) log pi_rollout(y_t), 0 on padding
+    sampler_entropy: torch.Tensor  # (B, T) entropy of the distribution each token was sampled from
+    stats: dict = field(default_factory=dict)
+    """Dynamic sampling's ``rollout/dropped_groups`` and ``rollout/extra_batches`` ({} without it)."""
+
+    def reward_tensor(self) -> torch.Tensor:
+        """The total rewards (B,) float32."""
+        return torch.tensor(self.rewards.total, dtype=torch.float32)
+
+
+def sampling_params(rollout_cfg, temperature: float) -> SamplingParams:
+    """The engine's sampling parameters of the config at ``temperature`` (train and eval differ only there)."""
+    r = rollout_cfg
+    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=temperature, top_p=r.top_p, top_k=r.top_k)
+
+
+class RolloutStage:
+    """Draws a step's prompts, samples and scores their groups (with dynamic sampling when configured), and
+    evaluates on held-out prompts."""
+
+    def __init__(
+        self,
+        cfg,
+        *,
+        device: torch.device,
+        engine,
+        tok,
+        eos_ids: set[int],
+        rewards,
+        parallel: OneProcess,
+        train_examples: list,
+        eval_examples: list,
+        max_prompt_tokens: int | None,
+    ):
+        self.cfg, self.device, self.engine, self.tok, self.eos_ids, self.rewards = cfg, device, engine, tok, eos_ids, rewards
+        self.parallel, self.train_examples, self.max_prompt_tokens = parallel, train_examples, max_prompt_tokens
+        self.prompts = PromptSampler(len(train_examples), cfg.seed, cfg.data.shuffle)
+        """The seeded, resumable order of the train prompts (its state is checkpointed)."""
+        self.eval_examples, self.eval_prompt_ids = eval_examples, self.encode(eval_examples)
+
+    def encode(self, examples: list) -> list[list[int]]:
+        """The prompts' token ids (template, chat template, length limit: ``tasks.encode_prompts``)."""
+        return encode_prompts(self.tok, examples, self.cfg.data, self.max_prompt_tokens)
+
+    def run(self, step: int, *, seed_per_group: bool) -> Rollout:
+        """The rollout batch of training step ``step``: ``prompts_per_step`` groups of G completions."""
+        examples = self.take(self.cfg.rollout.prompts_per_step)
+        if self.cfg.rollout.dynamic_sampling:
+            return self.dynamic(examples, step, seed_per_group)
+        return self.assemble(*self.sample_and_score(examples, step, seed_per_group))
+
+    def take(self, n: int) -> list:
+        """The next ``n`` train examples of the prompt order."""
+        return [self.train_examples[i] for i in self.prompts.take(n)]
+
+    def sample_and_score(
+        self, examples: list, step: int, seed_per_group: bool, draw: int = 0
+    ) -> tuple[list, list[list[int]], Samples, list[str], RewardBatch]:
+        """G completions of every example and their rewards, the whole batch on every process (each samples and
+        scores its share). With per-group seeds group g of rollout draw ``draw`` samples from seed (seed, step, draw * n + g)."""
+        cfg, G, n = self.cfg, self.cfg.rollout.group_size, len(examples)
+        mine = self.parallel.my_share(n)  # this process's groups (all of them on one process)
+        local, prompt_ids = [examples[g] for g in mine], self.encode(examples)
+        local_ids = [prompt_ids[g] for g in mine]
+        params = sampling_params(cfg.rollout, cfg.rollout.temperature)
+        with self.parallel.gathered():  # sampling takes a different number of forwards on each process
+            if seed_per_group:
+                seeds = [row_seed(cfg.seed, step, draw * n + g) for g in mine]
+                samples = self.engine.sample(local_ids, G, params, seeds=seeds)
+            else:
+                samples = self.engine.sample(local_ids, G, params)
+        texts = self.tok.batch_decode(samples.tokens, skip_special_tokens=True)
+        per_completion = [ex for ex in local for _ in range(G)]
+        rewards = self.rewards([ex.prompt for ex in per_completion], texts, per_completion)
+        samples, texts, rewards = self.parallel.gather_rollout(mine, samples, texts, rewards, n, G)
+        return examples, prompt_ids, samples, texts, rewards
+
+    def assemble(
+        self,
+        examples: list,
+        prompt_ids: list[list[int]],
+        samples: Samples,
+        texts: list[str],
+        rewards: RewardBatch,
+        stats: dict | None = None,
+    ) -> Rollout:
+        """The rollout batch of sampled groups: ``build_batch``'s tensors and the sampler's log-probs laid out like them."""
+        batch = build_batch(
+            prompt_ids,
+            samples.tokens,
+            self.cfg.rollout.group_size,
+            pad_id=self.tok.pad_token_id,
+            eos_ids=self.eos_ids,
+            max_new_tokens=self.cfg.rollout.max_new_tokens,
+        )
+        logp, entropy = sampler_logp(samples, batch.mask.shape[1])
+        return Rollout(examples, batch, texts, rewards, logp, entropy, stats or {})
+
+    def dynamic(self, first_examples: list, step: int, seed_per_group: bool) -> Rollout:
+        """DAPO's dynamic sampling: groups whose rewards are all equal carry no signal and are dropped; more
+        prompts are drawn until ``prompts_per_step`` groups remain or ``rollout.max_extra_batches`` extra
+        rollout batches were drawn (then the step trains on the groups it has). The rollout's ``stats``:
+        ``rollout/dropped_groups``, ``rollout/extra_batches``."""
+        G, want = self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
+        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format) per group
+        counts = {"errors": 0, "timeouts": 0, "invalid": 0}
+        dropped, extra, examples = 0, -1, first_examples
+        while len(kept) < want and extra < self.cfg.rollout.max_extra_batches:
+            extra += 1
+            if extra:
+                examples = self.take(want)
+            exs, pids, smp, texts, rew = self.sample_and_score(examples, step, seed_per_group, draw=extra)
+            for k in ("errors", "timeouts", "invalid"):
+                counts[k] += getattr(rew, k)
+            for g, ex in enumerate(exs):
+                rows = range(g * G, (g + 1) * G)
+                totals = [rew.total[i] for i in rows]
+                if max(totals) == min(totals):
+                    dropped += 1
+                    continue
+                pick = lambda seq, rows=rows: [seq[i] for i in rows]  # noqa: E731
+                kept.append(
+                    (
+                        ex,
+                        pids[g],
+                        pick(smp.tokens),
+                        pick(smp.logprobs),
+                        pick(smp.entropies),
+                        pick(texts),
+                        totals,
+                        pick(rew.correct),
+                        pick(rew.format),
+                    )
+                )
+        stats = {"rollout/dropped_groups": dropped, "rollout/extra_batches": extra}
+        if not kept:  # not one informative group: train on the last draw as it is (all its advantages are 0)
+            return self.assemble(exs, pids, smp, texts, rew, stats)
+        kept = kept[:want]
+        flat = lambda j: [x for group in kept for x in group[j]]  # noqa: E731
+        samples = Samples(flat(2), flat(3), flat(4))
+        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts)
+        return self.assemble([g[0] for g in kept], [g[1] for g in kept], samples, flat(5), rewards, stats)
+
+    def evaluate(self, step: int, *, seed_per_group: bool) -> dict:
+        """avg@k (mean correctness over k samples of each eval prompt) and pass@k; RNG forked. Each process
+        evaluates every world-th prompt; the correctness of all is gathered."""
+        cfg, examples = self.cfg, self.eval_examples
+        k = cfg.eval.k
+        n = len(examples)
+        mine = self.parallel.my_share(n)  # each process evaluates every world-th prompt
+        mine_ids, params = [self.eval_prompt_ids[i] for i in mine], sampling_params(cfg.rollout, cfg.eval.temperature)
+        completions: list[list[int]] = []
+        with (
+            self.parallel.gathered(),
+            torch.random.fork_rng(devices=[torch.cuda.current_device()] if self.device.type == "cuda" else []),
+        ):
+            torch.manual_seed(cfg.seed * 7919 + step)
+            if seed_per_group and mine_ids:
+                completions = self.engine.sample(mine_ids, k, params, seeds=[row_seed(cfg.seed, 7919, step, i) for i in mine]).tokens
+            elif mine_ids:
+                completions = self.engine.generate(mine_ids, k, params)
+        texts = self.tok.batch_decode(completions, skip_special_tokens=True)
+        exs = [examples[i] for i in mine for _ in range(k)]
+        rew = self.rewards([e.prompt for e in exs], texts, exs) if exs else None
+        rows: list = [None] * n
+        for part_mine, part_correct in self.parallel.gather_objects((mine, [] if rew is None else rew.correct)):
+            for j, i in enumerate(part_mine):
+                rows[i] = part_correct[j * k : (j + 1) * k]
+        correct = torch.tensor(rows, dtype=torch.float32).view(n, k)
+        return {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}

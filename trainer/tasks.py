@@ -1,0 +1,385 @@
+"""Tasks and data: built-in offline tasks, JSONL files, reasoning-gym, HF datasets.
+
+Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
+
+- ``add``: "a+b=" -> the decimal sum ("37+45=" -> "82"); one correct surface form.
+- ``equiv``: the same prompts, but a completion is correct when it is a sum of
+  non-negative integers equal to a+b: "82", "45+37", "80+2" are all correct. This is the
+  10+10-style task of several equivalent correct solutions (paper sec. 3, Prop. 3.1: drift
+  between equivalent correct answers); ``surface_form`` names the form of a completion so
+  the trainer can log how the policy spreads its mass over them.
+
+What the trainer asks of a task, besides its examples: ``encode_prompts`` (the prompt template and the
+tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target) and ``surface_form_shares``
+(the ``forms/*`` metrics of the arithmetic tasks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.files import check_input_file, read_utf8
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    meta: dict = field(default_factory=dict)
+    source: str = field(default="", compare=False)
+    """Where the example comes from, e.g. 'data.jsonl:12' (named in errors about it)."""
+
+
+def make_add_examples(n: int, max_operand: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[Example]:
+    """n problems "a+b=" with operands in 0..max_operand, from a seeded generator, avoiding the
+    (a, b) pairs in ``exclude`` (so an eval split can be held out)."""
+    if len(exclude) >= (max_operand + 1) ** 2:
+        raise ValueError(f"data.eval_size leaves no train problems with data.max_operand={max_operand}; lower data.eval_size")
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        if (a, b) in exclude:
+            continue
+        out.append(Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}))
+    return out
+
+
+def held_out_pairs(n: int, max_operand: int, seed: int) -> list[tuple[int, int]]:
+    """n distinct (a, b) pairs for the eval split of the built-in tasks."""
+    space = (max_operand + 1) ** 2
+    if n >= space:
+        raise ValueError(f"data.eval_size={n} must be below the {space} distinct problems of data.max_operand={max_operand}")
+    rng = random.Random(seed)
+    pairs: list[tuple[int, int]] = []
+    seen = set()
+    while len(pairs) < n:
+        p = (rng.randint(0, max_operand), rng.randint(0, max_operand))
+        if p not in seen:
+            seen.add(p)
+            pairs.append(p)
+    return pairs
+
+
+def equiv_targets(a: int, b: int, rng: random.Random) -> str:
+    """One supervised target of the equiv task: a random correct surface form of a+b."""
+    form = rng.choice(("number", "swap", "split"))
+    if form == "number":
+        return str(a + b)
+    if form == "swap":
+        return f"{b}+{a}"
+    c = a + b
+    x = rng.randint(0, c)
+    return f"{x}+{c - x}"
+
+
+_SUM = re.compile(r"^\s*(\d+)(\s*\+\s*\d+)*\s*$")
+
+
+def sum_value(text: str) -> int | None:
+    """Value of a completion written as n or n+m+...; None when it is not such a sum."""
+    if not _SUM.match(text) or len(text) > 64:
+        return None
+    return sum(int(x) for x in text.split("+"))
+
+
+def surface_form(completion: str, example: Example) -> str:
+    """Name of the surface form of a completion of an arithmetic prompt (equiv diagnostics)."""
+    text = completion.strip()
+    if sum_value(text) is None:
+        return "invalid"
+    if "+" not in text:
+        return "number"
+    a, b = example.meta.get("a"), example.meta.get("b")
+    parts = [int(x) for x in text.split("+")]
+    if parts == [b, a]:
+        return "swap"
+    if parts == [a, b]:
+        return "echo"
+    return "split"
+
+
+SURFACE_FORMS = ("number", "swap", "split", "echo", "invalid")
+"""The surface forms ``surface_form`` names, in the order the ``forms/*`` metrics are logged."""
+
+
+def surface_form_shares(task: str, completions: list[str], examples: list[Example]) -> dict[str, float]:
+    """``forms/<form>``: the share of ``completions`` (one per entry of ``examples``) in each surface form, for the
+    arithmetic tasks (add, equiv: how the policy spreads its mass over equivalent correct answers); {} for others."""
+    if task not in ("equiv", "add"):
+        return {}
+    forms = [surface_form(text, ex) for text, ex in zip(completions, examples)]
+    return {f"forms/{name}": forms.count(name) / len(forms) for name in SURFACE_FORMS}
+
+
+def sft_target(task: str) -> Callable[[Example, random.Random], str]:
+    """The supervised target of the tiny preset's warm start: a random correct surface form of a+b for equiv
+    (so that every form has mass to start from), the answer for every other task."""
+    if task == "equiv":
+        return lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng)
+    return lambda ex, rng: ex.answer
+
+
+def longest_token_chars(tok) -> int | None:
+    """The most characters one token of ``tok`` can stand for: the longest entry of its vocabulary (a byte-level
+    BPE entry has one symbol per byte, a byte is at most one character; added and special tokens count). None
+    when the tokenizer does not list its vocabulary."""
+    get_vocab = getattr(tok, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab()
+    except (NotImplementedError, AttributeError, TypeError):
+        return None
+    return max((len(t) for t in vocab), default=1) or 1
+
+
+def prompt_char_limit(tok, max_tokens: int | None) -> int | None:
+    """The most characters a prompt of at most ``max_tokens`` tokens can have: ``max_tokens`` times the longest
+    token (``longest_token_chars``). A longer text has more tokens than that for certain, so it is refused (or cut)
+    before tokenising: a 50 MB prompt is never handed to the tokenizer. None: no limit known."""
+    if max_tokens is None:
+        return None
+    longest = longest_token_chars(tok)
+    return None if longest is None else max_tokens * longest
+
+
+def _too_long(where: str, length: str, max_tokens: int) -> ValueError:
+    return ValueError(
+        f"{where}: the prompt has {length} the {max_tokens} the model's context leaves beside rollout.max_new_tokens; "
+        "shorten it, lower rollout.max_new_tokens, or set data.truncate_prompts = true"
+    )
+
+
+def encode_prompts(tok, examples: list[Example], data, max_tokens: int | None = None) -> list[list[int]]:
+    """Prompt token ids: ``data.prompt_template`` applied, then the tokenizer's chat template when it has one
+    (data.chat_template = "auto"/"on") or plain text ("off", or no template). A prompt longer than
+    ``max_tokens`` is an error naming its source, or keeps its last tokens with data.truncate_prompts.
+
+    A prompt of more characters than ``prompt_char_limit`` is too long whatever the tokenizer makes of it: it is
+    refused before tokenising, or (data.truncate_prompts) cut to its last 2 x that many characters first, which
+    still hold at least 2 x ``max_tokens`` tokens, so the tokens kept lie far from the cut."""
+    has_template = bool(getattr(tok, "chat_template", None))
+    if data.chat_template == "on" and not has_template:
+        raise ValueError('data.chat_template = "on" but the tokenizer has no chat template; set it to "auto" or "off"')
+    char_limit: int | None = None
+    out = []
+    for ex in examples:
+        text = data.prompt_template.replace("{prompt}", ex.prompt)  # not str.format: LaTeX braces stay
+        where = ex.source or f"prompt {ex.prompt[:40]!r}"
+        if max_tokens is not None and len(text) > max_tokens:  # else no tokenizer can make it too long by characters
+            char_limit = char_limit or prompt_char_limit(tok, max_tokens)
+            if char_limit is not None and len(text) > char_limit:
+                if not data.truncate_prompts:
+                    per_token = char_limit // max_tokens
+                    raise _too_long(where, f"{len(text)} characters (a token is at most {per_token} here), so more tokens than", max_tokens)
+                text = text[-2 * char_limit :]
+        if has_template and data.chat_template != "off":
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, enable_thinking=data.enable_thinking
+            )
+        ids = tok(text, add_special_tokens=False).input_ids
+        if max_tokens is not None and len(ids) > max_tokens:
+            if not data.truncate_prompts:
+                raise _too_long(where, f"{len(ids)} tokens, more than", max_tokens)
+            ids = ids[-max_tokens:]
+        out.append(ids)
+    return out
+
+
+def clip_long_prompts(examples: list[Example], max_chars: int | None) -> list[Example]:
+    """``examples`` with every prompt longer than ``max_chars`` cut to its last ``max_chars`` characters (None: as
+    they are): what the tiny preset's warm start reads when data.truncate_prompts keeps a prompt's last tokens."""
+    if max_chars is None:
+        return examples
+    return [ex if len(ex.prompt) <= max_chars else dataclasses.replace(ex, prompt=ex.prompt[-max_chars:]) for ex in examples]
+
+
+def _text_problem(value: str) -> str | None:
+    """Why a string read from JSON is not text (a lone surrogate from an escape such as "\\ud800"), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"a lone surrogate {value[err.start]!r} at character {err.start}, which is not text; write the character itself or a valid pair of escapes"
+    return None
+
+
+def load_jsonl(path: str | Path, key: str = "data.path") -> list[Example]:
+    """Read {prompt, answer} objects, one per line; errors name the file and line. Lines end at "\\n" (JSON Lines):
+    U+2028, U+2029 or NEL inside a string are text, as JSON allows them unescaped. A UTF-8 byte order mark at the
+    start is skipped. ``key``: the config key that named the file (in the error when it is not a readable file)."""
+    check_input_file(key, path)
+    p = Path(path)
+    out = []
+    for lineno, line in enumerate(read_utf8(p).removeprefix("\ufeff").split("\n"), start=1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{p}:{lineno}: not valid JSON ({err.msg}); each line must be a JSON object") from None
+        except RecursionError:
+            raise ValueError(f"{p}:{lineno}: JSON nested too deeply to read; each line must be a flat {{prompt, answer}} object") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{p}:{lineno}: expected a JSON object with fields 'prompt' and 'answer'")
+        missing = [k for k in ("prompt", "answer") if k not in obj]
+        if missing:
+            raise ValueError(f"{p}:{lineno}: missing field {', '.join(repr(m) for m in missing)}; each line needs 'prompt' and 'answer'")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+            raise ValueError(f"{p}:{lineno}: field 'prompt' must be a non-empty string")
+        answer = obj["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise ValueError(f"{p}:{lineno}: field 'answer' must be a string or number, got {answer!r}")
+        for name in ("prompt", "answer"):
+            problem = _text_problem(obj[name]) if isinstance(obj[name], str) else None
+            if problem:
+                raise ValueError(f"{p}:{lineno}: field {name!r} holds {problem}")
+        meta = {k: v for k, v in obj.items() if k not in ("prompt", "answer")}
+        out.append(Example(prompt=obj["prompt"], answer=str(answer), meta=meta, source=f"{p}:{lineno}"))
+    if not out:
+        raise ValueError(f"{p}: no examples")
+    return out
+
+
+def load_reasoning_gym(name: str, n: int, seed: int) -> list[Example]:
+    """Problems generated offline by reasoning-gym (e.g. 'gsm_symbolic'); meta keeps the entry."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError('data.task = "reasoning_gym" needs the reasoning-gym package: pip install reasoning-gym') from None
+    try:
+        ds = reasoning_gym.create_dataset(name, size=n, seed=seed)
+    except Exception as err:  # unknown generator names raise various errors
+        raise ValueError(f"data.name {name!r}: reasoning-gym cannot create it ({err})") from None
+    return [Example(prompt=e["question"], answer=str(e["answer"]), meta={"rg_name": name, "entry": e}) for e in ds]
+
+
+def _gsm8k_answer(text: str) -> str:
+    return text.split("####")[-1].strip().replace(",", "") if "####" in text else text.strip()
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether huggingface.co answers (and HF_HUB_OFFLINE is not set)."""
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the HF hub cache holds a snapshot of dataset ``name``."""
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        return any(r.repo_id == name and r.repo_type == "dataset" for r in scan_cache_dir().repos)
+    except Exception:
+        return False
+
+
+def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field: str) -> list[Example]:
+    """A HF dataset split (local cache first, then the hub when reachable)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError('data.task = "hf" needs the datasets package: pip install datasets') from None
+    offline_msg = (
+        f"data.name {name!r}: not in the local cache and the Hugging Face hub is not reachable. "
+        'Export it to JSONL ({"prompt", "answer"} per line) on a machine with network and use '
+        'data.task = "jsonl", data.path = "FILE.jsonl"; or use data.task = "reasoning_gym" offline.'
+    )
+    if not Path(name).exists() and not hub_reachable() and not _in_hub_cache(name):
+        raise ValueError(offline_msg)  # fail fast instead of datasets' retries
+    try:
+        ds = datasets.load_dataset(name, subset or None, split=split)
+    except Exception as err:
+        if not hub_reachable():
+            raise ValueError(offline_msg) from None
+        raise ValueError(f"data.name {name!r} split {split!r}: {err}") from None
+    cols = ds.column_names
+    for f in (prompt_field, answer_field):
+        if f not in cols:
+            raise ValueError(f"data.name {name!r}: no field {f!r} (fields: {cols}); set data.prompt_field / data.answer_field")
+    return [Example(prompt=row[prompt_field], answer=_gsm8k_answer(str(row[answer_field]))) for row in ds]
+
+
+def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, eval) examples of a DataConfig. Cheap for built-in tasks; raises ValueError on bad input."""
+    task = data.task
+    if task in ("add", "equiv"):  # eval problems are held out: no train problem has their (a, b)
+        pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007)
+        evals = [Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}) for a, b in pairs]
+        train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs))
+        return train, evals
+    if task == "jsonl":
+        train = load_jsonl(data.path)
+        if data.eval_path:
+            return train, load_jsonl(data.eval_path, "data.eval_path")
+        if len(train) <= data.eval_size:
+            raise ValueError(
+                f"data.path {data.path!r} has {len(train)} examples, not more than data.eval_size={data.eval_size}; "
+                "lower data.eval_size or give data.eval_path"
+            )
+        return train[data.eval_size :], train[: data.eval_size]
+    if task == "reasoning_gym":
+        train = load_reasoning_gym(data.name, data.train_size, seed)
+        evals = load_reasoning_gym(data.name, data.eval_size, seed + 10_007)
+        return train, evals
+    if task == "hf":
+        train = load_hf(data.name, data.subset, data.split, data.prompt_field, data.answer_field)
+        evals = load_hf(data.name, data.subset, data.eval_split, data.prompt_field, data.answer_field)
+        return train, evals[: data.eval_size]
+    raise ValueError(f"data.task {task!r} unknown")
+
+
+class PromptSampler:
+    """Seeded, resumable order over the train split: state is (epoch, position) only.
+
+    Each epoch is a permutation drawn from ``random.Random(seed * 1_000_003 + epoch)``, so a
+    resumed run that restores (epoch, position) draws exactly the same prompts.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation(self.epoch)
+
+
+def duplicate_prompts(train: list[Example], evals: list[Example]) -> list[str]:
+    """Prompts that appear in both splits (an eval on them measures memorisation, not generalisation)."""
+    seen = {ex.prompt for ex in train}
+    return sorted({ex.prompt for ex in evals if ex.prompt in seen})

@@ -1,0 +1,511 @@
+"""The LLM trainer: rollouts -> rewards -> group advantages -> K off-policy optimiser steps.
+
+One training step (``Trainer.train_step``), one module per stage:
+
+1. ``stage_rollout``: ``prompts_per_step`` prompts (seeded, resumable order), G completions each, scored
+   (timeouts and errors give 0 and are counted); DAPO's dynamic sampling when configured;
+2. ``stage_advantages``: group advantages (eq 43, the scale the objective names);
+3. ``stage_old_logp``: pi_old of the rows the first optimiser step does not score itself, pi_ref with a KL term;
+4. ``stage_update``: ``epochs`` passes over mini-batches of ``minibatch_groups`` whole groups (K = epochs *
+   prompts_per_step / minibatch_groups optimiser steps), each accumulated over micro-batches weighted so the
+   summed gradient is the mini-batch loss's (``minibatches``); grad-norm clipping, AdamW, cosine schedule;
+5. ``stage_metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
+   samples.
+
+Around the steps: ``run_state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
+FSDP2) every stage asks whatever depends on the number of processes. All loss maths is ``dfpo.policy_loss``;
+no file of the trainer writes an objective formula.
+
+On several processes (torchrun, ``dfpo train --nproc N``) each samples and scores every world-th prompt and the
+shares are gathered, so every process holds the whole rollout batch: advantages (batch-wide scales included),
+the mini-batch plan and the metrics come from the global batch. Each process trains its share of the whole
+groups of every mini-batch with weights normalised by the mini-batch's count over all processes; the gradients
+are summed over the processes (DDP) or reduce-scattered (FSDP2) before clipping, so N processes take the
+optimiser steps one process would. With per-group sampling seeds (``rollout.seed_per_group``, on by itself with
+more than one process) the rollouts, and so whole runs, do not depend on the number of processes. Rank 0 writes
+the run folder; checkpoints hold whole tensors.
+
+Choices made here (where the paper and the peers leave it open; the stages list theirs):
+1. ``constant`` aggregation gets max_completion_length = rollout.max_new_tokens unless the config overrides it,
+   as TRL's dr_grpo does.
+2. An objective coupled across a mini-batch (STAPO, top-entropy, Clip-Cov, KL-Cov, an entropy bonus) split over
+   micro-batches, a token budget or processes is trained, with a warning naming the coupling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..core.files import write_run_file
+from ..core.loss import ObjectiveSpec, resolve_objective
+from . import parallel
+from .checkpoint import seed_everything
+from .config import Config, check_tiny_shape, config_to_toml
+from .diagnostics import StepDiagnostics
+from .memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
+from .minibatches import MicroBatch, micro_batch, split_settings
+from .policy import (
+    Model,
+    check_completion_fits,
+    check_model_available,
+    load_policy,
+    resolve_amp,
+    resolve_device,
+    resolve_dtype,
+    tokenizer_and_context,
+)
+from .reward_pool import default_workers
+from .rewards import RewardComputer, reward_spec
+from .rollout import HFGenerateEngine
+from .run_folder import NullLock, prepare_run_folder
+from .run_state import Checkpointer, RunLogs, RunState
+from .runlog import StopSignals, TrainingInterrupted
+from .stage_advantages import advantages
+from .stage_metrics import Stopwatch, run_summary, step_metrics, write_samples
+from .stage_old_logp import OldLogpStage, old_logp_from_sampler
+from .stage_rollout import RolloutStage
+from .stage_update import NonFiniteLossError, UpdateStage, accumulate_gradients
+from .tasks import clip_long_prompts, duplicate_prompts, encode_prompts, load_splits, prompt_char_limit
+from .vllm_engine import VLLMEngine, check_vllm_available
+
+__all__ = [
+    "MicroBatch",  # the names below stay importable from here for the code that imported them before the split
+    "NonFiniteLossError",
+    "StepDiagnostics",
+    "Trainer",
+    "accumulate_gradients",
+    "check_lengths",
+    "micro_batch",
+    "objective_spec",
+    "train",
+]
+
+
+def objective_spec(cfg: Config) -> ObjectiveSpec:
+    """The objective of the config, resolved once and passed down as is: the preset with its overrides, the rollout
+    correction of ``rollout.correction``, and max_completion_length = max_new_tokens for ``constant`` aggregation."""
+    overrides = dict(cfg.objective.overrides)
+    if cfg.rollout.correction != "none":
+        overrides.update(
+            rollout_correction=cfg.rollout.correction, rollout_low=cfg.rollout.correction_low, rollout_cap=cfg.rollout.correction_cap
+        )
+    if resolve_objective(cfg.objective.name, **overrides).aggregation == "constant":
+        overrides.setdefault("max_completion_length", cfg.rollout.max_new_tokens)
+    return resolve_objective(cfg.objective.name, **overrides)
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    """What the prompts' check measured (``measure_prompts``)."""
+
+    limit: int | None
+    """The longest prompt the model's context leaves beside rollout.max_new_tokens (None: no limit known)."""
+    shortest: int
+    """Tokens of the shortest encoded prompt."""
+    vocab: int
+    """The tokenizer's size."""
+    char_limit: int | None
+    """The most characters a prompt within ``limit`` can have (``tasks.prompt_char_limit``; None: no limit known)."""
+
+
+def measure_prompts(cfg: Config, train_examples: list, eval_examples: list) -> PromptLengths:
+    """Every train and eval prompt checked against the longest the model's context leaves beside
+    ``rollout.max_new_tokens``: a ValueError names the first that does not fit. Needs only the tokenizer and the
+    model's config, so it runs before any weights load."""
+    tok, context = tokenizer_and_context(cfg.model)
+    check_completion_fits(cfg.rollout.max_new_tokens, context)
+    limit = None if context is None else context - cfg.rollout.max_new_tokens
+    ids = encode_prompts(tok, [*train_examples, *eval_examples], cfg.data, limit)
+    return PromptLengths(limit, min((len(i) for i in ids), default=1), len(tok), prompt_char_limit(tok, limit))
+
+
+def check_lengths(cfg: Config, train_examples: list, eval_examples: list) -> int | None:
+    """``measure_prompts``'s check; returns the longest prompt the context leaves (None: no limit known)."""
+    return measure_prompts(cfg, train_examples, eval_examples).limit
+
+
+def check_model_folder(name: str) -> None:
+    """ValueError naming ``model.name`` when it names a folder on this machine that holds no model (a transformers
+    model folder has a config.json), a file, or a path that does not exist; a hub name is left to
+    ``policy.check_model_available`` (the local cache, then the hub)."""
+    if name == "tiny":
+        return
+    path = Path(name).expanduser()
+    where = f"model.name {name!r}" + (f" ({path.resolve()})" if str(path.resolve()) != name else "")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{where} is a folder without a model in it (no config.json); name a folder written by save_pretrained, "
+                'a hub name such as "Qwen/Qwen3-0.6B", or "tiny" (the offline preset)'
+            )
+    elif path.exists():
+        raise ValueError(f'{where} is a file; name a model folder (written by save_pretrained), a hub name, or "tiny"')
+    elif name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:  # a path, never a hub name
+        raise ValueError(f'{where}: no such folder; name a model folder, a hub name such as "Qwen/Qwen3-0.6B", or "tiny"')
+
+
+def check_prompts_per_step(cfg: Config, train_examples: list) -> None:
+    """ValueError unless a rollout batch's prompts are distinct prompts of the train split (more would repeat prompts
+    within a step, and 100 million of them exhaust memory before a message could say so)."""
+    if cfg.rollout.prompts_per_step > len(train_examples):
+        raise ValueError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(train_examples)} prompts of the train "
+            "split: each step would sample some prompts twice; lower it, or give more train data"
+        )
+
+
+def check_memory_fits(cfg: Config, lengths: PromptLengths, *, device: torch.device, world: int, with_ref: bool, resume: bool) -> None:
+    """The memory the settings need at the least (``memory.memory_needs``) against what the device has free now;
+    a ValueError names the setting that weighs most and its value. Nothing is checked for a model whose config
+    does not give its sizes."""
+    if cfg.model.name == "tiny":
+        shape = tiny_shape(cfg.model, lengths.vocab)
+    else:
+        from transformers import AutoConfig  # deferred: transformers loads only when a trainer is built
+
+        try:  # the config tokenizer_and_context just read: in the local folder or cache
+            shape = pretrained_shape(
+                AutoConfig.from_pretrained(cfg.model.name, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code)
+            )
+        except (OSError, ValueError):
+            shape = None
+    if shape is None:
+        return
+    needs = memory_needs(cfg, shape, shortest_prompt=lengths.shortest, with_ref=with_ref, world=world, resume=resume)
+    available, where = available_memory(device)
+    check_memory(needs, available, where, processes=world if device.type == "cpu" else 1)
+
+
+def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.dtype | None):
+    """The HF engine on the trainer's own model, or vLLM started from the model's folder (the trainer syncs it with
+    the checkpoint's weights on a resume)."""
+    if cfg.rollout.engine == "hf":
+        return HFGenerateEngine(policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp)
+    folder = str(Path(cfg.run_dir) / "init_model") if cfg.model.name == "tiny" else cfg.model.name
+    context = getattr(policy.model.config, "max_position_embeddings", 2048)
+    return VLLMEngine(folder, eos_ids=policy.eos_ids, device=device, seed=cfg.seed, max_model_len=context)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the cheap checks of construction resolved, before any weights load."""
+
+    dtype: torch.dtype
+    amp: torch.dtype | None
+    train_examples: list
+    eval_examples: list
+    max_prompt_tokens: int | None
+    sft_examples: list
+    """What the tiny preset's warm start trains on: the train examples, over-long prompts cut (``clip_long_prompts``)."""
+
+
+class Trainer:
+    """Everything a run needs, built from a Config in ``__init__`` (cheap checks first, then the model,
+    optimiser, step-0 checkpoint and logs), so the initial parameters are there to read before ``run``.
+
+    The run folder is locked from construction until ``run`` returns (or ``close`` is called).
+    """
+
+    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
+        self.cfg = cfg
+        parallel.check_launch(cfg)  # before any work, before joining the group
+        device = resolve_device(cfg.device)
+        self.parallel = parallel.join(cfg, device.type)
+        self.device = self.parallel.local_device(device)
+        self.quiet = quiet or not self.parallel.is_main  # rank 0 speaks for the run
+        self.state = RunState(seed_per_group=self.parallel.seed_per_group(cfg.rollout))
+        # checked and locked first, by rank 0 (the others wait for its verdict)
+        run_dir = Path(cfg.run_dir)
+        self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
+        self.rewards = None
+        try:
+            inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
+            self._setup(inputs, resume)
+        except BaseException:
+            self._close_rewards()
+            self.lock.abandon()  # a refused config leaves no empty run folder behind
+            raise
+
+    def _check(self, cfg: Config, resume: bool) -> Inputs:
+        """The checks that need no weights: precision, objective, rewards, model availability, data, prompt lengths,
+        memory."""
+        self._phase(1, "checking the config, the data and the prompts' lengths")
+        dtype = resolve_dtype(cfg.model.dtype, self.device)
+        amp = resolve_amp(cfg.model.amp, self.device)
+        self.spec = objective_spec(cfg)
+        split = split_settings(cfg, self.parallel.world)
+        if self.spec.batch_coupled and split:
+            self._say(
+                f"warning: objective {self.spec.name!r} is coupled across a mini-batch ({'; '.join(self.spec.batch_coupling())}), "
+                f"and {', '.join(split)} splits each mini-batch over several loss calls: their summed gradient is not the "
+                "mini-batch loss's. Set optim.microbatch_groups = 0 and optim.max_tokens_per_microbatch = 0 on one process "
+                "for the exact loss."
+            )
+        self.rewards = RewardComputer(
+            reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
+            format_weight=cfg.reward.format_weight,
+            format_regex=cfg.reward.format_regex,
+            timeout_s=cfg.reward.timeout_s,
+            workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
+            max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
+            memory_limit_mb=cfg.reward.memory_limit_mb,
+        )
+        check_tiny_shape(cfg.model)
+        check_model_folder(cfg.model.name)
+        check_model_available(cfg.model.name)
+        if cfg.rollout.engine == "vllm":  # before any work: installed, a supported device, no adapters to merge
+            check_vllm_available(self.device)
+            if cfg.model.lora_r > 0:
+                raise ValueError("rollout.engine = 'vllm' samples from full weights; with model.lora_r > 0 use rollout.engine = 'hf'")
+        train_examples, eval_examples = load_splits(cfg.data, cfg.seed)
+        shared = duplicate_prompts(train_examples, eval_examples)
+        if shared and self.parallel.is_main:  # said once, even with --quiet
+            print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
+                  "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
+        check_prompts_per_step(cfg, train_examples)
+        # lengths checked with the tokenizer alone: before any weights load or warm up
+        lengths = measure_prompts(cfg, train_examples, eval_examples)
+        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
+        # the warm start reads raw prompts: with data.truncate_prompts, never more of one than the rollouts can keep
+        sft_examples = clip_long_prompts(train_examples, lengths.char_limit) if cfg.data.truncate_prompts else train_examples
+        return Inputs(dtype, amp, train_examples, eval_examples, lengths.limit, sft_examples)
+
+    def _setup(self, inputs: Inputs, resume: bool) -> None:
+        """The expensive part of construction: model, engine, stages (optimiser), checkpoint, logs."""
+        from transformers.utils import logging as hf_logging  # transformers loads only when a trainer is built
+
+        hf_logging.disable_progress_bar()
+        cfg, run_dir = self.cfg, Path(self.cfg.run_dir)
+        self._phase(2, self._model_phase(resume))
+        if self.parallel.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_file(run_dir / "config.toml", config_to_toml(cfg))  # on resume: with any --set train.steps
+        seed_everything(cfg.seed)  # Python's and NumPy's generators too: identical runs write identical checkpoints
+        self.policy = load_policy(
+            cfg,
+            run_dir=run_dir,
+            device=self.device,
+            dtype=inputs.dtype,
+            resume=resume,
+            with_ref=self.spec.beta > 0,
+            train_examples=inputs.sft_examples,
+            on_rank0=self.parallel.on_rank0,
+            say=self._say,
+        )
+        self.parallel.shard(self.policy.model)  # FSDP2: the decoder layers are sharded, the rest stays whole
+        self._phase(
+            3,
+            "the rollout engine, the optimiser, "
+            + ("the checkpoint to resume from" if resume else "the step-0 checkpoint")
+            + " and the logs",
+        )
+        engine = rollout_engine(cfg, self.policy, self.device, inputs.amp)
+        self.old_logp_stage = OldLogpStage(
+            self.policy.model,
+            self.policy.ref,
+            self.spec,
+            self.parallel,
+            device=self.device,
+            amp=inputs.amp,
+            from_sampler=old_logp_from_sampler(cfg.rollout, inputs.amp, inputs.dtype),
+            rows_per_forward=(cfg.optim.microbatch_groups or cfg.optim.minibatch_groups) * cfg.rollout.group_size,
+        )
+        self.update_stage = UpdateStage(
+            self.policy.model,
+            self.spec,
+            cfg,
+            self.parallel,
+            self.old_logp_stage,
+            device=self.device,
+            amp=inputs.amp,
+            vocab_size=len(self.policy.tok),
+            total_updates=cfg.train.steps * cfg.optim.epochs * (cfg.rollout.prompts_per_step // cfg.optim.minibatch_groups),
+            say=self._say,
+        )
+        self.rollout_stage = RolloutStage(
+            cfg,
+            device=self.device,
+            engine=engine,
+            tok=self.policy.tok,
+            eos_ids=self.policy.eos_ids,
+            rewards=self.rewards,
+            parallel=self.parallel,
+            train_examples=inputs.train_examples,
+            eval_examples=inputs.eval_examples,
+            max_prompt_tokens=inputs.max_prompt_tokens,
+        )
+        self.checkpointer = Checkpointer(
+            cfg,
+            self.parallel,
+            model=self.policy.model,
+            optimizer=self.update_stage.optimizer,
+            scheduler=self.update_stage.scheduler,
+            prompts=self.rollout_stage.prompts,
+            say=self._say,
+        )
+        if resume:
+            self.checkpointer.restore(self.state)
+            engine.sync_weights(self.policy.model)  # vLLM samples from the checkpoint's weights, not the folder's (HF: a no-op)
+        else:
+            self.checkpointer.save(0, self.state)
+        self.logs = RunLogs.open(run_dir, cfg, writes=self.parallel.is_main, start_step=self.state.start_step)
+
+    # -- what callers read ---------------------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained."""
+        return self.policy.model
+
+    @property
+    def step_now(self) -> int:
+        return self.state.step_now
+
+    @property
+    def last_checkpoint_step(self) -> int:
+        return self.state.last_checkpoint_step
+
+    def old_logp_from_sampler(self) -> bool:
+        """Whether pi_old is the sampler's own log-probs (rollout.old_logp; 'auto': when sampling is the policy itself)."""
+        return self.old_logp_stage.from_sampler
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    START_UP_PHASES = 3
+
+    def _phase(self, n: int, what: str) -> None:
+        """One line as each phase of the start-up begins (the training steps have their progress bar)."""
+        self._say(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
+
+    def _model_phase(self, resume: bool) -> str:
+        m = self.cfg.model
+        if m.name != "tiny":
+            return f"loading the model {m.name!r}"
+        if resume or m.sft_steps == 0:
+            return "building the tiny model" if not resume else "loading the tiny model of the run folder"
+        return f"building the tiny model and warming it up: {m.sft_steps} supervised steps of {m.sft_batch_size} prompts"
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict:
+        """Rollout -> advantages -> old (and reference) log-probs -> the K optimiser steps -> metrics."""
+        cfg, clock = self.cfg, Stopwatch()
+        self.state.step_now = step
+        rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
+        clock.lap("rollout")
+        adv = advantages(rollout, self.spec, eps=cfg.objective.advantage_eps, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
+        plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
+        old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
+        clock.lap("old_logp")
+        upd = self.update_stage.run(step, rollout, plan, old, adv, self.state)
+        old = self.old_logp_stage.shared(old, plan, cfg.optim.epochs)  # the pi_old the first steps recorded, every row's
+        clock.lap("update")
+        self.rollout_stage.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for HF)
+        metrics = step_metrics(
+            step,
+            rollout,
+            old,
+            upd,
+            lr=self.update_stage.scheduler.get_last_lr()[0],
+            updates_done=self.state.updates_done,
+            task=cfg.data.task,
+            group_size=cfg.rollout.group_size,
+            say=self._say,
+        )
+        metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
+        write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size)
+        return metrics
+
+    def evaluate(self, step: int) -> dict:
+        """avg@k and pass@k on the eval prompts (``RolloutStage.evaluate``), logged to eval.jsonl."""
+        out = self.rollout_stage.evaluate(step, seed_per_group=self.state.seed_per_group)
+        self.logs.eval.write(out)
+        self.logs.scalars.log(out, step)
+        return out
+
+    # -- run -----------------------------------------------------------------------------------
+
+    def run(self, stop: StopSignals | None = None) -> dict:
+        """Train to cfg.train.steps; SIGINT/SIGTERM stop after the current step with a checkpoint
+        (``TrainingInterrupted``), a second one at once (``StoppedAtOnce``). ``stop``: the signal handling the
+        command line installed before construction (else the run installs its own). The run folder's lock and the
+        reward workers are released however the run ends."""
+        threads_before = torch.get_num_threads()
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        try:
+            with StopSignals(immediate=False) if stop is None else contextlib.nullcontext(stop.training()) as self.stop:
+                return self._run()
+        finally:
+            torch.set_num_threads(threads_before)  # the process-wide setting is left as found
+            self._close_rewards()
+            self.lock.release()
+
+    def _close_rewards(self) -> None:
+        if self.rewards is not None and hasattr(self.rewards, "close"):
+            self.rewards.close()
+
+    def _stop_if_asked(self, step: int) -> None:
+        """After a finished step: on a signal recorded by any process, checkpoint this step (unless just
+        written) and stop (every process, at the same step)."""
+        signum = self.parallel.any_signal(self.stop.signum)
+        if signum is None:
+            return
+        if self.state.last_checkpoint_step != step:
+            self.checkpointer.save(step, self.state)
+        raise TrainingInterrupted(signum, step, Path(self.cfg.run_dir))
+
+    def close(self) -> None:
+        """Close the logs and release the run folder without training (``run`` does this itself)."""
+        self.logs.close()
+        self._close_rewards()
+        self.lock.release()
+
+    def _run(self) -> dict:
+        cfg, start = self.cfg, self.state.start_step
+        bar = None
+        if cfg.log.progress and not self.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.train.steps, initial=start, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
+        t_start = time.time()
+        try:
+            self._stop_if_asked(start)  # a signal during start-up: the step-0 (or resumed) checkpoint is there
+            for s in range(start, cfg.train.steps):
+                if cfg.eval.every and s % cfg.eval.every == 0:
+                    self.evaluate(s)
+                m = self.train_step(s + 1)
+                self.logs.metrics.write(m)
+                self.logs.scalars.log(m, s + 1)
+                if (s + 1) % cfg.train.save_every == 0 or s + 1 == cfg.train.steps:
+                    self.checkpointer.save(s + 1, self.state)
+                if bar is not None:
+                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
+                    bar.update(1)
+                self._stop_if_asked(s + 1)
+            final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
+        finally:
+            if bar is not None:
+                bar.close()
+            self.logs.close()
+        if not self.parallel.is_main:  # rank 0 reads the log and writes the summary
+            return {}
+        run_dir = Path(cfg.run_dir)
+        summary = run_summary(run_dir, cfg.eval.kappa)
+        summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
+        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+        return summary
+
+
+def train(cfg: Config, *, resume: bool = False, quiet: bool = False) -> dict:
+    """Run (or resume) a training run; returns the run summary."""
+    return Trainer(cfg, resume=resume, quiet=quiet).run()
