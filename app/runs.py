@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..toy import layout as toy_layout
 from ..toy.metric_names import RENAMED as TOY_RENAMED
+from ..trainer.layout import RunDir
 
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20
@@ -45,11 +47,9 @@ def resolve_folder(text: str, cwd: Path | None = None) -> Path:
 
 def run_kind(folder: Path) -> str | None:
     """TRAINER, TOY, or None when ``folder`` is not a run folder."""
-    if not (folder / "metrics.jsonl").is_file():
-        return None
-    if (folder / "config.toml").is_file():
+    if (folder / RunDir.METRICS).is_file() and RunDir(folder).config.is_file():
         return TRAINER
-    if (folder / "config.json").is_file():
+    if (folder / toy_layout.METRICS).is_file() and (folder / toy_layout.CONFIG).is_file():
         return TOY
     return None
 
@@ -266,7 +266,7 @@ def flatten(d: dict, prefix: str = "") -> dict[str, object]:
 
 def read_config(folder: Path, kind: str) -> dict[str, object]:
     """The flattened config of a run folder; ValueError naming the file when it does not parse."""
-    path = folder / ("config.toml" if kind == TRAINER else "config.json")
+    path = RunDir(folder).config if kind == TRAINER else folder / toy_layout.CONFIG
     try:
         text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text) if kind == TRAINER else json.loads(text)
@@ -286,18 +286,18 @@ class RunFolder:
         if self.kind is None:
             raise ValueError(f"{self.path} is not a run folder (config.toml or config.json, and metrics.jsonl)")
         if self.kind == TOY:  # an older toy run logged some of the trainer's metrics under the toy's own names
-            self.metrics = MetricLog(self.path / "metrics.jsonl", "objective", TOY_RENAMED)
+            self.metrics = MetricLog(self.path / toy_layout.METRICS, "objective", TOY_RENAMED)
         else:
-            self.metrics = MetricLog(self.path / "metrics.jsonl")
-        self.evals = MetricLog(self.path / "eval.jsonl")
-        self.samples = LatestRows(self.path / "samples.jsonl")
+            self.metrics = MetricLog(RunDir(self.path).metrics)
+        self.evals = MetricLog(RunDir(self.path).evals)
+        self.samples = LatestRows(RunDir(self.path).samples)
         self._lock = threading.Lock()
         self._config_stamp: tuple | None = None
         self._config: dict[str, object] = {}
 
     def config(self) -> dict[str, object]:
         """The flattened config, read again only when its file changed."""
-        path = self.path / ("config.toml" if self.kind == TRAINER else "config.json")
+        path = RunDir(self.path).config if self.kind == TRAINER else self.path / toy_layout.CONFIG
         st = os.stat(path)
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:

@@ -9,16 +9,17 @@ import pytest
 
 from dfpo.cli import main
 from dfpo.core.files import check_output_dir, check_output_file, write_text_atomic
+from dfpo.toy import layout as toy_layout
 
 
 def test_toy_refuses_to_overwrite_an_earlier_run_unless_forced(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["toy", "run", "--objectives", "gspo", "--seeds", "2", "--steps", "2", "--no-plots", "--out", str(out)]
     assert main(argv) == 0
-    before = (out / "metrics.jsonl").read_text()
+    before = (out / toy_layout.METRICS).read_text()
     assert main(argv) == 2
     assert "already holds a run (config.json); pass --force" in capsys.readouterr().err
-    assert (out / "metrics.jsonl").read_text() == before  # untouched
+    assert (out / toy_layout.METRICS).read_text() == before  # untouched
     assert main([*argv, "--force"]) == 0
 
 
@@ -87,14 +88,14 @@ def _fsync_fails_for(monkeypatch, name: str) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full and /proc (Linux)")
-@pytest.mark.parametrize("full", ["metrics.jsonl", "summary.md"])
+@pytest.mark.parametrize("full", [toy_layout.METRICS, toy_layout.SUMMARY])
 def test_a_full_disk_under_any_command_is_one_sentence_naming_the_file(tmp_path, capsys, monkeypatch, full):
     """A toy run whose disk is full when it writes one of its files (metrics.jsonl, written line by line, is a link to
     /dev/full; summary.md, written atomically, fails its fsync) ends in one line naming that file and the lack of
     space, exit status 1, no traceback, and no temporary file left behind."""
     out = tmp_path / "run"
     out.mkdir()
-    if full == "metrics.jsonl":
+    if full == toy_layout.METRICS:
         (out / full).symlink_to("/dev/full")
     else:
         _fsync_fails_for(monkeypatch, full)

@@ -25,6 +25,7 @@ import dataclasses
 
 from ..core.files import check_output_dir
 from ..core.settings import parse_value, setting_of, type_hints, type_name
+from . import layout
 from .config import ADAM_LR, ToyConfig
 from .config import DEFAULT_OBJECTIVES as _DEFAULT_OBJECTIVES
 
@@ -143,7 +144,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .report import read_discovery
 
     discovery = read_discovery(args.discovery, config) if args.discovery else None
-    check_output_dir("--out", args.out, force=args.force, marker="config.json")
+    check_output_dir("--out", args.out, force=args.force, marker=layout.CONFIG)
     torch.set_num_threads(toy_threads(config.mode))
     start = time.perf_counter()
     task, results = run(

@@ -30,6 +30,7 @@ from ..core import stats
 from ..core.files import naming_write_errors, read_utf8, write_text_atomic
 from ..core.loss import objective_from_label, unmatched_components
 from ..core.metrics import jitter2, steps_to
+from . import layout
 from .config import ToyConfig
 from .metric_names import RENAMED
 
@@ -354,7 +355,7 @@ def plot_curves(results: dict[str, dict[str, np.ndarray]], out: Path, title: str
             ax.axis("off")
         legend_below(fig, *axes.flat[0].get_legend_handles_labels(), fontsize=9)
         fig.suptitle(f"{title} (band: mean +- 1.96 s.e. over seeds)", fontsize=11)
-        path = out / "overview.png"
+        path = out / layout.OVERVIEW
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
@@ -375,7 +376,7 @@ def legend_below(fig, handles, labels, *, fontsize: float, max_columns: int = 6)
 
 def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
     """metrics.jsonl (every objective, seed, step) and metrics_mean.csv (means over seeds)."""
-    with naming_write_errors(out / "metrics.jsonl"), open(out / "metrics.jsonl", "w") as f:
+    with naming_write_errors(out / layout.METRICS), open(out / layout.METRICS, "w") as f:
         for name, h in results.items():
             keys = sorted(h)
             steps, seeds = h[keys[0]].shape
@@ -385,7 +386,7 @@ def write_metrics(results: dict[str, dict[str, np.ndarray]], out: Path) -> None:
                     rec.update({k: float(h[k][t, s]) for k in keys})
                     f.write(json.dumps(rec) + "\n")
     keys = sorted({k for h in results.values() for k in h})
-    with open(out / "metrics_mean.csv", "w", newline="") as f:
+    with naming_write_errors(out / layout.METRICS_MEAN), open(out / layout.METRICS_MEAN, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["objective", "step", *keys])
         for name, h in results.items():
@@ -400,7 +401,7 @@ def read_metrics(out: Path) -> dict[str, dict[str, np.ndarray]]:
     import math
 
     cells: dict[str, dict[str, dict[tuple[int, int], float]]] = {}
-    for line in read_utf8(Path(out) / "metrics.jsonl").splitlines():
+    for line in read_utf8(Path(out) / layout.METRICS).splitlines():
         if line.strip():
             rec = json.loads(line)
             by_key = cells.setdefault(rec.pop("objective"), {})
@@ -434,9 +435,9 @@ def read_discovery(path, config) -> tuple[dict[str, dict[str, object]], object]:
     import dataclasses as dc
 
     path = Path(path)
-    if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
+    if not (path / layout.CONFIG).is_file() or not (path / layout.METRICS).is_file():
         raise ValueError(f"--discovery {str(path)!r}: no config.json and metrics.jsonl in it; is it a dfpo toy run folder?")
-    raw = json.loads(read_utf8(path / "config.json"))
+    raw = json.loads(read_utf8(path / layout.CONFIG))
     known = {f.name for f in dc.fields(ToyConfig)}
     raw = {k: v for k, v in raw.items() if k in known}
     raw["objectives"] = tuple(raw.get("objectives", ()))
@@ -469,7 +470,7 @@ def write_run(out: Path, config, task, results: dict, *, findings: list[str] | N
     res = to_numpy(results)
     cfg = dataclasses.asdict(config)
     cfg["task_shape"] = {"prompts": len(task.prompts), "rows": task.n_rows, "vocab": len(task.vocab), "max_len": task.max_len}
-    write_text_atomic(out / "config.json", json.dumps(cfg, indent=2, default=str) + "\n")
+    write_text_atomic(out / layout.CONFIG, json.dumps(cfg, indent=2, default=str) + "\n")
     write_metrics(res, out)
     summary = summarise(res, config.kappa)
     title = f"toy {config.task} ({config.mode}), G={config.group_size}, K={config.inner_steps}, {config.optimizer} lr={config.lr}, {config.seeds} seeds"
@@ -499,6 +500,6 @@ def write_run(out: Path, config, task, results: dict, *, findings: list[str] | N
     if plots:
         written = plot_curves(res, out, title)
         lines += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in written]]
-    path = out / "summary.md"
+    path = out / layout.SUMMARY
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -24,6 +24,7 @@ import numpy as np
 from ..core import stats
 from ..core.files import read_utf8, write_text_atomic
 from ..core.loss import objective_from_label, unmatched_components
+from . import layout
 from .report import _plain, summarise, to_numpy
 from .train import ToyConfig, run
 
@@ -77,15 +78,15 @@ def spread_sweep(
         rows.append(_row(knob, value, res, summarise(res, config.kappa), baseline, method))
     add_intervals(rows)
     setup = {"config": dataclasses.asdict(base), "knob": knob, "values": list(values), "baseline": baseline, "method": method}
-    write_text_atomic(out / "config.json", json.dumps(setup, indent=2, default=str) + "\n")
-    write_text_atomic(out / "spread.json", json.dumps(rows, indent=2) + "\n")
+    write_text_atomic(out / layout.CONFIG, json.dumps(setup, indent=2, default=str) + "\n")
+    write_text_atomic(out / layout.SPREAD, json.dumps(rows, indent=2) + "\n")
     lines = _table(rows, base, knob, baseline, method)
     if discovery is not None:
         lines += ["", *replication_table(discovery[0], rows, discovery[1]["config"], base, knob)]
     if plots:
         _plot(rows, knob, out / "spread.png", f"{method} - {baseline} (toy {base.task}, {base.seeds} paired seeds, --seed {base.seed})")
         lines += ["", "![paired effect vs ratio spread](spread.png)"]
-    path = out / "summary.md"
+    path = out / layout.SUMMARY
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -210,11 +211,11 @@ def read_spread_discovery(path, base: ToyConfig, knob: str, values: list[float],
     sweep (knob, values, labels or any config field but the knob's and the seed set's), or the same --seed.
     """
     path = Path(path)
-    if not (path / "config.json").is_file() or not (path / "spread.json").is_file():
+    if not (path / layout.CONFIG).is_file() or not (path / layout.SPREAD).is_file():
         raise ValueError(
             f"--discovery {str(path)!r}: no config.json and spread.json in it; is it a dfpo toy spread folder of this version?"
         )
-    setup = json.loads(read_utf8(path / "config.json"))
+    setup = json.loads(read_utf8(path / layout.CONFIG))
     rows = json.loads(read_utf8(path / "spread.json"))
     here = {"knob": knob, "values": [float(v) for v in values], "baseline": baseline, "method": method}
     there = {

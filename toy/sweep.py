@@ -18,6 +18,7 @@ import numpy as np
 from ..core import stats
 from ..core.files import write_text_atomic
 from ..core.loss import objective_from_label, unmatched_components
+from . import layout
 from .report import summarise, to_numpy, write_metrics
 from .train import ToyConfig, run
 
@@ -94,7 +95,7 @@ def sweep_group_size(
     if plots:
         _plot(rows, out / "gain_vs_G.png", f"{method} - {baseline} (toy {c.task})")
         lines += ["", "![gain vs G](gain_vs_G.png)"]
-    path = out / "summary.md"
+    path = out / layout.SUMMARY
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 

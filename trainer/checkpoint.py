@@ -50,11 +50,8 @@ import numpy as np
 import torch
 
 from ..core.files import WriteFailed, describe_write_error, write_error, write_text_atomic
+from .layout import RunDir
 
-CHECKPOINT = "checkpoint.pt"
-CHECKPOINT_META = "checkpoint.json"
-"""The step, world size, config and checksum of checkpoint.pt, readable without loading the checkpoint."""
-_TMP = CHECKPOINT + ".tmp"
 FORMAT = 3
 """Version of checkpoint.json and checkpoint.pt: 3 keeps every RNG state as plain data (2 added the checksum and
 the config; 1: step and world size only)."""
@@ -84,15 +81,15 @@ def read_meta(run_dir: Path) -> CheckpointMeta | None:
 
 def read_record(run_dir: Path) -> CheckpointMeta:
     """checkpoint.json of ``run_dir``; ValueError saying what is wrong with it (missing, empty, not JSON, no step)."""
-    path = Path(run_dir) / CHECKPOINT_META
+    path = RunDir(run_dir).checkpoint_meta
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ValueError(f"no {CHECKPOINT_META} beside it") from None
+        raise ValueError(f"no {RunDir.CHECKPOINT_META} beside it") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{CHECKPOINT_META} cannot be read ({err})") from None
+        raise ValueError(f"{RunDir.CHECKPOINT_META} cannot be read ({err})") from None
     if not text.strip():
-        raise ValueError(f"{CHECKPOINT_META} is empty")
+        raise ValueError(f"{RunDir.CHECKPOINT_META} is empty")
     try:
         raw = json.loads(text)
         return CheckpointMeta(
@@ -103,7 +100,7 @@ def read_record(run_dir: Path) -> CheckpointMeta:
             config=raw.get("config"),
         )
     except (ValueError, KeyError, TypeError):
-        raise ValueError(f"{CHECKPOINT_META} is not valid JSON with a step (a torn or edited file)") from None
+        raise ValueError(f"{RunDir.CHECKPOINT_META} is not valid JSON with a step (a torn or edited file)") from None
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
@@ -155,11 +152,10 @@ def save_checkpoint(run_dir: Path, state: dict, *, config: dict | None = None) -
     ``config`` (the resolved config as a dict) is stored in both. On any failure the temp files are removed,
     the previous checkpoint and record stay as they were, and ``WriteFailed`` says so (other errors re-raised).
     """
-    run_dir = Path(run_dir)
-    path, tmp = run_dir / CHECKPOINT, run_dir / _TMP
+    folder = RunDir(run_dir)
+    path, tmp, meta_path = folder.checkpoint, folder.checkpoint_tmp, folder.checkpoint_meta
     if config is not None:
         state = {**state, "config": config}
-    meta_path = run_dir / CHECKPOINT_META
     old_meta = meta_path.read_text() if meta_path.is_file() else None
     meta_written, writer = False, None
     try:
@@ -214,10 +210,10 @@ def verified_record(run_dir: Path) -> CheckpointMeta:
     else:
         if meta.sha256:
             return meta
-        problem = f"{CHECKPOINT_META} holds no checksum (written by an early dfpo)"
+        problem = f"{RunDir.CHECKPOINT_META} holds no checksum (written by an early dfpo)"
     raise ValueError(
-        f"--resume {run_dir}: {problem}, so {Path(run_dir) / CHECKPOINT} cannot be verified and nothing was loaded (an unverified "
-        f"checkpoint may be damaged or not this run's). Copy {CHECKPOINT_META} back beside it from where {CHECKPOINT} "
+        f"--resume {run_dir}: {problem}, so {RunDir(run_dir).checkpoint} cannot be verified and nothing was loaded (an unverified "
+        f"checkpoint may be damaged or not this run's). Copy {RunDir.CHECKPOINT_META} back beside it from where {RunDir.CHECKPOINT} "
         "came from, or start the run again"
     )
 
@@ -243,11 +239,11 @@ def _unsafe_refused(run_dir: Path, path: Path, what: list[str]) -> ValueError:
 
 def _present(run_dir: Path) -> Path:
     """checkpoint.pt of ``run_dir``; ValueError if it is missing or empty."""
-    path = run_dir / CHECKPOINT
+    path = RunDir(run_dir).checkpoint
     if not path.is_file():
-        raise ValueError(f"--resume {run_dir}: no {CHECKPOINT} in it (the run stopped before its first checkpoint); start it again")
+        raise ValueError(f"--resume {run_dir}: no {RunDir.CHECKPOINT} in it (the run stopped before its first checkpoint); start it again")
     if path.stat().st_size == 0:
-        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is empty (a write was cut off); start the run again")
+        raise ValueError(f"--resume {run_dir}: {RunDir.CHECKPOINT} is empty (a write was cut off); start the run again")
     return path
 
 
@@ -267,7 +263,7 @@ def check_checkpoint(run_dir: Path) -> CheckpointMeta:
 def _verified(run_dir: Path, meta: CheckpointMeta) -> None:
     """Check checkpoint.pt against the checksum of its record, finishing a rename a kill interrupted; ValueError
     if they differ."""
-    path, tmp = run_dir / CHECKPOINT, run_dir / _TMP
+    path, tmp = RunDir(run_dir).checkpoint, RunDir(run_dir).checkpoint_tmp
     if file_sha256(path) == meta.sha256:
         tmp.unlink(missing_ok=True)  # a write cut off before its record: never part of the run
         return
@@ -275,7 +271,7 @@ def _verified(run_dir: Path, meta: CheckpointMeta) -> None:
         os.replace(tmp, path)
         return
     raise ValueError(
-        f"--resume {run_dir}: {CHECKPOINT} does not match the checksum in {CHECKPOINT_META} (step {meta.step}, sha256 "
+        f"--resume {run_dir}: {RunDir.CHECKPOINT} does not match the checksum in {RunDir.CHECKPOINT_META} (step {meta.step}, sha256 "
         f"{meta.sha256[:12]}..., {meta.size} bytes; the file has {path.stat().st_size} bytes): it was damaged after it was "
         "written (bit flips, a partial copy). Nothing was loaded; restore the run folder from a copy or start the run again"
     )
@@ -294,10 +290,10 @@ def load_checkpoint(run_dir: Path) -> dict:
         raise _unsafe_refused(run_dir, path, unsafe_objects(path) or ["a pickle that is not a torch.save archive"]) from None
     except Exception as err:  # truncated zip, bad pickle: torch raises several kinds
         raise ValueError(
-            f"--resume {run_dir}: {CHECKPOINT} is truncated or corrupt ({type(err).__name__}: {err}); start the run again"
+            f"--resume {run_dir}: {RunDir.CHECKPOINT} is truncated or corrupt ({type(err).__name__}: {err}); start the run again"
         ) from None
     if not isinstance(state, dict) or "step" not in state:
-        raise ValueError(f"--resume {run_dir}: {CHECKPOINT} is not a dfpo checkpoint")
+        raise ValueError(f"--resume {run_dir}: {RunDir.CHECKPOINT} is not a dfpo checkpoint")
     return state
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..core.files import check_input_file
 from . import exit_signals
+from .layout import RunDir
 
 if TYPE_CHECKING:
     from .config import Config
@@ -48,7 +49,7 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
         raise ValueError(f"--resume {run_dir} is a file, not a run folder")
     if not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir}: no such folder")
-    cfg_path, meta = run_dir / "config.toml", read_meta(run_dir)
+    cfg_path, meta = RunDir(run_dir).config, read_meta(run_dir)
     saved = None if meta is None else meta.config
     hint = f" (dfpo train --resume {run_dir} --restore-config writes it back from the checkpoint)" if saved is not None else ""
     if restore:
@@ -109,7 +110,7 @@ def _preflight(cfg: Config, resume: bool) -> None:
     from .tasks import load_splits
     from .train import check_lengths
 
-    check_run_folder(Path(cfg.run_dir), resume=resume, steps=cfg.train.steps)
+    check_run_folder(cfg.folder.path, resume=resume, steps=cfg.train.steps)
     check_lengths(cfg, *load_splits(cfg.data, cfg.seed))
 
 
@@ -188,7 +189,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
             finally:
                 dp.shutdown()
             if rank == 0:
-                _write_curves(Path(cfg.run_dir), say)
+                _write_curves(cfg.folder.path, say)
         except StoppedAtOnce as stopped:
             exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
             say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, resume))

@@ -45,9 +45,9 @@ import numpy as np
 from ..core import stats
 from ..core.files import write_text_atomic
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
-from .checkpoint import CHECKPOINT
 from .config import Config, config_to_dict, load_config
-from .run_folder import MARK, folder_identity, run_identity
+from .layout import RunDir
+from .run_folder import folder_identity, run_identity
 
 # (key in the per-run record, column title, format of a difference)
 OUTCOMES = (
@@ -127,7 +127,7 @@ def check_identity(plan: Plan, label: str, seed: int) -> None:
     """ValueError unless OUT/LABEL/seedN, when it holds a run (a checkpoint or a summary), holds the run of ``label``
     and ``seed`` under the plan's config (``run_identity``); naming what it holds instead."""
     path = run_dir(plan, label, seed)
-    if not ((path / CHECKPOINT).is_file() or (path / "summary.json").is_file()):
+    if not (RunDir(path).checkpoint.is_file() or RunDir(path).summary.is_file()):
         return
     expected, found = run_identity(config_to_dict(run_config(plan, label, seed))), folder_identity(path)
     if found == expected:
@@ -135,7 +135,7 @@ def check_identity(plan: Plan, label: str, seed: int) -> None:
     what_now = "nothing was run or reported. Move that folder away, or choose another --out"
     if found is None:
         raise ValueError(
-            f"{path} holds a run whose identity is unknown (no identity in {MARK} and no config in checkpoint.json: not a run "
+            f"{path} holds a run whose identity is unknown (no identity in {RunDir.MARK} and no config in checkpoint.json: not a run "
             f"of dfpo train, or of one older than run identities); {what_now}"
         )
     if (found.get("objective"), found.get("seed")) != (expected["objective"], expected["seed"]):
@@ -161,7 +161,7 @@ def command_for(plan: Plan, label: str, seed: int) -> tuple[list[str], str]:
     ``dfpo train`` itself (it empties only a run folder it recognises), and anything else is refused.
     """
     path = run_dir(plan, label, seed)
-    if (path / "checkpoint.pt").is_file():
+    if RunDir(path).checkpoint.is_file():
         return resume_command(path), "resumed"
     return train_command(plan, label, seed), "trained"
 
@@ -169,7 +169,7 @@ def command_for(plan: Plan, label: str, seed: int) -> tuple[list[str], str]:
 def run_one(plan: Plan, label: str, seed: int) -> str:
     """Train (or resume) one run unless its summary.json exists; returns a status line."""
     path = run_dir(plan, label, seed)
-    if (path / "summary.json").is_file():
+    if RunDir(path).summary.is_file():
         return f"compare: {label} seed {seed}: done before, skipped"
     cmd, how = command_for(plan, label, seed)
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -228,8 +228,8 @@ def read_run(path: Path) -> dict[str, float]:
     ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
     ``steps_to_kappa`` is the run's length, a lower bound (censored).
     """
-    summary = _read_summary(path / "summary.json")
-    rows = _read_metrics(path / "metrics.jsonl")
+    summary = _read_summary(RunDir(path).summary)
+    rows = _read_metrics(RunDir(path).metrics)
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")

@@ -37,6 +37,7 @@ from ..core.loss import OBJECTIVES, resolve_objective
 from ..core.loss.correction import CORRECTIONS
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
+from .layout import RunDir
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -295,6 +296,11 @@ class Config:
         factory=LogConfig, doc="Logging: sample completions, TensorBoard, wandb, the progress bar and the Energy and residual diagnostics."
     )
 
+    @property
+    def folder(self) -> RunDir:
+        """The run folder ``run_dir`` and its files."""
+        return RunDir(self.run_dir)
+
 
 def _section_types() -> dict[str, type]:
     hints = get_type_hints(Config)
@@ -499,7 +505,7 @@ def config_mismatch_message(run_dir: str | Path, keys: list[str], saved: dict, c
     shown = ", ".join(f"{k} ({a.get(k)!r} in the checkpoint, {b.get(k)!r} in config.toml)" for k in keys[:5])
     more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
     return (
-        f"--resume {run_dir}: {Path(run_dir) / 'config.toml'} differs from the config checkpoint.pt was made with: {shown}{more}. "
+        f"--resume {run_dir}: {RunDir(run_dir).config} differs from the config checkpoint.pt was made with: {shown}{more}. "
         "A resume continues that run exactly: put config.toml back as it was (dfpo train --resume RUN --restore-config "
         "writes it from the checkpoint), or start a new run with --config"
     )

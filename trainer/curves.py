@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 
 from ..core.files import _file_mode
+from .layout import RunDir
 from .runlog import JsonlLog
 
 PANELS = (
@@ -36,7 +37,6 @@ PANELS = (
 """(metric key, panel title) in the order they are drawn; a metric the run did not log has no panel."""
 SMOOTH = 10
 """Window of the rolling mean drawn over each metric, in steps."""
-FILE = "curves.png"
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -63,7 +63,7 @@ def rolling_mean(values: list[float], window: int) -> list[float]:
 def _objective(run_dir: Path) -> str:
     """The run's objective from its config.toml ('' when it cannot be read)."""
     try:
-        name = tomllib.loads((run_dir / "config.toml").read_text(encoding="utf-8")).get("objective", {}).get("name", "")
+        name = tomllib.loads(RunDir(run_dir).config.read_text(encoding="utf-8")).get("objective", {}).get("name", "")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
         return ""
     return name if isinstance(name, str) else ""
@@ -75,12 +75,12 @@ def write_curves(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ValueError(f"--curves {run_dir}: no such folder")
-    metrics = JsonlLog.read(run_dir / "metrics.jsonl")
+    metrics = JsonlLog.read(RunDir(run_dir).metrics)
     panels = [(key, title, *series(metrics, key)) for key, title in PANELS]
     panels = [p for p in panels if p[2]]
     if not panels:
         raise ValueError(f"{run_dir}: no training step in metrics.jsonl yet (is it a dfpo train run folder?)")
-    evals = JsonlLog.read(run_dir / "eval.jsonl")
+    evals = JsonlLog.read(RunDir(run_dir).evals)
     eval_key = next((k for rec in evals for k in sorted(rec) if k.startswith("eval/avg@")), None)
 
     import matplotlib  # deferred: only this writer needs it, and it must get the Agg backend first
@@ -109,8 +109,8 @@ def write_curves(run_dir: Path) -> Path:
         objective = _objective(run_dir)
         fig.suptitle(f"{run_dir.name}" + (f" ({objective})" if objective else ""), fontsize=11)
         fig.tight_layout()
-        path = run_dir / FILE
-        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{FILE}.", suffix=".tmp")
+        path = RunDir(run_dir).curves
+        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{RunDir.CURVES}.", suffix=".tmp")
         try:
             os.fchmod(fd, _file_mode(path))  # as write_text_atomic: the old file's mode, else the umask's default
             with os.fdopen(fd, "wb") as fh:

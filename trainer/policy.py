@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .layout import RunDir
 from .run_folder import write_init_model
 from .tasks import hub_reachable, sft_target
 
@@ -313,7 +314,7 @@ def load_policy(
     fresh run, reloaded from there by every rank) or a local/hub model; the reference model when ``with_ref`` and
     no LoRA; gradient checkpointing and LoRA adapters as configured; in train mode."""
     m = cfg.model
-    init_dir = run_dir / "init_model"
+    init_dir = RunDir(run_dir).init_model
     if m.name == "tiny":
         if not resume:  # rank 0 warms up and saves; every rank loads the saved model below
             on_rank0(lambda: warm_start_tiny(m, cfg.data.task, train_examples, seed=cfg.seed, device=device, init_dir=init_dir, say=say))

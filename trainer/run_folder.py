@@ -39,16 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
-from .checkpoint import _TMP, CHECKPOINT, CHECKPOINT_META, check_checkpoint, checkpoint_step, read_meta
+from .checkpoint import check_checkpoint, checkpoint_step, read_meta
 from .config import RESUME_IGNORED, flat_items
+from .layout import RunDir
 
-LOCK = ".lock"
-MARK = ".dfpo-run.json"
-INIT_MODEL = "init_model"
 INIT_MODEL_RECORD = ".dfpo-files.json"
 """In init_model/: the name and size of each file dfpo train wrote there, written after them."""
-STARTUP_FILES = frozenset({LOCK, MARK, "config.toml", INIT_MODEL, _TMP, CHECKPOINT_META})
-"""What dfpo train writes in a run folder before its first checkpoint exists."""
 SAVE_PRETRAINED_FILES = frozenset(
     {
         "config.json",
@@ -67,13 +63,13 @@ init_model/ whose save was cut off before its record may hold."""
 
 def _is_own_temp_file(name: str) -> bool:
     """A temp file of ``write_text_atomic`` for one of the start-up files (``.config.toml.x1y2.tmp``)."""
-    return name.startswith(".") and name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in STARTUP_FILES)
+    return name.startswith(".") and name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in RunDir.STARTUP_FILES)
 
 
 def read_mark(run_dir: Path) -> dict | None:
     """The mark dfpo train left in ``run_dir`` (None: no mark, or not one of ours)."""
     try:
-        mark = json.loads((Path(run_dir) / MARK).read_text())
+        mark = json.loads(RunDir(run_dir).mark.read_text())
     except (OSError, ValueError):
         return None
     return mark if isinstance(mark, dict) and mark.get("written_by") == "dfpo train" else None
@@ -91,7 +87,7 @@ def write_mark(run_dir: Path, *, checkpointed: bool, identity: dict | None = Non
     identity = identity or previous.get("identity")
     if identity:
         mark["identity"] = identity
-    write_run_file(Path(run_dir) / MARK, json.dumps(mark, sort_keys=True) + "\n")
+    write_run_file(RunDir(run_dir).mark, json.dumps(mark, sort_keys=True) + "\n")
 
 
 def _resume_may_change(key: str) -> bool:
@@ -185,14 +181,14 @@ def _init_model_leftovers(folder: Path) -> tuple[list[Path], list[str]]:
         if p.name in ours and p.is_file() and not p.is_symlink():
             files.append(p)
         else:
-            foreign.append(f"{INIT_MODEL}/{p.name}")
+            foreign.append(f"{RunDir.INIT_MODEL}/{p.name}")
     return files, foreign
 
 
 def init_model_problem(run_dir: Path) -> str | None:
     """What is wrong with the tiny preset's init_model/ for a resume (None: nothing): missing, or a file its record
     names missing or of another size (an older dfpo wrote no record: config.json and model.safetensors must be there)."""
-    folder = Path(run_dir) / INIT_MODEL
+    folder = RunDir(run_dir).init_model
     if not folder.is_dir():
         return "is missing"
     expected = _init_model_record(folder) or {"config.json": None, "model.safetensors": None}
@@ -210,10 +206,10 @@ def startup_leftovers(run_dir: Path) -> list[Path]:
     init_model/) of a run of ours killed during its start-up, [] for an empty folder; ValueError naming the folder
     and the reason for everything else."""
     run_dir = Path(run_dir)
-    contents = sorted(p for p in run_dir.iterdir() if p.name != LOCK) if run_dir.is_dir() else []
+    contents = sorted(p for p in run_dir.iterdir() if p.name != RunDir.LOCK) if run_dir.is_dir() else []
     if not contents:
         return []
-    if (run_dir / CHECKPOINT).is_file():
+    if (run_dir / RunDir.CHECKPOINT).is_file():
         raise ValueError(
             f"run_dir {str(run_dir)!r} holds a run (checkpoint at step {checkpoint_step(run_dir)}); continue it with "
             f"--resume {run_dir} or choose another folder (--set run_dir=...)"
@@ -222,21 +218,21 @@ def startup_leftovers(run_dir: Path) -> list[Path]:
     mark = read_mark(run_dir)
     if mark is None:
         raise ValueError(
-            f"run_dir {str(run_dir)!r} is not empty ({names}) and was not started by dfpo train (no {MARK}); nothing was "
+            f"run_dir {str(run_dir)!r} is not empty ({names}) and was not started by dfpo train (no {RunDir.MARK}); nothing was "
             "deleted. Choose another folder (--set run_dir=...) or empty it yourself"
         )
     if mark.get("checkpointed"):
         raise ValueError(
-            f"run_dir {str(run_dir)!r} holds a dfpo run whose {CHECKPOINT} is gone ({names}); its files are kept and nothing "
-            f"was deleted. Put {CHECKPOINT} back to --resume it, or choose another folder (--set run_dir=...)"
+            f"run_dir {str(run_dir)!r} holds a dfpo run whose {RunDir.CHECKPOINT} is gone ({names}); its files are kept and nothing "
+            f"was deleted. Put {RunDir.CHECKPOINT} back to --resume it, or choose another folder (--set run_dir=...)"
         )
     clear, foreign = [], []
     for p in contents:
-        if p.name == INIT_MODEL and p.is_dir() and not p.is_symlink():
+        if p.name == RunDir.INIT_MODEL and p.is_dir() and not p.is_symlink():
             files, others = _init_model_leftovers(p)
             clear += [*files, p]
             foreign += others
-        elif (p.name in STARTUP_FILES or _is_own_temp_file(p.name)) and p.is_file() and not p.is_symlink():
+        elif (p.name in RunDir.STARTUP_FILES or _is_own_temp_file(p.name)) and p.is_file() and not p.is_symlink():
             clear.append(p)
         else:
             foreign.append(p.name)
@@ -245,7 +241,7 @@ def startup_leftovers(run_dir: Path) -> list[Path]:
             f"run_dir {str(run_dir)!r} holds a run that stopped before its first checkpoint, and files dfpo train did not "
             f"write ({', '.join(foreign[:5])}); nothing was deleted. Choose another folder (--set run_dir=...) or move them"
         )
-    return [p for p in clear if p.name != MARK]
+    return [p for p in clear if p.name != RunDir.MARK]
 
 
 def check_resumable(run_dir: Path, *, steps: int) -> dict | None:
@@ -262,15 +258,15 @@ def check_resumable(run_dir: Path, *, steps: int) -> dict | None:
     started = (read_mark(run_dir) or {}).get("identity")
     if started and found and started != found:
         raise ValueError(
-            f"--resume {run_dir}: the folder holds the run {describe_identity(started, MARK)}, but its {CHECKPOINT_META} "
-            f"is of the run {describe_identity(found, CHECKPOINT_META)}: files of two runs are mixed, so nothing was loaded or "
-            f"written. Put back this folder's own {CHECKPOINT}, {CHECKPOINT_META} and config.toml, or resume the other run "
+            f"--resume {run_dir}: the folder holds the run {describe_identity(started, RunDir.MARK)}, but its {RunDir.CHECKPOINT_META} "
+            f"is of the run {describe_identity(found, RunDir.CHECKPOINT_META)}: files of two runs are mixed, so nothing was loaded or "
+            f"written. Put back this folder's own {RunDir.CHECKPOINT}, {RunDir.CHECKPOINT_META} and {RunDir.CONFIG}, or resume the other run "
             "in its own folder"
         )
     problem = init_model_problem(run_dir) if (meta.config or {}).get("model", {}).get("name") == "tiny" else None
     if problem:
         raise ValueError(
-            f"--resume {run_dir}: {run_dir / INIT_MODEL} {problem}: it holds the tiny preset's warm-started model, which "
+            f"--resume {run_dir}: {run_dir / RunDir.INIT_MODEL} {problem}: it holds the tiny preset's warm-started model, which "
             "this run started from and which a resume does not build again. Restore it from a copy of the run folder, "
             "or start the run again in a new folder"
         )
@@ -285,7 +281,7 @@ class RunFolderLock:
     """
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK
+        self.path = RunDir(run_dir).lock
         self._fh = None
         self.created_folder = False  # set by prepare_run_folder when it made the folder
         self.created_file = False
@@ -326,8 +322,8 @@ class RunFolderLock:
         wrote nothing but its lock and mark, else the lock file if it made that (a refused folder is left as found)."""
         self.release()
         folder = self.path.parent
-        if self.created_folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {LOCK, MARK}:
-            for name in (LOCK, MARK):
+        if self.created_folder and folder.is_dir() and {p.name for p in folder.iterdir()} <= {RunDir.LOCK, RunDir.MARK}:
+            for name in (RunDir.LOCK, RunDir.MARK):
                 (folder / name).unlink(missing_ok=True)
             folder.rmdir()
         elif self.created_file:
@@ -352,7 +348,7 @@ def check_run_folder(run_dir: Path, *, resume: bool, steps: int) -> None:
     check_writable_folder("run_dir", run_dir)
     if not run_dir.is_dir():
         return
-    if (run_dir / LOCK).exists():
+    if (run_dir / RunDir.LOCK).exists():
         probe = RunFolderLock(run_dir)
         probe.acquire(claim=False)  # ValueError naming the holder when another process trains here
         probe.release()

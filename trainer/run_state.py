@@ -18,6 +18,7 @@ from pathlib import Path
 from ..core.files import WriteFailed, describe_write_error
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, check_same_config, config_to_dict
+from .layout import RunDir
 from .parallel import OneProcess
 from .run_folder import run_identity, write_mark
 from .runlog import JsonlLog, NullLog, Scalars, missing_steps
@@ -56,7 +57,7 @@ class RunLogs:
         scalars = Scalars(
             run_dir, cfg.log.tensorboard and writes, cfg.log.wandb_project if writes else "", start_step or None, config_to_dict(cfg)
         )
-        return cls(log("metrics.jsonl"), log("eval.jsonl"), log("samples.jsonl"), scalars, run_dir)
+        return cls(*(log(name) for name in RunDir.LOGS), scalars, run_dir)
 
     def close(self) -> None:
         """Close every log; a log whose last line cannot be flushed (a full disk) is ``WriteFailed`` once all are closed."""
@@ -65,7 +66,7 @@ class RunLogs:
             try:
                 log.close()
             except OSError as err:
-                failed = failed or (getattr(log, "path", self.run_dir / "tb"), err)
+                failed = failed or (getattr(log, "path", RunDir(self.run_dir).tensorboard), err)
         if failed is not None:
             raise WriteFailed(
                 f"closing {describe_write_error(*failed)}; the last checkpoint is kept. Free space, then continue with: "
@@ -79,12 +80,12 @@ class Checkpointer:
 
     def __init__(self, cfg: Config, parallel: OneProcess, *, model, optimizer, scheduler, prompts, say):
         self.cfg, self.parallel, self.say = cfg, parallel, say
-        self.run_dir = Path(cfg.run_dir)
+        self.run_dir = cfg.folder.path
         self.model, self.optimizer, self.scheduler, self.prompts = model, optimizer, scheduler, prompts
 
     @property
     def path(self) -> Path:
-        return self.run_dir / "checkpoint.pt"
+        return RunDir(self.run_dir).checkpoint
 
     def save(self, step: int, state: RunState) -> Path:
         """Rank 0 writes the checkpoint: whole tensors, the one-process format, and the world size that trained it."""
@@ -149,9 +150,9 @@ class Checkpointer:
         """Drop log lines past the checkpoint's step ``c`` (they are re-run); warn about lines lost before it. A log
         that cannot be rewritten (a full disk) stays as it was: ``WriteFailed``."""
         for name, keep in (
-            ("metrics.jsonl", lambda r: r.get("step", 0) <= c),
-            ("samples.jsonl", lambda r: r.get("step", 0) <= c),
-            ("eval.jsonl", lambda r: r.get("step", 0) < c),
+            (RunDir.METRICS, lambda r: r.get("step", 0) <= c),
+            (RunDir.SAMPLES, lambda r: r.get("step", 0) <= c),
+            (RunDir.EVALS, lambda r: r.get("step", 0) < c),
         ):
             try:
                 JsonlLog.truncate(self.run_dir / name, keep)
@@ -160,7 +161,7 @@ class Checkpointer:
                     f"rewriting {describe_write_error(self.run_dir / name, err)}; the log and the checkpoint are as they were. "
                     f"Free space, then continue with: dfpo train --resume {self.run_dir}"
                 ) from None
-        lost = missing_steps(JsonlLog.read(self.run_dir / "metrics.jsonl"), c)
+        lost = missing_steps(JsonlLog.read(RunDir(self.run_dir).metrics), c)
         if lost:  # said even with --quiet: the log will have a gap
             print(f"dfpo: warning: metrics.jsonl of {self.run_dir} has no line for step(s) {lost[:10]}{' ...' if len(lost) > 10 else ''} "
                   f"(lost before the checkpoint at step {c}); they are not re-run", file=sys.stderr, flush=True)  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..core.files import WriteFailed, describe_write_error, write_text_atomic
 from .launch import PARENT_DEATH
+from .layout import RunDir
 
 
 def finite_only(metrics: dict) -> tuple[dict, list[str]]:
@@ -98,7 +99,7 @@ class Scalars:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge_step)
+                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard), purge_step=purge_step)
             except ImportError:
                 raise ValueError(
                     "log.tensorboard = true needs the tensorboard package (pip install tensorboard), or set it false"

@@ -19,6 +19,7 @@ from ..core.metric_registry import reduce_records
 from ..core.metrics import jitter2, steps_to_threshold, trailing_mean
 from . import diagnostics as diag
 from .diagnostics import StepDiagnostics
+from .layout import RunDir
 from .runlog import JsonlLog, finite_only, missing_steps
 from .stage_old_logp import OldLogProbs, mismatch_metrics
 from .stage_rollout import Rollout
@@ -118,7 +119,7 @@ def write_samples(log, step: int, rollout: Rollout, log_cfg, group_size: int) ->
 def run_summary(run_dir: Path, kappa: float) -> dict:
     """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19),
     the latter also on the 10-step trailing mean (one noisy step should not count as reaching kappa)."""
-    rows = JsonlLog.read(Path(run_dir) / "metrics.jsonl")
+    rows = JsonlLog.read(RunDir(run_dir).metrics)
     steps = [r["step"] for r in rows]
     reward = [r["reward/mean"] for r in rows]
     last = max(steps, default=0)

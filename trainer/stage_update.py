@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -232,7 +231,7 @@ class UpdateStage:
         if state.nonfinite_in_row >= self.cfg.train.max_nonfinite_in_row:
             raise NonFiniteLossError(
                 f"{state.nonfinite_in_row} optimiser steps in a row had a non-finite loss or gradient (at training step {step}); "
-                f"stopped. The last good checkpoint is {Path(self.cfg.run_dir) / 'checkpoint.pt'} (step {state.last_checkpoint_step}). "
+                f"stopped. The last good checkpoint is {self.cfg.folder.checkpoint} (step {state.last_checkpoint_step}). "
                 "Lower optim.lr, set optim.max_grad_norm > 0, or check the reward function; then --resume the run "
                 "or start again, or raise train.max_nonfinite_in_row."
             )

@@ -49,6 +49,7 @@ from . import parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
+from .layout import RunDir
 from .memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
 from .minibatches import MicroBatch, micro_batch, split_settings
 from .policy import (
@@ -188,7 +189,7 @@ def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.
     the checkpoint's weights on a resume)."""
     if cfg.rollout.engine == "hf":
         return HFGenerateEngine(policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp)
-    folder = str(Path(cfg.run_dir) / "init_model") if cfg.model.name == "tiny" else cfg.model.name
+    folder = str(cfg.folder.init_model) if cfg.model.name == "tiny" else cfg.model.name
     context = getattr(policy.model.config, "max_position_embeddings", 2048)
     return VLLMEngine(folder, eos_ids=policy.eos_ids, device=device, seed=cfg.seed, max_model_len=context)
 
@@ -222,7 +223,7 @@ class Trainer:
         self.quiet = quiet or not self.parallel.is_main  # rank 0 speaks for the run
         self.state = RunState(seed_per_group=self.parallel.seed_per_group(cfg.rollout))
         # checked and locked first, by rank 0 (the others wait for its verdict)
-        run_dir = Path(cfg.run_dir)
+        run_dir = cfg.folder.path
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
         try:
@@ -282,11 +283,11 @@ class Trainer:
         from transformers.utils import logging as hf_logging  # transformers loads only when a trainer is built
 
         hf_logging.disable_progress_bar()
-        cfg, run_dir = self.cfg, Path(self.cfg.run_dir)
+        cfg, run_dir = self.cfg, self.cfg.folder.path
         self._phase(2, self._model_phase(resume))
         if self.parallel.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_run_file(run_dir / "config.toml", config_to_toml(cfg))  # on resume: with any --set train.steps
+            write_run_file(RunDir(run_dir).config, config_to_toml(cfg))  # on resume: with any --set train.steps
         seed_everything(cfg.seed)  # Python's and NumPy's generators too: identical runs write identical checkpoints
         self.policy = load_policy(
             cfg,
@@ -462,7 +463,7 @@ class Trainer:
             return
         if self.state.last_checkpoint_step != step:
             self.checkpointer.save(step, self.state)
-        raise TrainingInterrupted(signum, step, Path(self.cfg.run_dir))
+        raise TrainingInterrupted(signum, step, self.cfg.folder.path)
 
     def close(self) -> None:
         """Close the logs and release the run folder without training (``run`` does this itself)."""
@@ -499,10 +500,10 @@ class Trainer:
             self.logs.close()
         if not self.parallel.is_main:  # rank 0 reads the log and writes the summary
             return {}
-        run_dir = Path(cfg.run_dir)
+        run_dir = cfg.folder.path
         summary = run_summary(run_dir, cfg.eval.kappa)
         summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
-        write_run_file(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True))
+        write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))
         return summary
 
 

@@ -20,6 +20,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from dfpo.app import data  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
 from dfpo.app.text import markdown_text, plotly_text  # noqa: E402
+from dfpo.trainer.layout import RunDir
 
 APP = Path(__file__).resolve().parents[2] / "app"
 SMALL_TOY = data.ToySettings(steps=5, seeds=2)
@@ -575,14 +576,14 @@ def test_toy_lab_training_error_is_a_sentence_and_the_progress_bar_goes(small_to
 
 def _fake_run(folder: Path, lr: float, rewards: list[float], corrupt: bool = False, extra_lines: tuple[str, ...] = ()) -> None:
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
+    (folder / RunDir.CONFIG).write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
     lines = [json.dumps({"step": i + 1, "reward/mean": r, "clip/frac_high": 0.1}) for i, r in enumerate(rewards)]
     lines += list(extra_lines)
     if corrupt:
         lines.append('{"step": 99, "reward/me')  # a torn last line
-    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (folder / "eval.jsonl").write_text(json.dumps({"step": 0, "eval/avg@4": 0.25}) + "\n")
-    (folder / "samples.jsonl").write_text(json.dumps({"step": 2, "prompt": "1+1=", "completion": "2", "reward": 1.0}) + "\n")
+    (folder / RunDir.METRICS).write_text("\n".join(lines) + "\n")
+    (folder / RunDir.EVALS).write_text(json.dumps({"step": 0, "eval/avg@4": 0.25}) + "\n")
+    (folder / RunDir.SAMPLES).write_text(json.dumps({"step": 2, "prompt": "1+1=", "completion": "2", "reward": 1.0}) + "\n")
 
 
 def _plain(value):
@@ -719,7 +720,7 @@ def test_runs_page_shows_a_metric_key_from_a_log_as_text(tmp_path, monkeypatch):
 def test_runs_page_skips_lines_with_a_bad_step_instead_of_failing(tmp_path, monkeypatch):
     bad = ('{"step": NaN, "reward/mean": 1}', '{"step": 1e400, "reward/mean": 1}', '{"step": "7", "reward/mean": 1}')
     _fake_run(tmp_path / "a", 1e-4, [0.1, 0.2, 0.3], extra_lines=bad)
-    samples = tmp_path / "a" / "samples.jsonl"
+    samples = tmp_path / "a" / RunDir.SAMPLES
     samples.write_text(samples.read_text() + '{"step": "late", "completion": "x"}\n')
     monkeypatch.setenv(RUNS_ENV, str(tmp_path))
     at = page("runs")

@@ -20,6 +20,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from dfpo.trainer.layout import RunDir
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("dfpo_screenshots", ROOT / "scripts" / "screenshots.py")
 shots = importlib.util.module_from_spec(_spec)
@@ -39,13 +41,11 @@ for requests leaving it would not see it) and a live link, wherever they are ren
 
 def _fake_run(folder: Path, lr: float, rewards: list[float]) -> None:
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
+    (folder / RunDir.CONFIG).write_text(f'seed = 0\n\n[optim]\nlr = {lr}\n\n[objective]\nname = "gspo"\n')
     rows = [{"step": i + 1, "reward/mean": r, "clip/frac_high": 0.05 * i, "weights/asym": 0.5 - 0.05 * i} for i, r in enumerate(rewards)]
-    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (folder / "eval.jsonl").write_text("\n".join(json.dumps({"step": s, "eval/avg@4": 0.25 + 0.01 * s}) for s in (0, 5, 10)) + "\n")
-    (folder / "samples.jsonl").write_text(
-        json.dumps({"step": 10, "prompt": "3+4=", "completion": "7", "answer": "7", "reward": 1.0}) + "\n"
-    )
+    (folder / RunDir.METRICS).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (folder / RunDir.EVALS).write_text("\n".join(json.dumps({"step": s, "eval/avg@4": 0.25 + 0.01 * s}) for s in (0, 5, 10)) + "\n")
+    (folder / RunDir.SAMPLES).write_text(json.dumps({"step": 10, "prompt": "3+4=", "completion": "7", "answer": "7", "reward": 1.0}) + "\n")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from dfpo.app import runs as R
+from dfpo.toy import layout as toy_layout
+from dfpo.trainer.layout import RunDir
 
 
 def trainer_run(folder: Path, lines: list[str], config: str = "seed = 0\n[optim]\nlr = 0.001\n") -> Path:
     folder.mkdir(parents=True)
-    (folder / "config.toml").write_text(config)
-    (folder / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    (folder / RunDir.CONFIG).write_text(config)
+    (folder / RunDir.METRICS).write_text("".join(line + "\n" for line in lines))
     return folder
 
 
@@ -40,7 +42,7 @@ def test_bad_step_lines_are_skipped_and_counted_and_nonfinite_values_left_out(tm
         '{"step": 4, "loss": 0.25, "kl": NaN, "grad": Infinity}',
         '{"step": 5, "loss": 0.2}',
     ]
-    log = R.MetricLog(trainer_run(tmp_path / "a", lines) / "metrics.jsonl")
+    log = R.MetricLog(trainer_run(tmp_path / "a", lines) / RunDir.METRICS)
     log.refresh()
     assert log.bad_lines == 6 and log.nonfinite == 2
     steps, values = log.curve("loss")
@@ -50,7 +52,7 @@ def test_bad_step_lines_are_skipped_and_counted_and_nonfinite_values_left_out(tm
 
 
 def test_a_log_is_read_incrementally_and_again_when_replaced(tmp_path):
-    path = trainer_run(tmp_path / "a", [json.dumps({"step": i, "loss": 1.0 / i}) for i in range(1, 101)]) / "metrics.jsonl"
+    path = trainer_run(tmp_path / "a", [json.dumps({"step": i, "loss": 1.0 / i}) for i in range(1, 101)]) / RunDir.METRICS
     log = R.MetricLog(path)
     assert log.refresh() and log.lines_read == 100
     assert not log.refresh() and log.lines_read == 100  # unchanged: nothing read
@@ -90,7 +92,7 @@ def test_toy_run_folder_shows_each_objective_as_the_mean_over_its_seeds(tmp_path
     assert [r.name for r in found] == ["toy-demo: grpo_fix", "toy-demo: gspo"]
     run = next(r for r in found if r.series == "grpo_fix")
     run.folder.refresh()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / toy_layout.METRICS).read_text().splitlines()]
     expected = [np.mean([r["reward"] for r in rows if r["objective"] == "grpo_fix" and r["step"] == s]) for s in (1, 2, 3, 4)]
     steps, values = run.curve("reward")
     np.testing.assert_array_equal(steps, [1, 2, 3, 4])
@@ -103,9 +105,9 @@ def test_an_older_toy_run_shows_its_batch_reward_as_reward_mean(tmp_path):
     """Toy runs written before the toy took the trainer's names logged reward/mean as reward/sampled."""
     folder = tmp_path / "runs" / "old-toy"
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"objectives": ["gspo"], "task": "tenplusten"}))
+    (folder / toy_layout.CONFIG).write_text(json.dumps({"objectives": ["gspo"], "task": "tenplusten"}))
     rows = [{"objective": "gspo", "seed": s, "step": t, "reward/sampled": 0.1 * t + s, "reward": 0.5} for s in (0, 1) for t in (1, 2)]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / toy_layout.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run,) = R.runs_under([tmp_path / "runs"], {})[0]
     run.folder.refresh()
     assert "reward/sampled" not in run.keys() and {"reward/mean", "reward"} <= run.keys()

@@ -17,6 +17,7 @@ from dfpo.cli import main
 from dfpo.trainer import compare as C
 from dfpo.trainer.compare import make_plan, paired_table, read_run, run_dir, train_command
 from dfpo.trainer.config import config_to_dict
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.run_folder import run_identity, write_mark
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -29,12 +30,12 @@ def _write_run(path, eval_avg, rewards, steps_to_kappa, clip=(0.1, 0.2), asym=0.
         "final_eval": {"step": len(rewards), "eval/avg@4": eval_avg, "eval/pass@4": 1.0},
         "reward/steps_to_kappa_ma10": steps_to_kappa,
     }
-    (path / "summary.json").write_text(json.dumps(summary))
+    (path / RunDir.SUMMARY).write_text(json.dumps(summary))
     rows = [
         {"step": i + 1, "reward/mean": r, "clip/frac_low": clip[0], "clip/frac_high": clip[1], "weights/asym": asym}
         for i, r in enumerate(rewards)
     ]
-    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (path / RunDir.METRICS).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
 def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tmp_path):
@@ -190,16 +191,16 @@ def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_
     with_checkpoint, without = run_dir(plan, "gspo", 10), run_dir(plan, "dfpo_min", 10)
     for path in (with_checkpoint, without):
         path.mkdir(parents=True)
-        (path / "config.toml").write_text("seed = 10\n")
-        (path / "metrics.jsonl").write_text('{"step": 1}\n')
-    (with_checkpoint / "checkpoint.pt").write_bytes(b"ckpt")
+        (path / RunDir.CONFIG).write_text("seed = 10\n")
+        (path / RunDir.METRICS).write_text('{"step": 1}\n')
+    (with_checkpoint / RunDir.CHECKPOINT).write_bytes(b"ckpt")
     assert C.run_one(plan, "gspo", 10) == "compare: gspo seed 10: resumed"
     assert calls[-1][-4:] == ["train", "--resume", str(with_checkpoint), "--quiet"]
     assert C.run_one(plan, "dfpo_min", 10) == "compare: dfpo_min seed 10: trained"
     assert calls[-1] == train_command(plan, "dfpo_min", 10)  # dfpo train restarts its own folder, or refuses
     for path in (with_checkpoint, without):  # nothing was deleted here
-        assert (path / "config.toml").read_text() == "seed = 10\n" and (path / "metrics.jsonl").is_file()
-    assert (with_checkpoint / "checkpoint.pt").read_bytes() == b"ckpt"
+        assert (path / RunDir.CONFIG).read_text() == "seed = 10\n" and (path / RunDir.METRICS).is_file()
+    assert (with_checkpoint / RunDir.CHECKPOINT).read_bytes() == b"ckpt"
 
 
 # ----- a folder holds the run of its label and seed, or nothing is run or reported -----
@@ -230,7 +231,7 @@ def test_a_run_of_another_config_is_refused_naming_the_config(tmp_path):
 def test_a_folder_without_an_identity_is_refused(tmp_path):
     plan = _fake_plan(tmp_path, seeds=2)
     _fake_runs(plan)
-    (run_dir(plan, "dfpo_min", 10) / ".dfpo-run.json").unlink()
+    (run_dir(plan, "dfpo_min", 10) / RunDir.MARK).unlink()
     with pytest.raises(ValueError, match=r"dfpo_min/seed10 holds a run whose identity is unknown"):
         C.compare(plan, progress=lambda _: None, warn=lambda _: None)
 
@@ -238,7 +239,7 @@ def test_a_folder_without_an_identity_is_refused(tmp_path):
 def test_a_torn_metrics_line_is_named_by_file_and_line(tmp_path, capsys):
     plan = _fake_plan(tmp_path, seeds=2)
     _fake_runs(plan)
-    metrics = run_dir(plan, "dfpo_min", 11) / "metrics.jsonl"
+    metrics = run_dir(plan, "dfpo_min", 11) / RunDir.METRICS
     lines = metrics.read_text().splitlines()
     lines[2] = lines[2][:12]
     metrics.write_text("\n".join(lines) + "\n")
@@ -267,16 +268,16 @@ def test_a_planted_pickle_is_never_run_when_compare_resumes_a_run(tmp_path, caps
     plan = make_plan("gspo,dfpo_min", None, 2, 10, str(config), sets, str(tmp_path / "cmp"))
     _fake_runs(plan)
     run = run_dir(plan, "gspo", 10)
-    for name in ("summary.json", "metrics.jsonl", ".dfpo-run.json"):
+    for name in (RunDir.SUMMARY, RunDir.METRICS, RunDir.MARK):
         (run / name).unlink()
     assert main(train_command(plan, "gspo", 10)[3:]) == 0
-    (run / "summary.json").unlink()  # interrupted before its end: compare resumes it
+    (run / RunDir.SUMMARY).unlink()  # interrupted before its end: compare resumes it
     marker = tmp_path / "code-ran"
-    ckpt = run / "checkpoint.pt"
+    ckpt = run / RunDir.CHECKPOINT
     torch.save({"step": 2, "payload": _RunsCodeWhenUnpickled(marker)}, ckpt)
-    meta = json.loads((run / "checkpoint.json").read_text())
+    meta = json.loads((run / RunDir.CHECKPOINT_META).read_text())
     meta.update(sha256=hashlib.sha256(ckpt.read_bytes()).hexdigest(), size=ckpt.stat().st_size)
-    (run / "checkpoint.json").write_text(json.dumps(meta))
+    (run / RunDir.CHECKPOINT_META).write_text(json.dumps(meta))
     capsys.readouterr()
     argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--config", str(config)]
     argv += [x for s in sets for x in ("--set", s)] + ["--out", str(plan.out)]

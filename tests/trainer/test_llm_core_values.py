@@ -15,6 +15,7 @@ import dfpo.trainer.train as train_mod
 from dfpo.core.files import WriteFailed
 from dfpo.trainer.checkpoint import load_checkpoint, save_checkpoint
 from dfpo.trainer.config import ModelConfig
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
 
@@ -84,4 +85,4 @@ def test_a_checkpoint_write_cut_off_half_way_leaves_the_previous_one_loadable(tm
     monkeypatch.setattr(torch, "save", real_save)
     state = load_checkpoint(tmp_path)
     assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.ones(3))
-    assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 1
+    assert json.loads((tmp_path / RunDir.CHECKPOINT_META).read_text())["step"] == 1

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from dfpo.trainer.curves import PANELS, rolling_mean, series, write_curves
+from dfpo.trainer.layout import RunDir
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -15,11 +16,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _run_folder(path, steps: int = 12, objective: str = "dfpo_min"):
     path.mkdir(parents=True)
     lines = [json.dumps({"step": s, "reward/mean": s / steps, "loss/policy": 0.1 * s, "grad/norm": 1.0}) for s in range(1, steps + 1)]
-    (path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 13, "reward/me')  # the torn line a kill leaves
-    (path / "eval.jsonl").write_text(
+    (path / RunDir.METRICS).write_text("\n".join(lines) + '\n{"step": 13, "reward/me')  # the torn line a kill leaves
+    (path / RunDir.EVALS).write_text(
         json.dumps({"step": 0, "eval/avg@4": 0.25}) + "\n" + json.dumps({"step": 12, "eval/avg@4": 0.5}) + "\n"
     )
-    (path / "config.toml").write_text(f"[objective]\nname = '{objective}'\n")
+    (path / RunDir.CONFIG).write_text(f"[objective]\nname = '{objective}'\n")
     return path
 
 
@@ -45,7 +46,7 @@ def test_the_rolling_mean_averages_what_there_is_at_the_start():
 def test_the_curves_of_a_run_are_a_png_beside_its_logs(tmp_path):
     run = _run_folder(tmp_path / "run")
     path = write_curves(run)
-    assert path == run / "curves.png" and path.read_bytes()[:8] == PNG
+    assert path == run / RunDir.CURVES and path.read_bytes()[:8] == PNG
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -59,7 +60,7 @@ def test_nothing_from_the_folder_is_drawn_as_markup(tmp_path, name):
 def test_a_folder_without_a_logged_step_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"no training step in metrics.jsonl yet"):
         write_curves(tmp_path)
-    assert not (tmp_path / "curves.png").exists()
+    assert not (tmp_path / RunDir.CURVES).exists()
 
 
 def test_every_panel_is_a_metric_the_trainer_logs():

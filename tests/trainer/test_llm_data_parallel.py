@@ -20,6 +20,7 @@ from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
 from dfpo.trainer.cli import relaunch_command
 from dfpo.trainer.config import apply_overrides, config_from_dict
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.train import Trainer
 
 SETS = [
@@ -86,13 +87,13 @@ def _one_process(run_dir: Path, *extra: str) -> None:
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    return torch.load(run_dir / RunDir.CHECKPOINT, map_location="cpu", weights_only=True)["model"]
 
 
 def _initial(run_dir: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(run_dir / "init_model")
+    model = AutoModelForCausalLM.from_pretrained(run_dir / RunDir.INIT_MODEL)
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
@@ -106,7 +107,7 @@ def _assert_same_run(a: Path, b: Path, steps: int) -> None:
     assert set(pa) == set(pb)
     moved = max(float((pa[n] - init[n]).abs().max()) for n in pa)
     assert moved > 1e-2, "the parameters hardly moved: the comparison would say nothing"
-    ma, mb = _records(a / "metrics.jsonl"), _records(b / "metrics.jsonl")
+    ma, mb = _records(a / RunDir.METRICS), _records(b / RunDir.METRICS)
     assert [r["reward/mean"] for r in ma] == [r["reward/mean"] for r in mb]  # the same rollouts
     for n in pa:
         torch.testing.assert_close(pa[n], pb[n], rtol=1e-4, atol=1e-4, msg=lambda m, n=n: f"{n} differs: {m}")
@@ -115,8 +116,8 @@ def _assert_same_run(a: Path, b: Path, steps: int) -> None:
         for key in ("reward/mean", "reward/correct", "reward/format", "completion/length", "optim/updates"):
             assert ra[key] == rb[key], (key, ra["step"], ra[key], rb[key])
         assert ra["grad/norm"] == pytest.approx(rb["grad/norm"], rel=1e-4)
-    assert _records(a / "eval.jsonl") == _records(b / "eval.jsonl")
-    assert _records(a / "samples.jsonl") == _records(b / "samples.jsonl")
+    assert _records(a / RunDir.EVALS) == _records(b / RunDir.EVALS)
+    assert _records(a / RunDir.SAMPLES) == _records(b / RunDir.SAMPLES)
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ def test_two_gloo_ranks_train_like_one_process(tmp_path, objective, parallel, mo
     _one_process(tmp_path / "one", *extra)
     _run(_cmd(tmp_path / "two", *extra, nproc=2))
     _assert_same_run(tmp_path / "one", tmp_path / "two", steps=2)
-    record = json.loads((tmp_path / "two" / "checkpoint.json").read_text())
+    record = json.loads((tmp_path / "two" / RunDir.CHECKPOINT_META).read_text())
     assert (record["step"], record["world_size"]) == (2, 2)
 
 
@@ -154,7 +155,7 @@ def test_a_run_resumed_on_another_world_size_continues_exactly(tmp_path, first, 
     out = _run(_cmd(part, "train.steps=3", nproc=then, resume=True))
     assert f"on {then} process(es); the checkpoint (step 2) was written by a run on {first}: the world size changed" in out.stderr
     _assert_same_run(tmp_path / "full", part, steps=3)
-    assert json.loads((part / "checkpoint.json").read_text())["world_size"] == then
+    assert json.loads((part / RunDir.CHECKPOINT_META).read_text())["world_size"] == then
 
 
 @pytest.mark.slow
@@ -173,7 +174,7 @@ def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_p
     deadline = time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
-            marker = part / "checkpoint.json"
+            marker = part / RunDir.CHECKPOINT_META
             if marker.exists() and json.loads(marker.read_text() or "{}").get("step", 0) >= 2:
                 break
             time.sleep(0.05)
@@ -184,7 +185,7 @@ def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_p
         for pid in ranks:
             os.kill(pid, signal.SIGKILL)  # and both ranks (a process group of their own), before they notice
         proc.wait()
-    killed_at = json.loads((part / "checkpoint.json").read_text())["step"]
+    killed_at = json.loads((part / RunDir.CHECKPOINT_META).read_text())["step"]
     assert 2 <= killed_at < 4
     out = _run(_cmd(part, nproc=1, resume=True))
     assert "the world size changed" in out.stderr

@@ -9,6 +9,7 @@ from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
 
 from dfpo import OBJECTIVES
 from dfpo.trainer.config import apply_overrides, config_from_dict
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.train import NonFiniteLossError, Trainer
 
 # A reward with variance from the first step: the format reward pays completions that start
@@ -52,7 +53,7 @@ def test_every_objective_moves_parameters_and_logs_finite_metrics(tmp_path, obje
     after = _params(trainer.model)
     moved = sum(float((after[n] - initial[n]).abs().sum()) for n in after)
     assert moved > 0, f"{objective}: no parameter changed"
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         for k, v in r.items():
@@ -61,7 +62,7 @@ def test_every_objective_moves_parameters_and_logs_finite_metrics(tmp_path, obje
             assert key in r, (objective, key)
         assert r["optim/updates"] == 4 * r["step"]  # K = epochs * prompts / minibatch_groups = 4
     assert summary["steps"] == 2
-    evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (tmp_path / "run" / RunDir.EVALS).read_text().splitlines()]
     assert [e["step"] for e in evals] == [0, 2] and all(0 <= e["eval/avg@2"] <= 1 for e in evals)
 
 
@@ -69,12 +70,12 @@ def test_run_folder_holds_config_logs_samples_and_checkpoint(tmp_path):
     cfg = tiny_config(tmp_path, "log.tensorboard=true", "log.diagnostics=true")
     Trainer(cfg, quiet=True).run()
     run = tmp_path / "run"
-    for name in ("config.toml", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "summary.json", "checkpoint.pt", "init_model"):
+    for name in (RunDir.CONFIG, RunDir.METRICS, RunDir.EVALS, RunDir.SAMPLES, RunDir.SUMMARY, RunDir.CHECKPOINT, RunDir.INIT_MODEL):
         assert (run / name).exists(), name
     assert any((run / "tb").iterdir())
-    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    state = torch.load(run / RunDir.CHECKPOINT, weights_only=True)
     assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "sampler"} <= set(state)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / RunDir.SUMMARY).read_text())
     assert "reward/jitter2" in summary and "reward/steps_to_kappa" in summary
 
 
@@ -102,10 +103,10 @@ def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_
     trainer = Trainer(cfg, quiet=True)
     with pytest.raises(NonFiniteLossError, match=r"3 optimiser steps in a row.*last good checkpoint.*step 1"):
         trainer.run()
-    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    state = torch.load(tmp_path / "run" / RunDir.CHECKPOINT, weights_only=True)
     assert state["step"] == 1
     assert all(torch.isfinite(v).all() for v in state["model"].values())
-    text = (tmp_path / "run" / "metrics.jsonl").read_text()
+    text = (tmp_path / "run" / RunDir.METRICS).read_text()
     assert "NaN" not in text and "Infinity" not in text
 
 
@@ -155,10 +156,10 @@ def test_tiny_cpu_config_raises_reward(tmp_path):
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs" / "tiny-cpu.toml", [f'run_dir="{tmp_path / "run"}"', "log.progress=false"])
     Trainer(cfg, quiet=True).run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     first = sum(r["reward/mean"] for r in rows[:20]) / 20
     last = sum(r["reward/mean"] for r in rows[-50:]) / 50
-    evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (tmp_path / "run" / RunDir.EVALS).read_text().splitlines()]
     assert last > first + 0.05, (first, last)
     assert sum(e["eval/avg@4"] for e in evals[-3:]) / 3 > evals[0]["eval/avg@4"], evals
 
@@ -171,14 +172,14 @@ def test_lora_and_reference_kl_train_only_adapters(tmp_path):
     after = _params(trainer.model)
     changed = {n for n in after if not torch.equal(after[n], initial[n])}
     assert changed and all("lora_" in n for n in changed)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     assert all("kl/ref" in r and r["kl/ref"] >= 0 for r in rows)
 
 
 def test_full_finetune_with_reference_model_logs_kl(tmp_path):
     cfg = tiny_config(tmp_path, "objective.name=dapo", "objective.overrides.beta=0.05")
     Trainer(cfg, quiet=True).run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     assert rows[-1]["kl/ref"] > 0  # the policy moved away from the frozen initial model
 
 
@@ -214,15 +215,15 @@ def test_reasoning_gym_problems_load_offline_and_score():
 def test_equiv_task_logs_surface_forms_and_a_local_model_directory_loads(tmp_path):
     cfg = tiny_config(tmp_path, "data.task=equiv", "reward.format_weight=0.0", "model.sft_steps=20")
     Trainer(cfg, quiet=True).run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     forms = ("number", "swap", "split", "echo", "invalid")
     assert all(sum(r[f"forms/{f}"] for f in forms) == pytest.approx(1.0) for r in rows)
     # the saved warm-started model is an ordinary transformers directory: train from it by path
     cfg2 = config_from_dict(
-        apply_overrides({}, TINY + [f'run_dir="{tmp_path / "run2"}"', f'model.name="{tmp_path / "run" / "init_model"}"'])
+        apply_overrides({}, TINY + [f'run_dir="{tmp_path / "run2"}"', f'model.name="{tmp_path / "run" / RunDir.INIT_MODEL}"'])
     )
     Trainer(cfg2, quiet=True).run()
-    assert (tmp_path / "run2" / "checkpoint.pt").exists() and not (tmp_path / "run2" / "init_model").exists()
+    assert (tmp_path / "run2" / RunDir.CHECKPOINT).exists() and not (tmp_path / "run2" / RunDir.INIT_MODEL).exists()
 
 
 @pytest.mark.gpu
@@ -236,7 +237,7 @@ def test_tiny_run_on_cuda_with_bf16_autocast(tmp_path):
     assert next(trainer.model.parameters()).dtype == torch.float32  # master weights stay float32
     after = _params(trainer.model)
     assert sum(float((after[n] - initial[n]).abs().sum()) for n in after) > 0
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
 
 
@@ -245,7 +246,7 @@ def test_identical_runs_write_identical_random_states(tmp_path):
     states = []
     for name in ("a", "b"):
         Trainer(tiny_config(tmp_path / name, "train.steps=1", "eval.every=0"), quiet=True).run()
-        states.append(torch.load(tmp_path / name / "run" / "checkpoint.pt", weights_only=True)["rng"])
+        states.append(torch.load(tmp_path / name / "run" / RunDir.CHECKPOINT, weights_only=True)["rng"])
     assert states[0]["python"] == states[1]["python"]
     assert all((x == y).all() if hasattr(x, "all") else x == y for x, y in zip(states[0]["numpy"], states[1]["numpy"]))
     assert torch.equal(states[0]["torch"], states[1]["torch"])

@@ -14,6 +14,7 @@ import pytest
 from test_llm_data_parallel import ENV, _cmd, children
 
 from dfpo.trainer.launch import Launcher, rank_environment
+from dfpo.trainer.layout import RunDir
 
 LONG = ("train.steps=400", "train.save_every=50")
 
@@ -35,7 +36,7 @@ def _start(run: Path, *extra: str) -> subprocess.Popen:
 
 def _wait_for_steps(run: Path, proc: subprocess.Popen, n: int) -> None:
     deadline = time.time() + 240
-    metrics = run / "metrics.jsonl"
+    metrics = run / RunDir.METRICS
     while time.time() < deadline and proc.poll() is None:
         if metrics.is_file() and metrics.read_text().count("\n") >= n:
             return
@@ -61,8 +62,8 @@ def test_a_signal_stops_every_rank_after_its_step_with_one_message(tmp_path, sig
     assert err.count(f"{signal.Signals(sig).name}: stopped after step") == 1, err[-3000:]
     assert f"resume with: dfpo train --resume {run}" in err
     assert not any(_alive(pid) for pid in ranks)
-    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert json.loads((run / "checkpoint.json").read_text())["step"] == logged[-1]  # the checkpoint of the last finished step
+    logged = [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()]
+    assert json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"] == logged[-1]  # the checkpoint of the last finished step
 
 
 def test_killing_the_launchers_process_group_stops_the_ranks(tmp_path):
@@ -78,8 +79,8 @@ def test_killing_the_launchers_process_group_stops_the_ranks(tmp_path):
     while time.time() < deadline and any(_alive(pid) for pid in ranks):
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in ranks), "ranks still training after their launcher was killed"
-    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert json.loads((run / "checkpoint.json").read_text())["step"] == logged[-1]  # they stopped after a step, with a checkpoint
+    logged = [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()]
+    assert json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"] == logged[-1]  # they stopped after a step, with a checkpoint
 
 
 def test_an_error_on_every_rank_is_printed_once_with_exit_status_2(tmp_path):
@@ -95,11 +96,11 @@ def test_an_error_on_every_rank_is_printed_once_with_exit_status_2(tmp_path):
 def test_a_run_folder_in_the_way_is_refused_before_any_rank_starts(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.toml").write_text("mine\n")
+    (run / RunDir.CONFIG).write_text("mine\n")
     out = subprocess.run(_cmd(run, "train.steps=2", nproc=2), env=ENV, timeout=120, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("dfpo: error:") == 1, out.stderr
     assert "was not started by dfpo train" in out.stderr
-    assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
+    assert sorted(p.name for p in run.iterdir()) == [RunDir.CONFIG]
 
 
 def test_each_rank_gets_torchruns_environment_and_the_launchers_pid():

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
+from dfpo.trainer.layout import RunDir
+
 STEPS = 6
 SETS = [
     *TINY_MODEL_SETS,
@@ -57,7 +59,7 @@ def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
     kill_after = random.Random(seed).randint(1, STEPS - 1)  # metrics lines to wait for
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = killed / "metrics.jsonl"
+    metrics = killed / RunDir.METRICS
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
@@ -72,14 +74,14 @@ def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
     out = subprocess.run(resume, env=env, timeout=300, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
 
-    a = torch.load(full / "checkpoint.pt", weights_only=True)
-    b = torch.load(killed / "checkpoint.pt", weights_only=True)
+    a = torch.load(full / RunDir.CHECKPOINT, weights_only=True)
+    b = torch.load(killed / RunDir.CHECKPOINT, weights_only=True)
     assert a["step"] == b["step"] == STEPS
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs (kill seed {seed})"
-    assert _records(full / "metrics.jsonl") == _records(killed / "metrics.jsonl"), f"kill seed {seed}"
-    assert _records(full / "eval.jsonl") == _records(killed / "eval.jsonl")
-    assert _records(full / "samples.jsonl") == _records(killed / "samples.jsonl")
+    assert _records(full / RunDir.METRICS) == _records(killed / RunDir.METRICS), f"kill seed {seed}"
+    assert _records(full / RunDir.EVALS) == _records(killed / RunDir.EVALS)
+    assert _records(full / RunDir.SAMPLES) == _records(killed / RunDir.SAMPLES)
 
 
 def test_resume_refuses_changes_that_break_exactness(tmp_path):
@@ -87,7 +89,7 @@ def test_resume_refuses_changes_that_break_exactness(tmp_path):
 
     run = tmp_path / "r"
     run.mkdir()
-    (run / "config.toml").write_text("seed = 0\n")
+    (run / RunDir.CONFIG).write_text("seed = 0\n")
     assert main(["train", "--resume", str(run), "--set", "optim.lr=1.0"]) == 2
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
 
@@ -103,7 +105,7 @@ def test_resume_with_more_steps_extends_a_finished_run(tmp_path):
         sets += ["--set", s]
     assert main(["train", "--quiet", "--config", str(config), *sets]) == 0
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 0
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()]
     assert steps == [1, 2, 3]
 
 
@@ -114,14 +116,14 @@ def test_sigkill_during_the_warm_start_leaves_a_folder_that_starts_again(tmp_pat
     cmd = _cmd(run) + ["--set", "model.sft_steps=400", "--set", "train.steps=2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not (run / "config.toml").exists():
+    while time.time() < deadline and not (run / RunDir.CONFIG).exists():
         time.sleep(0.01)
     time.sleep(0.2)
-    assert proc.poll() is None and not (run / "checkpoint.pt").exists(), "the warm start ended before the kill"
+    assert proc.poll() is None and not (run / RunDir.CHECKPOINT).exists(), "the warm start ended before the kill"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     again = subprocess.run(
         _cmd(run) + ["--set", "model.sft_steps=3", "--set", "train.steps=2"], capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0, again.stderr[-2000:]
-    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert json.loads((run / RunDir.SUMMARY).read_text())["steps"] == 2

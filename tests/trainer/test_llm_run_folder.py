@@ -32,6 +32,7 @@ from dfpo.trainer import runlog as runlog_module
 from dfpo.trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.config import config_to_dict
 from dfpo.trainer.launch import PARENT_DEATH
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.run_folder import RunFolderLock
 from dfpo.trainer.runlog import StoppedAtOnce, StopSignals
 from dfpo.trainer.train import Trainer
@@ -62,9 +63,9 @@ def test_a_run_folder_in_use_is_refused_naming_the_holder(tmp_path):
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / ".lock").write_text("999999")  # no process holds the flock
+    (run / RunDir.LOCK).write_text("999999")  # no process holds the flock
     trainer = Trainer(tiny_config(tmp_path), quiet=True)
-    assert (run / ".lock").read_text() == str(os.getpid())
+    assert (run / RunDir.LOCK).read_text() == str(os.getpid())
     trainer.close()
 
 
@@ -75,34 +76,34 @@ def _killed_during_start_up(tmp_path) -> Path:
     cmd[cmd.index("model.sft_steps=3")] = "model.sft_steps=100000"  # a warm-up that lasts
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not (run / "config.toml").is_file():
+    while time.time() < deadline and not (run / RunDir.CONFIG).is_file():
         time.sleep(0.05)
     time.sleep(0.5)
     proc.kill()
     proc.wait()
-    assert (run / "config.toml").is_file() and not (run / "checkpoint.pt").exists()
+    assert (run / RunDir.CONFIG).is_file() and not (run / RunDir.CHECKPOINT).exists()
     return run
 
 
 def test_a_run_killed_during_start_up_starts_again_in_the_same_folder(tmp_path):
     run = _killed_during_start_up(tmp_path)
-    assert json.loads((run / ".dfpo-run.json").read_text())["checkpointed"] is False
+    assert json.loads((run / RunDir.MARK).read_text())["checkpointed"] is False
     summary = Trainer(tiny_config(tmp_path), quiet=True).run()
-    assert summary["steps"] == 2 and (run / "checkpoint.pt").is_file()
-    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert json.loads((run / ".dfpo-run.json").read_text())["checkpointed"] is True
+    assert summary["steps"] == 2 and (run / RunDir.CHECKPOINT).is_file()
+    assert [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()] == [1, 2]
+    assert json.loads((run / RunDir.MARK).read_text())["checkpointed"] is True
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` and its bytes, but dfpo's own lock (its PID changes hands)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != RunDir.LOCK}
 
 
 def test_a_project_folder_holding_a_config_toml_is_refused_and_nothing_is_deleted(tmp_path):
     """A folder dfpo train did not mark as its own is never emptied, whatever it holds."""
     run = tmp_path / "run"
     (run / "src" / "pkg").mkdir(parents=True)
-    (run / "config.toml").write_text("[tool]\nname = 'mine'\n")
+    (run / RunDir.CONFIG).write_text("[tool]\nname = 'mine'\n")
     (run / "src" / "pkg" / "code.py").write_text("print('hello')\n")
     (run / "notes.md").write_text("my notes\n")
     before = _tree(run)
@@ -110,12 +111,12 @@ def test_a_project_folder_holding_a_config_toml_is_refused_and_nothing_is_delete
         ValueError, match=r"is not empty \(config.toml, notes.md, src\) and was not started by dfpo train.*nothing was deleted"
     ):
         Trainer(tiny_config(tmp_path), quiet=True)
-    assert _tree(run) == before and not (run / ".lock").exists()  # not even a lock file left behind
+    assert _tree(run) == before and not (run / RunDir.LOCK).exists()  # not even a lock file left behind
 
 
 def test_a_finished_run_whose_checkpoint_was_pruned_keeps_its_logs(tmp_path):
     run = _finished_run(tmp_path)
-    (run / "checkpoint.pt").unlink()
+    (run / RunDir.CHECKPOINT).unlink()
     before = _tree(run)
     with pytest.raises(ValueError, match=r"holds a dfpo run whose checkpoint.pt is gone .*nothing was deleted"):
         Trainer(tiny_config(tmp_path), quiet=True)
@@ -149,7 +150,7 @@ def test_a_file_in_the_way_is_refused_and_left_alone(tmp_path):
 )
 def test_a_damaged_checkpoint_is_named_on_resume(tmp_path, damage, message):
     run = _finished_run(tmp_path)
-    ckpt = run / "checkpoint.pt"
+    ckpt = run / RunDir.CHECKPOINT
     data = ckpt.read_bytes()
     ckpt.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
     with pytest.raises(ValueError, match=message):
@@ -164,12 +165,12 @@ def test_resume_below_the_checkpoint_step_is_refused(tmp_path, capsys):
 
 def test_resume_drops_a_torn_tail_and_reports_lost_lines(tmp_path, capsys):
     run = _finished_run(tmp_path)
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    (run / "metrics.jsonl").write_text(lines[1] + "\n" + '{"step": 3, "rew')  # step 1 lost, a torn step-3 line
+    lines = (run / RunDir.METRICS).read_text().splitlines()
+    (run / RunDir.METRICS).write_text(lines[1] + "\n" + '{"step": 3, "rew')  # step 1 lost, a torn step-3 line
     summary = Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True).run()
     err = capsys.readouterr().err
     assert "has no line for step(s) [1]" in err  # said even with quiet
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()]
     assert steps == [2, 3]
     assert summary["steps"] == 3 and summary["steps_missing_from_log"] == [1]
 
@@ -188,14 +189,14 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_run_resumes(tmp
     run = tmp_path / "run"
     proc = subprocess.Popen(_cmd(run, 400), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+    while time.time() < deadline and not ((run / RunDir.METRICS).is_file() and (run / RunDir.METRICS).read_text().count("\n") >= 2):
         time.sleep(0.05)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     assert "Traceback" not in err and f"resume with: dfpo train --resume {run}" in err
-    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert json.loads((run / "checkpoint.json").read_text())["step"] == logged[-1] >= 2  # checkpoint of the last finished step
+    logged = [json.loads(line)["step"] for line in (run / RunDir.METRICS).read_text().splitlines()]
+    assert json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"] == logged[-1] >= 2  # checkpoint of the last finished step
     assert logged == list(range(1, logged[-1] + 1))
     resumed = subprocess.run(
         [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run), "--set", f"train.steps={logged[-1] + 1}"],
@@ -204,7 +205,7 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_run_resumes(tmp
         timeout=120,
     )
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads((run / "summary.json").read_text())["steps"] == logged[-1] + 1
+    assert json.loads((run / RunDir.SUMMARY).read_text())["steps"] == logged[-1] + 1
 
 
 # ----------------------------------------------------------------------------- checkpoints: checksum, full disk
@@ -212,7 +213,7 @@ def test_a_signal_stops_after_the_step_with_a_checkpoint_and_the_run_resumes(tmp
 
 def test_a_bit_flip_inside_the_checkpoint_is_refused_on_resume(tmp_path):
     run = _finished_run(tmp_path)
-    ckpt = run / "checkpoint.pt"
+    ckpt = run / RunDir.CHECKPOINT
     data = bytearray(ckpt.read_bytes())
     data[len(data) // 2] ^= 0x01  # one bit, in the middle of the tensors: torch.load alone would not notice
     ckpt.write_bytes(bytes(data))
@@ -225,10 +226,10 @@ def test_a_kill_between_the_record_and_the_rename_rolls_forward(tmp_path):
     """checkpoint.json already names the new checkpoint, which still sits in checkpoint.pt.tmp: the load finishes
     the rename instead of calling the checkpoint damaged."""
     save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)})
-    old = (tmp_path / "checkpoint.pt").read_bytes()
+    old = (tmp_path / RunDir.CHECKPOINT).read_bytes()
     save_checkpoint(tmp_path, {"step": 2, "w": torch.zeros(3)})
-    os.replace(tmp_path / "checkpoint.pt", tmp_path / "checkpoint.pt.tmp")  # the new file, not yet renamed
-    (tmp_path / "checkpoint.pt").write_bytes(old)  # the old one still in place
+    os.replace(tmp_path / RunDir.CHECKPOINT, tmp_path / "checkpoint.pt.tmp")  # the new file, not yet renamed
+    (tmp_path / RunDir.CHECKPOINT).write_bytes(old)  # the old one still in place
     state = load_checkpoint(tmp_path)
     assert state["step"] == 2 and torch.equal(state["w"], torch.zeros(3))
     assert not (tmp_path / "checkpoint.pt.tmp").exists()
@@ -236,7 +237,7 @@ def test_a_kill_between_the_record_and_the_rename_rolls_forward(tmp_path):
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_no_temp_file(tmp_path, monkeypatch):
     save_checkpoint(tmp_path, {"step": 1, "w": torch.ones(3)}, config={"seed": 0})
-    record = (tmp_path / "checkpoint.json").read_text()
+    record = (tmp_path / RunDir.CHECKPOINT_META).read_text()
 
     def disk_full(obj, fh):
         fh.write(b"PK\x03\x04 partial")
@@ -246,8 +247,8 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_no_temp_file
     with pytest.raises(WriteFailed, match=r"no space left on the device .* the previous checkpoint \(step 1\) is kept"):
         save_checkpoint(tmp_path, {"step": 2, "w": torch.zeros(3)}, config={"seed": 0})
     monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.pt"]
-    assert (tmp_path / "checkpoint.json").read_text() == record
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RunDir.CHECKPOINT_META, RunDir.CHECKPOINT]
+    assert (tmp_path / RunDir.CHECKPOINT_META).read_text() == record
     assert load_checkpoint(tmp_path)["step"] == 1
 
 
@@ -266,8 +267,8 @@ def test_a_real_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
     file and the kept step, no traceback, no temp file; after the filesystem grows, --resume finishes the run."""
     probe = tmp_path / "probe"
     subprocess.run(_cmd(probe, 1), check=True, capture_output=True, timeout=300)
-    ckpt = (probe / "checkpoint.pt").stat().st_size
-    end_of_run = sum(p.stat().st_size for p in probe.glob("curves.png"))  # drawn after the last checkpoint: no room for a checkpoint
+    ckpt = (probe / RunDir.CHECKPOINT).stat().st_size
+    end_of_run = sum(p.stat().st_size for p in probe.glob(RunDir.CURVES))  # drawn after the last checkpoint: no room for a checkpoint
     room = _used(probe) - end_of_run + ckpt // 2  # the first checkpoint fits; a second beside it does not
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, room):
@@ -279,14 +280,14 @@ def test_a_real_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
         assert "Traceback" not in proc.stderr
         assert re.search(r"no space left on the device", proc.stderr), proc.stderr
         assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
-        kept = json.loads((run / "checkpoint.json").read_text())["step"]
+        kept = json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"]
         assert load_checkpoint(run)["step"] == kept
         subprocess.run(["mount", "-o", f"remount,size={room * 4}", str(disk)], check=True)
         resumed = subprocess.run(
             [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run)], capture_output=True, text=True, timeout=300
         )
         assert resumed.returncode == 0, resumed.stderr[-2000:]
-        assert json.loads((run / "summary.json").read_text())["steps"] == 3
+        assert json.loads((run / RunDir.SUMMARY).read_text())["steps"] == 3
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
@@ -296,7 +297,7 @@ def test_a_real_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
 
 def test_resume_refuses_a_hand_edited_objective_naming_the_file_and_key(tmp_path, capsys):
     run = _finished_run(tmp_path)
-    path = run / "config.toml"
+    path = run / RunDir.CONFIG
     path.write_text(path.read_text().replace('name = "dfpo_min"', 'name = "gspo"'))
     assert main(["train", "--resume", str(run), "--set", "train.steps=3"]) == 2
     err = capsys.readouterr().err
@@ -311,7 +312,7 @@ def test_resume_refuses_a_hand_edited_objective_naming_the_file_and_key(tmp_path
 )
 def test_resume_refuses_an_empty_or_torn_config_and_restore_config_repairs_it(tmp_path, capsys, damage, message):
     run = _finished_run(tmp_path)
-    path = run / "config.toml"
+    path = run / RunDir.CONFIG
     good = path.read_text()
     path.write_text("" if damage == "empty" else good[: len(good) // 2] + '"unterminated')
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
@@ -323,7 +324,7 @@ def test_resume_refuses_an_empty_or_torn_config_and_restore_config_repairs_it(tm
 def test_resume_rewrites_config_toml_atomically(tmp_path, monkeypatch):
     """A write of config.toml that fails half-way (a full disk) leaves the old file whole."""
     run = _finished_run(tmp_path)
-    good = (run / "config.toml").read_text()
+    good = (run / RunDir.CONFIG).read_text()
     real_fdopen = os.fdopen
 
     def fails_half_way(fd, *args, **kwargs):
@@ -343,7 +344,7 @@ def test_resume_rewrites_config_toml_atomically(tmp_path, monkeypatch):
     with pytest.raises(WriteFailed, match="config.toml: no space left"):
         Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
     monkeypatch.undo()
-    assert (run / "config.toml").read_text() == good
+    assert (run / RunDir.CONFIG).read_text() == good
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -359,7 +360,7 @@ def test_a_signal_during_start_up_stops_at_once_and_the_same_command_starts_agai
     cmd[cmd.index("model.sft_steps=3")] = "model.sft_steps=100000"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not (run / "config.toml").is_file():
+    while time.time() < deadline and not (run / RunDir.CONFIG).is_file():
         time.sleep(0.05)
     time.sleep(0.5)  # inside the warm-up
     t0 = time.monotonic()
@@ -425,7 +426,7 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 240
-    while time.time() < deadline and not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 1):
+    while time.time() < deadline and not ((run / RunDir.METRICS).is_file() and (run / RunDir.METRICS).read_text().count("\n") >= 1):
         time.sleep(0.02)
     time.sleep(0.5)  # step 1's checkpoint written, step 2 under way (its rewards take about 1.6 s)
     proc.send_signal(signal.SIGINT)
@@ -434,7 +435,7 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    kept = json.loads((run / "checkpoint.json").read_text())["step"]
+    kept = json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"]
     assert re.search(rf"SIGINT again: stopped at once during step \d+, which is lost; resume from the checkpoint of step {kept}", err), err
     resumed = subprocess.run(
         [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run), "--set", f"train.steps={kept + 1}"],
@@ -461,7 +462,7 @@ def _copy_of_finished(template: Path, tmp_path: Path) -> Path:
     """A finished run at tmp_path/run, where ``tiny_config(tmp_path)`` points."""
     run = tmp_path / "run"
     shutil.copytree(template, run)
-    (run / ".lock").unlink()
+    (run / RunDir.LOCK).unlink()
     return run
 
 
@@ -483,18 +484,18 @@ def _plant(run: Path, marker: Path, *, form: str, record: bool) -> Path:
     """Replace the run's checkpoint.pt with a pickle that would create ``marker`` (``form``: a torch.save zip or a bare
     pickle); ``record``: give checkpoint.json its checksum (a checksum says the file is intact, not who wrote it),
     else delete checkpoint.json."""
-    ckpt = run / "checkpoint.pt"
+    ckpt = run / RunDir.CHECKPOINT
     planted = {"step": 2, "model": {}, "payload": _RunsCodeWhenUnpickled(marker)}
     if form == "zip":
         torch.save(planted, ckpt)
     else:
         ckpt.write_bytes(pickle.dumps(planted))
     if record:
-        meta = json.loads((run / "checkpoint.json").read_text())
+        meta = json.loads((run / RunDir.CHECKPOINT_META).read_text())
         meta.update(sha256=hashlib.sha256(ckpt.read_bytes()).hexdigest(), size=ckpt.stat().st_size)
-        (run / "checkpoint.json").write_text(json.dumps(meta))
+        (run / RunDir.CHECKPOINT_META).write_text(json.dumps(meta))
     else:
-        (run / "checkpoint.json").unlink()
+        (run / RunDir.CHECKPOINT_META).unlink()
     return ckpt
 
 
@@ -526,7 +527,7 @@ def test_load_checkpoint_loads_tensors_and_plain_data_only(tmp_path, form):
 def test_a_checkpoint_loads_with_weights_only(finished_template):
     """Every value a checkpoint holds is a tensor or plain data: torch.load(weights_only=True) reads it with no
     allow-list (the NumPy RNG state included)."""
-    state = torch.load(finished_template / "checkpoint.pt", weights_only=True)
+    state = torch.load(finished_template / RunDir.CHECKPOINT, weights_only=True)
     assert state["step"] == 2 and {"model", "optimizer", "scheduler", "rng", "sampler", "config"} <= set(state)
 
 
@@ -559,11 +560,11 @@ def test_a_checkpoint_of_the_previous_format_still_loads_and_restores_its_random
 def test_a_checkpoint_without_a_usable_record_is_refused_saying_which(finished_template, tmp_path, damage, says):
     """A bit flipped in checkpoint.pt and its record gone: no unverified checkpoint is ever loaded."""
     run = _copy_of_finished(finished_template, tmp_path)
-    ckpt = run / "checkpoint.pt"
+    ckpt = run / RunDir.CHECKPOINT
     data = bytearray(ckpt.read_bytes())
     data[len(data) // 2] ^= 0x01
     ckpt.write_bytes(bytes(data))
-    record = run / "checkpoint.json"
+    record = run / RunDir.CHECKPOINT_META
     if damage == "missing":
         record.unlink()
     elif damage == "empty":
@@ -587,7 +588,7 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run_naming_both(tmp_pat
     runs. The folder's mark says which run it holds, and the resume is refused before anything is written."""
     mine = _finished_run(tmp_path / "mine", "objective.name=dfpo_min")
     other = _finished_run(tmp_path / "other", "objective.name=gspo")
-    for name in ("checkpoint.pt", "checkpoint.json", "config.toml"):
+    for name in (RunDir.CHECKPOINT, RunDir.CHECKPOINT_META, RunDir.CONFIG):
         shutil.copy(other / name, mine / name)
     before = _tree(mine)
     assert main(["train", "--quiet", "--resume", str(mine), "--set", "train.steps=3"]) == 2
@@ -599,7 +600,7 @@ def test_resume_refuses_a_checkpoint_copied_from_another_run_naming_both(tmp_pat
 
 
 def test_the_mark_records_the_runs_identity_when_it_starts(finished_template):
-    mark = json.loads((finished_template / ".dfpo-run.json").read_text())
+    mark = json.loads((finished_template / RunDir.MARK).read_text())
     assert mark["identity"]["objective"] == "dfpo_min" and mark["identity"]["seed"] == 0
     assert re.fullmatch(r"[0-9a-f]{64}", mark["identity"]["config_sha256"])
 
@@ -628,7 +629,7 @@ def _killed_after_the_warm_up(tmp_path: Path, monkeypatch) -> Path:
         with pytest.raises(KeyboardInterrupt):
             Trainer(tiny_config(tmp_path), quiet=True)
     run = tmp_path / "run"
-    assert (run / "init_model" / "model.safetensors").is_file() and not (run / "checkpoint.pt").exists()
+    assert (run / RunDir.INIT_MODEL / "model.safetensors").is_file() and not (run / RunDir.CHECKPOINT).exists()
     return run
 
 
@@ -636,18 +637,18 @@ def test_a_run_nested_in_a_start_up_leftovers_init_model_is_never_deleted(tmp_pa
     """Run X stopped after its warm-up; run Y trained in X/init_model/other; X's command again is refused, naming
     Y's folder, and Y is left whole."""
     x = _killed_after_the_warm_up(tmp_path, monkeypatch)
-    y = x / "init_model" / "other"
+    y = x / RunDir.INIT_MODEL / "other"
     Trainer(tiny_config(tmp_path, f'run_dir="{y}"'), quiet=True).run()
     before = _tree(x)
     with pytest.raises(ValueError, match=r"files dfpo train did not write \(init_model/other\); nothing was deleted"):
         Trainer(tiny_config(tmp_path), quiet=True)
-    assert _tree(x) == before and (y / "checkpoint.pt").is_file()
+    assert _tree(x) == before and (y / RunDir.CHECKPOINT).is_file()
 
 
 @pytest.mark.parametrize("intruder", ["notes.txt", "sub/file", "link"])
 def test_an_init_model_holding_anything_else_is_refused(tmp_path, monkeypatch, intruder):
     x = _killed_after_the_warm_up(tmp_path, monkeypatch)
-    path = x / "init_model" / intruder
+    path = x / RunDir.INIT_MODEL / intruder
     if intruder == "link":
         (tmp_path / "target.txt").write_text("not dfpo's")
         path.symlink_to(tmp_path / "target.txt")
@@ -663,12 +664,12 @@ def test_an_init_model_holding_anything_else_is_refused(tmp_path, monkeypatch, i
 def test_a_run_stopped_after_its_warm_up_starts_again_in_the_same_folder(tmp_path, monkeypatch):
     run = _killed_after_the_warm_up(tmp_path, monkeypatch)
     summary = Trainer(tiny_config(tmp_path), quiet=True).run()
-    assert summary["steps"] == 2 and (run / "checkpoint.pt").is_file()
+    assert summary["steps"] == 2 and (run / RunDir.CHECKPOINT).is_file()
 
 
 def test_resume_without_init_model_says_it_is_missing_not_to_download(finished_template, tmp_path, capsys):
     run = _copy_of_finished(finished_template, tmp_path)
-    shutil.rmtree(run / "init_model")
+    shutil.rmtree(run / RunDir.INIT_MODEL)
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
     err = capsys.readouterr().err
     assert f"{run / 'init_model'} is missing" in err and "hub" not in err, err
@@ -676,7 +677,7 @@ def test_resume_without_init_model_says_it_is_missing_not_to_download(finished_t
 
 def test_resume_with_a_truncated_init_model_says_which_file(finished_template, tmp_path, capsys):
     run = _copy_of_finished(finished_template, tmp_path)
-    weights = run / "init_model" / "model.safetensors"
+    weights = run / RunDir.INIT_MODEL / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     assert main(["train", "--quiet", "--resume", str(run), "--set", "train.steps=3"]) == 2
     assert "model.safetensors" in capsys.readouterr().err
@@ -730,7 +731,7 @@ def test_a_full_disk_inside_torch_save_is_a_write_failure_not_its_runtime_error(
     with pytest.raises(WriteFailed, match=r"checkpoint.pt: no space left on the device .* the previous checkpoint \(step 1\) is kept"):
         save_checkpoint(tmp_path, {"step": 2, "w": torch.zeros(1000)}, config={"seed": 0})
     monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [RunDir.CHECKPOINT_META, RunDir.CHECKPOINT]
     assert load_checkpoint(tmp_path)["step"] == 1
 
 
@@ -773,8 +774,8 @@ def test_logs_that_cannot_be_closed_on_a_full_disk_are_one_message(tmp_path, mon
 
 def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkeypatch):
     run = _finished_run(tmp_path)
-    lines = (run / "metrics.jsonl").read_text()
-    (run / "metrics.jsonl").write_text(lines + '{"step": 3}\n')  # a line past the checkpoint: the resume drops it
+    lines = (run / RunDir.METRICS).read_text()
+    (run / RunDir.METRICS).write_text(lines + '{"step": 3}\n')  # a line past the checkpoint: the resume drops it
 
     def disk_full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -782,7 +783,7 @@ def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkey
     monkeypatch.setattr(runlog_module, "write_text_atomic", disk_full)
     with pytest.raises(WriteFailed, match=r"metrics.jsonl: no space left on the device"):
         Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
-    assert (run / "metrics.jsonl").read_text() == lines + '{"step": 3}\n'
+    assert (run / RunDir.METRICS).read_text() == lines + '{"step": 3}\n'
 
 
 @pytest.mark.slow
@@ -793,7 +794,7 @@ def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkp
     probe = tmp_path / "probe"
     cmd = lambda run: _cmd(run, 3) + ["--set", "train.save_every=1"]  # noqa: E731
     subprocess.run(cmd(probe), check=True, capture_output=True, timeout=300)
-    need = _used(probe) + (probe / "checkpoint.pt").stat().st_size  # the run, and a second checkpoint being written
+    need = _used(probe) + (probe / RunDir.CHECKPOINT).stat().st_size  # the run, and a second checkpoint being written
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, 4096):
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
@@ -809,7 +810,7 @@ def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkp
             errors = [line for line in proc.stderr.splitlines() if line.startswith("dfpo: error:")]
             assert len(errors) == 1 and "no space left on the device" in errors[0], where
             assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")], where
-            if (run / "checkpoint.pt").is_file():
-                assert load_checkpoint(run)["step"] == json.loads((run / "checkpoint.json").read_text())["step"], where
+            if (run / RunDir.CHECKPOINT).is_file():
+                assert load_checkpoint(run)["step"] == json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"], where
         finally:
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)

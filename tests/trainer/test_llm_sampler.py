@@ -5,6 +5,7 @@ import torch
 
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, sampler_logp
 from dfpo.trainer.stage_old_logp import mismatch_metrics
@@ -82,7 +83,7 @@ def test_tempered_sampling_recomputes_old_log_probs_and_logs_the_gap(tmp_path):
     trainer = Trainer(tiny_config(tmp_path, "train.steps=1", "eval.every=0", "rollout.temperature=0.7"), quiet=True)
     assert not trainer.old_logp_from_sampler()
     trainer.run()
-    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
     assert row["rollout/logp_gap_max"] > 1e-3 and row["rollout/k3_kl"] >= 0
 
 
@@ -106,5 +107,5 @@ def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_pa
     trainer = Trainer(cfg, quiet=True)
     assert (trainer.spec.rollout_correction, trainer.spec.rollout_cap) == ("token_truncate", 1.5)
     trainer.run()
-    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
     assert row["rollout/weight_mean"] != 1.0 and 0 < row["rollout/weight_mean"] <= 1.5

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from dfpo import resolve_objective
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs, plain_lm_head
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
@@ -227,7 +228,7 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monke
         "reward.format_weight=0.0",
     )
     train_mod.Trainer(cfg, quiet=True).run()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
     assert len(seen) == 2 and min(min(step) for step in seen) > 0  # every trained group has reward variance
     for step, row in zip(seen, rows):
         assert 0 <= row["rollout/extra_batches"] <= 6

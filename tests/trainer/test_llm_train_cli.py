@@ -11,6 +11,7 @@ import pytest
 
 from dfpo.cli import build_parser, main
 from dfpo.trainer.config import Config, apply_overrides, config_from_dict, config_to_toml
+from dfpo.trainer.layout import RunDir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import TINY  # noqa: E402
@@ -54,13 +55,13 @@ def test_train_without_a_config_trains_the_built_in_defaults_and_draws_its_curve
     assert main(["train", *_sets(*QUICK, f"run_dir={run}")]) == 0
     err = capsys.readouterr().err
     assert "no --config: training the built-in defaults" in err
-    assert config_from_dict(tomllib.loads((run / "config.toml").read_text())) == config_from_dict(
+    assert config_from_dict(tomllib.loads((run / RunDir.CONFIG).read_text())) == config_from_dict(
         apply_overrides({}, [*QUICK, f'run_dir="{run}"'])
     )
     phases = [line for line in err.splitlines() if "start-up" in line]
     assert [p.split(":")[1].strip() for p in phases] == ["start-up 1/3", "start-up 2/3", "start-up 3/3"]
     assert "warming it up: 3 supervised steps of 8 prompts" in phases[1]
-    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / RunDir.CURVES).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_quiet_prints_no_start_up_lines(tmp_path, capsys):
@@ -113,10 +114,10 @@ def test_a_model_name_that_names_no_model_folder_names_the_key(tmp_path, capsys,
 def test_curves_are_drawn_again_on_demand(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--quiet", *_sets(*QUICK, f"run_dir={run}")]) == 0
-    (run / "curves.png").unlink()
+    (run / RunDir.CURVES).unlink()
     capsys.readouterr()
     assert main(["train", "--curves", str(run)]) == 0
-    assert capsys.readouterr().out.strip() == str(run / "curves.png") and (run / "curves.png").is_file()
+    assert capsys.readouterr().out.strip() == str(run / RunDir.CURVES) and (run / RunDir.CURVES).is_file()
     assert main(["train", "--curves", str(run), "--config", "x.toml"]) == 2
     assert "--curves RUN_DIR draws an existing run and trains nothing; drop --config" in capsys.readouterr().err
     assert main(["train", "--curves", str(tmp_path / "none")]) == 2

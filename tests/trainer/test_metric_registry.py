@@ -13,6 +13,7 @@ import torch
 
 from dfpo.core.loss import OBJECTIVES, policy_loss, resolve_objective
 from dfpo.core.metric_registry import METRICS, lookup, markdown_table, reduce_records, reduce_values
+from dfpo.trainer.layout import RunDir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402
@@ -83,7 +84,7 @@ def test_every_key_a_training_run_logs_is_declared(tmp_path):
         "optim.microbatch_groups=1",
     )
     Trainer(cfg, quiet=True).run()
-    for log in ("metrics.jsonl", "eval.jsonl"):
+    for log in (RunDir.METRICS, RunDir.EVALS):
         for row in (tmp_path / "run" / log).read_text().splitlines():
             for key in json.loads(row):
                 if key != "step":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dfpo.trainer.layout import RunDir
 from dfpo.trainer.rollout import SamplingParams
 from dfpo.trainer.vllm_engine import check_vllm_available, vllm_sampling_kwargs
 
@@ -84,7 +85,7 @@ def test_vllm_engine_end_to_end_in_its_environment(tmp_path):
     ]
     train = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert train.returncode == 0, train.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run / RunDir.METRICS).read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert 0 <= r["reward/mean"] <= 2 and r["rollout/logp_gap_max"] < 1e-4
