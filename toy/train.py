@@ -152,12 +152,12 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         ent = None
     if config.mode == "exact":
         p_old = old.sum(-1).exp()  # (S, C)
-        adv = _population_advantages(enum, p_old, n_groups, 1e-4, spec.adv_scale)
+        adv = _population_advantages(enum, p_old, n_groups, spec.adv_eps, spec.adv_scale)
         scale = _exact_scale(enum, p_old, spec.aggregation, n_groups)
         weight = p_old
     else:
         gid = (torch.arange(S)[:, None] * n_groups + roll.group).reshape(-1)
-        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale).reshape(S, -1)
+        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps).reshape(S, -1)
         scale = torch.ones_like(adv)
         weight = torch.ones_like(adv)
     return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)

@@ -34,7 +34,6 @@ import tomli_w
 
 from ..core.files import check_input_file, read_utf8
 from ..core.loss import OBJECTIVES, resolve_objective
-from ..core.loss.correction import CORRECTIONS
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 from .layout import RunDir
@@ -47,6 +46,12 @@ CHAT_TEMPLATE = ("auto", "on", "off")
 MOVED_KEYS = {
     "objective.advantage_scale": "the advantage estimator is a component of the objective: set objective.overrides.adv_scale "
     "(group, batch, none, rloo or reinforce_pp; leave it out for the preset's own)",
+    "objective.advantage_eps": "the std's epsilon is part of the advantage estimator, a component of the objective: "
+    "set objective.overrides.adv_eps",
+    "rollout.correction": "the rollout correction is a component of the objective (its weight multiplies the policy "
+    "term): set objective.overrides.rollout_correction (none, token_truncate, token_mask, sequence_truncate, sequence_mask)",
+    "rollout.correction_low": "the rollout correction is a component of the objective: set objective.overrides.rollout_low",
+    "rollout.correction_cap": "the rollout correction is a component of the objective: set objective.overrides.rollout_cap",
 }
 """Keys that earlier versions accepted, and where their setting lives now."""
 AMPS = ("auto", "bf16", "fp16", "none")
@@ -162,13 +167,6 @@ class RolloutConfig:
     top_k: int = setting(0, "Top-k sampling (0 = off).", bounds=Bounds(0))
     mask_truncated: bool = setting(False, "Give completions that hit max_new_tokens zero loss weight (DAPO overlong filtering).")
     batch_size: int = setting(0, "Completions generated per generate() call; 0 = all at once.", bounds=Bounds(0))
-    correction: str = setting(
-        "none",
-        "Rollout/trainer mismatch correction, a detached pi_old/pi_rollout weight on the policy term: none, token_truncate, token_mask, sequence_truncate, sequence_mask (sets the objective's rollout_correction).",
-        choices=CORRECTIONS,
-    )
-    correction_low: float = setting(0.5, "Mask modes: weights below this are zeroed.", bounds=Bounds(0, 1))
-    correction_cap: float = setting(2.0, "Truncate modes: the cap; mask modes: weights above it are zeroed.", bounds=Bounds(1))
     dynamic_sampling: bool = setting(
         False, "DAPO's dynamic sampling: drop groups whose rewards are all equal and draw more prompts to fill the batch."
     )
@@ -190,7 +188,6 @@ class RolloutConfig:
 class ObjectiveConfig:
     name: str = setting("dfpo_min", "A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...).")
     overrides: dict = setting(factory=dict, doc="ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...).")
-    advantage_eps: float = setting(1e-4, "Epsilon added to the std in advantage scaling.", bounds=Bounds(0))
 
 
 @dataclass(frozen=True)
@@ -277,7 +274,7 @@ class Config:
     )
     rollout: RolloutConfig = setting(
         factory=RolloutConfig,
-        doc="Sampling: the engine, prompts and completions per step, the sampling parameters and the rollout/trainer mismatch correction.",
+        doc="Sampling: the engine, prompts and completions per step, the sampling parameters and where pi_old comes from (the rollout correction is the objective's rollout_correction).",
     )
     objective: ObjectiveConfig = setting(
         factory=ObjectiveConfig,

@@ -15,11 +15,11 @@ from ..core.loss import ObjectiveSpec, group_advantages
 from .stage_rollout import Rollout
 
 
-def advantages(rollout: Rollout, spec: ObjectiveSpec, *, eps: float, mask_truncated: bool) -> torch.Tensor:
+def advantages(rollout: Rollout, spec: ObjectiveSpec, *, mask_truncated: bool) -> torch.Tensor:
     """A_i (B,) of every completion of ``rollout``; with ``mask_truncated`` the truncated ones are masked out of
     ``rollout.batch.mask`` (in place: the old-log-prob pass, the update and the metrics see the same mask)."""
     batch = rollout.batch
-    adv = group_advantages(rollout.reward_tensor(), batch.group_ids, scale=spec.adv_scale, eps=eps)  # (B,)
+    adv = group_advantages(rollout.reward_tensor(), batch.group_ids, scale=spec.adv_scale, eps=spec.adv_eps)  # (B,)
     if mask_truncated:
         batch.mask &= ~batch.truncated[:, None]  # (B, T)
     return adv

@@ -90,13 +90,9 @@ __all__ = [
 
 
 def objective_spec(cfg: Config) -> ObjectiveSpec:
-    """The objective of the config, resolved once and passed down as is: the preset with its overrides, the rollout
-    correction of ``rollout.correction``, and max_completion_length = max_new_tokens for ``constant`` aggregation."""
+    """The objective of the config, resolved once and passed down as is: the preset with its overrides, and
+    max_completion_length = max_new_tokens for ``constant`` aggregation."""
     overrides = dict(cfg.objective.overrides)
-    if cfg.rollout.correction != "none":
-        overrides.update(
-            rollout_correction=cfg.rollout.correction, rollout_low=cfg.rollout.correction_low, rollout_cap=cfg.rollout.correction_cap
-        )
     if resolve_objective(cfg.objective.name, **overrides).aggregation == "constant":
         overrides.setdefault("max_completion_length", cfg.rollout.max_new_tokens)
     return resolve_objective(cfg.objective.name, **overrides)
@@ -403,7 +399,7 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
-        adv = advantages(rollout, self.spec, eps=cfg.objective.advantage_eps, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
+        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .fields import Component, component_field
+from .fields import NONNEG, Component, When, component_field
 from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
 ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
@@ -87,4 +87,14 @@ ADV_SCALE = component_field(
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp.",
 )
 
+ADV_EPS = component_field(
+    1e-4,
+    "advantage",
+    "number",
+    "DeepSeekMath eq 3 / TRL: (R - mean) / (std + 1e-4)",
+    True,
+    bounds=NONNEG,
+    active_when=When("adv_scale", ("group", "batch", "reinforce_pp")),
+    doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp).",
+)
 ADVANTAGE_COMPONENT = Component("advantage")

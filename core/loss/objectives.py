@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..settings import parse_value, type_hints
-from .advantages import ADV_SCALE, ADVANTAGE_COMPONENT
+from .advantages import ADV_EPS, ADV_SCALE, ADVANTAGE_COMPONENT
 from .aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
 from .clipping import (
     CLIP,
@@ -122,6 +122,7 @@ class ObjectiveSpec:
     entropy_coef: float = ENTROPY_COEF
     # advantage: dfpo.core.loss.advantages
     adv_scale: str = ADV_SCALE
+    adv_eps: float = ADV_EPS
     sources: Mapping[str, str] = field(
         default_factory=dict,
         compare=False,

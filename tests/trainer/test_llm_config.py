@@ -1,5 +1,6 @@
 """Config parsing of `dfpo train`: strict keys, typed values, --set, and a TOML round trip."""
 
+import re
 import tomllib
 
 import pytest
@@ -80,7 +81,7 @@ def test_shipped_configs_parse():
         ("model.sft_batch_size=0", "model.sft_batch_size must be >= 1, got 0"),
         ("model.tiny_hidden=0", "model.tiny_hidden must be in [1, 4096], got 0"),
         ("data.train_size=0", "data.train_size must be >= 1, got 0"),
-        ("objective.advantage_eps=-1", "objective.advantage_eps must be >= 0, got -1.0"),
+        ("objective.overrides.adv_eps=-1", "adv_eps must be >= 0, got -1.0"),
         ("model.sft_lr=-1", "model.sft_lr must be > 0, got -1.0"),
         ("optim.beta1=2.0", "optim.beta1 must be in [0, 1), got 2.0"),
         ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
@@ -208,3 +209,29 @@ def test_the_tiny_presets_dimensions_are_bounded(key, value, bound):
     """A 'tiny' model with a hidden size of ten million used to pass validation and then grow memory with no message."""
     with pytest.raises(ValueError, match=rf"^{key} must be in \[1, {bound}\], got {value}$"):
         load_config(None, [f"{key}={value}"])
+
+
+@pytest.mark.parametrize(
+    "assignment, where",
+    [
+        ("rollout.correction=token_truncate", "objective.overrides.rollout_correction"),
+        ("rollout.correction_low=0.4", "objective.overrides.rollout_low"),
+        ("rollout.correction_cap=3", "objective.overrides.rollout_cap"),
+        ("objective.advantage_eps=0.01", "objective.overrides.adv_eps"),
+    ],
+)
+def test_a_setting_has_one_key_and_its_old_key_says_where_it_moved(assignment, where):
+    """The rollout correction and the std's epsilon are components of the objective: one key each, in
+    objective.overrides (two keys for one setting could disagree); the old key names the new one."""
+    from dfpo.trainer.config import load_config
+
+    with pytest.raises(ValueError, match=rf"{re.escape(assignment.split('=')[0])} is no longer read: .*{re.escape(where)}"):
+        load_config(None, [assignment])
+
+
+def test_the_objective_carries_the_advantage_epsilon_the_trainer_uses(tmp_path):
+    from dfpo.trainer.config import load_config
+    from dfpo.trainer.train import objective_spec
+
+    assert objective_spec(load_config(None, ["objective.overrides.adv_eps=0.01"])).adv_eps == 0.01
+    assert objective_spec(load_config(None, [])).adv_eps == 1e-4  # TRL's and DeepSeekMath's

@@ -88,7 +88,7 @@ def test_tempered_sampling_recomputes_old_log_probs_and_logs_the_gap(tmp_path):
 
 
 def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_path):
-    """rollout.correction sets the objective's rollout_correction and the trainer passes the sampler's
+    """objective.overrides.rollout_correction sets the objective's correction and the trainer passes the sampler's
     log-probs: at temperature 0.7 the truncated weights differ from 1 and respect the cap."""
     import json
 
@@ -101,8 +101,8 @@ def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_pa
         "train.steps=1",
         "eval.every=0",
         "rollout.temperature=0.7",
-        "rollout.correction=token_truncate",
-        "rollout.correction_cap=1.5",
+        "objective.overrides.rollout_correction=token_truncate",
+        "objective.overrides.rollout_cap=1.5",
     )
     trainer = Trainer(cfg, quiet=True)
     assert (trainer.spec.rollout_correction, trainer.spec.rollout_cap) == ("token_truncate", 1.5)

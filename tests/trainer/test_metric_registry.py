@@ -79,7 +79,7 @@ def test_every_key_a_training_run_logs_is_declared(tmp_path):
     cfg = tiny_config(
         tmp_path,
         "rollout.dynamic_sampling=true",
-        "rollout.correction=sequence_truncate",
+        "objective.overrides.rollout_correction=sequence_truncate",
         "objective.overrides.beta=0.05",
         "optim.microbatch_groups=1",
     )
