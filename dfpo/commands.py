@@ -9,7 +9,7 @@ import torch
 from dfpo.core import settings
 from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
 from dfpo.core.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
-from dfpo.core.loss.objectives import ObjectiveSpec, component_rows
+from dfpo.core.loss.spec import ObjectiveSpec, component_rows
 from dfpo.toy.config import ToyConfig
 from dfpo.trainer.config import Config
 

@@ -101,7 +101,7 @@ def test_every_preset_value_that_differs_from_the_shared_default_cites_its_own_s
     import dataclasses
 
     import dfpo
-    from dfpo.core.loss.objectives import COMMON_SOURCES
+    from dfpo.core.loss.spec import COMMON_SOURCES
 
     defaults = {f.name: f.default for f in dataclasses.fields(dfpo.ObjectiveSpec) if f.name in COMMON_SOURCES}
     assert set(COMMON_SOURCES) == set(dfpo.core.loss.COMPONENT_FIELDS)

@@ -4,7 +4,10 @@ Entry point: ``dfpo train --config FILE.toml [--set key=value ...] [--resume RUN
 (``cli.py``), or ``dfpo.trainer.train.train(config)`` from Python.
 
 Modules (read in this order):
-    config.py        frozen dataclass config, strict TOML parsing, --set overrides, resume checks
+    config.py        frozen dataclass config, strict TOML parsing, --set overrides
+    resume.py        what a resume may change: the checkpoint's config compared key by key
+    layout.py        ``RunDir``: the file names of a run folder, in one place
+    preflight.py     checks before any work: prompt lengths, model folder, prompts per step, memory
     tasks.py         built-in tasks (add, equiv), JSONL, reasoning-gym, HF datasets, resumable sampler;
                      prompt encoding, the warm-start target and forms/* metrics of the tasks
     rewards.py       exact / math-verify / equiv / reasoning-gym / user rewards, format reward

@@ -43,7 +43,8 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
 
     # deferred: torch (see the module docstring)
     from .checkpoint import read_meta
-    from .config import RESUME_SETTABLE, apply_overrides, check_same_config, config_from_dict, config_text, dict_to_toml
+    from .config import apply_overrides, config_from_dict, config_text, dict_to_toml
+    from .resume import RESUME_SETTABLE, check_same_config
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir} is a file, not a run folder")

@@ -40,8 +40,8 @@ from pathlib import Path
 
 from ..core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
-from .config import RESUME_IGNORED, flat_items
 from .layout import RunDir
+from .resume import RESUME_IGNORED, flat_items
 
 INIT_MODEL_RECORD = ".dfpo-files.json"
 """In init_model/: the name and size of each file dfpo train wrote there, written after them."""

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from ..core.files import WriteFailed, describe_write_error
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import Config, check_same_config, config_to_dict
+from .config import Config, config_to_dict
 from .layout import RunDir
 from .parallel import OneProcess
+from .resume import check_same_config
 from .run_folder import run_identity, write_mark
 from .runlog import JsonlLog, NullLog, Scalars, missing_steps
 

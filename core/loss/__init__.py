@@ -9,23 +9,20 @@ from .clipping import CLIP_MODES, CLIP_RULES, ClipRule, sign_aware_clip, symmetr
 from .core import asymmetry, compute_dtype, group_variance, policy_loss
 from .fields import Bounds, FieldInfo, When
 from .masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
-from .objectives import (
+from .objectives import OBJECTIVES, objective_from_label, parse_objective_label, resolve_objective
+from .ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
+from .shapes import RATIO_SHAPES, LossBatch, PolicyTerms, register_ratio_shape
+from .spec import (
     COMMON_SOURCES,
     COMPONENT_FIELDS,
-    OBJECTIVES,
     SPEC_FIELDS,
     TRUST_REGION_FIELDS,
     ObjectiveSpec,
     component_rows,
-    objective_from_label,
-    parse_objective_label,
-    resolve_objective,
     trust_region,
     unmatched_components,
     validate_spec,
 )
-from .ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
-from .shapes import RATIO_SHAPES, LossBatch, PolicyTerms, register_ratio_shape
 from .transforms import (
     STOPGRAD_FUNCTIONS,
     TRANSFORM_FUNCTIONS,

@@ -36,9 +36,10 @@ from torch import Tensor
 from .aggregation import aggregate
 from .groups import Groups, group_sum
 from .masks import dropped_tokens
-from .objectives import COMPONENTS, ObjectiveSpec, resolve_objective
+from .objectives import resolve_objective
 from .ratios import clamped_share
 from .shapes import RATIO_SHAPES, LossBatch, LossContext, PolicyTerms
+from .spec import COMPONENTS, ObjectiveSpec
 
 LOGP_FLOOR = 1e4
 """Log-probs below -LOGP_FLOOR at a real token are refused: float64's smallest positive number is

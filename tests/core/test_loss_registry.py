@@ -151,7 +151,7 @@ def test_registries_are_the_component_choices():
         TRANSFORM_FUNCTIONS,
         TRANSFORMS,
     )
-    from dfpo.core.loss.objectives import RATIO_LEVELS
+    from dfpo.core.loss.spec import RATIO_LEVELS
     from dfpo.core.loss.transforms import STOPGRAD_FORMS
 
     assert RATIO_LEVELS == tuple(RATIO_SHAPES) == ("token", "sequence_token", "sequence", "sequence_product", "geometric")

@@ -14,7 +14,7 @@ import pytest
 
 from dfpo.commands import config_reference
 from dfpo.core.loss import parse_objective_label, resolve_objective
-from dfpo.core.loss.objectives import COMPONENT_FIELDS, SPEC_FIELDS, ObjectiveSpec
+from dfpo.core.loss.spec import COMPONENT_FIELDS, SPEC_FIELDS, ObjectiveSpec
 from dfpo.core.settings import (
     Bounds,
     check_bounds,

@@ -15,7 +15,7 @@ from dfpo import ObjectiveSpec, policy_loss, resolve_objective
 from dfpo.core.loss import OBJECTIVES, objective_from_label, trust_region, unmatched_components
 from dfpo.core.loss import core as core_module
 from dfpo.core.loss.fields import KINDS, META_KEY, OWNERS, FieldInfo, field_infos
-from dfpo.core.loss.objectives import COMMON_SOURCES, COMPONENT_FIELDS, SPEC_FIELDS, TRUST_REGION_FIELDS, component_rows
+from dfpo.core.loss.spec import COMMON_SOURCES, COMPONENT_FIELDS, SPEC_FIELDS, TRUST_REGION_FIELDS, component_rows
 
 
 def undeclared_fields(cls) -> list[str]:
