@@ -5,13 +5,14 @@ from . import policy_loss, group_advantages, OBJECTIVES
 
 from .advantages import group_advantages
 from .aggregation import AGGREGATIONS, aggregate, aggregation_count
+from .batch import LossBatch, LossContext, PolicyTerms
 from .clipping import CLIP_MODES, CLIP_RULES, ClipRule, sign_aware_clip, symmetric_clip
 from .core import asymmetry, compute_dtype, group_variance, policy_loss
 from .fields import Bounds, FieldInfo, When
 from .masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
 from .objectives import OBJECTIVES, objective_from_label, parse_objective_label, resolve_objective
 from .ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
-from .shapes import RATIO_SHAPES, LossBatch, PolicyTerms, register_ratio_shape
+from .shapes import RATIO_SHAPES, register_ratio_shape
 from .spec import (
     COMMON_SOURCES,
     COMPONENT_FIELDS,
@@ -44,6 +45,7 @@ __all__ = [
     "ClipRule",
     "FieldInfo",
     "LossBatch",
+    "LossContext",
     "OBJECTIVES",
     "ObjectiveSpec",
     "PolicyTerms",

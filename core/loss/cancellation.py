@@ -16,11 +16,12 @@ from torch import Tensor
 
 from .advantages import group_advantages
 from .aggregation import AGGREGATIONS
+from .batch import LossBatch
 from .core import policy_loss
 from .groups import Groups
 from .objectives import OBJECTIVES, resolve_objective
 from .ratios import sequence_log_ratio
-from .shapes import RATIO_SHAPES, LossBatch
+from .shapes import RATIO_SHAPES
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,12 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate
+from .batch import LossBatch, LossContext, PolicyTerms
 from .groups import Groups, group_sum
 from .masks import dropped_tokens
 from .objectives import resolve_objective
 from .ratios import clamped_share
-from .shapes import RATIO_SHAPES, LossBatch, LossContext, PolicyTerms
+from .shapes import RATIO_SHAPES
 from .spec import COMPONENTS, ObjectiveSpec
 
 LOGP_FLOOR = 1e4

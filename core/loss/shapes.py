@@ -17,69 +17,15 @@ level, so a new objective with a new ratio shape is one new function here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .batch import LossBatch, PolicyTerms
 from .clipping import clip_rule
 from .fields import Component, component_field
-from .groups import Groups
 from .ratios import LOG_RATIO_BOUND, sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
 from .transforms import sequence_surrogate
-
-
-@dataclass(frozen=True)
-class LossBatch:
-    """The checked inputs of one loss call; padded positions of logp/old_logp are already zero."""
-
-    logp: Tensor  # (B, T) with the graph
-    old_logp: Tensor  # (B, T) detached
-    adv: Tensor  # (B,) detached, logp's dtype
-    mask: Tensor  # (B, T) bool, real tokens
-    lengths: Tensor  # (B,) real tokens per row
-    groups: Groups
-
-
-@dataclass(frozen=True)
-class PolicyTerms:
-    """What a ratio shape returns; every field means the same at every ratio level."""
-
-    surrogate: Tensor
-    """(B, T) per-token surrogate to maximise (read only where the mask holds)."""
-    ratio: Tensor
-    """(B, T) detached: the ratio the clip acts on, at each token (a sequence ratio repeats along its row)."""
-    post_clip: Tensor
-    """(B,) detached post-clip weight sbar_i (eq 47) before any group transform; a row's mean token weight at token level."""
-    weight: Tensor
-    """(B,) detached per-sequence weight w_i of Asym (eq 23): stilde_i after the group transform (sbar_i without one)."""
-    clip_low: Tensor
-    """(B, T) bool: where clipping zeroes the gradient from below (constant along a row for a sequence clip)."""
-    clip_high: Tensor
-    """(B, T) bool: the same from above."""
-    clip_per_sequence: bool
-    """True: ``clip/frac_*`` counts sequences (as TRL logs GSPO); False: it counts kept tokens."""
-
-
-@dataclass(frozen=True)
-class LossContext:
-    """What the loss pipeline's component steps read (``Component.token_step``, ``Component.loss_term``)."""
-
-    x: LossBatch
-    terms: PolicyTerms
-    kept: Tensor
-    """(B, T) bool: real tokens the token mask keeps."""
-    agg_mask: Tensor
-    """(B, T) bool: the tokens the aggregation counts (the kept ones when a renormalised mask drops some)."""
-    agg_lengths: Tensor | None
-    """(B,) the row sums of ``agg_mask`` when known (None: the aggregation counts them)."""
-    entropy: Tensor | None
-    """(B, T) the policy's token entropy, with its gradient, in the compute dtype (None when not passed)."""
-    ref_logp: Tensor | None
-    """(B, T) detached reference log-probs, padding zeroed (None when not passed)."""
-    rollout_logp: Tensor | None
-    """(B, T) detached sampler log-probs, padding zeroed (None when not passed)."""
-
 
 RatioShape = Callable[[object, LossBatch], PolicyTerms]
 RATIO_SHAPES: dict[str, RatioShape] = {}

@@ -17,16 +17,13 @@ Where this departs from the paper:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from .batch import LossBatch
 from .fields import POSITIVE, Component, When, component_field
 from .groups import Groups, group_amax, group_amin, group_dense, group_sum
-
-if TYPE_CHECKING:  # shapes imports this module (its sequence weights go through sequence_surrogate)
-    from .shapes import LossBatch
 
 
 def _effective_adv(adv: Tensor, lengths: Tensor | None, groups: Groups) -> Tensor:

@@ -14,7 +14,8 @@ import torch
 from dfpo import ObjectiveSpec, policy_loss, resolve_objective
 from dfpo.core.loss import OBJECTIVES, RATIO_SHAPES, PolicyTerms, register_ratio_shape
 from dfpo.core.loss import core as core_module
-from dfpo.core.loss.shapes import SEQUENCE_WEIGHT_LEVELS, LossBatch
+from dfpo.core.loss.batch import LossBatch
+from dfpo.core.loss.shapes import SEQUENCE_WEIGHT_LEVELS
 from dfpo.core.loss.transforms import sequence_surrogate
 
 

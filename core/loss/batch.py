@@ -1,0 +1,62 @@
+"""The data the loss core passes between its steps: the checked inputs (``LossBatch``), what a ratio shape returns
+(``PolicyTerms``) and what the components' pipeline steps read (``LossContext``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from .groups import Groups
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """The checked inputs of one loss call; padded positions of logp/old_logp are already zero."""
+
+    logp: Tensor  # (B, T) with the graph
+    old_logp: Tensor  # (B, T) detached
+    adv: Tensor  # (B,) detached, logp's dtype
+    mask: Tensor  # (B, T) bool, real tokens
+    lengths: Tensor  # (B,) real tokens per row
+    groups: Groups
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """What a ratio shape returns; every field means the same at every ratio level."""
+
+    surrogate: Tensor
+    """(B, T) per-token surrogate to maximise (read only where the mask holds)."""
+    ratio: Tensor
+    """(B, T) detached: the ratio the clip acts on, at each token (a sequence ratio repeats along its row)."""
+    post_clip: Tensor
+    """(B,) detached post-clip weight sbar_i (eq 47) before any group transform; a row's mean token weight at token level."""
+    weight: Tensor
+    """(B,) detached per-sequence weight w_i of Asym (eq 23): stilde_i after the group transform (sbar_i without one)."""
+    clip_low: Tensor
+    """(B, T) bool: where clipping zeroes the gradient from below (constant along a row for a sequence clip)."""
+    clip_high: Tensor
+    """(B, T) bool: the same from above."""
+    clip_per_sequence: bool
+    """True: ``clip/frac_*`` counts sequences (as TRL logs GSPO); False: it counts kept tokens."""
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """What the loss pipeline's component steps read (``Component.token_step``, ``Component.loss_term``)."""
+
+    x: LossBatch
+    terms: PolicyTerms
+    kept: Tensor
+    """(B, T) bool: real tokens the token mask keeps."""
+    agg_mask: Tensor
+    """(B, T) bool: the tokens the aggregation counts (the kept ones when a renormalised mask drops some)."""
+    agg_lengths: Tensor | None
+    """(B,) the row sums of ``agg_mask`` when known (None: the aggregation counts them)."""
+    entropy: Tensor | None
+    """(B, T) the policy's token entropy, with its gradient, in the compute dtype (None when not passed)."""
+    ref_logp: Tensor | None
+    """(B, T) detached reference log-probs, padding zeroed (None when not passed)."""
+    rollout_logp: Tensor | None
+    """(B, T) detached sampler log-probs, padding zeroed (None when not passed)."""
