@@ -789,12 +789,15 @@ def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkey
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="needs a Linux tmpfs")
 def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkpoint(tmp_path):
-    """dfpo train on filesystems from a few KiB to just too small for a whole run: every one stops with exit 1 and
-    one line naming the file and the space, no traceback, no temporary file, and a checkpoint it wrote still loads."""
+    """dfpo train on filesystems from a few KiB to about the size of a whole run: every one where the finished run's
+    files cannot fit stops with exit 1 and one line naming the file and the space, no traceback, no temporary file,
+    and a checkpoint it wrote still loads; near the top a run may also finish (how much room a checkpoint being
+    replaced needs at once depends on the filesystem's block rounding), and then it finished cleanly."""
     probe = tmp_path / "probe"
     cmd = lambda run: _cmd(run, 3) + ["--set", "train.save_every=1"]  # noqa: E731
     subprocess.run(cmd(probe), check=True, capture_output=True, timeout=300)
-    need = _used(probe) + (probe / RunDir.CHECKPOINT).stat().st_size  # the run, and a second checkpoint being written
+    final = _used(probe)  # what the finished run keeps: a disk smaller than this cannot hold it
+    need = final + (probe / RunDir.CHECKPOINT).stat().st_size  # the run, and a second checkpoint being written
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, 4096):
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
@@ -806,7 +809,11 @@ def test_every_level_of_free_space_ends_in_one_message_and_keeps_the_last_checkp
             run = disk / "run"
             proc = subprocess.run(cmd(run), capture_output=True, text=True, timeout=300)
             where = f"room {room} of {need}: {proc.stderr[-3000:]}"
-            assert proc.returncode == 1 and "Traceback" not in proc.stderr, where
+            assert "Traceback" not in proc.stderr, where
+            if proc.returncode == 0 and room >= final:
+                assert json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"] == 3, where
+                continue
+            assert proc.returncode == 1, where
             errors = [line for line in proc.stderr.splitlines() if line.startswith("dfpo: error:")]
             assert len(errors) == 1 and "no space left on the device" in errors[0], where
             assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")], where
