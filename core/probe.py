@@ -102,6 +102,8 @@ class EventDrift:
     cross: Tensor
     measured: Tensor
     """log pi(e) after the step minus before, both by a forward pass."""
+    value: Tensor
+    """log pi(e) before the step (a pair: its log-odds log pi(y_a) - log pi(y_b))."""
 
     @property
     def predicted(self) -> Tensor:
@@ -252,7 +254,7 @@ def _grads(value: Tensor, params: Sequence[Tensor]) -> tuple[Tensor | None, ...]
 
 def _empty() -> EventDrift:
     z = torch.zeros(0, dtype=torch.float64)
-    return EventDrift(torch.zeros(0, 2, dtype=torch.long), z, z, z, z)
+    return EventDrift(torch.zeros(0, 2, dtype=torch.long), z, z, z, z, z)
 
 
 def probe_step(
@@ -280,11 +282,12 @@ def probe_step(
     spec = resolve_objective(objective)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     mask = batch.mask.bool()
-    shared = spread((ev := shared_events(batch.tokens, mask, batch.group_ids)), batch.group_ids[ev[:, 0]], max_events)
+    tokens_cpu, mask_cpu, groups_cpu = batch.tokens.cpu(), mask.cpu(), batch.group_ids.cpu()  # the events' bookkeeping
+    shared = spread((ev := shared_events(tokens_cpu, mask_cpu, groups_cpu)), groups_cpu[ev[:, 0]], max_events)
     pairs = torch.zeros(0, 2, dtype=torch.long)
     if batch.correct is not None:
-        pairs = equivalent_pairs(batch.tokens, mask, batch.group_ids, batch.correct)
-        pairs = spread(pairs, batch.group_ids[pairs[:, 0]], max_events)
+        pairs = equivalent_pairs(tokens_cpu, mask_cpu, groups_cpu, batch.correct.cpu())
+        pairs = spread(pairs, groups_cpu[pairs[:, 0]], max_events)
     saved_state = copy.deepcopy(optimizer.state_dict())
     theta0 = [p.detach().clone() for p in params]
 
@@ -313,13 +316,13 @@ def probe_step(
         for p, t0 in zip(params, theta0):
             p.copy_(t0)
     before = score(rows)[0] if rows.numel() else None  # (m, T) with the graph at theta_0
-    coef_cpu, mask_cpu = coef.double().cpu(), mask.cpu()
+    coef_cpu = coef.double().cpu()
 
     def shared_drift() -> EventDrift:
         if shared.shape[0] == 0:
             return _empty()
-        _, members_of = torch.unique(batch.group_ids.cpu(), return_inverse=True)  # (B,)
-        out = {"coef": [], "direct": [], "cross": [], "measured": []}
+        _, members_of = torch.unique(groups_cpu, return_inverse=True)  # (B,)
+        out = {"coef": [], "direct": [], "cross": [], "measured": [], "value": []}
         for row, t in shared.tolist():
             k = local[row]
             c_sum = coef_cpu[members_of == members_of[row], t].sum()  # eq 2's sum_i c_i,t*
@@ -329,14 +332,16 @@ def probe_step(
             out["coef"].append(c_sum)
             out["direct"].append(direct)
             out["cross"].append(predicted - direct)
-            out["measured"].append(after[k, t] - before[k, t].detach().double().cpu())
-        return EventDrift(shared, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured")))
+            value = before[k, t].detach().double().cpu()
+            out["measured"].append(after[k, t] - value)
+            out["value"].append(value)
+        return EventDrift(shared, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured", "value")))
 
     def row_terms(row: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(<g_row, Delta theta>, <g_row, P u_row>, log pi(y_row) before, after) of one completion."""
         k, m = local[row], mask_cpu[row].to(before.device)
         seq = torch.where(m, before[k], 0.0).sum()
-        own = torch.where(m, before[k] * coef[row].to(before.device), 0.0).sum()  # sum_t c_t log pi_t (c constant)
+        own = torch.where(m, before[k] * coef[row].to(before.device), 0.0).sum()  # sum_t c_t log pi_t, c detached
         g, u = _grads(seq, params), _grads(own, params)
         return _dot(g, delta), _weighted_dot(g, precond, u), seq.detach().double().cpu(), torch.where(mask_cpu[row], after[k], 0.0).sum()
 
@@ -344,7 +349,7 @@ def probe_step(
         if pairs.shape[0] == 0:
             return _empty()
         terms = {r: row_terms(r) for r in torch.unique(pairs.flatten()).tolist()}
-        out = {"coef": [], "direct": [], "cross": [], "measured": []}
+        out = {"coef": [], "direct": [], "cross": [], "measured": [], "value": []}
         for a, b in pairs.tolist():
             (pa, da, sa0, sa1), (pb, db, sb0, sb1) = terms[a], terms[b]
             mean_c = lambda r: coef_cpu[r][mask_cpu[r]].mean() if bool(mask_cpu[r].any()) else coef_cpu.new_zeros(())  # noqa: E731
@@ -353,7 +358,8 @@ def probe_step(
             out["direct"].append(direct)
             out["cross"].append(pa - pb - direct)
             out["measured"].append((sa1 - sb1) - (sa0 - sb0))
-        return EventDrift(pairs, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured")))
+            out["value"].append(sa0 - sb0)
+        return EventDrift(pairs, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured", "value")))
 
     try:
         report = DriftReport(shared_drift(), pair_drift(), {k: v.detach() for k, v in metrics.items()}, float(grad_scale))

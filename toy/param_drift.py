@@ -179,12 +179,14 @@ def probe_toy(config: ToyConfig, *, max_events: int = 64) -> ToyProbe:
             events = toy_shared_events(rows[s], toks[s], mask[s], group[s], V)[:max_events]
             c_e, direct, cross = shared_event_terms(coef[s], logpi[s], rows[s], toks[s], mask[s], group[s], events, config.lr)
             measured = lp1[events[:, 0], events[:, 1]] - lp0[events[:, 0], events[:, 1]]
-            shared_out[name].append(EventDrift(events, *(x.double() for x in (c_e, direct, cross, measured))))
+            value = lp0[events[:, 0], events[:, 1]]
+            shared_out[name].append(EventDrift(events, *(x.double() for x in (c_e, direct, cross, measured, value))))
             pairs = equivalent_pairs(toks[s], mask[s], group[s], correct[s])[:max_events]
             gap, pd, pc = pair_terms(coef[s], logpi[s], rows[s], toks[s], mask[s], pairs, config.lr)
             seq0, seq1 = (torch.where(mask[s], x, torch.zeros(())).sum(-1) for x in (lp0, lp1))  # (B,)
             odds = (seq1[pairs[:, 0]] - seq1[pairs[:, 1]]) - (seq0[pairs[:, 0]] - seq0[pairs[:, 1]])
-            pairs_out[name].append(EventDrift(pairs, *(x.double() for x in (gap, pd, pc, odds))))
+            value = seq0[pairs[:, 0]] - seq0[pairs[:, 1]]
+            pairs_out[name].append(EventDrift(pairs, *(x.double() for x in (gap, pd, pc, odds, value))))
     return ToyProbe(shared_out, pairs_out)
 
 
