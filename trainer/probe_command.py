@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from ..core import stats
+from ..core.drift_tables import KINDS, MIN_SEEDS, comparison_table, share_table, summary_table, values
 from ..core.files import check_writable_folder, write_run_file
 from ..core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
 from ..core.probe import DriftBatch, probe_step, summary
@@ -67,15 +68,7 @@ PROBE_DEFAULTS = (
 EQUIV_SETS = ("data.task=equiv", "model.sft_steps=300")
 """``--set`` these for equivalent pairs: the equiv task, whose correct answers have several surface forms, and a
 warm start long enough that a group holds two correct ones (choice 2)."""
-FIGURES = ("coef", "direct", "cross", "measured", "error", "cross_share")
-"""The figures of ``core.probe.summary`` a record keeps, in table order."""
-KINDS = ("shared", "equivalent")
-COMPARED = (("shared", "measured"), ("shared", "cross"), ("equivalent", "measured"), ("equivalent", "cross"))
-"""(event kind, figure) compared with the matched control: how much the events moved, and how much of it came through
-other tokens' gradients."""
 FILES = ("probe.json", "probe.md", "probe.png")
-MIN_SEEDS = 8
-"""Fewer seeds than this draw a warning, as in ``dfpo compare``."""
 
 
 @dataclass(frozen=True)
@@ -365,92 +358,6 @@ def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) ->
     }
 
 
-def _values(doc: dict, label: str, kind: str, figure: str) -> dict[int, float]:
-    """{seed: value} of one figure (seeds without events of that kind left out)."""
-    return {r["seed"]: r[figure] for r in doc["records"] if r["objective"] == label and r["kind"] == kind and figure in r}
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}" if math.isfinite(x) else "-"
-
-
-def summary_table(doc: dict) -> str:
-    """Markdown: per objective and event kind, each figure's mean over seeds [95% Student-t interval]."""
-    head = ["objective", "events", "seeds", "mean events", *[f"abs {f}" if f not in ("cross_share", "error") else f for f in FIGURES]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label in doc["objectives"]:
-        for kind in KINDS:
-            counts = _values(doc, label, kind, "events")
-            cells = []
-            for figure in FIGURES:
-                vals = list(_values(doc, label, kind, figure).values())
-                if not vals:
-                    cells.append("-")
-                    continue
-                iv = stats.paired_interval(vals)
-                cells.append(_fmt(iv.mean) + ("" if iv.n < 2 else f" [{_fmt(iv.low)}, {_fmt(iv.high)}]"))
-            seeds = len(_values(doc, label, kind, "direct"))
-            mean_events = sum(counts.values()) / max(1, len(counts))
-            lines.append(f"| `{label}` | {kind} | {seeds} | {mean_events:.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One cell of the matched-control table: method - control over the seeds that have both."""
-
-    method: str
-    control: str
-    kind: str
-    figure: str
-    interval: stats.Interval | None
-    control_mean: float | None
-    verdict: str
-
-
-def comparisons(doc: dict) -> list[Comparison]:
-    """method - control for every (kind, figure) of ``COMPARED``, Bonferroni-adjusted over all of them; the verdict
-    tests the prediction "restoring cancellation lowers it" (direction -1, ``stats.verdict``)."""
-    cells = [(m, c, k, f) for m, c in doc["controls"].items() for k, f in COMPARED]
-    paired = {cell: sorted(set(_values(doc, cell[0], *cell[2:])) & set(_values(doc, cell[1], *cell[2:]))) for cell in cells}
-    tests = max(1, sum(len(common) >= 2 for common in paired.values()))  # the intervals the table shows
-    out = []
-    for method, control, kind, figure in cells:
-        a, b = _values(doc, method, kind, figure), _values(doc, control, kind, figure)
-        common = paired[(method, control, kind, figure)]
-        if len(common) < 2:
-            out.append(Comparison(method, control, kind, figure, None, None, "too few seeds"))
-            continue
-        iv = stats.paired_interval([a[s] - b[s] for s in common], tests=tests)
-        base = sum(b[s] for s in common) / len(common)
-        out.append(Comparison(method, control, kind, figure, iv, base, stats.verdict(iv, -1, base)))
-    return out
-
-
-def comparison_table(doc: dict) -> str:
-    """Markdown: each transform against its matched control, paired over seeds."""
-    rows = comparisons(doc)
-    if not rows:
-        return "No objective with a group transform has a matched control among the labels: nothing to compare."
-    lines = [
-        "| method - control | events | figure | control mean | difference [adjusted interval] | verdict |",
-        "|---|---|---|---|---|---|",
-    ]
-    for c in rows:
-        diff = "-" if c.interval is None else f"{_fmt(c.interval.mean)} [{_fmt(c.interval.low)}, {_fmt(c.interval.high)}]"
-        rel = "" if c.interval is None or c.control_mean is None else stats.relative(c.interval, c.control_mean)
-        base = "-" if c.control_mean is None else _fmt(c.control_mean)
-        lines.append(f"| `{c.method}` - `{c.control}` | {c.kind} | abs {c.figure} | {base} | {diff}{rel} | {c.verdict} |")
-    tests = max(1, sum(c.interval is not None for c in rows))
-    return "\n".join(
-        [
-            *lines,
-            "",
-            f"Intervals: {stats.interval_note(tests)}. Verdict on the prediction 'the transform lowers it' (`dfpo.core.stats.verdict`).",
-        ]
-    )
-
-
 def render_markdown(doc: dict) -> str:
     """probe.md: what ran, the per-objective table, the matched-control table, warnings."""
     s = doc["settings"]
@@ -477,6 +384,10 @@ def render_markdown(doc: dict) -> str:
         "## Against the matched control (paired over seeds)",
         "",
         comparison_table(doc),
+        "",
+        "## How much of the drift the cross term carries",
+        "",
+        share_table(doc),
     ]
     if len(seeds) < MIN_SEEDS:
         out += ["", f"Warning: {len(seeds)} seeds (fewer than {MIN_SEEDS}): the intervals are wide and lean on near-normal differences."]
@@ -496,7 +407,7 @@ def plot(doc: dict, path: Path) -> None:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100, layout="constrained")
         for ax, kind in zip(axes, KINDS):
             ax.set_title("shared (context, token) events" if kind == "shared" else "equivalent answers' log-odds", fontsize=10)
-            if not any(_values(doc, label, kind, "direct") for label in labels):
+            if not any(values(doc, label, kind, "direct") for label in labels):
                 what = "no group shared a token" if kind == "shared" else "no group held two correct answers with different tokens"
                 ax.text(0.5, 0.5, f"{what}\nin these batches", ha="center", va="center", fontsize=9, transform=ax.transAxes)
                 ax.set_xticks([])
@@ -506,7 +417,7 @@ def plot(doc: dict, path: Path) -> None:
             for j, (figure, color) in enumerate(parts):
                 means, errs = [], []
                 for label in labels:
-                    vals = list(_values(doc, label, kind, figure).values())
+                    vals = list(values(doc, label, kind, figure).values())
                     if not vals:
                         means.append(0.0)
                         errs.append(0.0)
@@ -558,13 +469,10 @@ def probe_command(plan: ProbePlan, *, quiet: bool = False) -> str:
 __all__ = [
     "DEFAULT_OBJECTIVES",
     "ProbePlan",
-    "comparison_table",
-    "comparisons",
     "make_plan",
     "matched_controls",
     "probe_command",
     "render_markdown",
     "run_probe",
-    "summary_table",
     "write_outputs",
 ]

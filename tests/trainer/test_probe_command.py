@@ -12,7 +12,8 @@ import pytest
 from tiny_run import TINY_MODEL_SETS
 
 from dfpo.cli import main
-from dfpo.trainer.probe_command import comparisons, make_plan, matched_controls, render_markdown, summary_table
+from dfpo.core.drift_tables import comparisons, summary_table
+from dfpo.trainer.probe_command import make_plan, matched_controls, render_markdown
 
 FAST = [*TINY_MODEL_SETS, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
 
@@ -94,7 +95,7 @@ def test_comparisons_read_the_paired_differences():
     measured = cells[("shared", "measured")]
     assert measured.interval.mean == pytest.approx(-0.5) and measured.verdict == "reproduced"
     assert cells[("equivalent", "measured")].verdict == "too few seeds"
-    assert measured.interval.tests == 2  # Bonferroni over the intervals the table shows, not the empty cells
+    assert measured.interval.tests == 3  # Bonferroni over the intervals the table shows (coef, measured, cross), not the empty cells
     md = render_markdown(doc)
     assert "| `dfpo_min` - `gspo` | shared | abs measured |" in md and "Warning: 6 seeds" in md
     assert "| `gspo` | equivalent | 0 |" in summary_table(doc)
