@@ -157,6 +157,10 @@ class Finding:
     key: tuple[str, ...]
     replicated: bool
     sentence: str
+    computed: bool = True
+    """False when either seed set had too few seeds with events for an interval (no comparison was made)."""
+    verdicts: tuple[str, str] = ("", "")
+    """The discovery's and the confirmation's verdict (or side)."""
 
 
 _VERDICT_WORDS = {"reproduced": "lowers", "contradicted": "raises", "negligible": "changes by less than 2% of the control"}
@@ -188,7 +192,8 @@ def replication(discovery: dict, confirmation: dict) -> list[Finding]:
                 f"sets: {fmt(iv.mean)} [{fmt(iv.low)}, {fmt(iv.high)}]{stats.relative(iv, c.control_mean)} on the confirmation set "
                 f"({iv.n} seeds, control mean {fmt(c.control_mean)})."
             )
-        out.append(Finding(("control", *key), agree, sentence))
+        computed = c is not None and d.interval is not None and c.interval is not None
+        out.append(Finding(("control", *key), agree, sentence, computed, (d.verdict, "" if c is None else c.verdict)))
     conf_shares = {(s.objective, s.kind): s for s in cross_shares(confirmation)}
     for d in cross_shares(discovery):
         c = conf_shares.get((d.objective, d.kind))
@@ -200,7 +205,7 @@ def replication(discovery: dict, confirmation: dict) -> list[Finding]:
                 f"Under `{d.objective}` the cross term carries {c.side} of the first-order drift of {KIND_WORDS[d.kind]} on both seed "
                 f"sets: {_pct(iv.mean)} [{_pct(iv.low)}, {_pct(iv.high)}] on the confirmation set ({iv.n} seeds)."
             )
-        out.append(Finding(("cross_share", d.objective, d.kind), agree, sentence))
+        out.append(Finding(("cross_share", d.objective, d.kind), agree, sentence, c is not None, (d.side, "" if c is None else c.side)))
     return out
 
 
@@ -211,11 +216,25 @@ def findings_markdown(pairs: list[tuple[str, dict, dict]]) -> str:
     for title, discovery, confirmation in pairs:
         found = replication(discovery, confirmation)
         kept = [f for f in found if f.replicated]
+        made = [f for f in found if f.computed]
         seeds = f"seeds {_span(discovery['seeds'])} (discovery) and {_span(confirmation['seeds'])} (confirmation)"
         lines.append(f"- **{title}** ({seeds}; `{discovery['command']}`):")
         lines += [f"  - {f.sentence}" for f in kept]
-        lines.append(f"  - {len(found) - len(kept)} of the {len(found)} comparisons and shares did not replicate and are not findings.")
+        lines += [f"  - No finding: {_no_finding(f)}." for f in made if not f.replicated and f.key[0] == "control"]
+        lines.append(
+            f"  - {len(made) - len(kept)} of the {len(made)} comparisons and shares made on both sets did not replicate and are not "
+            f"findings; {len(found) - len(made)} could not be made (too few seeds with such events)."
+        )
     return "\n".join(lines)
+
+
+def _no_finding(f: Finding) -> str:
+    """What a matched-control comparison that did not replicate was, and each set's verdict."""
+    _, method, control, kind, figure = f.key
+    what = _FIGURE_WORDS[figure].removesuffix(" of")
+    return (
+        f"`{method}` against `{control}` on {what} of {KIND_WORDS[kind]} was {f.verdicts[0]} (discovery) and {f.verdicts[1]} (confirmation)"
+    )
 
 
 def _span(seeds: list[int]) -> str:

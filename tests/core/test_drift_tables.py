@@ -57,5 +57,13 @@ def test_an_effect_the_second_seed_set_does_not_give_is_not_a_finding(confirmati
 def test_the_findings_list_names_the_seed_sets_and_counts_what_did_not_replicate():
     md = findings_markdown([("tiny add", _doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), MIXED, SHARES))])
     assert md.startswith("- **tiny add** (seeds 0-5 (discovery) and 6-11 (confirmation); `dfpo probe`):")
-    assert "did not replicate and are not findings" in md
+    assert "did not replicate and are not findings" in md and "could not be made" in md
     assert "lowers the measured" not in md
+
+
+def test_a_comparison_that_did_not_replicate_is_named_with_both_verdicts_not_as_an_effect():
+    md = findings_markdown([("tiny add", _doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), MIXED, SHARES))])
+    assert (
+        "No finding: `dfpo_min` against `gspo` on the measured one-step drift of a shared token was reproduced (discovery) and inconclusive (confirmation)."
+        in md
+    )
