@@ -59,7 +59,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--first-seed", type=int, default=0, help="first seed (default 0); a set that confirms a finding must not overlap the first"
     )
-    p.add_argument("--config", default=None, help="TOML config of the policy and its batch (default: the tiny preset on the equiv task)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="TOML config of the policy and its batch (default: the tiny preset, add task; --set data.task=equiv --set model.sft_steps=300 for equivalent answers)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument(
         "--run", default=None, metavar="RUN_DIR", help="probe the checkpoint of a dfpo train run folder (nothing in it is written)"
