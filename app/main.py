@@ -14,6 +14,7 @@ pages = [
     st.Page(HERE / "page_atlas.py", url_path="atlas", title="Cancellation atlas", icon=":material/grid_on:"),
     st.Page(HERE / "page_toy.py", url_path="toy", title="Toy lab", icon=":material/science:"),
     st.Page(HERE / "page_ledger.py", url_path="ledger", title="Claims ledger", icon=":material/fact_check:"),
+    st.Page(HERE / "page_drift.py", url_path="drift", title="Parameter-space drift", icon=":material/scatter_plot:"),
     st.Page(HERE / "page_runs.py", url_path="runs", title="Training runs", icon=":material/monitoring:"),
 ]
 st.navigation(pages).run()

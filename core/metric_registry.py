@@ -46,6 +46,17 @@ class Metric:
 
 _LOSS, _TRAINER, _EVAL = "policy_loss", "trainer", "eval"
 
+_DRIFT_PARTS = (
+    ("coef", "mean", "mean abs logit-space coefficient (eq 2's sum_i c_it; for a pair the gap of mean c, eq 5's kappa gap)"),
+    ("direct", "mean", "mean abs first-order change of log pi that the event's own coefficients cause (dfpo.core.probe)"),
+    ("cross", "mean", "mean abs first-order change the rest of the batch causes through shared parameters (predicted - direct)"),
+    ("measured", "mean", "mean abs change of log pi after the trial step, by a forward pass"),
+    ("error", "mean", "mean abs (measured - predicted): the second-order remainder"),
+    ("cross_share", "mean", "sum abs cross / (sum abs direct + sum abs cross) over the probed events"),
+    ("step", "mean", "mean abs change over the training step's real optimiser steps: log pi now minus log pi_old"),
+)
+"""The parts of the drift/* keys, each for shared events and for equivalent pairs."""
+
 METRICS: tuple[Metric, ...] = (
     # the loss core (dfpo.policy_loss), one value per loss call
     Metric("loss/policy", "mean", "the policy term of the loss alone (no KL term, no entropy bonus)", _LOSS),
@@ -116,6 +127,21 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric(
         "forms/{name}", "mean", "add/equiv tasks: share of completions of each surface form (number, swap, split, echo, invalid)", _TRAINER
+    ),
+    *(
+        Metric(f"drift/{kind}_{part}", reduction, f"log.param_drift, {what}: {meaning}", _TRAINER)
+        for kind, what in (
+            ("shared", "shared (context, token) events of a group"),
+            ("equiv_logodds", "log-odds log pi(y_a) - log pi(y_b) of equivalent correct answers"),
+        )
+        for part, reduction, meaning in _DRIFT_PARTS
+    ),
+    Metric("drift/shared_events", "sum", "log.param_drift: shared events probed (at most log.param_drift_events)", _TRAINER),
+    Metric(
+        "drift/equiv_pairs",
+        "sum",
+        "log.param_drift: equivalent pairs probed (two correct completions of a group, different tokens)",
+        _TRAINER,
     ),
     Metric("rollout/dropped_groups", "sum", "dynamic sampling: groups dropped because all their rewards were equal", _TRAINER),
     Metric("rollout/extra_batches", "sum", "dynamic sampling: extra rollout batches drawn to fill the step", _TRAINER),

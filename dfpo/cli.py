@@ -8,6 +8,7 @@ handler), so `dfpo --help` and `dfpo objectives` start fast:
     dfpo theory ...            claims ledger (dfpo.theory.cli)
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
     dfpo train ...             LLM trainer (dfpo.trainer.cli)
+    dfpo probe ...             parameter-space drift per objective (dfpo.trainer.probe_cli)
 
 A part's module exposes ``register(subparsers) -> None``; it adds one parser and sets
 ``func=<callable(args) -> int>`` on it with ``set_defaults``.
@@ -27,7 +28,7 @@ from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
 from dfpo.trainer.exit_signals import decided, exit_on_signal
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
-PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.app.cli")
+PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe_cli", "dfpo.app.cli")
 
 
 def _cmd_objectives(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from dfpo.commands import atlas_table, cancellation_demo, components_table, conf
 from dfpo.core.files import write_text_atomic
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
+from dfpo.trainer.probe_findings import findings_block
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -61,6 +62,10 @@ def _metrics() -> str:
     return markdown_table()
 
 
+def _probe_findings() -> str:
+    return findings_block(ROOT / "docs" / "probe")
+
+
 BLOCKS = {
     "objectives": _objectives,
     "components": _components,
@@ -69,11 +74,14 @@ BLOCKS = {
     "ledger_count": _ledger_count,
     "metrics": _metrics,
     "config": _config,
+    "probe_findings": _probe_findings,
 }
 FILES = {
     README: ("ledger_count",),
     ROOT / "docs" / "loss.md": ("objectives", "components"),
-    ROOT / "docs" / "cancellation.md": ("demo", "atlas"),
+    ROOT / "docs" / "cancellation.md": ("demo", "atlas", "probe_findings"),
+    ROOT / "docs" / "attribution.md": ("probe_findings",),
+    ROOT / "docs" / "probe.md": ("probe_findings",),
     ROOT / "docs" / "metrics.md": ("metrics",),
     ROOT / "docs" / "config.md": ("config",),
 }

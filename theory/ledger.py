@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from . import appendix_a, bias, cancellation, clipping, drift, gradients, peers, stapo, transforms
+from . import appendix_a, bias, cancellation, clipping, drift, gradients, param_drift, peers, stapo, transforms
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
@@ -24,11 +24,12 @@ REPRODUCE = "dfpo theory --markdown docs/ledger.md"
 
 # Paper order: the 26 claims the paper states as propositions, corollaries and key equations, plus further
 # claims found while checking them (eq-18, eq-23, eq-66-67, eq-75-76, eq-81, sec-K.4, tab-3-no-stopgrad,
-# stopgrad-forms, tab-3-scale, stapo-cancel), and two for the peers' losses and estimators (soft-gate-cancel,
-# advantage-zero-sum).
+# stopgrad-forms, tab-3-scale, stapo-cancel), eq 5 in parameter space (cor-3.2-params), and two for the peers'
+# losses and estimators (soft-gate-cancel, advantage-zero-sum).
 REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "prop-3.1": drift.check_prop_3_1,
     "cor-3.2": drift.check_cor_3_2,
+    "cor-3.2-params": param_drift.check_cor_3_2_params,
     "cor-3.3": cancellation.check_cor_3_3,
     "cor-3.4": drift.check_cor_3_4,
     "eq-9": cancellation.check_eq_9,

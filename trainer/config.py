@@ -249,6 +249,15 @@ class LogConfig:
         factory=lambda: [0.5, 0.8], doc="Energy (eq 24) buckets: cumulative token-occurrence shares splitting frequent/mid/rare tokens."
     )
     diagnostics: bool = setting(True, "Compute Energy and shared-prefix residual (costs one softmax over the vocab per token).")
+    param_drift: bool = setting(
+        False,
+        "Log drift/*: how a trial optimiser step on the step's first mini-batch moves shared tokens and equivalent answers in "
+        "parameter space (direct, cross, measured; dfpo.core.probe). Off: no extra work.",
+    )
+    param_drift_every: int = setting(10, "With param_drift: probe every this many training steps (and at step 1).", bounds=Bounds(1))
+    param_drift_events: int = setting(
+        16, "With param_drift: at most this many shared events, and as many equivalent pairs, per probed step.", bounds=Bounds(1)
+    )
 
 
 @dataclass(frozen=True)

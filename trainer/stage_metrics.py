@@ -7,7 +7,7 @@ and steps, the loss metrics of the optimiser steps (each key by its declared red
 and the shared-prefix residual, the task's ``forms/*`` (``tasks.surface_form_shares``), dynamic sampling's
 counts, the sampler/trainer mismatch (``rollout/logp_gap_*``, ``rollout/k3_kl``) and the stage times. A
 non-finite value is not logged (``log/dropped_nonfinite`` counts them). Per run (``summary.json``): Jitter2
-(eq 20) and Steps(reward >= kappa) (eq 19).
+(eq 20), Steps(reward >= kappa) (eq 19) and, with ``log.param_drift``, the cumulative drift (``stage_drift``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from . import diagnostics as diag
 from .diagnostics import StepDiagnostics
 from .layout import RunDir
 from .runlog import JsonlLog, finite_only, missing_steps
+from .stage_drift import drift_summary
 from .stage_old_logp import OldLogProbs, mismatch_metrics
 from .stage_rollout import Rollout
 from .stage_update import UpdateStats
@@ -118,12 +119,13 @@ def write_samples(log, step: int, rollout: Rollout, log_cfg, group_size: int) ->
 
 def run_summary(run_dir: Path, kappa: float) -> dict:
     """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19),
-    the latter also on the 10-step trailing mean (one noisy step should not count as reaching kappa)."""
+    the latter also on the 10-step trailing mean (one noisy step should not count as reaching kappa); with
+    ``log.param_drift`` the cumulative drift of the probed steps (``stage_drift.drift_summary``)."""
     rows = JsonlLog.read(RunDir(run_dir).metrics)
     steps = [r["step"] for r in rows]
     reward = [r["reward/mean"] for r in rows]
     last = max(steps, default=0)
-    return {
+    return drift_summary(rows) | {
         "steps": last,
         "steps_missing_from_log": missing_steps(rows, last),
         "reward/first": reward[0] if reward else None,

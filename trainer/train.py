@@ -10,7 +10,7 @@ One training step (``Trainer.train_step``), one module per stage:
    prompts_per_step / minibatch_groups optimiser steps), each accumulated over micro-batches weighted so the
    summed gradient is the mini-batch loss's (``minibatches``); grad-norm clipping, AdamW, cosine schedule;
 5. ``stage_metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
-   samples.
+   samples; with ``log.param_drift``, ``stage_drift``'s trial step first (parameter-space drift, ``drift/*``).
 
 Around the steps: ``run_state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
 FSDP2) every stage asks whatever depends on the number of processes. All loss maths is ``dfpo.policy_loss``;
@@ -66,6 +66,7 @@ from .run_folder import NullLock, prepare_run_folder
 from .run_state import Checkpointer, RunLogs, RunState
 from .runlog import StopSignals, TrainingInterrupted
 from .stage_advantages import advantages
+from .stage_drift import DriftStage, check_drift_settings
 from .stage_metrics import Stopwatch, run_summary, step_metrics, write_samples
 from .stage_old_logp import OldLogpStage, old_logp_from_sampler
 from .stage_rollout import RolloutStage
@@ -182,6 +183,7 @@ class Trainer:
             print(f"dfpo: warning: {len(shared)} eval prompt(s) also appear in the train split (e.g. {shared[0][:60]!r}); "
                   "eval scores on them measure memorisation", file=sys.stderr, flush=True)  # fmt: skip
         check_prompts_per_step(cfg, train_examples)
+        check_drift_settings(cfg, self.parallel.world)
         # lengths checked with the tokenizer alone: before any weights load or warm up
         lengths = measure_prompts(cfg, train_examples, eval_examples)
         check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
@@ -241,6 +243,17 @@ class Trainer:
             total_updates=cfg.train.steps * cfg.optim.epochs * (cfg.rollout.prompts_per_step // cfg.optim.minibatch_groups),
             say=self._say,
         )
+        self.drift_stage = None  # log.param_drift off: no extra work at all
+        if cfg.log.param_drift:
+            self.drift_stage = DriftStage(
+                self.policy.model,
+                self.spec,
+                self.update_stage.optimizer,
+                log_cfg=cfg.log,
+                max_grad_norm=cfg.optim.max_grad_norm,
+                device=self.device,
+                amp=inputs.amp,
+            )
         self.rollout_stage = RolloutStage(
             cfg,
             device=self.device,
@@ -321,6 +334,7 @@ class Trainer:
         upd = self.update_stage.run(step, rollout, plan, old, adv, self.state)
         old = self.old_logp_stage.shared(old, plan, cfg.optim.epochs)  # the pi_old the first steps recorded, every row's
         clock.lap("update")
+        drift = {} if self.drift_stage is None else self.drift_stage.run(step, rollout, plan, old, adv)  # model left as it was
         self.rollout_stage.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for HF)
         metrics = step_metrics(
             step,
@@ -333,6 +347,7 @@ class Trainer:
             group_size=cfg.rollout.group_size,
             say=self._say,
         )
+        metrics.update(drift)
         metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
         write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size)
         return metrics

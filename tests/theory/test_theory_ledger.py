@@ -25,6 +25,7 @@ H, C, F = HOLDS, HOLDS_UNDER_CONDITIONS, FAILS
 EXPECTED = {
     "prop-3.1": H,
     "cor-3.2": C,  # needs orthogonal equal-norm scores; a softmax's shared normaliser breaks eq 5 (sign included)
+    "cor-3.2-params": C,  # equal coefficients drift when outputs share parameters (G_aa - G_bb != 2 (G_ac - G_bc))
     "cor-3.3": C,  # 'requires u_1 = ... = u_G' only for G = 2; for G >= 3 the set is the hyperplane A.u = 0
     "cor-3.4": H,  # under the corollary's own construction (stilde a constant coefficient, App. D's length condition); the ratio form is outside it
     "eq-9": C,  # GRPO cancels only with a length-independent normalisation or equal lengths

@@ -1,0 +1,69 @@
+"""``dfpo.core.drift_tables``: the cross share's side, and replication: a finding is written only when two disjoint
+seed sets give the same decisive verdict, and its sentence is generated from the confirmation set's figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfpo.core.drift_tables import cross_shares, findings_markdown, replication, share_table
+
+
+def _doc(seeds: list[int], measured: dict[str, list[float]], share: dict[str, list[float]]) -> dict:
+    records = [
+        {
+            "seed": s,
+            "objective": label,
+            "kind": "shared",
+            "events": 3,
+            "coef": 0.1,
+            "direct": 1.0,
+            "cross": 1.0,
+            "measured": m,
+            "cross_share": c,
+        }
+        for label in measured
+        for s, m, c in zip(seeds, measured[label], share[label])
+    ]
+    return {"command": "dfpo probe", "objectives": list(measured), "controls": {"dfpo_min": "gspo"}, "seeds": seeds, "records": records}
+
+
+LOWER = {"gspo": [1.0, 1.1, 0.9, 1.0, 1.2, 0.8], "dfpo_min": [0.5, 0.6, 0.4, 0.5, 0.7, 0.3]}
+MIXED = {"gspo": [1.0, 1.1, 0.9, 1.0, 1.2, 0.8], "dfpo_min": [1.5, 0.6, 1.4, 0.5, 1.7, 0.3]}
+SHARES = {"gspo": [0.8, 0.85, 0.9, 0.82, 0.88, 0.86], "dfpo_min": [0.2, 0.9, 0.4, 0.7, 0.1, 0.6]}
+
+
+def test_the_cross_share_has_a_side_only_when_its_interval_excludes_one_half():
+    sides = {s.objective: s.side for s in cross_shares(_doc(list(range(6)), LOWER, SHARES))}
+    assert sides == {"gspo": "more than half", "dfpo_min": "inconclusive"}
+    assert "| `gspo` | shared | 85% [" in share_table(_doc(list(range(6)), LOWER, SHARES))
+
+
+def test_a_finding_both_seed_sets_agree_on_is_written_from_the_confirmation_figures():
+    found = {f.key: f for f in replication(_doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), LOWER, SHARES))}
+    measured = found[("control", "dfpo_min", "gspo", "shared", "measured")]
+    assert measured.replicated and measured.sentence.startswith("`dfpo_min` lowers the measured one-step drift of a shared token")
+    assert "-0.5 [" in measured.sentence and "(6 seeds, control mean 1)" in measured.sentence
+    assert found[("cross_share", "gspo", "shared")].replicated
+    assert not found[("cross_share", "dfpo_min", "shared")].replicated  # inconclusive on both sets is no finding
+
+
+@pytest.mark.parametrize("confirmation", [MIXED, {"gspo": LOWER["dfpo_min"], "dfpo_min": LOWER["gspo"]}])
+def test_an_effect_the_second_seed_set_does_not_give_is_not_a_finding(confirmation):
+    found = {f.key: f for f in replication(_doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), confirmation, SHARES))}
+    measured = found[("control", "dfpo_min", "gspo", "shared", "measured")]
+    assert not measured.replicated and measured.sentence == ""
+
+
+def test_the_findings_list_names_the_seed_sets_and_counts_what_did_not_replicate():
+    md = findings_markdown([("tiny add", _doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), MIXED, SHARES))])
+    assert md.startswith("- **tiny add** (seeds 0-5 (discovery) and 6-11 (confirmation); `dfpo probe`):")
+    assert "did not replicate and are not findings" in md and "could not be made" in md
+    assert "lowers the measured" not in md
+
+
+def test_a_comparison_that_did_not_replicate_is_named_with_both_verdicts_not_as_an_effect():
+    md = findings_markdown([("tiny add", _doc(list(range(6)), LOWER, SHARES), _doc(list(range(6, 12)), MIXED, SHARES))])
+    assert (
+        "No finding: `dfpo_min` against `gspo` on the measured one-step drift of a shared token was reproduced (discovery) and inconclusive (confirmation)."
+        in md
+    )

@@ -1,0 +1,478 @@
+"""``dfpo probe``: parameter-space drift of several objectives on the same batch from the same starting point.
+
+    dfpo probe --objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score --seeds 4 --out runs/probe
+    dfpo probe --run runs/tiny-gspo --seeds 8 --first-seed 100
+
+For each seed: a policy (the tiny preset warmed up with that seed, or ``--run``'s checkpoint, loaded through the
+checksummed tensors-only loader), one rollout batch sampled from it (``rollout.prompts_per_step`` groups of G), pi_old
+from it, ``--move-steps`` optimiser steps of the FIRST objective on the batch (so the policy is off-policy, as on the
+later optimiser steps of a rollout batch, where the ratios, clipping and DFPO's transforms act), then every
+objective's own optimiser step from that one point, split by ``dfpo.core.probe.probe_step`` into direct + cross
+beside the measured change, and put back before the next objective. One batch, one starting point, one optimiser
+state: only the loss differs, so each objective's figures are compared with its matched control on common random
+numbers (a matched control by construction).
+
+Outputs in ``--out``: probe.json (every seed's figures and the settings), probe.md (the tables below) and probe.png.
+Tables: per objective and event kind, the mean over seeds of each figure with a 95% Student-t interval over seeds;
+then each objective with a group transform against its matched control (the first label without a transform whose
+trust region it shares, ``unmatched_components``), paired over seeds, intervals Bonferroni-adjusted over that
+table (``dfpo.core.stats``), each cell with its verdict on "restoring cancellation lowers the drift".
+
+Choices made here (the issue leaves them open; what a TRL / verl user would expect):
+1. The probe's batch is one mini-batch of every group of the rollout (one loss call), its step the trainer's:
+   AdamW with ``optim``'s settings (``--run``: with the checkpoint's moments and learning rate), gradient clipping
+   at ``optim.max_grad_norm``. Sampling always uses transformers' ``generate`` loop on the policy (the HF engine).
+2. Without ``--config`` or ``--run`` the policy is the tiny preset of ``configs/tiny-cpu.toml`` ("a+b=", single
+   digits) with 16 prompts a batch (``PROBE_DEFAULTS``); any ``--set`` applies on top. Its groups share a token
+   often (the "1" of a two-digit sum, followed by digits that differ) but its task has one correct form, so it
+   holds no equivalent pairs; ``--set data.task=equiv --set model.sft_steps=300`` (``EQUIV_SETS``) gives a task with
+   several correct forms ("12", "3+9", "9+3") and a policy that finds two of them in a group, and no shared events
+   (its groups rarely agree on a first character). A shared event needs every completion of a group (eq 2, Prop. 3.1).
+3. A seed sets the policy (tiny preset: its initialisation and warm start) and the batch; with ``--run`` the
+   policy is the checkpoint's and a seed sets the batch only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..core import stats
+from ..core.drift_tables import KINDS, MIN_SEEDS, comparison_table, share_table, summary_table, values
+from ..core.files import check_writable_folder, write_run_file
+from ..core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
+from ..core.probe import DriftBatch, probe_step, summary
+from .config import Config, config_from_dict, load_config
+from .probe_cli import DEFAULT_OBJECTIVES
+
+PROBE_DEFAULTS = (
+    "model.sft_steps=100",
+    "data.task=add",
+    "data.max_operand=9",
+    "data.eval_size=32",
+    "rollout.prompts_per_step=16",
+    "rollout.group_size=8",
+    "rollout.max_new_tokens=5",
+    "optim.lr=3e-4",
+    "threads=1",
+)
+"""The tiny preset of configs/tiny-cpu.toml (model, warm start, task, rollout, learning rate) with 16 prompts a batch
+(choice 2)."""
+EQUIV_SETS = ("data.task=equiv", "model.sft_steps=300")
+"""``--set`` these for equivalent pairs: the equiv task, whose correct answers have several surface forms, and a
+warm start long enough that a group holds two correct ones (choice 2)."""
+FILES = ("probe.json", "probe.md", "probe.png")
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """What to probe: labels, their matched controls, seeds, the config, the run folder (or None) and the outputs."""
+
+    labels: tuple[str, ...]
+    controls: dict[str, str]
+    seeds: tuple[int, ...]
+    config: Config
+    run: Path | None
+    move_steps: int
+    max_events: int
+    out: Path
+    command: str
+
+
+def matched_controls(labels: Sequence[str]) -> dict[str, str]:
+    """{label with a group transform: the first label without one whose trust region it shares}."""
+    specs = {label: objective_from_label(label) for label in labels}
+    out = {}
+    for label, spec in specs.items():
+        if spec.transform == "none":
+            continue
+        control = next((c for c, s in specs.items() if s.transform == "none" and not unmatched_components(spec, s)), None)
+        if control is not None:
+            out[label] = control
+    return out
+
+
+def make_plan(
+    *,
+    objectives: str,
+    seeds: int,
+    first_seed: int,
+    config: str | None,
+    sets: list[str] | None,
+    run: str | None,
+    move_steps: int,
+    max_events: int,
+    out: str,
+    command: str = "",
+) -> ProbePlan:
+    """Every input checked before any work: labels, seeds, steps, the config or run folder, the output folder."""
+    labels = tuple(x.strip() for x in objectives.split(",") if x.strip())
+    if not labels:
+        raise ValueError(f"--objectives needs at least one objective label, got --objectives {objectives!r}")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--objectives repeats a label: {objectives!r}")
+    for label in labels:
+        objective_from_label(label)  # names the bad label or component
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got --seeds {seeds}")
+    if first_seed < 0 or first_seed + seeds > 2**32:
+        raise ValueError(f"--first-seed must be in [0, 2^32 - seeds], got --first-seed {first_seed}")
+    if move_steps < 0:
+        raise ValueError(f"--move-steps must be >= 0, got --move-steps {move_steps}")
+    if max_events < 1:
+        raise ValueError(f"--max-events must be >= 1, got --max-events {max_events}")
+    if run is not None:
+        if config is not None or sets:
+            raise ValueError("--run probes the run folder's own config and checkpoint; drop --config and --set")
+        cfg = run_config(Path(run))
+    else:
+        cfg = load_config(config, [*(PROBE_DEFAULTS if config is None else ()), *(sets or [])])
+    if cfg.rollout.group_size < 2:
+        raise ValueError(f"rollout.group_size must be >= 2 for groups, got {cfg.rollout.group_size}")
+    check_writable_folder("--out", out)
+    return ProbePlan(
+        labels,
+        matched_controls(labels),
+        tuple(range(first_seed, first_seed + seeds)),
+        cfg,
+        None if run is None else Path(run),
+        move_steps,
+        max_events,
+        Path(out),
+        command,
+    )
+
+
+def run_config(run_dir: Path) -> Config:
+    """The config of a run folder with a checkpoint, read without writing anything (``--run``); ValueError naming the
+    folder for anything else."""
+    from .checkpoint import check_checkpoint
+    from .cli import resume_config
+
+    cfg = resume_config(run_dir, [])  # its config.toml, checked against the checkpoint's record
+    check_checkpoint(run_dir)  # checksum and contents, before any work
+    return cfg
+
+
+# ----------------------------------------------------------------------------- one seed
+
+
+@dataclass
+class Start:
+    """The policy a seed probes from, its optimiser and what sampling needs."""
+
+    model: torch.nn.Module
+    tok: object
+    eos_ids: set[int]
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    amp: torch.dtype | None
+
+
+def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callable[[str], None]) -> Start:
+    """The policy of one seed: the tiny preset warmed up in memory with ``cfg.seed``, a pretrained model, or ``--run``'s
+    checkpoint; AdamW as the trainer builds it (``--run``: with the checkpoint's state)."""
+    from .checkpoint import load_checkpoint
+    from .policy import (
+        build_char_tokenizer,
+        build_tiny_model,
+        check_pad_token,
+        generation_eos_ids,
+        load_policy,
+        resolve_amp,
+        resolve_device,
+        resolve_dtype,
+        sft_warm_start,
+    )
+    from .tasks import sft_target
+
+    device = resolve_device(cfg.device)
+    dtype, amp = resolve_dtype(cfg.model.dtype, device), resolve_amp(cfg.model.amp, device)
+    if cfg.model.name == "tiny" and plan.run is None:  # in memory: nothing is written
+        tok = build_char_tokenizer()
+        model = build_tiny_model(cfg.model, tok, cfg.seed).to(device)
+        sft_warm_start(
+            model,
+            tok,
+            train_examples,
+            target_fn=sft_target(cfg.data.task),
+            steps=cfg.model.sft_steps,
+            batch_size=cfg.model.sft_batch_size,
+            lr=cfg.model.sft_lr,
+            seed=cfg.seed,
+            device=device,
+        )
+        check_pad_token(tok, cfg.model.pad_token)
+        model.train()
+        eos_ids = ({tok.eos_token_id} | set(generation_eos_ids(model))) - {None}
+    else:
+        run_dir = plan.run if plan.run is not None else Path(".")  # a pretrained model is read from its name, not this
+        policy = load_policy(
+            cfg,
+            run_dir=run_dir,
+            device=device,
+            dtype=dtype,
+            resume=True,  # reads RUN_DIR/init_model (tiny) or the model's name; writes nothing
+            with_ref=False,
+            train_examples=train_examples,
+            on_rank0=lambda fn: fn(),
+            say=say,
+        )
+        model, tok, eos_ids = policy.model, policy.tok, policy.eos_ids
+    o = cfg.optim
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
+    if plan.run is not None:
+        saved = load_checkpoint(plan.run)  # checksummed, tensors and plain data only
+        names = {n for n, p in model.named_parameters() if p.requires_grad}
+        if set(saved["model"]) != names:
+            raise ValueError(f"--run {plan.run}: the checkpoint's parameters do not match the model of its config.toml")
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in saved["model"]:
+                    p.copy_(saved["model"][n].to(p.device, p.dtype))
+        optimizer.load_state_dict(saved["optimizer"])  # the run's moments and learning rate
+    return Start(model, tok, eos_ids, optimizer, device, amp)
+
+
+def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_examples: list):
+    """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed``, and pi_old."""
+    from .parallel import OneProcess
+    from .reward_pool import default_workers
+    from .rewards import RewardComputer, reward_spec
+    from .rollout import HFGenerateEngine
+    from .stage_old_logp import batch_logp
+    from .stage_rollout import RolloutStage
+
+    rewards = RewardComputer(
+        reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
+        format_weight=cfg.reward.format_weight,
+        format_regex=cfg.reward.format_regex,
+        timeout_s=cfg.reward.timeout_s,
+        workers=cfg.reward.workers or default_workers(),
+        max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
+        memory_limit_mb=cfg.reward.memory_limit_mb,
+    )
+    try:
+        engine = HFGenerateEngine(start.model, start.tok.pad_token_id, start.eos_ids, cfg.rollout.batch_size, start.amp)
+        stage = RolloutStage(
+            cfg,
+            device=start.device,
+            engine=engine,
+            tok=start.tok,
+            eos_ids=start.eos_ids,
+            rewards=rewards,
+            parallel=OneProcess(),
+            train_examples=train_examples,
+            eval_examples=eval_examples,
+            max_prompt_tokens=None,
+        )
+        rollout = stage.run(1, seed_per_group=True)
+    finally:
+        rewards.close()
+    if cfg.rollout.mask_truncated:
+        rollout.batch.mask &= ~rollout.batch.truncated[:, None]
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    old_logp, _ = batch_logp(start.model, rollout.batch, start.device, rows, start.amp)  # (B, T) pi_old = the policy now
+    return rollout, old_logp
+
+
+def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[dict]:
+    """Every label's figures on seed ``seed``: one record per label and event kind."""
+    from .forward import completion_logprobs
+    from .tasks import load_splits
+
+    cfg = config_from_dict({**_config_dict(plan.config), "seed": seed})
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    train_examples, eval_examples = load_splits(cfg.data, cfg.seed)
+    start = build_start(plan, cfg, train_examples, say)
+    rollout, old_logp = sample_rollout(start, cfg, train_examples, eval_examples)
+    b = rollout.batch
+    specs: dict[str, ObjectiveSpec] = {label: objective_from_label(label) for label in plan.labels}
+    correct = torch.tensor(rollout.rewards.correct, dtype=torch.float64) > 0
+    dev = start.device
+
+    def batch_for(spec: ObjectiveSpec) -> DriftBatch:
+        adv = group_advantages(rollout.reward_tensor().double(), b.group_ids, scale=spec.adv_scale, eps=spec.adv_eps)
+        return DriftBatch(b.completion_ids.to(dev), b.mask.to(dev), b.group_ids.to(dev), adv.to(dev), old_logp.to(dev), correct)
+
+    def score(rows: torch.Tensor):
+        s = completion_logprobs(start.model, b.rows(rows), dev, start.amp, with_entropy=any(sp.needs_entropy for sp in specs.values()))
+        return s.logp, s.entropy
+
+    clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    first = specs[plan.labels[0]]
+    for _ in range(plan.move_steps):  # off-policy: the first objective's real steps, common to every label
+        probe_step(score, start.optimizer, batch_for(first), first, max_events=0, max_grad_norm=clip, keep_step=True)
+    records = []
+    for label, spec in specs.items():
+        report = probe_step(score, start.optimizer, batch_for(spec), spec, max_events=plan.max_events, max_grad_norm=clip)
+        for kind, events in (("shared", report.shared), ("equivalent", report.pairs)):
+            records.append({"seed": seed, "objective": label, "kind": kind, "events": len(events), **summary(events)})
+    return records
+
+
+def _config_dict(cfg: Config) -> dict:
+    from .config import config_to_dict
+
+    return config_to_dict(cfg)
+
+
+# ----------------------------------------------------------------------------- the whole probe
+
+
+def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) -> dict:
+    """Every seed of ``plan``; the document probe.json holds (settings and per-seed records)."""
+    t0 = time.time()
+    records = []
+    for k, seed in enumerate(plan.seeds):
+        say(f"dfpo probe: seed {seed} ({k + 1}/{len(plan.seeds)})")
+        records += probe_seed(plan, seed, say)
+    cfg = plan.config
+    return {
+        "command": plan.command,
+        "objectives": list(plan.labels),
+        "controls": plan.controls,
+        "seeds": list(plan.seeds),
+        "run": None if plan.run is None else str(plan.run),
+        "move_steps": plan.move_steps,
+        "max_events": plan.max_events,
+        "settings": {
+            "model": cfg.model.name,
+            "task": cfg.data.task,
+            "prompts_per_step": cfg.rollout.prompts_per_step,
+            "group_size": cfg.rollout.group_size,
+            "lr": cfg.optim.lr,
+            "max_grad_norm": cfg.optim.max_grad_norm,
+        },
+        "records": records,
+        "wall_s": time.time() - t0,
+    }
+
+
+def render_markdown(doc: dict) -> str:
+    """probe.md: what ran, the per-objective table, the matched-control table, warnings."""
+    s = doc["settings"]
+    seeds = doc["seeds"]
+    where = f"the checkpoint of {doc['run']}" if doc["run"] else f"the {s['model']} model on {s['task']}"
+    out = [
+        "# Parameter-space drift probe",
+        "",
+        f"`{doc['command']}`" if doc["command"] else "",
+        "",
+        f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); {where}; one batch of {s['prompts_per_step']} groups of {s['group_size']} per seed, "
+        f"{doc['move_steps']} optimiser steps of `{doc['objectives'][0]}` off pi_old, then each objective's own AdamW step "
+        f"(lr {s['lr']:g}, clip {s['max_grad_norm']:g}) from that one point; at most {doc['max_events']} events of each kind.",
+        "",
+        "Per event: direct = the first-order change of log pi its own coefficients cause, cross = the rest of the batch's "
+        "(through shared parameters), measured = the change after the step (a forward pass); error = abs(measured - "
+        "direct - cross), cross_share = sum abs cross / (sum abs direct + sum abs cross). Shared events: a (context, token) "
+        "every completion of a group holds; equivalent: the log-odds of two correct completions of a group with different tokens.",
+        "",
+        "## Per objective (mean over seeds [95% Student-t interval over seeds])",
+        "",
+        summary_table(doc),
+        "",
+        "## Against the matched control (paired over seeds)",
+        "",
+        comparison_table(doc),
+        "",
+        "## How much of the drift the cross term carries",
+        "",
+        share_table(doc),
+    ]
+    if len(seeds) < MIN_SEEDS:
+        out += ["", f"Warning: {len(seeds)} seeds (fewer than {MIN_SEEDS}): the intervals are wide and lean on near-normal differences."]
+    return "\n".join(out) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    """probe.png: per event kind, abs direct / cross / measured per objective with 95% intervals over seeds."""
+    import matplotlib  # deferred: only this writer needs it, with the Agg backend
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = doc["objectives"]
+    parts = (("direct", "tab:blue"), ("cross", "tab:orange"), ("measured", "tab:green"))
+    with plt.rc_context({"text.usetex": False, "text.parse_math": False}):  # labels are never markup
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100, layout="constrained")
+        for ax, kind in zip(axes, KINDS):
+            ax.set_title("shared (context, token) events" if kind == "shared" else "equivalent answers' log-odds", fontsize=10)
+            if not any(values(doc, label, kind, "direct") for label in labels):
+                what = "no group shared a token" if kind == "shared" else "no group held two correct answers with different tokens"
+                ax.text(0.5, 0.5, f"{what}\nin these batches", ha="center", va="center", fontsize=9, transform=ax.transAxes)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                continue
+            width = 0.8 / len(parts)
+            for j, (figure, color) in enumerate(parts):
+                means, errs = [], []
+                for label in labels:
+                    vals = list(values(doc, label, kind, figure).values())
+                    if not vals:
+                        means.append(0.0)
+                        errs.append(0.0)
+                        continue
+                    iv = stats.paired_interval(vals)
+                    means.append(iv.mean)
+                    errs.append(0.0 if iv.n < 2 else iv.high - iv.mean)
+                xs = [i + (j - 1) * width for i in range(len(labels))]
+                ax.bar(xs, means, width, yerr=errs, color=color, label=f"abs {figure}", capsize=2)
+            ax.set_xticks(range(len(labels)), [lb.replace(":", "\n") for lb in labels], fontsize=8)  # a label's overrides, one a line
+            ax.set_ylabel("mean abs change of log pi per event", fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        for ax in axes:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8, loc="upper left")
+                break
+        fig.suptitle("one optimiser step from one point, per objective (95% interval over seeds)", fontsize=9)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            fig.savefig(tmp, format="png")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+            plt.close(fig)
+
+
+def write_outputs(doc: dict, out: Path) -> list[Path]:
+    """probe.json, probe.md and probe.png in ``out`` (created); each written whole or not at all."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in FILES]
+    write_run_file(paths[0], json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_run_file(paths[1], render_markdown(doc))
+    plot(doc, paths[2])
+    return paths
+
+
+def probe_command(plan: ProbePlan, *, quiet: bool = False) -> str:
+    """Run the probe, write its outputs, return probe.md's text."""
+    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    threads = torch.get_num_threads()
+    try:
+        doc = run_probe(plan, say)
+    finally:
+        torch.set_num_threads(threads)
+    write_outputs(doc, plan.out)
+    return render_markdown(doc)
+
+
+__all__ = [
+    "DEFAULT_OBJECTIVES",
+    "ProbePlan",
+    "make_plan",
+    "matched_controls",
+    "probe_command",
+    "render_markdown",
+    "run_probe",
+    "write_outputs",
+]

@@ -1,0 +1,53 @@
+"""What the project says about parameter-space drift, generated from stored ``dfpo probe`` documents (never typed).
+
+The documents live in ``docs/probe/`` (small JSON, committed): for each question a discovery set and a confirmation
+set on disjoint seeds, written by the commands ``STORED`` names. ``findings_block`` turns them into the markdown list
+that docs/probe.md, docs/cancellation.md and docs/attribution.md hold (``scripts/update_readme.py``): only what both
+sets agree on is written (``dfpo.core.drift_tables.replication``). This is the one place those sentences come from,
+so they can move into a findings ledger as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..core.drift_tables import findings_markdown
+
+STORED = (
+    (
+        "Shared tokens, tiny preset (add task)",
+        "add-discovery.json",
+        "add-confirmation.json",
+    ),
+    (
+        "Equivalent answers, tiny preset (equiv task, 300 warm-start steps)",
+        "equiv-discovery.json",
+        "equiv-confirmation.json",
+    ),
+)
+"""(title, discovery document, confirmation document) in ``docs/probe/``. Re-make them with (add task)
+``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
+adds ``--set data.task=equiv --set model.sft_steps=300``; copy each probe.json to the name above."""
+
+
+def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
+    """(title, discovery, confirmation) of every ``STORED`` pair; ValueError naming a missing or overlapping file."""
+    out = []
+    for title, disc, conf in STORED:
+        docs = []
+        for name in (disc, conf):
+            path = folder / name
+            if not path.is_file():
+                raise ValueError(f"no stored probe document {path}: re-make it with the command in dfpo.trainer.probe_findings.STORED")
+            docs.append(json.loads(path.read_text()))
+        shared = sorted(set(docs[0]["seeds"]) & set(docs[1]["seeds"]))
+        if shared:
+            raise ValueError(f"{disc} and {conf} share seeds {shared}: a confirmation set must be disjoint from its discovery set")
+        out.append((title, docs[0], docs[1]))
+    return out
+
+
+def findings_block(folder: Path) -> str:
+    """The replicated findings of every stored pair, as markdown."""
+    return findings_markdown(load_stored(folder))
