@@ -55,16 +55,18 @@ class When:
     """A condition on one choice field of a spec: ``field`` is one of ``values`` (``negate``: none of them)."""
 
     field: str
-    values: tuple[str, ...]
+    values: Collection[str]
+    """The values (a tuple, or a live view of a registry, e.g. the clip modes whose rule reads a field)."""
     negate: bool = False
 
     def holds(self, spec: object) -> bool:
         return (getattr(spec, self.field) in self.values) != self.negate
 
     def describe(self) -> str:
-        if len(self.values) == 1:
-            return f"{self.field} {'!=' if self.negate else '='} {self.values[0]}"
-        return f"{self.field} {'not in' if self.negate else 'in'} {{{', '.join(self.values)}}}"
+        values = list(self.values)
+        if len(values) == 1:
+            return f"{self.field} {'!=' if self.negate else '='} {values[0]}"
+        return f"{self.field} {'not in' if self.negate else 'in'} {{{', '.join(values)}}}"
 
 
 @dataclass(frozen=True)
