@@ -8,7 +8,7 @@ import torch
 
 from dfpo.core import settings
 from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
-from dfpo.core.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
+from dfpo.core.loss.cancellation import atlas, atlas_rows, correction_atlas, make_shared_prefix_group, shared_token_gradient
 from dfpo.core.loss.registry import BUILTIN
 from dfpo.core.loss.spec import ObjectiveSpec, component_rows
 from dfpo.toy.config import ToyConfig
@@ -144,6 +144,13 @@ def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggr
     return _table(
         ["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown
     )
+
+
+def correction_table(markdown: bool = False) -> str:
+    """The cancellation verdict of every rollout correction and rejection, computed now from the loss core."""
+    rows = correction_atlas()
+    header = list(rows[0])
+    return _table(header, [[r[c] for c in header] for r in rows], markdown)
 
 
 def config_reference() -> str:

@@ -175,8 +175,8 @@ class Component:
     """What one component of an objective says about a spec, beside the fields it owns (``FieldInfo.owner``).
 
     Each hook takes the spec (and, for the pipeline steps, the loss's context); a component that has nothing to
-    say for a hook leaves it None. The loss pipeline runs every ``token_step`` in component order on the per-token
-    loss (B, T), aggregates it, then adds every ``loss_term``.
+    say for a hook leaves it None. The loss pipeline drops every ``token_filter``'s tokens, runs every ``token_step``
+    in component order on the per-token loss (B, T), aggregates it, then adds every ``loss_term``.
     """
 
     owner: str
@@ -187,6 +187,10 @@ class Component:
     """The optional ``policy_loss`` arguments this component needs for a spec, each with the setting that needs it."""
     batch_coupling: Callable[[object], list[str]] | None = None
     """Why this component makes a batch's loss differ from the weighted sum of its micro-batches' losses ([]: it does not)."""
+    token_filter: Callable[..., tuple[object | None, bool, dict[str, object]]] | None = None
+    """(spec, context) -> (dropped (B, T) bool or None, renormalise, metrics): real tokens taken out of the policy gradient
+    (and, with renormalise, out of the aggregation's count) before any ``token_step``; the context's ``kept`` and
+    ``agg_mask`` are not set yet."""
     token_step: Callable[..., tuple[object, dict[str, object]]] | None = None
     """(spec, context, per_token (B, T)) -> (per_token (B, T), metrics): a change to the per-token loss before aggregation."""
     loss_term: Callable[..., tuple[object | None, dict[str, object]]] | None = None
