@@ -119,6 +119,13 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "forms/{name}", "mean", "add/equiv tasks: share of completions of each surface form (number, swap, split, echo, invalid)", _TRAINER
     ),
+    Metric(
+        "rollout/log_kept_mass",
+        "mean",
+        "mean log of the probability mass top-k / top-p kept at each sampled token (<= 0): the sampled log-prob minus this "
+        "is the untruncated one the rollout correction reads (logged when sampling truncates)",
+        _TRAINER,
+    ),
     Metric("rollout/dropped_groups", "sum", "dynamic sampling: groups dropped because all their rewards were equal", _TRAINER),
     Metric("rollout/extra_batches", "sum", "dynamic sampling: extra rollout batches drawn to fill the step", _TRAINER),
     Metric("rollout/logp_gap_mean", "mean", "mean |log pi_rollout - log pi_old| over real tokens (sampler vs trainer)", _TRAINER),

@@ -34,7 +34,10 @@ Which sampler log-prob (the truncation bias, TRL issue 6789): under top-p / top-
 renormalised, truncated distribution, so its log-prob of a kept token is log pi(y) - log Z_kept; compared with the
 untruncated pi_old, rho carries the factor Z_kept <= 1 at every token (and its product over a completion). The
 correction corrects the mismatch of two computations of one distribution, so ``rollout_logp`` must be the sampler's
-log-prob under the *untruncated* distribution.
+log-prob under the *untruncated* distribution (tempered as sampled, over the whole vocabulary). dfpo's HF engine returns
+both (``dfpo.trainer.rollout.Samples.logprobs_untruncated``), the trainer passes the untruncated one and logs the
+truncation's own bias, the mean log kept mass, as ``rollout/log_kept_mass``; vLLM returns one logprobs_mode (the
+processed, truncated one), so the trainer refuses a correction or rejection under vLLM with top-k / top-p.
 """
 
 from __future__ import annotations
