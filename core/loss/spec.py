@@ -42,7 +42,7 @@ from .correction import (
 from .covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL, COV_RATIO, KL_COV_COEF
 from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
 from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
-from .kl import BETA, KL_COMPONENT
+from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
 from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
 from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
@@ -117,6 +117,8 @@ class ObjectiveSpec:
     max_completion_length: int | None = MAX_COMPLETION_LENGTH
     # kl: dfpo.core.loss.kl
     beta: float = BETA
+    kl_estimator: str = KL_ESTIMATOR
+    kl_ratio_weight: str = KL_RATIO_WEIGHT
     # correction: dfpo.core.loss.correction
     rollout_correction: str = ROLLOUT_CORRECTION
     rollout_low: float = ROLLOUT_LOW

@@ -335,7 +335,11 @@ def reference_loss(
             for t in positions[i]:
                 if (i, t) in uncounted:
                     continue
-                d = ref_logp[i, t] - logp[i, t]
-                kl[i, t] = torch.exp(d) - d - 1
+                d = logp[i, t] - ref_logp[i, t]  # verl core_algos.kl_penalty's names: k3 'low_var_kl', k2 'mse', k1 'kl'
+                kl[i, t] = {"k3": lambda d: torch.exp(-d) + d - 1, "k2": lambda d: 0.5 * d * d, "k1": lambda d: d}[spec.kl_estimator](d)
+                if spec.kl_ratio_weight == "token":  # TRL use_bias_correction_kl: per_token_kl * coef_1, with its gradient
+                    kl[i, t] = kl[i, t] * torch.exp(logp[i, t] - old_logp[i, t])
+                elif spec.kl_ratio_weight == "sequence":
+                    kl[i, t] = kl[i, t] * torch.exp(sum(logp[i, s] - old_logp[i, s] for s in positions[i]) / lengths[i])
         loss = loss + spec.beta * agg(kl)
     return loss

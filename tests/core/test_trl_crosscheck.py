@@ -69,8 +69,8 @@ Where the two sides part (each pinned by a test, so a change on either side show
    rows; dfpo ignores them, so dfpo = TRL * B / (non-empty rows) (``test_all_masked_rows``).
 2. GSPO clip metrics: TRL logs the share of clipped SEQUENCES, dfpo the share of real
    TOKENS in clipped sequences (``test_gspo_clip_fractions_are_token_weighted_...``).
-3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's
-   k3 term has no such factor (it matches TRL with the option off).
+3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's default
+   k3 term has no such factor (it matches TRL with the option off); ``kl_ratio_weight`` adds it.
 4. Gradient accumulation: TRL "dapo" divides every micro-batch by the token count of the
    whole generation batch, "bnpo" by its own; dfpo sees one call, so a trainer that splits a
    batch must weight micro-batches by their token share to get TRL's "dapo".
@@ -455,6 +455,29 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     # TRL's default (use_bias_correction_kl=True) weighs k3 by the ratio: not dfpo's term.
     default_value, _, _ = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04)
     assert abs(default_value - value) > 1e-5
+
+
+@pytest.mark.parametrize(
+    ("objective", "level", "trl_config", "weight"),
+    [
+        ("grpo", "token", dict(loss_type="grpo", epsilon=0.2), "token"),
+        ("dapo", "token", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28), "token"),
+        ("gspo", "sequence", dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+    ],
+)
+@pytest.mark.parametrize("seed", [6, 7])
+def test_bias_corrected_kl_equals_trl_default(objective, level, trl_config, weight, seed):
+    """TRL's default use_bias_correction_kl=True (k3 times coef_1 = pi / pi_old with its gradient, at TRL's
+    importance-sampling level) is kl_ratio_weight=token, or =sequence under GSPO: loss, gradient and logged KL."""
+    eps = (0.2, 0.28) if objective == "dapo" else ((3e-4, 4e-4) if objective == "gspo" else (0.2, 0.2))
+    batch = make_batch(seed, level=level, eps_low=eps[0], eps_high=eps[1])
+    g = torch.Generator().manual_seed(seed + 50)
+    batch.ref_logp = batch.logp - 0.3 * torch.randn(batch.logp.shape, generator=g, dtype=DTYPE)  # (B, T)
+    trl_value, trl_grad, trl_metrics = run_trl(batch, beta=0.04, **trl_config)
+    value, grad, metrics = run_dfpo(batch, objective, beta=0.04, kl_ratio_weight=weight)
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+    assert metrics["kl/ref"].item() == pytest.approx(trl_metrics["kl"], rel=1e-6)
 
 
 @pytest.mark.parametrize(
