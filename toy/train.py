@@ -42,6 +42,7 @@ from ..core.loss import (
     policy_loss,
     sequence_log_ratio,
 )
+from ..core.loss.advantages import LENGTH_WEIGHTED
 from . import metrics as M
 from .config import MODES, OPTIMIZERS, ToyConfig, check_config
 from .policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
@@ -70,6 +71,11 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 f"objective {name!r} needs {', '.join(f'{arg} for {why}' for arg, why in unsupported.items())}, which the toy lab "
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
+            )
+        if c.mode == "exact" and spec.adv_scale in LENGTH_WEIGHTED:
+            raise ValueError(
+                f"objective {name!r} weighs advantages by completion lengths (adv_scale={spec.adv_scale!r}); exact mode has only "
+                "the population limits of the length-free estimators: use mode='sampled'"
             )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
@@ -157,7 +163,8 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         weight = p_old
     else:
         gid = (torch.arange(S)[:, None] * n_groups + roll.group).reshape(-1)
-        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps).reshape(S, -1)
+        lengths = roll.mask.sum(-1).reshape(-1)  # (S * B,)
+        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps, lengths=lengths).reshape(S, -1)
         scale = torch.ones_like(adv)
         weight = torch.ones_like(adv)
     return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)

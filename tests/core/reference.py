@@ -343,3 +343,33 @@ def reference_loss(
                     kl[i, t] = kl[i, t] * torch.exp(sum(logp[i, s] - old_logp[i, s] for s in positions[i]) / lengths[i])
         loss = loss + spec.beta * agg(kl)
     return loss
+
+
+def reference_opo(rewards: list[float], group_ids: list[int], lengths: list[int]) -> list[float]:
+    """verl core_algos.compute_opo_outcome_advantage, as read: per group the baseline sum(L * R) / sum(L), subtracted
+    from each score (dfpo: 0 for a single-completion or all-equal group, as every dfpo estimator)."""
+    out = []
+    for i, r in enumerate(rewards):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        if len(members) < 2 or len({rewards[j] for j in members}) == 1:
+            out.append(0.0)
+            continue
+        out.append(r - sum(lengths[j] * rewards[j] for j in members) / sum(lengths[j] for j in members))
+    return out
+
+
+def reference_reinforce_pp_baseline(rewards: list[float], group_ids: list[int], lengths: list[int]) -> list[float]:
+    """verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage, as read: scores minus the group mean,
+    tiled over the response tokens, then verl_F.masked_whiten (mean and Bessel-corrected variance over the masked
+    tokens, (x - mean) * rsqrt(var + 1e-8)); one value per completion (dfpo: 0 centring for a single or all-equal group)."""
+    centred = []
+    for i, r in enumerate(rewards):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        same = len(members) < 2 or len({rewards[j] for j in members}) == 1
+        centred.append(0.0 if same else r - sum(rewards[j] for j in members) / len(members))
+    tokens = [c for c, L in zip(centred, lengths) for _ in range(L)]
+    if len(tokens) < 2:
+        return [0.0] * len(rewards)
+    mean = sum(tokens) / len(tokens)
+    var = sum((x - mean) ** 2 for x in tokens) / len(tokens) * len(tokens) / (len(tokens) - 1)
+    return [(c - mean) / math.sqrt(var + 1e-8) for c in centred]
