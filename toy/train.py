@@ -42,7 +42,6 @@ from ..core.loss import (
     policy_loss,
     sequence_log_ratio,
 )
-from ..core.loss.advantages import LENGTH_WEIGHTED
 from . import metrics as M
 from .config import MODES, OPTIMIZERS, ToyConfig, check_config
 from .policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
@@ -72,10 +71,10 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
             )
-        if c.mode == "exact" and spec.adv_scale in LENGTH_WEIGHTED:
+        if c.mode == "exact" and spec.adv_scale not in POPULATION_SCALES:
             raise ValueError(
-                f"objective {name!r} weighs advantages by completion lengths (adv_scale={spec.adv_scale!r}); exact mode has only "
-                "the population limits of the length-free estimators: use mode='sampled'"
+                f"objective {name!r} uses adv_scale={spec.adv_scale!r}; exact mode has the population limits of "
+                f"{', '.join(POPULATION_SCALES)} only: use mode='sampled'"
             )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
@@ -107,6 +106,10 @@ class _Batch:
     weight: Tensor  # (S, B) weight of each completion within its group (uniform or pi_old)
     scale: Tensor  # (S, B) c_i (1 in sampled mode)
     n_groups: int
+
+
+POPULATION_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
+"""The advantage estimators whose population limit exact mode computes (``_population_advantages``)."""
 
 
 def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps: float, scale: str) -> Tensor:

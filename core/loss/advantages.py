@@ -18,7 +18,7 @@ from torch import Tensor
 from .fields import NONNEG, Component, When, component_field
 from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
-ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo")
+ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo", "grpo_passk")
 LENGTH_WEIGHTED = ("reinforce_pp_baseline", "opo")
 """The estimators that read each completion's length (``group_advantages(..., lengths=)``)."""
 
@@ -42,6 +42,10 @@ def group_advantages(
       R_i - sum_group L_j R_j / sum_group L_j, no std. (verl gives a single-completion group A = R; here it is 0, as
       for every estimator.) In the integrations the peer computes its own advantages: verl's ``algorithm.adv_estimator``
       'opo' and 'reinforce_plus_plus_baseline' are these two.
+
+    - ``scale="grpo_passk"``: verl's pass@k advantage (arXiv 2503.19595; verl compute_grpo_passk_outcome_advantage
+      with norm_adv_by_std_in_grpo): only the group's best completion gets (r_max - r_second_max) / (std R + eps),
+      every other 0; a tie for the best gives 0 everywhere. Not zero-sum: the group's sum is the best's advantage.
 
     ``lengths`` (B,): each completion's number of real tokens, needed by the length-weighted scales (``LENGTH_WEIGHTED``).
 
@@ -78,6 +82,8 @@ def group_advantages(
     centred = torch.where(degenerate, torch.zeros_like(centred), centred)
     if scale == "none":
         return centred
+    if scale == "grpo_passk":
+        return _best_of_group(rewards, index, n_groups, count, degenerate, eps)
     if scale == "opo":
         L = lengths.to(rewards.dtype)  # (B,)
         baseline = group_sum(L * rewards, index, n_groups) / group_sum(L, index, n_groups).clamp(min=1)  # (n_groups,)
@@ -93,6 +99,18 @@ def group_advantages(
         std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
         std = std.expand_as(rewards)
     return torch.where(degenerate, torch.zeros_like(centred), centred / (std + eps))
+
+
+def _best_of_group(rewards: Tensor, index: Tensor, n_groups: int, count: Tensor, degenerate: Tensor, eps: float) -> Tensor:
+    """(r_max - r_second_max) / (std + eps) at each group's unique best completion, 0 elsewhere (B,)."""
+    best = group_amax(rewards, index, n_groups)[index]  # (B,)
+    is_best = rewards == best  # (B,)
+    n_best = group_sum(is_best.to(rewards.dtype), index, n_groups)[index]  # (B,)
+    second = group_amax(torch.where(is_best, torch.full_like(rewards, float("-inf")), rewards), index, n_groups)[index]  # (B,)
+    centred = rewards - group_mean(rewards, index, n_groups)[index]
+    std = torch.sqrt(group_sum(centred**2, index, n_groups)[index] / (count - 1).clamp(min=1))  # (B,) unbiased, as torch.std
+    gap = torch.where(is_best & (n_best == 1) & ~degenerate, best - second, torch.zeros_like(rewards))
+    return gap / (std + eps)
 
 
 def _token_whitened(values: Tensor, lengths: Tensor) -> Tensor:
@@ -123,7 +141,7 @@ ADV_SCALE = component_field(
     True,
     choices=ADVANTAGE_SCALES,
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp / "
-    "reinforce_pp_baseline / opo (the last two weigh completions by their lengths).",
+    "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk.",
 )
 
 ADV_EPS = component_field(
@@ -133,7 +151,8 @@ ADV_EPS = component_field(
     "DeepSeekMath eq 3 / TRL: (R - mean) / (std + 1e-4)",
     True,
     bounds=NONNEG,
-    active_when=When("adv_scale", ("group", "batch", "reinforce_pp")),
-    doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp).",
+    active_when=When("adv_scale", ("group", "batch", "reinforce_pp", "grpo_passk")),
+    doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp, "
+    "grpo_passk; verl's grpo_passk uses 1e-6).",
 )
 ADVANTAGE_COMPONENT = Component("advantage")

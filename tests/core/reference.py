@@ -373,3 +373,18 @@ def reference_reinforce_pp_baseline(rewards: list[float], group_ids: list[int], 
     mean = sum(tokens) / len(tokens)
     var = sum((x - mean) ** 2 for x in tokens) / len(tokens) * len(tokens) / (len(tokens) - 1)
     return [(c - mean) / math.sqrt(var + 1e-8) for c in centred]
+
+
+def reference_grpo_passk(rewards: list[float], group_ids: list[int], eps: float) -> list[float]:
+    """verl core_algos.compute_grpo_passk_outcome_advantage (norm_adv_by_std_in_grpo=True), as read: per group,
+    torch.topk(rewards, 2) -> (r_max, r_second_max); the top index gets (r_max - r_second_max) / (torch.std + eps),
+    all others 0 (dfpo: a single-completion group gets 0 where verl raises)."""
+    out = [0.0] * len(rewards)
+    for g in sorted(set(group_ids)):
+        members = [j for j, h in enumerate(group_ids) if h == g]
+        if len(members) < 2:
+            continue
+        top = torch.topk(torch.tensor([rewards[j] for j in members], dtype=torch.float64), 2)
+        std = float(torch.tensor([rewards[j] for j in members], dtype=torch.float64).std())
+        out[members[int(top.indices[0])]] = float(top.values[0] - top.values[1]) / (std + eps)
+    return out

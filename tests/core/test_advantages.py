@@ -152,3 +152,27 @@ def test_length_weighted_estimators_keep_cancellation_only_at_equal_lengths():
     for scale in ("opo", "reinforce_pp_baseline"):
         assert _shared_residual_under(scale, [8, 8, 8, 8]) < 1e-12
         assert _shared_residual_under(scale, [5, 9, 12, 7]) > 1e-4
+
+
+@given(rewards_lists, st.integers(1, 4))
+def test_grpo_passk_equals_the_loop_reference(rewards, n_groups):
+    """Against a loop written from verl's compute_grpo_passk_outcome_advantage (topk of 2 per group)."""
+    from reference import reference_grpo_passk
+
+    ids = [i % n_groups for i in range(len(rewards))]
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids), scale="grpo_passk", eps=1e-6)
+    torch.testing.assert_close(adv, torch.tensor(reference_grpo_passk(rewards, ids, 1e-6), dtype=torch.float64), rtol=1e-9, atol=1e-12)
+
+
+def test_grpo_passk_breaks_cancellation_where_the_best_is_unique():
+    """The group's advantages sum to the best completion's: a shared token keeps a gradient under dapo (at any lengths)."""
+    from dfpo import policy_loss
+    from dfpo.core.loss.cancellation import make_shared_prefix_group
+
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0], dtype=torch.float64)
+    group = make_shared_prefix_group(rewards, [8, 8, 8, 8], seed=1)
+    adv = group_advantages(rewards, group.group_ids, scale="grpo_passk")
+    assert float(adv.sum()) == float(adv[0]) > 0
+    loss, _ = policy_loss("dapo", logp=group.logp(), old_logp=group.old_logp, advantages=adv, mask=group.mask, group_ids=group.group_ids)
+    (grad,) = torch.autograd.grad(loss, group.shared_logp)
+    assert float(grad.abs().max()) > 1e-4
