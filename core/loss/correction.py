@@ -141,7 +141,8 @@ ROLLOUT_CORRECTION = component_field(
     "none",
     "correction",
     "choice",
-    "none, as TRL's vllm_importance_sampling_correction and verl's rollout_is are off by default",
+    "none, as verl's rollout_is (null by default); TRL 1.16 turns vllm_importance_sampling_correction on under vLLM as "
+    "sequence_mask with clip_max 3.0 and no clip_min",
     True,
     choices=CORRECTIONS,
     doc="Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp`` unless ``rollout_bypass``): "
@@ -152,7 +153,8 @@ ROLLOUT_LOW = component_field(
     0.5,
     "correction",
     "number",
-    "verl rollout_is mask lower bound 0.5 (TRL vllm_importance_sampling_clip_min; OpenRLHF is_correction_threshold [0.5, 5.0])",
+    "verl rollout_is mask lower bound 0.5 (TRL 1.16 vllm_importance_sampling_clip_min: None, no lower bound; OpenRLHF "
+    "is_correction_threshold [0.5, 5.0])",
     True,
     bounds=UNIT,
     active_when=When("rollout_correction", tuple(m for m in CORRECTIONS if m.endswith("_mask"))),
@@ -162,7 +164,7 @@ ROLLOUT_CAP = component_field(
     2.0,
     "correction",
     "number",
-    "TRL vllm_importance_sampling_cap 2.0 (verl rollout_is_threshold 2.0)",
+    "verl rollout_is_threshold 2.0 (TRL 1.16 vllm_importance_sampling_clip_max 3.0)",
     True,
     bounds=Bounds(1.0, math.inf),
     active_when=_CORRECTED,
