@@ -312,3 +312,20 @@ def test_a_renormalised_token_rejection_breaks_the_per_sequence_mean_at_equal_le
     renormalised = max(_shared_residual("grpo", True, s, rollout_rejection=mode, **bite) for s in range(4))
     zeroed = max(_shared_residual("grpo", True, s, rollout_rejection=mode, rollout_rs_renormalise=False, **bite) for s in range(4))
     assert renormalised > 1e-6 and zeroed < 1e-12
+
+
+def test_rejection_estimators_by_hand():
+    """log rho = (1, -1): k1 = (1, -1), k2 = (0.5, 0.5), k3 = (e - 2, 1/e) = (0.718, 0.368); at rollout_rs_max 0.6 the
+    token k3 rejection drops only the first, k2 neither; at 0.4 k2 drops both, k3 the first only."""
+    from dfpo.core.loss.rejection import rejected_tokens, token_divergence
+
+    log_rho = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    assert token_divergence(log_rho, "k3").tolist()[0] == pytest.approx([math.e - 2, 1 / math.e])
+    assert token_divergence(log_rho, "k2").tolist()[0] == pytest.approx([0.5, 0.5])
+    assert rejected_tokens(log_rho, mask, "token_k3", 0.5, 2.0, 0.6).tolist() == [[True, False]]
+    assert rejected_tokens(log_rho, mask, "token_k2", 0.5, 2.0, 0.6).tolist() == [[False, False]]
+    assert rejected_tokens(log_rho, mask, "token_k2", 0.5, 2.0, 0.4).tolist() == [[True, True]]
+    assert rejected_tokens(log_rho, mask, "token_k3", 0.5, 2.0, 0.4).tolist() == [[True, False]]
+    assert rejected_tokens(log_rho, mask, "token_k1", 0.5, 2.0, 0.4).tolist() == [[True, True]]  # rho 2.72 > 2, 0.37 < 0.5
+    assert rejected_tokens(log_rho, mask, "token_k1", 0.3, 3.0, 0.4).tolist() == [[False, False]]
