@@ -199,3 +199,26 @@ def test_truncated_rollouts_log_the_kept_mass_and_correct_with_the_untruncated_l
     row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
     assert row["rollout/log_kept_mass"] < -0.01
     assert row["rollout/weight_zero_frac"] == 0.0
+
+
+def test_a_rollout_rejection_reaches_the_loss_and_is_logged(tmp_path):
+    """objective.overrides.rollout_rejection: at temperature 0.7 a token k1 band of [0.9, 1.1] rejects some tokens,
+    and the step logs the share."""
+    import json
+
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.train import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=1",
+        "eval.every=0",
+        "rollout.temperature=0.7",
+        "objective.overrides.rollout_rejection=token_k1",
+        "objective.overrides.rollout_rs_low=0.9",
+        "objective.overrides.rollout_rs_high=1.1",
+    )
+    Trainer(cfg, quiet=True).run()
+    row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
+    assert 0 < row["rollout/rejected_frac"] < 1 and 0 < row["rollout/rejected_seq_frac"] <= 1
