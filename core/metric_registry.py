@@ -93,6 +93,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("rollout/seq_ratio_min", "min", "smallest sequence-level correction ratio prod_t pi_old / pi_rollout", _LOSS),
     Metric("rollout/seq_ratio_mean", "mean", "mean sequence-level correction ratio over non-empty completions", _LOSS),
     Metric("rollout/seq_ratio_max", "max", "largest sequence-level correction ratio prod_t pi_old / pi_rollout", _LOSS),
+    Metric("rollout/rejected_frac", "mean", "share of real tokens the rollout rejection drops (rollout_rejection)", _LOSS),
+    Metric("rollout/rejected_seq_frac", "mean", "share of non-empty completions with a token the rollout rejection drops", _LOSS),
     # the trainer, one value per training step (metrics.jsonl)
     Metric("entropy/mean", "mean", "policy entropy over the real tokens of the loss calls (when the objective reads it)", _TRAINER),
     Metric("reward/mean", "mean", "mean total reward of the step's completions", _TRAINER),
@@ -141,6 +143,13 @@ METRICS: tuple[Metric, ...] = (
         "drift/equiv_pairs",
         "sum",
         "log.param_drift: equivalent pairs probed (two correct completions of a group, different tokens)",
+        _TRAINER,
+    ),
+    Metric(
+        "rollout/log_kept_mass",
+        "mean",
+        "mean log of the probability mass top-k / top-p kept at each sampled token (<= 0): the sampled log-prob minus this "
+        "is the untruncated one the rollout correction reads (logged when sampling truncates)",
         _TRAINER,
     ),
     Metric("rollout/dropped_groups", "sum", "dynamic sampling: groups dropped because all their rewards were equal", _TRAINER),

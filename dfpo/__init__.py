@@ -2,7 +2,7 @@
 
 The public API is the shared loss core::
 
-    from dfpo import policy_loss, group_advantages, OBJECTIVES
+    from dfpo import policy_loss, group_advantages, OBJECTIVES, register_objective
 
 Everything else lives in sub-packages: ``dfpo.core`` (the shared core: loss, log-probs, metrics,
 settings, statistics), ``dfpo.theory`` (claims ledger), ``dfpo.toy`` (tabular softmax lab),
@@ -20,7 +20,7 @@ from dfpo._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them on first use
     from dfpo.core.logprobs import token_logprobs
-    from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, resolve_objective
+    from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, register_objective, resolve_objective
 
 # public name -> the module that defines it
 _LAZY = {
@@ -28,6 +28,7 @@ _LAZY = {
     "ObjectiveSpec": "dfpo.core.loss",
     "group_advantages": "dfpo.core.loss",
     "policy_loss": "dfpo.core.loss",
+    "register_objective": "dfpo.core.loss",
     "resolve_objective": "dfpo.core.loss",
     "token_logprobs": "dfpo.core.logprobs",
 }
@@ -39,6 +40,7 @@ __all__ = [
     "ObjectiveSpec",
     "group_advantages",
     "policy_loss",
+    "register_objective",
     "resolve_objective",
     "token_logprobs",
     "__version__",

@@ -8,7 +8,8 @@ import torch
 
 from dfpo.core import settings
 from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
-from dfpo.core.loss.cancellation import atlas, atlas_rows, make_shared_prefix_group, shared_token_gradient
+from dfpo.core.loss.cancellation import atlas, atlas_rows, correction_atlas, make_shared_prefix_group, shared_token_gradient
+from dfpo.core.loss.registry import BUILTIN
 from dfpo.core.loss.spec import ObjectiveSpec, component_rows
 from dfpo.toy.config import ToyConfig
 from dfpo.trainer.config import Config
@@ -52,13 +53,16 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
     if objective is not None:  # one preset: every component, its value, whether the loss reads it, its source
         spec = OBJECTIVES[objective]
         rows = [[c, _cell(spec, c), "yes" if spec.is_active(c) else "no", spec.source(c)] for c in COMPONENT_FIELDS]
-        return f"{objective}: {spec.description}\n\n" + _table(["component", "value", "read", "source"], rows, markdown)
+        origin = "" if OBJECTIVES.origin(objective) == BUILTIN else f" (registered by {OBJECTIVES.origin(objective)})"
+        return f"{objective}: {spec.description}{origin}\n\n" + _table(["component", "value", "read", "source"], rows, markdown)
     names = list(OBJECTIVES)
     rows = [[name, *(_cell(OBJECTIVES[name], c) for c in _COLUMNS)] for name in names]
     out = [_table(["objective", *_COLUMNS], rows, markdown), ""]
     for name in names:
         spec = OBJECTIVES[name]
         out.append(f"{name}: {spec.description}")
+        if OBJECTIVES.origin(name) != BUILTIN:
+            out.append(f"    registered by {OBJECTIVES.origin(name)}")
         out.extend(f"    {key}: {src}" for key, src in spec.sources.items())
     out += [
         "",
@@ -71,30 +75,16 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
     return "\n".join(out)
 
 
-DEMO_OBJECTIVES = (
-    ("grpo", {}),
-    ("dapo", {}),
-    ("gspo", {}),
-    ("grpo_fix", {}),
-    ("gspo_noclip", {}),
-    ("dfpo_min", {}),
-    ("dfpo_min", {"clip": "none"}),
-    ("dfpo_min", {"stopgrad": "score"}),
-    ("dfpo_orth_pos", {"stopgrad": "score"}),
-    ("dfpo_min", {"stopgrad": "score", "length_aware": True}),
-    ("stapo", {}),
-    ("cispo", {}),
-    ("sapo", {}),
-    ("gmpo", {}),
-    ("luspo", {}),
-    ("vespo", {}),
-    ("gpg", {}),
-    ("dppo_tv", {}),
-    ("dppo_kl", {}),
-    ("clip_cov", {}),
-    ("kl_cov", {}),
-    ("opsm", {}),
-)
+DEMO_VARIANTS: dict[str, tuple[dict[str, object], ...]] = {
+    "dfpo_min": ({"clip": "none"}, {"stopgrad": "score"}, {"stopgrad": "score", "length_aware": True}),
+    "dfpo_orth_pos": ({"stopgrad": "score"},),
+}
+"""The study's variants of a preset, shown right after it: DFPO without clipping, in the score form, length-aware."""
+
+
+def demo_objectives() -> tuple[tuple[str, dict[str, object]], ...]:
+    """Every registered objective (dfpo's presets, then users' own), each followed by its ``DEMO_VARIANTS``."""
+    return tuple((name, overrides) for name in OBJECTIVES for overrides in ({}, *DEMO_VARIANTS.get(name, ())))
 
 
 def cancellation_demo(seed: int = 0) -> str:
@@ -111,7 +101,7 @@ def cancellation_demo(seed: int = 0) -> str:
         "unequal L, r*=1.65": ([5, 9, 12, 7], 0.5),
     }
     rows = []
-    for name, overrides in DEMO_OBJECTIVES:
+    for name, overrides in demo_objectives():
         cells = []
         for lengths, shared in cases.values():
             group = make_shared_prefix_group(rewards, lengths, shared_log_ratio=shared, seed=seed)
@@ -154,6 +144,13 @@ def atlas_table(markdown: bool = False, groups: int = 4, seed: int = 0, own_aggr
     return _table(
         ["objective", "aggregation", *columns], [[r["objective"], r["aggregation"], *(r[c] for c in columns)] for r in rows], markdown
     )
+
+
+def correction_table(markdown: bool = False) -> str:
+    """The cancellation verdict of every rollout correction and rejection, computed now from the loss core."""
+    rows = correction_atlas()
+    header = list(rows[0])
+    return _table(header, [[r[c] for c in header] for r in rows], markdown)
 
 
 def config_reference() -> str:

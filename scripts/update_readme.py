@@ -14,7 +14,7 @@ import pathlib
 import re
 import sys
 
-from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, objectives_table
+from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, correction_table, objectives_table
 from dfpo.core.files import write_text_atomic
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
@@ -46,6 +46,10 @@ def _atlas() -> str:
     return atlas_table(markdown=True, own_aggregation=True)
 
 
+def _corrections() -> str:
+    return correction_table(markdown=True)
+
+
 def _components() -> str:
     return components_table(markdown=True)
 
@@ -71,6 +75,7 @@ BLOCKS = {
     "components": _components,
     "demo": _demo,
     "atlas": _atlas,
+    "corrections": _corrections,
     "ledger_count": _ledger_count,
     "metrics": _metrics,
     "config": _config,
@@ -79,7 +84,7 @@ BLOCKS = {
 FILES = {
     README: ("ledger_count",),
     ROOT / "docs" / "loss.md": ("objectives", "components"),
-    ROOT / "docs" / "cancellation.md": ("demo", "atlas", "probe_findings"),
+    ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "probe_findings"),
     ROOT / "docs" / "attribution.md": ("probe_findings",),
     ROOT / "docs" / "probe.md": ("probe_findings",),
     ROOT / "docs" / "metrics.md": ("metrics",),

@@ -71,6 +71,11 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
             )
+        if c.mode == "exact" and spec.adv_scale not in POPULATION_SCALES:
+            raise ValueError(
+                f"objective {name!r} uses adv_scale={spec.adv_scale!r}; exact mode has the population limits of "
+                f"{', '.join(POPULATION_SCALES)} only: use mode='sampled'"
+            )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
                 f"objective {name!r} masks tokens by batch statistics (token_mask={spec.token_mask!r}); exact mode cannot take its expectation"
@@ -101,6 +106,10 @@ class _Batch:
     weight: Tensor  # (S, B) weight of each completion within its group (uniform or pi_old)
     scale: Tensor  # (S, B) c_i (1 in sampled mode)
     n_groups: int
+
+
+POPULATION_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
+"""The advantage estimators whose population limit exact mode computes (``_population_advantages``)."""
 
 
 def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps: float, scale: str) -> Tensor:
@@ -157,7 +166,8 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         weight = p_old
     else:
         gid = (torch.arange(S)[:, None] * n_groups + roll.group).reshape(-1)
-        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps).reshape(S, -1)
+        lengths = roll.mask.sum(-1).reshape(-1)  # (S * B,)
+        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps, lengths=lengths).reshape(S, -1)
         scale = torch.ones_like(adv)
         weight = torch.ones_like(adv)
     return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)

@@ -415,9 +415,15 @@ def validate(cfg: Config) -> None:
     if cfg.objective.name not in OBJECTIVES:
         raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
     try:
-        resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+        spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
     except (TypeError, ValueError) as err:
         raise ValueError(f"objective.overrides {cfg.objective.overrides!r}: {err}") from None
+    if spec.needs_rollout_logp and cfg.rollout.engine == "vllm" and (cfg.rollout.top_k or cfg.rollout.top_p < 1.0):
+        raise ValueError(
+            f"objective {spec.name!r} reads the sampler's log-probs ({spec.required_inputs()['rollout_logp']}), but the vllm engine "
+            "returns them only under the top-k / top-p truncated distribution, whose ratio to pi_old carries the kept mass (TRL "
+            "issue 6789): use rollout.engine = 'hf', or set rollout.top_k = 0 and rollout.top_p = 1.0"
+        )
     if cfg.rollout.prompts_per_step % cfg.optim.minibatch_groups:
         raise ValueError(
             f"optim.minibatch_groups={cfg.optim.minibatch_groups} must divide rollout.prompts_per_step="

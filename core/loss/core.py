@@ -30,13 +30,14 @@ Where this departs from the paper / peers:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
 from .aggregation import aggregate
 from .batch import LossBatch, LossContext, PolicyTerms
 from .groups import Groups, group_sum
-from .masks import dropped_tokens
 from .objectives import resolve_objective
 from .ratios import clamped_share
 from .shapes import RATIO_SHAPES
@@ -237,21 +238,33 @@ def policy_loss(
     n_real = lengths.sum().clamp(min=1).to(logp.dtype)
     valid_rows = lengths > 0  # (B,)
 
-    dropped = dropped_tokens(spec, logp, x.old_logp, _sanitise(entropy, mask), x.adv, mask)  # (B, T)
-    kept = mask & ~dropped
-    agg_mask, agg_lengths = (kept, None) if spec.mask_renormalise and spec.token_mask != "none" else (mask, lengths)
     ctx = LossContext(
         x=x,
         terms=terms,
-        kept=kept,
-        agg_mask=agg_mask,
-        agg_lengths=agg_lengths,
+        kept=mask,
+        agg_mask=mask,
+        agg_lengths=lengths,
         entropy=entropy,
         ref_logp=_sanitise(ref_logp, mask),
         rollout_logp=_sanitise(rollout_logp, mask),
     )
-    per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
     metrics: dict[str, Tensor] = {}
+    dropped, leaves_count, renormalised = torch.zeros_like(mask), torch.zeros_like(mask), False
+    for component in COMPONENTS:  # the token mask, the rollout rejection: tokens out of the policy gradient
+        if component.token_filter:
+            drop, renormalise, filter_metrics = component.token_filter(spec, ctx)
+            metrics.update(filter_metrics)
+            if drop is not None:
+                dropped = dropped | drop  # (B, T)
+                if renormalise:
+                    leaves_count, renormalised = leaves_count | drop, True
+    kept = mask & ~dropped  # (B, T)
+    if renormalised:  # the aggregation counts the tokens no renormalising filter dropped
+        ctx = dataclasses.replace(ctx, kept=kept, agg_mask=mask & ~leaves_count, agg_lengths=None)
+    else:
+        ctx = dataclasses.replace(ctx, kept=kept)
+    agg_mask, agg_lengths = ctx.agg_mask, ctx.agg_lengths
+    per_token = -torch.where(kept, terms.surrogate, 0.0)  # (B, T)
     for component in COMPONENTS:  # covariance control, rollout correction: changes to the per-token loss
         if component.token_step:
             per_token, step_metrics = component.token_step(spec, ctx, per_token)
@@ -273,7 +286,6 @@ def policy_loss(
             "ratio/mean": torch.where(mask, terms.ratio, 0.0).sum() / n_real,
             "ratio/max": _ratio_max(terms.ratio, mask),
             "weights/asym": asymmetry(terms.weight, x.adv, x.groups, valid_rows),
-            "mask/frac": (dropped.sum() / n_real).to(logp.dtype),
             "ratio/clamped_frac": clamped_share(logp, x.old_logp, mask),
         }
     )

@@ -55,16 +55,18 @@ class When:
     """A condition on one choice field of a spec: ``field`` is one of ``values`` (``negate``: none of them)."""
 
     field: str
-    values: tuple[str, ...]
+    values: Collection[str]
+    """The values (a tuple, or a live view of a registry, e.g. the clip modes whose rule reads a field)."""
     negate: bool = False
 
     def holds(self, spec: object) -> bool:
         return (getattr(spec, self.field) in self.values) != self.negate
 
     def describe(self) -> str:
-        if len(self.values) == 1:
-            return f"{self.field} {'!=' if self.negate else '='} {self.values[0]}"
-        return f"{self.field} {'not in' if self.negate else 'in'} {{{', '.join(self.values)}}}"
+        values = list(self.values)
+        if len(values) == 1:
+            return f"{self.field} {'!=' if self.negate else '='} {values[0]}"
+        return f"{self.field} {'not in' if self.negate else 'in'} {{{', '.join(values)}}}"
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,8 @@ class Component:
     """What one component of an objective says about a spec, beside the fields it owns (``FieldInfo.owner``).
 
     Each hook takes the spec (and, for the pipeline steps, the loss's context); a component that has nothing to
-    say for a hook leaves it None. The loss pipeline runs every ``token_step`` in component order on the per-token
-    loss (B, T), aggregates it, then adds every ``loss_term``.
+    say for a hook leaves it None. The loss pipeline drops every ``token_filter``'s tokens, runs every ``token_step``
+    in component order on the per-token loss (B, T), aggregates it, then adds every ``loss_term``.
     """
 
     owner: str
@@ -185,6 +187,10 @@ class Component:
     """The optional ``policy_loss`` arguments this component needs for a spec, each with the setting that needs it."""
     batch_coupling: Callable[[object], list[str]] | None = None
     """Why this component makes a batch's loss differ from the weighted sum of its micro-batches' losses ([]: it does not)."""
+    token_filter: Callable[..., tuple[object | None, bool, dict[str, object]]] | None = None
+    """(spec, context) -> (dropped (B, T) bool or None, renormalise, metrics): real tokens taken out of the policy gradient
+    (and, with renormalise, out of the aggregation's count) before any ``token_step``; the context's ``kept`` and
+    ``agg_mask`` are not set yet."""
     token_step: Callable[..., tuple[object, dict[str, object]]] | None = None
     """(spec, context, per_token (B, T)) -> (per_token (B, T), metrics): a change to the per-token loss before aggregation."""
     loss_term: Callable[..., tuple[object | None, dict[str, object]]] | None = None

@@ -147,4 +147,13 @@ def _mask_coupling(spec) -> list[str]:
     return reasons
 
 
-TOKEN_MASK_COMPONENT = Component("token_mask", required_inputs=_mask_inputs, batch_coupling=_mask_coupling)
+def token_mask_filter(spec, ctx) -> tuple[Tensor, bool, dict[str, Tensor]]:
+    """The token mask's dropped tokens, whether they leave the count (``mask_renormalise``) and ``mask/frac``."""
+    x = ctx.x
+    dropped = dropped_tokens(spec, x.logp, x.old_logp, ctx.entropy, x.adv, x.mask)  # (B, T)
+    n_real = x.lengths.sum().clamp(min=1).to(x.logp.dtype)
+    renormalise = spec.mask_renormalise and spec.token_mask != "none"
+    return dropped, renormalise, {"mask/frac": (dropped.sum() / n_real).to(x.logp.dtype)}
+
+
+TOKEN_MASK_COMPONENT = Component("token_mask", required_inputs=_mask_inputs, batch_coupling=_mask_coupling, token_filter=token_mask_filter)

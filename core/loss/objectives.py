@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ..settings import parse_value, type_hints
+from .registry import ObjectiveRegistry, caller_module, make_objective
 from .spec import COMPONENT_FIELDS, ObjectiveSpec
 
 
@@ -88,236 +89,253 @@ def _dppo(name: str, divergence: str, bound: float, description: str) -> Objecti
     )
 
 
-OBJECTIVES: Mapping[str, ObjectiveSpec] = MappingProxyType(
-    {
-        spec.name: spec
-        for spec in (
-            _preset(
-                "grpo",
-                "GRPO: token ratio, PPO clipping, per-sequence token mean",
-                {"eps_low": _GRPO_SRC, "eps_high": _GRPO_SRC, "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'"},
-            ),
-            _preset(
-                "dr_grpo",
-                "Dr. GRPO: GRPO without std scaling and without length normalisation",
-                {
-                    "eps_low": _GRPO_SRC,
-                    "eps_high": _GRPO_SRC,
-                    "aggregation": "Dr. GRPO (arXiv 2503.20783); TRL loss_type='dr_grpo'",
-                    "adv_scale": "Dr. GRPO (arXiv 2503.20783): no std normalisation",
-                },
-                aggregation="constant",
-                adv_scale="none",
-            ),
-            _preset(
-                "dapo",
-                "DAPO: clip-higher and token-level mean",
-                {
-                    "eps_low": "DAPO (arXiv 2503.14476)",
-                    "eps_high": "DAPO (arXiv 2503.14476) clip-higher",
-                    "aggregation": "DAPO token-level loss; TRL loss_type='dapo'",
-                },
-                eps_high=0.28,
-                aggregation="token_mean",
-            ),
-            _preset(
-                "gspo",
-                "GSPO: length-normalised sequence ratio, PPO clipping per sequence",
-                {"ratio_level": "GSPO eq (paper eq 44)", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
-                ratio_level="sequence",
-                eps_low=3e-4,
-                eps_high=4e-4,
-            ),
-            _preset(
-                "gspo_noclip",
-                "GSPO without clipping: the matched control for score-form DFPO (stopgrad='score' has no trust region on clipped sequences)",
-                {
-                    "ratio_level": "GSPO eq (paper eq 44)",
-                    "clip": "clipping off: what stopgrad='score' does to clipped sequences, as a baseline",
-                    "eps_low": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
-                    "eps_high": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
-                    "aggregation": _SEQ_AGG,
-                },
-                ratio_level="sequence",
-                clip="none",
-                eps_low=3e-4,
-                eps_high=4e-4,
-            ),
-            _preset(
-                "gspo_token",
-                "GSPO-token: sequence ratio value, token-wise gradient",
-                {
-                    "ratio_level": "GSPO (arXiv 2507.18071) GSPO-token",
-                    "eps_low": _GSPO_CLIP,
-                    "eps_high": _GSPO_CLIP,
-                    "aggregation": _SEQ_AGG,
-                },
-                ratio_level="sequence_token",
-                eps_low=3e-4,
-                eps_high=4e-4,
-            ),
-            _preset(
-                "grpo_fix",
-                "GRPO-fix: symmetric clipping A * clip(r, 0, 1+eps) per token",
-                {
-                    "clip": "paper App. H eq 79-80",
-                    "eps_low": "paper eq 79: lower bound 0 (eps_low = 1)",
-                    "eps_high": "paper App. H (eps as GRPO's 0.2)",
-                    "aggregation": "paper eq 80: (1/G) sum_i sum_t, no 1/|y_i| (so shared tokens cancel at any lengths, Cor. H.1)",
-                },
-                clip="symmetric",
-                eps_low=1.0,
-                eps_high=0.2,
-                aggregation="seq_mean_token_sum",
-            ),
-            _dfpo("dfpo_min", "min", "DFPO Min-Replace: GSPO with stilde_i = min_j sbar_j", "paper eq 50 (App. B.4.1)"),
-            _dfpo("dfpo_orth", "orth", "DFPO Orth-Proj: GSPO with sbar projected orthogonal to A", "paper eq 18 (sec. 4.4.2)"),
-            _dfpo(
-                "dfpo_orth_pos",
-                "orth_pos",
-                "DFPO Positive Orth-Proj: exact non-negative projection QP",
-                "paper eq 51 (App. B.4.2), solved exactly",
-            ),
-            _dfpo("dfpo_orth_tr", "orth_tr", "DFPO truncate-and-rebalance approximation of eq 51", "paper eqs 52-55 (beta sign corrected)"),
-            _preset(
-                "stapo",
-                "STAPO: DAPO with spurious tokens masked and the loss renormalised",
-                {
-                    "eps_high": "DAPO clip-higher (STAPO builds on DAPO)",
-                    "token_mask": "STAPO (arXiv 2602.15620)",
-                    "stapo_tau_p": "STAPO latest version: tau_p = 0.002",
-                    "stapo_q": "STAPO latest version: q = 0.75",
-                    "aggregation": "STAPO: loss divided by the number of kept tokens",
-                },
-                eps_high=0.28,
-                token_mask="stapo",
-                aggregation="token_mean",
-            ),
-            _preset(
-                "cispo",
-                "CISPO: sg(min(r, eps_high)) * A * log pi, every token keeps a gradient",
-                {
-                    "clip": "MiniMax-M1 (arXiv 2506.13585)",
-                    "eps_low": "unused: CISPO only caps the ratio from above",
-                    "eps_high": "ScaleRL (arXiv 2510.13786) eps_max = 5.0, TRL's recommended epsilon_high for loss_type='cispo' "
-                    "(TRL's GRPOConfig default leaves epsilon_high = epsilon = 0.2: cispo:eps_high=0.2)",
-                    "aggregation": "TRL cispo: token mean",
-                },
-                clip="cispo",
-                eps_low=0.0,
-                eps_high=5.0,
-                aggregation="token_mean",
-            ),
-            _preset(
-                "sapo",
-                "SAPO: a soft, temperature-controlled gate on the token ratio instead of a hard clip",
-                {
-                    "clip": "SAPO (arXiv 2511.20347) gate sigmoid(tau (r - 1)) * 4 / tau; TRL loss_type='sapo'",
-                    "eps_low": "unused: the gate has no clip range",
-                    "eps_high": "unused: the gate has no clip range",
-                    "aggregation": "SAPO: per-sequence token mean (TRL 'sapo', verl forces seq-mean-token-mean)",
-                },
-                clip="sapo",
-            ),
-            _preset(
-                "luspo",
-                "LUSPO: GSPO with each sequence's loss scaled by its length",
-                {
-                    "ratio_level": "GSPO eq (paper eq 44); TRL requires importance_sampling_level='sequence' for luspo",
-                    "eps_low": _LUSPO_CLIP,
-                    "eps_high": _LUSPO_CLIP,
-                    "aggregation": "LUSPO (arXiv 2602.05261); TRL 'luspo': sum over tokens, mean over sequences",
-                },
-                ratio_level="sequence",
-                eps_low=2e-3,
-                eps_high=2.5e-3,
-                aggregation="seq_mean_token_sum",
-            ),
-            _preset(
-                "vespo",
-                "VESPO: a detached Gamma weight of the sequence ratio prod_t r_it times A * log pi",
-                {
-                    "ratio_level": "VESPO (arXiv 2602.10693): w = prod_t r_it (TRL get_gamma_weights)",
-                    "clip": "VESPO Gamma weighting phi(w) = e^lambda w^k e^(-lambda w); TRL loss_type='vespo'",
-                    "eps_low": "unused: VESPO has no clip range",
-                    "eps_high": "unused: VESPO has no clip range",
-                    "aggregation": "TRL 'vespo': token sum over the batch's real tokens",
-                },
-                ratio_level="sequence_product",
-                clip="vespo",
-                aggregation="token_mean",
-            ),
-            _preset(
-                "gpg",
-                "GPG: plain policy gradient A * log pi, no ratio and no clip",
-                {
-                    "clip": "GPG (arXiv 2504.02546); verl policy loss 'gpg': -A * log pi",
-                    "eps_low": "unused: no clip",
-                    "eps_high": "unused: no clip",
-                    "aggregation": "verl 'gpg' default loss_agg_mode='token-mean'",
-                },
-                clip="pg",
-                aggregation="token_mean",
-            ),
-            _dppo(
-                "dppo_tv", "TV", 0.15, "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked"
-            ),
-            _dppo("dppo_kl", "KL", 0.05, "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound"),
-            _preset(
-                "opsm",
-                "GRPO with off-policy sequence masking: negative samples the policy has moved away from are dropped",
-                {
-                    "eps_low": _GRPO_SRC,
-                    "eps_high": _GRPO_SRC,
-                    "token_mask": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9; TRL off_policy_mask_threshold",
-                    "mask_renormalise": "TRL multiplies the per-token loss by the mask: the normaliser keeps every real token",
-                    "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'",
-                },
-                token_mask="opsm",
-                mask_renormalise=False,
-            ),
-            _preset(
-                "clip_cov",
-                "Clip-Cov: GRPO with the highest advantage/log-prob covariance tokens dropped from the gradient",
-                {
-                    "eps_low": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
-                    "eps_high": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
-                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) Clip-Cov; verl policy loss 'clip_cov'",
-                    "aggregation": "verl 'clip_cov' default loss_agg_mode='token-mean'",
-                },
-                cov_control="clip_cov",
-                aggregation="token_mean",
-            ),
-            _preset(
-                "kl_cov",
-                "KL-Cov: unclipped policy gradient with a |log r| penalty on the top-covariance tokens",
-                {
-                    "clip": "verl kl_cov: -A * r without clipping",
-                    "eps_low": "unused: no clip",
-                    "eps_high": "unused: no clip",
-                    "cov_control": "Cui et al. 2025 (arXiv 2505.22617) KL-Cov; verl policy loss 'kl_cov'",
-                    "aggregation": "verl 'kl_cov' default loss_agg_mode='token-mean'",
-                },
-                clip="none",
-                cov_control="kl_cov",
-                aggregation="token_mean",
-            ),
-            _preset(
-                "gmpo",
-                "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
-                {
-                    "ratio_level": "GMPO (arXiv 2507.20673) eq 4: geometric mean of token-level clipped ratios",
-                    "eps_low": _GMPO_CLIP,
-                    "eps_high": _GMPO_CLIP,
-                    "aggregation": "GMPO eq 4: (1/G) sum_i of per-sequence terms (verl geo_mean: mean over sequences)",
-                },
-                ratio_level="geometric",
-                eps_low=1.0 - math.exp(-0.4),
-                eps_high=math.exp(0.4) - 1.0,
-            ),
-        )
-    }
+OBJECTIVES = ObjectiveRegistry(
+    (
+        _preset(
+            "grpo",
+            "GRPO: token ratio, PPO clipping, per-sequence token mean",
+            {"eps_low": _GRPO_SRC, "eps_high": _GRPO_SRC, "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'"},
+        ),
+        _preset(
+            "dr_grpo",
+            "Dr. GRPO: GRPO without std scaling and without length normalisation",
+            {
+                "eps_low": _GRPO_SRC,
+                "eps_high": _GRPO_SRC,
+                "aggregation": "Dr. GRPO (arXiv 2503.20783); TRL loss_type='dr_grpo'",
+                "adv_scale": "Dr. GRPO (arXiv 2503.20783): no std normalisation",
+            },
+            aggregation="constant",
+            adv_scale="none",
+        ),
+        _preset(
+            "dapo",
+            "DAPO: clip-higher and token-level mean",
+            {
+                "eps_low": "DAPO (arXiv 2503.14476)",
+                "eps_high": "DAPO (arXiv 2503.14476) clip-higher",
+                "aggregation": "DAPO token-level loss; TRL loss_type='dapo'",
+            },
+            eps_high=0.28,
+            aggregation="token_mean",
+        ),
+        _preset(
+            "gspo",
+            "GSPO: length-normalised sequence ratio, PPO clipping per sequence",
+            {"ratio_level": "GSPO eq (paper eq 44)", "eps_low": _GSPO_CLIP, "eps_high": _GSPO_CLIP, "aggregation": _SEQ_AGG},
+            ratio_level="sequence",
+            eps_low=3e-4,
+            eps_high=4e-4,
+        ),
+        _preset(
+            "gspo_noclip",
+            "GSPO without clipping: the matched control for score-form DFPO (stopgrad='score' has no trust region on clipped sequences)",
+            {
+                "ratio_level": "GSPO eq (paper eq 44)",
+                "clip": "clipping off: what stopgrad='score' does to clipped sequences, as a baseline",
+                "eps_low": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                "eps_high": "unused with clip='none' (GSPO sec. 5.1 values kept for reference)",
+                "aggregation": _SEQ_AGG,
+            },
+            ratio_level="sequence",
+            clip="none",
+            eps_low=3e-4,
+            eps_high=4e-4,
+        ),
+        _preset(
+            "gspo_token",
+            "GSPO-token: sequence ratio value, token-wise gradient",
+            {
+                "ratio_level": "GSPO (arXiv 2507.18071) GSPO-token",
+                "eps_low": _GSPO_CLIP,
+                "eps_high": _GSPO_CLIP,
+                "aggregation": _SEQ_AGG,
+            },
+            ratio_level="sequence_token",
+            eps_low=3e-4,
+            eps_high=4e-4,
+        ),
+        _preset(
+            "grpo_fix",
+            "GRPO-fix: symmetric clipping A * clip(r, 0, 1+eps) per token",
+            {
+                "clip": "paper App. H eq 79-80",
+                "eps_low": "paper eq 79: lower bound 0 (eps_low = 1)",
+                "eps_high": "paper App. H (eps as GRPO's 0.2)",
+                "aggregation": "paper eq 80: (1/G) sum_i sum_t, no 1/|y_i| (so shared tokens cancel at any lengths, Cor. H.1)",
+            },
+            clip="symmetric",
+            eps_low=1.0,
+            eps_high=0.2,
+            aggregation="seq_mean_token_sum",
+        ),
+        _dfpo("dfpo_min", "min", "DFPO Min-Replace: GSPO with stilde_i = min_j sbar_j", "paper eq 50 (App. B.4.1)"),
+        _dfpo("dfpo_orth", "orth", "DFPO Orth-Proj: GSPO with sbar projected orthogonal to A", "paper eq 18 (sec. 4.4.2)"),
+        _dfpo(
+            "dfpo_orth_pos",
+            "orth_pos",
+            "DFPO Positive Orth-Proj: exact non-negative projection QP",
+            "paper eq 51 (App. B.4.2), solved exactly",
+        ),
+        _dfpo("dfpo_orth_tr", "orth_tr", "DFPO truncate-and-rebalance approximation of eq 51", "paper eqs 52-55 (beta sign corrected)"),
+        _preset(
+            "stapo",
+            "STAPO: DAPO with spurious tokens masked and the loss renormalised",
+            {
+                "eps_high": "DAPO clip-higher (STAPO builds on DAPO)",
+                "token_mask": "STAPO (arXiv 2602.15620)",
+                "stapo_tau_p": "STAPO latest version: tau_p = 0.002",
+                "stapo_q": "STAPO latest version: q = 0.75",
+                "aggregation": "STAPO: loss divided by the number of kept tokens",
+            },
+            eps_high=0.28,
+            token_mask="stapo",
+            aggregation="token_mean",
+        ),
+        _preset(
+            "cispo",
+            "CISPO: sg(min(r, eps_high)) * A * log pi, every token keeps a gradient",
+            {
+                "clip": "MiniMax-M1 (arXiv 2506.13585)",
+                "eps_low": "unused: CISPO only caps the ratio from above",
+                "eps_high": "ScaleRL (arXiv 2510.13786) eps_max = 5.0, TRL's recommended epsilon_high for loss_type='cispo' "
+                "(TRL's GRPOConfig default leaves epsilon_high = epsilon = 0.2: cispo:eps_high=0.2)",
+                "aggregation": "TRL cispo: token mean",
+            },
+            clip="cispo",
+            eps_low=0.0,
+            eps_high=5.0,
+            aggregation="token_mean",
+        ),
+        _preset(
+            "sapo",
+            "SAPO: a soft, temperature-controlled gate on the token ratio instead of a hard clip",
+            {
+                "clip": "SAPO (arXiv 2511.20347) gate sigmoid(tau (r - 1)) * 4 / tau; TRL loss_type='sapo'",
+                "eps_low": "unused: the gate has no clip range",
+                "eps_high": "unused: the gate has no clip range",
+                "aggregation": "SAPO: per-sequence token mean (TRL 'sapo', verl forces seq-mean-token-mean)",
+            },
+            clip="sapo",
+        ),
+        _preset(
+            "luspo",
+            "LUSPO: GSPO with each sequence's loss scaled by its length",
+            {
+                "ratio_level": "GSPO eq (paper eq 44); TRL requires importance_sampling_level='sequence' for luspo",
+                "eps_low": _LUSPO_CLIP,
+                "eps_high": _LUSPO_CLIP,
+                "aggregation": "LUSPO (arXiv 2602.05261); TRL 'luspo': sum over tokens, mean over sequences",
+            },
+            ratio_level="sequence",
+            eps_low=2e-3,
+            eps_high=2.5e-3,
+            aggregation="seq_mean_token_sum",
+        ),
+        _preset(
+            "vespo",
+            "VESPO: a detached Gamma weight of the sequence ratio prod_t r_it times A * log pi",
+            {
+                "ratio_level": "VESPO (arXiv 2602.10693): w = prod_t r_it (TRL get_gamma_weights)",
+                "clip": "VESPO Gamma weighting phi(w) = e^lambda w^k e^(-lambda w); TRL loss_type='vespo'",
+                "eps_low": "unused: VESPO has no clip range",
+                "eps_high": "unused: VESPO has no clip range",
+                "aggregation": "TRL 'vespo': token sum over the batch's real tokens",
+            },
+            ratio_level="sequence_product",
+            clip="vespo",
+            aggregation="token_mean",
+        ),
+        _preset(
+            "gpg",
+            "GPG: plain policy gradient A * log pi, no ratio and no clip",
+            {
+                "clip": "GPG (arXiv 2504.02546); verl policy loss 'gpg': -A * log pi",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "aggregation": "verl 'gpg' default loss_agg_mode='token-mean'",
+            },
+            clip="pg",
+            aggregation="token_mean",
+        ),
+        _dppo("dppo_tv", "TV", 0.15, "DPPO-TV: A * sg(min(r, c)) * log pi, tokens whose probability moved more than the TV bound masked"),
+        _dppo("dppo_kl", "KL", 0.05, "DPPO-KL: as DPPO-TV with the binary KL between old and new token probability as the bound"),
+        _preset(
+            "opsm",
+            "GRPO with off-policy sequence masking: negative samples the policy has moved away from are dropped",
+            {
+                "eps_low": _GRPO_SRC,
+                "eps_high": _GRPO_SRC,
+                "token_mask": "DeepSeek-V3.2 (arXiv 2512.02556) eq 9; TRL off_policy_mask_threshold",
+                "mask_renormalise": "TRL multiplies the per-token loss by the mask: the normaliser keeps every real token",
+                "aggregation": "DeepSeekMath eq 3; TRL loss_type='grpo'",
+            },
+            token_mask="opsm",
+            mask_renormalise=False,
+        ),
+        _preset(
+            "clip_cov",
+            "Clip-Cov: GRPO with the highest advantage/log-prob covariance tokens dropped from the gradient",
+            {
+                "eps_low": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                "eps_high": "verl clip_cov (PPO clipping, clip_ratio 0.2)",
+                "cov_control": "Cui et al. 2025 (arXiv 2505.22617) Clip-Cov; verl policy loss 'clip_cov'",
+                "aggregation": "verl 'clip_cov' default loss_agg_mode='token-mean'",
+            },
+            cov_control="clip_cov",
+            aggregation="token_mean",
+        ),
+        _preset(
+            "kl_cov",
+            "KL-Cov: unclipped policy gradient with a |log r| penalty on the top-covariance tokens",
+            {
+                "clip": "verl kl_cov: -A * r without clipping",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "cov_control": "Cui et al. 2025 (arXiv 2505.22617) KL-Cov; verl policy loss 'kl_cov'",
+                "aggregation": "verl 'kl_cov' default loss_agg_mode='token-mean'",
+            },
+            clip="none",
+            cov_control="kl_cov",
+            aggregation="token_mean",
+        ),
+        _preset(
+            "gmpo",
+            "GMPO: geometric mean of per-token clipped ratios, one weight per sequence",
+            {
+                "ratio_level": "GMPO (arXiv 2507.20673) eq 4: geometric mean of token-level clipped ratios",
+                "eps_low": _GMPO_CLIP,
+                "eps_high": _GMPO_CLIP,
+                "aggregation": "GMPO eq 4: (1/G) sum_i of per-sequence terms (verl geo_mean: mean over sequences)",
+            },
+            ratio_level="geometric",
+            eps_low=1.0 - math.exp(-0.4),
+            eps_high=math.exp(0.4) - 1.0,
+        ),
+    )
 )
+"""Every objective by name: dfpo's presets above, then users' own (``register_objective``, the ``dfpo.objectives``
+entry points, loaded on the first read): ``dfpo.core.loss.registry``."""
+
+
+def register_objective(
+    name: str,
+    *,
+    base: str | ObjectiveSpec,
+    source: str | Mapping[str, str],
+    description: str | None = None,
+    **components: object,
+) -> ObjectiveSpec:
+    """Register objective ``name``: the preset ``base`` with ``components`` changed, each citing ``source`` (one text for
+    every change, or a mapping component -> text), and return its validated spec.
+
+    From then on ``name`` is a preset like dfpo's own: ``policy_loss(name, ...)``, labels ``name:KEY=VALUE``, the toy,
+    ``dfpo train``, the TRL and verl integrations, the cancellation matrix and ``dfpo objectives`` read it. Raises
+    ValueError naming the bad part (a taken or malformed name, an unknown base or component, a missing source, a value
+    the component refuses). Called from a ``dfpo.objectives`` entry point, it registers in every dfpo process.
+    """
+    spec = make_objective(OBJECTIVES, name, base, source, description, components)
+    return OBJECTIVES.add(spec, f"register_objective in {caller_module()}")
 
 
 def override_type(key: str) -> object:

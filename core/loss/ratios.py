@@ -46,3 +46,30 @@ def sequence_token_ratio(logp: Tensor, seq_ratio: Tensor) -> Tensor:
     Its value is s_i at every token; its gradient is s_i * grad log pi(y_it), token by token.
     """
     return seq_ratio.detach()[:, None] * torch.exp(logp - logp.detach())  # (B, T)
+
+
+def segment_ids(mask: Tensor) -> Tensor:
+    """Each real token's run of consecutive real tokens, numbered from 1 along its row; 0 on padding (B, T)."""
+    prev = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], dim=1)  # (B, T)
+    starts = mask & ~prev
+    return torch.where(mask, starts.long().cumsum(-1), 0)  # (B, T)
+
+
+def level_log_ratio(log_rho: Tensor, mask: Tensor, level: str) -> Tensor:
+    """log of the level's ratio at every real token (B, T) from the token log-ratios log rho_t (B, T), padding 0:
+    token: log rho_t; sequence: sum_t; geometric: mean_t over the row; segment: mean over the token's run."""
+    x = torch.where(mask, log_rho, 0.0)  # (B, T)
+    if level == "token":
+        return x
+    if level in ("sequence", "geometric"):
+        total = x.sum(-1, keepdim=True)  # (B, 1)
+        if level == "geometric":
+            total = total / mask.sum(-1, keepdim=True).clamp(min=1)
+        return torch.where(mask, total.expand_as(x), 0.0)
+    B, T = mask.shape
+    seg = segment_ids(mask)  # (B, T)
+    key = (torch.arange(B, device=mask.device)[:, None] * (T + 1) + seg).flatten()  # (B*T,) one key per row's run
+    sums = torch.zeros(B * (T + 1), dtype=x.dtype, device=x.device).index_add(0, key, x.flatten())
+    counts = torch.zeros(B * (T + 1), dtype=x.dtype, device=x.device).index_add(0, key, mask.flatten().to(x.dtype))
+    mean = (sums / counts.clamp(min=1))[key].view(B, T)  # (B, T)
+    return torch.where(mask, mean, 0.0)

@@ -30,12 +30,21 @@ from .clipping import (
     VESPO_LAMBDA_NEG,
     VESPO_LAMBDA_POS,
 )
-from .correction import CORRECTION_COMPONENT, ROLLOUT_CAP, ROLLOUT_CORRECTION, ROLLOUT_LOW
+from .correction import (
+    CORRECTION_COMPONENT,
+    ROLLOUT_BYPASS,
+    ROLLOUT_CAP,
+    ROLLOUT_CORRECTION,
+    ROLLOUT_FLOOR,
+    ROLLOUT_IS_BATCH_NORMALISE,
+    ROLLOUT_LOW,
+)
 from .covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL, COV_RATIO, KL_COV_COEF
 from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
 from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
-from .kl import BETA, KL_COMPONENT
+from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
 from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
 from .transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
 
@@ -108,10 +117,21 @@ class ObjectiveSpec:
     max_completion_length: int | None = MAX_COMPLETION_LENGTH
     # kl: dfpo.core.loss.kl
     beta: float = BETA
+    kl_estimator: str = KL_ESTIMATOR
+    kl_ratio_weight: str = KL_RATIO_WEIGHT
     # correction: dfpo.core.loss.correction
     rollout_correction: str = ROLLOUT_CORRECTION
     rollout_low: float = ROLLOUT_LOW
     rollout_cap: float = ROLLOUT_CAP
+    rollout_floor: float = ROLLOUT_FLOOR
+    rollout_is_batch_normalise: bool = ROLLOUT_IS_BATCH_NORMALISE
+    rollout_bypass: bool = ROLLOUT_BYPASS
+    # correction (rejection): dfpo.core.loss.rejection
+    rollout_rejection: str = ROLLOUT_REJECTION
+    rollout_rs_low: float = ROLLOUT_RS_LOW
+    rollout_rs_high: float = ROLLOUT_RS_HIGH
+    rollout_rs_max: float = ROLLOUT_RS_MAX
+    rollout_rs_renormalise: bool = ROLLOUT_RS_RENORMALISE
     # entropy: dfpo.core.loss.entropy
     entropy_coef: float = ENTROPY_COEF
     # advantage: dfpo.core.loss.advantages
@@ -163,7 +183,7 @@ class ObjectiveSpec:
 
     @property
     def needs_rollout_logp(self) -> bool:
-        """``policy_loss`` needs ``rollout_logp``: a rollout correction (rollout_correction != 'none')."""
+        """``policy_loss`` needs ``rollout_logp``: a rollout correction or rejection outside bypass mode."""
         return "rollout_logp" in self.required_inputs()
 
     def coupling_by_component(self) -> dict[str, list[str]]:

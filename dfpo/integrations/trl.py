@@ -30,8 +30,15 @@ rows of every group on each); that is refused at construction. With a multiple, 
 groups, and TRL's advantages (computed on the rewards gathered from all processes, ``num_generations``
 consecutive rows a group) are normalised over exactly the groups the loss sees.
 
-What stays TRL's and is not translated: the KL term uses dfpo's k3 (TRL's ``use_bias_correction_kl`` is not
-applied), TRL's ``loss_type``, ``epsilon``, ``delta``, ``top_entropy_quantile`` and
+Rollout correction: an objective's own ``rollout_correction`` / ``rollout_rejection`` reads TRL's
+``sampling_per_token_logps`` (vLLM's, so ``use_vllm=True``; refused without) and replaces TRL's vLLM importance-sampling
+correction. An objective without one gets TRL's (on by default under vLLM) as dfpo's correction of the same mode
+(``trl_correction_overrides``: the same weight, cross-checked in ``tests/core/test_trl_crosscheck.py``). vLLM's
+log-probs are those of the top-k / top-p truncated distribution (TRL issue 6789): TRL's own correction carries that
+bias as TRL does; an objective's own correction with truncated sampling is refused.
+
+What stays TRL's and is not translated: the KL term is the objective's (``kl_estimator``; TRL's
+``use_bias_correction_kl`` is ``kl_ratio_weight``, not read from TRL's config), TRL's ``loss_type``, ``epsilon``, ``delta``, ``top_entropy_quantile`` and
 ``off_policy_mask_threshold`` are ignored in favour of the objective's components (a warning says so when
 they differ from TRL's defaults), and gradient accumulation divides each micro-batch loss by the number of
 accumulation steps, as TRL's ``grpo`` loss does; the processes' gradients are averaged by DDP. Each loss call
@@ -111,6 +118,19 @@ def check_whole_groups(group_ids: torch.Tensor, group_size: int) -> list[int]:
     return present
 
 
+def trl_correction_overrides(args) -> dict[str, object]:
+    """TRL's vLLM importance-sampling correction as dfpo overrides: the mode of the same name, clip_max as the cap, clip_min
+    (None: none) as the mask modes' lower bound and the truncate modes' floor."""
+    low = args.vllm_importance_sampling_clip_min or 0.0
+    cap = args.vllm_importance_sampling_clip_max
+    return {
+        "rollout_correction": args.vllm_importance_sampling_mode,
+        "rollout_cap": float("inf") if cap is None else cap,
+        "rollout_low": low,
+        "rollout_floor": low,
+    }
+
+
 class DFPOGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with ``dfpo.policy_loss`` as its loss and whole groups in every loss call, on every process."""
 
@@ -129,7 +149,24 @@ class DFPOGRPOTrainer(GRPOTrainer):
         }
         if ignored:
             warnings.warn(f"DFPOGRPOTrainer: the objective's components replace TRL's {ignored}", stacklevel=2)
+        self._check_rollout_inputs()
         self.dfpo_groups_seen: list[list[int]] = []  # rows per group of every loss call (the check's record)
+
+    def _check_rollout_inputs(self) -> None:
+        """An objective that reads the sampler's log-probs needs vLLM's (TRL returns none otherwise), untruncated."""
+        needs = self.dfpo_spec.required_inputs().get("rollout_logp")
+        if needs is None:
+            return
+        if not self.args.use_vllm:
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} reads the sampler's log-probs ({needs}): TRL returns them only with GRPOConfig(use_vllm=True)"
+            )
+        truncating = (self.args.top_p or 1.0) < 1.0 or (self.args.top_k or 0) > 0 or (self.args.min_p or 0.0) > 0
+        if truncating:
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} reads the sampler's log-probs ({needs}), but under top_p / top_k / min_p vLLM returns "
+                "those of the truncated distribution, whose ratio to pi_old carries the kept mass (TRL issue 6789): sample without truncation"
+            )
 
     def _check_batch_sizes(self) -> None:
         """Each process's loss calls must hold whole groups. TRL only asks the global batches to be multiples of
@@ -184,6 +221,9 @@ class DFPOGRPOTrainer(GRPOTrainer):
         self.dfpo_groups_seen.append(check_whole_groups(group_ids, self._group_size()))
         old = inputs.get("old_per_token_logps")
         advantages = inputs["advantages"]
+        rollout_logp, extra = inputs.get("sampling_per_token_logps"), {}
+        if not spec.needs_rollout_logp and "importance_sampling_ratio" in inputs:  # TRL's own vLLM IS correction
+            extra = trl_correction_overrides(self.args)
         loss, metrics = policy_loss(
             spec,
             logp=logp,
@@ -193,6 +233,8 @@ class DFPOGRPOTrainer(GRPOTrainer):
             group_ids=group_ids,
             entropy=entropy if needs_entropy else None,
             ref_logp=inputs.get("ref_per_token_logps") if spec.needs_ref_logp else None,
+            rollout_logp=rollout_logp if (spec.needs_rollout_logp or extra) else None,
+            **extra,
         )
         mode = "train" if self.model.training else "eval"
         for key, value in self._across_processes({k: float(v) for k, v in metrics.items()}).items():

@@ -48,7 +48,18 @@ def group_size_of(config, group_size: int | None) -> int:
 
 def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     """A function with verl's policy-loss signature computing ``dfpo.policy_loss(spec)``; groups = runs of
-    ``group_size`` consecutive rows (None: the ``rollout_n`` of the config verl passes)."""
+    ``group_size`` consecutive rows (None: the ``rollout_n`` of the config verl passes).
+
+    An objective whose correction or rejection reads the sampler's log-probs is refused here: verl hands a policy loss
+    only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
+    ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
+    needs = spec.required_inputs().get("rollout_logp")
+    if needs is not None:
+        raise ValueError(
+            f"objective {spec.name!r} reads the sampler's log-probs ({needs}), which verl does not pass to a policy loss: use "
+            "verl's algorithm.rollout_correction (its rollout_is / rollout_rs modes reach the loss as rollout_is_weights), or "
+            "rollout_bypass=true"
+        )
     warned = []
 
     def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):

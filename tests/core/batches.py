@@ -19,6 +19,7 @@ class Batch:
     advantages: Tensor  # (B,)
     entropy: Tensor  # (B, T)
     ref_logp: Tensor  # (B, T)
+    rollout_logp: Tensor  # (B, T) the sampler's log-probs, some rho = pi_old / pi_rollout far from 1
 
     def kwargs(self, logp: Tensor | None = None) -> dict:
         return dict(
@@ -29,6 +30,7 @@ class Batch:
             group_ids=self.group_ids,
             entropy=self.entropy,
             ref_logp=self.ref_logp,
+            rollout_logp=self.rollout_logp,
         )
 
 
@@ -61,4 +63,5 @@ def random_batch(
     advantages = group_advantages(rewards, group_ids)
     entropy = 2.0 * torch.rand(B, T, generator=gen, dtype=torch.float64)
     ref_logp = logp + 0.1 * torch.randn(B, T, generator=gen, dtype=torch.float64)
-    return Batch(logp.clone().requires_grad_(), old_logp, mask, group_ids, advantages, entropy, ref_logp)
+    rollout_logp = old_logp + 0.4 * torch.randn(B, T, generator=gen, dtype=torch.float64)
+    return Batch(logp.clone().requires_grad_(), old_logp, mask, group_ids, advantages, entropy, ref_logp, rollout_logp)

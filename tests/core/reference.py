@@ -113,18 +113,18 @@ def _quantile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor, adv: Tensor, lengths: list[int]) -> set[tuple[int, int]]:
+def _dropped(
+    spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor, adv: Tensor, lengths: list[int], positions: list[list[int]]
+) -> set[tuple[int, int]]:
     B = len(lengths)
-    real = [(i, t) for i in range(B) for t in range(lengths[i])]
+    real = [(i, t) for i in range(B) for t in positions[i]]
     if spec.token_mask == "none":
         return set()
     if spec.token_mask == "opsm":  # whole sequences: A < 0 and mean log(pi_old / pi) > delta
         gone = {
             i
             for i in range(B)
-            if lengths[i]
-            and adv[i] < 0
-            and sum(float(old_logp[i, t] - logp[i, t]) for t in range(lengths[i])) / lengths[i] > spec.opsm_delta
+            if lengths[i] and adv[i] < 0 and sum(float(old_logp[i, t] - logp[i, t]) for t in positions[i]) / lengths[i] > spec.opsm_delta
         }
         return {(i, t) for i, t in real if i in gone}
     if spec.token_mask == "stapo":
@@ -139,16 +139,103 @@ def _dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tenso
     return {(i, t) for i, t in real if float(entropy[i, t]) < thr}
 
 
-def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, group_ids, entropy=None, ref_logp=None) -> Tensor:
+def _runs(row_mask) -> list[list[int]]:
+    """The runs of consecutive real positions of one row, in order."""
+    runs, current = [], []
+    for t, real in enumerate(bool(x) for x in row_mask):
+        if real:
+            current.append(t)
+        elif current:
+            runs, current = runs + [current], []
+    return runs + [current] if current else runs
+
+
+def _level_value(level: str, values: dict[int, float], runs: list[list[int]], t: int) -> float:
+    """A row's per-token values read at one level, for position t: token / sum / mean / max over the row / run mean."""
+    if level == "token":
+        return values[t]
+    if level in ("sequence", "seq_sum"):
+        return sum(values.values())
+    if level in ("geometric", "seq_mean"):
+        return sum(values.values()) / len(values)
+    if level == "seq_max":
+        return max(values.values())
+    run = next(r for r in runs if t in r)  # segment / segment_mean
+    return sum(values[s] for s in run) / len(run)
+
+
+def _log_rho(spec: ObjectiveSpec, logp, old_logp, rollout_logp, i: int, t: int) -> float:
+    """log rho_t = log pi_old - log pi_rollout (bypass: log pi_theta - log pi_old), clamped to +-20 like every ratio."""
+    gap = float(logp[i, t] - old_logp[i, t]) if spec.rollout_bypass else float(old_logp[i, t] - rollout_logp[i, t])
+    return min(max(gap, -20.0), 20.0)
+
+
+def _correction_weights(spec: ObjectiveSpec, logp, old_logp, rollout_logp, mask) -> dict[tuple[int, int], float]:
+    """The rollout correction's weight of each real token (verl rollout_corr_helper.compute_rollout_correction_weights,
+    OpenRLHF models/loss.py PolicyLoss (tis, icepop), ROLL utils/train_infer_corrections.py, as read)."""
+    B = mask.shape[0]
+    if spec.rollout_correction == "none":
+        return {}
+    level, treatment = spec.rollout_correction.rsplit("_", 1)
+    weights: dict[tuple[int, int], float] = {}
+    for i in range(B):
+        runs = _runs(mask[i])
+        lr = {t: _log_rho(spec, logp, old_logp, rollout_logp, i, t) for run in runs for t in run}
+        for t in lr:
+            rho = math.exp(min(max(_level_value(level, lr, runs, t), -20.0), 20.0))
+            if treatment == "truncate":
+                weights[i, t] = min(max(rho, spec.rollout_floor), spec.rollout_cap)
+            else:
+                weights[i, t] = rho if spec.rollout_low <= rho <= spec.rollout_cap else 0.0
+    if spec.rollout_is_batch_normalise:
+        if level in ("token", "segment"):
+            mean = sum(weights.values()) / max(len(weights), 1)
+        else:
+            rows = sorted({i for i, _ in weights})
+            mean = sum(next(w for (j, _), w in weights.items() if j == i) for i in rows) / max(len(rows), 1)
+        weights = {k: w / max(mean, 1e-8) for k, w in weights.items()}
+    return weights
+
+
+def _rejected(spec: ObjectiveSpec, logp, old_logp, rollout_logp, mask) -> set[tuple[int, int]]:
+    """Tokens the rollout rejection drops (verl rollout_corr_helper.compute_rollout_rejection_mask, as read; the k1
+    band on rho = pi_old / pi_rollout itself, see dfpo.core.loss.rejection)."""
+    if spec.rollout_rejection == "none":
+        return set()
+    level, estimator = spec.rollout_rejection.rsplit("_", 1)
+    out = set()
+    for i in range(mask.shape[0]):
+        runs = _runs(mask[i])
+        stat = {}
+        for run in runs:
+            for t in run:
+                lr = _log_rho(spec, logp, old_logp, rollout_logp, i, t)
+                stat[t] = {"k1": lr, "k2": 0.5 * lr * lr, "k3": math.exp(lr) - 1.0 - lr}[estimator]
+        for t in stat:
+            value = _level_value(level, stat, runs, t)
+            if estimator == "k1":
+                low = -math.inf if spec.rollout_rs_low <= 0 else math.log(spec.rollout_rs_low)
+                keep = low <= value <= math.log(spec.rollout_rs_high)
+            else:
+                keep = value <= spec.rollout_rs_max
+            if not keep:
+                out.add((i, t))
+    return out
+
+
+def reference_loss(
+    spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, group_ids, entropy=None, ref_logp=None, rollout_logp=None
+) -> Tensor:
     B, T = logp.shape
     lengths = [int(mask[i].sum()) for i in range(B)]
+    positions = [[t for t in range(T) if bool(mask[i, t])] for i in range(B)]  # each row's real tokens (masks may have holes)
     adv = [float(a) for a in advantages]
     # per-token surrogate terms u[i][t] (with autograd through logp)
     u: dict[tuple[int, int], Tensor] = {}
     if spec.clip == "vespo":  # a detached Gamma weight of prod_t r_it times a * log pi at every token
         for i in range(B):
-            log_w = sum(float(logp[i, t] - old_logp[i, t]) for t in range(lengths[i]))
-            for t in range(lengths[i]):
+            log_w = sum(float(logp[i, t] - old_logp[i, t]) for t in positions[i])
+            for t in positions[i]:
                 u[i, t] = _score_weight(spec, 0.0, adv[i], 0.0, log_w) * adv[i] * logp[i, t]
     elif spec.ratio_level in ("sequence", "geometric"):
         sbar = {}
@@ -156,10 +243,10 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
             if lengths[i] == 0:
                 continue
             if spec.ratio_level == "sequence":  # GSPO: clip the geometric mean of the token ratios
-                log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
+                log_s = sum(logp[i, t] - old_logp[i, t] for t in positions[i]) / lengths[i]
                 sbar[i] = _clip_weight(spec, torch.exp(log_s), adv[i])
             else:  # GMPO: the geometric mean of the clipped token ratios
-                logs = [torch.log(_clip_weight(spec, torch.exp(logp[i, t] - old_logp[i, t]), adv[i])) for t in range(lengths[i])]
+                logs = [torch.log(_clip_weight(spec, torch.exp(logp[i, t] - old_logp[i, t]), adv[i])) for t in positions[i]]
                 sbar[i] = torch.exp(sum(logs) / lengths[i])
         weight = dict(sbar)
         if spec.transform != "none":
@@ -176,7 +263,7 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
                     else:
                         raise AssertionError("stopgrad='none' is not in the reference")
         for i in weight:
-            for t in range(lengths[i]):
+            for t in positions[i]:
                 if spec.transform != "none" and spec.stopgrad == "score":
                     u[i, t] = adv[i] * weight[i] * torch.exp(logp[i, t] - logp[i, t].detach())
                 else:
@@ -185,8 +272,8 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
         for i in range(B):
             if lengths[i] == 0:
                 continue
-            log_s = sum(logp[i, t] - old_logp[i, t] for t in range(lengths[i])) / lengths[i]
-            for t in range(lengths[i]):
+            log_s = sum(logp[i, t] - old_logp[i, t] for t in positions[i]) / lengths[i]
+            for t in positions[i]:
                 if spec.ratio_level == "sequence_token":
                     r = torch.exp(log_s).detach() * torch.exp(logp[i, t] - logp[i, t].detach())
                 else:
@@ -196,16 +283,18 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
                     u[i, t] = w * adv[i] * logp[i, t]
                 else:
                     u[i, t] = adv[i] * _clip_weight(spec, r, adv[i])
-    dropped = _dropped(spec, logp.detach(), old_logp, entropy, advantages, lengths)
-    kept_len = [sum(1 for t in range(lengths[i]) if (i, t) not in dropped) for i in range(B)]
-    norm_len = kept_len if spec.mask_renormalise else lengths
+    masked = _dropped(spec, logp.detach(), old_logp, entropy, advantages, lengths, positions)
+    rejected = _rejected(spec, logp.detach(), old_logp, rollout_logp, mask)
+    dropped = masked | rejected
+    uncounted = (masked if spec.mask_renormalise else set()) | (rejected if spec.rollout_rs_renormalise else set())
+    norm_len = [sum(1 for t in positions[i] if (i, t) not in uncounted) for i in range(B)]
 
     def agg(terms: dict[tuple[int, int], Tensor]) -> Tensor:
         rows = [i for i in range(B) if norm_len[i] > 0]
         total = logp.sum() * 0.0
         if spec.aggregation == "seq_mean_token_mean":
             for i in rows:
-                total = total + sum(terms[i, t] for t in range(lengths[i]) if (i, t) in terms) / norm_len[i]
+                total = total + sum(terms[i, t] for t in positions[i] if (i, t) in terms) / norm_len[i]
             return total / max(len(rows), 1)
         s = sum((v for v in terms.values()), logp.sum() * 0.0)
         if spec.aggregation == "token_mean":
@@ -233,17 +322,69 @@ def reference_loss(spec: ObjectiveSpec, *, logp, old_logp, advantages, mask, gro
         else:
             for i, t in sorted(real, key=lambda k: -cov[k])[:count]:
                 kept[i, t] = kept[i, t] + spec.kl_cov_coef * torch.abs(logp[i, t] - old_logp[i, t])
+    for k, w in _correction_weights(spec, logp.detach(), old_logp, rollout_logp, mask).items():
+        if k in kept:
+            kept[k] = kept[k] * w
     loss = agg(kept)
     if spec.entropy_coef > 0:  # minus the coefficient times the mean entropy of the kept tokens
-        kept_tokens = [(i, t) for i in range(B) for t in range(lengths[i]) if (i, t) not in dropped]
+        kept_tokens = [(i, t) for i in range(B) for t in positions[i] if (i, t) not in dropped]
         loss = loss - spec.entropy_coef * sum(entropy[i, t] for i, t in kept_tokens) / max(len(kept_tokens), 1)
     if spec.beta > 0:
         kl = {}
         for i in range(B):
-            for t in range(lengths[i]):
-                if (i, t) in dropped and spec.mask_renormalise:
+            for t in positions[i]:
+                if (i, t) in uncounted:
                     continue
-                d = ref_logp[i, t] - logp[i, t]
-                kl[i, t] = torch.exp(d) - d - 1
+                d = logp[i, t] - ref_logp[i, t]  # verl core_algos.kl_penalty's names: k3 'low_var_kl', k2 'mse', k1 'kl'
+                kl[i, t] = {"k3": lambda d: torch.exp(-d) + d - 1, "k2": lambda d: 0.5 * d * d, "k1": lambda d: d}[spec.kl_estimator](d)
+                if spec.kl_ratio_weight == "token":  # TRL use_bias_correction_kl: per_token_kl * coef_1, with its gradient
+                    kl[i, t] = kl[i, t] * torch.exp(logp[i, t] - old_logp[i, t])
+                elif spec.kl_ratio_weight == "sequence":
+                    kl[i, t] = kl[i, t] * torch.exp(sum(logp[i, s] - old_logp[i, s] for s in positions[i]) / lengths[i])
         loss = loss + spec.beta * agg(kl)
     return loss
+
+
+def reference_opo(rewards: list[float], group_ids: list[int], lengths: list[int]) -> list[float]:
+    """verl core_algos.compute_opo_outcome_advantage, as read: per group the baseline sum(L * R) / sum(L), subtracted
+    from each score (dfpo: 0 for a single-completion or all-equal group, as every dfpo estimator)."""
+    out = []
+    for i, r in enumerate(rewards):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        if len(members) < 2 or len({rewards[j] for j in members}) == 1:
+            out.append(0.0)
+            continue
+        out.append(r - sum(lengths[j] * rewards[j] for j in members) / sum(lengths[j] for j in members))
+    return out
+
+
+def reference_reinforce_pp_baseline(rewards: list[float], group_ids: list[int], lengths: list[int]) -> list[float]:
+    """verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage, as read: scores minus the group mean,
+    tiled over the response tokens, then verl_F.masked_whiten (mean and Bessel-corrected variance over the masked
+    tokens, (x - mean) * rsqrt(var + 1e-8)); one value per completion (dfpo: 0 centring for a single or all-equal group)."""
+    centred = []
+    for i, r in enumerate(rewards):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        same = len(members) < 2 or len({rewards[j] for j in members}) == 1
+        centred.append(0.0 if same else r - sum(rewards[j] for j in members) / len(members))
+    tokens = [c for c, L in zip(centred, lengths) for _ in range(L)]
+    if len(tokens) < 2:
+        return [0.0] * len(rewards)
+    mean = sum(tokens) / len(tokens)
+    var = sum((x - mean) ** 2 for x in tokens) / len(tokens) * len(tokens) / (len(tokens) - 1)
+    return [(c - mean) / math.sqrt(var + 1e-8) for c in centred]
+
+
+def reference_grpo_passk(rewards: list[float], group_ids: list[int], eps: float) -> list[float]:
+    """verl core_algos.compute_grpo_passk_outcome_advantage (norm_adv_by_std_in_grpo=True), as read: per group,
+    torch.topk(rewards, 2) -> (r_max, r_second_max); the top index gets (r_max - r_second_max) / (torch.std + eps),
+    all others 0 (dfpo: a single-completion group gets 0 where verl raises)."""
+    out = [0.0] * len(rewards)
+    for g in sorted(set(group_ids)):
+        members = [j for j, h in enumerate(group_ids) if h == g]
+        if len(members) < 2:
+            continue
+        top = torch.topk(torch.tensor([rewards[j] for j in members], dtype=torch.float64), 2)
+        std = float(torch.tensor([rewards[j] for j in members], dtype=torch.float64).std())
+        out[members[int(top.indices[0])]] = float(top.values[0] - top.values[1]) / (std + eps)
+    return out

@@ -87,3 +87,92 @@ def test_a_shared_token_keeps_a_gradient_under_reinforce_pp_but_not_rloo():
         adv = group_advantages(batch_rewards, ids, scale=scale)[:4]
         residual = shared_token_gradient("grpo", dataclasses.replace(group, advantages=adv)).abs().max()
         assert (float(residual) < 1e-12) == cancels, scale
+
+
+# --- the length-weighted estimators: OPO and REINFORCE++ with a group baseline (verl) ----------------------------------
+
+lengths_lists = st.lists(st.integers(1, 12), min_size=24, max_size=24)
+
+
+@given(rewards_lists, lengths_lists, st.integers(1, 4), st.sampled_from(["opo", "reinforce_pp_baseline"]))
+def test_length_weighted_estimators_equal_the_loop_reference(rewards, lengths, n_groups, scale):
+    """Against loops written from verl's compute_opo_outcome_advantage and compute_reinforce_plus_plus_baseline_outcome_advantage."""
+    from reference import reference_opo, reference_reinforce_pp_baseline
+
+    ids = [i % n_groups for i in range(len(rewards))]
+    L = lengths[: len(rewards)]
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids), scale=scale, lengths=torch.tensor(L))
+    ref = (reference_opo if scale == "opo" else reference_reinforce_pp_baseline)(rewards, ids, L)
+    torch.testing.assert_close(adv, torch.tensor(ref, dtype=torch.float64), rtol=1e-9, atol=1e-9)
+
+
+@given(rewards_lists, lengths_lists, st.integers(1, 4))
+def test_opo_advantages_sum_to_zero_weighted_by_length(rewards, lengths, n_groups):
+    """OPO's baseline makes sum_i L_i A_i = 0 in every group (not sum_i A_i)."""
+    ids = torch.arange(len(rewards)) % n_groups
+    L = torch.tensor(lengths[: len(rewards)], dtype=torch.float64)
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), ids, scale="opo", lengths=L)
+    for g in ids.unique():
+        assert abs(float((L * adv)[ids == g].sum())) < 1e-12
+
+
+@given(rewards_lists, st.integers(1, 12), st.integers(1, 4), st.sampled_from(["opo", "reinforce_pp_baseline"]))
+def test_length_weighted_estimators_sum_to_zero_at_equal_lengths(rewards, length, n_groups, scale):
+    """At one length for every completion both are zero-sum in every group again (OPO's baseline is the mean; the token
+    mean of group-centred rewards is 0)."""
+    ids = torch.arange(len(rewards)) % n_groups
+    L = torch.full((len(rewards),), length)
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), ids, scale=scale, lengths=L)
+    for g in ids.unique():
+        assert abs(float(adv[ids == g].sum())) < 1e-9
+
+
+def test_length_weighted_estimators_need_lengths():
+    import pytest
+
+    with pytest.raises(ValueError, match="scale='opo' weighs completions by their lengths: pass lengths of shape \\(4,\\), got none"):
+        group_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long), scale="opo")
+
+
+def _shared_residual_under(scale: str, lengths: list[int]) -> float:
+    from dfpo import policy_loss
+    from dfpo.core.loss.cancellation import make_shared_prefix_group
+
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    group = make_shared_prefix_group(rewards, lengths, seed=1)
+    adv = group_advantages(rewards, group.group_ids, scale=scale, lengths=torch.tensor(lengths))
+    loss, _ = policy_loss("dapo", logp=group.logp(), old_logp=group.old_logp, advantages=adv, mask=group.mask, group_ids=group.group_ids)
+    (grad,) = torch.autograd.grad(loss, group.shared_logp)
+    return float(grad.abs().max())
+
+
+def test_length_weighted_estimators_keep_cancellation_only_at_equal_lengths():
+    """dapo cancels a shared token whenever sum_i A_i = 0: both estimators keep that at equal lengths and break it at
+    unequal ones (the cancellation verdict of the new advantages)."""
+    for scale in ("opo", "reinforce_pp_baseline"):
+        assert _shared_residual_under(scale, [8, 8, 8, 8]) < 1e-12
+        assert _shared_residual_under(scale, [5, 9, 12, 7]) > 1e-4
+
+
+@given(rewards_lists, st.integers(1, 4))
+def test_grpo_passk_equals_the_loop_reference(rewards, n_groups):
+    """Against a loop written from verl's compute_grpo_passk_outcome_advantage (topk of 2 per group)."""
+    from reference import reference_grpo_passk
+
+    ids = [i % n_groups for i in range(len(rewards))]
+    adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids), scale="grpo_passk", eps=1e-6)
+    torch.testing.assert_close(adv, torch.tensor(reference_grpo_passk(rewards, ids, 1e-6), dtype=torch.float64), rtol=1e-9, atol=1e-12)
+
+
+def test_grpo_passk_breaks_cancellation_where_the_best_is_unique():
+    """The group's advantages sum to the best completion's: a shared token keeps a gradient under dapo (at any lengths)."""
+    from dfpo import policy_loss
+    from dfpo.core.loss.cancellation import make_shared_prefix_group
+
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0], dtype=torch.float64)
+    group = make_shared_prefix_group(rewards, [8, 8, 8, 8], seed=1)
+    adv = group_advantages(rewards, group.group_ids, scale="grpo_passk")
+    assert float(adv.sum()) == float(adv[0]) > 0
+    loss, _ = policy_loss("dapo", logp=group.logp(), old_logp=group.old_logp, advantages=adv, mask=group.mask, group_ids=group.group_ids)
+    (grad,) = torch.autograd.grad(loss, group.shared_logp)
+    assert float(grad.abs().max()) > 1e-4

@@ -20,6 +20,10 @@ VARIANTS = [(name, {}) for name in OBJECTIVES] + [
     ("gspo", {"aggregation": "token_mean"}),
     ("grpo", {"aggregation": "seq_mean_token_sum"}),
     ("grpo", {"beta": 0.04}),
+    ("grpo", {"beta": 0.04, "kl_estimator": "k2"}),
+    ("dapo", {"beta": 0.04, "kl_estimator": "k1", "kl_ratio_weight": "token"}),
+    ("grpo", {"beta": 0.04, "kl_ratio_weight": "token"}),
+    ("gspo", {"beta": 0.04, "kl_estimator": "k2", "kl_ratio_weight": "sequence"}),
     ("dapo", {"token_mask": "top_entropy", "mask_renormalise": False}),
     ("stapo", {"stapo_tau_p": 0.5, "stapo_q": 0.5}),  # thresholds that mask real tokens here
     ("grpo", {"clip": "none"}),

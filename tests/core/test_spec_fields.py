@@ -142,7 +142,7 @@ def test_choice_checks_follow_the_declared_registry(name):
         ("grpo:max_completion_length=16", "grpo", []),
         ("opsm:mask_renormalise=true", "opsm", ["mask_renormalise"]),
         ("grpo:mask_renormalise=false", "grpo", []),
-        ("grpo:rollout_correction=token_mask", "grpo", ["rollout_correction", "rollout_low", "rollout_cap"]),
+        ("grpo:rollout_correction=token_mask", "grpo", ["rollout_correction", "rollout_low", "rollout_cap", "rollout_is_batch_normalise"]),
         ("grpo:rollout_low=0.1", "grpo", []),
         ("dfpo_min:tr_floor=0.1:length_aware=true", "gspo", []),  # the transform's own parameters are the mechanism
         ("cispo:eps_low=0.5", "cispo", []),  # CISPO caps from above only

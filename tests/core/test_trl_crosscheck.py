@@ -69,8 +69,8 @@ Where the two sides part (each pinned by a test, so a change on either side show
    rows; dfpo ignores them, so dfpo = TRL * B / (non-empty rows) (``test_all_masked_rows``).
 2. GSPO clip metrics: TRL logs the share of clipped SEQUENCES, dfpo the share of real
    TOKENS in clipped sequences (``test_gspo_clip_fractions_are_token_weighted_...``).
-3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's
-   k3 term has no such factor (it matches TRL with the option off).
+3. KL: TRL's default ``use_bias_correction_kl=True`` multiplies k3 by the ratio; dfpo's default
+   k3 term has no such factor (it matches TRL with the option off); ``kl_ratio_weight`` adds it.
 4. Gradient accumulation: TRL "dapo" divides every micro-batch by the token count of the
    whole generation batch, "bnpo" by its own; dfpo sees one call, so a trainer that splits a
    batch must weight micro-batches by their token share to get TRL's "dapo".
@@ -84,6 +84,7 @@ and compares ``dfpo.group_advantages`` against them.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import warnings
 from collections import defaultdict
@@ -165,7 +166,7 @@ def _trl_trainer(logp: torch.Tensor, **config) -> GRPOTrainer:
     return trainer
 
 
-def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, num_items_in_batch=None, **config):
+def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, num_items_in_batch=None, importance_sampling_ratio=None, **config):
     """TRL's loss for these tensors and the metrics TRL logged while computing it.
 
     ``num_items_in_batch``: real tokens of the whole generation batch (default: of this one).
@@ -185,6 +186,8 @@ def trl_loss(*, logp, old_logp, advantages, mask, ref_logp=None, num_items_in_ba
     }
     if ref_logp is not None:
         inputs["ref_per_token_logps"] = ref_logp
+    if importance_sampling_ratio is not None:  # what _generate_and_score_completions hands _compute_loss under vLLM IS
+        inputs["importance_sampling_ratio"] = importance_sampling_ratio
     loss = trainer.compute_loss(None, inputs)
     return loss, {k: v[-1] for k, v in trainer._metrics["train"].items()}
 
@@ -441,6 +444,51 @@ def test_gspo_clip_fractions_count_sequences_as_trl_does():
         assert metrics[f"clip/frac_{side}"].item() == pytest.approx(flag.mean().item(), abs=1e-6)
 
 
+def trl_vllm_is_ratio(old_logp, sampling_logp, mask, mode: str, clip_min, clip_max):
+    """TRL 1.16 grpo_trainer.py _generate_and_score_completions (vllm_importance_sampling_correction), as read: exp of
+    the masked log-difference old - sampling per token, or of its row sum for sequence_* modes ((B, 1)); *_truncate
+    clamps it to [clip_min, clip_max], *_mask zeroes it outside."""
+    diff = (old_logp - sampling_logp) * mask  # (B, T)
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)  # (B, 1)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    return ratio.masked_fill((ratio < low) | (ratio > clip_max), 0.0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+@pytest.mark.parametrize("seed", [8, 9])
+def test_vllm_importance_sampling_correction_equals_trl(mode, seed):
+    """TRL's vLLM IS correction (its weight restated from the generation step, multiplied in by TRL's own _compute_loss)
+    is dfpo's rollout_correction of the same name: loss and gradient, grpo and dapo, ragged masks. TRL 1.16's defaults:
+    clip_max 3.0, clip_min None (the mask modes here at 0.5 so that both ends bite)."""
+    batch = make_batch(seed, level="token", eps_low=0.2, eps_high=0.2)
+    g = torch.Generator().manual_seed(seed + 70)
+    scale = 0.4 if mode.startswith("sequence") else 0.6
+    sampling = batch.old_logp + scale * torch.randn(batch.old_logp.shape, generator=g, dtype=DTYPE)  # (B, T)
+    clip_min = 0.5 if mode.endswith("mask") else None
+    ratio = trl_vllm_is_ratio(batch.old_logp, sampling, batch.mask.to(DTYPE), mode, clip_min, 3.0)
+    assert 0 < float(((ratio == 0) | (ratio == 3.0)).float().mean()) < 1  # the treatment bites somewhere, not everywhere
+    for objective, trl_config in (
+        ("grpo", dict(loss_type="grpo", epsilon=0.2)),
+        ("dapo", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28)),
+    ):
+        logp = batch.logp.clone().requires_grad_(True)
+        trl_value, _ = trl_loss(
+            logp=logp, old_logp=batch.old_logp, advantages=batch.advantages, mask=batch.mask, importance_sampling_ratio=ratio,
+            use_vllm=True, vllm_importance_sampling_correction=True, **trl_config,
+        )  # fmt: skip
+        (trl_grad,) = torch.autograd.grad(trl_value, logp)
+        value, grad, _ = run_dfpo(
+            batch, objective, rollout_correction=mode, rollout_cap=3.0, rollout_low=clip_min or 0.0, rollout_logp=sampling,
+            **({"eps_high": 0.28} if objective == "dapo" else {}),
+        )  # fmt: skip
+        torch.testing.assert_close(value, trl_value.detach(), **TOL)
+        torch.testing.assert_close(grad, trl_grad, **TOL)
+
+
 def test_k3_kl_term_equals_trl_without_bias_correction():
     """beta > 0: dfpo adds beta * k3(ref, logp) per token; that is TRL with
     ``use_bias_correction_kl=False`` (TRL's default True also multiplies k3 by the ratio)."""
@@ -455,6 +503,29 @@ def test_k3_kl_term_equals_trl_without_bias_correction():
     # TRL's default (use_bias_correction_kl=True) weighs k3 by the ratio: not dfpo's term.
     default_value, _, _ = run_trl(batch, loss_type="grpo", epsilon=0.2, beta=0.04)
     assert abs(default_value - value) > 1e-5
+
+
+@pytest.mark.parametrize(
+    ("objective", "level", "trl_config", "weight"),
+    [
+        ("grpo", "token", dict(loss_type="grpo", epsilon=0.2), "token"),
+        ("dapo", "token", dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28), "token"),
+        ("gspo", "sequence", dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4), "sequence"),
+    ],
+)
+@pytest.mark.parametrize("seed", [6, 7])
+def test_bias_corrected_kl_equals_trl_default(objective, level, trl_config, weight, seed):
+    """TRL's default use_bias_correction_kl=True (k3 times coef_1 = pi / pi_old with its gradient, at TRL's
+    importance-sampling level) is kl_ratio_weight=token, or =sequence under GSPO: loss, gradient and logged KL."""
+    eps = (0.2, 0.28) if objective == "dapo" else ((3e-4, 4e-4) if objective == "gspo" else (0.2, 0.2))
+    batch = make_batch(seed, level=level, eps_low=eps[0], eps_high=eps[1])
+    g = torch.Generator().manual_seed(seed + 50)
+    batch.ref_logp = batch.logp - 0.3 * torch.randn(batch.logp.shape, generator=g, dtype=DTYPE)  # (B, T)
+    trl_value, trl_grad, trl_metrics = run_trl(batch, beta=0.04, **trl_config)
+    value, grad, metrics = run_dfpo(batch, objective, beta=0.04, kl_ratio_weight=weight)
+    torch.testing.assert_close(value, trl_value, **TOL)
+    torch.testing.assert_close(grad, trl_grad, **TOL)
+    assert metrics["kl/ref"].item() == pytest.approx(trl_metrics["kl"], rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -214,3 +214,60 @@ def test_dfpo_metrics_reach_trls_log_by_their_declared_reduction(tmp_path):
     assert logged["dfpo/ratio/max"] == 3.0
     assert logged["dfpo/rollout/seq_ratio_min"] == 0.4
     assert logged["dfpo/loss/policy"] == 1.5
+
+
+def _correction_inputs(trainer):
+    tok = trainer.processing_class
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in ("3+4=", "10+20=")]
+    completions = [[5, 6], [7], [8, 9, 10], [5], [6, 6], [7, 8], [9], [10, 11, 12]]
+    batch = build_batch(prompts, completions, G, pad_id=tok.pad_token_id, eos_ids=set(), max_new_tokens=4)
+    P = batch.prompt_width
+    g = torch.Generator().manual_seed(3)
+    old = torch.where(batch.mask, -2.0 + 0.3 * torch.randn(batch.mask.shape, generator=g), 0.0)
+    sampling = torch.where(batch.mask, old + 0.8 * torch.randn(batch.mask.shape, generator=g), 0.0)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, 1.0, -1.0, -1.0])
+    inputs = {
+        "prompt_ids": batch.input_ids[:, :P], "prompt_mask": batch.attention_mask[:, :P],
+        "completion_ids": batch.completion_ids, "completion_mask": batch.mask.long(),
+        "advantages": adv, "old_per_token_logps": old, GROUP_KEY: batch.group_ids,
+        "sampling_per_token_logps": sampling, "importance_sampling_ratio": torch.ones(8, 1),  # its presence is TRL's switch
+    }  # fmt: skip
+    return batch, inputs
+
+
+@pytest.mark.parametrize("mode", ["token_mask", "sequence_truncate"])
+def test_trls_own_vllm_correction_becomes_dfpos_correction_of_the_same_mode(tmp_path, mode):
+    """TRL puts importance_sampling_ratio in the inputs when its vLLM IS correction is on; an objective without its own
+    correction then gets TRL's as dfpo's rollout_correction of the same mode, on TRL's sampling log-probs."""
+    trainer = _trainer(tmp_path, objective="grpo")
+    trainer.args.vllm_importance_sampling_mode, trainer.args.vllm_importance_sampling_clip_max = mode, 3.0
+    trainer.args.vllm_importance_sampling_clip_min = 0.5
+    batch, inputs = _correction_inputs(trainer)
+    trainer.model.train()
+    got = trainer._compute_loss(trainer.model, inputs)
+    logp = completion_logprobs(trainer.model, batch, "cpu").logp
+    kw = dict(
+        logp=logp, old_logp=inputs["old_per_token_logps"], advantages=inputs["advantages"], mask=batch.mask, group_ids=batch.group_ids
+    )
+    expected, _ = policy_loss(
+        "grpo",
+        **kw,
+        rollout_logp=inputs["sampling_per_token_logps"],
+        rollout_correction=mode,
+        rollout_cap=3.0,
+        rollout_low=0.5,
+        rollout_floor=0.5,
+    )
+    plain, _ = policy_loss("grpo", **kw)
+    torch.testing.assert_close(got, expected / trainer.args.gradient_accumulation_steps, rtol=1e-5, atol=1e-6)
+    assert abs(float(expected.detach()) - float(plain.detach())) > 1e-4  # the correction bites
+
+
+def test_an_objectives_own_correction_needs_vllms_untruncated_log_probs(tmp_path):
+    with pytest.raises(ValueError, match="rollout_correction='token_truncate'.*only with GRPOConfig\\(use_vllm=True\\)"):
+        _trainer(tmp_path, objective="grpo:rollout_correction=token_truncate")
+    trainer = _trainer(tmp_path, objective="grpo")
+    trainer.dfpo_spec = resolve_objective("grpo", rollout_rejection="seq_mean_k1")
+    trainer.args.use_vllm, trainer.args.top_p = True, 0.9
+    with pytest.raises(ValueError, match="rollout_rejection='seq_mean_k1'.*truncated distribution.*TRL issue 6789"):
+        trainer._check_rollout_inputs()

@@ -99,3 +99,17 @@ def test_verls_registry_and_verls_own_losses_in_its_environment():
         [str(Path(python).absolute()), str(ROOT / "scripts" / "verl_check.py")], capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0 and "verl check: ok" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_an_objective_reading_the_samplers_log_probs_is_refused_and_bypass_works():
+    """verl passes a policy loss no sampler log-probs: an objective's own correction or rejection is refused at
+    registration; in bypass mode (verl's: old_log_prob is the sampler's) it needs none and reaches the loss."""
+    from dfpo import resolve_objective
+
+    with pytest.raises(ValueError, match="rollout_rejection='token_k3'.*verl's algorithm.rollout_correction"):
+        make_verl_policy_loss(resolve_objective("grpo", rollout_rejection="token_k3"), group_size=4)
+    spec = resolve_objective("grpo", rollout_correction="sequence_truncate", rollout_bypass=True)
+    logp, old, adv, mask = _rows(seed=2)
+    got, metrics = make_verl_policy_loss(spec, group_size=4)(old, logp, adv[:, None] * mask, mask, None, None)
+    expected, _ = policy_loss(spec, logp=logp, old_logp=old, advantages=adv, mask=mask.bool(), group_ids=torch.arange(8) // 4)
+    assert float(got) == pytest.approx(float(expected), rel=1e-12) and "actor/dfpo/rollout/weight_mean" in metrics

@@ -243,6 +243,11 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
             "too many for exact mode",
         ),
         ({"mode": "exact", "objectives": ("stapo",)}, "exact mode cannot take its expectation"),
+        (
+            {"mode": "exact", "objectives": ("grpo:adv_scale=opo",)},
+            r"adv_scale='opo'; exact mode has the population limits .*mode='sampled'",
+        ),
+        ({"mode": "exact", "objectives": ("grpo:adv_scale=grpo_passk",)}, r"adv_scale='grpo_passk'; exact mode"),
         ({"optimizer": "lbfgs"}, "optimizer must be one of"),
         ({"lr": 0.0}, "lr must be > 0"),
         ({"minibatches": 3}, "minibatches must be <="),
@@ -305,3 +310,12 @@ def test_ratio_spread_is_the_within_group_std_of_the_sequence_log_ratio():
     assert float(train_objective(task, "gspo", config)["ratio/spread"].abs().max()) < 1e-7
     spread = train_objective(task, "gspo", ToyConfig(objectives=("gspo",), seeds=2, steps=3, inner_steps=4, lr=0.5))["ratio/spread"]
     assert float(spread.mean()) > 1e-3  # (a batch whose rewards are all equal moves nothing: its spread stays 0)
+
+
+@pytest.mark.parametrize("scale", ["opo", "reinforce_pp_baseline", "grpo_passk"])
+def test_length_weighted_and_passk_advantages_train_in_sampled_mode(scale):
+    """OPO and REINFORCE++-baseline read each sampled completion's length; with verl's pass@k a short run stays finite."""
+    config = ToyConfig(objectives=(f"grpo:adv_scale={scale}",), seeds=2, steps=4)
+    task, _ = validate(config)
+    h = train_objective(task, f"grpo:adv_scale={scale}", config)
+    assert all(bool(torch.isfinite(v).all()) for v in h.values())

@@ -1,5 +1,7 @@
 """The HF sampling engine: rows leave the batch at EOS, and the log-probs it returns are pi_rollout's."""
 
+import math
+
 import pytest
 import torch
 
@@ -7,7 +9,7 @@ from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs
 from dfpo.trainer.layout import RunDir
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, sampler_logp
+from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, log_kept_mass, sampler_logp
 from dfpo.trainer.stage_old_logp import mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,3 +111,114 @@ def test_a_rollout_correction_reaches_the_loss_with_the_sampler_log_probs(tmp_pa
     trainer.run()
     row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
     assert row["rollout/weight_mean"] != 1.0 and 0 < row["rollout/weight_mean"] <= 1.5
+
+
+class _FixedLogits(torch.nn.Module):
+    """A "model" over a six-token vocabulary whose next-token logits are the same at every position."""
+
+    def __init__(self, logits: list[float]):
+        from transformers import LlamaConfig
+
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the engine reads the device off a parameter
+        self.logits = torch.tensor(logits)
+        self.config = LlamaConfig(vocab_size=len(logits), hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8)
+
+    def forward(self, input_ids, **_):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.logits.expand(input_ids.shape[0], input_ids.shape[1], -1).clone())
+
+
+def test_truncated_sampling_returns_both_log_probs_computed_by_hand():
+    """Temperature 0.8, top-k 4, top-p 0.9 over six logits: by hand, the tempered probabilities q, the four largest kept,
+    then the smallest prefix of their renormalised mass reaching 0.9; each sampled token's log-prob is log q_y minus the
+    log of the kept mass (sampled) and log q_y (untruncated), and the engine samples only kept tokens."""
+    logits, T = [2.0, 1.0, 0.5, 0.0, -1.0, -3.0], 0.8
+    z = [math.exp(x / T) for x in logits]
+    q = [v / sum(z) for v in z]  # tempered, whole vocabulary
+    top4 = sorted(range(6), key=lambda k: -q[k])[:4]
+    mass4 = sum(q[k] for k in top4)
+    kept, cum = [], 0.0
+    for k in top4:  # descending: keep a token while the mass before it is under top_p
+        if cum < 0.9:
+            kept.append(k)
+        cum += q[k] / mass4
+    kept_mass = sum(q[k] for k in kept)
+    assert kept == [0, 1, 2] and kept_mass < 1  # the case is a real truncation
+    engine = HFGenerateEngine(_FixedLogits(logits), pad_id=0, eos_ids={99})
+    torch.manual_seed(0)
+    samples = engine.sample([[1, 2], [3]], 20, SamplingParams(max_new_tokens=3, temperature=T, top_k=4, top_p=0.9))
+    seen = set()
+    for tokens, sampled, untruncated in zip(samples.tokens, samples.logprobs, samples.logprobs_untruncated):
+        for y, lp, lf in zip(tokens, sampled, untruncated):
+            seen.add(y)
+            assert lp == pytest.approx(math.log(q[y] / kept_mass), abs=1e-6)
+            assert lf == pytest.approx(math.log(q[y]), abs=1e-6)
+    assert seen == set(kept)
+    mask = torch.ones(40, 3, dtype=torch.bool)
+    assert log_kept_mass(samples, 3, mask) == pytest.approx(math.log(kept_mass), abs=1e-6)
+    logp, _ = sampler_logp(samples, 3)  # what the trainer passes to a rollout correction: the untruncated one
+    torch.testing.assert_close(logp, torch.tensor(samples.logprobs_untruncated))
+
+
+def test_without_truncation_both_log_probs_are_the_same_numbers():
+    engine = HFGenerateEngine(_FixedLogits([1.0, 0.0, -1.0, 0.5, 0.2, -2.0]), pad_id=0, eos_ids={99})
+    samples = engine.sample([[1]], 8, SamplingParams(max_new_tokens=3, temperature=0.7))
+    assert samples.logprobs_untruncated == samples.logprobs
+
+
+def test_a_correction_under_vllm_with_truncation_is_refused_up_front(tmp_path):
+    from test_llm_e2e import tiny_config
+
+    with pytest.raises(ValueError, match="rollout_correction='token_mask'.*rollout.engine = 'hf'"):
+        tiny_config(tmp_path, "rollout.engine=vllm", "rollout.top_p=0.9", "objective.overrides.rollout_correction=token_mask")
+    tiny_config(tmp_path, "rollout.engine=vllm", "rollout.top_p=0.9")  # no correction: nothing to refuse
+
+
+def test_truncated_rollouts_log_the_kept_mass_and_correct_with_the_untruncated_log_probs(tmp_path):
+    """Float32 sampling from the trainer's model at top-k 3: the untruncated sampler log-probs are pi_old's to round-off,
+    so a token_mask correction with a tight band [0.999, 1.001] keeps every token, where the sampled log-probs (rho = the
+    kept mass, logged below 0) would have masked most."""
+    import json
+
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.train import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=1",
+        "eval.every=0",
+        "rollout.top_k=3",
+        "objective.overrides.rollout_correction=token_mask",
+        "objective.overrides.rollout_low=0.999",
+        "objective.overrides.rollout_cap=1.001",
+    )
+    Trainer(cfg, quiet=True).run()
+    row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
+    assert row["rollout/log_kept_mass"] < -0.01
+    assert row["rollout/weight_zero_frac"] == 0.0
+
+
+def test_a_rollout_rejection_reaches_the_loss_and_is_logged(tmp_path):
+    """objective.overrides.rollout_rejection: at temperature 0.7 a token k1 band of [0.9, 1.1] rejects some tokens,
+    and the step logs the share."""
+    import json
+
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.train import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=1",
+        "eval.every=0",
+        "rollout.temperature=0.7",
+        "objective.overrides.rollout_rejection=token_k1",
+        "objective.overrides.rollout_rs_low=0.9",
+        "objective.overrides.rollout_rs_high=1.1",
+    )
+    Trainer(cfg, quiet=True).run()
+    row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
+    assert 0 < row["rollout/rejected_frac"] < 1 and 0 < row["rollout/rejected_seq_frac"] <= 1

@@ -234,3 +234,25 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monke
         assert 0 <= row["rollout/extra_batches"] <= 6
         assert len(step) == 4 or row["rollout/extra_batches"] == 6  # full, unless the extra draws ran out
     assert sum(r["rollout/dropped_groups"] for r in rows) > 0
+
+
+def test_length_weighted_advantages_get_each_completions_length(tmp_path, monkeypatch):
+    """adv_scale=opo: the advantage stage passes every completion's token count (before overlong masking) and the step
+    trains on the result."""
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer import stage_advantages
+    from dfpo.trainer import train as train_mod
+
+    seen = []
+    real = stage_advantages.group_advantages
+
+    def spy(rewards, group_ids, **kw):
+        seen.append((kw["scale"], kw["lengths"].clone()))
+        return real(rewards, group_ids, **kw)
+
+    monkeypatch.setattr(stage_advantages, "group_advantages", spy)
+    cfg = tiny_config(tmp_path, "train.steps=1", "eval.every=0", "objective.overrides.adv_scale=opo", "rollout.mask_truncated=true")
+    train_mod.Trainer(cfg, quiet=True).run()
+    ((scale, lengths),) = seen
+    assert scale == "opo" and int(lengths.min()) >= 1 and lengths.dtype == torch.long
