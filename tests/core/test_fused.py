@@ -9,6 +9,8 @@ no (B, T, V) tensor.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -208,23 +210,11 @@ def test_compiled_kernels_give_the_eager_numbers(name, overrides, layout):
     h, w, y, mask, gid, adv, noise = _batch(13)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    with _no_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         fast = _fused(spec, h, w, y, 0.7, kw, compile=True, **LAYOUTS[layout])
+    assert not [w for w in caught if "torch.compile failed" in str(w.message)]  # the compiled kernels ran
     _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
-
-
-class _no_warning:
-    """Fails the test if a warning (torch.compile falling back to eager) is raised inside."""
-
-    def __enter__(self):
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("error")
-
-    def __exit__(self, *exc):
-        self._catch.__exit__(*exc)
 
 
 def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monkeypatch):
