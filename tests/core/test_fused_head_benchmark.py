@@ -1,0 +1,33 @@
+"""benchmarks/fused_head.py runs every mode it names at a tiny size and skips Liger or the full logits saying why."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fused_head.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("fused_head_bench", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused"])
+def test_every_local_mode_measures_a_tiny_case(bench, mode):
+    for objective in bench.OBJECTIVE_ROWS[mode]:
+        out = bench.measure(mode, objective, 8, 4, 16, 64, repeats=1, threads=1)
+        assert out["seconds"] >= 0 and out["wall"] >= 0 and out["extra_mib"] == out["extra_mib"]
+        if mode == "fused":
+            assert out["two_pass"] == 0.0  # a tiny batch fits the logits budget: one pass
+
+
+def test_full_logits_past_the_budget_are_skipped_saying_how_large(bench):
+    reason = bench._skip_reason("naive", 8, 2048, 151936, 3.0)
+    assert reason is not None and "9.3 GiB > --max-gib 3" in reason
+    assert bench._skip_reason("fused", 8, 2048, 151936, 3.0) is None  # the fused path never holds them
