@@ -209,6 +209,35 @@ def run_case(mode: str, objective: str | None, B: int, T: int, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+FLOOR_GOAL = 1.05
+"""The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``."""
+GOAL_OBJECTIVES = ("grpo", "gspo", "dfpo_min")
+
+
+def goal_lines(rows: dict) -> list[str]:
+    """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
+    (``x_floor``, ``extra_mib``); a goal whose rows are missing says so instead of passing."""
+    out = []
+    for mode in ("fused", "fused_compiled"):
+        for objective in GOAL_OBJECTIVES:
+            row = rows.get((mode, objective))
+            if row is None:
+                out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
+                continue
+            verdict = "met" if row["x_floor"] <= FLOOR_GOAL else "missed"
+            out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: {row['x_floor']:.2f}x, {verdict}")
+            liger = rows.get(("liger_compiled", objective))
+            if liger is None:
+                out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: no liger_compiled row")
+                continue
+            t, m = row["x_floor"] / liger["x_floor"], row["extra_mib"] / max(liger["extra_mib"], 1e-9)
+            verdict = "met" if t < 1 and m < 1 else "missed"
+            out.append(
+                f"goal {mode} {objective} faster than liger_compiled, in less memory: time {t:.2f}x, extra memory {m:.2f}x, {verdict}"
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         return _child(sys.argv[2:])
@@ -242,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'mode':16s} {'objective':9s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s}")
             floor = [x["seconds"] for x in results.get(("floor", None), []) if "seconds" in x]
             floor_s = statistics.median(floor) if floor else float("nan")
+            rows = {}
             for case in cases:
                 mode, objective = case
                 label = f"{mode:16s} {objective or '-':9s} |"
@@ -257,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 mib = statistics.median(x["extra_mib"] for x in ok)
                 two = f"{ok[0]['two_pass']:.2f}" if "two_pass" in ok[0] else "-"
                 print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {wall:8.3f} {mib:9.0f} {two:>8s}", flush=True)
+                rows[case] = {"x_floor": s / floor_s, "extra_mib": mib}
+            print("\n".join(goal_lines(rows)), flush=True)
     return 0
 
 

@@ -31,3 +31,17 @@ def test_full_logits_past_the_budget_are_skipped_saying_how_large(bench):
     reason = bench._skip_reason("naive", 8, 2048, 151936, 3.0)
     assert reason is not None and "9.3 GiB > --max-gib 3" in reason
     assert bench._skip_reason("fused", 8, 2048, 151936, 3.0) is None  # the fused path never holds them
+
+
+def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
+    rows = {
+        ("fused", "grpo"): {"x_floor": 1.04, "extra_mib": 100.0},
+        ("liger_compiled", "grpo"): {"x_floor": 1.10, "extra_mib": 200.0},
+        ("fused", "gspo"): {"x_floor": 1.20, "extra_mib": 100.0},
+    }
+    lines = bench.goal_lines(rows)
+    assert "goal fused grpo <= 1.05x floor: 1.04x, met" in lines
+    assert "goal fused grpo faster than liger_compiled, in less memory: time 0.95x, extra memory 0.50x, met" in lines
+    assert "goal fused gspo <= 1.05x floor: 1.20x, missed" in lines
+    assert "goal fused gspo faster than liger_compiled, in less memory: no liger_compiled row" in lines
+    assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
