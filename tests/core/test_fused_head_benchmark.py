@@ -45,3 +45,14 @@ def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
     assert "goal fused gspo <= 1.05x floor: 1.20x, missed" in lines
     assert "goal fused gspo faster than liger_compiled, in less memory: no liger_compiled row" in lines
     assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
+
+
+def test_the_run_comparison_reports_the_largest_relative_difference_and_one_sided_nan():
+    spec = importlib.util.spec_from_file_location("fused_head_runs", PATH.with_name("fused_head_runs.py"))
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    a = [{"loss": 1.0, "x": 4.0, "n": float("nan"), "wall_s": 1.0}, {"loss": 2.0, "x": 0.5, "n": 1.0, "only": 1}]
+    b = [{"loss": 1.0, "x": 2.0, "n": float("nan"), "wall_s": 9.0}, {"loss": 2.0, "x": 0.25, "n": float("nan")}]
+    worst, one_side = runs.largest_differences(a, b)
+    assert worst == {"loss": 0.0, "x": 0.5, "n": float("inf")}  # |4 - 2| / 4; timings left out
+    assert one_side == {"only"}
