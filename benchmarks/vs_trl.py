@@ -12,6 +12,8 @@ gradient checkpointing off on both sides, float32 on CPU. Old log-probs are need
 TRL recomputes them for the whole rollout batch. dfpo takes the sampler's own log-probs (rollout.old_logp
 'auto': exact for float32 sampling at temperature 1); ``--dfpo-old-logp recompute`` makes it recompute them
 as TRL does (for the rows after the first optimiser step: the first step's forward serves its own rows).
+dfpo's update scores the LM head and the loss in one pass (optim.fused_head 'eager', the trainer's default);
+``--dfpo-fused-head off`` runs token_logprobs then policy_loss instead.
 
 Every trial runs in a fresh process (so its peak RSS is its own) and trains ``--steps`` rollout batches;
 the first is a warm-up and is left out of the times. Printed per trial: seconds per rollout batch split into
@@ -80,7 +82,7 @@ def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     return [(data.prompt_template.replace("{prompt}", ex.prompt), ex.answer) for ex in train[:n]]
 
 
-def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto") -> dict:
+def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto", fused_head: str = "eager") -> dict:
     # deferred: a trial imports only its own side's stack (see the module docstring)
     from dfpo.trainer.config import apply_overrides, config_from_dict
     from dfpo.trainer.train import Trainer
@@ -91,7 +93,7 @@ def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, o
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0", f"optim.minibatch_groups={PROMPTS // MINIBATCHES}",
         "optim.epochs=1", "optim.lr=1e-5", f"objective.name={objective}", "eval.every=0", f"train.steps={steps}",
         "log.progress=false", "log.samples_every=0", "log.diagnostics=false", f"threads={threads}", f'run_dir="{out}"',
-        f"rollout.old_logp={old_logp}",
+        f"rollout.old_logp={old_logp}", f"optim.fused_head={fused_head}",
     ]  # fmt: skip
     Trainer(config_from_dict(apply_overrides({}, sets)), quiet=True).run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]  # warm-up left out
@@ -169,7 +171,7 @@ def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path) ->
 def worker(args) -> None:
     out = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.side}_"))
     if args.side == "dfpo":
-        result = run_dfpo(args.model_dir, args.objective, args.steps, args.threads, out / "run", args.dfpo_old_logp)
+        result = run_dfpo(args.model_dir, args.objective, args.steps, args.threads, out / "run", args.dfpo_old_logp, args.dfpo_fused_head)
     else:
         result = run_trl(args.model_dir, args.objective, args.steps, args.threads, out / "run")
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -190,6 +192,10 @@ def main() -> int:
         "--dfpo-old-logp", default="auto", choices=["auto", "recompute"],
         help="dfpo's rollout.old_logp: 'recompute' runs an old-log-prob forward as TRL does (the ablation of the sampler's log-probs)",
     )  # fmt: skip
+    p.add_argument(
+        "--dfpo-fused-head", default="eager", choices=["eager", "compile", "off"],
+        help="dfpo's optim.fused_head: the LM head and the loss in one pass (eager, the default; compile) or off (token_logprobs, then policy_loss)",
+    )  # fmt: skip
     p.add_argument("--side", choices=["dfpo", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--objective", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -205,7 +211,7 @@ def main() -> int:
     build_model(folder, args.hidden, args.layers)
     print(f"model: Qwen2-style, vocab {VOCAB}, hidden {args.hidden}, {args.layers} layers; {PROMPTS} prompts x G={G}, "
           f"<= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout batch, {args.threads} threads, CPU float32; "
-          f"dfpo rollout.old_logp={args.dfpo_old_logp}")  # fmt: skip
+          f"dfpo rollout.old_logp={args.dfpo_old_logp}, optim.fused_head={args.dfpo_fused_head}")  # fmt: skip
     print(
         f"{'objective':9s} {'side':5s} {'rollout s':>9s} {'old-logp s':>10s} {'update s':>9s} {'step s':>7s} {'tok/s':>7s} {'peak MiB':>9s}"
     )
@@ -215,7 +221,7 @@ def main() -> int:
             got = {}
             for side in ("dfpo", "trl") if pair % 2 == 0 else ("trl", "dfpo"):
                 cmd = [sys.executable, __file__, "--side", side, "--objective", objective, "--model-dir", str(folder), "--steps", str(args.steps),
-                       "--threads", str(args.threads), "--dfpo-old-logp", args.dfpo_old_logp]  # fmt: skip
+                       "--threads", str(args.threads), "--dfpo-old-logp", args.dfpo_old_logp, "--dfpo-fused-head", args.dfpo_fused_head]  # fmt: skip
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if proc.returncode or line is None:

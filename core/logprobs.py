@@ -10,6 +10,9 @@ saving them (a custom ``autograd.Function``), so the extra memory of forward plu
 O(chunk_size * V) rather than O(N * V). Pass only the positions whose next token is scored
 (completion positions): prompt positions never reach the LM head.
 
+For a loss of the log-probs, ``dfpo.core.fused.fused_policy_loss`` computes the loss's gradient inside the forward
+instead (three matmuls, not four); ``token_logprobs`` stays for callers that want the log-probs only.
+
 Gradients (per position, with upstream gradients g of logp and e of H):
 
     d logp / d z_k = 1[k = y] - p_k
@@ -31,6 +34,34 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
         hidden = hidden / temperature
     z = hidden @ weight.T  # (n, V)
     return z.to(torch.promote_types(z.dtype, torch.float32))
+
+
+def head_logits(hidden: Tensor, weight: Tensor, temperature: float, *, out: Tensor) -> Tensor:
+    """Logits (n, V) of ``hidden`` (n, H) under ``weight`` (V, H) at ``temperature``, written into ``out`` (n, V) of
+    the compute dtype (float32, or float64).
+
+    The matmul runs in the weight's dtype (the hidden states are cast to it); a half-precision result is copied
+    into ``out`` as float32. Writing into one reused block saves a fresh (n, V) allocation per chunk.
+    """
+    hs = (hidden if temperature == 1.0 else hidden / temperature).to(weight.dtype)  # (n, H)
+    if out.dtype == weight.dtype:
+        return torch.mm(hs, weight.T, out=out)
+    return out.copy_(hs @ weight.T)
+
+
+def check_head_inputs(hidden: Tensor, lm_head_weight: Tensor, targets: Tensor, *, temperature: float, chunk_size: int) -> None:
+    """ValueError naming the argument unless hidden (..., H), lm_head_weight (V, H) and targets (...) fit together
+    and temperature > 0, chunk_size a positive int."""
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got targets.shape={tuple(targets.shape)}"
+        )
+    if lm_head_weight.ndim != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"lm_head_weight must have shape (V, {hidden.shape[-1]}), got lm_head_weight.shape={tuple(lm_head_weight.shape)}")
+    if not (temperature > 0):
+        raise ValueError(f"temperature must be > 0, got temperature={temperature!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got chunk_size={chunk_size!r}")
 
 
 def _logsumexp_(z: Tensor) -> Tensor:
@@ -119,16 +150,7 @@ def token_logprobs(
     Returns logp (...) and entropy (...) in float32 (float64 for float64 inputs) (None when ``with_entropy`` is False);
     both are differentiable with respect to ``hidden`` and ``lm_head_weight``.
     """
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(
-            f"targets must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, got targets.shape={tuple(targets.shape)}"
-        )
-    if lm_head_weight.ndim != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"lm_head_weight must have shape (V, {hidden.shape[-1]}), got lm_head_weight.shape={tuple(lm_head_weight.shape)}")
-    if not (temperature > 0):
-        raise ValueError(f"temperature must be > 0, got temperature={temperature!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got chunk_size={chunk_size!r}")
+    check_head_inputs(hidden, lm_head_weight, targets, temperature=temperature, chunk_size=chunk_size)
     lead = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
     flat_t = targets.reshape(-1).long()  # (N,)

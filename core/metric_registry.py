@@ -95,6 +95,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("rollout/seq_ratio_max", "max", "largest sequence-level correction ratio prod_t pi_old / pi_rollout", _LOSS),
     Metric("rollout/rejected_frac", "mean", "share of real tokens the rollout rejection drops (rollout_rejection)", _LOSS),
     Metric("rollout/rejected_seq_frac", "mean", "share of non-empty completions with a token the rollout rejection drops", _LOSS),
+    Metric(
+        "fused/two_pass",
+        "mean",
+        "fused_policy_loss (the trainer's update by default): share of real tokens whose LM head ran twice, because their "
+        "coupled unit (a completion, a group, a batch-coupled batch) held more logits than max_logits_mib (0 = all in one pass)",
+        _LOSS,
+    ),
     # the trainer, one value per training step (metrics.jsonl)
     Metric("entropy/mean", "mean", "policy entropy over the real tokens of the loss calls (when the objective reads it)", _TRAINER),
     Metric("reward/mean", "mean", "mean total reward of the step's completions", _TRAINER),

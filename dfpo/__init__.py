@@ -3,6 +3,7 @@
 The public API is the shared loss core::
 
     from dfpo import policy_loss, group_advantages, OBJECTIVES, register_objective
+    from dfpo import fused_policy_loss  # the LM head and the loss in one pass (hidden states in, loss out)
 
 Everything else lives in sub-packages: ``dfpo.core`` (the shared core: loss, log-probs, metrics,
 settings, statistics), ``dfpo.theory`` (claims ledger), ``dfpo.toy`` (tabular softmax lab),
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from dfpo._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them on first use
+    from dfpo.core.fused import fused_policy_loss
     from dfpo.core.logprobs import token_logprobs
     from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, group_advantages, policy_loss, register_objective, resolve_objective
 
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them
 _LAZY = {
     "OBJECTIVES": "dfpo.core.loss",
     "ObjectiveSpec": "dfpo.core.loss",
+    "fused_policy_loss": "dfpo.core.fused",
     "group_advantages": "dfpo.core.loss",
     "policy_loss": "dfpo.core.loss",
     "register_objective": "dfpo.core.loss",
@@ -38,6 +41,7 @@ _SUBMODULES = ("app", "cli", "commands", "core", "integrations", "theory", "toy"
 __all__ = [
     "OBJECTIVES",
     "ObjectiveSpec",
+    "fused_policy_loss",
     "group_advantages",
     "policy_loss",
     "register_objective",

@@ -10,6 +10,11 @@ plain linear head on the last hidden state: a head with a bias, a logit soft-cap
 (``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``), or an adapter on the head itself.
 ``plain_lm_head`` says which path a model takes.
 
+``fused_completion_loss`` is the update's default: the decoder's hidden states go to
+``dfpo.core.fused.fused_head_loss``, which runs the LM head and the objective's loss together and takes the loss's
+gradient inside the forward (three matmuls over the logits where ``completion_logprobs`` then ``policy_loss`` take
+four). ``completion_logprobs`` stays for the log-probs alone (old and reference log-probs, ``optim.fused_head=off``).
+
 Vocabulary statistics that only the diagnostics need (pi(y) and sum_v pi_v^2, for Energy's closed-form
 norm) are computed by ``vocab_stats`` under no_grad, and only when asked.
 """
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..core.fused import FusedHead, fused_head_loss
 from ..core.logprobs import token_logprobs
 from .rollout import RolloutBatch, autocast, completion_logits, token_logp, token_stats
 
@@ -99,6 +105,47 @@ def completion_logprobs(
     logp = torch.zeros(mask.shape, dtype=lp_real.dtype, device=lp_real.device).index_put(real, lp_real)  # (B, T)
     entropy = None if ent_real is None else torch.zeros_like(logp).index_put(real, ent_real)
     return TokenScores(logp, entropy, hidden.detach() if keep_hidden else None)
+
+
+def fused_completion_loss(
+    model,
+    batch: RolloutBatch,
+    device,
+    amp_dtype: torch.dtype | None,
+    spec,
+    *,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    ref_logp: Tensor | None,
+    rollout_logp: Tensor | None,
+    with_entropy: bool,
+    keep_hidden: bool = False,
+    compile: bool = False,
+) -> tuple[FusedHead, TokenScores] | None:
+    """The objective's loss of the batch's completions with the LM head fused in (``fused_head_loss``), and its
+    log-probs (and entropies) as ``TokenScores``; None for a model whose head is not ``plain_lm_head``.
+
+    ``old_logp`` None: the policy's own log-probs, detached (the first optimiser step of a rollout batch).
+    """
+    weight = plain_lm_head(model)
+    if weight is None:
+        return None
+    hidden = completion_hidden(model, batch, device, amp_dtype)  # (B, T, H)
+    out = fused_head_loss(
+        spec,
+        hidden=hidden,
+        lm_head_weight=weight,
+        targets=batch.completion_ids.to(device),
+        old_logp=old_logp,
+        advantages=advantages,
+        mask=batch.mask.to(device),
+        group_ids=batch.group_ids.to(device),
+        ref_logp=ref_logp,
+        rollout_logp=rollout_logp,
+        with_entropy=with_entropy,
+        compile=compile,
+    )
+    return out, TokenScores(out.logp, out.entropy, hidden.detach() if keep_hidden else None)
 
 
 @torch.no_grad()

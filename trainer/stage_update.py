@@ -1,9 +1,10 @@
 """The update stage: the K optimiser steps of one rollout batch.
 
 For each optimiser step of the plan (``minibatches.optimiser_step_plan``: ``epochs`` passes over mini-batches of
-whole groups) every micro-batch is scored by the policy (``forward.completion_logprobs``), its loss is
-``dfpo.policy_loss`` (the only place an objective's formula lives) times its accumulation weight, and the
-backward passes accumulate the mini-batch gradient; then the gradient is combined over processes, its norm
+whole groups) every micro-batch's loss is ``dfpo.policy_loss`` (the only place an objective's formula lives) of its
+log-probs under the policy, times its accumulation weight: by default with the LM head fused in
+(``forward.fused_completion_loss``: the loss's gradient taken in the forward, three matmuls over the logits), with
+``optim.fused_head = "off"`` from ``forward.completion_logprobs`` first. The backward passes accumulate the mini-batch gradient; then the gradient is combined over processes, its norm
 clipped, and AdamW steps under a cosine schedule with linear warmup and a floor (``lr_factor``). This is PPO's
 multi-epoch mini-batch update as GRPO, DAPO and GSPO train (verl's ``update_actor``, TRL's ``num_iterations``).
 
@@ -20,6 +21,7 @@ Choices made here (where the paper and the peers leave it open):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +30,7 @@ from ..core.loss import ObjectiveSpec, policy_loss
 from ..core.metric_registry import reduce_records
 from ..core.metrics import frequency_buckets
 from .diagnostics import StepDiagnostics
-from .forward import completion_logprobs, vocab_stats
+from .forward import TokenScores, completion_logprobs, fused_completion_loss, vocab_stats
 from .minibatches import MicroBatch, micro_batch, optimiser_step_plan
 from .parallel import OneProcess
 from .rollout import RolloutBatch
@@ -49,6 +51,63 @@ def lr_factor(step: int, *, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+@dataclass
+class MicroLoss:
+    """One micro-batch's loss and what the step reads off it, whichever path scored it."""
+
+    loss: torch.Tensor
+    """0-d loss of the objective, with the graph to the model's parameters."""
+    metrics: dict[str, torch.Tensor]
+    scores: TokenScores
+    """(b, T) detached log-probs and entropies (and the hidden states ``vocab_stats`` reads, when kept)."""
+    finite: bool
+    """False when a real position's log-prob is not finite (the step is skipped)."""
+    logp_coef: Callable[[], torch.Tensor | None]
+    """After the backward of ``loss * weight``: d (loss * weight) / d logp (b, T), what the diagnostics read."""
+
+
+def micro_loss(model, mb: MicroBatch, spec: ObjectiveSpec, device, amp_dtype, *, fused_head: str, keep_hidden: bool) -> MicroLoss | None:
+    """Score micro-batch ``mb`` with the policy and take the objective's loss: the LM head fused with the loss
+    (``fused_completion_loss``, ``fused_head`` eager or compile) or log-probs first, then ``policy_loss`` (``off``,
+    and a head that is not plain). Entropy is computed when the objective reads it, or for the first pass's record
+    (a micro-batch without old log-probs takes its own, detached). None: a non-finite log-prob and no loss to take."""
+    b = mb.batch
+    mask = b.mask.to(device)  # (b, T)
+    with_entropy = spec.needs_entropy or mb.old_logp is None
+    old_logp = None if mb.old_logp is None else mb.old_logp.to(device)
+    ref_logp = None if mb.ref_logp is None else mb.ref_logp.to(device)
+    rollout_logp = mb.rollout_logp.to(device) if spec.needs_rollout_logp else None
+    advantages = mb.advantages.to(device)
+    if fused_head != "off":
+        fused = fused_completion_loss(
+            model, b, device, amp_dtype, spec, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
+            rollout_logp=rollout_logp, with_entropy=with_entropy, keep_hidden=keep_hidden, compile=fused_head == "compile",
+        )  # fmt: skip
+        if fused is not None:
+            out, scores = fused
+            coef = (lambda: None) if out.logp_grad is None else (lambda: out.logp_grad * mb.weight)
+            return MicroLoss(out.loss, out.metrics, scores, out.finite, coef)
+    scores = completion_logprobs(model, b, device, amp_dtype, with_entropy=with_entropy, keep_hidden=keep_hidden)
+    logp, entropy = scores.logp, scores.entropy  # (b, T)
+    if not bool(torch.isfinite(logp.detach())[mask].all()):
+        nan_loss = torch.where(mask, logp, 0.0).sum() * 0.0 + math.nan  # kept on the graph: sharded ranks still run backward
+        return MicroLoss(nan_loss, {}, scores, False, lambda: None)
+    logp.retain_grad()
+    loss, metrics = policy_loss(
+        spec,
+        logp=logp,
+        old_logp=logp.detach() if old_logp is None else old_logp,
+        advantages=advantages,
+        mask=mask,
+        group_ids=b.group_ids.to(device),
+        entropy=entropy if spec.needs_entropy else None,
+        ref_logp=ref_logp,
+        rollout_logp=rollout_logp,
+    )
+    detached = TokenScores(logp.detach(), None if entropy is None else entropy.detach(), scores.kept)
+    return MicroLoss(loss, metrics, detached, True, lambda: None if logp.grad is None else logp.grad.detach())
+
+
 def accumulate_gradients(
     model,
     micro_batches: list[MicroBatch],
@@ -60,62 +119,46 @@ def accumulate_gradients(
     amp_dtype: torch.dtype | None = None,
     first_pass: FirstPass | None = None,
     stop_early: bool = True,
+    fused_head: str = "eager",
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
-    Gradients accumulate in ``.grad``; on a non-finite loss the remaining micro-batches are skipped and
-    (metrics, False) returned (the caller zeroes the gradients); with ``stop_early`` False they still run
-    (sharded training: every rank must take part in every forward and backward). A micro-batch without old log-probs takes
+    Gradients accumulate in ``.grad``; on a non-finite log-prob or loss the remaining micro-batches are skipped and
+    (metrics, False) returned (the caller zeroes the gradients); with ``stop_early`` False they still run (sharded
+    training: every rank must take part in every forward and backward). A micro-batch without old log-probs takes
     its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
-    ``first_pass``. Entropy is computed when the objective reads it, or for that record.
+    ``first_pass``. ``fused_head`` (``optim.fused_head``): how each micro-batch is scored (``micro_loss``).
     """
     records: list[dict[str, float]] = []  # one per micro-batch, combined by each key's reduction at the end
     weights: list[float] = []
-    needs_entropy = spec.needs_entropy
     finite = True
     for mb in micro_batches:
         b = mb.batch
-        targets = b.completion_ids.to(device)  # (b, T)
         mask = b.mask.to(device)  # (b, T)
-        scores = completion_logprobs(
-            model, b, device, amp_dtype, with_entropy=needs_entropy or mb.old_logp is None, keep_hidden=diagnostics is not None
-        )
-        logp, entropy = scores.logp, scores.entropy  # (b, T)
-        if not bool(torch.isfinite(logp.detach())[mask].all()):
+        part = micro_loss(model, mb, spec, device, amp_dtype, fused_head=fused_head, keep_hidden=diagnostics is not None)
+        if not part.finite:
             if stop_early:
                 return {}, False
             finite = False
-        old_logp = logp.detach() if mb.old_logp is None else mb.old_logp.to(device)
-        if mb.old_logp is None and first_pass is not None:
-            first_pass.record(mb.rows, logp.detach(), entropy.detach())
-        logp.retain_grad()
-        loss, metrics = policy_loss(
-            spec,
-            logp=logp,
-            old_logp=old_logp,
-            advantages=mb.advantages.to(device),
-            mask=mask,
-            group_ids=b.group_ids.to(device),
-            entropy=entropy if needs_entropy else None,
-            ref_logp=None if mb.ref_logp is None else mb.ref_logp.to(device),
-            rollout_logp=mb.rollout_logp.to(device) if spec.needs_rollout_logp else None,
-        )
-        if not bool(torch.isfinite(loss.detach())):
+        entropy = part.scores.entropy  # (b, T) detached
+        if mb.old_logp is None and first_pass is not None and part.finite:
+            first_pass.record(mb.rows, part.scores.logp, entropy)
+        if not bool(torch.isfinite(part.loss.detach())):
             if stop_early:
                 return {}, False
             finite = False
-        (loss * mb.weight).backward()
+        (part.loss * mb.weight).backward()
         if not finite:  # the step will be skipped: the metrics and diagnostics would be meaningless
             continue
-        record = {k: float(v) for k, v in metrics.items()}
+        record = {k: float(v) for k, v in part.metrics.items()}
         if entropy is not None and bool(mask.any()):
-            record["entropy/mean"] = float(entropy.detach()[mask].mean())
+            record["entropy/mean"] = float(entropy[mask].mean())
         records.append(record)
         weights.append(mb.weight)
-        if diagnostics is not None and logp.grad is not None:
-            prob, coll = vocab_stats(model, scores, b, device)  # (b, T) each, no grad
-            coef = logp.grad.detach()  # (b, T) = d loss_minibatch / d logp, weight included
-            diagnostics.add(coef, prob, coll, targets, mask, b.group_ids.to(device), buckets)
+        coef = part.logp_coef() if diagnostics is not None else None  # (b, T) = d loss_minibatch / d logp, weight included
+        if coef is not None:
+            prob, coll = vocab_stats(model, part.scores, b, device)  # (b, T) each, no grad
+            diagnostics.add(coef, prob, coll, b.completion_ids.to(device), mask, b.group_ids.to(device), buckets)
     return reduce_records(records, weights), finite
 
 
@@ -203,6 +246,7 @@ class UpdateStage:
                 amp_dtype=self.amp,
                 first_pass=first,
                 stop_early=self.parallel.stop_early,
+                fused_head=cfg.optim.fused_head,
             )
             finite, metrics = self.parallel.combine_gradients(finite, metrics, weights, self.params)
             norm = None

@@ -1,0 +1,296 @@
+"""The LM head plus a policy loss, forward + backward: time against the matmul floor and extra memory, side by side.
+
+    python benchmarks/fused_head.py                               # B x T in {16 x 128, 8 x 2048}, V in {32k, 152k}, H = 512
+    python benchmarks/fused_head.py --sizes 16x128 --vocab 32768 --rounds 3
+
+Modes, each measurement in a fresh process on one thread; each round runs every mode once, in an order rotated from
+round to round (interleaved), and a figure is the median over rounds. Times are the process's CPU seconds (one
+thread: the work done, which other load on a shared machine changes least), wall seconds beside them:
+- floor:          the three LM-head matmuls alone, in chunks of 1024 positions into reused buffers: z = h W^T, then
+                  z W and z^T h (no softmax, no loss). The least any exact method can take; every ratio is against it;
+- floor_autograd: (h @ W.T).backward(ones) on the full (N, V) logits: the same three matmuls as autograd runs them
+                  (the floor the issue quotes), where the logits fit --max-gib;
+- naive:          full float32 logits, log_softmax, gather, policy_loss (where the logits fit --max-gib);
+- chunked:        dfpo.token_logprobs, then policy_loss (each chunk's logits recomputed in the backward: four matmuls);
+- fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile);
+- liger:          Liger-Kernel's LigerFusedLinearGRPOLoss, eager (compiled=False) and compiled (compiled=True): grpo as
+                  loss_type='grpo', gspo as importance_sampling_level='sequence' at GSPO's clip range; it has no DFPO.
+                  Skipped, saying so, when liger-kernel is not installed (pip install liger-kernel).
+The objective rows: grpo, gspo and dfpo_min; naive and chunked run grpo only (their loss is a small part of their time).
+Inputs: hidden states h ~ N(0, 1/H), W ~ N(0, 1) (logits ~ N(0, 1)), every position real, groups of G = 8 rows,
+group-normalised advantages, old log-probs at the policy's typical log-prob plus noise (some ratios clipped).
+
+Extra memory: the largest resident set (sampled every 2 ms during the timed steps, so a compiler's own peak during
+the warm-up is not counted) minus the resident set once the inputs exist. Every mode makes W's gradient (V x H x 4
+bytes), so that is in every figure. ``fused/two_pass`` is printed for the fused rows: 1 means the objective's
+coupled unit did not fit the logits budget (max_logits_mib, default 2048) and the head ran twice over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+G = 8
+CHUNK = 1024
+OBJECTIVE_ROWS = {
+    "floor": [None],
+    "floor_autograd": [None],
+    "naive": ["grpo"],
+    "chunked": ["grpo"],
+    "fused": ["grpo", "gspo", "dfpo_min"],
+    "fused_compiled": ["grpo", "gspo", "dfpo_min"],
+    "liger": ["grpo"],
+    "liger_compiled": ["grpo", "gspo"],
+}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _PeakRss:
+    """The largest resident set while running, sampled every 2 ms by a thread (torch releases the GIL in its ops)."""
+
+    def __enter__(self):
+        self.peak, self._stop = _rss_mib(), threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss_mib())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mib())
+
+
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
+    """The inputs and a function running one forward + backward of ``mode`` on them."""
+    import torch
+
+    from dfpo.core.fused import fused_policy_loss
+    from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
+    from dfpo.core.loss import policy_loss, resolve_objective
+
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(B, T, H, generator=g) / H**0.5).requires_grad_()  # (B, T, H)
+    w = torch.randn(V, H, generator=g).requires_grad_()  # (V, H)
+    y = torch.randint(0, V, (B, T), generator=g)  # (B, T)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    gid = torch.arange(B) // G
+    adv = torch.randn(B, generator=g)
+    adv = (adv - adv.view(-1, min(G, B)).mean(-1).repeat_interleave(min(G, B))) / adv.std().clamp(min=1e-4)  # (B,)
+    old = -(math.log(V) + 0.5) + 0.05 * torch.randn(B, T, generator=g)  # (B, T)
+    spec = resolve_objective(objective) if objective else None
+    N = B * T
+
+    def clear():
+        h.grad = w.grad = None
+
+    if mode == "floor":
+        buf, hf = torch.empty(min(CHUNK, N), V), h.detach().reshape(N, H)
+        gh, gw = torch.empty(N, H), torch.zeros(V, H)
+
+        def step():
+            gw.zero_()
+            for s in range(0, N, CHUNK):
+                z = torch.mm(hf[s : s + CHUNK], w.detach().T, out=buf[: min(CHUNK, N - s)])  # (n, V)
+                gh[s : s + CHUNK] = z @ w.detach()  # (n, H)
+                gw.addmm_(z.T, hf[s : s + CHUNK])  # (V, H)
+
+    elif mode == "floor_autograd":
+        ones = torch.ones(N, V)
+
+        def step():
+            (h.reshape(N, H) @ w.T).backward(ones)
+            clear()
+
+    elif mode in ("naive", "chunked"):
+
+        def step():
+            if mode == "naive":
+                logp, _ = naive_token_logprobs(h, w, y)
+            else:
+                logp, _ = token_logprobs(h, w, y, chunk_size=CHUNK, with_entropy=False)
+            loss, _ = policy_loss(spec, logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=gid)
+            loss.backward()
+            clear()
+
+    elif mode in ("fused", "fused_compiled"):
+        extra = {}
+
+        def step():
+            loss, metrics = fused_policy_loss(
+                spec, hidden=h, lm_head_weight=w, targets=y, old_logp=old, advantages=adv, mask=mask, group_ids=gid,
+                chunk_size=CHUNK, compile=mode == "fused_compiled",
+            )  # fmt: skip
+            loss.backward()
+            extra["two_pass"] = float(metrics["fused/two_pass"])
+            clear()
+
+        step.extra = extra
+    else:  # liger
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+        level = "sequence" if objective == "gspo" else "token"
+        loss_fn = LigerFusedLinearGRPOLoss(
+            beta=0.0, compiled=mode == "liger_compiled", use_ref_model=False, epsilon_low=spec.eps_low, epsilon_high=spec.eps_high,
+            loss_type="grpo", importance_sampling_level=level,
+        )  # fmt: skip
+        att = mask.long()
+
+        def step():
+            out = loss_fn(h, w, y, att, adv, old_per_token_logps=old)
+            (out[0] if isinstance(out, tuple) else out).backward()
+            clear()
+
+    return step
+
+
+def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int) -> dict:
+    """One mode in this process, after one warm-up step: median CPU seconds (and wall seconds) of forward + backward,
+    and extra MiB. One thread: the process's CPU time is the work done, what other processes on a shared machine
+    change least (its wall time waits for them)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    base = _rss_mib()
+    step = _step_fn(mode, objective, B, T, H, V)
+    base = _rss_mib()  # the inputs exist
+    step()  # warm-up (compiles, where a mode compiles)
+    cpu, wall = [], []
+    with _PeakRss() as rss:
+        for _ in range(repeats):
+            c0, t0 = time.process_time(), time.perf_counter()
+            step()
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
+    out = {"seconds": statistics.median(cpu), "wall": statistics.median(wall), "extra_mib": rss.peak - base}
+    out.update(getattr(step, "extra", {}))
+    return out
+
+
+def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | None:
+    gib = B * T * V * 4 / 2**30
+    if mode in ("floor_autograd", "naive") and gib > max_gib:
+        return f"(N, V) float32 logits are {gib:.1f} GiB > --max-gib {max_gib:g}"
+    if mode.startswith("liger"):
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError:
+            return "liger-kernel is not installed (pip install liger-kernel)"
+    return None
+
+
+def _child(argv: list[str]) -> int:
+    mode, objective, B, T, H, V, repeats, threads = argv
+    print(json.dumps(measure(mode, None if objective == "-" else objective, int(B), int(T), int(H), int(V), int(repeats), int(threads))))
+    return 0
+
+
+def run_case(mode: str, objective: str | None, B: int, T: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": last[:160]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FLOOR_GOAL = 1.05
+"""The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``."""
+GOAL_OBJECTIVES = ("grpo", "gspo", "dfpo_min")
+
+
+def goal_lines(rows: dict) -> list[str]:
+    """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
+    (``x_floor``, ``extra_mib``); a goal whose rows are missing says so instead of passing."""
+    out = []
+    for mode in ("fused", "fused_compiled"):
+        for objective in GOAL_OBJECTIVES:
+            row = rows.get((mode, objective))
+            if row is None:
+                out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
+                continue
+            verdict = "met" if row["x_floor"] <= FLOOR_GOAL else "missed"
+            out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: {row['x_floor']:.2f}x, {verdict}")
+            liger = rows.get(("liger_compiled", objective))
+            if liger is None:
+                out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: no liger_compiled row")
+                continue
+            t, m = row["x_floor"] / liger["x_floor"], row["extra_mib"] / max(liger["extra_mib"], 1e-9)
+            verdict = "met" if t < 1 and m < 1 else "missed"
+            out.append(
+                f"goal {mode} {objective} faster than liger_compiled, in less memory: time {t:.2f}x, extra memory {m:.2f}x, {verdict}"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return _child(sys.argv[2:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", default=["16x128", "8x2048"], help="B x T cases, e.g. 16x128")
+    p.add_argument("--vocab", type=int, nargs="+", default=[32768, 151936])
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--modes", nargs="+", default=list(OBJECTIVE_ROWS), choices=list(OBJECTIVE_ROWS))
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a figure is the median over them")
+    p.add_argument("--repeats", type=int, default=1, help="timed steps per process, after one warm-up")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-gib", type=float, default=3.0, help="skip floor_autograd and naive when the (N, V) logits exceed this")
+    args = p.parse_args(argv)
+    print(
+        f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
+        f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's"
+    )
+    for size in args.sizes:
+        B, T = (int(x) for x in size.lower().split("x"))
+        for vocab in args.vocab:
+            args.vocab_now = vocab
+            cases = [(m, o) for m in args.modes for o in OBJECTIVE_ROWS[m]]
+            skipped = {c: _skip_reason(c[0], B, T, vocab, args.max_gib) for c in cases}
+            runs = [c for c in cases if skipped[c] is None]
+            results: dict = {c: [] for c in runs}
+            for r in range(args.rounds):
+                shift = r % max(len(runs), 1)
+                for case in runs[shift:] + runs[:shift]:
+                    results[case].append(run_case(*case, B, T, args))
+            print(f"\nB x T = {B} x {T}, V = {vocab}")
+            print(f"{'mode':16s} {'objective':9s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s}")
+            floor = [x["seconds"] for x in results.get(("floor", None), []) if "seconds" in x]
+            floor_s = statistics.median(floor) if floor else float("nan")
+            rows = {}
+            for case in cases:
+                mode, objective = case
+                label = f"{mode:16s} {objective or '-':9s} |"
+                if skipped[case]:
+                    print(f"{label} skipped: {skipped[case]}")
+                    continue
+                ok = [x for x in results[case] if "seconds" in x]
+                if not ok:
+                    print(f"{label} failed: {results[case][0]['error']}")
+                    continue
+                s = statistics.median(x["seconds"] for x in ok)
+                wall = statistics.median(x["wall"] for x in ok)
+                mib = statistics.median(x["extra_mib"] for x in ok)
+                two = f"{ok[0]['two_pass']:.2f}" if "two_pass" in ok[0] else "-"
+                print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {wall:8.3f} {mib:9.0f} {two:>8s}", flush=True)
+                rows[case] = {"x_floor": s / floor_s, "extra_mib": mib}
+            print("\n".join(goal_lines(rows)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,540 @@
+"""The LM head and the loss in one pass: any objective's loss and its gradients with three matmuls.
+
+``token_logprobs`` returns log-probs and lets ``policy_loss`` run afterwards, so its backward recomputes every
+chunk's logits: four (N, V, H) matmuls where three suffice. ``fused_policy_loss`` takes the loss's gradient inside
+the forward, chunk by chunk (as Liger-Kernel's fused linear losses do), and the backward only hands it on:
+
+    for each chunk of positions (whole coupling units, below):
+        z = (h / temperature) W^T                        (n, V)  matmul 1, then float32
+        logp_t = z_t[y_t] - logsumexp(z_t), H_t          (n,)    softmax statistics
+        c, e = d loss / d logp, d loss / d H             (B, T)  autograd through ``policy_loss`` itself
+        dz_t = c_t (onehot(y_t) - p_t) - e_t p_t (log p_t + H_t)
+        d h += dz W / temperature                        (n, H)  matmul 2
+        d W += dz^T h / temperature                      (V, H)  matmul 3
+
+The coefficients c and e come from the loss core: autograd through ``policy_loss`` on leaf log-probs (and
+entropies) of the whole batch, so no objective's formula is written here and every objective of ``OBJECTIVES``
+(and every override) is exact. That (B, T)-sized call runs once per chunk; the V-sized work is the matmuls.
+
+Coupling units (``coupling_unit``). The coefficient of a position is known once every log-prob it depends on is:
+- ``token``: its own (GRPO, Dr. GRPO, DAPO, CISPO, SAPO, GPG, DPPO, token-level rollout corrections): chunks of
+  ``chunk_size`` positions anywhere in the batch;
+- ``row``: its completion's (a sequence ratio: GSPO, GSPO-token, GMPO, VESPO, LUSPO; the off-policy sequence mask;
+  a sequence-level rollout correction);
+- ``group``: its group's (DFPO's in-group transforms, and any setting this module does not know: a group is always
+  exact for an objective that is not batch-coupled, as the trainer's micro-batches of whole groups are);
+- ``batch``: the whole batch's (``ObjectiveSpec.batch_coupled``: STAPO, top-entropy, Clip-Cov, KL-Cov, a
+  renormalised mask, an entropy bonus outside token_mean).
+
+One pass or two (``chunk_plan``). Units are packed in order into chunks of at most ``chunk_size`` positions; a unit
+longer than that is a chunk of its own, held in one pass when its float32 logits fit ``max_logits_mib``. A unit that
+does not fit takes two passes: its log-probs and entropies first (the batch statistics a batch-coupled objective
+needs; one matmul, in chunks of ``chunk_size``), then its coefficients, then the fused pass over it again (three
+matmuls). Its cost is a fourth matmul, 4/3 of the floor, and a second softmax pass. ``fused/two_pass`` (a metric) is
+the share of real tokens that took two passes: 0 when everything ran in one.
+
+The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
+softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
+(``compile=True``: the statistics in one fused kernel, d loss / d logits in another); both give the same numbers
+to float round-off. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
+warning says so. Half-precision inputs: the LM head's matmul runs in the weight's dtype (the hidden states are cast
+to it), everything after it in float32; the weight's gradient accumulates in float32. No (B, T, V) tensor exists.
+
+Where this departs from ``policy_loss(token_logprobs(...))``:
+1. Positions whose logits are not computed yet hold placeholders (logp = old_logp: ratio 1; entropy 0) in a chunk's
+   coefficient call. A chunk's coefficients do not depend on them (its units are whole); the tests check it for
+   every preset and the equality of loss and gradients with the reference.
+2. The loss and metrics returned are those of the last coefficient call, when every position is known: equal to
+   ``policy_loss`` on the batch. The backward hands on gradients computed in the forward, so it runs once
+   (``retain_graph`` double backward is refused), and double backward (Hessians) is not supported.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .logprobs import check_head_inputs, head_logits
+from .loss import ObjectiveSpec, policy_loss, resolve_objective
+from .loss.core import LOGP_FLOOR
+
+COUPLING_UNITS = ("token", "row", "group", "batch")
+
+_TOKEN_LOCAL = {
+    "ratio_level": ("token",),
+    "transform": ("none",),
+    "token_mask": ("none",),
+    "cov_control": ("none",),
+    "rollout_correction": ("none", "token_truncate", "token_mask"),
+    "clip": ("ppo", "symmetric", "cispo", "sapo", "vespo", "pg", "dppo_tv", "dppo_kl", "none"),
+}
+"""Choice fields and the values at which a position's coefficient reads its own log-prob only."""
+_ROW_LOCAL = {
+    **_TOKEN_LOCAL,
+    "ratio_level": ("token", "sequence_token", "sequence", "sequence_product", "geometric"),
+    "token_mask": ("none", "opsm"),
+    "rollout_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
+"""The same for a position's own completion (row)."""
+_LOCAL_ANY_VALUE = frozenset(
+    {
+        "eps_low", "eps_high", "dual_clip_c", "sapo_tau_pos", "sapo_tau_neg", "vespo_k_pos", "vespo_lambda_pos",
+        "vespo_k_neg", "vespo_lambda_neg", "tr_floor", "stopgrad", "length_aware", "mask_renormalise", "stapo_tau_p",
+        "stapo_q", "top_entropy_frac", "opsm_delta", "cov_ratio", "cov_clip_low", "cov_clip_high", "kl_cov_coef",
+        "aggregation", "max_completion_length", "beta", "rollout_low", "rollout_cap", "entropy_coef", "adv_scale",
+        "adv_eps",
+    }
+)  # fmt: skip
+"""Fields that never couple positions beyond what the choice fields above decide (a coupling they add, e.g. an
+entropy bonus outside token_mean, is a batch coupling the spec reports itself)."""
+
+
+def coupling_unit(spec: ObjectiveSpec) -> str:
+    """The smallest set of positions whose log-probs a position's loss coefficient depends on (``COUPLING_UNITS``).
+
+    ``batch`` for a batch-coupled spec; ``token`` / ``row`` when every choice field holds a value known to be
+    local to a position / a completion; ``group`` otherwise (DFPO's transforms, and any field or value this
+    module does not know, such as a preset added later: a group is exact for every spec that is not batch-coupled).
+    """
+    if spec.batch_coupled:
+        return "batch"
+    fields = spec.components()
+    defaults = ObjectiveSpec.__dataclass_fields__
+    for name, value in fields.items():  # a field added after this module: local only at its default
+        if name not in _TOKEN_LOCAL and name not in _LOCAL_ANY_VALUE and value != defaults[name].default:
+            return "group"
+    for unit, local in (("token", _TOKEN_LOCAL), ("row", _ROW_LOCAL)):
+        if all(fields[name] in values for name, values in local.items()):
+            return unit
+    return "group"
+
+
+def chunk_plan(unit_sizes: list[int], chunk_size: int, max_unit: int) -> list[tuple[int, int, bool]]:
+    """Ranges (start, end, two_pass) over positions laid out unit after unit, in order.
+
+    Consecutive units are packed into chunks of at most ``chunk_size`` positions; a unit longer than
+    ``chunk_size`` is a range of its own, one pass when it holds at most ``max_unit`` positions, else two
+    passes (its ranges are cut into chunks of ``chunk_size`` when they run).
+    """
+    plan: list[tuple[int, int, bool]] = []
+    pos, start = 0, 0
+    for size in unit_sizes:
+        if size > chunk_size:
+            if pos > start:
+                plan.append((start, pos, False))
+            plan.append((pos, pos + size, size > max_unit))
+            start = pos = pos + size
+            continue
+        if pos + size - start > chunk_size:
+            plan.append((start, pos, False))
+            start = pos
+        pos += size
+    if pos > start:
+        plan.append((start, pos, False))
+    return plan
+
+
+# ----------------------------------------------------------------------------- elementwise kernels on (n, V) blocks
+
+
+def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """logp of the targets (n,) and, when ``spare`` is given, the entropy (n,), from logits ``z`` (n, V).
+
+    ``z`` is overwritten with what ``_eager_grad_`` needs: p without entropy; p log p with it (and p in ``spare``).
+    PyTorch's row-wise softmax kernels run in place, so no (n, V) temporary is made.
+    """
+    if spare is None:
+        z_y = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+        top = z.amax(-1)  # (n,)
+        torch._softmax(z, -1, False, out=z)  # (n, V) p
+        lse = top - z.amax(-1).log()  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
+        return z_y - lse, None
+    torch._log_softmax(z, -1, False, out=z)  # (n, V) log p
+    logp = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
+    p = torch.exp(z, out=spare)  # (n, V)
+    return logp, -z.mul_(p).sum(-1)  # z: p log p; H = -sum p log p
+
+
+def _eager_grad_(z: Tensor, targets: Tensor, spare: Tensor | None, entropy: Tensor | None, c: Tensor, e: Tensor | None) -> Tensor:
+    """d loss / d z (n, V) = c (onehot - p) - e p (log p + H), written over ``z`` (or ``spare``) after ``_eager_stats_``."""
+    if spare is None:
+        dz = z.mul_(-c[:, None])  # -c p
+    elif e is None:
+        dz = spare.mul_(-c[:, None])  # -c p
+    else:
+        dz = z.mul_(-e[:, None]).addcmul_(spare, -(c + e * entropy)[:, None])  # -e p log p - (c + e H) p
+    return dz.scatter_add_(-1, targets[:, None], c[:, None])
+
+
+def _softmax_stats(z: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(logsumexp (n,), logp of the targets (n,), entropy (n,) or None) of logits ``z`` (n, V); ``z`` is left as it is.
+    Written for ``torch.compile`` (one fused kernel); the entropy is log S - sum_k s_k (z_k - max) / S, s = exp(z - max)."""
+    top = z.amax(-1, keepdim=True)  # (n, 1)
+    shifted = z - top  # (n, V)
+    total = shifted.exp().sum(-1)  # (n,)
+    log_total = total.log()
+    logp = shifted.gather(-1, targets[:, None]).squeeze(-1) - log_total  # (n,)
+    entropy = log_total - (shifted.exp() * shifted).sum(-1) / total if with_entropy else None
+    return top.squeeze(-1) + log_total, logp, entropy
+
+
+def _logits_grad_(z: Tensor, lse: Tensor, entropy: Tensor | None, c: Tensor, e: Tensor | None) -> None:
+    """Write -p (c + e (log p + H)) over ``z`` (n, V), the part of d loss / d z off the targets (``torch.compile``d)."""
+    logp_all = z - lse[:, None]  # (n, V)
+    coef = c[:, None] if e is None else c[:, None] + e[:, None] * (logp_all + entropy[:, None])
+    z.copy_(-logp_all.exp() * coef)
+
+
+class _Kernels:
+    """The elementwise work of one (n, V) block: ``stats`` (logp, entropy) and ``grad`` (d loss / d z), eager or compiled."""
+
+    def __init__(self, compile: bool):
+        self.compiled = compile
+        if compile:
+            self._stats = torch.compile(_softmax_stats, dynamic=True)
+            self._grad = torch.compile(_logits_grad_, dynamic=True)
+
+    def _fall_back(self, err: Exception) -> None:
+        warnings.warn(
+            f"torch.compile failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the eager kernels run instead",
+            stacklevel=4,
+        )
+        self.compiled = False
+
+    def stats(self, z: Tensor, targets: Tensor, spare: Tensor | None, with_entropy: bool) -> tuple[Tensor, Tensor | None, object]:
+        """(logp (n,), entropy (n,) or None, state for ``grad``)."""
+        if self.compiled:
+            try:
+                lse, logp, entropy = self._stats(z, targets, with_entropy)
+                return logp, entropy, lse
+            except Exception as err:  # noqa: BLE001 -- any compiler failure: run eagerly instead, said in a warning
+                self._fall_back(err)
+        logp, entropy = _eager_stats_(z, targets, spare if with_entropy else None)
+        return logp, entropy, None
+
+    def grad(
+        self, z: Tensor, targets: Tensor, spare: Tensor | None, state: object, entropy: Tensor | None, c: Tensor, e: Tensor | None
+    ) -> Tensor:
+        """d loss / d z (n, V), in one of the blocks' buffers."""
+        if state is not None:  # compiled stats ran: z still holds the logits
+            self._grad(z, state, entropy, c, e)
+            return z.scatter_add_(-1, targets[:, None], c[:, None])
+        return _eager_grad_(z, targets, spare if entropy is not None else None, entropy, c, e)
+
+
+# ----------------------------------------------------------------------------- the fused pass
+
+
+@dataclass
+class FusedHead:
+    """What ``fused_head_loss`` returns."""
+
+    loss: Tensor
+    """0-d loss (``policy_loss``'s value); its backward hands on the gradients of ``hidden`` and the LM-head weight."""
+    metrics: dict[str, Tensor]
+    """``policy_loss``'s metrics on the batch and ``fused/two_pass``."""
+    logp: Tensor
+    """(B, T) detached log-probs of the targets, compute dtype, 0 at padding."""
+    entropy: Tensor | None
+    """(B, T) detached entropies (when the objective reads them or ``with_entropy``), 0 at padding."""
+    logp_grad: Tensor | None
+    """(B, T) d loss / d logp (the coefficients the gradient was built from); None without gradients."""
+    finite: bool
+    """False when a real position's log-prob came out non-finite: the work stopped there, loss is NaN, gradients 0."""
+
+
+class _HandOn(torch.autograd.Function):
+    """The loss value; its backward hands on gradients computed in the forward, times the upstream gradient."""
+
+    @staticmethod
+    def forward(ctx, loss: Tensor, hidden: Tensor, weight: Tensor, grads: list) -> Tensor:
+        ctx.grads, ctx.dtypes = grads, (hidden.dtype, weight.dtype)
+        return loss.detach().clone()
+
+    @staticmethod
+    def backward(ctx, upstream: Tensor):
+        if ctx.grads is None:
+            raise RuntimeError("fused_policy_loss's gradients are handed on once: call backward on its loss once (no retain_graph)")
+        (grad_h, grad_w), ctx.grads = ctx.grads, None
+        out = [None if g is None else g.mul_(upstream.to(g.dtype)).to(dt) for g, dt in zip((grad_h, grad_w), ctx.dtypes)]
+        return None, out[0], out[1], None
+
+
+@dataclass
+class _Inputs:
+    """The (B, T) loss inputs, checked and on the head's device."""
+
+    spec: ObjectiveSpec
+    old_logp: Tensor | None
+    advantages: Tensor
+    mask: Tensor  # bool
+    group_ids: Tensor
+    ref_logp: Tensor | None
+    rollout_logp: Tensor | None
+
+    def loss(self, logp: Tensor, entropy: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """``policy_loss`` of the spec on these inputs with ``logp`` (and ``entropy``); old_logp None: ``logp`` itself, detached."""
+        return policy_loss(
+            self.spec,
+            logp=logp,
+            old_logp=logp.detach() if self.old_logp is None else self.old_logp,
+            advantages=self.advantages,
+            mask=self.mask,
+            group_ids=self.group_ids,
+            entropy=entropy,
+            ref_logp=self.ref_logp,
+            rollout_logp=self.rollout_logp,
+        )
+
+    def coefficients(self, logp: Tensor, entropy: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, dict[str, Tensor]]:
+        """(d loss / d logp (B, T), d loss / d entropy (B, T) or None, loss, metrics) at the values ``logp``, ``entropy``."""
+        with torch.enable_grad():
+            lp = logp.detach().clone().requires_grad_()  # (B, T) leaf
+            ent = None if entropy is None else entropy.detach().clone().requires_grad_()
+            loss, metrics = self.loss(lp, ent)
+            leaves = [lp] if ent is None else [lp, ent]
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True) if loss.requires_grad else [None] * len(leaves)
+        grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
+        return grads[0], (grads[1] if ent is not None else None), loss.detach(), metrics
+
+
+def _positions(mask: Tensor, group_ids: Tensor, unit: str) -> tuple[Tensor, Tensor, list[int]]:
+    """The real positions laid out unit after unit: rows (N,), columns (N,) and the size of each unit."""
+    B = mask.shape[0]
+    if unit == "group":
+        _, inverse = torch.unique(group_ids, return_inverse=True)  # (B,)
+        order = torch.argsort(inverse, stable=True)  # rows of a group next to each other
+    else:
+        order = torch.arange(B, device=mask.device)
+    r, cols = mask[order].nonzero(as_tuple=True)  # (N,) row-major
+    rows = order[r]
+    n = int(rows.numel())
+    if unit == "token" or n == 0:
+        return rows, cols, []  # token units: no list of N ones (chunks of chunk_size are cut directly)
+    if unit == "batch":
+        return rows, cols, [n]
+    lengths = mask[order].sum(-1)  # (B,) in layout order
+    if unit == "row":
+        sizes = lengths[lengths > 0]
+    else:
+        sizes = torch.zeros(int(inverse.max()) + 1, dtype=lengths.dtype, device=lengths.device).index_add_(0, inverse[order], lengths)
+        sizes = sizes[sizes > 0]
+    return rows, cols, sizes.tolist()
+
+
+def fused_head_loss(
+    objective: str | ObjectiveSpec,
+    *,
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    ref_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    max_logits_mib: float = 2048.0,
+    compile: bool = False,
+    with_entropy: bool = False,
+    **overrides: object,
+) -> FusedHead:
+    """The LM head, the log-probs (and entropies) and the objective's loss with its gradients in one pass (module doc).
+
+    Shapes: hidden (B, T, H), lm_head_weight (V, H), targets, old_logp, mask, ref_logp, rollout_logp (B, T);
+    advantages, group_ids (B,). ``old_logp`` None: the policy's own log-probs, detached (the first optimiser step of a
+    rollout batch, ratio 1). ``with_entropy`` computes entropies the objective does not read (for a log). Inputs are
+    checked (with ``policy_loss``'s own checks) before the LM head runs. A non-finite log-prob at a real position stops
+    the work and returns ``finite=False`` (loss NaN, zero gradients), so a trainer can skip the step.
+    """
+    spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
+    check_head_inputs(hidden, lm_head_weight, targets, temperature=temperature, chunk_size=chunk_size)
+    if not (isinstance(max_logits_mib, (int, float)) and not isinstance(max_logits_mib, bool) and max_logits_mib >= 0):
+        raise ValueError(f"max_logits_mib must be a number >= 0, got max_logits_mib={max_logits_mib!r}")
+    if targets.ndim != 2:
+        raise ValueError(f"targets must have shape (B, T), got targets.shape={tuple(targets.shape)}")
+    dtype = torch.promote_types(lm_head_weight.dtype, torch.float32)  # the compute dtype
+    B, T = targets.shape
+    placeholder = torch.zeros((B, T), dtype=dtype, device=hidden.device) if old_logp is None else old_logp.detach()
+    if tuple(placeholder.shape) != (B, T):
+        raise ValueError(f"old_logp must have shape (B, T) = {(B, T)} like targets, got old_logp.shape={tuple(placeholder.shape)}")
+    if tuple(mask.shape) != (B, T):
+        raise ValueError(f"mask must have shape (B, T) = {(B, T)} like targets, got mask.shape={tuple(mask.shape)}")
+    x = _Inputs(spec, old_logp, advantages, mask, group_ids, ref_logp, rollout_logp)
+    needs_entropy = spec.needs_entropy
+    keep_entropy = needs_entropy or with_entropy
+    placeholder = torch.where(mask.bool(), placeholder.to(dtype), 0.0).nan_to_num(0.0).clamp(min=-LOGP_FLOOR)  # (B, T)
+    entropy_buf = torch.zeros((B, T), dtype=dtype, device=hidden.device) if keep_entropy else None
+    with torch.no_grad():  # every check of policy_loss, on (B, T) placeholders, before the V-sized work
+        x.loss(placeholder, entropy_buf if needs_entropy else None)
+    x.mask = mask.bool()
+    logp_buf = placeholder.clone()  # (B, T): the log-probs known so far, placeholders elsewhere
+
+    unit = coupling_unit(spec)
+    rows, cols, sizes = _positions(x.mask, group_ids, unit)
+    n_pos, V = int(rows.numel()), lm_head_weight.shape[0]
+    max_unit = int(max_logits_mib * 2**20 // (V * dtype.itemsize))
+    plan = (
+        [(s, min(s + chunk_size, n_pos), False) for s in range(0, n_pos, chunk_size)]
+        if unit == "token"
+        else chunk_plan(sizes, chunk_size, max_unit)
+    )
+
+    flat_h = hidden[rows, cols]  # (N, H), with the graph to hidden
+    flat_y = targets[rows, cols].long()  # (N,)
+    if n_pos and (int(flat_y.min()) < 0 or int(flat_y.max()) >= V):
+        raise ValueError(f"targets must lie in [0, {V}) at real positions, got values in [{int(flat_y.min())}, {int(flat_y.max())}]")
+    need_h = torch.is_grad_enabled() and flat_h.requires_grad
+    need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
+    with_grad = need_h or need_w
+    longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
+    buf = torch.empty((longest, V), dtype=dtype, device=hidden.device)  # (n, V) the one logits block, reused
+    spare = torch.empty_like(buf) if keep_entropy and not compile else None  # (n, V) p, for the eager entropy kernels
+    kernels = _Kernels(compile)
+    h_all = flat_h.detach()
+    grad_h = torch.zeros(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
+    grad_w = torch.zeros(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
+    weight = lm_head_weight.detach()
+    c_buf = e_buf = loss = metrics = None
+    two_pass_tokens, finite = 0, True
+
+    def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
+        """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
+        z = head_logits(h_all[s:e], weight, temperature, out=buf[: e - s])  # (n, V)
+        logp, ent, state = kernels.stats(z, flat_y[s:e], None if spare is None else spare[: e - s], keep_entropy)
+        logp_buf[rows[s:e], cols[s:e]] = logp
+        if ent is not None:
+            entropy_buf[rows[s:e], cols[s:e]] = ent
+        return z, ent, state, logp
+
+    def backward_block(s: int, e: int, z: Tensor, ent: Tensor | None, state: object) -> None:
+        """Accumulate the gradients of positions s:e from their logits block (after ``block``)."""
+        c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
+        e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
+        dz = kernels.grad(z, flat_y[s:e], None if spare is None else spare[: e - s], state, ent if keep_entropy else None, c, e_)
+        dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
+        if need_h:
+            grad_h[s:e] = dz @ weight  # (n, H)
+        if need_w:
+            h = h_all[s:e].to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
+            if dz.dtype == grad_w.dtype:
+                grad_w.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
+            else:
+                grad_w.add_(dz.T @ h)
+
+    def solve() -> None:
+        """The coefficients at the values known now (the last call's loss and metrics are the batch's)."""
+        nonlocal c_buf, e_buf, loss, metrics
+        c_buf, e_buf, loss, metrics = x.coefficients(logp_buf, entropy_buf if needs_entropy else None)
+
+    for start, end, two_pass in plan:
+        if two_pass or not with_grad:
+            for s in range(start, end, chunk_size):  # the statistics first (the whole unit's log-probs)
+                *_, logp = block(s, min(s + chunk_size, end))
+                finite = finite and bool(torch.isfinite(logp).all())
+            if not finite:
+                break
+            if not with_grad:
+                continue
+            two_pass_tokens += end - start
+            solve()
+            for s in range(start, end, chunk_size):  # the fused pass over the unit again
+                e = min(s + chunk_size, end)
+                z, ent, state, _ = block(s, e)
+                backward_block(s, e, z, ent, state)
+            continue
+        z, ent, state, logp = block(start, end)
+        if not bool(torch.isfinite(logp).all()):
+            finite = False
+            break
+        solve()
+        backward_block(start, end, z, ent, state)
+
+    if not finite:
+        loss, metrics = torch.full((), math.nan, dtype=dtype, device=hidden.device), {}
+        grad_h = None if grad_h is None else grad_h.zero_()
+        grad_w = None if grad_w is None else grad_w.zero_()
+    elif loss is None:  # no gradient asked for, or no real position: the loss of the values alone
+        with torch.no_grad():
+            loss, metrics = x.loss(logp_buf, entropy_buf if needs_entropy else None)
+    metrics = {k: v.detach() for k, v in metrics.items()}
+    metrics["fused/two_pass"] = torch.tensor(two_pass_tokens / max(n_pos, 1), dtype=dtype, device=hidden.device)
+    if with_grad:
+        grads = [None, None]
+        if need_h:
+            grads[0] = grad_h
+        if need_w:
+            grads[1] = grad_w
+        out = _HandOn.apply(loss, flat_h, lm_head_weight, grads)
+    else:
+        out = loss.detach()
+    entropy = None if entropy_buf is None else torch.where(x.mask, entropy_buf, 0.0)
+    return FusedHead(
+        loss=out,
+        metrics=metrics,
+        logp=torch.where(x.mask, logp_buf, 0.0),
+        entropy=entropy,
+        logp_grad=c_buf if with_grad and finite else None,
+        finite=finite,
+    )
+
+
+def fused_policy_loss(
+    objective: str | ObjectiveSpec,
+    *,
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    group_ids: Tensor,
+    ref_logp: Tensor | None = None,
+    rollout_logp: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    max_logits_mib: float = 2048.0,
+    compile: bool = False,
+    **overrides: object,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss(objective, logp=token_logprobs(hidden, W, targets), ...)`` with the LM head fused in: the same loss,
+    metrics and gradients (to float round-off) for every objective, from three matmuls over the logits, never a
+    (B, T, V) tensor (module doc: ``dfpo.core.fused``).
+
+    Shapes: hidden (B, T, H), lm_head_weight (V, H), targets, old_logp, mask, ref_logp, rollout_logp (B, T) (old_logp
+    None: the policy's own log-probs, detached); advantages, group_ids (B,). Returns (loss, metrics) as ``policy_loss``
+    does, with ``fused/two_pass``: the share of real tokens whose logits took two passes (a coupled unit larger than
+    ``max_logits_mib`` of float32 logits). ``chunk_size``: positions per logits block; ``compile``: the elementwise
+    work through ``torch.compile``. A non-finite log-prob at a real position is refused with a ValueError.
+    """
+    out = fused_head_loss(
+        objective,
+        hidden=hidden,
+        lm_head_weight=lm_head_weight,
+        targets=targets,
+        old_logp=old_logp,
+        advantages=advantages,
+        mask=mask,
+        group_ids=group_ids,
+        ref_logp=ref_logp,
+        rollout_logp=rollout_logp,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        max_logits_mib=max_logits_mib,
+        compile=compile,
+        **overrides,
+    )
+    if not out.finite:
+        raise ValueError(
+            "the LM head gives non-finite log-probs at real (unmasked) positions: check hidden and lm_head_weight for NaN or inf"
+        )
+    return out.loss, out.metrics
+
+
+__all__ = ["COUPLING_UNITS", "FusedHead", "chunk_plan", "coupling_unit", "fused_head_loss", "fused_policy_loss"]

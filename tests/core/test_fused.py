@@ -1,0 +1,467 @@
+"""``fused_policy_loss``: the LM head and the loss in one pass give ``policy_loss`` on ``naive_token_logprobs``.
+
+Every preset of ``OBJECTIVES`` (the registry, iterated: presets added later are covered), with ragged masks and an
+empty row, groups whose rows are interleaved and split across chunks, a temperature, entropy-reading objectives,
+one-pass and two-pass layouts, half-precision inputs; and the rules around it: which positions a coefficient
+depends on (``coupling_unit``), the chunk plan, bad input refused before the LM head runs, non-finite log-probs,
+no (B, T, V) tensor.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dfpo
+from dfpo.core import fused as fused_module
+from dfpo.core.fused import COUPLING_UNITS, chunk_plan, coupling_unit, fused_head_loss, fused_policy_loss
+from dfpo.core.logprobs import naive_token_logprobs
+from dfpo.core.loss import OBJECTIVES, objective_from_label, policy_loss, resolve_objective
+
+B, T, H, V, G = 8, 6, 8, 40, 4
+
+LAYOUTS = {
+    "one chunk": dict(chunk_size=1024, max_logits_mib=64.0),
+    "chunks of 5, units held": dict(chunk_size=5, max_logits_mib=64.0),
+    "chunks of 3, two passes": dict(chunk_size=3, max_logits_mib=0.0),
+}
+"""Chunk layouts: everything in one block; blocks of 5 positions that cut token-level rows and hold larger units in
+one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks)."""
+
+EXTRA = {
+    "dapo:entropy_coef=0.01": dict(entropy_coef=0.01),  # an entropy bonus under token_mean: token units, entropy gradient
+    "grpo:entropy_coef=0.01": dict(entropy_coef=0.01),  # the same under a sequence mean: batch-coupled
+    "grpo:token_mask=top_entropy": dict(token_mask="top_entropy"),
+    "grpo:beta=0.04": dict(beta=0.04),  # the KL term to a reference
+    "grpo:rollout_correction=token_truncate": dict(rollout_correction="token_truncate"),
+    "gspo:rollout_correction=sequence_mask": dict(rollout_correction="sequence_mask"),
+    "dfpo_min:stopgrad=score": dict(stopgrad="score"),
+}
+CASES = [(name, {}) for name in OBJECTIVES] + [(label.split(":")[0], kw) for label, kw in EXTRA.items()]
+CASE_IDS = list(OBJECTIVES) + list(EXTRA)
+
+
+def _batch(seed: int, dtype=torch.float32):
+    """A ragged batch: B rows of G-row groups whose rows are interleaved, one empty row, every input policy_loss reads."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, H, generator=g, dtype=dtype)  # (B, T, H)
+    w = torch.randn(V, H, generator=g, dtype=dtype) * 0.7  # (V, H)
+    y = torch.randint(0, V, (B, T), generator=g)  # (B, T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[2] = 0  # an empty row
+    mask = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    gid = (torch.arange(B) // G)[torch.randperm(B, generator=g)] * 7 + 3  # (B,) interleaved, not 0..n-1
+    adv = torch.randn(B, generator=g, dtype=torch.float32)
+    noise = torch.randn(B, T, generator=g, dtype=torch.float32)
+    return h, w, y, mask, gid, adv, noise
+
+
+def _inputs(spec, lp: torch.Tensor, mask, gid, adv, noise) -> dict:
+    """old, reference and rollout log-probs near the policy's (some sequences clipped, some not)."""
+    lp = lp.detach().float()
+    kw = dict(old_logp=lp + 0.1 * noise, advantages=adv, mask=mask, group_ids=gid)
+    if spec.needs_ref_logp:
+        kw["ref_logp"] = lp - 0.2 * noise
+    if spec.needs_rollout_logp:
+        kw["rollout_logp"] = lp + 0.05 * noise.flip(0)
+    return kw
+
+
+def _reference(spec, h, w, y, temperature: float, kw: dict):
+    """policy_loss on naive_token_logprobs: loss, metrics, d hidden, d W."""
+    h, w = h.detach().requires_grad_(), w.detach().requires_grad_()
+    lp, ent = naive_token_logprobs(h, w, y, temperature=temperature)
+    loss, metrics = policy_loss(spec, logp=lp, entropy=ent if spec.needs_entropy else None, **kw)
+    gh, gw = torch.autograd.grad(loss, [h, w])
+    return loss.detach(), metrics, gh, gw
+
+
+def _fused(spec, h, w, y, temperature: float, kw: dict, **options):
+    h, w = h.detach().requires_grad_(), w.detach().requires_grad_()
+    loss, metrics = fused_policy_loss(spec, hidden=h, lm_head_weight=w, targets=y, temperature=temperature, **kw, **options)
+    gh, gw = torch.autograd.grad(loss, [h, w])
+    return loss.detach(), metrics, gh, gw
+
+
+def _assert_equal(fast, slow, *, rtol: float, atol: float) -> None:
+    (loss, metrics, gh, gw), (loss_ref, metrics_ref, gh_ref, gw_ref) = fast, slow
+    torch.testing.assert_close(loss, loss_ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(gh, gh_ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(gw, gw_ref, rtol=rtol, atol=atol)
+    for key, value in metrics_ref.items():
+        torch.testing.assert_close(metrics[key], value.detach(), rtol=rtol, atol=atol, msg=key)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
+def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overrides, layout):
+    """Every objective, every layout: loss, metrics, d hidden and d W equal the reference to float32 round-off."""
+    spec = resolve_objective(name, **overrides)
+    h, w, y, mask, gid, adv, noise = _batch(hash((name, layout)) % 2**16)
+    lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    _assert_equal(_fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
+def test_float64_equality_is_exact_to_float64_round_off(name, overrides):
+    """In float64 the fused path and the reference agree to 1e-10: no approximation, only summation order."""
+    spec = resolve_objective(name, **overrides)
+    h, w, y, mask, gid, adv, noise = _batch(7, torch.float64)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    kw = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kw.items()}
+    _assert_equal(
+        _fused(spec, h, w, y, 1.0, kw, chunk_size=3, max_logits_mib=1e-3), _reference(spec, h, w, y, 1.0, kw), rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
+def test_old_logp_none_is_the_policys_own_log_probs_detached(name):
+    """old_logp=None (the first optimiser step: ratio 1) equals the reference with old_logp = logp.detach()."""
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, _ = _batch(11)
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    lp, ent = naive_token_logprobs(hh, ww, y)
+    loss_ref, _ = policy_loss(
+        spec, logp=lp, old_logp=lp.detach(), advantages=adv, mask=mask, group_ids=gid, entropy=ent if spec.needs_entropy else None
+    )
+    gh_ref, gw_ref = torch.autograd.grad(loss_ref, [hh, ww])
+    out = fused_head_loss(
+        spec,
+        hidden=h.requires_grad_(),
+        lm_head_weight=w.requires_grad_(),
+        targets=y,
+        old_logp=None,
+        advantages=adv,
+        mask=mask,
+        group_ids=gid,
+        chunk_size=4,
+    )
+    gh, gw = torch.autograd.grad(out.loss, [h, w])
+    torch.testing.assert_close(out.loss.detach(), loss_ref.detach())
+    torch.testing.assert_close(gh, gh_ref, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(gw, gw_ref, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(out.logp, torch.where(mask, lp.detach(), 0.0), rtol=1e-5, atol=1e-5)
+
+
+def test_entropies_are_reported_when_asked_and_zero_at_padding():
+    """with_entropy gives the entropies (for a log) of an objective that does not read them, 0 at padding."""
+    h, w, y, mask, gid, adv, noise = _batch(3)
+    lp, ent = naive_token_logprobs(h, w, y)
+    out = fused_head_loss(
+        "grpo", hidden=h, lm_head_weight=w, targets=y, old_logp=lp, advantages=adv, mask=mask, group_ids=gid, with_entropy=True
+    )
+    torch.testing.assert_close(out.entropy, torch.where(mask, ent, 0.0), rtol=1e-5, atol=1e-5)
+    assert (
+        fused_head_loss("grpo", hidden=h, lm_head_weight=w, targets=y, old_logp=lp, advantages=adv, mask=mask, group_ids=gid).entropy
+        is None
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_hidden_states_with_a_float32_head_equal_the_float32_reference(dtype):
+    """Half-precision hidden states (autocast) under float32 master weights are computed in float32: the loss equals
+    the reference on the same values in float32, and d hidden comes back in the hidden states' dtype."""
+    spec = resolve_objective("dfpo_min")
+    h, w, y, mask, gid, adv, noise = _batch(5)
+    h = h.to(dtype)
+    lp, _ = naive_token_logprobs(h.float(), w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=4)
+    slow = _reference(spec, h.float(), w, y, 1.0, kw)
+    assert fast[0].dtype == torch.float32 and fast[2].dtype == dtype and fast[3].dtype == torch.float32
+    _assert_equal(
+        (fast[0], fast[1], fast[2].float(), fast[3]), (slow[0], slow[1], slow[2].to(dtype).float(), slow[3]), rtol=1e-2, atol=1e-3
+    )
+    torch.testing.assert_close(fast[0], slow[0], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_head_computes_the_loss_in_float32(dtype):
+    """A half-precision head: the matmul runs in its dtype, everything after in float32; the loss comes back in float32,
+    the gradients in the inputs' dtypes, close to the full-logits path on the same inputs (half-precision logits)."""
+    spec = resolve_objective("gspo")
+    h, w, y, mask, gid, adv, noise = _batch(9)
+    h, w = h.to(dtype), w.to(dtype)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=4)
+    slow = _reference(spec, h, w, y, 1.0, kw)
+    assert fast[0].dtype == torch.float32 and fast[2].dtype == dtype and fast[3].dtype == dtype
+    torch.testing.assert_close(fast[0], slow[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fast[2].float(), slow[2].float(), rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(fast[3].float(), slow[3].float(), rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["one chunk", "chunks of 3, two passes"])
+@pytest.mark.parametrize(
+    ("name", "overrides"), [("grpo", {}), ("gspo", {}), ("dfpo_min", {}), ("stapo", {}), ("dapo", {"entropy_coef": 0.01})]
+)
+def test_compiled_kernels_give_the_eager_numbers(name, overrides, layout):
+    """compile=True (the elementwise work through torch.compile) equals the reference like the eager kernels."""
+    spec = resolve_objective(name, **overrides)
+    h, w, y, mask, gid, adv, noise = _batch(13)
+    lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = _fused(spec, h, w, y, 0.7, kw, compile=True, **LAYOUTS[layout])
+    assert not [w for w in caught if "torch.compile failed" in str(w.message)]  # the compiled kernels ran
+    _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monkeypatch):
+    """If torch.compile fails, the eager kernels run (same numbers) and a warning names the failure."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    spec = resolve_objective("grpo")
+    h, w, y, mask, gid, adv, noise = _batch(17)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    monkeypatch.setattr(fused_module.torch, "compile", lambda fn, **kw: broken)
+    with pytest.warns(UserWarning, match="torch.compile failed .*no C\\+\\+ compiler.*eager kernels run"):
+        fast = _fused(spec, h, w, y, 1.0, kw, compile=True)
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+# ----------------------------------------------------------------------------- which positions a coefficient reads
+
+
+@pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
+def test_a_coefficient_reads_only_its_coupling_unit(name, overrides):
+    """d loss / d logp (and d loss / d entropy) at the positions of a unit do not change when every log-prob and entropy
+    outside the unit changes: what lets a chunk's coefficients be taken with placeholders elsewhere."""
+    spec = resolve_objective(name, **overrides)
+    unit = coupling_unit(spec)
+    assert unit in COUPLING_UNITS
+    if unit == "batch":
+        return  # the whole batch is one unit: nothing outside it
+    h, w, y, mask, gid, adv, noise = _batch(19)
+    lp, ent = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    inside = {
+        "token": mask & (torch.arange(T) == 1)[None, :] & (torch.arange(B) == 0)[:, None],
+        "row": mask & (torch.arange(B) == 0)[:, None],
+    }.get(unit)
+    if inside is None:  # group
+        inside = mask & (gid == gid[0])[:, None]
+
+    def coefficients(logp, entropy):
+        logp, entropy = logp.detach().requires_grad_(), entropy.detach().requires_grad_()
+        loss, _ = policy_loss(spec, logp=logp, entropy=entropy if spec.needs_entropy else None, **kw)
+        grads = torch.autograd.grad(loss, [logp, entropy], allow_unused=True)
+        return [torch.zeros_like(logp) if g is None else g for g in grads]
+
+    g = torch.Generator().manual_seed(23)
+    moved_lp = torch.where(inside, lp, lp - torch.rand(B, T, generator=g))  # (B, T) other log-probs, still log-probs
+    moved_ent = torch.where(inside, ent, ent * torch.rand(B, T, generator=g))
+    for a, b in zip(coefficients(lp, ent), coefficients(moved_lp, moved_ent)):
+        torch.testing.assert_close(a[inside], b[inside], rtol=1e-5, atol=1e-7)
+
+
+def test_coupling_units_of_the_presets():
+    """Token-level objectives chunk anywhere; a sequence ratio needs its row; DFPO's transforms the group; batch
+    statistics (STAPO, covariance controls) the batch."""
+    assert [coupling_unit(OBJECTIVES[n]) for n in ("grpo", "dapo", "cispo", "gspo", "gmpo", "luspo", "opsm", "dfpo_min", "stapo", "clip_cov")] == [
+        "token", "token", "token", "row", "row", "row", "row", "group", "batch", "batch"
+    ]  # fmt: skip
+    assert coupling_unit(resolve_objective("grpo", rollout_correction="sequence_truncate")) == "row"
+
+
+def test_a_setting_this_module_does_not_know_is_taken_as_group_coupled(monkeypatch):
+    """A component field added later (unknown here) at a non-default value makes the unit a group, which is exact for
+    every objective that is not batch-coupled."""
+    monkeypatch.setattr(fused_module, "_LOCAL_ANY_VALUE", fused_module._LOCAL_ANY_VALUE - {"eps_high"})
+    assert coupling_unit(OBJECTIVES["grpo"]) == "token"  # at its default
+    assert coupling_unit(resolve_objective("grpo", eps_high=0.28)) == "group"
+
+
+# ----------------------------------------------------------------------------- the chunk plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 12), max_size=12),
+    chunk=st.integers(1, 10),
+    max_unit=st.integers(0, 20),
+)
+def test_the_chunk_plan_covers_every_position_once_and_never_cuts_a_unit(sizes, chunk, max_unit):
+    """The ranges tile the positions in order; a one-pass range holds whole units, at most chunk_size positions unless
+    it is one unit of at most max_unit; a unit goes to two passes exactly when it is longer than both."""
+    plan = chunk_plan(sizes, chunk, max_unit)
+    ends = [0]
+    for s in sizes:
+        ends.append(ends[-1] + s)
+    assert [s for s, _, _ in plan] == [0, *(e for _, e, _ in plan)][: len(plan)] and (plan[-1][1] if plan else 0) == ends[-1]
+    bounds = set(ends)
+    for start, end, two_pass in plan:
+        assert start in bounds and end in bounds  # whole units only
+        units = [s for a, s in zip(ends, sizes) if start <= a < end]
+        if two_pass:
+            assert units == [end - start] and end - start > max(chunk, max_unit)
+        else:
+            assert end - start <= chunk or (len(units) == 1 and chunk < end - start <= max_unit)
+
+
+def test_the_plan_of_a_small_batch_is_one_chunk():
+    assert chunk_plan([3, 4, 2], 1024, 0) == [(0, 9, False)]
+    assert chunk_plan([3, 4, 2], 5, 100) == [(0, 3, False), (3, 7, False), (7, 9, False)]
+    assert chunk_plan([3, 8, 2], 5, 7) == [(0, 3, False), (3, 11, True), (11, 13, False)]
+
+
+@pytest.mark.parametrize(
+    ("name", "budget", "expected"), [("dfpo_min", 64.0, 0.0), ("dfpo_min", 0.0, 1.0), ("grpo", 0.0, 0.0), ("stapo", 0.0, 1.0)]
+)
+def test_the_two_pass_metric_says_which_path_ran(name, budget, expected):
+    """fused/two_pass is the share of real tokens whose logits took two passes: token-level objectives never do."""
+    h, w, y, mask, gid, adv, noise = _batch(29)
+    lp, _ = naive_token_logprobs(h, w, y)
+    _, metrics = fused_policy_loss(
+        name,
+        hidden=h.requires_grad_(),
+        lm_head_weight=w,
+        targets=y,
+        **_inputs(resolve_objective(name), lp, mask, gid, adv, noise),
+        chunk_size=3,
+        max_logits_mib=budget,
+    )
+    assert float(metrics["fused/two_pass"]) == expected
+
+
+def test_the_head_runs_three_matmuls_in_one_pass_and_four_in_two(monkeypatch):
+    """One pass: one LM-head forward per chunk (its two gradient matmuls follow); two passes: two per position."""
+    calls = []
+    real = fused_module.head_logits
+    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    h, w, y, mask, gid, adv, noise = _batch(31)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("dfpo_min"), lp, mask, gid, adv, noise)
+    fused_policy_loss("dfpo_min", hidden=h.requires_grad_(), lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=64.0)
+    assert sum(calls) == int(mask.sum())
+    calls.clear()
+    fused_policy_loss("dfpo_min", hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+    assert sum(calls) == 2 * int(mask.sum())
+    calls.clear()
+    with torch.no_grad():  # no gradient asked for: the statistics alone
+        loss, _ = fused_policy_loss("dfpo_min", hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+    assert sum(calls) == int(mask.sum()) and not loss.requires_grad
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op returns."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo:entropy_coef=0.01", "dfpo_min", "stapo"])
+def test_no_tensor_holds_the_logits_of_more_than_one_chunk(name):
+    """Forward and backward allocate at most one (chunk, V) block of logits (two with eager entropy), never (B, T, V)."""
+    h, w, y, mask, gid, adv, noise = _batch(37)
+    lp, _ = naive_token_logprobs(h, w, y)
+    spec = objective_from_label(name)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    h.requires_grad_(), w.requires_grad_()
+    with _LargestTensor() as mode:
+        loss, _ = fused_policy_loss(spec, hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+        loss.backward()
+    assert mode.largest <= max(3 * V, V * H, B * T * H) < int(mask.sum()) * V
+
+
+# ----------------------------------------------------------------------------- the backward
+
+
+def test_the_backward_scales_by_the_upstream_gradient_and_runs_once():
+    """(loss * 3).backward() gives three times the gradients; a second backward is refused in one sentence."""
+    h, w, y, mask, gid, adv, noise = _batch(41)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("grpo"), lp, mask, gid, adv, noise)
+    _, _, gh, gw = _fused("grpo", h, w, y, 1.0, kw)
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss, _ = fused_policy_loss("grpo", hidden=hh, lm_head_weight=ww, targets=y, **kw)
+    (loss * 3).backward(retain_graph=True)
+    torch.testing.assert_close(hh.grad, 3 * gh)
+    torch.testing.assert_close(ww.grad, 3 * gw)
+    with pytest.raises(RuntimeError, match="handed on once"):
+        loss.backward()
+
+
+def test_a_frozen_head_gets_no_gradient_and_a_frozen_input_none():
+    """Only what requires a gradient gets one (a frozen LM head: d hidden only)."""
+    h, w, y, mask, gid, adv, noise = _batch(43)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("gspo"), lp, mask, gid, adv, noise)
+    hh = h.clone().requires_grad_()
+    loss, _ = fused_policy_loss("gspo", hidden=hh, lm_head_weight=w, targets=y, **kw)
+    loss.backward()
+    assert w.grad is None and hh.grad is not None
+    torch.testing.assert_close(hh.grad, _reference(resolve_objective("gspo"), h, w, y, 1.0, kw)[2], rtol=2e-5, atol=2e-6)
+
+
+def test_the_public_name_is_the_core_function():
+    assert dfpo.fused_policy_loss is fused_policy_loss
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _refused_before_the_head(monkeypatch, match: str, **changes) -> None:
+    monkeypatch.setattr(fused_module, "head_logits", lambda *a, **k: pytest.fail("the LM head ran before the input was checked"))
+    h, w, y, mask, gid, adv, noise = _batch(47)
+    kw = dict(hidden=h, lm_head_weight=w, targets=y, old_logp=noise - 3, advantages=adv, mask=mask, group_ids=gid)
+    objective = changes.pop("objective", "grpo")
+    kw.update(changes)
+    with pytest.raises(ValueError, match=match):
+        fused_policy_loss(objective, **kw)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        (dict(targets=torch.zeros(B, T + 1, dtype=torch.long)), "targets must have shape"),
+        (dict(lm_head_weight=torch.zeros(V, H + 1)), "lm_head_weight must have shape"),
+        (dict(temperature=0.0), "temperature must be > 0"),
+        (dict(chunk_size=0), "chunk_size must be a positive int"),
+        (dict(max_logits_mib=-1.0), "max_logits_mib must be a number >= 0"),
+        (dict(targets=torch.full((B, T), V)), "targets must lie in"),
+        (dict(old_logp=torch.zeros(B, T + 1)), "old_logp must have shape"),
+        (dict(advantages=torch.zeros(B + 1)), "advantages must have shape"),
+        (dict(advantages=torch.full((B,), float("nan"))), "advantages must be finite"),
+        (dict(old_logp=torch.full((B, T), float("nan"))), "old_logp holds non-finite values"),
+        (dict(objective=resolve_objective("grpo", beta=0.1)), "ref_logp is required"),
+        (dict(objective="no_such_objective"), "no_such_objective"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_bad_input_is_refused_in_one_sentence_before_the_lm_head_runs(monkeypatch, changes, match):
+    _refused_before_the_head(monkeypatch, match, **changes)
+
+
+def test_non_finite_log_probs_are_refused_and_reported_without_nan_in_the_gradients():
+    """NaN hidden states at a real position: fused_policy_loss raises one sentence; fused_head_loss says finite=False
+    with a NaN loss and zero gradients (the trainer skips the step)."""
+    h, w, y, mask, gid, adv, noise = _batch(53)
+    h[0, 0] = float("nan")
+    kw = dict(old_logp=noise - 3, advantages=adv, mask=mask, group_ids=gid)
+    with pytest.raises(ValueError, match="non-finite log-probs at real"):
+        fused_policy_loss("gspo", hidden=h, lm_head_weight=w, targets=y, **kw)
+    hh = h.clone().requires_grad_()
+    out = fused_head_loss("gspo", hidden=hh, lm_head_weight=w, targets=y, **kw, chunk_size=3)
+    assert not out.finite and torch.isnan(out.loss) and out.metrics["fused/two_pass"] == 0
+    out.loss.backward()
+    assert bool(torch.isfinite(hh.grad).all()) and float(hh.grad.abs().sum()) == 0.0

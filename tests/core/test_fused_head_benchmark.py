@@ -1,0 +1,58 @@
+"""benchmarks/fused_head.py runs every mode it names at a tiny size and skips Liger or the full logits saying why."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fused_head.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("fused_head_bench", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused"])
+def test_every_local_mode_measures_a_tiny_case(bench, mode):
+    for objective in bench.OBJECTIVE_ROWS[mode]:
+        out = bench.measure(mode, objective, 8, 4, 16, 64, repeats=1, threads=1)
+        assert out["seconds"] >= 0 and out["wall"] >= 0 and out["extra_mib"] == out["extra_mib"]
+        if mode == "fused":
+            assert out["two_pass"] == 0.0  # a tiny batch fits the logits budget: one pass
+
+
+def test_full_logits_past_the_budget_are_skipped_saying_how_large(bench):
+    reason = bench._skip_reason("naive", 8, 2048, 151936, 3.0)
+    assert reason is not None and "9.3 GiB > --max-gib 3" in reason
+    assert bench._skip_reason("fused", 8, 2048, 151936, 3.0) is None  # the fused path never holds them
+
+
+def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
+    rows = {
+        ("fused", "grpo"): {"x_floor": 1.04, "extra_mib": 100.0},
+        ("liger_compiled", "grpo"): {"x_floor": 1.10, "extra_mib": 200.0},
+        ("fused", "gspo"): {"x_floor": 1.20, "extra_mib": 100.0},
+    }
+    lines = bench.goal_lines(rows)
+    assert "goal fused grpo <= 1.05x floor: 1.04x, met" in lines
+    assert "goal fused grpo faster than liger_compiled, in less memory: time 0.95x, extra memory 0.50x, met" in lines
+    assert "goal fused gspo <= 1.05x floor: 1.20x, missed" in lines
+    assert "goal fused gspo faster than liger_compiled, in less memory: no liger_compiled row" in lines
+    assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
+
+
+def test_the_run_comparison_reports_the_largest_relative_difference_and_one_sided_nan():
+    spec = importlib.util.spec_from_file_location("fused_head_runs", PATH.with_name("fused_head_runs.py"))
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    a = [{"loss": 1.0, "x": 4.0, "n": float("nan"), "wall_s": 1.0}, {"loss": 2.0, "x": 0.5, "n": 1.0, "only": 1}]
+    b = [{"loss": 1.0, "x": 2.0, "n": float("nan"), "wall_s": 9.0}, {"loss": 2.0, "x": 0.25, "n": float("nan")}]
+    worst, one_side = runs.largest_differences(a, b)
+    assert worst == {"loss": 0.0, "x": 0.5, "n": float("inf")}  # |4 - 2| / 4; timings left out
+    assert one_side == {"only"}
