@@ -41,6 +41,15 @@ EXTRA = {
     "grpo:rollout_correction=token_truncate": dict(rollout_correction="token_truncate"),
     "gspo:rollout_correction=sequence_mask": dict(rollout_correction="sequence_mask"),
     "dfpo_min:stopgrad=score": dict(stopgrad="score"),
+    # the peers' components (issue 30), which this module knows only as "not token- or row-local"
+    "grpo:rollout_correction=geometric_mask": dict(rollout_correction="geometric_mask"),
+    "dapo:rollout_correction=segment_truncate": dict(rollout_correction="segment_truncate"),
+    "grpo:rollout_is_batch_normalise": dict(rollout_correction="token_truncate", rollout_is_batch_normalise=True),
+    "dapo:rollout_rejection=token_k3": dict(rollout_rejection="token_k3"),
+    "grpo:rollout_rejection=seq_mean_k1": dict(rollout_rejection="seq_mean_k1"),
+    "dapo:rollout_rejection=seq_max_k2,renormalise": dict(rollout_rejection="seq_max_k2", rollout_rs_renormalise=True),
+    "grpo:kl_estimator=k2,seq_ratio": dict(beta=0.04, kl_estimator="k2", kl_ratio_weight="sequence"),
+    "dapo:kl_estimator=k1,token_ratio": dict(beta=0.04, kl_estimator="k1", kl_ratio_weight="token"),
 }
 CASES = [(name, {}) for name in OBJECTIVES] + [(label.split(":")[0], kw) for label, kw in EXTRA.items()]
 CASE_IDS = list(OBJECTIVES) + list(EXTRA)
