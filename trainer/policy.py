@@ -270,6 +270,12 @@ class Model:
     eos_ids: set[int]
     """Token ids that end a completion: the tokenizer's EOS and the generation config's."""
 
+    @property
+    def vocab_size(self) -> int:
+        """The rows of the model's output (the ids it can sample): at least the tokenizer's size, more for a checkpoint
+        whose embedding is padded (Qwen3: 151,936 rows, 151,669 tokens)."""
+        return int(self.model.config.vocab_size)
+
 
 def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: Path, say: Callable[[str], None]) -> None:
     """The tiny preset from scratch: char tokenizer, Qwen2 initialised with ``seed``, ``mcfg.sft_steps`` supervised

@@ -237,7 +237,7 @@ class Trainer:
             self.old_logp_stage,
             device=self.device,
             amp=inputs.amp,
-            vocab_size=len(self.policy.tok),
+            vocab_size=self.policy.vocab_size,
             total_updates=cfg.train.steps * cfg.optim.epochs * (cfg.rollout.prompts_per_step // cfg.optim.minibatch_groups),
             say=self._say,
         )
