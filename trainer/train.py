@@ -334,7 +334,7 @@ class Trainer:
             say=self._say,
         )
         metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
-        write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size)
+        write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size, self.policy.tok)
         return metrics
 
     def evaluate(self, step: int) -> dict:
