@@ -176,6 +176,8 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
     trainer, rank, resume = None, dp.launched_rank(), args.resume is not None
     say = (lambda msg: print(f"dfpo: {msg}", file=sys.stderr, flush=True)) if rank == 0 else (lambda msg: None)  # noqa: E731
     with StopSignals() as stop:  # from here to the end: a signal always ends in a message and a status
+        # the words of a stop the main thread cannot take (it is inside a long computation): the same message
+        stop.last_words = lambda signum: say(stopped_at_once_message(signum, trainer, cfg.run_dir, resume))
         try:
             try:
                 trainer = Trainer(cfg, resume=resume, quiet=args.quiet)

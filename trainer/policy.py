@@ -232,6 +232,15 @@ def load_pretrained_policy(path_or_name: str, mcfg, device, dtype, *, from_run_f
     return model.to(device), tok
 
 
+def enable_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward (non-reentrant): transformers 5's
+    ``activation_checkpointing_enable``, or 4.x's ``gradient_checkpointing_enable`` (5.x deprecates that name)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def wrap_lora(model, mcfg):
     """peft LoRA adapters on ``model`` when model.lora_r > 0 (only adapters train)."""
     if mcfg.lora_r <= 0:
@@ -269,6 +278,12 @@ class Model:
     """The frozen reference model of a KL term (None: no KL term, or LoRA, whose base model is the reference)."""
     eos_ids: set[int]
     """Token ids that end a completion: the tokenizer's EOS and the generation config's."""
+
+    @property
+    def vocab_size(self) -> int:
+        """The rows of the model's output (the ids it can sample): at least the tokenizer's size, more for a checkpoint
+        whose embedding is padded (Qwen3: 151,936 rows, 151,669 tokens)."""
+        return int(self.model.config.vocab_size)
 
 
 def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: Path, say: Callable[[str], None]) -> None:
@@ -330,7 +345,7 @@ def load_policy(
         ref, _ = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
         ref.eval().requires_grad_(False)
     if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model = wrap_lora(model, m)
     model.train()
     eos_ids = {tok.eos_token_id} | set(generation_eos_ids(model))

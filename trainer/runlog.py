@@ -9,10 +9,12 @@ from __future__ import annotations
 import _thread
 import json
 import math
+import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..core.files import WriteFailed, describe_write_error, write_text_atomic
@@ -178,9 +180,19 @@ class StopSignals:
     the ignored exception (``sys.unraisablehook``) is replaced, inside the block, by waking that thread at once
     (not by redelivering from the hook, which runs inside the finaliser too), so no "Exception ignored"
     traceback reaches the user.
+
+    Python runs a handler only between bytecodes of the main thread, and one call into C can take minutes (the
+    backward pass of a 0.6B model on a busy CPU: two SIGTERMs went unanswered for over two minutes). So the
+    signals also reach a daemon thread through ``signal.set_wakeup_fd``, which the interpreter writes to at once
+    whatever the main thread is doing: when a signal should stop the program at once (in start-up, or the second
+    one in training) and the main thread has not taken it within ``GRACE_S`` seconds, that thread says
+    ``last_words(signum)`` and ends the process with ``os._exit(128 + signum)``. Nothing is written then; what a
+    hard stop leaves (the lock, a half-written temporary checkpoint) is what a SIGKILL leaves, which the next start
+    or resume handles.
     """
 
     REDELIVER_S = 1.0
+    GRACE_S = 3.0
 
     def __init__(self, *, immediate: bool = True):
         self.signum: int | None = None
@@ -191,6 +203,11 @@ class StopSignals:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._old_unraisablehook = None
+        self._taken = threading.Event()  # the main thread's handler has raised StoppedAtOnce
+        self._wakeup_pipe: tuple[int, int] | None = None
+        self._old_wakeup_fd = -1
+        self.last_words: Callable[[int], None] = lambda signum: None
+        """What the watcher says before it ends a process the main thread cannot stop (the caller sets it)."""
 
     def __enter__(self) -> StopSignals:
         self._inside = True
@@ -199,7 +216,42 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, PARENT_DEATH):
                 self._old[sig] = signal.signal(sig, self._handle)
+            self._watch_signals()
         return self
+
+    def _watch_signals(self) -> None:
+        """Every signal's number, written by the interpreter to a pipe the moment it arrives, read by a daemon thread
+        that stops the process when the main thread cannot (see the class docstring)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._wakeup_pipe = (read_fd, write_fd)
+        self._old_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._watcher = threading.Thread(target=self._watch, args=(read_fd,), name="dfpo-signal-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self, read_fd: int) -> None:
+        """The rule of ``_handle``, seen from outside the main thread: in start-up every stop signal stops at once; in
+        training a stop signal after an earlier one does (PARENT_DEATH only ever asks for the end of the step)."""
+        seen = False
+        while data := os.read(read_fd, 64):  # b"" once the block is left and the pipe closed
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM, PARENT_DEATH):
+                    continue
+                at_once = self.immediate or (seen and signum != PARENT_DEATH)
+                seen = True
+                if at_once:
+                    self._stop_unless_taken(signum)
+
+    def _stop_unless_taken(self, signum: int) -> None:
+        """End the process with 128 + ``signum`` unless the main thread takes the stop within GRACE_S seconds."""
+        if self._taken.wait(self.GRACE_S):
+            return
+        with self._lock:
+            if not self._inside:
+                return
+        self.last_words(signum)
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     def training(self) -> StopSignals:
         """From now on the first signal waits for the end of the step."""
@@ -212,6 +264,7 @@ class StopSignals:
             return
         if self.immediate or self.signum is not None:
             self.signum = signum
+            self._taken.set()
             self._redeliver_until_left(signum)
             raise StoppedAtOnce(signum)
         self.signum = signum
@@ -248,3 +301,10 @@ class StopSignals:
         sys.unraisablehook = self._old_unraisablehook
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+        if self._wakeup_pipe is not None:
+            signal.set_wakeup_fd(self._old_wakeup_fd)
+            read_fd, write_fd = self._wakeup_pipe
+            os.close(write_fd)  # the watcher reads the end of the pipe and returns
+            self._watcher.join(timeout=self.GRACE_S + 1)
+            os.close(read_fd)
+            self._wakeup_pipe = None

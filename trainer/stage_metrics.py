@@ -104,16 +104,31 @@ def step_metrics(
     return clean
 
 
-def write_samples(log, step: int, rollout: Rollout, log_cfg, group_size: int) -> None:
-    """``log.samples_per_step`` completions of the step with their prompt, answer and reward, every
-    ``log.samples_every`` steps and at step 1."""
+def model_input(tok, batch, row: int) -> str:
+    """The prompt of ``row`` as the model read it: the decoded prompt tokens, the chat template and special tokens
+    included (what the task's ``prompt`` became)."""
+    P = batch.prompt_width
+    ids = batch.input_ids[row, :P][batch.attention_mask[row, :P].bool()]  # (prompt tokens,) left padding dropped
+    return tok.decode(ids.tolist(), skip_special_tokens=False)
+
+
+def write_samples(log, step: int, rollout: Rollout, log_cfg, group_size: int, tok) -> None:
+    """``log.samples_per_step`` completions of the step with their prompt (as the task gave it and as the model read
+    it, template and special tokens included), answer and reward, every ``log.samples_every`` steps and at step 1."""
     every = log_cfg.samples_every
     if not every or (step % every and step != 1):
         return
     for i in range(min(log_cfg.samples_per_step, len(rollout.texts))):
         ex = rollout.examples[i // group_size]
         log.write(
-            {"step": step, "prompt": ex.prompt, "answer": ex.answer, "completion": rollout.texts[i], "reward": rollout.rewards.total[i]}
+            {
+                "step": step,
+                "prompt": ex.prompt,
+                "model_input": model_input(tok, rollout.batch, i),
+                "answer": ex.answer,
+                "completion": rollout.texts[i],
+                "reward": rollout.rewards.total[i],
+            }
         )
 
 

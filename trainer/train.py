@@ -239,7 +239,7 @@ class Trainer:
             self.old_logp_stage,
             device=self.device,
             amp=inputs.amp,
-            vocab_size=len(self.policy.tok),
+            vocab_size=self.policy.vocab_size,
             total_updates=cfg.train.steps * cfg.optim.epochs * (cfg.rollout.prompts_per_step // cfg.optim.minibatch_groups),
             say=self._say,
         )
@@ -349,7 +349,7 @@ class Trainer:
         )
         metrics.update(drift)
         metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
-        write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size)
+        write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size, self.policy.tok)
         return metrics
 
     def evaluate(self, step: int) -> dict:
