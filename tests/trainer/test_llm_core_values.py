@@ -49,7 +49,9 @@ def test_completion_log_probs_equal_a_plain_forward_of_each_unpadded_sequence():
 
 def test_old_log_probs_come_from_before_any_update_of_the_rollout_batch(tmp_path, monkeypatch):
     """K = 4 optimiser steps on one rollout batch: the first sees logp == old_logp exactly (ratio 1),
-    later ones see the ratios the earlier updates produced (old log-probs were not recomputed)."""
+    later ones see the ratios the earlier updates produced (old log-probs were not recomputed). Read on the unfused
+    path, where the update hands policy_loss the log-probs themselves; test_llm_fused_update shows the fused default
+    takes the same optimiser steps."""
     gaps = []
     real = update_mod.policy_loss
 
@@ -62,7 +64,7 @@ def test_old_log_probs_come_from_before_any_update_of_the_rollout_batch(tmp_path
         gaps.clear()
         cfg = tiny_config(
             tmp_path / source, "train.steps=1", "optim.epochs=2", "optim.minibatch_groups=1", "rollout.prompts_per_step=2", "eval.every=0",
-            f"rollout.old_logp={source}",
+            f"rollout.old_logp={source}", "optim.fused_head=off",
         )  # fmt: skip
         train_mod.Trainer(cfg, quiet=True).run()
         assert len(gaps) == 4

@@ -1,5 +1,6 @@
 """End-to-end tiny runs on CPU: every objective trains (parameters move, metrics finite)."""
 
+import dataclasses
 import json
 import math
 
@@ -90,15 +91,15 @@ def test_existing_run_dir_is_refused_before_any_work(tmp_path):
 def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_path, monkeypatch):
     import dfpo.trainer.stage_update as update_mod
 
-    real = update_mod.policy_loss
+    real = update_mod.micro_loss  # every micro-batch's loss, fused head or not
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
-        loss, metrics = real(*args, **kwargs)
+        out = real(*args, **kwargs)
         calls["n"] += 1
-        return loss * float("nan") if calls["n"] > 4 else loss, metrics  # step 1 fine, then NaN
+        return dataclasses.replace(out, loss=out.loss * float("nan")) if calls["n"] > 4 else out  # step 1 fine, then NaN
 
-    monkeypatch.setattr(update_mod, "policy_loss", poisoned)
+    monkeypatch.setattr(update_mod, "micro_loss", poisoned)
     cfg = tiny_config(tmp_path, "train.steps=4", "train.max_nonfinite_in_row=3")
     trainer = Trainer(cfg, quiet=True)
     with pytest.raises(NonFiniteLossError, match=r"3 optimiser steps in a row.*last good checkpoint.*step 1"):
