@@ -400,12 +400,14 @@ def interval_text(ci, fmt: str = "{:+.3g}") -> str:
     """'mean [low, high]' of an ``Interval``; 'median m [low, high]' of a ``CensoredInterval``, with '<=m' / '>=m'
     where censoring leaves the median open on one side."""
     if isinstance(ci, CensoredInterval):
-        if ci.center_low == ci.center_high:
+        if format_number(ci.center_low, fmt) == format_number(ci.center_high, fmt):
             center = format_number(ci.center_low, fmt)
         elif not math.isfinite(ci.center_low) and math.isfinite(ci.center_high):
             center = "<=" + format_number(ci.center_high, fmt)
         elif math.isfinite(ci.center_low) and not math.isfinite(ci.center_high):
             center = ">=" + format_number(ci.center_low, fmt)
+        elif not math.isfinite(ci.center_low) and not math.isfinite(ci.center_high):
+            center = "unknown (censored)"
         else:
             center = f"in [{format_number(ci.center_low, fmt)}, {format_number(ci.center_high, fmt)}]"
         return f"median {center} [{format_number(ci.low, fmt)}, {format_number(ci.high, fmt)}]"

@@ -121,7 +121,7 @@ def test_a_verdict_that_does_not_survive_the_correction_is_inconclusive():
     assert paired_verdict(diff, -1)[0] == "reproduced"
     word, (mean, lo, hi) = paired_verdict(diff, -1, tests=20)  # t_{1 - 0.05/40, 4} = 6.758
     assert word == "inconclusive" and (mean, lo, hi) == pytest.approx((-0.84, -2.168, +0.488), abs=1e-3)
-    assert paired_verdict(np.zeros(4), -1)[0] == "inconclusive (no difference)"
+    assert paired_verdict(np.zeros(4), -1)[0] == "negligible (no difference on any seed)"  # identical runs: no change at all
     assert paired_verdict(np.array([0.01, 0.012, 0.009, 0.011]), +1, 1.0)[0] == "negligible (within 2% of the baseline)"
 
 
@@ -130,7 +130,8 @@ def test_replicated_asks_for_the_same_claim_on_both_seed_sets():
     assert replicated("negligible (within 2% of the baseline)", "negligible (within 2% of the baseline)") == "yes"
     assert replicated("reproduced", "inconclusive") == "no"
     assert replicated("not attributable (reproduced against an unmatched baseline)", "reproduced") == "no"
-    assert replicated("inconclusive", "inconclusive (no difference)") == "n/a"
+    assert replicated("inconclusive", "inconclusive") == "n/a"
+    assert replicated("negligible (no difference on any seed)", "negligible (within 2% of the baseline)") == "yes"
 
 
 def test_relative_interval_and_the_note():
