@@ -212,7 +212,7 @@ def _step_matched(args: argparse.Namespace, config):
         if tuple(base) != config.objectives:
             raise ValueError(f"--discovery {args.discovery!r} ran the objectives {base}, not {list(config.objectives)}")
         print(f"toy: step-size-matched controls from {args.discovery}: {', '.join(earlier.step_matched)}", flush=True)
-        cals = [Calibration(**{**c, "trace": tuple(map(tuple, c["trace"]))}) for c in raw.get("calibrations", [])]
+        cals = [Calibration.from_dict(c) for c in raw.get("calibrations", [])]
         return dataclasses.replace(
             config, objectives=earlier.objectives, match_step=earlier.match_step, step_matched=earlier.step_matched
         ), cals

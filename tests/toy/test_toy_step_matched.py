@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dfpo.cli import main
+from dfpo.core.calibration import calibrate
 from dfpo.core.labels import parse_run_label, with_lr
-from dfpo.toy.calibrate import calibrate
 from dfpo.toy.checks import comparison_pairs
 from dfpo.toy.tasks import make_task
 from dfpo.toy.train import ToyConfig, train_objective, validate
@@ -44,7 +44,7 @@ def test_a_label_at_twice_the_learning_rate_takes_twice_the_first_sgd_step():
 def test_calibration_finds_the_learning_rate_where_the_control_matches_the_method():
     """A closed-form stand-in for training: steps to kappa = 30 / lr for the control, 66 for the method."""
     value = lambda label: 66.0 if label == LA else 30.0 / parse_run_label(label).lr  # noqa: E731
-    cal = calibrate(ToyConfig(seed=1000, seeds=16), LA, "gspo_noclip", "steps", evaluate=value)
+    cal = calibrate(LA, "gspo_noclip", "steps", lr0=0.5, evaluate=value, seed_set="--seed 1000, 16 seeds")
     assert cal.lr == pytest.approx(30 / 66, rel=0.005) and abs(cal.value - 66) <= 0.005 * 66
     assert cal.trace[0] == (0.5, 60.0) and len(cal.trace) <= 3  # a power law: the secant lands in one or two steps
     assert cal.label == f"gspo_noclip@lr={cal.lr:.4g}"
@@ -77,7 +77,7 @@ def test_match_step_calibrates_on_a_disjoint_seed_set_and_the_confirmation_reuse
     (control,) = first["step_matched"]
     assert control.startswith("gspo_noclip@lr=") and first["step_matched"][control] == LA and first["match_step"] == "update"
     (cal,) = first["calibrations"]
-    assert cal["seed"] == 1005 and cal["seeds"] == 2 and math.isclose(cal["lr"], parse_run_label(control).lr, rel_tol=1e-3)
+    assert cal["seed_set"] == "--seed 1005, 2 seeds" and math.isclose(cal["lr"], parse_run_label(control).lr, rel_tol=1e-3)
     summary = (tmp_path / "first" / "summary.md").read_text()
     assert f"| {LA} | {control} | yes, and step size (lr " in summary and f"| {LA} | gspo_noclip | yes |" in summary
     assert main([*argv, "--seed", "6", "--discovery", str(tmp_path / "first"), "--out", str(tmp_path / "second")]) == 0
