@@ -49,7 +49,12 @@ def test_calibration_finds_the_learning_rate_where_the_control_matches_the_metho
     assert cal.trace[0] == (0.5, 60.0) and len(cal.trace) <= 3  # a power law: the secant lands in one or two steps
     assert cal.label == f"gspo_noclip@lr={cal.lr:.4g}"
     up = calibrate(
-        ToyConfig(), LA, "gspo_noclip", "update", evaluate=lambda label: 0.9 if label == LA else 2 * parse_run_label(label).lr ** 1.3
+        LA,
+        "gspo_noclip",
+        "update",
+        lr0=0.5,
+        seed_set="s",
+        evaluate=lambda label: 0.9 if label == LA else 2 * parse_run_label(label).lr ** 1.3,
     )
     assert 2 * up.lr**1.3 == pytest.approx(0.9, rel=0.006)
 
