@@ -99,6 +99,24 @@ def censored(row: dict) -> np.ndarray:
     return ~np.asarray(row["reached"], bool) if "reached" in row else np.zeros(np.shape(values), bool)
 
 
+def control_kinds(labels, config) -> dict[str, list[str]]:
+    """'METHOD - CONTROL' -> what differs beyond the in-group transform, for every ordered pair of labels: [] (a
+    trust-region-matched control), ['step size'] (a step-size-matched one), or the components (and 'lr') that differ."""
+    specs = {o: _spec(o, config) for o in labels}
+    step_matched = dict(getattr(config, "step_matched", {}) or {})
+    out = {}
+    for m in labels:
+        for b in labels:
+            if m == b:
+                continue
+            calibrated = m in step_matched.get(b, "").split(",")
+            differ = list(unmatched_components(specs[m], specs[b]))
+            if run_lr(m, config) != run_lr(b, config) and not calibrated:
+                differ.append("lr")
+            out[f"{m} - {b}"] = ["step size"] if calibrated and not differ else differ
+    return out
+
+
 def paired_difference(method: dict, baseline: dict, key: str, *, tests: int = 1):
     """The interval of method - baseline for one summary key over paired seeds: a ``CensoredInterval`` (median,
     sign test) for a censored key, else the Student-t ``Interval`` of the mean."""

@@ -257,25 +257,50 @@ def read_run(path: Path) -> dict[str, float]:
     }
 
 
+def differs(plan: Plan, method: str, control: str) -> list[str]:
+    """What ``control`` differs in from ``method`` beyond the in-group transform: [] (a trust-region-matched control),
+    ['step size'] (step-size-matched: its lr was calibrated to the method's step), or the components and 'lr'."""
+    rm, rb = parse_run_label(method), parse_run_label(control)
+    differ = list(unmatched_components(objective_from_label(rm.objective), objective_from_label(rb.objective)))
+    calibrated = method in dict(plan.step_matched).get(control, "").split(",")
+    if rm.lr != rb.lr and not calibrated:
+        differ.append("lr")
+    return ["step size"] if calibrated and not differ else differ
+
+
+def trust_region_control(plan: Plan, method: str) -> str | None:
+    """The label of ``plan`` that is ``method``'s trust-region-matched control (no in-group transform, nothing else
+    differs, the same learning rate), or None."""
+    if method not in plan.labels or objective_from_label(parse_run_label(method).objective).transform == "none":
+        return None
+    for b in plan.labels:
+        if b != method and objective_from_label(parse_run_label(b).objective).transform == "none" and differs(plan, method, b) == []:
+            return b
+    return None
+
+
+def default_match_methods(plan: Plan) -> list[str]:
+    """Every label with an in-group transform and a trust-region-matched control in the plan."""
+    return [m for m in plan.labels if trust_region_control(plan, m) is not None]
+
+
 def comparison_pairs(plan: Plan) -> list[tuple[str, str]]:
-    """Every label against the baseline, then every method against its step-size-matched control."""
+    """Every label against the baseline; every method against its trust-region-matched control when that is not the
+    baseline; every method against its step-size-matched control."""
     pairs = [(label, plan.baseline) for label in plan.labels if label != plan.baseline]
-    return pairs + [(m, control) for control, methods in plan.step_matched for m in methods.split(",") if (m, control) not in pairs]
+    pairs += [(m, c) for m in plan.labels if (c := trust_region_control(plan, m)) not in (None, plan.baseline)]
+    pairs += [(m, control) for control, methods in plan.step_matched for m in methods.split(",")]
+    return list(dict.fromkeys(pairs))
 
 
 def matched_components(plan: Plan) -> dict[str, list[str]]:
-    """'METHOD - CONTROL' -> what differs beyond the transform: [] (a trust-region-matched control), ['step size']
-    (a step-size-matched one: the control's lr was calibrated to the method's step), or the components and 'lr'."""
-    step_matched = dict(plan.step_matched)
-    out = {}
-    for m, b in comparison_pairs(plan):
-        rm, rb = parse_run_label(m), parse_run_label(b)
-        differ = list(unmatched_components(objective_from_label(rm.objective), objective_from_label(rb.objective)))
-        calibrated = m in step_matched.get(b, "").split(",")
-        if rm.lr != rb.lr and not calibrated:
-            differ.append("lr")
-        out[f"{m} - {b}"] = ["step size"] if calibrated and not differ else differ
-    return out
+    """'METHOD - CONTROL' -> ``differs`` for every pair of the table."""
+    return {f"{m} - {b}": differs(plan, m, b) for m, b in comparison_pairs(plan)}
+
+
+def control_kinds(plan: Plan) -> dict[str, list[str]]:
+    """``differs`` for every ordered pair of labels (what a finding may compare)."""
+    return {f"{m} - {b}": differs(plan, m, b) for m in plan.labels for b in plan.labels if m != b}
 
 
 def document(plan: Plan, records: Records) -> dict:
@@ -288,6 +313,7 @@ def document(plan: Plan, records: Records) -> dict:
         "baseline": plan.baseline,
         "pairs": [list(p) for p in comparison_pairs(plan)],
         "matched": matched_components(plan),
+        "controls": control_kinds(plan),
         "step_matched": dict(plan.step_matched),
         "calibrations": [{**dataclasses.asdict(c), "sentence": c.sentence()} for c in plan.calibrations],
         "records": {k: {str(s): r for s, r in v.items()} for k, v in records.items()},
@@ -304,27 +330,6 @@ def run_all(plan: Plan, *, jobs: int, progress) -> Records:
         for line in pool.map(lambda t: run_one(plan, *t), tasks):
             progress(line)
     return {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
-
-
-def trust_region_control(plan: Plan, method: str) -> str | None:
-    """The label of ``plan`` that is ``method``'s trust-region-matched control (no in-group transform, nothing else
-    differs, the same learning rate), or None."""
-    if method not in plan.labels or objective_from_label(parse_run_label(method).objective).transform == "none":
-        return None
-    for b in plan.labels:
-        spec = objective_from_label(parse_run_label(b).objective)
-        if (
-            b != method
-            and spec.transform == "none"
-            and matched_components(dataclasses.replace(plan, baseline=b)).get(f"{method} - {b}") == []
-        ):
-            return b
-    return None
-
-
-def default_match_methods(plan: Plan) -> list[str]:
-    """Every label with an in-group transform and a trust-region-matched control in the plan."""
-    return [m for m in plan.labels if trust_region_control(plan, m) is not None]
 
 
 def step_matched_plan(plan: Plan, methods: list[str], *, seeds: tuple[int, ...], jobs: int = 1, progress=print) -> Plan:
