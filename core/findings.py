@@ -252,7 +252,8 @@ def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:
     d, c = pair
     if d.word == c.word == "negligible":
         widest = max(abs(x) for v in pair if v.relative() for x in v.relative()[1:]) if all(v.relative() for v in pair) else None
-        bound = f" larger than {math.ceil(widest * 10) / 10:.1f}% of the control" if widest is not None else ""
+        rounded_up = max(math.ceil(widest * 10) / 10, 0.1) if widest is not None else None  # never "larger than 0.0%"
+        bound = f" larger than {rounded_up:.1f}% of the control" if rounded_up is not None else ""
         return f"{metric_name}: no change{bound}"
     if d.word == c.word and d.word in ("lower", "higher"):
         return f"{metric_name} {c.word}: {_rel_text(c)} (discovery set: {_rel_text(d)})"

@@ -21,6 +21,8 @@ def _verdict(word: str, center: float, low: float, high: float, level: float = 1
 def test_negligible_on_both_sets_reads_no_change_larger_than_the_widest_bound():
     text = phrase("steps", (_verdict("negligible", 0.1, -1.2, 1.4), _verdict("negligible", -0.2, -1.81, 0.5)))
     assert text == "steps: no change larger than 1.9% of the control"
+    exact = phrase("steps", (_verdict("negligible", 0, 0, 0), _verdict("negligible", 0, 0, 0)))
+    assert exact == "steps: no change larger than 0.1% of the control"  # a bound, never "larger than 0.0%"
 
 
 def test_inconclusive_reads_not_shown_either_way():
