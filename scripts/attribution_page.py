@@ -1,31 +1,44 @@
-"""Assemble docs/attribution.md from what each command of scripts/attribution.tmpl.md printed.
+"""Render docs/attribution.md from its template, the stored evidence and the findings ledger (nothing is typed).
 
-    python scripts/attribution_page.py            # reads runs/<name>.out and runs/<name>/..., writes the page
+    python scripts/attribution_page.py            # write docs/attribution.md
+    python scripts/attribution_page.py --check    # exit 1 if it is stale (tests/test_findings.py)
 
-Each command of the template is run first with its output kept, e.g.
-``dfpo toy ablate ... --out runs/toy-ablate-family > runs/toy-ablate-family.out``, and for the LLM
-comparison ``dfpo compare ... > runs/compare-fresh-gspo.out`` then ``cp runs/compare-fresh/compare.png
-runs/compare-fresh-gspo.png`` (the same for ``--baseline gspo_noclip`` as compare-fresh-noclip).
-Placeholders: {DEMO} (``dfpo demo``), {TOY:name} (a toy command's printed summary), {COMPARE:name}
-(``dfpo compare``'s printed tables, per-seed values folded), {PNG:src:name} (a figure under runs/
-copied to docs/attribution/name), {LLM_N} and {LLM_LAST} (the comparison's seeds). No number is typed.
+Placeholders of scripts/attribution.tmpl.md: {DEMO} (``dfpo demo``), {FINDINGS} (the findings ledger's summary:
+its multiplicity note and one item per finding, ``dfpo.core.findings``), {EXPERIMENT:name} (the commands of an
+experiment's two seed sets and the tables they printed, re-rendered from docs/attribution/data/name.json by the
+same functions that print them: ``dfpo.toy.report.render_summary``, ``dfpo.toy.spread.render_spread``,
+``dfpo.trainer.compare_report.render_compare``), {SEEDS:name:set} (a seed set as the command names it).
+Store new evidence first with scripts/attribution_data.py.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
+import math
 import re
-import shutil
 import sys
 from pathlib import Path
 
 from dfpo.commands import cancellation_demo
 from dfpo.core.files import write_text_atomic
+from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
+from dfpo.trainer.probe_findings import findings_block
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ROOT / "runs"
 TEMPLATE = ROOT / "scripts" / "attribution.tmpl.md"
 PAGE = ROOT / "docs" / "attribution.md"
-FIGURES = ROOT / "docs" / "attribution"
+LEDGER = ROOT / "docs" / "attribution"
+FIGURES = {
+    "toy-residual-family": "toy-residual-family.png",
+    "toy-ablate-family": "toy-ablate-family.png",
+    "toy-ablate-tenplusten": "toy-ablate-tenplusten.png",
+    "toy-spread-lr-family": "toy-spread-lr-family.png",
+    "toy-spread-k-family-adam": "toy-spread-k-family-adam.png",
+    "toy-spread-k": "toy-spread-k-tenplusten.png",
+    "llm": "llm.png",
+}
+"""The figure of each experiment under docs/attribution/ (copied from its confirmation run)."""
 
 
 def demote(text: str) -> str:
@@ -33,55 +46,135 @@ def demote(text: str) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" * (len(m.group(1)) + 3) + " ", text, flags=re.M)
 
 
-def toy_output(name: str) -> str:
-    """The summary a toy command printed, without progress lines, figure links and the closing line."""
-    text = (RUNS / f"{name}.out").read_text()
-    skip = ("toy: training", "toy: wrote", "toy spread:", "![")
-    lines = [ln for ln in text.splitlines() if not ln.startswith(skip) and ln.strip() != "## Plots"]
-    return demote("\n".join(lines).strip())
+def commands(*lines: str) -> str:
+    return "```text\n" + "\n".join(lines) + "\n```"
 
 
-def compare_output(name: str) -> str:
-    """What ``dfpo compare`` printed, its per-seed tables folded into a details block."""
-    text = (RUNS / f"{name}.out").read_text()
-    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("compare: ", "![")))
-    head, sep, rest = text.partition("Per seed (N+:")
-    if sep:
-        text = (
-            head + "<details><summary>Per-seed values (printed by the same command)</summary>\n\n" + sep + rest.rstrip() + "\n\n</details>"
-        )
-    return demote(text.strip())
+def figure(name: str) -> str:
+    fig = FIGURES.get(name)
+    return f"\n\n![{name}](attribution/{fig})" if fig and (LEDGER / fig).is_file() else ""
 
 
-def figure(src: str, name: str) -> str:
-    FIGURES.mkdir(exist_ok=True)
-    shutil.copyfile(RUNS / src, FIGURES / name)
-    return f"![{name[:-4]}](attribution/{name})"
+def _toy_tables(ev: dict) -> str:
+    import numpy as np
+
+    from dfpo.core.calibration import Calibration
+    from dfpo.toy.folder import config_from_dict
+    from dfpo.toy.report import render_summary
+
+    def load(which):
+        data = ev["sets"][which]
+        summary = {label: {k: np.asarray(v) for k, v in row.items()} for label, row in data["summary"].items()}
+        return config_from_dict(data["config"]), summary, data
+
+    d_config, d_summary, _ = load("discovery")
+    config, summary, data = load("confirmation")
+    notes = [Calibration.from_dict(c).sentence() for c in data.get("calibrations", [])]
+    if data.get("wall_time_s") is not None:
+        notes.append(f"- Wall time of the training: {data['wall_time_s']:.1f} s (a shared 2-core CPU machine).")
+    lines = render_summary(config, summary, discovery=(d_summary, d_config), notes=notes)
+    return "Printed by the second command (the confirmation set, with the discovery set's verdicts):\n\n" + demote("\n".join(lines))
 
 
-def llm_seeds() -> tuple[str, str]:
-    """(number of paired seeds, last seed) from the comparison's first printed line."""
-    first = (RUNS / "compare-fresh-gspo.out").read_text().split("# ", 1)[1].splitlines()[0]
-    match = re.match(r"(\d+) paired seeds \((\d+)\.\.(\d+)\)", first)
-    if match is None:
-        raise ValueError(f"no seed range in the comparison's header: {first!r}")
-    return match.group(1), match.group(3)
+def _spread_tables(ev: dict) -> str:
+    from dfpo.toy.spread import render_spread
+
+    first, second = ev["sets"]["discovery"], ev["sets"]["confirmation"]
+    a = render_spread(first["rows"], first["setup"])
+    b = render_spread(second["rows"], second["setup"], discovery=(first["rows"], first["setup"]))
+    return (
+        "The discovery set, printed by the first command:\n\n"
+        + demote("\n".join(a))
+        + "\n\nThe confirmation set, printed by the second command:\n\n"
+        + demote("\n".join(b))
+    )
+
+
+def _compare_doc(doc: dict) -> dict:
+    """compare.json as stored (a missing or infinite number stored as null) with NaN back in place of null."""
+    records = {
+        label: {s: {k: (math.nan if v is None else v) for k, v in r.items()} for s, r in by.items()} for label, by in doc["records"].items()
+    }
+    return {**doc, "records": records}
+
+
+def _compare_tables(ev: dict) -> str:
+    from dfpo.trainer.compare_report import render_compare
+
+    parts = []
+    for which, name in (("discovery", "first"), ("confirmation", "second")):
+        text = "\n".join(render_compare(_compare_doc(ev["sets"][which]["doc"])))
+        head, sep, rest = text.partition("Per seed (")
+        if sep:
+            text = (
+                head
+                + "<details><summary>Per-seed values (printed by the same command)</summary>\n\n"
+                + sep
+                + rest.rstrip()
+                + "\n\n</details>"
+            )
+        parts.append(f"The {which} set, printed by the {name} command:\n\n" + demote(text))
+    return "\n\n".join(parts)
+
+
+TABLES = {"toy-run": _toy_tables, "toy-spread": _spread_tables, "compare": _compare_tables}
+
+
+def not_rerun(name: str) -> str:
+    """An experiment with no stored evidence: the commands that produce it, and no table, figure or sentence."""
+    data = _script("attribution_data")
+    if name not in data.EXPERIMENTS:
+        raise ValueError(f"{{EXPERIMENT:{name}}}: no such experiment in scripts/attribution_data.py; known: {', '.join(data.EXPERIMENTS)}")
+    exp = data.EXPERIMENTS[name]
+    return (
+        "Not re-run with the current code on the current seed sets: no evidence is stored "
+        f"(`docs/attribution/data/{name}.json`), so this page shows no table and the findings read none. "
+        "The commands that produce it (then `python scripts/attribution_data.py`):\n\n" + commands(exp.discovery[1], exp.confirmation[1])
+    )
+
+
+def _script(name: str):
+    """A module of scripts/ (they are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def experiment(name: str, evidence: dict) -> str:
+    if name not in evidence:
+        return not_rerun(name)
+    ev = evidence[name]
+    cmds = commands(ev["sets"]["discovery"]["command"], ev["sets"]["confirmation"]["command"])
+    return cmds + "\n\n" + TABLES[ev["kind"]](ev) + figure(name)
+
+
+def seed_set(evidence: dict, name: str, which: str) -> str:
+    return evidence[name]["sets"][which]["seed_set"]
 
 
 def render(template: str) -> str:
-    n, last = llm_seeds()
-    text = template.replace("{LLM_N}", n).replace("{LLM_LAST}", last).replace("{DEMO}", cancellation_demo())
-    text = re.sub(r"\{TOY:([\w-]+)\}", lambda m: toy_output(m.group(1)), text)
-    text = re.sub(r"\{COMPARE:([\w-]+)\}", lambda m: compare_output(m.group(1)), text)
-    return re.sub(r"\{PNG:([\w./-]+):([\w.-]+)\}", lambda m: figure(m.group(1), m.group(2)), text)
+    findings, evidence = read_ledger(LEDGER)
+    summary = summaries(findings, evidence, "attribution")
+    text = template.replace("{DEMO}", cancellation_demo())
+    text = text.replace("{PROBE}", findings_block(ROOT / "docs" / "probe"))  # the block update_readme.py keeps fresh
+    text = text.replace("{FINDINGS}", family_note(summary) + "\n\n" + render_findings(summary))
+    text = re.sub(r"\{SEEDS:([\w-]+):(\w+)\}", lambda m: seed_set(evidence, m.group(1), m.group(2)), text)
+    return re.sub(r"\{EXPERIMENT:([\w-]+)\}", lambda m: experiment(m.group(1), evidence), text)
 
 
 def main() -> int:
-    missing = sorted({m for m in re.findall(r"\{(?:TOY|COMPARE):([\w-]+)\}", TEMPLATE.read_text()) if not (RUNS / f"{m}.out").is_file()})
-    if missing:
-        print(f"attribution_page: run these commands first (no runs/<name>.out): {', '.join(missing)}", file=sys.stderr)
-        return 2
-    write_text_atomic(PAGE, render(TEMPLATE.read_text()))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/attribution.md is not what the evidence renders")
+    args = parser.parse_args()
+    fresh = render(TEMPLATE.read_text())
+    if args.check:
+        if not PAGE.is_file() or PAGE.read_text() != fresh:
+            print("docs/attribution.md is stale: run python scripts/attribution_page.py", file=sys.stderr)
+            return 1
+        return 0
+    write_text_atomic(PAGE, fresh)
     print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
 

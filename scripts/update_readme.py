@@ -16,6 +16,7 @@ import sys
 
 from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, correction_table, objectives_table
 from dfpo.core.files import write_text_atomic
+from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.probe_findings import findings_block
@@ -58,6 +59,23 @@ def _ledger_count() -> str:
     return count_line(_claims())
 
 
+def _findings() -> str:
+    """README's "What we found": the findings ledger (docs/attribution/findings.toml) on its stored evidence."""
+    findings, evidence = read_ledger(ROOT / "docs" / "attribution")
+    summary = summaries(findings, evidence, "readme")
+    sets = {name: (ev["sets"]["discovery"]["seed_set"], ev["sets"]["confirmation"]["seed_set"]) for name, ev in evidence.items()}
+    parts = {"toy": next((v for k, v in sets.items() if k.startswith("toy-")), None), "LLM": sets.get("llm")}
+    where = "; ".join(
+        f"{what}: discovery {pair[0]}, confirmation {pair[1]}" if pair else f"{what}: none stored in this version"
+        for what, pair in parts.items()
+    )
+    return (
+        "Generated from the findings ledger ([docs/attribution/findings.toml](docs/attribution/findings.toml)) on the tables "
+        f"stored in docs/attribution/data/ ({where}); the tables and the commands that printed them are in "
+        "[docs/attribution.md](docs/attribution.md). " + family_note(summary) + "\n\n" + render_findings(summary)
+    )
+
+
 def _config() -> str:
     return config_reference()
 
@@ -77,12 +95,13 @@ BLOCKS = {
     "atlas": _atlas,
     "corrections": _corrections,
     "ledger_count": _ledger_count,
+    "findings": _findings,
     "metrics": _metrics,
     "config": _config,
     "probe_findings": _probe_findings,
 }
 FILES = {
-    README: ("ledger_count",),
+    README: ("findings", "ledger_count"),
     ROOT / "docs" / "loss.md": ("objectives", "components"),
     ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "probe_findings"),
     ROOT / "docs" / "attribution.md": ("probe_findings",),

@@ -19,7 +19,7 @@ import sympy as sp
 import torch
 
 from ..core.loss import group_advantages, policy_loss
-from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
+from .claim import FAILS, HOLDS, Claim
 from .tabular import fmt, row_coefficient, trie_group
 
 TAU = (
@@ -136,8 +136,8 @@ def check_eq_41() -> Claim:
     softmax_drifts = any(abs(v) > 1e-6 for v in drifts.values())
     if not model_ok:
         verdict = FAILS
-    else:  # the claim is eq 40's consequence; it holds outright only if a real softmax shows no drift either
-        verdict = HOLDS_UNDER_CONDITIONS if softmax_drifts else HOLDS
+    else:  # eq 40's consequence; its independence model is never met by completions of one prompt on a softmax
+        verdict = FAILS if softmax_drifts else HOLDS
     return Claim(
         id="eq-41",
         source="App. A.3, eqs 39-41",
@@ -159,7 +159,9 @@ def check_eq_41() -> Claim:
             "Eq 41 follows from eq 40's model. On a real softmax that model fails: tau_1 (wrong) shares 'The answer is' with tau_2, "
             "so tau_2's template is pushed down by tau_1's negative advantage -- a shared event that covers only part of the group "
             "never cancels, whatever the weights -- and outputs sharing a context also share its normaliser. Equal weights do not "
-            "prevent the drift; unequal weights are not needed for it."
+            "prevent the drift; unequal weights are not needed for it. Eq 40's independence is never met in the paper's own "
+            "setting: the completions of one prompt always share the softmax at the prompt (their first token's normaliser), "
+            "so the verdict is 'fails', not 'holds-under-conditions'."
         ),
     )
 

@@ -60,6 +60,7 @@ def check_eq_9() -> Claim:
     ok = equal_ok and indep_ok and plain == 0 and example != 0 and broke
     return Claim(
         id="eq-9",
+        met_by="equal lengths, or DAPO's token_mean / Dr. GRPO's constant normaliser: every GRPO-family run on a softmax can use them",
         source="sec. 3.4, eqs 8-9 (GRPO, token-factorised)",
         statement="In GRPO's linear segment the gradients of a context-token pair shared by the whole group cancel, because sum_i A_i = 0.",
         conditions="Linear (unclipped) segment, as the paper states; tried G=2,3,4, both advantage signs, equal and unequal lengths, the four aggregations of the loss core.",
@@ -171,6 +172,7 @@ def check_cor_3_3() -> Claim:
     broke_g3 = dot == 0 and len(set(u)) == 3 and abs(c_unequal_u) < ZERO_TOL and abs(c_generic) > 1e-6
     return Claim(
         id="cor-3.3",
+        met_by="groups of G = 2 (the paper's Table 4 trains at G = 2)",
         source="Cor. 3.3 (sequence coupling: cancellation only on a measure-zero set)",
         statement="Under multiplicative coupling omega_it* = r_it* u_i, shared-token cancellation requires u_1 = ... = u_G (a measure-zero set of theta).",
         conditions="Tried G=2 and G=3 with both advantage signs, exact rationals; loss core GSPO (eq 44) with equal lengths and clipping off.",

@@ -8,8 +8,13 @@ A verdict is one of three words:
   product ratio eq 11 and geometric-mean ratio eq 44, real softmax tables); nothing broke.
   What happens outside a condition the paper states goes in ``notes``.
 - ``holds-under-conditions``: true only under a condition the paper does not state;
-  ``conditions`` names it and ``evidence`` shows what happens without it.
-- ``fails``: false as stated; ``evidence`` holds an exact counterexample.
+  ``conditions`` names it, ``evidence`` shows what happens without it, and ``met_by`` names an
+  instance of the paper's own setting (softmax policies -- tabular or an LLM -- trained with
+  group-relative advantages) in which the condition is met.
+- ``fails``: false as stated; ``evidence`` holds an exact counterexample. A claim that would hold only
+  under a condition the paper's own model class can never meet (e.g. score vectors orthogonal with one
+  norm, which no softmax has) fails too: within the paper's setting no instance satisfies it, and
+  "holds-under-conditions" would suggest one does. ``notes`` names the condition.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Claim:
     """The sympy residual, the sampled maximum error, or an exact counterexample."""
     notes: str = ""
     """Anything a reader should know besides the verdict (peer conventions, loss-core ties)."""
+    met_by: str = ""
+    """For ``holds-under-conditions``: where in the paper's own setting the condition is met (the audit that
+    keeps a condition no softmax policy can meet from earning that verdict); empty otherwise."""
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:

@@ -54,6 +54,7 @@ def check_rollout_correction_cancel() -> Claim:
             "seq_mean / seq_max / segment_mean) break it; a renormalised token rejection also breaks GRPO's per-sequence mean."
         ),
         method="symbolic+numeric",
+        met_by="a token-level correction (token_truncate, token_mask = IcePop) or a token_k* rejection that is not renormalised, on any objective that cancels",
         verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
         evidence=(
             f"sympy: sum_i A_i w - w sum_i A_i = {shared}; with sum_i A_i = 0, sum_i A_i w_i = {per_copy} (not 0 for unequal w_i). "

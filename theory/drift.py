@@ -76,6 +76,15 @@ def check_prop_3_1() -> Claim:
     )
 
 
+def softmax_logodds_drift(p, kappa, a: int = 0, b: int = 1):
+    """First-order change of log(pi_a / pi_b) per unit step on a softmax, eq 5's quantity:
+    kappa_a - kappa_b - (p_a - p_b) sum_j kappa_j, for the update dz = sum_y kappa_y (e_y - p).
+
+    Works on numbers, Fractions and sympy symbols alike (the ledger checks it against sympy's derivative).
+    """
+    return kappa[a] - kappa[b] - (p[a] - p[b]) * sum(kappa)
+
+
 def check_cor_3_2() -> Claim:
     # Symbolic: a single softmax (the 'bandit' over whole outputs), update dz = eta * sum_y kappa_y (e_y - p).
     V = 4
@@ -85,11 +94,19 @@ def check_cor_3_2() -> Claim:
     score = lambda y: [e(y)[j] - ps[j] for j in range(V)]  # noqa: E731
     dz = [sum(ks[y] * score(y)[j] for y in range(V)) for j in range(V)]
     drift = sum((score(0)[j] - score(1)[j]) * dz[j] for j in range(V))  # first-order change of log(pi_a/pi_b) / eta
-    formula = ks[0] - ks[1] - (ps[0] - ps[1]) * sum(ks)
+    formula = softmax_logodds_drift(ps, ks)
     residual = sp.simplify(sp.expand(drift - formula))
+    # The issue's three-answer example: p = (0.6, 0.3, 0.1), kappa = (1/2, 1/2, 0): eq 5 says 0 (kappa_a = kappa_b).
+    three = softmax_logodds_drift((F(3, 5), F(3, 10), F(1, 10)), (F(1, 2), F(1, 2), F(0)))
     # Exact counterexample inside the paper's premise (kappa >= 0): p=(1/2,1/4,1/8,1/8), kappa_a=11/10 > kappa_b=1.
-    sub = {ps[0]: F(1, 2), ps[1]: F(1, 4), ps[2]: F(1, 8), ps[3]: F(1, 8), ks[0]: F(11, 10), ks[1]: F(1), ks[2]: 0, ks[3]: 0}
-    ce = sp.nsimplify(formula.subs(sub))
+    ce = softmax_logodds_drift((F(1, 2), F(1, 4), F(1, 8), F(1, 8)), (F(11, 10), F(1), F(0), F(0)))
+    # The condition under which eq 5 would hold (scores orthogonal with one norm) on a softmax: the scores are tied by
+    # sum_y p_y (e_y - p) = 0, so score_a . (that sum) = p_a |score_a|^2 + sum_{y != a} p_y score_a . score_y = 0, which
+    # orthogonal scores of norm^2 c > 0 would make p_a c = 0: impossible for p_a > 0.
+    tie = [sp.simplify(sum(ps[y] * score(y)[j] for y in range(V)).subs(ps[V - 1], 1 - sum(ps[: V - 1]))) for j in range(V)]
+    never_met = all(t == 0 for t in tie)
+    # And eq 5 holds for every kappa only where its extra term vanishes for every kappa: p_a = p_b.
+    exact_iff = sp.solve(sp.diff(formula, ks[2]), ps[0])
     # Loss core: a 3-completion group of one-token outputs at one context, GSPO off-policy, clip off.
     z = torch.tensor([0.7, 0.1, -0.3, 0.2], dtype=torch.float64, requires_grad=True)
     tokens = torch.tensor([0, 1, 2])
@@ -110,27 +127,33 @@ def check_cor_3_2() -> Claim:
     p = torch.softmax(z.detach(), -1)
     observed = float(step[0] - step[1])  # (e_a - e_b) . dz
     kappa = (adv * s / 3).tolist()
-    predicted = kappa[0] - kappa[1] - float(p[0] - p[1]) * sum(kappa)
+    predicted = softmax_logodds_drift(p.tolist(), kappa)
     ok_formula = residual == 0 and abs(observed - predicted) < 1e-12
-    breaks = ce < 0 and abs(observed) > 1e-6 and abs(kappa[0] - kappa[1]) < 1e-15
+    breaks = three == F(-3, 10) and ce < 0 and abs(observed) > 1e-6 and abs(kappa[0] - kappa[1]) < 1e-15
     return Claim(
         id="cor-3.2",
         source="sec. 3.3, Cor. 3.2, eq 5",
         statement="For equivalent outputs y_a, y_b and updates eta*kappa(y)*g(y) with kappa >= 0, Delta log(pi(y_a)/pi(y_b)) = eta c(x) (kappa_a - kappa_b) + O(eta^2) with one constant c(x) > 0.",
-        conditions="Policy = one softmax over outputs (V=4), updates summed over the sampled outputs; symbolic p and kappa; loss-core GSPO group of three one-token outputs.",
+        conditions="Policy = one softmax over outputs (V=4, the paper's model class: every LLM and tabular policy is a softmax at each context), updates summed over the sampled outputs; symbolic p and kappa; loss-core GSPO group of three one-token outputs.",
         method="symbolic+numeric",
-        verdict=HOLDS_UNDER_CONDITIONS if (ok_formula and breaks) else FAILS,
+        verdict=FAILS if (ok_formula and breaks and never_met) else HOLDS_UNDER_CONDITIONS,
         evidence=(
-            f"sympy: on a softmax the first-order drift is eta*[kappa_a - kappa_b - (p_a - p_b) sum_y kappa_y] (residual {residual}). "
+            f"sympy: on a softmax the exact first-order drift is eta*[kappa_a - kappa_b - (p_a - p_b) sum_j kappa_j] (residual {residual}). "
+            f"Three answers, p=(0.6,0.3,0.1), kappa=(1/2,1/2,0): drift/eta = {three} where eq 5 says 0 (kappa_a = kappa_b). "
             f"Exact counterexample with kappa >= 0: p=(1/2,1/4,1/8,1/8), kappa=(11/10,1,0,0) gives drift/eta = {ce} < 0 although kappa_a > kappa_b "
             f"(no c > 0 fits). Loss core gspo, s=(1,1,1.5), A=(1/3,1/3,-2/3): kappa_a = kappa_b yet drift/eta = {fmt(observed)} "
-            f"(formula: {fmt(predicted)})"
+            f"(formula: {fmt(predicted)}). The scores are tied: sum_y p_y grad log pi(y) = {tie} (sympy), so they are never orthogonal "
+            f"with one norm; eq 5 holds for every kappa only at p_a = {exact_iff[0] if exact_iff else '?'}"
         ),
         notes=(
-            "Unstated condition: the score vectors of the updated outputs must be orthogonal with equal norms (no shared "
-            "normaliser), e.g. grad log pi(y)^T grad log pi(y') = c delta_{y y'}. On a softmax the shared normaliser adds "
-            "-(p_a - p_b) sum_y kappa_y, which vanishes iff sum_y kappa_y = 0 -- i.e. exactly when the group's coefficients "
-            "cancel. The paper's conclusion (drift accumulates when kappa_a - kappa_b keeps its sign) needs that condition."
+            "Eq 5 is what one gets when the scores of the updated outputs are orthogonal with one norm "
+            "(grad log pi(y)^T grad log pi(y') = c delta_{y y'}). No softmax has such scores: sum_y p_y grad log pi(y) = 0 ties them, "
+            "and that is the paper's own model class (a tabular policy and an LLM are softmaxes at every context), so the condition "
+            "is never met there and the verdict is 'fails' rather than 'holds-under-conditions'. On a softmax the shared normaliser "
+            "adds -(p_a - p_b) sum_j kappa_j, which vanishes for every kappa only at p_a = p_b, and otherwise only when "
+            "sum_j kappa_j = 0 -- exactly when the group's coefficients cancel. So the drift between equivalent answers is not "
+            "fixed by kappa_a - kappa_b alone: with equal coefficients the likelier answer still gains when sum_j kappa_j < 0 and "
+            "loses when it is > 0."
         ),
     )
 
@@ -228,6 +251,7 @@ def check_cor_g_1() -> Claim:
     ok = ea0 == 0 and cov0 != 0 and eax0 == cov0 and eax1 == 0 and cov1 != 0 and ea1 != 0
     return Claim(
         id="cor-G.1",
+        met_by="C = the whole group's completions at a shared context: group-relative advantages make E[A | C] = 0 exactly",
         source="App. G, Cor. G.1",
         statement="If E[A | y in C] ~ 0 but Cov(A, grad omega | y in C) != 0, the expected group gradient on the token class C is non-zero.",
         conditions="Exact discrete joint distributions of (A, grad omega) (one coordinate).",

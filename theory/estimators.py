@@ -53,6 +53,7 @@ def check_peer_estimators_zero_sum() -> Claim:
             "instead; the token whitening shifts every group); grpo_passk never, unless the best reward is tied."
         ),
         method="symbolic+numeric",
+        met_by="OPO and REINFORCE++-baseline on groups whose completions have equal lengths (e.g. every completion truncated at max_new_tokens)",
         verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
         evidence=(
             f"sympy, G = 4: OPO sum_i A_i = {opo_sum}; at equal L: {opo_equal}; sum_i L_i A_i = {weighted}. dapo, rewards "

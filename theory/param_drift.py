@@ -121,6 +121,7 @@ def check_cor_3_2_params() -> Claim:
             "(phi_c = phi_a + e_3)."
         ),
         method="symbolic+numeric",
+        met_by="a tabular softmax over whole outputs (G = I) with group-relative coefficients, as the paper's 10+10 example under GSPO",
         verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
         evidence=(
             f"sympy: drift/eta = k [G_aa - G_bb - 2 (G_ac - G_bc)] (residual {residual}). Probe, tabular: coef gap "

@@ -40,6 +40,7 @@ def check_soft_gate_cancel() -> Claim:
     ok = at_one == 1 and depends_on_tau and inside < 1e-12 and outside > 1e-6 and outside_equal_tau < 1e-12
     return Claim(
         id="soft-gate-cancel",
+        met_by="the first inner step of every rollout batch (every ratio is 1), or SAPO with tau_pos = tau_neg",
         source="extension of eq 2 to SAPO (arXiv 2511.20347; TRL loss_type='sapo')",
         statement="A soft gate in place of the hard clip keeps shared-token cancellation.",
         conditions="Only where the gate's slope is the same for every copy: at r* = 1 (slope 1 for any tau) or with tau_pos = tau_neg.",
@@ -73,6 +74,7 @@ def check_advantage_zero_sum() -> Claim:
     ok &= residual["group"] < 1e-12 and residual["rloo"] < 1e-12 and residual["reinforce_pp"] > 1e-6
     return Claim(
         id="advantage-zero-sum",
+        met_by="GRPO's own group-standardised advantages (eq 43), Dr. GRPO's and RLOO's",
         source="premise of eq 2 (sum_i A_i = 0 in a group), for the estimators of TRL's RLOO and OpenRLHF's REINFORCE++",
         statement="The advantage estimators used with group-relative losses sum to zero within each group, so shared tokens can cancel.",
         conditions="Group-centred estimators only (GRPO's, Dr. GRPO's, RLOO); REINFORCE++ with a batch baseline does not.",

@@ -32,4 +32,5 @@ fractions), so toy and trainer runs share their charts in the explorer; the othe
 | energy/frequent | eq 24, share of per-token gradient norm on tokens present in >= half of the completions |
 | clip/frac_low, clip/frac_high | the loss core's clip fractions, pooled over seeds |
 | weights/asym | the loss core's eq 23 (post-clip weights, as the trainer logs it), pooled over seeds; sampled mode only |
+| update/norm | Euclidean norm of the parameter change of a rollout batch (its K optimiser steps together): the effective step size |
 """

@@ -4,11 +4,17 @@
     dfpo toy run --objectives gspo,dfpo_min:stopgrad=score,gspo:clip=none --out runs/toy-labels
     dfpo toy ablate --task tenplusten --seeds 8 --out runs/toy-ablate
     dfpo toy ablate --task tenplusten --seeds 32 --seed 1 --discovery runs/toy-ablate --out runs/toy-ablate-seed1
+    dfpo toy run --objectives gspo_noclip,dfpo_min:stopgrad=score:length_aware=true --match-step steps --out runs/toy-la
     dfpo toy spread --knob inner_steps --values 1,2,4,8,16 --seeds 16 --out runs/toy-spread
     dfpo toy sweep-g --task tenplusten --gs 2,4,8,16 --out runs/toy-sweep-g
 
 An objective label is a preset with optional overrides of its own, after colons
 (``dfpo_min:stopgrad=score:eps_low=0.2``); ``--override`` applies to every objective.
+
+A label may carry its own learning rate after ``@`` (``gspo_noclip@lr=0.44``). ``--match-step steps|update``
+adds, for every DFPO label with a trust-region-matched control, that control at the learning rate where its
+effective step (steps to kappa, or the update norm) equals the method's, calibrated on a disjoint seed set
+(``--calibration-seed``, default 1000 + ``--seed``; ``dfpo.toy.calibrate``); the tables then show both controls.
 
 ``--seed`` picks the seed set: the S runs of a command draw their initial noise and their samples
 from one generator seeded with it, so commands with different ``--seed`` share no run. A
@@ -100,6 +106,23 @@ def _add_common(p: argparse.ArgumentParser, *, group_size: bool = True) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an earlier run in --out (refused otherwise)")
 
 
+def _add_match_step(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--match-step",
+        default="none",
+        choices=("none", "steps", "update"),
+        help="add a step-size-matched control for every DFPO label with a matched control: that control at the learning rate "
+        "where its steps to kappa (steps) or its update norm (update) equal the method's, calibrated on a disjoint seed set "
+        "(with --discovery: the discovery run's controls)",
+    )
+    p.add_argument(
+        "--calibration-seed", type=int, default=None, help="seed set the calibration trains on (default 1000 + --seed); not --seed"
+    )
+    p.add_argument(
+        "--calibration-seeds", type=_typed("calibration_seeds", int), default=16, help="seeds of the calibration set (default 16)"
+    )
+
+
 def _add_discovery(p: argparse.ArgumentParser, files: str) -> None:
     p.add_argument(
         "--discovery",
@@ -143,9 +166,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     validate(config)  # every bad option fails here, before any compute
     from .report import read_discovery
 
-    discovery = read_discovery(args.discovery, config) if args.discovery else None
     check_output_dir("--out", args.out, force=args.force, marker=layout.CONFIG)
     torch.set_num_threads(toy_threads(config.mode))
+    config, calibrations = _step_matched(args, config)
+    discovery = read_discovery(args.discovery, config) if args.discovery else None
     start = time.perf_counter()
     task, results = run(
         config, progress=lambda name: print(f"toy: training {name} ({config.seeds} seeds x {config.steps} steps)", flush=True)
@@ -157,12 +181,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
         task,
         results,
         plots=not args.no_plots,
-        findings=[f"- Wall time of the training: {elapsed:.1f} s."],
+        findings=[*(c.sentence() for c in calibrations), f"- Wall time of the training: {elapsed:.1f} s."],
         discovery=discovery,
+        extra={"wall_time_s": round(elapsed, 1), "calibrations": [dataclasses.asdict(c) for c in calibrations]},
     )
     print(summary.read_text())
     print(f"toy: wrote {args.out} in {elapsed:.1f} s")
     return 0
+
+
+def _step_matched(args: argparse.Namespace, config):
+    """``config`` with its step-size-matched controls (``--match-step``) and their calibrations: calibrated here on
+    the calibration seed set, or, with ``--discovery``, taken from the discovery run (the same controls on both sets)."""
+    import dataclasses
+
+    from .calibrate import Calibration, step_matched_controls
+    from .folder import read_config
+
+    if args.match_step == "none":
+        return config, []
+    if args.calibration_seeds < 2:
+        raise ValueError(f"--calibration-seeds must be >= 2, got --calibration-seeds {args.calibration_seeds}")
+    if args.discovery:
+        earlier, raw = read_config(args.discovery)
+        if earlier.match_step != args.match_step:
+            raise ValueError(
+                f"--discovery {args.discovery!r} calibrated its controls on {earlier.match_step!r}, not --match-step {args.match_step}"
+            )
+        base = [o for o in earlier.objectives if o not in earlier.step_matched]
+        if tuple(base) != config.objectives:
+            raise ValueError(f"--discovery {args.discovery!r} ran the objectives {base}, not {list(config.objectives)}")
+        print(f"toy: step-size-matched controls from {args.discovery}: {', '.join(earlier.step_matched)}", flush=True)
+        cals = [Calibration.from_dict(c) for c in raw.get("calibrations", [])]
+        return dataclasses.replace(
+            config, objectives=earlier.objectives, match_step=earlier.match_step, step_matched=earlier.step_matched
+        ), cals
+    seed = args.calibration_seed if args.calibration_seed is not None else 1000 + config.seed
+    return step_matched_controls(config, args.match_step, seed=seed, seeds=args.calibration_seeds, progress=lambda t: print(t, flush=True))
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
@@ -253,11 +308,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(p)
     _add_discovery(p, "config.json and metrics.jsonl")
+    _add_match_step(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("ablate", help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls")
     _add_common(p)
     _add_discovery(p, "config.json and metrics.jsonl")
+    _add_match_step(p)
     p.set_defaults(func=_cmd_ablate)
 
     p = sub.add_parser("spread", help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows")

@@ -17,6 +17,8 @@ from ..core.settings import Bounds, check_fields, setting
 
 MODES = ("sampled", "exact")
 OPTIMIZERS = ("adam", "sgd")
+MATCH_STEP = ("none", "steps", "update")
+"""How ``--match-step`` calibrates a control's learning rate: not at all, on steps to kappa, on the update norm."""
 DEFAULT_OBJECTIVES = ("gspo", "dfpo_min", "dfpo_orth_pos", "grpo", "grpo_fix", "stapo")
 ADAM_LR = 0.05
 """The learning rate the CLI uses for ``--optimizer adam`` when ``--lr`` is not given."""
@@ -58,6 +60,17 @@ class ToyConfig:
     seed: int = setting(0, "base random seed (initial noise and sampling; the same for every objective)")
     kappa: float = setting(0.95, "threshold of Steps(E[R] >= kappa), eq 19", bounds=Bounds())
     exact_limit: int = setting(200_000, "most completions exact mode (and the exact metrics) will enumerate", cli=False)
+    match_step: str = setting(
+        "none",
+        "what the step-size-matched controls were calibrated on: none, steps (steps to kappa) or update (update norm)",
+        choices=MATCH_STEP,
+        cli=False,
+    )
+    step_matched: Mapping[str, str] = setting(
+        factory=dict,
+        doc="step-size-matched control label (CONTROL@lr=...) -> the methods it was calibrated for, comma-separated",
+        cli=False,
+    )
 
 
 def check_config(config: ToyConfig) -> None:

@@ -23,9 +23,12 @@ import numpy as np
 
 from ..core import stats
 from ..core.files import read_utf8, write_text_atomic
+from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, unmatched_components
 from . import layout
-from .report import _plain, summarise, to_numpy
+from .checks import baseline_level, paired_difference
+from .folder import _plain
+from .report import summarise, to_numpy
 from .train import ToyConfig, run
 
 KNOBS = ("inner_steps", "lr", "group_size", "init_noise")
@@ -60,7 +63,8 @@ def spread_sweep(
     if knob not in KNOBS:
         raise ValueError(f"knob must be one of {KNOBS}, got knob={knob!r}")
     unmatched = unmatched_components(
-        objective_from_label(method, **dict(base.overrides)), objective_from_label(baseline, **dict(base.overrides))
+        objective_from_label(parse_run_label(method).objective, **dict(base.overrides)),
+        objective_from_label(parse_run_label(baseline).objective, **dict(base.overrides)),
     )
     if unmatched:
         raise ValueError(
@@ -76,13 +80,10 @@ def spread_sweep(
         _, results = run(config)
         res = to_numpy(results)
         rows.append(_row(knob, value, res, summarise(res, config.kappa), baseline, method))
-    add_intervals(rows)
     setup = {"config": dataclasses.asdict(base), "knob": knob, "values": list(values), "baseline": baseline, "method": method}
     write_text_atomic(out / layout.CONFIG, json.dumps(setup, indent=2, default=str) + "\n")
     write_text_atomic(out / layout.SPREAD, json.dumps(rows, indent=2) + "\n")
-    lines = _table(rows, base, knob, baseline, method)
-    if discovery is not None:
-        lines += ["", *replication_table(discovery[0], rows, discovery[1]["config"], base, knob)]
+    lines = render_spread(rows, setup, discovery=discovery)
     if plots:
         _plot(rows, knob, out / "spread.png", f"{method} - {baseline} (toy {base.task}, {base.seeds} paired seeds, --seed {base.seed})")
         lines += ["", "![paired effect vs ratio spread](spread.png)"]
@@ -92,70 +93,78 @@ def spread_sweep(
 
 
 def _row(knob: str, value: float, res: dict, summary: dict, baseline: str, method: str) -> dict:
-    """One knob value: measured spread, the baseline's clipped fraction, per-seed paired differences and baseline means."""
+    """One knob value: measured spread, the baseline's clipped fraction, and both labels' per-seed values of every
+    effect (with which seeds reached kappa: a censored steps value is a lower bound, never a number to average)."""
     row = {
         knob: value,
         "spread": float(res[baseline]["ratio/spread"].mean()),
         "spread_method": float(res[method]["ratio/spread"].mean()),
         "clip_frac": float(np.mean(summary[baseline]["clip_frac"])),
+        "reached/method": np.asarray(summary[method]["reached"], bool).tolist(),
+        "reached/baseline": np.asarray(summary[baseline]["reached"], bool).tolist(),
     }
     for key, _, _ in EFFECTS:
         if key in summary[baseline]:
-            row[f"diffs/{key}"] = (np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float)).tolist()
-            row[f"{key}/baseline"] = float(np.mean(summary[baseline][key]))
+            row[f"method/{key}"] = np.asarray(summary[method][key], float).tolist()
+            row[f"baseline/{key}"] = np.asarray(summary[baseline][key], float).tolist()
     return row
 
 
-def add_intervals(rows: list[dict]) -> int:
-    """Set row[key] = (mean, low, high), each Student-t interval Bonferroni-adjusted over every cell; return the cell count."""
-    keys = [k for k, _, _ in EFFECTS if f"diffs/{k}" in rows[0]]
+def _side(row: dict, side: str, keys) -> dict:
+    """The summary row of one side (method or baseline) of a sweep cell, as ``dfpo.toy.checks`` reads it."""
+    out = {key: np.asarray(row[f"{side}/{key}"], float) for key in keys}
+    out["reached"] = np.asarray(row[f"reached/{side}"], bool)
+    return out
+
+
+def effect_keys(rows: list[dict]) -> list[str]:
+    return [k for k, _, _ in EFFECTS if all(f"method/{k}" in r for r in rows)]
+
+
+def intervals(rows: list[dict]) -> list[dict]:
+    """For each row, {key: (interval, the baseline's level)}, every interval Bonferroni-adjusted over every cell of the
+    sweep; a censored key (steps) gets the censoring-aware median interval (``dfpo.toy.checks.paired_difference``)."""
+    keys = effect_keys(rows)
     tests = len(rows) * len(keys)
+    out = []
     for row in rows:
-        for key in keys:
-            row[key] = stats.paired_interval(row[f"diffs/{key}"], tests=tests).as_tuple()
-        row["tests"] = tests
-    return tests
+        m, b = _side(row, "method", keys), _side(row, "baseline", keys)
+        out.append({key: (paired_difference(m, b, key, tests=tests), baseline_level(b, key)) for key in keys})
+    return out
 
 
-def _significant(ci) -> bool:
-    return ci[1] > 0 or ci[2] < 0
-
-
-def _effect_cell(row: dict, key: str, fmt: str) -> str:
-    """'mean [low, high] (x% [lo%, hi%])' of one effect at one knob value."""
-    m, lo, hi = row[key]
-    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}]" + _relative(row, key)
-
-
-def _relative(row: dict, key: str) -> str:
-    base = row[f"{key}/baseline"]
-    return stats.relative(stats.Interval(*row[key], 0, 0.95, row["tests"]), base)
+def _effect_cell(cell, fmt: str) -> str:
+    """'mean [low, high] * (x% [lo%, hi%])' of one effect at one knob value (* where the interval excludes 0)."""
+    ci, level = cell
+    rel = stats.relative(ci, level) if level is not None else ""
+    return stats.interval_text(ci, fmt) + (" *" if ci.excludes_zero else "") + rel
 
 
 def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: str) -> list[str]:
-    effects = [e for e in EFFECTS if e[0] in rows[0]]
-    tests = rows[0]["tests"]
+    keys = effect_keys(rows)
+    effects = [e for e in EFFECTS if e[0] in keys]
+    cells = intervals(rows)
+    tests = len(rows) * len(keys)
     lines = [
         f"# {method} vs {baseline} as the within-group ratio spread grows (toy {base.task}, {base.mode})",
         "",
         f"{base.seeds} paired seeds (--seed {base.seed}), {base.steps} steps, G = {base.group_size}, K = {base.inner_steps}, {base.optimizer} lr = {base.lr}"
         f" (the swept knob, {knob}, overrides its base value). Matched control: same clip range, stop-gradient form,",
         f"aggregation, advantage scale, lr and seeds. Cells: mean paired difference (method - baseline) [{stats.interval_note(tests)}];",
-        "* where that interval excludes 0; (x% [lo%, hi%]) is the difference and its interval relative to the baseline's mean.",
+        "for steps, the median paired difference with its censoring-aware sign-test interval at the same level.",
+        "* where that interval excludes 0; (x% [lo%, hi%]) is the difference and its interval relative to the baseline's level.",
         "Spread: within-group std of log s_i at each update (baseline's run).",
         "",
         f"| {knob} | ratio spread | {baseline} clipped fraction | " + " | ".join(label for _, label, _ in effects) + " |",
         "|---" * (len(effects) + 3) + "|",
     ]
-    for row in rows:
-        cells = [
-            f"{fmt.format(row[k][0])} [{fmt.format(row[k][1])}, {fmt.format(row[k][2])}]"
-            + (" *" if _significant(row[k]) else "")
-            + _relative(row, k)
-            for k, _, fmt in effects
-        ]
-        lines.append(f"| {row[knob]:g} | {row['spread']:.4f} | {row['clip_frac']:.3f} | " + " | ".join(cells) + " |")
-    hits = [(row[knob], label) for row in rows for k, label, _ in effects if _significant(row[k])]
+    for row, cell in zip(rows, cells):
+        lines.append(
+            f"| {row[knob]:g} | {row['spread']:.4f} | {row['clip_frac']:.3f} | "
+            + " | ".join(_effect_cell(cell[k], fmt) for k, _, fmt in effects)
+            + " |"
+        )
+    hits = [(row[knob], label) for row, cell in zip(rows, cells) for k, label, _ in effects if cell[k][0].excludes_zero]
     lines += [""]
     if hits:
         lines.append(
@@ -165,17 +174,18 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
         )
     else:
         lines.append(
-            f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep after the correction for "
-            f"{tests} cells: here the in-group transform does not change steps, reward, tax or equivalent-set entropy beyond seed noise."
+            f"No effect of {method} over its matched {baseline} excludes 0 at any spread in this sweep after the correction for {tests} cells."
         )
     return lines
 
 
 def replication_table(first: list[dict], second: list[dict], first_config: dict, base: ToyConfig, knob: str) -> list[str]:
     """Markdown: every cell whose adjusted interval excludes 0 on either seed set, with both sets' values and 'replicated?'."""
-    effects = [e for e in EFFECTS if e[0] in second[0] and e[0] in first[0]]
+    keys = [k for k in effect_keys(second) if k in effect_keys(first)]
+    effects = [e for e in EFFECTS if e[0] in keys]
+    cells_a, cells_b = intervals(first), intervals(second)
     lines = [
-        f"Replication: discovery set --seed {first_config.get('seed')} ({first_config.get('seeds')} seeds, {first[0]['tests']} cells) "
+        f"Replication: discovery set --seed {first_config.get('seed')} ({first_config.get('seeds')} seeds, {len(first) * len(effect_keys(first))} cells) "
         f"and this set --seed {base.seed} ({base.seeds} seeds). A cell replicates when its adjusted interval excludes 0 on both",
         "sets with the same sign; only those are findings.",
         "",
@@ -183,20 +193,31 @@ def replication_table(first: list[dict], second: list[dict], first_config: dict,
         "|---|---|---|---|---|",
     ]
     found = []
-    for a, b in zip(first, second):
+    for row, a, b in zip(second, cells_a, cells_b):
         for key, label, fmt in effects:
-            sa, sb = _significant(a[key]), _significant(b[key])
+            sa, sb = a[key][0].excludes_zero, b[key][0].excludes_zero
             if not (sa or sb):
                 continue
-            same = sa and sb and np.sign(a[key][0]) == np.sign(b[key][0])
+            same = sa and sb and (a[key][0].low > 0) == (b[key][0].low > 0)
             lines.append(
-                f"| {b[knob]:g} | {label} | {_effect_cell(a, key, fmt)}{' *' if sa else ''} | {_effect_cell(b, key, fmt)}{' *' if sb else ''} | {'yes' if same else 'no'} |"
+                f"| {row[knob]:g} | {label} | {_effect_cell(a[key], fmt)} | {_effect_cell(b[key], fmt)} | {'yes' if same else 'no'} |"
             )
             if same:
-                found.append(f"{label} at {knob} = {b[knob]:g}")
+                found.append(f"{label} at {knob} = {row[knob]:g}")
     if len(lines) == 5:
         lines.append("| - | no cell excludes 0 on either set | | | |")
     lines += ["", ("Replicated effects: " + "; ".join(found) + ".") if found else "No effect replicates on both seed sets."]
+    return lines
+
+
+def render_spread(rows: list[dict], setup: dict, *, discovery: tuple[list[dict], dict] | None = None) -> list[str]:
+    """The lines of a sweep's summary.md (without its figure), from its rows and setup (spread.json, config.json)."""
+    from .folder import config_from_dict
+
+    base = config_from_dict(setup["config"])
+    lines = _table(rows, base, setup["knob"], setup["baseline"], setup["method"])
+    if discovery is not None:
+        lines += ["", *replication_table(discovery[0], rows, discovery[1]["config"], base, setup["knob"])]
     return lines
 
 
@@ -217,6 +238,10 @@ def read_spread_discovery(path, base: ToyConfig, knob: str, values: list[float],
         )
     setup = json.loads(read_utf8(path / layout.CONFIG))
     rows = json.loads(read_utf8(path / "spread.json"))
+    if not rows or "reached/method" not in rows[0]:
+        raise ValueError(
+            f"--discovery {str(path)!r} was written by an older dfpo toy spread (no per-seed values in spread.json); run it again"
+        )
     here = {"knob": knob, "values": [float(v) for v in values], "baseline": baseline, "method": method}
     there = {
         "knob": setup.get("knob"),
@@ -246,21 +271,26 @@ def _plot(rows: list[dict], knob: str, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    effects = [e for e in EFFECTS if e[0] in rows[0]]
+    effects = [e for e in EFFECTS if e[0] in effect_keys(rows)]
+    cells = intervals(rows)
     fig, axes = plt.subplots(1, len(effects), figsize=(3.6 * len(effects), 3.6), dpi=110, squeeze=False)
     x = np.array([r["spread"] for r in rows])
     for ax, (key, label, _) in zip(axes[0], effects):
-        mean = np.array([r[key][0] for r in rows])
-        err = np.array([[r[key][0] - r[key][1] for r in rows], [r[key][2] - r[key][0] for r in rows]])
-        ax.errorbar(x, mean, yerr=err, marker="o", capsize=4)
-        for r, xi, yi in zip(rows, x, mean):
-            ax.annotate(f"{knob}={r[knob]:g}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        center = np.array([c[key][0].as_tuple()[0] for c in cells])
+        low = np.array([c[key][0].low for c in cells])
+        high = np.array([c[key][0].high for c in cells])
+        finite = np.isfinite(center) & np.isfinite(low) & np.isfinite(high)  # an interval censoring leaves open is not drawn
+        err = np.array([center - low, high - center])[:, finite]
+        ax.errorbar(x[finite], center[finite], yerr=err, marker="o", capsize=4, ls="none")
+        for r, xi, yi in zip(rows, x, center):
+            if np.isfinite(yi):
+                ax.annotate(f"{knob}={r[knob]:g}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log")
         ax.set_xlabel("within-group std of log s_i")
         ax.set_title(f"difference in {label}", fontsize=9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title}: paired difference, 95% Student-t CI Bonferroni-adjusted over the table", fontsize=10)
+    fig.suptitle(f"{title}: paired difference and the table's Bonferroni-adjusted 95% interval", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

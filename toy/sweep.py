@@ -17,8 +17,10 @@ import numpy as np
 
 from ..core import stats
 from ..core.files import write_text_atomic
+from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, unmatched_components
 from . import layout
+from .checks import paired_difference
 from .report import summarise, to_numpy, write_metrics
 from .train import ToyConfig, run
 
@@ -54,18 +56,24 @@ def sweep_group_size(
         sub.mkdir(exist_ok=True)
         write_metrics(res, sub)
         summary = summarise(res, config.kappa)
-        row = {"G": config.group_size}
-        for key, _ in GAINS:
-            row[f"diffs/{key}"] = (np.asarray(summary[method][key], float) - np.asarray(summary[baseline][key], float)).tolist()
-            row[f"{key}/{baseline}"] = stats.paired_interval(np.asarray(summary[baseline][key], float)).as_tuple()
+        row = {
+            "G": config.group_size,
+            "summary": {side: {k: np.asarray(v).tolist() for k, v in summary[side].items()} for side in (method, baseline)},
+        }
         rows.append(row)
     tests = len(rows) * len(GAINS)
     for row in rows:
+        m, b = ({k: np.asarray(v) for k, v in row["summary"][side].items()} for side in (method, baseline))
         for key, _ in GAINS:
-            row[key] = stats.paired_interval(row[f"diffs/{key}"], tests=tests).as_tuple()
+            row[key] = stats.interval_text(paired_difference(m, b, key, tests=tests))
+            row[f"{key}/center"] = [v if np.isfinite(v) else None for v in paired_difference(m, b, key, tests=tests).as_tuple()]
+        row[f"final_reward/{baseline}"] = float(np.mean(b["final_reward"]))
     write_text_atomic(out / "gains.json", json.dumps(rows, indent=2) + "\n")
     c = configs[0]
-    unmatched = unmatched_components(objective_from_label(method, **dict(c.overrides)), objective_from_label(baseline, **dict(c.overrides)))
+    unmatched = unmatched_components(
+        objective_from_label(parse_run_label(method).objective, **dict(c.overrides)),
+        objective_from_label(parse_run_label(baseline).objective, **dict(c.overrides)),
+    )
     match = (
         "yes"
         if not unmatched
@@ -75,17 +83,17 @@ def sweep_group_size(
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",
         f"{c.seeds} paired seeds (--seed {c.seed}), {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [{stats.interval_note(tests)}].",
-        f"Steps of a seed that never reaches kappa = {c.kappa} are censored at steps + 1. Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
+        f"Steps to kappa = {c.kappa}: the median paired difference with its censoring-aware sign-test interval (a seed that never reaches kappa only bounds its difference). Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
         f"Matched control (same clip range, stop-gradient form, aggregation, advantage scale): {match}.",
         "",
         "| G | " + " | ".join(f"gain in {label}" for _, label in GAINS) + f" | {baseline} final E[R] | paper Table 4 |",
         "|---" * (len(GAINS) + 3) + "|",
     ]
     for row in rows:
-        cells = [f"{row[k][0]:+.3g} [{row[k][1]:+.3g}, {row[k][2]:+.3g}]" for k, _ in GAINS]
-        base = row[f"final_reward/{baseline}"][0]
+        cells = [row[k] for k, _ in GAINS]
+        base = row[f"final_reward/{baseline}"]
         lines.append(f"| {row['G']} | " + " | ".join(cells) + f" | {base:.3f} | {PAPER_TABLE4.get(row['G'], '-')} |")
-    gains = [row["mean_reward"][0] for row in rows]
+    gains = [row["mean_reward/center"][0] for row in rows]
     grows = all(b >= a for a, b in zip(gains, gains[1:]))
     lines += [
         "",
@@ -109,8 +117,10 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
     gs = [r["G"] for r in rows]
     for ax, (key, label) in zip(axes, GAINS[:2]):
-        mean = np.array([r[key][0] for r in rows])
-        err = np.array([[r[key][0] - r[key][1] for r in rows], [r[key][2] - r[key][0] for r in rows]])
+        mean = np.array([r[f"{key}/center"][0] for r in rows])
+        err = np.array(
+            [[r[f"{key}/center"][0] - r[f"{key}/center"][1] for r in rows], [r[f"{key}/center"][2] - r[f"{key}/center"][0] for r in rows]]
+        )
         ax.errorbar(gs, mean, yerr=err, marker="o", capsize=4)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..core import metrics
+from ..core.labels import parse_run_label
 from ..core.loss import (
     aggregation_count,
     dropped_tokens,
@@ -63,7 +64,7 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
         raise ValueError(f"objectives must not repeat a label, got objectives={c.objectives!r}")
     specs = {}
     for name in c.objectives:
-        spec = objective_from_label(name, **dict(c.overrides))  # ValueError for unknown names/overrides
+        spec = objective_from_label(parse_run_label(name).objective, **dict(c.overrides))  # ValueError for unknown names/overrides
         unsupported = {arg: why for arg, why in spec.required_inputs().items() if not (arg == "entropy" and spec.token_mask != "none")}
         if unsupported:
             raise ValueError(
@@ -272,16 +273,18 @@ def train_objective(
     Metrics (see the table of ``dfpo.toy``): reward, reward/mean, tax/kl_step, tax/kl_cum, tax/kl_init,
     grad/template, residual/shared, residual/shared_rel, equiv/logodds, equiv/entropy,
     entropy/sequence, entropy/token, asym, energy/frequent, clip/frac_low, clip/frac_high,
-    weights/asym (sampled mode),
+    weights/asym (sampled mode), update/norm (|theta after the K steps - theta before| of each rollout batch),
     ratio/spread (within-group std of the sequence log-ratio log s_i at each update, averaged over groups).
     A quantity the LLM trainer logs too carries its name (``dfpo.core.metric_registry``).
     """
-    spec = objective_from_label(objective, **dict(config.overrides))
+    label = parse_run_label(objective)  # OBJECTIVE[@lr=VALUE]: a label may train at its own learning rate
+    spec = objective_from_label(label.objective, **dict(config.overrides))
+    lr = label.lr if label.lr is not None else config.lr
     S, K = config.seeds, config.inner_steps
     gen = torch.Generator().manual_seed(config.seed)
     theta = init_params(task, S, noise=config.init_noise, generator=gen).requires_grad_(True)  # (S, R, V)
     legal = task.legal
-    opt = torch.optim.Adam([theta], lr=config.lr) if config.optimizer == "adam" else torch.optim.SGD([theta], lr=config.lr)
+    opt = torch.optim.Adam([theta], lr=lr) if config.optimizer == "adam" else torch.optim.SGD([theta], lr=lr)
     if enum is None and count_completions(task) <= config.exact_limit:
         enum = enumerate_completions(task, limit=config.exact_limit)
     if config.mode == "exact" and enum is None:
@@ -294,6 +297,7 @@ def train_objective(
     for step in range(config.steps):
         with torch.no_grad():
             logpi_old = log_policy(theta.detach(), legal)  # (S, R, V) frozen rollout policy
+            theta_old = theta.detach().clone()  # (S, R, V)
         batch = make_batch(task, spec, logpi_old, config, step, enum, gen)
         mb_groups = torch.arange(batch.n_groups).chunk(config.minibatches)
         acc: dict[str, Tensor] = {}
@@ -324,6 +328,7 @@ def train_objective(
             kl_cum = kl_cum + kl
             row = dict(acc)
             row["tax/kl_step"], row["tax/kl_cum"], row["tax/kl_init"] = kl, kl_cum.clone(), M.kl_rows(logpi_new, logpi_init, tpl)
+            row["update/norm"] = (theta.detach() - theta_old).flatten(1).norm(dim=-1)  # (S,) the rollout batch's K steps together
             w = batch.weight / batch.weight.sum(-1, keepdim=True)
             row["reward/mean"] = (w * batch.roll.reward).sum(-1)
             ent_rows = row_entropy(logpi_new)  # (S, R)

@@ -255,6 +255,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
 
     plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, args.config, args.set, args.out)
+    if args.calibration_from:
+        from .compare import calibrated_plan
+
+        plan = calibrated_plan(plan, args.calibration_from)
+    elif args.match_step != "none":
+        from .compare import default_match_methods, step_matched_plan
+
+        methods = [m.strip() for m in args.match_methods.split(",") if m.strip()] if args.match_methods else default_match_methods(plan)
+        if args.calibration_seeds < 2:
+            raise ValueError(f"--calibration-seeds must be >= 2, got --calibration-seeds {args.calibration_seeds}")
+        first = args.calibration_first_seed if args.calibration_first_seed is not None else args.first_seed + 100_000
+        plan = step_matched_plan(plan, methods, seeds=tuple(range(first, first + args.calibration_seeds)), jobs=args.jobs)
     print(compare(plan, jobs=args.jobs).read_text())
     return 0
 
@@ -321,4 +333,22 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")
     p.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    p.add_argument(
+        "--match-step",
+        default="none",
+        choices=("none", "steps"),
+        help="add a step-size-matched control for each method: its trust-region-matched control at the learning rate where its "
+        "steps to kappa equal the method's, calibrated on a disjoint seed set (runs under OUT/calibration/)",
+    )
+    p.add_argument("--match-methods", default=None, help="labels to step-match (default: every DFPO label with a matched control)")
+    p.add_argument("--calibration-seeds", type=int, default=8, help="seeds of the calibration set (default 8)")
+    p.add_argument(
+        "--calibration-first-seed", type=int, default=None, help="first seed of the calibration set (default --first-seed + 100000)"
+    )
+    p.add_argument(
+        "--calibration-from",
+        default=None,
+        metavar="COMPARE_JSON",
+        help="reuse the step-size-matched controls of an earlier comparison (its compare.json) instead of calibrating",
+    )
     p.set_defaults(func=_cmd_compare)

@@ -2,19 +2,30 @@
 
     dfpo compare --objectives gspo,dfpo_min --seeds 32 --out runs/compare
     dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --baseline gspo_noclip --seeds 32 --first-seed 1000
+    dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --match-step steps --match-methods dfpo_min:stopgrad=score
+    dfpo compare ... --first-seed 3000 --calibration-from runs/discovery/compare.json   # the same controls on a second set
 
-Every objective label (a preset, optionally with ``:key=value`` overrides) trains once per seed
+Every label (a preset, optionally with ``:key=value`` overrides and ``@lr=VALUE``, the run's learning rate) trains once per seed
 with everything else equal (same config, same seed: same warm start, same prompts, same held-out
 eval problems). Each method is compared with the baseline on the same seed. The paired
 differences get Student-t intervals over seeds, Bonferroni-adjusted over every interval of the
 table (``dfpo.core.stats``: honest at small n, where a percentile bootstrap under-covers); a cell
 is marked * only when its adjusted interval excludes 0. Every outcome's per-seed values are
-printed too (and written to per_seed.csv). A warning (stderr and compare.md) says when fewer than
-8 seeds were run or when a run never reached kappa (its steps to kappa is then censored at the
-run's length). A comparison whose two sides differ in the trust region (clip range, stop-gradient
-form, aggregation, advantage scale, ...; see ``dfpo.core.loss.unmatched_components``) is
-flagged in the table: a difference it shows may come from the trust region, not from the in-group
-transform.
+printed too (and written to per_seed.csv). A run that never reached kappa has a censored steps to kappa
+(printed >=N): that column gives Kaplan-Meier medians and the median paired difference with a censoring-aware
+sign-test interval, and a warning (stderr and compare.md) names such runs, as it does fewer than 8 seeds. A
+comparison whose two sides differ in the trust region (clip range, stop-gradient form, aggregation, advantage
+scale, ...; see ``dfpo.core.loss.unmatched_components``) or in the learning rate is flagged in the table: a
+difference it shows may come from the trust region or the step, not from the in-group transform.
+
+Step-size-matched controls (``--match-step steps``): for each method of ``--match-methods`` (default: every
+label with an in-group transform and a trust-region-matched control), that control at the learning rate where
+its steps to kappa (restricted mean over the calibration seeds, a censored run counting its length + 1) equal
+the method's, found by ``dfpo.core.calibration``'s secant search on ``--calibration-seeds`` seeds from
+``--calibration-first-seed`` (disjoint from the reported ones; the calibration's runs go to OUT/calibration/).
+The table then shows each method against both controls. ``--calibration-from`` reuses an earlier comparison's
+controls (its compare.json), so a confirmation set runs the same experiment. compare.json holds everything the
+tables are rendered from (``dfpo.trainer.compare_report``).
 
 Runs go to OUT/<label>/seed<k>/ and are skipped when their summary.json exists, so a long
 comparison can be interrupted and started again with the same command: a run with a
@@ -31,9 +42,9 @@ files cannot be read (a torn metrics line: FILE:LINE), stop the comparison with 
 
 from __future__ import annotations
 
-import csv
-import io
+import dataclasses
 import json
+import math
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -42,31 +53,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import stats
+from ..core.calibration import Calibration, calibrate
 from ..core.files import write_text_atomic
+from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
+from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_differences, render_compare, warnings_for
+from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_to_dict, load_config
 from .layout import RunDir
 from .run_folder import folder_identity, run_identity
 
-# (key in the per-run record, column title, format of a difference)
-OUTCOMES = (
-    ("eval", "final eval avg@k", "{:+.3f}"),
-    ("reward_last10", "train reward, last 10 steps", "{:+.3f}"),
-    ("steps_to_kappa", "steps to kappa (10-step mean; censored at the run's length)", "{:+.1f}"),
-    ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
-    ("asym", "Asym eq 23 (mean over steps)", "{:+.2e}"),
-)
-VALUE_FORMATS = {"eval": "{:.4f}", "reward_last10": "{:.4f}", "steps_to_kappa": "{:.0f}", "clip_frac": "{:.4f}", "asym": "{:.4g}"}
-"""How a per-seed value is printed."""
-
-MIN_SEEDS = 8
-"""Fewer paired seeds than this draw a warning: the interval is wide and leans on near-normal differences."""
+__all__ = ["CENSORED", "MIN_SEEDS", "OUTCOMES", "Plan", "compare", "make_plan", "read_run", "render_compare", "run_dir"]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: labels, seeds, the base config file and its --set assignments."""
+    """What to run: labels, seeds, the base config file and its --set assignments; ``step_matched`` maps a
+    step-size-matched control (CONTROL@lr=...) to the methods it was calibrated for (comma-separated)."""
 
     labels: tuple[str, ...]
     baseline: str
@@ -74,6 +77,8 @@ class Plan:
     config: str
     sets: tuple[str, ...]
     out: Path
+    step_matched: tuple[tuple[str, str], ...] = ()
+    calibrations: tuple[Calibration, ...] = ()
 
 
 def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int, config: str, sets: list[str] | None, out: str) -> Plan:
@@ -84,7 +89,7 @@ def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int
     if len(set(labels)) != len(labels):
         raise ValueError(f"--objectives repeats a label: {objectives!r}")
     for label in labels:
-        objective_from_label(label)  # raises, naming the bad label or component
+        objective_from_label(parse_run_label(label).objective)  # raises, naming the bad label, its lr or component
     baseline = baseline or labels[0]
     if baseline not in labels:
         raise ValueError(f"--baseline {baseline!r} is not one of --objectives {list(labels)}")
@@ -105,9 +110,11 @@ class RunFailed(ValueError):
 
 def run_sets(plan: Plan, label: str, seed: int) -> list[str]:
     """The --set assignments of one (label, seed) run: the plan's, then its seed, objective and folder."""
-    name, overrides = parse_objective_label(label)
+    run_label = parse_run_label(label)
+    name, overrides = parse_objective_label(run_label.objective)
     sets = [*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"]
-    return sets + [f"objective.overrides.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+    sets += [f"objective.overrides.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+    return sets + ([f"optim.lr={run_label.lr!r}"] if run_label.lr is not None else [])
 
 
 def run_config(plan: Plan, label: str, seed: int) -> Config:
@@ -226,168 +233,95 @@ def read_run(path: Path) -> dict[str, float]:
     """The outcomes of one finished run from its summary.json and metrics.jsonl.
 
     ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
-    ``steps_to_kappa`` is the run's length, a lower bound (censored).
+    ``steps_to_kappa`` is the run's length + 1, a lower bound (censored). An outcome the logs do not hold is NaN
+    (its cells read n/a).
     """
     summary = _read_summary(RunDir(path).summary)
     rows = _read_metrics(RunDir(path).metrics)
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")
+    residual = [r["diag/shared_residual"] for r in rows if isinstance(r.get("diag/shared_residual"), (int, float))]
+    entropy = [r["entropy/rollout"] for r in rows[-10:] if isinstance(r.get("entropy/rollout"), (int, float))]
+    jitter = summary.get("reward/jitter2")
     return {
-        "eval": avg[0] if avg else float("nan"),
+        "eval": avg[0] if avg else math.nan,
         "reward_last10": float(np.mean([r["reward/mean"] for r in rows[-10:]])),
-        "steps_to_kappa": float(steps if steps is not None else len(rows)),
+        "steps_to_kappa": float(steps if steps is not None else len(rows) + 1),
         "kappa_reached": float(steps is not None),
+        "jitter2": float(jitter) if isinstance(jitter, (int, float)) else math.nan,
+        "entropy_last10": float(np.mean(entropy)) if entropy else math.nan,
+        "residual": float(np.mean(residual)) if residual else math.nan,
         "clip_frac": float(np.mean([r.get("clip/frac_low", 0.0) + r.get("clip/frac_high", 0.0) for r in rows])),
         "asym": float(np.mean([r.get("weights/asym", 0.0) for r in rows])),
     }
 
 
-Records = dict[str, dict[int, dict[str, float]]]
-"""{label: {seed: read_run's record}}"""
+def differs(plan: Plan, method: str, control: str) -> list[str]:
+    """What ``control`` differs in from ``method`` beyond the in-group transform: [] (a trust-region-matched control),
+    ['step size'] (step-size-matched: its lr was calibrated to the method's step), or the components and 'lr'."""
+    rm, rb = parse_run_label(method), parse_run_label(control)
+    differ = list(unmatched_components(objective_from_label(rm.objective), objective_from_label(rb.objective)))
+    calibrated = method in dict(plan.step_matched).get(control, "").split(",")
+    if rm.lr != rb.lr and not calibrated:
+        differ.append("lr")
+    return ["step size"] if calibrated and not differ else differ
 
 
-Intervals = dict[tuple[str, str], stats.Interval | None]
-"""paired_intervals' answer: (method, outcome) -> interval, computed once per table."""
+def trust_region_control(plan: Plan, method: str) -> str | None:
+    """The label of ``plan`` that is ``method``'s trust-region-matched control (no in-group transform, nothing else
+    differs, the same learning rate), or None."""
+    if method not in plan.labels or objective_from_label(parse_run_label(method).objective).transform == "none":
+        return None
+    for b in plan.labels:
+        if b != method and objective_from_label(parse_run_label(b).objective).transform == "none" and differs(plan, method, b) == []:
+            return b
+    return None
 
 
-def _diff(records: Records, label: str, baseline: str, key: str) -> np.ndarray:
-    """Per-seed paired difference (label - baseline) of one outcome, (n_seeds,)."""
-    return np.array([records[label][s][key] - records[baseline][s][key] for s in sorted(records[baseline])])
+def default_match_methods(plan: Plan) -> list[str]:
+    """Every label with an in-group transform and a trust-region-matched control in the plan."""
+    return [m for m in plan.labels if trust_region_control(plan, m) is not None]
 
 
-def paired_intervals(records: Records, baseline: str) -> Intervals:
-    """(method, outcome) -> Student-t interval of the paired difference, Bonferroni-adjusted over every
-    interval of the table (methods x outcomes); None where an outcome is missing (NaN) for some seed."""
-    cells = [(m, key) for m in records if m != baseline for key, _, _ in OUTCOMES]
-    diffs = {c: _diff(records, c[0], baseline, c[1]) for c in cells}
-    tests = sum(not np.isnan(d).any() for d in diffs.values()) or 1
-    return {c: None if np.isnan(d).any() else stats.paired_interval(d, tests=tests) for c, d in diffs.items()}
+def comparison_pairs(plan: Plan) -> list[tuple[str, str]]:
+    """Every label against the baseline; every method against its trust-region-matched control when that is not the
+    baseline; every method against its step-size-matched control."""
+    pairs = [(label, plan.baseline) for label in plan.labels if label != plan.baseline]
+    pairs += [(m, c) for m in plan.labels if (c := trust_region_control(plan, m)) not in (None, plan.baseline)]
+    pairs += [(m, control) for control, methods in plan.step_matched for m in methods.split(",")]
+    return list(dict.fromkeys(pairs))
 
 
-def paired_table(records: Records, baseline: str, matched: dict[str, list[str]], intervals: Intervals) -> list[str]:
-    """Markdown: per method and outcome, mean paired difference (method - baseline) [adjusted 95% CI]; * where it excludes 0."""
-    head = "| method - " + baseline + " | matched control? | " + " | ".join(t for _, t, _ in OUTCOMES) + " |"
-    lines = [head, "|---" * (len(OUTCOMES) + 2) + "|"]
-    for label in records:
-        if label == baseline:
-            continue
-        cells = []
-        for key, _, fmt in OUTCOMES:
-            ci = intervals[(label, key)]
-            if ci is None:
-                cells.append("n/a")
-                continue
-            cells.append(f"{fmt.format(ci.mean)} [{fmt.format(ci.low)}, {fmt.format(ci.high)}]" + (" *" if ci.excludes_zero else ""))
-        match = "yes" if not matched[label] else "NO: differs in " + ", ".join(matched[label])
-        lines.append(f"| {label} | {match} | " + " | ".join(cells) + " |")
-    return lines
+def matched_components(plan: Plan) -> dict[str, list[str]]:
+    """'METHOD - CONTROL' -> ``differs`` for every pair of the table."""
+    return {f"{m} - {b}": differs(plan, m, b) for m, b in comparison_pairs(plan)}
 
 
-def level_table(records: Records) -> list[str]:
-    """Markdown: per label, each outcome's mean over seeds (what the differences are differences of)."""
-    lines = ["| objective | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|"]
-    for label, by_seed in records.items():
-        vals = [np.mean([r[key] for r in by_seed.values()]) for key, _, _ in OUTCOMES]
-        lines.append(f"| {label} | " + " | ".join(f"{v:.4g}" for v in vals) + " |")
-    return lines
+def control_kinds(plan: Plan) -> dict[str, list[str]]:
+    """``differs`` for every ordered pair of labels (what a finding may compare)."""
+    return {f"{m} - {b}": differs(plan, m, b) for m in plan.labels for b in plan.labels if m != b}
 
 
-def _value(record: dict[str, float], key: str) -> str:
-    text = VALUE_FORMATS[key].format(record[key])
-    return text + "+" if key == "steps_to_kappa" and not record.get("kappa_reached", 1.0) else text
+def document(plan: Plan, records: Records) -> dict:
+    """Everything compare.md is rendered from (written as compare.json; the attribution page stores it as evidence)."""
+    return {
+        "seeds": list(plan.seeds),
+        "config": plan.config,
+        "sets": list(plan.sets),
+        "labels": list(plan.labels),
+        "baseline": plan.baseline,
+        "pairs": [list(p) for p in comparison_pairs(plan)],
+        "matched": matched_components(plan),
+        "controls": control_kinds(plan),
+        "step_matched": dict(plan.step_matched),
+        "calibrations": [{**dataclasses.asdict(c), "sentence": c.sentence()} for c in plan.calibrations],
+        "records": {k: {str(s): r for s, r in v.items()} for k, v in records.items()},
+    }
 
 
-def per_seed_tables(records: Records, baseline: str) -> list[str]:
-    """Markdown: one table per outcome, a row per seed with every label's value and each paired difference.
-
-    A steps-to-kappa value written N+ is censored: that run never reached kappa in its N steps.
-    """
-    methods = [m for m in records if m != baseline]
-    lines = []
-    for key, title, fmt in OUTCOMES:
-        lines += [
-            f"{title}:",
-            "",
-            "| seed | " + " | ".join(records) + " | " + " | ".join(f"{m} - {baseline}" for m in methods) + " |",
-            "|---" * (1 + len(records) + len(methods)) + "|",
-        ]
-        for s in sorted(records[baseline]):
-            values = [_value(records[label][s], key) for label in records]
-            diffs = [fmt.format(records[m][s][key] - records[baseline][s][key]) for m in methods]
-            lines.append(f"| {s} | " + " | ".join(values) + " | " + " | ".join(diffs) + " |")
-        lines.append("")
-    return lines
-
-
-def per_seed_csv(records: Records) -> str:
-    """CSV text: label, seed, every outcome and kappa_reached, one row per run."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    keys = [key for key, _, _ in OUTCOMES] + ["kappa_reached"]
-    w.writerow(["label", "seed", *keys])
-    for label, by_seed in records.items():
-        for s in sorted(by_seed):
-            w.writerow([label, s, *[f"{by_seed[s].get(k, float('nan')):.6g}" for k in keys]])
-    return buf.getvalue()
-
-
-def warnings_for(records: Records) -> list[str]:
-    """Why the table may mislead: fewer than MIN_SEEDS paired seeds, censored steps to kappa."""
-    out = []
-    n = len(next(iter(records.values())))
-    if n < MIN_SEEDS:
-        out.append(
-            f"warning: only {n} paired seeds (fewer than {MIN_SEEDS}): the intervals are wide and rest on the paired differences "
-            f"being close to normal; run --seeds {MIN_SEEDS} or more before reading a difference."
-        )
-    censored = [
-        f"{label} seed {s}" for label, by_seed in records.items() for s in sorted(by_seed) if not by_seed[s].get("kappa_reached", 1.0)
-    ]
-    if censored:
-        total = sum(len(v) for v in records.values())
-        out.append(
-            f"warning: {len(censored)} of {total} runs never reached kappa ({', '.join(censored)}): their steps to kappa is the "
-            "run's length, a lower bound, so that column's paired difference is biased (toward 0 when both runs of a pair are censored)."
-        )
-    return out
-
-
-def plot_differences(records: Records, baseline: str, intervals: Intervals, path: Path) -> None:
-    """One panel per outcome: each method's paired difference to the baseline with its adjusted 95% CI."""
-    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = [m for m in records if m != baseline]
-    seeds = sorted(records[baseline])
-    fig, axes = plt.subplots(1, len(OUTCOMES), figsize=(3.3 * len(OUTCOMES), 0.6 * len(methods) + 2.2), dpi=110, squeeze=False)
-    for ax, (key, title, _) in zip(axes[0], OUTCOMES):
-        for i, m in enumerate(methods):
-            ci = intervals[(m, key)]
-            if ci is None:
-                continue
-            ax.errorbar([ci.mean], [i], xerr=[[ci.mean - ci.low], [ci.high - ci.mean]], fmt="o", capsize=4)
-            ax.scatter(_diff(records, m, baseline, key), np.full(len(seeds), i) + 0.18, s=8, alpha=0.5, color="gray")
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(range(len(methods)), methods if ax is axes[0][0] else [""] * len(methods), fontsize=8)
-        ax.set_ylim(-0.6, len(methods) - 0.4)
-        ax.set_title(title, fontsize=8, wrap=True)
-        ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(
-        f"paired difference to {baseline} over {len(seeds)} seeds (dot: mean, bar: 95% t-interval, Bonferroni-adjusted; gray: seeds)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
-    """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.png,
-    per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
-    warn = warn or (lambda text: print(text, file=sys.stderr))
+def run_all(plan: Plan, *, jobs: int, progress) -> Records:
+    """Train every (label, seed) run of ``plan`` (``jobs`` at a time) and read their outcomes."""
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together
     for label, seed in tasks:  # before anything runs: no run is resumed or reported under a label it does not have
         check_identity(plan, label, seed)
@@ -395,37 +329,67 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for line in pool.map(lambda t: run_one(plan, *t), tasks):
             progress(line)
-    records = {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
-    base_spec = objective_from_label(plan.baseline)
-    matched = {label: unmatched_components(objective_from_label(label), base_spec) for label in plan.labels}
-    intervals = paired_intervals(records, plan.baseline)
-    plot_differences(records, plan.baseline, intervals, plan.out / "compare.png")
+    return {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
+
+
+def step_matched_plan(plan: Plan, methods: list[str], *, seeds: tuple[int, ...], jobs: int = 1, progress=print) -> Plan:
+    """``plan`` with, for each method, its trust-region-matched control at the learning rate where its steps to kappa
+    equal the method's on the calibration seeds (``dfpo.core.calibration``; runs under OUT/calibration/)."""
+    if set(seeds) & set(plan.seeds):
+        raise ValueError(f"the calibration seeds {seeds[0]}..{seeds[-1]} overlap the comparison's seeds: calibrate on a disjoint set")
+    lr0 = float(run_config(plan, plan.labels[0], plan.seeds[0]).optim.lr)
+    labels, matched, calibrations = list(plan.labels), {}, []
+    for method in methods:
+        control = trust_region_control(plan, method)
+        if control is None:
+            raise ValueError(f"--match-methods {method!r} has no trust-region-matched control among --objectives {list(plan.labels)}")
+        probe = dataclasses.replace(plan, labels=(), seeds=seeds, out=plan.out / "calibration", step_matched=(), calibrations=())
+
+        def evaluate(label: str, probe=probe) -> float:
+            probe = dataclasses.replace(probe, labels=(label,), baseline=label)
+            records = run_all(probe, jobs=jobs, progress=progress)
+            return float(np.mean([r["steps_to_kappa"] for r in records[label].values()]))  # censored: length + 1
+
+        cal = calibrate(
+            method, control, "steps", lr0=lr0, evaluate=evaluate, seed_set=f"seeds {seeds[0]}..{seeds[-1]}", max_evals=5, rtol=0.02
+        )
+        calibrations.append(cal)
+        matched[cal.label] = ",".join([*filter(None, matched.get(cal.label, "").split(",")), method])
+        if cal.label not in labels:
+            labels.append(cal.label)
+    return dataclasses.replace(plan, labels=tuple(labels), step_matched=tuple(matched.items()), calibrations=tuple(calibrations))
+
+
+def calibrated_plan(plan: Plan, path: Path) -> Plan:
+    """``plan`` with the step-size-matched controls of an earlier comparison (its compare.json): the same controls
+    on a second seed set, so the two sets compare the same experiment."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        cals = tuple(Calibration.from_dict({k: v for k, v in c.items() if k != "sentence"}) for c in doc["calibrations"])
+        step_matched = tuple((str(k), str(v)) for k, v in doc["step_matched"].items())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"--calibration-from {path}: not the compare.json of a comparison with --match-step ({err})") from None
+    if not step_matched:
+        raise ValueError(f"--calibration-from {path}: that comparison has no step-size-matched control")
+    labels = tuple(dict.fromkeys([*plan.labels, *(c for c, _ in step_matched)]))
+    return dataclasses.replace(plan, labels=labels, step_matched=step_matched, calibrations=cals)
+
+
+def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
+    """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.json, compare.png,
+    per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
+    warn = warn or (lambda text: print(text, file=sys.stderr))
+    records = run_all(plan, jobs=jobs, progress=progress)
+    doc = document(plan, records)
+    plan.out.mkdir(parents=True, exist_ok=True)
     warnings = warnings_for(records)
     for text in warnings:
         warn(text)
-    tests = sum(ci is not None for ci in intervals.values())
-    lines = [
-        f"# {len(plan.seeds)} paired seeds ({plan.seeds[0]}..{plan.seeds[-1]}), config {plan.config}"
-        + (f", --set {' '.join(plan.sets)}" if plan.sets else ""),
-        "",
-        *[f"**{text}**" for text in warnings],
-        *([""] if warnings else []),
-        f"Paired difference per seed (method - baseline), mean [{stats.interval_note(tests)}]; * where that interval excludes 0.",
-        "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does counts its length.",
-        "",
-        *paired_table(records, plan.baseline, matched, intervals),
-        "",
-        "Means over seeds:",
-        "",
-        *level_table(records),
-        "",
-        "Per seed (N+: censored, the run never reached kappa in its N steps):",
-        "",
-        *per_seed_tables(records, plan.baseline),
-        "![paired differences](compare.png)",
-    ]
+    plot_differences(doc, plan.out / "compare.png")
+    lines = [*render_compare(doc, warnings=warnings), "![paired differences](compare.png)"]
     write_text_atomic(plan.out / "per_seed.csv", per_seed_csv(records))
-    write_text_atomic(plan.out / "records.json", json.dumps({k: {str(s): r for s, r in v.items()} for k, v in records.items()}, indent=2))
+    write_text_atomic(plan.out / "records.json", json.dumps(doc["records"], indent=2))
+    write_text_atomic(plan.out / "compare.json", json.dumps(doc, indent=2) + "\n")
     path = plan.out / "compare.md"
     write_text_atomic(path, "\n".join(lines) + "\n")
     return path

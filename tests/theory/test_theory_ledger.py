@@ -24,7 +24,7 @@ H, C, F = HOLDS, HOLDS_UNDER_CONDITIONS, FAILS
 # The verdict we obtained for each claim, written out by hand. Changing one is a finding: say why in the commit.
 EXPECTED = {
     "prop-3.1": H,
-    "cor-3.2": C,  # needs orthogonal equal-norm scores; a softmax's shared normaliser breaks eq 5 (sign included)
+    "cor-3.2": F,  # needs orthogonal equal-norm scores, which no softmax has: p=(0.6,0.3,0.1), kappa=(1/2,1/2,0) drifts -0.3 eta
     "cor-3.2-params": C,  # equal coefficients drift when outputs share parameters (G_aa - G_bb != 2 (G_ac - G_bc))
     "cor-3.3": C,  # 'requires u_1 = ... = u_G' only for G = 2; for G >= 3 the set is the hyperplane A.u = 0
     "cor-3.4": H,  # under the corollary's own construction (stilde a constant coefficient, App. D's length condition); the ratio form is outside it
@@ -40,7 +40,7 @@ EXPECTED = {
     "tab-3-scale": C,  # a global factor 0.5 shrinks the step only for SGD-like optimisers, not Adam
     "eq-30": H,
     "eq-38": H,
-    "eq-41": C,  # equal weights still drift on a softmax with a shared template
+    "eq-41": F,  # eq 40's independence is never met by completions of one prompt on a softmax; equal weights drift
     "eq-49": H,
     "eq-51": H,
     "eq-55": F,  # beta printed with the wrong sign; 'stilde >= eps' is false
@@ -100,6 +100,43 @@ def test_every_record_is_complete(ledger, claim_id):
     assert "nan" not in claim.evidence.lower().replace("nanogpt", ""), f"{claim_id}: NaN in evidence"
     if claim.verdict != HOLDS:
         assert claim.notes.strip(), f"{claim_id}: a conditional or failed claim must say why in notes"
+
+
+@pytest.mark.parametrize("claim_id", [k for k, v in EXPECTED.items() if v == HOLDS_UNDER_CONDITIONS])
+def test_a_condition_earns_holds_under_conditions_only_where_the_papers_setting_meets_it(ledger, claim_id):
+    """A holds-under-conditions record names where the paper's own setting (softmax policies) meets its condition."""
+    claim = ledger[claim_id]
+    assert claim.met_by.strip(), (
+        f"{claim_id} holds under conditions but names no instance of the paper's setting that meets them: set Claim.met_by, "
+        "or make the verdict 'fails' if no softmax policy can meet the condition"
+    )
+
+
+def test_met_by_is_only_for_conditional_claims(ledger):
+    assert not [c.id for c in ledger.values() if c.met_by and c.verdict != HOLDS_UNDER_CONDITIONS]
+
+
+def test_cor_3_2_gives_the_exact_softmax_drift_and_the_three_answer_example(ledger):
+    from fractions import Fraction
+
+    import sympy as sp
+
+    from dfpo.theory.drift import softmax_logodds_drift
+
+    claim = ledger["cor-3.2"]
+    assert "kappa_a - kappa_b - (p_a - p_b) sum_j kappa_j" in claim.evidence
+    assert "p=(0.6,0.3,0.1), kappa=(1/2,1/2,0): drift/eta = -3/10 where eq 5 says 0" in claim.evidence
+    assert softmax_logodds_drift((Fraction(3, 5), Fraction(3, 10), Fraction(1, 10)), (Fraction(1, 2), Fraction(1, 2), 0)) == Fraction(
+        -3, 10
+    )
+    # the formula against the derivative of log(softmax_a / softmax_b) along dz = eta sum_y kappa_y (e_y - p), V = 3
+    z, k, eta = sp.symbols("z1:4"), sp.symbols("k1:4"), sp.Symbol("eta")
+    p = [sp.exp(zi) / sum(sp.exp(zj) for zj in z) for zi in z]
+    dz = [sum(k[y] * ((1 if j == y else 0) - p[j]) for y in range(3)) for j in range(3)]
+    moved = [zj + eta * d for zj, d in zip(z, dz)]
+    logodds = moved[0] - moved[1]  # log(pi_a / pi_b) = z_a - z_b on a softmax
+    first_order = sp.diff(logodds, eta)
+    assert sp.simplify(first_order - softmax_logodds_drift(p, k)) == 0
 
 
 def test_json_round_trips(ledger):

@@ -25,7 +25,7 @@ ABLATION_LABELS = (
 
 
 def test_each_dfpo_label_is_paired_with_its_matched_control_and_with_plain_gspo():
-    pairs = {(m, b): u for m, b, u in comparison_pairs(ABLATION_LABELS, ToyConfig())}
+    pairs = {(p.method, p.baseline): list(p.unmatched) for p in comparison_pairs(ABLATION_LABELS, ToyConfig())}
     assert pairs[("dfpo_min", "gspo")] == []
     assert pairs[("dfpo_min:stopgrad=score", "gspo_noclip")] == []
     assert pairs[("dfpo_min:stopgrad=score", "gspo")] == ["clip", "eps_low", "eps_high"]
@@ -110,8 +110,11 @@ def test_spread_sweep_reports_the_measured_spread_and_paired_effects(tmp_path, c
     assert [r["inner_steps"] for r in rows] == [1.0, 4.0]
     assert rows[0]["spread"] < 1e-7 < rows[1]["spread"]  # K = 1 is on-policy: every s_i = 1
     # K = 1: ratio 1 everywhere, every transform is the identity: no paired difference at all
-    assert rows[0]["final_reward"][0] == pytest.approx(0.0, abs=1e-6)
-    assert "| 1 | 0.0000 |" in (out / "summary.md").read_text()
+    assert rows[0]["method/final_reward"] == pytest.approx(rows[0]["baseline/final_reward"], abs=1e-6)
+    summary = (out / "summary.md").read_text()
+    assert "| 1 | 0.0000 |" in summary
+    # 4 steps: no seed reaches kappa, so every steps value is censored and no median is printed as a number
+    assert summary.count("| median unknown (censored) [-inf, inf] |") == 2
 
 
 def test_spread_refuses_an_unmatched_pair_and_a_bad_knob(tmp_path, capsys):
@@ -151,13 +154,15 @@ def test_the_prediction_table_adjusts_every_interval_for_the_checks_it_shows():
     keys = ("steps_to_kappa", "jitter2_reward", "final_reward", "tax_kl_cum", "tax_at_kappa", "final_equiv_entropy")
     summary = {"gspo": {k: base for k in keys}, "dfpo_min": {k: base + diff for k in keys}}
     lines = prediction_checks(summary, ToyConfig())
-    assert (
-        lines[0]
-        == "Intervals: 95% Student-t interval over seeds, Bonferroni-adjusted for the 6 intervals of this table (each at level 0.9917)."
+    assert lines[0].startswith(
+        "Intervals: 95% Student-t interval over seeds, Bonferroni-adjusted for the 6 intervals of this table (each at level 0.9917); "
+        "for the censored outcomes (steps_to_kappa, tax_at_kappa) the median paired difference with its sign-test interval"
     )
     tax = next(line for line in lines if line.startswith("| Prop. 3.1: DFPO pays less"))
     word, (mean, lo, hi) = paired_verdict(diff, -1, 10.0, tests=6)
     assert word == "inconclusive" and tax.endswith("| inconclusive |") and f"{mean:+.3g} [{lo:+.3g}, {hi:+.3g}]" in tax
+    steps = next(line for line in lines if line.startswith("| Prediction 1"))
+    assert "| median -1 [-inf, inf] " in steps  # 5 seeds: no sign-test interval reaches level 0.9917 (P(all 5 below) = 1/32)
 
 
 def _toy(argv, tmp_path, name):
@@ -215,7 +220,7 @@ def test_spread_with_a_discovery_set_adds_the_replication_table(tmp_path, capsys
     code, first = _toy([*argv, "--seed", "0"], tmp_path, "first")
     assert code == 0
     rows = json.loads((first / "spread.json").read_text())
-    assert rows[0]["tests"] == 8 and len(rows[1]["diffs/final_reward"]) == 3  # 2 values x 4 effects; per-seed differences kept
+    assert len(rows[1]["method/final_reward"]) == len(rows[1]["reached/baseline"]) == 3  # per-seed values and censoring kept
     code, second = _toy([*argv, "--seed", "1", "--discovery", str(first)], tmp_path, "second")
     assert code == 0
     text = (second / "summary.md").read_text()

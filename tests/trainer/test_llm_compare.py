@@ -15,7 +15,8 @@ import torch
 
 from dfpo.cli import main
 from dfpo.trainer import compare as C
-from dfpo.trainer.compare import make_plan, paired_table, read_run, run_dir, train_command
+from dfpo.trainer.compare import make_plan, read_run, run_dir, train_command
+from dfpo.trainer.compare_report import pair_intervals, paired_table
 from dfpo.trainer.config import config_to_dict
 from dfpo.trainer.layout import RunDir
 from dfpo.trainer.run_folder import run_identity, write_mark
@@ -42,9 +43,10 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     rewards = [0.0] * 5 + [0.1 * i for i in range(10)]  # last ten: 0.0 .. 0.9, mean 0.45
     _write_run(tmp_path / "a", 0.375, rewards, None, clip=(0.1, 0.25), asym=0.5)
     rec = read_run(tmp_path / "a")
-    assert rec == pytest.approx(
-        {"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 15.0, "kappa_reached": 0.0, "clip_frac": 0.35, "asym": 0.5}
-    )
+    nan = float("nan")
+    expected = {"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 16.0, "kappa_reached": 0.0, "clip_frac": 0.35, "asym": 0.5}
+    expected |= {"jitter2": nan, "entropy_last10": nan, "residual": nan}  # not in these logs: n/a, never 0
+    assert rec == pytest.approx(expected, nan_ok=True)  # censored: the run's 15 steps + 1, a lower bound
 
 
 def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_interval():
@@ -52,20 +54,29 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
     diffs = [0.02, 0.04, 0.00, 0.02]  # mean 0.02, sd 0.01633, every seed's own baseline subtracted
     method = {s: dict(base[s], eval=base[s]["eval"] + d) for s, d in enumerate(diffs)}
     records = {"gspo": base, "dfpo_min": method}
-    table = paired_table(records, "gspo", {"gspo": [], "dfpo_min": []}, C.paired_intervals(records, "gspo"))
+    pairs = [("dfpo_min", "gspo")]
+    table = paired_table(records, pairs, {"dfpo_min - gspo": []}, pair_intervals(records, pairs))
     (line,) = [x for x in table if x.startswith("| dfpo_min")]
-    # 5 intervals in the table: each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 5.841 * 0.01633 / 2 = 0.0477
+    # 5 intervals (the outcomes these records hold): each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 0.0477
     assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
-    assert C.paired_intervals({"gspo": base, "dfpo_min": method}, "gspo")[("dfpo_min", "eval")].tests == 5
+    assert line.count("| n/a ") == 3  # jitter2, entropy, residual: not in these records
+    assert pair_intervals(records, pairs)[("dfpo_min", "gspo", "eval")].tests == 5
+    assert "| median +0.0 [-inf, inf] |" in line  # steps: a sign test of 4 pairs reaches no level 0.99
 
 
 def test_an_unmatched_pair_is_flagged_with_the_components_that_differ():
     base = {s: {"eval": 0.3, "reward_last10": 0.5, "steps_to_kappa": 50.0, "clip_frac": 0.2, "asym": 1.0} for s in range(3)}
     records = {"gspo": base, "dfpo_min:stopgrad=score": base}
-    matched = {"gspo": [], "dfpo_min:stopgrad=score": ["clip", "eps_low", "eps_high"]}
-    lines = paired_table(records, "gspo", matched, C.paired_intervals(records, "gspo"))
+    pairs = [("dfpo_min:stopgrad=score", "gspo")]
+    matched = {"dfpo_min:stopgrad=score - gspo": ["clip", "eps_low", "eps_high"]}
+    lines = paired_table(records, pairs, matched, pair_intervals(records, pairs))
     assert "| NO: differs in clip, eps_low, eps_high |" in lines[-1]
+    plan = make_plan("gspo,dfpo_min:stopgrad=score,gspo@lr=0.001", None, 2, 0, "configs/tiny-cpu.toml", [], "runs/x")
+    assert C.matched_components(plan) == {
+        "dfpo_min:stopgrad=score - gspo": ["clip", "eps_low", "eps_high"],
+        "gspo@lr=0.001 - gspo": ["lr"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -133,7 +144,7 @@ def test_end_to_end_two_seeds_write_the_table_and_the_plot_and_resume(tmp_path, 
     ]
     assert main(argv) == 0
     text = (out / "compare.md").read_text()
-    assert "| dfpo_min | yes |" in text and (out / "compare.png").stat().st_size > 1000
+    assert "| dfpo_min - gspo | yes |" in text and (out / "compare.png").stat().st_size > 1000
     assert "warning: only 2 paired seeds" in capsys.readouterr().err
     assert main(argv) == 0  # second time: every run is skipped
     assert capsys.readouterr().out.count("done before, skipped") == 4
@@ -170,8 +181,10 @@ def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_
     assert "| 13 | 0.3300 | 0.3500 | +0.020 |" in text  # seed 13: its own values and its paired difference
     assert text.count("| 17 |") == len(C.OUTCOMES)  # one per-seed table per outcome
     rows = (plan.out / "per_seed.csv").read_text().splitlines()
-    assert rows[0] == "label,seed,eval,reward_last10,steps_to_kappa,clip_frac,asym,kappa_reached"
-    assert rows[1] == "gspo,10,0.3,0.5,12,0.3,0.5,1" and len(rows) == 1 + 2 * 8
+    assert rows[0] == "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,kappa_reached"
+    assert rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,1" and len(rows) == 1 + 2 * 8
+    doc = json.loads((plan.out / "compare.json").read_text())  # what the page re-renders the tables from
+    assert C.render_compare(doc) == text.splitlines()[: len(C.render_compare(doc))]
 
 
 def test_compare_warns_below_eight_seeds_and_on_censored_runs(tmp_path, capsys):
@@ -181,7 +194,8 @@ def test_compare_warns_below_eight_seeds_and_on_censored_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     for needle in ("warning: only 3 paired seeds (fewer than 8)", "warning: 1 of 6 runs never reached kappa (dfpo_min seed 11)"):
         assert needle in err and needle in text
-    assert "| 11 | 12 | 20+ | +8.0 |" in text  # the censored run: its length, marked N+
+    assert "| 11 | 12 | >=21 | >=+9.0 |" in text  # the censored run: a lower bound, and so its difference
+    assert "| dfpo_min | 0.33 | 0.5 | 12 [12, >=21] (2/3 reached) |" in text  # the Kaplan-Meier median, never a mean (was 15)
 
 
 def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
@@ -286,3 +300,53 @@ def test_a_planted_pickle_is_never_run_when_compare_resumes_a_run(tmp_path, caps
     assert not marker.exists()
     assert "Traceback" not in err and str(ckpt) in err and "gspo seed 10 failed" in err, err
     assert not (plan.out / "compare.md").exists()
+
+
+# ----- step-size-matched controls -----
+
+
+def test_a_label_with_its_own_learning_rate_sets_optim_lr(tmp_path):
+    plan = make_plan("gspo_noclip,gspo_noclip@lr=2.5e-4", None, 2, 5, "configs/tiny-cpu.toml", [], str(tmp_path))
+    cmd = train_command(plan, "gspo_noclip@lr=2.5e-4", 5)
+    assert cmd[-2:] == ["--set", "optim.lr=0.00025"] and C.run_config(plan, "gspo_noclip@lr=2.5e-4", 5).optim.lr == 2.5e-4
+    with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+        make_plan("gspo,gspo@lr=-1", None, 2, 5, "configs/tiny-cpu.toml", [], str(tmp_path))
+
+
+def test_match_step_calibrates_the_control_on_disjoint_seeds_and_the_table_shows_both_controls(tmp_path, monkeypatch):
+    """Stand-in for training: steps to kappa = 0.018 / lr for gspo_noclip, 66 for the score form (at lr 3e-4: 60)."""
+    method = "dfpo_min:stopgrad=score"
+    plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+    assert C.default_match_methods(plan) == [method]
+
+    def fake_run_all(plan, *, jobs, progress):
+        def record(label, seed):
+            lr = C.parse_run_label(label).lr or 3e-4
+            steps = 66.0 if label == method else 0.018 / lr
+            return {"eval": 0.3, "reward_last10": 0.5, "steps_to_kappa": steps, "kappa_reached": 1.0, "clip_frac": 0.0, "asym": 0.1}
+
+        return {label: {s: record(label, s) for s in plan.seeds} for label in plan.labels}
+
+    monkeypatch.setattr(C, "run_all", fake_run_all)
+    with pytest.raises(ValueError, match="overlap the comparison's seeds"):
+        C.step_matched_plan(plan, [method], seeds=(12, 13))
+    matched = C.step_matched_plan(plan, [method], seeds=tuple(range(100, 108)), progress=lambda _: None)
+    (cal,) = matched.calibrations
+    assert abs(0.018 / cal.lr - 66) <= 0.02 * 66 and cal.seed_set == "seeds 100..107"
+    control = cal.label
+    assert matched.labels == ("gspo_noclip", method, control) and dict(matched.step_matched) == {control: method}
+    assert C.comparison_pairs(matched) == [(method, "gspo_noclip"), (control, "gspo_noclip"), (method, control)]
+    assert C.matched_components(matched) == {
+        f"{method} - gspo_noclip": [],
+        f"{control} - gspo_noclip": ["lr"],
+        f"{method} - {control}": ["step size"],
+    }
+    text = C.compare(matched, progress=lambda _: None, warn=lambda _: None).read_text()
+    assert f"| {method} - {control} | yes, and step size |" in text and f"| {method} - gspo_noclip | yes |" in text
+    assert f"- {control} is gspo_noclip step-size-matched to {method}" in text
+    again = C.calibrated_plan(
+        make_plan(f"gspo_noclip,{method}", None, 8, 30, "configs/tiny-cpu.toml", [], str(tmp_path / "b")), matched.out / "compare.json"
+    )
+    assert again.labels == matched.labels and again.step_matched == matched.step_matched and again.calibrations == matched.calibrations
+    with pytest.raises(ValueError, match="--calibration-from .*not the compare.json"):
+        C.calibrated_plan(plan, tmp_path / "missing.json")

@@ -1,0 +1,363 @@
+"""The findings ledger: every sentence this project writes about its own experiments, generated from stored tables.
+
+The claims ledger (``dfpo.theory``) checks the paper's claims; this one checks ours. A **finding** is a record:
+
+- ``id`` and ``topic`` (a noun phrase: what the finding is about, never a claim);
+- ``rows``: the table rows it reads, each an experiment's stored evidence (``docs/attribution/data/NAME.json``),
+  a method, a control, a metric (and for a sweep the knob's value), with the verdict it must have on each seed set
+  (``expect``: discovery, confirmation);
+- ``conclusion`` (optional): one typed sentence that the rows support. It holds no number (numbers come from the
+  tables) and words that claim "no change" need every row negligible on both sets (``conclusion_problems``).
+
+A row's verdict is read off the interval of its paired difference (``dfpo.core.stats``; the censoring-aware
+median interval for steps to a threshold), Bonferroni-adjusted over every row the summary reads on that seed set
+(``Summary.family``: multiplicity across everything one summary draws on), against a margin of 2% of the
+control's level: ``negligible`` (the interval lies within the margin), ``lower`` / ``higher`` (it excludes 0),
+``inconclusive`` (neither). Each verdict pair maps to one fixed phrasing (``phrase``):
+
+- negligible on both sets -> "METRIC: no change larger than X% of the control" (X: the widest bound of both);
+- lower (higher) on both -> "METRIC lower (higher): m% [lo%, hi%]" (the confirmation set relative to the control's
+  level; the discovery set's in brackets after it);
+- inconclusive on either set, the other not contradicting it -> "METRIC: not shown either way";
+- two different claims -> "METRIC: did not replicate (discovery: V1; confirmation: V2)".
+
+The evidence formats are those of ``dfpo toy run/ablate`` (a per-seed summary per label), ``dfpo toy spread``
+(per-seed values per knob value) and ``dfpo compare`` (compare.json); ``paired_values`` reads each. numpy only.
+Another kind of table (a probe of drift per objective) adds an adapter in ``paired_values`` and its metrics in
+``METRICS``; a row with ``control = ""`` compares the method's values with 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import stats
+
+SETS = ("discovery", "confirmation")
+WORDS = ("lower", "higher", "negligible", "inconclusive")
+MARGIN = stats.NEGLIGIBLE
+
+METRICS: dict[str, str] = {
+    # toy (dfpo toy run / ablate / spread)
+    "steps_to_kappa": "steps to the reward threshold (median)",
+    "final_reward": "final expected reward",
+    "mean_reward": "mean expected reward over training",
+    "jitter2_reward": "reward jitter (Jitter2, eq 20)",
+    "tax_kl_cum": "learning tax (cumulative KL at template rows, Prop. 3.1)",
+    "tax_kl_init": "KL to the initial policy at template rows",
+    "tax_at_kappa": "tax paid to reach the threshold (median)",
+    "final_equiv_entropy": "entropy over equivalent correct answers",
+    "final_entropy": "sequence entropy",
+    "asym": "Asym (eq 23, on the effective coefficients)",
+    "residual_rel": "shared-token residual (eq 2)",
+    "clip_frac": "clipped fraction",
+    "update_norm": "update norm per rollout batch",
+    # LLM (dfpo compare)
+    "eval": "final eval accuracy (avg@k)",
+    "reward_last10": "train reward (last 10 steps)",
+    "jitter2": "train-reward jitter (Jitter2, eq 20)",
+    "entropy_last10": "rollout entropy (last 10 steps)",
+    "residual": "shared-token residual (eq 2)",
+}
+"""What each metric is called in a sentence."""
+CAVEATS = {("compare", "asym"): "computed on the weights after the transform, which Min-Replace equalises: lower by construction"}
+"""A caveat a metric's phrase carries in a kind of evidence."""
+CENSORED = ("steps_to_kappa", "tax_at_kappa")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row a finding reads, and the verdict it must have on (discovery, confirmation)."""
+
+    experiment: str
+    method: str
+    control: str
+    metric: str
+    expect: tuple[str, str]
+    condition: str = ""
+    """For a sweep: the knob's value ('lr=1'); '' for a single table."""
+
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.experiment, self.condition, self.method, self.control, self.metric)
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    topic: str
+    rows: tuple[Row, ...]
+    summaries: tuple[str, ...] = ("readme", "attribution")
+    conclusion: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A row's verdict on one seed set: the word, the interval and the control's level it is relative to."""
+
+    word: str
+    interval: object
+    level: float | None
+
+    def relative(self) -> tuple[float, float, float] | None:
+        """(center, low, high) in % of the control's level; None without a level."""
+        if self.level is None or abs(self.level) <= 1e-12:
+            return None
+        return tuple(100 * v / abs(self.level) for v in self.interval.as_tuple())
+
+
+def load_findings(raw: Mapping) -> list[Finding]:
+    """Findings from a parsed TOML document (``[[finding]]`` tables); ValueError naming the first bad field."""
+    out = []
+    for item in raw.get("finding", []):
+        rows = []
+        for r in item.get("rows", []):
+            expect = tuple(str(r.get("expect", "")).split("/"))
+            if len(expect) != 2 or any(w not in WORDS for w in expect):
+                raise ValueError(f"finding {item.get('id')!r}: expect must be two of {WORDS} as 'a/b', got {r.get('expect')!r}")
+            if r.get("metric") not in METRICS:
+                raise ValueError(f"finding {item.get('id')!r}: unknown metric {r.get('metric')!r}; known: {', '.join(METRICS)}")
+            rows.append(Row(r["experiment"], r["method"], r.get("control", ""), r["metric"], expect, str(r.get("condition", ""))))
+        out.append(
+            Finding(
+                item["id"], item["topic"], tuple(rows), tuple(item.get("summaries", ("readme", "attribution"))), item.get("conclusion", "")
+            )
+        )
+    ids = [f.id for f in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"finding ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return out
+
+
+# ----- reading a row's paired values out of stored evidence --------------------------------------------------------
+
+
+def _toy_side(summary: Mapping, label: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    row = summary[label]
+    values = np.asarray(row[metric], float)
+    reached = np.asarray(row.get("reached", [True] * values.size), bool)
+    return values, (~reached if metric in CENSORED else np.zeros(values.size, bool))
+
+
+def paired_values(evidence: Mapping, which: str, row: Row) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(method values, method censored, control values, control censored), each (seeds,), of ``row`` on a seed set."""
+    kind, data = evidence["kind"], evidence["sets"][which]
+    try:
+        if kind == "toy-run":
+            m, mc = _toy_side(data["summary"], row.method, row.metric)
+            if not row.control:
+                return m, mc, np.zeros_like(m), np.zeros_like(mc)
+            return (*_toy_side(data["summary"], row.method, row.metric), *_toy_side(data["summary"], row.control, row.metric))
+        if kind == "toy-spread":
+            knob = data["setup"]["knob"]
+            (cell,) = [r for r in data["rows"] if f"{knob}={r[knob]:g}" == row.condition]
+            side = {data["setup"]["method"]: "method", data["setup"]["baseline"]: "baseline"}
+            out = []
+            for label in (row.method, row.control):
+                values = np.asarray(cell[f"{side[label]}/{row.metric}"], float)
+                reached = np.asarray(cell[f"reached/{side[label]}"], bool)
+                out += [values, ~reached if row.metric in CENSORED else np.zeros(values.size, bool)]
+            return tuple(out)
+        if kind == "compare":
+            records = data["doc"]["records"]
+            seeds = sorted(records[row.method], key=int)
+            out = []
+            for label in (row.method, row.control):
+                values = np.array([records[label][s].get(row.metric, math.nan) for s in seeds], float)
+                reached = np.array([bool(records[label][s].get("kappa_reached", 1.0)) for s in seeds])
+                out += [values, ~reached if row.metric in CENSORED else np.zeros(values.size, bool)]
+            return tuple(out)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{evidence.get('name')} ({which}) has no row {row.key()}: {err}") from None
+    raise ValueError(f"{evidence.get('name')}: unknown kind of evidence {kind!r}")
+
+
+def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdict:
+    """The verdict of ``row`` on one seed set, its interval Bonferroni-adjusted over ``tests``."""
+    m, mc, b, bc = paired_values(evidence, which, row)
+    if np.isnan(m).any() or np.isnan(b).any():
+        raise ValueError(f"{evidence.get('name')} ({which}): {row.key()} has a missing value")
+    if row.metric in CENSORED:
+        ci = stats.paired_censored_interval(m, mc, b, bc, tests=tests)
+        level = stats.km_median(b, bc).median if row.control else None
+    else:
+        ci = stats.paired_interval(m - b, tests=tests)
+        level = float(np.mean(b)) if row.control else None
+    bound = MARGIN * abs(level) if level is not None else 0.0
+    if -bound <= ci.low and ci.high <= bound:
+        word = "negligible"
+    elif ci.low > 0:
+        word = "higher"
+    elif ci.high < 0:
+        word = "lower"
+    else:
+        word = "inconclusive"
+    return Verdict(word, ci, level)
+
+
+@dataclass
+class Summary:
+    """Every finding one page shows, with the verdicts of all their rows on both seed sets.
+
+    ``family`` is the number of distinct rows the summary reads: each interval is adjusted for all of them."""
+
+    name: str
+    findings: list[Finding]
+    evidence: Mapping[str, Mapping]
+    verdicts: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rows = {r.key(): r for f in self.findings for r in f.rows}
+        self.family = len(rows)
+        for key, row in rows.items():
+            if row.experiment not in self.evidence:
+                raise ValueError(f"no stored evidence {row.experiment!r} (docs/attribution/data/{row.experiment}.json) for row {key}")
+            self.verdicts[key] = tuple(row_verdict(self.evidence[row.experiment], s, row, tests=self.family) for s in SETS)
+
+    def mismatches(self) -> list[str]:
+        """Every row whose verdicts are not what its finding expects, as 'finding: row: expected a/b, stored c/d'."""
+        out = []
+        for f in self.findings:
+            for r in f.rows:
+                got = tuple(v.word for v in self.verdicts[r.key()])
+                if got != r.expect:
+                    out.append(f"{f.id}: {r.key()}: expected {'/'.join(r.expect)}, the stored tables give {'/'.join(got)}")
+        return out
+
+
+# ----- phrasing --------------------------------------------------------------------------------------------------
+
+
+def _pct(v: float) -> str:
+    return stats.format_number(v, "{:+.1f}") + "%"
+
+
+def _rel_text(v: Verdict) -> str:
+    rel = v.relative()
+    if rel is None:
+        return stats.interval_text(v.interval, "{:+.3g}")
+    c, lo, hi = rel
+    return f"{_pct(c)} [{_pct(lo)}, {_pct(hi)}]"
+
+
+def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:
+    """The fixed phrasing of a row's two verdicts (module docstring)."""
+    d, c = pair
+    if d.word == c.word == "negligible":
+        widest = max(abs(x) for v in pair if v.relative() for x in v.relative()[1:]) if all(v.relative() for v in pair) else None
+        rounded_up = max(math.ceil(widest * 10) / 10, 0.1) if widest is not None else None  # never "larger than 0.0%"
+        bound = f" larger than {rounded_up:.1f}% of the control" if rounded_up is not None else ""
+        return f"{metric_name}: no change{bound}"
+    if d.word == c.word and d.word in ("lower", "higher"):
+        return f"{metric_name} {c.word}: {_rel_text(c)} (discovery set: {_rel_text(d)})"
+    if "inconclusive" in (d.word, c.word):
+        other = d.word if c.word == "inconclusive" else c.word
+        where = "" if other == "inconclusive" else f"; {other} on the {'discovery' if d.word == other else 'confirmation'} set only"
+        return f"{metric_name}: not shown either way{where}"
+    return f"{metric_name}: did not replicate (discovery: {d.word} {_rel_text(d)}; confirmation: {c.word} {_rel_text(c)})"
+
+
+def control_text(evidence: Mapping, which: str, row: Row) -> str:
+    """What kind of control ``row.control`` is for ``row.method``, from the stored tables' matched-control column."""
+    if not row.control:
+        return "against 0"
+    matched = evidence["sets"][which].get("controls", {}).get(f"{row.method} - {row.control}")
+    if matched is None:
+        return f"against {row.control}"
+    if matched == []:
+        return f"against its trust-region-matched control {row.control}"
+    if matched == ["step size"]:
+        return f"against its step-size-matched control {row.control}"
+    return f"against {row.control}, which differs in {', '.join(matched)}"
+
+
+def finding_sentences(summary: Summary, finding: Finding) -> list[str]:
+    """One sentence per (experiment, condition, method, control) of the finding, its rows' phrases joined."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in finding.rows:
+        groups.setdefault((r.experiment, r.condition, r.method, r.control), []).append(r)
+    out = []
+    for (experiment, condition, method, _control), rows in groups.items():
+        ev = summary.evidence[experiment]
+        where = ev.get("title", experiment) + (f" at {condition}" if condition else "")
+        phrases = []
+        for r in rows:
+            name = METRICS[r.metric]
+            caveat = CAVEATS.get((ev["kind"], r.metric))
+            phrases.append(phrase(name + (f" ({caveat})" if caveat else ""), summary.verdicts[r.key()]))
+        out.append(f"{where}, `{method}` {control_text(ev, 'confirmation', rows[0])}: " + "; ".join(phrases) + ".")
+    return out
+
+
+def render_findings(summary: Summary, *, anchor_page: str = "") -> str:
+    """Markdown list: each finding's topic, its generated sentences, and its conclusion when its rows support it."""
+    lines = []
+    for f in summary.findings:
+        body = " ".join(finding_sentences(summary, f))
+        supported = not any(m.startswith(f"{f.id}:") for m in summary.mismatches())
+        conclusion = f" {f.conclusion}" if f.conclusion and supported and not conclusion_problems(f, summary) else ""
+        lines.append(f"- **{f.topic}.**{conclusion} {body}")
+    return "\n".join(lines)
+
+
+def family_note(summary: Summary) -> str:
+    """One sentence naming the summary's multiplicity family."""
+    level = stats.bonferroni_level(0.95, summary.family)
+    return (
+        f"Every interval is over paired seeds and Bonferroni-adjusted for all {summary.family} rows these findings read on each "
+        f"seed set (each at level {level:.4g}); the confirmation set's numbers come first, the discovery set's in brackets. "
+        f"Negligible: within {MARGIN:.0%} of the control's level on both sets."
+    )
+
+
+# ----- what a conclusion may say ---------------------------------------------------------------------------------
+
+NO_CHANGE = re.compile(r"\b(no change|unchanged|trains as|the same as|no effect|does not change|do not change)\b", re.I)
+EFFECT = re.compile(r"\b(lower|higher|fewer|more|less|faster|slower|raises|lowers|reduces|increases)\b", re.I)
+REFERENCE = re.compile(r"\b(eq|eqs|Prop\.|Cor\.|Thm\.|App\.|sec\.|Table)\s*[\dA-Z][\d.\-]*", re.I)
+
+
+def conclusion_problems(finding: Finding, summary: Summary | None = None) -> list[str]:
+    """Why a finding's conclusion is not supported by its rows' expected verdicts (empty when it is)."""
+    text = finding.conclusion
+    if not text:
+        return []
+    problems = []
+    if re.search(r"\d", REFERENCE.sub("", text)):
+        problems.append(f"{finding.id}: the conclusion holds a number; numbers come from the tables")
+    words = [w for r in finding.rows for w in r.expect]
+    if NO_CHANGE.search(text) and any(w != "negligible" for w in words):
+        problems.append(f"{finding.id}: the conclusion says no change, but not every row is negligible on both sets")
+    if EFFECT.search(text) and not any(r.expect[0] == r.expect[1] and r.expect[0] in ("lower", "higher") for r in finding.rows):
+        problems.append(f"{finding.id}: the conclusion names an effect, but no row has the same effect on both sets")
+    if re.search(r"\bnot shown\b|\binconclusive\b", text, re.I) and "inconclusive" not in words:
+        problems.append(f"{finding.id}: the conclusion says not shown, but no row is inconclusive")
+    return problems
+
+
+def summaries(findings: Iterable[Finding], evidence: Mapping[str, Mapping], name: str) -> Summary:
+    """The Summary of the findings shown on page ``name`` ('readme', 'attribution')."""
+    return Summary(name, [f for f in findings if name in f.summaries], evidence)
+
+
+def read_ledger(folder) -> tuple[list[Finding], dict[str, dict]]:
+    """(findings, evidence by experiment name) from a folder holding findings.toml and data/NAME.json."""
+    folder = Path(folder)
+    try:
+        findings = load_findings(tomllib.loads((folder / "findings.toml").read_text(encoding="utf-8")))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{folder / 'findings.toml'}: not TOML ({err})") from None
+    evidence = {}
+    for path in sorted((folder / "data").glob("*.json")):
+        try:
+            evidence[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not JSON ({err})") from None
+    return findings, evidence

@@ -1,0 +1,216 @@
+"""Store what the attribution experiments measured, small and diffable: docs/attribution/data/NAME.json.
+
+    python scripts/attribution_data.py            # after running every command of EXPERIMENTS (runs/ is not committed)
+    python scripts/attribution_data.py --print    # the commands, one per line, in the order to run them
+
+Each experiment ran on two disjoint seed sets (a discovery set and a confirmation set); its evidence file holds,
+for each set, the command that produced it and what the tables are rendered from: a toy run's config and per-seed
+summary (every label, every column, which seeds reached kappa), a toy sweep's rows (per-seed values at each knob
+value), a comparison's compare.json. Numbers are kept to 6 significant digits; every table, verdict and sentence
+of docs/attribution.md and of README's "What we found" is computed from these files (scripts/attribution_page.py,
+dfpo.core.findings), so tests check them without re-running anything. The figures are copied from the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfpo.core.files import read_utf8, write_text_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs"
+DATA = ROOT / "docs" / "attribution" / "data"
+FIGURES = ROOT / "docs" / "attribution"
+
+RESIDUAL = "gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score,dfpo_min:stopgrad=score:length_aware=true"
+LLM = "gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score"
+LLM_SETS = "--set eval.k=16 --set eval.every=50 --jobs 1"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment: its kind of evidence, how the page names it, and the run folder and command of each seed set."""
+
+    kind: str
+    title: str
+    discovery: tuple[str, str]
+    confirmation: tuple[str, str]
+    figure: tuple[str, str] | None = None
+    """(file under runs/, name under docs/attribution/)."""
+
+
+def _toy(
+    name: str, args: str, disc: str = "--seeds 16 --seed 2", conf: str = "--seeds 32 --seed 3"
+) -> tuple[tuple[str, str], tuple[str, str]]:
+    first = f"dfpo toy {args} {disc} --out runs/{name}"
+    second = f"dfpo toy {args} {conf} --discovery runs/{name} --out runs/{name}-seed3"
+    return (f"{name}", first), (f"{name}-seed3", second)
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "toy-residual-family": Experiment(
+        "toy-run",
+        "In the toy's family task",
+        *_toy("toy-residual-family", f"run --task family --objectives {RESIDUAL} --steps 300 --match-step steps"),
+        ("toy-residual-family-seed3/overview.png", "toy-residual-family.png"),
+    ),
+    "toy-ablate-family": Experiment(
+        "toy-run",
+        "In the toy's family task (standard ablation)",
+        *_toy("toy-ablate-family", "ablate --task family --steps 300 --match-step steps"),
+        ("toy-ablate-family-seed3/overview.png", "toy-ablate-family.png"),
+    ),
+    "toy-ablate-tenplusten": Experiment(
+        "toy-run",
+        "In the toy's tenplusten task (standard ablation)",
+        *_toy("toy-ablate-tenplusten", "ablate --task tenplusten --steps 300 --match-step steps"),
+        ("toy-ablate-tenplusten-seed3/overview.png", "toy-ablate-tenplusten.png"),
+    ),
+    "toy-spread-lr-family": Experiment(
+        "toy-spread",
+        "In the toy's family task (SGD, K = 8)",
+        *_toy("toy-spread-lr-family", "spread --task family --knob lr --values 0.1,0.3,1,3 -K 8 --steps 200"),
+        ("toy-spread-lr-family-seed3/spread.png", "toy-spread-lr-family.png"),
+    ),
+    "toy-spread-k-family-adam": Experiment(
+        "toy-spread",
+        "In the toy's family task (Adam, lr 0.05)",
+        *_toy(
+            "toy-spread-k-family-adam", "spread --task family --optimizer adam --lr 0.05 --knob inner_steps --values 1,2,4,8,16 --steps 200"
+        ),
+        ("toy-spread-k-family-adam-seed3/spread.png", "toy-spread-k-family-adam.png"),
+    ),
+    "toy-spread-k": Experiment(
+        "toy-spread",
+        "In the toy's tenplusten task (SGD, lr 0.5)",
+        *_toy("toy-spread-k", "spread --task tenplusten --knob inner_steps --values 1,2,4,8,16 --steps 200"),
+        ("toy-spread-k-seed3/spread.png", "toy-spread-k-tenplusten.png"),
+    ),
+    "llm": Experiment(
+        "compare",
+        "On the tiny LLM",
+        ("llm-discovery", f"dfpo compare --objectives {LLM} --seeds 16 --first-seed 2000 {LLM_SETS} --out runs/llm-discovery"),
+        ("llm-confirmation", f"dfpo compare --objectives {LLM} --seeds 24 --first-seed 3000 {LLM_SETS} --out runs/llm-confirmation"),
+        ("llm-confirmation/compare.png", "llm.png"),
+    ),
+}
+
+
+def rounded(value):
+    """``value`` with every float kept to 6 significant digits (JSON: infinities and NaN become None)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
+def toy_run_set(folder: Path, command: str) -> dict:
+    from dfpo.toy.checks import control_kinds
+    from dfpo.toy.folder import read_config
+    from dfpo.toy.report import read_metrics, summarise
+
+    config, raw = read_config(folder)
+    summary = summarise(read_metrics(folder), config.kappa)
+    config_dict = {k: v for k, v in raw.items() if k not in ("task_shape", "wall_time_s", "calibrations")}
+    return {
+        "command": command,
+        "seed_set": f"--seed {config.seed}, {config.seeds} seeds",
+        "config": config_dict,
+        "summary": {
+            label: {k: [bool(x) if k == "reached" else float(x) for x in v] for k, v in row.items()} for label, row in summary.items()
+        },
+        "wall_time_s": raw.get("wall_time_s"),
+        "calibrations": raw.get("calibrations", []),
+        "controls": control_kinds(config.objectives, config),
+    }
+
+
+def toy_spread_set(folder: Path, command: str) -> dict:
+    setup = json.loads(read_utf8(folder / "config.json"))
+    rows = json.loads(read_utf8(folder / "spread.json"))
+    return {
+        "command": command,
+        "seed_set": f"--seed {setup['config']['seed']}, {setup['config']['seeds']} seeds",
+        "setup": setup,
+        "rows": rows,
+    }
+
+
+def compare_set(folder: Path, command: str) -> dict:
+    """compare.json of the comparison, written again by its own command (every run is done: nothing trains)."""
+    argv = shlex.split(command)[1:]
+    out = subprocess.run([sys.executable, "-m", "dfpo", *argv], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"attribution_data: {command} failed: {out.stderr.strip().splitlines()[-1:]}")
+    doc = json.loads(read_utf8(folder / "compare.json"))
+    seeds = doc["seeds"]
+    return {"command": command, "seed_set": f"seeds {seeds[0]}..{seeds[-1]}, {len(seeds)} seeds", "doc": doc, "controls": doc["controls"]}
+
+
+READERS = {"toy-run": toy_run_set, "toy-spread": toy_spread_set, "compare": compare_set}
+
+
+def evidence(name: str, exp: Experiment) -> dict:
+    sets = {}
+    for which, (folder, command) in (("discovery", exp.discovery), ("confirmation", exp.confirmation)):
+        sets[which] = READERS[exp.kind](RUNS / folder, command)
+    return rounded({"name": name, "kind": exp.kind, "title": exp.title, "sets": sets})
+
+
+def dumps(value, depth: int = 0) -> str:
+    """JSON with every list of numbers (a column over seeds) on one line: a changed number changes one line."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        return "{\n" + ",\n".join(f"{inner}{json.dumps(k)}: {dumps(v, depth + 1)}" for k, v in value.items()) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(inner + dumps(v, depth + 1) for v in value) + f"\n{pad}]"
+    return json.dumps(value)
+
+
+def write_json(path: Path, doc: dict) -> None:
+    write_text_atomic(path, dumps(doc) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--print", action="store_true", help="print the commands to run, in order, and exit")
+    parser.add_argument("--only", nargs="*", default=None, help="experiments to store (default: all)")
+    args = parser.parse_args()
+    if args.print:
+        for exp in EXPERIMENTS.values():
+            print(exp.discovery[1])
+            print(exp.confirmation[1])
+        return 0
+    names = args.only or list(EXPERIMENTS)
+    missing = [
+        f"runs/{folder}"
+        for n in names
+        for folder, _ in (EXPERIMENTS[n].discovery, EXPERIMENTS[n].confirmation)
+        if not (RUNS / folder).is_dir()
+    ]
+    if missing:
+        print(f"attribution_data: run these commands first (missing {', '.join(missing)}); see --print", file=sys.stderr)
+        return 2
+    DATA.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        exp = EXPERIMENTS[name]
+        write_json(DATA / f"{name}.json", evidence(name, exp))
+        if exp.figure and (RUNS / exp.figure[0]).is_file():
+            shutil.copyfile(RUNS / exp.figure[0], FIGURES / exp.figure[1])
+        print(f"wrote docs/attribution/data/{name}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

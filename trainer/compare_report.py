@@ -1,0 +1,269 @@
+"""What ``dfpo compare`` prints: paired differences with their intervals, levels, per-seed tables, warnings, a figure.
+
+Everything here is a pure function of the comparison's document (``compare.json``: the labels, pairs, seeds and
+every run's outcomes), so the attribution page re-renders a comparison from its stored evidence.
+
+Intervals (``dfpo.core.stats``), Bonferroni-adjusted over every interval of the paired table: the Student-t
+interval of the mean paired difference, and for steps to kappa (censored for a run that never reaches kappa:
+its value, the run's length + 1, is a lower bound) the median paired difference with its censoring-aware
+sign-test interval. Levels: means over seeds, and for steps the Kaplan-Meier median ('>=' where censoring
+leaves it open). A censored value is printed '>=N' and never enters a mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..core import stats
+
+# (key in the per-run record, column title, format of a difference)
+OUTCOMES = (
+    ("eval", "final eval avg@k", "{:+.3f}"),
+    ("reward_last10", "train reward, last 10 steps", "{:+.3f}"),
+    ("steps_to_kappa", "steps to kappa (10-step mean; median, censoring-aware)", "{:+.1f}"),
+    ("jitter2", "Jitter2 eq 20 of the train reward", "{:+.2e}"),
+    ("entropy_last10", "rollout entropy, last 10 steps", "{:+.3f}"),
+    ("residual", "shared-token residual eq 2 (mean over steps)", "{:+.3f}"),
+    ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
+    ("asym", "Asym eq 23 (mean over steps, post-transform weights)", "{:+.2e}"),
+)
+VALUE_FORMATS = {
+    "eval": "{:.4f}",
+    "reward_last10": "{:.4f}",
+    "steps_to_kappa": "{:.0f}",
+    "jitter2": "{:.3g}",
+    "entropy_last10": "{:.4f}",
+    "residual": "{:.4f}",
+    "clip_frac": "{:.4f}",
+    "asym": "{:.4g}",
+}
+"""How a per-seed value is printed."""
+CENSORED = ("steps_to_kappa",)
+"""Outcomes whose value for a run that never reached kappa is a lower bound (``kappa_reached`` 0)."""
+
+MIN_SEEDS = 8
+"""Fewer paired seeds than this draw a warning: the interval is wide and leans on near-normal differences."""
+
+Records = dict[str, dict[int, dict[str, float]]]
+"""{label: {seed: read_run's record}}"""
+
+
+def _values(records: Records, label: str, key: str, seeds) -> np.ndarray:
+    return np.array([records[label][s].get(key, math.nan) for s in seeds], dtype=float)
+
+
+def _censored(records: Records, label: str, seeds) -> np.ndarray:
+    return np.array([not records[label][s].get("kappa_reached", 1.0) for s in seeds], dtype=bool)
+
+
+def pair_interval(records: Records, method: str, baseline: str, key: str, *, tests: int):
+    """The interval of method - baseline over the paired seeds; None where an outcome is missing for some seed."""
+    seeds = sorted(records[baseline])
+    m, b = _values(records, method, key, seeds), _values(records, baseline, key, seeds)
+    if np.isnan(m).any() or np.isnan(b).any():
+        return None
+    if key in CENSORED:
+        return stats.paired_censored_interval(m, _censored(records, method, seeds), b, _censored(records, baseline, seeds), tests=tests)
+    return stats.paired_interval(m - b, tests=tests)
+
+
+def pair_intervals(records: Records, pairs) -> dict:
+    """(method, baseline, outcome) -> interval, each Bonferroni-adjusted over every interval of the table."""
+    cells = [(m, b, key) for m, b in pairs for key, _, _ in OUTCOMES]
+    available = [c for c in cells if pair_interval(records, *c, tests=1) is not None]
+    tests = len(available) or 1
+    return {c: (pair_interval(records, *c, tests=tests) if c in available else None) for c in cells}
+
+
+def match_text(matched: dict, method: str, baseline: str) -> str:
+    kind = matched.get(f"{method} - {baseline}", [])
+    if kind == ["step size"]:
+        return "yes, and step size"
+    return "yes" if not kind else "NO: differs in " + ", ".join(kind)
+
+
+def paired_table(records: Records, pairs, matched: dict, intervals: dict) -> list[str]:
+    """Markdown: per (method, control) pair and outcome, the paired difference [adjusted 95% CI]; * where it excludes 0."""
+    lines = ["| method - control | matched control? | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 2) + "|"]
+    for m, b in pairs:
+        cells = []
+        for key, _, fmt in OUTCOMES:
+            ci = intervals[(m, b, key)]
+            cells.append("n/a" if ci is None else stats.interval_text(ci, fmt) + (" *" if ci.excludes_zero else ""))
+        lines.append(f"| {m} - {b} | {match_text(matched, m, b)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def level_cell(records: Records, label: str, key: str) -> str:
+    seeds = sorted(records[label])
+    values = _values(records, label, key, seeds)
+    if np.isnan(values).any():
+        return "n/a"
+    if key in CENSORED:
+        return stats.km_median(values, _censored(records, label, seeds)).text("{:.0f}")
+    return f"{float(values.mean()):.4g}"
+
+
+def level_table(records: Records) -> list[str]:
+    """Markdown: per label, each outcome's level over seeds (what the differences are differences of)."""
+    lines = ["| objective | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|"]
+    for label in records:
+        lines.append(f"| {label} | " + " | ".join(level_cell(records, label, key) for key, _, _ in OUTCOMES) + " |")
+    return lines
+
+
+def _value(record: dict[str, float], key: str) -> str:
+    value = record.get(key, math.nan)
+    if not math.isfinite(value):
+        return "n/a"
+    text = VALUE_FORMATS[key].format(value)
+    return ">=" + text if key in CENSORED and not record.get("kappa_reached", 1.0) else text
+
+
+def _difference(records: Records, m: str, b: str, s: int, key: str, fmt: str) -> str:
+    """One seed's paired difference; for a censored outcome a bound ('<=x', '>=x') or '?' (both censored)."""
+    rm, rb = records[m][s], records[b][s]
+    d = rm.get(key, math.nan) - rb.get(key, math.nan)
+    if not math.isfinite(d):
+        return "n/a"
+    if key in CENSORED:
+        cm, cb = not rm.get("kappa_reached", 1.0), not rb.get("kappa_reached", 1.0)
+        if cm and cb:
+            return "?"
+        if cb:
+            return "<=" + fmt.format(d)
+        if cm:
+            return ">=" + fmt.format(d)
+    return fmt.format(d)
+
+
+def per_seed_tables(records: Records, pairs) -> list[str]:
+    """Markdown: one table per outcome, a row per seed with every label's value and each pair's difference."""
+    baseline_seeds = sorted(next(iter(records.values())))
+    lines = []
+    for key, title, fmt in OUTCOMES:
+        lines += [
+            f"{title}:",
+            "",
+            "| seed | " + " | ".join(records) + " | " + " | ".join(f"{m} - {b}" for m, b in pairs) + " |",
+            "|---" * (1 + len(records) + len(pairs)) + "|",
+        ]
+        for s in baseline_seeds:
+            values = [_value(records[label][s], key) for label in records]
+            diffs = [_difference(records, m, b, s, key, fmt) for m, b in pairs]
+            lines.append(f"| {s} | " + " | ".join(values) + " | " + " | ".join(diffs) + " |")
+        lines.append("")
+    return lines
+
+
+def per_seed_csv(records: Records) -> str:
+    """CSV text: label, seed, every outcome and kappa_reached, one row per run."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    keys = [key for key, _, _ in OUTCOMES] + ["kappa_reached"]
+    w.writerow(["label", "seed", *keys])
+    for label, by_seed in records.items():
+        for s in sorted(by_seed):
+            w.writerow([label, s, *[f"{by_seed[s].get(k, float('nan')):.6g}" for k in keys]])
+    return buf.getvalue()
+
+
+def warnings_for(records: Records) -> list[str]:
+    """Why the table may mislead: fewer than MIN_SEEDS paired seeds; runs that never reached kappa."""
+    out = []
+    n = len(next(iter(records.values())))
+    if n < MIN_SEEDS:
+        out.append(
+            f"warning: only {n} paired seeds (fewer than {MIN_SEEDS}): the intervals are wide and rest on the paired differences "
+            f"being close to normal; run --seeds {MIN_SEEDS} or more before reading a difference."
+        )
+    censored = [
+        f"{label} seed {s}" for label, by_seed in records.items() for s in sorted(by_seed) if not by_seed[s].get("kappa_reached", 1.0)
+    ]
+    if censored:
+        total = sum(len(v) for v in records.values())
+        out.append(
+            f"warning: {len(censored)} of {total} runs never reached kappa ({', '.join(censored)}): their steps to kappa is censored "
+            "(printed >=N, the run's length + 1, a lower bound); it enters no mean: the steps column gives Kaplan-Meier medians and "
+            "the median paired difference with a censoring-aware interval."
+        )
+    return out
+
+
+def render_compare(doc: dict, *, warnings: list[str] | None = None) -> list[str]:
+    """The lines of compare.md (without its figure) from the comparison's document."""
+    records: Records = {label: {int(s): r for s, r in by_seed.items()} for label, by_seed in doc["records"].items()}
+    pairs = [tuple(p) for p in doc["pairs"]]
+    intervals = pair_intervals(records, pairs)
+    tests = sum(ci is not None for ci in intervals.values())
+    seeds = doc["seeds"]
+    warnings = warnings_for(records) if warnings is None else warnings
+    notes = [c["sentence"] for c in doc.get("calibrations", [])]
+    return [
+        f"# {len(seeds)} paired seeds ({seeds[0]}..{seeds[-1]}), config {doc['config']}"
+        + (f", --set {' '.join(doc['sets'])}" if doc["sets"] else ""),
+        "",
+        *[f"**{text}**" for text in warnings],
+        *([""] if warnings else []),
+        f"Paired difference per seed (method - control), mean [{stats.interval_note(tests)}]; for steps to kappa the median paired "
+        "difference with its censoring-aware sign-test interval at the same level; * where the interval excludes 0.",
+        "Steps to kappa: first step whose 10-step mean train reward reaches eval.kappa; a run that never does is censored (>=N).",
+        "Asym is computed on the weights after the in-group transform: a transform that equalises the weights lowers it by construction.",
+        "",
+        *paired_table(records, pairs, doc["matched"], intervals),
+        "",
+        *([*notes, ""] if notes else []),
+        "Levels over seeds (means; steps: Kaplan-Meier median [95% interval] and how many runs reached kappa):",
+        "",
+        *level_table(records),
+        "",
+        "Per seed (>=N: censored, the run never reached kappa in its N - 1 steps; a censored pair's difference is a bound or ?):",
+        "",
+        *per_seed_tables(records, pairs),
+    ]
+
+
+def plot_differences(doc: dict, path: Path) -> None:
+    """One panel per outcome: each pair's paired difference with the table's adjusted interval, and the seeds."""
+    import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records: Records = {label: {int(s): r for s, r in by_seed.items()} for label, by_seed in doc["records"].items()}
+    pairs = [tuple(p) for p in doc["pairs"]]
+    intervals = pair_intervals(records, pairs)
+    names = [f"{m} - {b}" for m, b in pairs]
+    fig, axes = plt.subplots(
+        2, math.ceil(len(OUTCOMES) / 2), figsize=(3.3 * math.ceil(len(OUTCOMES) / 2), 1.2 * len(pairs) + 4), dpi=110, squeeze=False
+    )
+    for ax, (key, title, _) in zip(axes.flat, OUTCOMES):
+        for i, (m, b) in enumerate(pairs):
+            ci = intervals[(m, b, key)]
+            if ci is None:
+                continue
+            center, low, high = ci.as_tuple()
+            if all(math.isfinite(v) for v in (center, low, high)):  # an interval censoring leaves open is not drawn
+                ax.errorbar([center], [i], xerr=[[center - low], [high - center]], fmt="o", capsize=4)
+            seeds = sorted(records[b])
+            d = _values(records, m, key, seeds) - _values(records, b, key, seeds)
+            if key in CENSORED:  # a censored pair has a bound, not a difference: not drawn as a point
+                d = d[~(_censored(records, m, seeds) | _censored(records, b, seeds))]
+            ax.scatter(d, np.full(d.size, i) + 0.18, s=8, alpha=0.5, color="gray")
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_yticks(range(len(pairs)), names if ax in axes[:, 0] else [""] * len(pairs), fontsize=7)
+        ax.set_ylim(-0.6, len(pairs) - 0.4)
+        ax.set_title(title, fontsize=8, wrap=True)
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(
+        f"paired differences over {len(doc['seeds'])} seeds (dot and bar: the table's estimate and Bonferroni-adjusted 95% interval; gray: seeds)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
