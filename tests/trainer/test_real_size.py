@@ -1,7 +1,7 @@
 """The real-model path at real size, on CPU: a Qwen3-0.6B-shaped model (596M parameters, 151,936-row vocabulary,
 bfloat16 checkpoint, byte-level BPE tokenizer with Qwen's chat template) trained by ``configs/qwen3-0.6b-gsm8k.toml``
 for 2 steps with full fine-tuning and LoRA, each with and without gradient checkpointing, then resumed
-(``scripts/real_size.py``). About 11 GiB of memory and 10-20 minutes on 2 cores: slow, run in CI with ``-m slow``."""
+(``scripts/real_size.py``). About 11 GiB of memory and 7 minutes on an idle 2-core machine: slow, run in CI with ``-m slow``."""
 
 from __future__ import annotations
 
