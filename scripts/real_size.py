@@ -75,8 +75,11 @@ VARIANTS = {
 
 
 def tokenizer_corpus() -> list[str]:
-    """Local text to learn merges from: the repository's docs and the task's own kind of text."""
-    texts = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))]
+    """Local text to learn merges from, the same on every machine and at every commit: the task's own problems
+    (reasoning-gym, fixed seed) and arithmetic written out with a boxed answer."""
+    import reasoning_gym
+
+    texts = [item["question"] for item in reasoning_gym.create_dataset("gsm_symbolic", size=200, seed=1)]
     texts += [f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}." for a in range(60) for b in range(0, 60, 7)]
     return texts
 
@@ -136,7 +139,7 @@ def write_task(folder: Path, n_train: int = 32, n_eval: int = 8, seed: int = 0) 
 
 
 def run_settings(model: Path, train: Path, evals: Path, run_dir: Path, steps: int) -> list[str]:
-    """The --set list that shrinks the real config to 2 prompts x 2 completions of 24 tokens, on CPU, offline. The
+    """The --set list that shrinks the real config to 2 prompts x 4 completions of 24 tokens, on CPU, offline. The
     format reward pays any non-empty text: a random model's completions decode to text or to nothing (ids past the
     tokenizer), so groups have reward variance and the update has a gradient (math-verify pays nothing here)."""
     return [
@@ -148,7 +151,7 @@ def run_settings(model: Path, train: Path, evals: Path, run_dir: Path, steps: in
         f"run_dir={run_dir}",
         "device=cpu",
         "rollout.prompts_per_step=2",
-        "rollout.group_size=2",
+        "rollout.group_size=4",
         f"rollout.max_new_tokens={NEW_TOKENS}",
         "optim.minibatch_groups=2",
         "optim.microbatch_groups=1",
@@ -163,7 +166,7 @@ def run_settings(model: Path, train: Path, evals: Path, run_dir: Path, steps: in
 
 
 NEW_TOKENS = 24
-ROWS_PER_STEP = 2 * 2
+ROWS_PER_STEP = 2 * 4
 """rollout.prompts_per_step x rollout.group_size of ``run_settings``."""
 
 
@@ -237,8 +240,11 @@ def check_run(run_dir: Path, steps: int) -> list[str]:
     bad = [f"{k}@{r['step']}" for r in rows for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         problems.append(f"non-finite values: {bad[:5]}")
-    if not any(r.get("grad/norm", 0.0) > 0 for r in rows):
-        problems.append("no step had a gradient (grad/norm 0 throughout)")
+    varied = [r for r in rows if r.get("groups/zero_var_frac", 1.0) < 1.0]  # a step with a group whose rewards differ
+    if not varied:
+        problems.append("no group had rewards that differ in any step, so no gradient was shown (rare: rerun)")
+    elif any(r.get("grad/norm", 0.0) <= 0 for r in varied):
+        problems.append(f"a step with reward variance had no gradient: steps {[r['step'] for r in varied if r.get('grad/norm', 0.0) <= 0]}")
     samples = read_jsonl(run_dir / "samples.jsonl")
     template = "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     if not samples or not all(s["model_input"].startswith(template[0]) and s["model_input"].endswith(template[1]) for s in samples):
@@ -280,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--no-resume", action="store_true", help="skip resuming the first variant for one more step")
+    p.add_argument(
+        "--discard-checkpoints",
+        action="store_true",
+        help="remove each variant's checkpoint once it is checked (and resumed): a full fine-tune's is 7.2 GB",
+    )
     args = p.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -318,16 +329,31 @@ def main(argv: list[str] | None = None) -> int:
         )
         problems = check_run(run_dir, args.steps) if m.status == 0 else [m.output.strip().splitlines()[-1]]
         failed += [f"{name}: {x}" for x in problems]
-    if not args.no_resume and not failed:
-        first = args.out / variants[0]
-        m = train_process([f"train.steps={args.steps + 1}"], resume=first)
-        steps = [r["step"] for r in read_jsonl(first / "metrics.jsonl")]
-        print(f"real-size: resumed {variants[0]} for step {args.steps + 1}: exit {m.status}, {m.wall_s:.0f} s, steps logged {steps}")
-        if m.status != 0 or steps != list(range(1, args.steps + 2)):
-            failed.append(f"resume of {variants[0]}: exit {m.status}, steps {steps}: {m.output.strip().splitlines()[-1:]}")
+        if name == variants[0] and not args.no_resume and not problems:
+            failed += resume_for_one_step(run_dir, args.steps)
+        if args.discard_checkpoints:
+            discard_checkpoint(run_dir)
     for line in failed:
         print("real-size: FAILED", line)
     return 1 if failed else 0
+
+
+def resume_for_one_step(run_dir: Path, steps: int) -> list[str]:
+    """``dfpo train --resume`` the run for step ``steps + 1``; the problems found ([] when none)."""
+    m = train_process([f"train.steps={steps + 1}"], resume=run_dir)
+    logged = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    print(f"real-size: resumed {run_dir.name} for step {steps + 1}: exit {m.status}, {m.wall_s:.0f} s, steps logged {logged}")
+    if m.status != 0 or logged != list(range(1, steps + 2)):
+        return [f"resume of {run_dir.name}: exit {m.status}, steps {logged}: {m.output.strip().splitlines()[-1:]}"]
+    return []
+
+
+def discard_checkpoint(run_dir: Path) -> None:
+    """Remove the checkpoint this script's run wrote into the run folder it created (and its record)."""
+    from dfpo.trainer.layout import RunDir
+
+    for name in (RunDir.CHECKPOINT, RunDir.CHECKPOINT_META):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _end_of_turn_stops(model: Path) -> bool:
