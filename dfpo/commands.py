@@ -191,3 +191,23 @@ def config_reference() -> str:
     ]
     parts += ["", "### Objective overrides", "", settings.markdown_table(overrides)]
     return "\n".join(parts)
+
+
+def param_atlas_block() -> str:
+    """docs/cancellation.md's parameter-space block: every rollout correction, rejection and KL estimator, then every
+    registered objective, probed by one SGD step of a shared-weights model (``dfpo.core.param_atlas``), with the
+    sentences read from both tables and checked on a disjoint seed set."""
+    from dfpo.core import param_atlas as pa
+
+    setting, objective = pa.param_setting_atlas(), pa.param_objective_atlas()
+    confirmation = (pa.param_setting_atlas(pa.CONFIRMATION_SEEDS), pa.param_objective_atlas(pa.CONFIRMATION_SEEDS))
+    lines = pa.param_summary(setting, objective, confirmation, (pa.DISCOVERY_SEEDS, pa.CONFIRMATION_SEEDS))
+    cells = pa.setting_rows(setting)
+    objective_cells = pa.objective_rows(objective)
+    return "\n\n".join(
+        [
+            "\n".join(lines),
+            _table(list(cells[0]), [list(r.values()) for r in cells], True),
+            _table(list(objective_cells[0]), [list(r.values()) for r in objective_cells], True),
+        ]
+    )

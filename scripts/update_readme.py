@@ -14,7 +14,15 @@ import pathlib
 import re
 import sys
 
-from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, correction_table, objectives_table
+from dfpo.commands import (
+    atlas_table,
+    cancellation_demo,
+    components_table,
+    config_reference,
+    correction_table,
+    objectives_table,
+    param_atlas_block,
+)
 from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
 from dfpo.core.metric_registry import markdown_table
@@ -99,11 +107,12 @@ BLOCKS = {
     "metrics": _metrics,
     "config": _config,
     "probe_findings": _probe_findings,
+    "param_atlas": param_atlas_block,
 }
 FILES = {
     README: ("findings", "ledger_count"),
     ROOT / "docs" / "loss.md": ("objectives", "components"),
-    ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "probe_findings"),
+    ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "param_atlas", "probe_findings"),
     ROOT / "docs" / "attribution.md": ("probe_findings",),
     ROOT / "docs" / "probe.md": ("probe_findings",),
     ROOT / "docs" / "metrics.md": ("metrics",),

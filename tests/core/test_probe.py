@@ -11,30 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo.core.loss import group_advantages
+from dfpo.core.param_atlas import SharedWeightsLM
 from dfpo.core.probe import DriftBatch, equivalent_pairs, preconditioner, probe_step, shared_events, spread, summary
 
 
-class TinyLM(torch.nn.Module):
-    """A small autoregressive model whose parameters every context shares: log pi(y_t | y_<t) from an embedding of
-    the previous token and of the position through one hidden layer (float64)."""
-
-    def __init__(self, vocab: int = 6, width: int = 8, max_len: int = 6, seed: int = 0):
-        super().__init__()
-        gen = torch.Generator().manual_seed(seed)
-        self.emb = torch.nn.Parameter(0.5 * torch.randn(vocab + 1, width, generator=gen, dtype=torch.float64))
-        self.pos = torch.nn.Parameter(0.5 * torch.randn(max_len, width, generator=gen, dtype=torch.float64))
-        self.out = torch.nn.Parameter(0.5 * torch.randn(width, vocab, generator=gen, dtype=torch.float64))
-        self.bos = vocab
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """log pi of each token (B, T)."""
-        prev = torch.cat([torch.full_like(tokens[:, :1], self.bos), tokens[:, :-1]], dim=1)  # (B, T)
-        h = torch.tanh(self.emb[prev] + self.pos[: tokens.shape[1]])  # (B, T, W)
-        logp_all = torch.log_softmax(h @ self.out, dim=-1)  # (B, T, V)
-        return logp_all.gather(-1, tokens[..., None]).squeeze(-1)
+def TinyLM(seed: int = 0) -> SharedWeightsLM:
+    """The parameter-space atlas's shared-weights model, six positions long."""
+    return SharedWeightsLM(max_len=6, seed=seed)
 
 
-def grouped_batch(model: TinyLM, seed: int, *, groups: int = 3, size: int = 4, T: int = 5, off_policy: float = 0.2) -> DriftBatch:
+def grouped_batch(model: SharedWeightsLM, seed: int, *, groups: int = 3, size: int = 4, T: int = 5, off_policy: float = 0.2) -> DriftBatch:
     """Groups whose completions share a prefix of 2 tokens (so there are shared events) and end differently; the
     first two rows of each group are correct, one of them a different sequence (an equivalent pair)."""
     gen = torch.Generator().manual_seed(seed)
@@ -57,7 +43,7 @@ def grouped_batch(model: TinyLM, seed: int, *, groups: int = 3, size: int = 4, T
     return DriftBatch(tokens=tokens, mask=mask, group_ids=group_ids, advantages=adv, old_logp=torch.where(mask, old, 0.0), correct=correct)
 
 
-def scorer(model: TinyLM, batch: DriftBatch):
+def scorer(model: SharedWeightsLM, batch: DriftBatch):
     return lambda rows: (torch.where(batch.mask[rows], model(batch.tokens[rows]), 0.0), None)
 
 
