@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .loss import OBJECTIVES, group_advantages, resolve_objective
+from .loss.advantages import ADVANTAGE_SCALES
 from .loss.cancellation import CANCEL_TOL, make_shared_prefix_group, rejecting_one
 from .probe import DriftBatch, probe_step
 
@@ -38,6 +39,9 @@ VOCAB = 6
 LEARNING_RATE = 0.05
 """SGD's step: small enough that the measured change is first order (the tests bound predicted - measured)."""
 REWARDS = (1.0, 0.0, 1.0, 0.0)
+GRADED_REWARDS = (1.0, 0.0, 0.5, 0.0)
+"""The advantage estimators' rows: one best completion, so verl's pass@k (which gives a tie for the best nothing)
+has a gradient to probe."""
 PARAM_CASES = (("dapo", (5, 9, 12, 7)), ("grpo", (8, 8, 8, 8)))
 """(objective, lengths) of the setting table: dapo at unequal lengths (where token-level settings keep cancelling and
 completion-level ones do not) and grpo at equal lengths (where a renormalised token rejection breaks the mean)."""
@@ -82,7 +86,7 @@ class ProbeCase:
     batch: DriftBatch
 
 
-def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group") -> ProbeCase:
+def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group", rewards: tuple[float, ...] = REWARDS) -> ProbeCase:
     """The logit-space table's group for ``seed`` (its log-ratios, sampler mismatch and rewards) on real tokens:
     the first ``PREFIX_LEN`` tokens shared by every completion, then random tokens; pi_old and pi_rollout are the
     model's log-probs shifted by the group's log-ratio and mismatch (one value per shared event, as it must be)."""
@@ -98,8 +102,9 @@ def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group")
     log_ratio = (group.logp() - group.old_logp).detach()  # (G, T) log pi / pi_old of the table's group
     mismatch = (group.old_logp - group.rollout_logp).detach()  # (G, T) log pi_old / pi_rollout
     old_logp = torch.where(group.mask, logp - log_ratio, 0.0)
-    rewards = torch.tensor(REWARDS, dtype=torch.float64)
-    advantages = group_advantages(rewards, group.group_ids, scale=adv_scale, lengths=group.mask.sum(1).double())  # (G,)
+    advantages = group_advantages(
+        torch.tensor(rewards, dtype=torch.float64), group.group_ids, scale=adv_scale, lengths=group.mask.sum(1).double()
+    )  # (G,)
     batch = DriftBatch(
         tokens=tokens,
         mask=group.mask,
@@ -195,7 +200,9 @@ def _cell(verdict: ParamVerdict, baseline: ParamVerdict) -> dict[str, str]:
 
 
 def param_setting_atlas(seeds: tuple[int, ...] = DISCOVERY_SEEDS) -> list[dict[str, object]]:
-    """One row per (setting, case): its ``ParamVerdict`` over ``seeds`` beside the same objective without it."""
+    """One row per (setting, case): its ``ParamVerdict`` over ``seeds`` beside the same objective without it; then
+    every advantage estimator under dapo on graded rewards beside the group estimator (``verdict`` None and ``why``
+    where the groups cannot feed an estimator)."""
     rows = []
     for objective, lengths in PARAM_CASES:
         cases = [probe_case(lengths, s) for s in seeds]
@@ -204,6 +211,18 @@ def param_setting_atlas(seeds: tuple[int, ...] = DISCOVERY_SEEDS) -> list[dict[s
         for overrides in setting_overrides():
             verdict = probe_setting(objective, cases, **overrides)
             rows.append({"setting": setting_label(overrides), "case": case, "verdict": verdict, "baseline": baseline})
+    lengths = PARAM_CASES[0][1]
+    baseline = probe_setting("dapo", [probe_case(lengths, s, rewards=GRADED_REWARDS) for s in seeds])
+    case = "dapo, unequal L, rewards " + ", ".join(f"{r:g}" for r in GRADED_REWARDS)
+    for scale in ADVANTAGE_SCALES:
+        if scale == "group":
+            continue
+        row = {"setting": f"adv_scale={scale}", "case": case, "baseline": baseline, "why": ""}
+        try:
+            row["verdict"] = probe_setting("dapo", [probe_case(lengths, s, adv_scale=scale, rewards=GRADED_REWARDS) for s in seeds])
+        except ValueError as err:  # an estimator these groups cannot feed (several rewards, a greedy baseline)
+            row |= {"verdict": None, "why": str(err)}
+        rows.append(row)
     return rows
 
 
@@ -226,8 +245,23 @@ def param_objective_atlas(
 
 
 def setting_rows(rows: list[dict[str, object]]) -> list[dict[str, str]]:
-    """``param_setting_atlas`` as table cells."""
-    return [{"setting": r["setting"], "case": r["case"], **_cell(r["verdict"], r["baseline"])} for r in rows]
+    """``param_setting_atlas`` as table cells (a row it could not probe says why)."""
+    out = []
+    for r in rows:
+        if r["verdict"] is None:
+            out.append(
+                {
+                    "setting": r["setting"],
+                    "case": r["case"],
+                    "coefficient": "not probed",
+                    "direct": "",
+                    "cross share": "",
+                    "drift / none": r["why"],
+                }
+            )
+        else:
+            out.append({"setting": r["setting"], "case": r["case"], **_cell(r["verdict"], r["baseline"])})
+    return out
 
 
 def objective_rows(rows: list[dict[str, object]]) -> list[dict[str, str]]:
@@ -252,7 +286,7 @@ def objective_rows(rows: list[dict[str, object]]) -> list[dict[str, str]]:
 
 def _classes(setting: list[dict[str, object]], objective: list[dict[str, object]]) -> list[tuple[str, bool, bool]]:
     """Each row's (label, cancels, zero direct part): what a second seed set must reproduce."""
-    out = [(f"{r['setting']} | {r['case']}", r["verdict"].cancels, r["verdict"].direct < CANCEL_TOL) for r in setting]
+    out = [(f"{r['setting']} | {r['case']}", r["verdict"].cancels, r["verdict"].direct < CANCEL_TOL) for r in setting if r["verdict"]]
     return out + [(str(r["objective"]), r["verdict"].cancels, r["verdict"].direct < CANCEL_TOL) for r in objective if r["verdict"]]
 
 
@@ -264,7 +298,7 @@ def param_summary(
 ) -> list[str]:
     """The sentences docs/cancellation.md says about the two tables, read from them (never typed); with
     ``confirmation`` (the same tables on a disjoint seed set) and ``seeds`` (both sets), whether it agrees."""
-    verdicts = [r["verdict"] for r in setting] + [r["verdict"] for r in objective if r["verdict"] is not None]
+    verdicts = [r["verdict"] for r in setting + objective if r["verdict"] is not None]
     cancelling = [v for v in verdicts if v.cancels]
     zero_direct = [v for v in cancelling if v.direct < CANCEL_TOL]
     lines = [

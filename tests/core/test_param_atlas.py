@@ -47,7 +47,7 @@ def test_every_setting_has_the_logit_space_tables_verdict():
 def test_the_direct_part_vanishes_exactly_where_the_coefficients_cancel(seeds):
     """SGD's preconditioner is positive definite, so a shared token's direct drift is zero iff eq 2's residual is."""
     setting, objective = _tables(seeds)
-    verdicts = [r["verdict"] for r in setting] + [r["verdict"] for r in objective if r["verdict"] is not None]
+    verdicts = [r["verdict"] for r in setting + objective if r["verdict"] is not None]
     assert any(v.cancels for v in verdicts) and any(not v.cancels for v in verdicts)
     for v in verdicts:
         assert (v.direct < pa.CANCEL_TOL) == v.cancels, v
@@ -57,7 +57,7 @@ def test_the_direct_part_vanishes_exactly_where_the_coefficients_cancel(seeds):
 def test_a_cancelling_shared_token_still_moves_by_the_cross_term_alone(seeds):
     """Cancelling coefficients do not pin a shared token: shared weights move it, all of it cross."""
     setting, objective = _tables(seeds)
-    for v in [r["verdict"] for r in setting] + [r["verdict"] for r in objective if r["verdict"] is not None]:
+    for v in [r["verdict"] for r in setting + objective if r["verdict"] is not None]:
         if v.cancels:
             assert v.cross_share == pytest.approx(1.0) and v.drift > 1e-6
 
@@ -65,7 +65,7 @@ def test_a_cancelling_shared_token_still_moves_by_the_cross_term_alone(seeds):
 def test_the_split_is_first_order_on_every_row():
     """predicted = direct + cross is the real step's change up to a second-order remainder, small against the drift."""
     setting, objective = _tables(pa.DISCOVERY_SEEDS)
-    for v in [r["verdict"] for r in setting] + [r["verdict"] for r in objective if r["verdict"] is not None]:
+    for v in [r["verdict"] for r in setting + objective if r["verdict"] is not None]:
         assert v.first_order_error < 0.2 * max(v.drift, 1e-3), v
 
 
@@ -77,6 +77,17 @@ def test_a_sequence_level_correction_moves_the_shared_token_more_than_a_token_le
             token = rows[("rollout_correction=token_truncate", case)]
             sequence = rows[("rollout_correction=sequence_truncate", case)]
             assert token.cancels and not sequence.cancels and sequence.drift > token.drift
+
+
+def test_an_estimator_cancels_in_parameter_space_exactly_when_its_group_sums_to_zero():
+    """Under dapo at unequal lengths: the zero-sum estimators keep a shared token's direct drift at zero; OPO and
+    REINFORCE++ with a group baseline (zero-sum only at equal lengths) and pass@k (never zero-sum) do not."""
+    for seeds in (pa.DISCOVERY_SEEDS, pa.CONFIRMATION_SEEDS):
+        rows = {r["setting"]: r["verdict"] for r in _tables(seeds)[0] if r["setting"].startswith("adv_scale=")}
+        for scale in ("batch", "none", "rloo", "reinforce_pp"):
+            assert rows[f"adv_scale={scale}"].cancels and rows[f"adv_scale={scale}"].direct < pa.CANCEL_TOL
+        for scale in ("opo", "reinforce_pp_baseline", "grpo_passk"):
+            assert not rows[f"adv_scale={scale}"].cancels and rows[f"adv_scale={scale}"].direct > 0
 
 
 @settings(max_examples=8, deadline=None)
