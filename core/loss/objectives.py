@@ -313,7 +313,7 @@ OBJECTIVES = ObjectiveRegistry(
             eps_low=1.0 - math.exp(-0.4),
             eps_high=math.exp(0.4) - 1.0,
         ),
-        # issue 30: peers' losses (TOPR, Kimi k1.5, VAPO's NLL on positive samples)
+        # issue 30: peers' losses (TOPR, Kimi k1.5, Tinker's DRO, VAPO's NLL on positive samples)
         _preset(
             "topr",
             "TOPR: A * log pi for positive samples, sg(clamp(r, 0, 1)) * A * log pi for the others",
@@ -339,6 +339,22 @@ OBJECTIVES = ObjectiveRegistry(
             },
             clip="pg",
             proximal_coef=0.1,
+        ),
+        _preset(
+            "dro",
+            "DRO: -A * log pi plus beta/2 (log pi - log q)^2 per token, summed over each completion",
+            {
+                "clip": "DRO (Richemond et al., arXiv 2405.19107); Tinker's built-in loss_fn='dro' "
+                "(tinker-docs.thinkingmachines.ai/tinker/losses: -(target_logprobs * advantages - 0.5 * beta * quadratic_term))",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "proximal_coef": "Tinker's DRO docs example loss_fn_config={'beta': 0.05} (the service's own default is not published)",
+                "aggregation": "Tinker sums token losses (loss = -dro_objective.sum()); the mean over completions divides by B, a "
+                "constant step-size factor",
+            },
+            clip="pg",
+            proximal_coef=0.05,
+            aggregation="seq_mean_token_sum",
         ),
         _preset(
             "vapo_nll",

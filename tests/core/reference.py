@@ -431,3 +431,10 @@ def roll_agg_seq_mean_token_mean(per_token: dict[tuple[int, int], Tensor], rows:
     over its tokens, then the mean over those rows."""
     means = [sum(per_token[i, t] for t in ts) / len(ts) for i, ts in enumerate(rows) if ts]
     return sum(means) / len(means)
+
+
+def tinker_dro_datum_loss(logps: list[Tensor], sampling_logps: list[float], advantages: list[float], beta: float) -> Tensor:
+    """Tinker's built-in loss_fn='dro' on one datum (tinker-docs.thinkingmachines.ai/tinker/losses, DRO): quadratic_term =
+    (target_logprobs - sampling_logprobs)^2, dro_objective = target_logprobs * advantages - 0.5 * beta * quadratic_term,
+    loss = -dro_objective.sum() over the datum's tokens."""
+    return -sum(lp * a - 0.5 * beta * (lp - q) ** 2 for lp, q, a in zip(logps, sampling_logps, advantages))

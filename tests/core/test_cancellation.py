@@ -31,6 +31,7 @@ Summary (policy term; beta = 0):
 | stapo                       | cancels unless the shared token is masked (then fails) |
 | topr                        | cancels              | fails*    | cancels at r* >= 1; fails at r* < 1 (only A <= 0 copies tapered) |
 | kimi15 (gpg + tau/2 log^2 r) | cancels             | fails*    | fails (tau log r* at every copy, not advantage-weighted) |
+| dro (gpg + beta/2 log^2 r, token sums) | cancels  | cancels   | fails (as kimi15) |
 | vapo_nll (dapo + mu NLL)    | fails                | fails     | fails (-mu / N_+ at every positive copy) |
 
 (*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
@@ -337,6 +338,7 @@ def test_the_verdict_families_are_the_ones_stated_for_dfpos_presets():
         **dict.fromkeys(DFPO, "dfpo_ratio"),
         "topr": "topr",
         "kimi15": "pg",
+        "dro": "pg",
         "vapo_nll": "token_ppo",
     }
     assert {name: VERDICT_FAMILY[name] for name in stated} == stated

@@ -1,7 +1,8 @@
-"""Issue 30's peer losses: TOPR (``topr``), Kimi k1.5 (``kimi15``) and VAPO's NLL on positive samples (``vapo_nll``).
+"""Issue 30's peer losses: TOPR (``topr``), Kimi k1.5 (``kimi15``), Tinker's DRO (``dro``) and VAPO's NLL on positive
+samples (``vapo_nll``).
 
 Each is checked against a loop written from the peer's own code (tests/core/reference.py: ROLL's
-``_compute_topr_loss`` / ``_compute_kimi15_loss`` and ``agg_loss``, cosmos-rl's positive NLL) on ragged masks with
+``_compute_topr_loss`` / ``_compute_kimi15_loss`` and ``agg_loss``, Tinker's ``dro`` loss, cosmos-rl's positive NLL) on ragged masks with
 holes and empty rows, value and gradient; with a property where an invariant exists; and for its shared-token
 cancellation verdict (docs/cancellation.md; ledger claim ``proximal-nll-cancel``).
 """
@@ -14,7 +15,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import cosmos_positive_nll, roll_agg_seq_mean_token_mean, roll_kimi15_token_loss, roll_topr_token_loss
+from reference import (
+    cosmos_positive_nll,
+    roll_agg_seq_mean_token_mean,
+    roll_kimi15_token_loss,
+    roll_topr_token_loss,
+    tinker_dro_datum_loss,
+)
 
 from dfpo import OBJECTIVES, group_advantages, policy_loss
 from dfpo.core.loss.cancellation import make_shared_prefix_group, shared_token_gradient
@@ -95,6 +102,24 @@ def test_kimi15_equals_rolls_loop_on_ragged_masks(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_dro_equals_tinkers_summed_loss_over_the_completions(seed):
+    """dro == (Tinker's loss_fn='dro' summed over the data, one datum a completion, beta = 0.05) / non-empty completions."""
+    logp, old_logp, mask, group_ids, _, adv = ragged_batch(seed)
+    loss, grad, _ = core_loss("dro", logp, old_logp, mask, group_ids, adv)
+    lp = logp.detach().clone().requires_grad_()
+    data = [[t for t in range(mask.shape[1]) if bool(mask[i, t])] for i in range(mask.shape[0])]
+    total = sum(
+        tinker_dro_datum_loss([lp[i, t] for t in ts], [float(old_logp[i, t]) for t in ts], [float(adv[i])] * len(ts), beta=0.05)
+        for i, ts in enumerate(data)
+        if ts
+    )
+    ref = total / sum(1 for ts in data if ts)
+    (grad_ref,) = torch.autograd.grad(ref, lp)
+    torch.testing.assert_close(loss, ref, **TOL)
+    torch.testing.assert_close(grad, grad_ref, **TOL)
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_vapo_nll_is_dapo_plus_mu_times_cosmos_positive_nll(seed):
     """vapo_nll == dapo + 0.1 * (cosmos-rl's -logp[positive tokens].mean(), positive = reward > 0), value and gradient."""
     logp, old_logp, mask, group_ids, rewards, adv = ragged_batch(seed)
@@ -135,12 +160,12 @@ def test_nll_with_no_positive_sample_adds_nothing():
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**16), aggregation=st.sampled_from(["seq_mean_token_mean", "token_mean", "seq_mean_token_sum"]))
-def test_topr_and_kimi15_are_gpg_on_policy(seed, aggregation):
-    """On the first inner step (pi = pi_old) TOPR's taper and Kimi's penalty vanish: both are GPG, value and gradient."""
+def test_topr_kimi15_and_dro_are_gpg_on_policy(seed, aggregation):
+    """On the first inner step (pi = pi_old) TOPR's taper and the quadratic penalty vanish: each is GPG's gradient."""
     logp, _, mask, group_ids, _, adv = ragged_batch(seed)
     on_policy = logp.detach().clone()
     _, grad_gpg, _ = core_loss("gpg", logp, on_policy, mask, group_ids, adv, aggregation=aggregation)
-    for objective in ("topr", "kimi15"):
+    for objective in ("topr", "kimi15", "dro"):
         _, grad, _ = core_loss(objective, logp, on_policy, mask, group_ids, adv, aggregation=aggregation)
         torch.testing.assert_close(grad, grad_gpg, **TOL)
 
@@ -163,7 +188,7 @@ def test_kimi15_penalty_is_nonnegative_and_quadratic_in_tau(seed, tau):
     logp, old_logp, mask, group_ids, _, adv = ragged_batch(seed)
     at = {c: core_loss("kimi15", logp, old_logp, mask, group_ids, adv, proximal_coef=c)[0] for c in (0.0, 1.0, tau)}
     torch.testing.assert_close(at[tau] - at[0.0], tau * (at[1.0] - at[0.0]), rtol=1e-9, atol=1e-12)
-    assert float(at[1.0] - at[0.0]) >= 0
+    assert float((at[1.0] - at[0.0]).detach()) >= 0
 
 
 # --- cancellation verdicts -------------------------------------------------------------------------------------------
@@ -198,6 +223,16 @@ def test_kimi15_residual_is_tau_log_r_times_the_copies_weights():
         torch.testing.assert_close(grad, torch.full_like(grad, expected), rtol=1e-9, atol=1e-12)
 
 
+def test_dro_cancels_at_any_lengths_on_policy_and_fails_once_the_policy_moves():
+    """DRO sums each completion's tokens (length-free): at r* = 1 the shared token cancels whatever the lengths; at
+    r* != 1 its penalty leaves beta * log r* * G / G_nonempty (each copy weighs 1 / (number of completions))."""
+    lengths = (5, 6, 7, 8, 9)
+    beta = OBJECTIVES["dro"].proximal_coef
+    assert shared_token_gradient("dro", shared_group(0.0, lengths)).abs().max() < 1e-12
+    grad = shared_token_gradient("dro", shared_group(0.5, lengths))
+    torch.testing.assert_close(grad, torch.full_like(grad, beta * 0.5), rtol=1e-9, atol=1e-12)
+
+
 def test_vapo_nll_residual_is_minus_mu_times_positive_copies_over_positive_tokens():
     """VAPO's NLL at a shared token: -mu * G_+ / N_+ on top of DAPO's zero (r* = 1), whatever the lengths."""
     lengths = (5, 6, 7, 8, 9)
@@ -211,6 +246,7 @@ def test_the_peer_losses_state_their_components():
     """The presets are built from their components (and nothing else changes): a guard on the presets' data."""
     assert (OBJECTIVES["topr"].clip, OBJECTIVES["topr"].ratio_level) == ("topr", "token")
     assert (OBJECTIVES["kimi15"].clip, OBJECTIVES["kimi15"].proximal_coef) == ("pg", 0.1)
+    assert (OBJECTIVES["dro"].clip, OBJECTIVES["dro"].proximal_coef, OBJECTIVES["dro"].aggregation) == ("pg", 0.05, "seq_mean_token_sum")
     assert (OBJECTIVES["vapo_nll"].nll_coef, OBJECTIVES["vapo_nll"].eps_high, OBJECTIVES["vapo_nll"].aggregation) == (
         0.1,
         0.28,
