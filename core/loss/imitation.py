@@ -17,7 +17,7 @@ The term is a mean over the positive tokens of the whole batch, so it couples th
 
 Cancellation: only positive copies of a shared token get the NLL's gradient, -mu / N_+ each (N_+ the batch's positive
 tokens), and no negative copy pushes back, so a token shared by a correct and an incorrect completion no longer cancels:
-the residual is -mu * (its positive copies) / N_+ whatever the policy term does (ledger claim ``proximal-nll-cancel``).
+the residual is -mu * (its positive copies) / N_+ whatever the policy term does (ledger claim ``positive-nll-cancel``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ pi_old, the policy that sampled the batch (the trust region of a mirror-descent 
 Cancellation: the penalty is not advantage-weighted. Its gradient at a token is tau * d_t times the token's aggregation
 weight, so a token shared by every completion of a group gets tau * d * (the sum of its copies' weights) on top of
 whatever the policy term leaves: zero on the first inner step (pi = pi_old, d = 0), non-zero once the policy has moved
-(ledger claim ``proximal-nll-cancel``; ``tests/core/test_peer_terms.py``).
+(ledger claim ``proximal-penalty-cancel``; ``tests/core/test_peer_losses.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ samples (``vapo_nll``).
 Each is checked against a loop written from the peer's own code (tests/core/reference.py: ROLL's
 ``_compute_topr_loss`` / ``_compute_kimi15_loss`` and ``agg_loss``, Tinker's ``dro`` loss, cosmos-rl's positive NLL) on ragged masks with
 holes and empty rows, value and gradient; with a property where an invariant exists; and for its shared-token
-cancellation verdict (docs/cancellation.md; ledger claim ``proximal-nll-cancel``).
+cancellation verdict (docs/cancellation.md; ledger claims ``proximal-penalty-cancel``, ``positive-nll-cancel``).
 """
 
 from __future__ import annotations
