@@ -191,6 +191,27 @@ def test_kimi15_penalty_is_nonnegative_and_quadratic_in_tau(seed, tau):
     assert float((at[1.0] - at[0.0]).detach()) >= 0
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), mu=st.floats(0.0, 2.0))
+def test_the_nll_adds_mu_times_a_nonnegative_mean_whatever_the_base(seed, mu):
+    """VAPO's NLL adds mu times one non-negative number (the positive tokens' mean -log pi) to any preset's loss."""
+    logp, old_logp, mask, group_ids, _, adv = ragged_batch(seed)
+    for base in ("grpo", "gspo"):
+        at = {c: core_loss(base, logp, old_logp, mask, group_ids, adv, nll_coef=c)[0].detach() for c in (0.0, 1.0, mu)}
+        torch.testing.assert_close(at[mu] - at[0.0], mu * (at[1.0] - at[0.0]), rtol=1e-9, atol=1e-12)
+        assert float(at[1.0] - at[0.0]) >= 0
+
+
+def test_topr_flags_the_taper_on_negative_tokens_above_ratio_one():
+    """clip/frac_high is the share of kept tokens with A <= 0 and r > 1 (ROLL's topr_negative_upper_clipfrac's event)."""
+    logp, old_logp, mask, group_ids, _, adv = ragged_batch(2)
+    _, _, metrics = core_loss("topr", logp, old_logp, mask, group_ids, adv)
+    ratio = torch.exp(logp.detach() - old_logp)
+    tapered = mask & (adv <= 0)[:, None] & (ratio > 1)
+    torch.testing.assert_close(metrics["clip/frac_high"], (tapered.sum() / mask.sum()).to(metrics["clip/frac_high"].dtype), **TOL)
+    assert float(metrics["clip/frac_low"]) == 0.0 and bool(tapered.any())
+
+
 # --- cancellation verdicts -------------------------------------------------------------------------------------------
 
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0])
