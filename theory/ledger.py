@@ -16,7 +16,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from . import appendix_a, bias, cancellation, clipping, corrections, drift, estimators, gradients, param_drift, peers, stapo, transforms
+from . import (
+    appendix_a,
+    bias,
+    cancellation,
+    clipping,
+    corrections,
+    drift,
+    estimators,
+    gradients,
+    param_drift,
+    peer_terms,
+    peers,
+    stapo,
+    transforms,
+)
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
@@ -25,7 +39,8 @@ REPRODUCE = "dfpo theory --markdown docs/ledger.md"
 # Paper order: the 26 claims the paper states as propositions, corollaries and key equations, plus further
 # claims found while checking them (eq-18, eq-23, eq-66-67, eq-75-76, eq-81, sec-K.4, tab-3-no-stopgrad,
 # stopgrad-forms, tab-3-scale, stapo-cancel), eq 5 in parameter space (cor-3.2-params), and two for the peers'
-# losses and estimators (soft-gate-cancel, advantage-zero-sum).
+# losses and estimators (soft-gate-cancel, advantage-zero-sum), and the peers' added terms (proximal-penalty-cancel,
+# positive-nll-cancel).
 REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "prop-3.1": drift.check_prop_3_1,
     "cor-3.2": drift.check_cor_3_2,
@@ -68,6 +83,8 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "advantage-zero-sum": peers.check_advantage_zero_sum,
     "rollout-correction-cancel": corrections.check_rollout_correction_cancel,
     "peer-estimators-zero-sum": estimators.check_peer_estimators_zero_sum,
+    "proximal-penalty-cancel": peer_terms.check_proximal_penalty_cancel,
+    "positive-nll-cancel": peer_terms.check_positive_nll_cancel,
 }
 
 

@@ -25,10 +25,16 @@ STORED = (
         "equiv-discovery.json",
         "equiv-confirmation.json",
     ),
+    (
+        "Shared tokens under the peers' losses of issue 30, tiny preset (add task)",
+        "peer-losses-discovery.json",
+        "peer-losses-confirmation.json",
+    ),
 )
 """(title, discovery document, confirmation document) in ``docs/probe/``. Re-make them with (add task)
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
-adds ``--set data.task=equiv --set model.sft_steps=300``; copy each probe.json to the name above."""
+adds ``--set data.task=equiv --set model.sft_steps=300``; the peers' losses add ``--objectives
+topr,kimi15,dro,vapo_nll,dapo,gpg``; copy each probe.json to the name above."""
 
 
 def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:

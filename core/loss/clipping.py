@@ -142,6 +142,22 @@ def _dppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Fl
     return outside & (ratio < 1), outside & (ratio >= 1)
 
 
+def _topr_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """TOPR (Tapered Off-Policy REINFORCE, arXiv 2503.14286 eq 8; ROLL ``pg_variant='topr'``, ``_compute_topr_loss`` in
+    roll/pipeline/rlvr/actor_pg_worker.py): weight 1 for a positive sample (an SFT-like update, no ratio), the detached
+    truncated ratio sg(clamp(r, 0, 1)) for the others; it multiplies A * log pi.
+
+    ROLL splits by the raw score (> 0 positive) and the paper by the sign of the return; ``policy_loss`` has no reward
+    input, so the split here is A > 0. With 0/1 rewards and a group baseline the two agree on every row with A != 0, and
+    a row with A = 0 adds nothing either way."""
+    return torch.where(adv > 0, torch.ones_like(ratio), ratio.clamp(0.0, 1.0)).detach()
+
+
+def _topr_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+    """TOPR: the taper binds on a non-positive sample whose ratio is above 1 (ROLL topr_negative_upper_clipfrac)."""
+    return torch.zeros_like(ratio, dtype=torch.bool), (adv <= 0) & (ratio > 1.0)
+
+
 @dataclass(frozen=True)
 class ClipRule:
     """One clip mode: weight w(r, A, spec, old_logp), clip flags, and how w enters the surrogate."""
@@ -172,6 +188,7 @@ CLIP_RULES: dict[str, ClipRule] = {
     "pg": ClipRule(_pg_weight, _no_flags, score_function=True),
     "dppo_tv": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
     "dppo_kl": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
+    "topr": ClipRule(_topr_weight, _topr_flags, score_function=True, sequence_level=False),
 }
 """Every clip mode, keyed by the ``clip`` component; ``register_clip_rule`` adds one."""
 CLIP_MODES = tuple(CLIP_RULES)
@@ -226,7 +243,7 @@ CLIP = component_field(
     "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
     True,
     choices=CLIP_RULES,
-    doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks.",
+    doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks; ``topr`` weight 1 for A > 0, sg(clamp(r, 0, 1)) otherwise (TOPR).",
 )
 EPS_LOW = component_field(
     0.2,

@@ -37,10 +37,12 @@ OWNERS = (
     "transform",
     "token_mask",
     "cov_control",
+    "proximal",
     "aggregation",
     "kl",
     "correction",
     "entropy",
+    "imitation",
     "advantage",
 )
 """The components a field can belong to, in the order the loss core applies them."""

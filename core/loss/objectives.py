@@ -43,6 +43,7 @@ _LUSPO_CLIP = (
     "LUSPO (arXiv 2602.05261) sec. 5.1: eps_low=2e-3, eps_high=2.5e-3, as TRL's paper index sets it for loss_type='luspo' "
     "(TRL's GRPOConfig default epsilon=0.2 is GRPO's range: luspo:eps_low=0.2:eps_high=0.2)"
 )
+_ROLL_AGG = "ROLL's default loss_agg_mode='seq-mean-token-mean' (roll/configs/base_config.py; its off-policy guide sets none)"
 _GMPO_CLIP = "GMPO (arXiv 2507.20673): token log-ratios clipped to [-0.4, 0.4], i.e. r in [e^-0.4, e^0.4]"
 
 
@@ -311,6 +312,62 @@ OBJECTIVES = ObjectiveRegistry(
             ratio_level="geometric",
             eps_low=1.0 - math.exp(-0.4),
             eps_high=math.exp(0.4) - 1.0,
+        ),
+        # issue 30: peers' losses (TOPR, Kimi k1.5, Tinker's DRO, VAPO's NLL on positive samples)
+        _preset(
+            "topr",
+            "TOPR: A * log pi for positive samples, sg(clamp(r, 0, 1)) * A * log pi for the others",
+            {
+                "clip": "TOPR (arXiv 2503.14286) eq 8; ROLL pg_variant='topr' (roll/pipeline/rlvr/actor_pg_worker.py "
+                "_compute_topr_loss, topr_positive_weight = topr_negative_weight = 1.0), split by A > 0 where ROLL reads score > 0",
+                "eps_low": "unused: TOPR's truncation is the fixed interval [0, 1]",
+                "eps_high": "unused: TOPR's truncation is the fixed interval [0, 1]",
+                "aggregation": _ROLL_AGG,
+            },
+            clip="topr",
+        ),
+        _preset(
+            "kimi15",
+            "Kimi k1.5: -A * log pi plus tau/2 (log pi - log pi_old)^2 per token",
+            {
+                "clip": "Kimi k1.5 (arXiv 2501.12599) eq 3: plain policy gradient; ROLL pg_variant='kimi15' "
+                "(roll/pipeline/rlvr/actor_pg_worker.py _compute_kimi15_loss: -advantages * log_probs)",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "proximal_coef": "ROLL _compute_kimi15_loss: kimi15_tau = 0.1 (Kimi k1.5's tau)",
+                "aggregation": _ROLL_AGG,
+            },
+            clip="pg",
+            proximal_coef=0.1,
+        ),
+        _preset(
+            "dro",
+            "DRO: -A * log pi plus beta/2 (log pi - log q)^2 per token, summed over each completion",
+            {
+                "clip": "DRO (Richemond et al., arXiv 2405.19107); Tinker's built-in loss_fn='dro' "
+                "(tinker-docs.thinkingmachines.ai/tinker/losses: -(target_logprobs * advantages - 0.5 * beta * quadratic_term))",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "proximal_coef": "Tinker's DRO docs example loss_fn_config={'beta': 0.05} (the service's own default is not published)",
+                "aggregation": "Tinker sums token losses (loss = -dro_objective.sum()); the mean over completions divides by B, a "
+                "constant step-size factor",
+            },
+            clip="pg",
+            proximal_coef=0.05,
+            aggregation="seq_mean_token_sum",
+        ),
+        _preset(
+            "vapo_nll",
+            "DAPO's loss plus VAPO's NLL (mu = 0.1) on the positive-advantage samples",
+            {
+                "eps_low": "VAPO (arXiv 2504.05118) sec. 5.1: eps_low = 0.2",
+                "eps_high": "VAPO (arXiv 2504.05118) sec. 5.1 clip-higher: eps_high = 0.28 (as DAPO)",
+                "aggregation": "VAPO (arXiv 2504.05118) sec. 4.2: token-level policy gradient loss (as DAPO)",
+                "nll_coef": "VAPO (arXiv 2504.05118) sec. 4.3 eq 9 and sec. 5.1: mu = 0.1; cosmos-rl positive_nll_coef",
+            },
+            eps_high=0.28,
+            aggregation="token_mean",
+            nll_coef=0.1,
         ),
     )
 )

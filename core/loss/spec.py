@@ -42,8 +42,10 @@ from .correction import (
 from .covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL, COV_RATIO, KL_COV_COEF
 from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
 from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
+from .imitation import IMITATION_COMPONENT, NLL_COEF
 from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from .proximal import PROXIMAL_COEF, PROXIMAL_COMPONENT
 from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
 from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
 from .transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
@@ -54,10 +56,12 @@ COMPONENTS: tuple[Component, ...] = (
     TRANSFORM_COMPONENT,
     TOKEN_MASK_COMPONENT,
     COV_COMPONENT,
+    PROXIMAL_COMPONENT,
     AGGREGATION_COMPONENT,
     KL_COMPONENT,
     CORRECTION_COMPONENT,
     ENTROPY_COMPONENT,
+    IMITATION_COMPONENT,
     ADVANTAGE_COMPONENT,
 )
 """Every component, in the order the loss core applies them (``fields.OWNERS``): its cross-field rules, its inputs,
@@ -112,6 +116,8 @@ class ObjectiveSpec:
     cov_clip_low: float = COV_CLIP_LOW
     cov_clip_high: float = COV_CLIP_HIGH
     kl_cov_coef: float = KL_COV_COEF
+    # proximal: dfpo.core.loss.proximal
+    proximal_coef: float = PROXIMAL_COEF
     # aggregation: dfpo.core.loss.aggregation
     aggregation: str = AGGREGATION
     max_completion_length: int | None = MAX_COMPLETION_LENGTH
@@ -134,6 +140,8 @@ class ObjectiveSpec:
     rollout_rs_renormalise: bool = ROLLOUT_RS_RENORMALISE
     # entropy: dfpo.core.loss.entropy
     entropy_coef: float = ENTROPY_COEF
+    # imitation: dfpo.core.loss.imitation
+    nll_coef: float = NLL_COEF
     # advantage: dfpo.core.loss.advantages
     adv_scale: str = ADV_SCALE
     adv_eps: float = ADV_EPS

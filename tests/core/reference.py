@@ -40,6 +40,8 @@ def _score_weight(spec: ObjectiveSpec, r: float, a: float, p_old: float, log_w_s
         return min(r, spec.eps_high)
     if spec.clip == "pg":
         return 1.0
+    if spec.clip == "topr":  # ROLL _compute_topr_loss: 1 on positive samples, clamp(ratio, 0, 1) on the others
+        return 1.0 if a > 0 else min(max(r, 0.0), 1.0)
     if spec.clip == "vespo":
         k, lam = (spec.vespo_k_pos, spec.vespo_lambda_pos) if a >= 0 else (spec.vespo_k_neg, spec.vespo_lambda_neg)
         log_w = min(max(log_w_seq, math.log(1e-8)), 20.0)
@@ -278,7 +280,7 @@ def reference_loss(
                     r = torch.exp(log_s).detach() * torch.exp(logp[i, t] - logp[i, t].detach())
                 else:
                     r = torch.exp(logp[i, t] - old_logp[i, t])
-                if spec.clip in ("cispo", "pg", "dppo_tv", "dppo_kl"):
+                if spec.clip in ("cispo", "pg", "dppo_tv", "dppo_kl", "topr"):
                     w = _score_weight(spec, float(r.detach()), adv[i], math.exp(float(old_logp[i, t])))
                     u[i, t] = w * adv[i] * logp[i, t]
                 else:
@@ -322,6 +324,9 @@ def reference_loss(
         else:
             for i, t in sorted(real, key=lambda k: -cov[k])[:count]:
                 kept[i, t] = kept[i, t] + spec.kl_cov_coef * torch.abs(logp[i, t] - old_logp[i, t])
+    if spec.proximal_coef > 0:  # Kimi k1.5's tau/2 (log pi - log pi_old)^2 on each kept token (roll_kimi15_token_loss)
+        for i, t in kept:
+            kept[i, t] = kept[i, t] + 0.5 * spec.proximal_coef * (logp[i, t] - old_logp[i, t]) ** 2
     for k, w in _correction_weights(spec, logp.detach(), old_logp, rollout_logp, mask).items():
         if k in kept:
             kept[k] = kept[k] * w
@@ -329,6 +334,9 @@ def reference_loss(
     if spec.entropy_coef > 0:  # minus the coefficient times the mean entropy of the kept tokens
         kept_tokens = [(i, t) for i in range(B) for t in positions[i] if (i, t) not in dropped]
         loss = loss - spec.entropy_coef * sum(entropy[i, t] for i, t in kept_tokens) / max(len(kept_tokens), 1)
+    if spec.nll_coef > 0:  # VAPO's NLL: mean -log pi over the positive samples' kept tokens (cosmos_positive_nll)
+        positive = [(i, t) for i in range(B) for t in positions[i] if (i, t) not in dropped and adv[i] > 0]
+        loss = loss + spec.nll_coef * cosmos_positive_nll([logp[i, t] for i, t in positive], logp)
     if spec.beta > 0:
         kl = {}
         for i in range(B):
@@ -388,3 +396,45 @@ def reference_grpo_passk(rewards: list[float], group_ids: list[int], eps: float)
         std = float(torch.tensor([rewards[j] for j in members], dtype=torch.float64).std())
         out[members[int(top.indices[0])]] = float(top.values[0] - top.values[1]) / (std + eps)
     return out
+
+
+# ----------------------------------------------------------------------------- issue 30: the peers' losses, as read
+# Each function below is written from the peer's own code (file and function cited), one token at a time; the tests in
+# tests/core/test_peer_losses.py compare them with the core (and reference_loss above calls cosmos_positive_nll).
+
+
+def roll_topr_token_loss(ratio: float, advantage: float, logp: Tensor, score: float) -> Tensor:
+    """ROLL roll/pipeline/rlvr/actor_pg_worker.py ActorWorker._compute_topr_loss at one token (topr_positive_weight =
+    topr_negative_weight = 1.0): -A * log pi for a sample with score > 0, -clamp(ratio, 0, 1).detach() * A * log pi for
+    the others."""
+    if score > 0:
+        return -advantage * logp
+    return -min(max(ratio, 0.0), 1.0) * advantage * logp
+
+
+def roll_kimi15_token_loss(advantage: float, logp: Tensor, old_logp: float, tau: float = 0.1) -> Tensor:
+    """ROLL roll/pipeline/rlvr/actor_pg_worker.py ActorWorker._compute_kimi15_loss at one token:
+    -advantages * log_probs + tau * 0.5 * (log_probs - old_log_probs)^2 (kimi15_tau = 0.1)."""
+    return -advantage * logp + tau * 0.5 * (logp - old_logp) ** 2
+
+
+def cosmos_positive_nll(positive_logps: list[Tensor], like: Tensor) -> Tensor:
+    """NVIDIA cosmos-rl GRPO trainer, positive example LM loss (positive_nll_coef): -logp[positive tokens].mean(), skipped
+    (0 here) when no token is positive; VAPO (arXiv 2504.05118) eq 9's L_NLL."""
+    if not positive_logps:
+        return like.sum() * 0.0
+    return -sum(positive_logps) / len(positive_logps)
+
+
+def roll_agg_seq_mean_token_mean(per_token: dict[tuple[int, int], Tensor], rows: list[list[int]]) -> Tensor:
+    """ROLL's default loss_agg_mode 'seq-mean-token-mean' (roll/utils/functionals.py agg_loss): each non-empty row's mean
+    over its tokens, then the mean over those rows."""
+    means = [sum(per_token[i, t] for t in ts) / len(ts) for i, ts in enumerate(rows) if ts]
+    return sum(means) / len(means)
+
+
+def tinker_dro_datum_loss(logps: list[Tensor], sampling_logps: list[float], advantages: list[float], beta: float) -> Tensor:
+    """Tinker's built-in loss_fn='dro' on one datum (tinker-docs.thinkingmachines.ai/tinker/losses, DRO): quadratic_term =
+    (target_logprobs - sampling_logprobs)^2, dro_objective = target_logprobs * advantages - 0.5 * beta * quadratic_term,
+    loss = -dro_objective.sum() over the datum's tokens."""
+    return -sum(lp * a - 0.5 * beta * (lp - q) ** 2 for lp, q, a in zip(logps, sampling_logps, advantages))

@@ -105,8 +105,10 @@ def test_accumulation_is_inexact_for_a_batch_coupled_spec(label):
 
 
 def test_the_coupled_presets_and_their_reasons():
-    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance) couple."""
+    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance) and
+    VAPO's NLL (a mean over the batch's positive tokens) couple."""
     coupled = {name: spec.batch_coupling() for name, spec in OBJECTIVES.items() if spec.batch_coupled}
-    assert set(coupled) == {"stapo", "clip_cov", "kl_cov"}
+    assert set(coupled) == {"stapo", "clip_cov", "kl_cov", "vapo_nll"}
+    assert coupled["vapo_nll"] == ["the NLL on positive samples is a mean over the batch's positive tokens, not a sum of micro-batch terms"]
     assert len(coupled["stapo"]) == 2 and "quantile" in coupled["stapo"][0]
     assert not objective_from_label("opsm").batch_coupled  # a per-sequence mask, normalised over real tokens

@@ -29,6 +29,10 @@ Summary (policy term; beta = 0):
 | dfpo_* (default "ratio")    | as the score form where no sequence of the group (or every one) is clipped; |
 |                             | otherwise fails: clipped sequences keep GSPO's zero gradient, the rest don't sum to 0 |
 | stapo                       | cancels unless the shared token is masked (then fails) |
+| topr                        | cancels              | fails*    | cancels at r* >= 1; fails at r* < 1 (only A <= 0 copies tapered) |
+| kimi15 (gpg + tau/2 log^2 r) | cancels             | fails*    | fails (tau log r* at every copy, not advantage-weighted) |
+| dro (gpg + beta/2 log^2 r, token sums) | cancels  | cancels   | fails (as kimi15) |
+| vapo_nll (dapo + mu NLL)    | fails                | fails     | fails (-mu / N_+ at every positive copy) |
 
 (*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
 """
@@ -293,7 +297,7 @@ def family_of(spec) -> str | None:
     if spec.token_mask not in ("none", "stapo", "top_entropy"):  # the matrix's entropy (1 everywhere) masks nothing for these
         return None
     by_shape = {
-        "token": {"ppo": "token_ppo", "symmetric": "symmetric", "cispo": "cispo", "sapo": "soft_gate", "pg": "pg"}
+        "token": {"ppo": "token_ppo", "symmetric": "symmetric", "cispo": "cispo", "sapo": "soft_gate", "pg": "pg", "topr": "topr"}
         | dict.fromkeys(["dppo_tv", "dppo_kl"], "dppo"),
         "sequence": {"ppo": "gspo", "none": "gspo_noclip"},
         "sequence_token": {"ppo": "gspo", "none": "gspo_noclip"},
@@ -332,6 +336,10 @@ def test_the_verdict_families_are_the_ones_stated_for_dfpos_presets():
         "clip_cov": "clip_cov",
         "kl_cov": "kl_cov",
         **dict.fromkeys(DFPO, "dfpo_ratio"),
+        "topr": "topr",
+        "kimi15": "pg",
+        "dro": "pg",
+        "vapo_nll": "token_ppo",
     }
     assert {name: VERDICT_FAMILY[name] for name in stated} == stated
 
@@ -403,6 +411,11 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
     if family is None:
         pytest.skip(f"objective {objective!r} has a component registered outside dfpo: no verdict stated (the atlas measures it)")
     length_free = aggregation != "seq_mean_token_mean"
+    terms = OBJECTIVES[objective]
+    if terms.nll_coef > 0:
+        return False  # VAPO's NLL pulls every positive copy up by mu / N_+ and no negative copy pushes back
+    if terms.proximal_coef > 0 and shared_clipped:
+        return False  # Kimi's tau/2 (log r*)^2 gives every copy tau log r* times its weight, whatever its advantage
     if family == "gspo":  # only the trivial all-clipped case, at the preset's own range (LUSPO's is wider than GSPO's)
         spec = OBJECTIVES[objective]
         return bool(clipped_sequences(group, spec.eps_low, spec.eps_high).all())

@@ -27,7 +27,7 @@ def _rows(B=8, T=5, seed=0):
     return logp, old, adv, mask
 
 
-@pytest.mark.parametrize("preset", ["dfpo_min", "gspo", "grpo", "gmpo"])
+@pytest.mark.parametrize("preset", ["dfpo_min", "gspo", "grpo", "gmpo", "topr", "kimi15", "dro", "vapo_nll"])
 def test_the_adapter_is_policy_loss_with_consecutive_groups(preset):
     """verl's signature in, dfpo.policy_loss out, with rollout.n consecutive rows forming a group."""
     logp, old, adv, mask = _rows()
