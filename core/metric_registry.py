@@ -86,6 +86,12 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("cov/frac", "mean", "share of real tokens Clip-Cov drops or KL-Cov penalises", _LOSS),
     Metric("kl/ref", "mean", "mean k3 KL to the reference policy over real tokens (beta > 0 only)", _LOSS),
+    Metric(
+        "kl/old",
+        "mean",
+        "mean KL estimate to the sampling policy pi_old over real tokens (old_kl_coef > 0 only; prime-rl's penalty)",
+        _LOSS,
+    ),
     Metric("entropy/bonus", "mean", "the mean entropy over kept tokens that the entropy bonus rewards (entropy_coef > 0)", _LOSS),
     Metric("rollout/weight_mean", "mean", "mean of the rollout correction's weight pi_old / pi_rollout over real tokens", _LOSS),
     Metric("rollout/weight_zero_frac", "mean", "share of real tokens the rollout correction's mask zeroes", _LOSS),

@@ -39,6 +39,7 @@ OWNERS = (
     "cov_control",
     "aggregation",
     "kl",
+    "old_kl",
     "correction",
     "entropy",
     "advantage",

@@ -43,7 +43,9 @@ from .covariance import COV_CLIP_HIGH, COV_CLIP_LOW, COV_COMPONENT, COV_CONTROL,
 from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
 from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
 from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
+from .m2po import M2PO_BUDGET, M2PO_MIN_EPS_HIGH, M2PO_MIN_EPS_LOW
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from .old_kl import OLD_KL_COEF, OLD_KL_COMPONENT, OLD_KL_ESTIMATOR
 from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
 from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
 from .transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
@@ -56,6 +58,7 @@ COMPONENTS: tuple[Component, ...] = (
     COV_COMPONENT,
     AGGREGATION_COMPONENT,
     KL_COMPONENT,
+    OLD_KL_COMPONENT,
     CORRECTION_COMPONENT,
     ENTROPY_COMPONENT,
     ADVANTAGE_COMPONENT,
@@ -94,6 +97,10 @@ class ObjectiveSpec:
     vespo_lambda_pos: float = VESPO_LAMBDA_POS
     vespo_k_neg: float = VESPO_K_NEG
     vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    # clip (M2PO's batch bound): dfpo.core.loss.m2po
+    m2po_budget: float = M2PO_BUDGET
+    m2po_min_eps_low: float | None = M2PO_MIN_EPS_LOW
+    m2po_min_eps_high: float | None = M2PO_MIN_EPS_HIGH
     # transform: dfpo.core.loss.transforms
     transform: str = TRANSFORM
     tr_floor: float = TR_FLOOR
@@ -119,6 +126,9 @@ class ObjectiveSpec:
     beta: float = BETA
     kl_estimator: str = KL_ESTIMATOR
     kl_ratio_weight: str = KL_RATIO_WEIGHT
+    # old_kl: dfpo.core.loss.old_kl
+    old_kl_coef: float = OLD_KL_COEF
+    old_kl_estimator: str = OLD_KL_ESTIMATOR
     # correction: dfpo.core.loss.correction
     rollout_correction: str = ROLLOUT_CORRECTION
     rollout_low: float = ROLLOUT_LOW
