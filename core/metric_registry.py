@@ -121,6 +121,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("completion/truncated_frac", "mean", "share of completions that hit rollout.max_new_tokens", _TRAINER),
     Metric("completion/empty_frac", "mean", "share of completions that are empty after stripping whitespace", _TRAINER),
     Metric("groups/zero_var_frac", "mean", "share of groups whose rewards are all equal (zero advantages)", _TRAINER),
+    Metric(
+        "entropy/coef",
+        "last",
+        "the entropy bonus's coefficient this step's loss used (entropy_target set: Skywork-OR1's adaptive coefficient)",
+        _TRAINER,
+    ),
+    Metric(
+        "entropy/controlled",
+        "last",
+        "the entropy that moves the adaptive coefficient: -mean log pi_old over the step's real tokens (Skywork-OR1)",
+        _TRAINER,
+    ),
     Metric("entropy/rollout", "mean", "entropy of the old policy over the rollout's real tokens", _TRAINER),
     Metric("optim/lr", "last", "learning rate after the step's last optimiser step", _TRAINER),
     Metric("optim/updates", "last", "optimiser steps taken since the start of the run", _TRAINER),

@@ -42,6 +42,7 @@ OWNERS = (
     "old_kl",
     "correction",
     "entropy",
+    "entropy_control",
     "advantage",
 )
 """The components a field can belong to, in the order the loss core applies them."""

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from .adaptive_entropy import ENTROPY_COEF_DELTA, ENTROPY_COEF_MAX, ENTROPY_COEF_MIN, ENTROPY_CONTROL_COMPONENT, ENTROPY_TARGET
 from .advantages import ADV_EPS, ADV_SCALE, ADVANTAGE_COMPONENT
 from .aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
 from .clipping import (
@@ -61,6 +62,7 @@ COMPONENTS: tuple[Component, ...] = (
     OLD_KL_COMPONENT,
     CORRECTION_COMPONENT,
     ENTROPY_COMPONENT,
+    ENTROPY_CONTROL_COMPONENT,
     ADVANTAGE_COMPONENT,
 )
 """Every component, in the order the loss core applies them (``fields.OWNERS``): its cross-field rules, its inputs,
@@ -144,6 +146,11 @@ class ObjectiveSpec:
     rollout_rs_renormalise: bool = ROLLOUT_RS_RENORMALISE
     # entropy: dfpo.core.loss.entropy
     entropy_coef: float = ENTROPY_COEF
+    # entropy_control (Skywork-OR1's adaptive coefficient, moved by the trainer): dfpo.core.loss.adaptive_entropy
+    entropy_target: float | None = ENTROPY_TARGET
+    entropy_coef_delta: float = ENTROPY_COEF_DELTA
+    entropy_coef_min: float = ENTROPY_COEF_MIN
+    entropy_coef_max: float = ENTROPY_COEF_MAX
     # advantage: dfpo.core.loss.advantages
     adv_scale: str = ADV_SCALE
     adv_eps: float = ADV_EPS

@@ -485,3 +485,23 @@ def reference_m2po(logp, old_logp, advantages, mask, *, budget=0.04, miniclip_lo
                 total = total + torch.maximum(-a * r, -a * torch.clamp(r, low, high))
                 n += 1
     return total / max(n, 1)
+
+
+class ReferenceEntController:
+    """Skywork-OR1's adaptive entropy controller, written from ``verl/trainer/ppo/core_algos.py`` ``EntController`` as read
+    (SkyworkAI/Skywork-OR1): ``value`` moves by ``delta_ent_coef`` toward the target and is clipped with np.clip;
+    ``entropy_loss_enabled`` is 1 while the entropy is below the target. The loss reads value * entropy_loss_enabled."""
+
+    def __init__(self, init_ent_coef, max_ent_coef, min_ent_coef, delta_ent_coef, target_ent):
+        self.value, self.max_value, self.min_value = init_ent_coef, max_ent_coef, min_ent_coef
+        self.delta_ent_coef, self.target_ent, self.entropy_loss_enabled = delta_ent_coef, target_ent, 1
+
+    def update(self, current_ent):
+        import numpy as np
+
+        if current_ent < self.target_ent:
+            self.value += self.delta_ent_coef
+        else:
+            self.value -= self.delta_ent_coef
+        self.value = float(np.clip(self.value, self.min_value, self.max_value))
+        self.entropy_loss_enabled = int(current_ent < self.target_ent)
