@@ -16,7 +16,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from . import appendix_a, bias, cancellation, clipping, corrections, drift, estimators, gradients, param_drift, peers, stapo, transforms
+from . import (
+    appendix_a,
+    bias,
+    cancellation,
+    clipping,
+    corrections,
+    drift,
+    estimators,
+    gradients,
+    param_drift,
+    peers,
+    stapo,
+    transforms,
+    trust_terms,
+)
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
 PAPER = "arXiv 2604.13088 (Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation)"
@@ -68,6 +82,7 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "advantage-zero-sum": peers.check_advantage_zero_sum,
     "rollout-correction-cancel": corrections.check_rollout_correction_cancel,
     "peer-estimators-zero-sum": estimators.check_peer_estimators_zero_sum,
+    "peer-trust-terms-cancel": trust_terms.check_peer_trust_terms_cancel,
 }
 
 

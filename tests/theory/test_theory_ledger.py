@@ -64,6 +64,7 @@ EXPECTED = {
     "advantage-zero-sum": C,  # RLOO keeps sum_i A_i = 0; REINFORCE++'s batch baseline does not
     "rollout-correction-cancel": C,  # token-level corrections and rejections keep it, completion-level ones break it
     "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never
+    "peer-trust-terms-cancel": C,  # prime-rl's penalty only at r* = 1; M2PO only while its batch cap tau >= log r*
 }
 
 PAPER_IDS = (
