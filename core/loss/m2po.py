@@ -22,7 +22,8 @@ The statistic couples the batch (``m2po_coupling``): the trainer and the fused L
 sqrt(v_{k-1} - 1e-12) is read as 0 where v_{k-1} < 1e-12 (Python's float power would return a complex number there).
 Log-ratios are clamped to +-LOG_RATIO_BOUND like every ratio of the core.
 
-Pure torch, no ``.item()``: the sort and prefix sums run on the device, in float64.
+Pure torch: the sort and prefix sums run on the device, in float64, over the harmful tokens only (selecting them is
+one device sync per call).
 """
 
 from __future__ import annotations
@@ -50,18 +51,17 @@ def harmful_tokens(ratio: Tensor, adv: Tensor) -> Tensor:
 def m2po_tau(delta_sq: Tensor, harmful: Tensor, budget: float) -> tuple[Tensor, Tensor]:
     """(tau, bound_applies), 0-d float64: the cap on |delta| of M2PO's step 3, and whether the budget binds at all.
 
-    delta_sq (B, T): squared log-ratios; harmful (B, T) bool. Vectorised form of ``_solve_tau_from_sorted_delta2``:
-    non-harmful entries sort last as +inf and never satisfy the breakpoint test before a harmful one does."""
-    v = torch.where(harmful, delta_sq.detach().double(), math.inf).flatten().sort().values  # (N,) harmful first, ascending
-    n = harmful.sum().double()
-    finite = torch.where(torch.isfinite(v), v, 0.0)  # (N,)
-    csum = finite.cumsum(0)  # (N,)
-    total = csum[-1] if v.numel() else v.new_zeros(())
-    applies = (n > 0) & (total / n.clamp(min=1) > budget + TINY)
-    k = torch.arange(v.numel(), device=v.device, dtype=torch.float64)  # (N,)
-    reached = torch.isfinite(v) & ((v - TINY) * (n - k - 1) + csum >= budget * n - TINY)  # (N,)
-    first = torch.where(reached, k, v.numel()).min() if v.numel() else v.new_zeros(())  # N: none reached (budget unbound)
-    below = v[(first - 1).clamp(0, max(v.numel() - 1, 0)).long()] if v.numel() else v.new_zeros(())  # v_{k-1}
+    delta_sq (B, T): squared log-ratios; harmful (B, T) bool. Vectorised form of ``_solve_tau_from_sorted_delta2``."""
+    v = delta_sq.detach().double()[harmful].sort().values  # (n,) the harmful tokens' delta^2, ascending (one device sync)
+    n = v.numel()
+    if n == 0:  # no harmful token: no bound
+        return v.new_full((), math.inf), torch.zeros((), dtype=torch.bool, device=v.device)
+    csum = v.cumsum(0)  # (n,)
+    applies = csum[-1] / n > budget + TINY
+    k = torch.arange(n, device=v.device, dtype=torch.float64)  # (n,)
+    reached = (v - TINY) * (n - k - 1) + csum >= budget * n - TINY  # (n,); true at k = n - 1 whenever the budget binds
+    first = torch.where(reached, k, float(n)).min()  # the first breakpoint that reaches the budget
+    below = v[(first - 1).clamp(0, n - 1).long()]  # v_{k-1}
     tau = torch.where(first > 0, (below - TINY).clamp(min=0.0).sqrt(), 0.0)
     return torch.where(applies, tau, math.inf), applies
 
