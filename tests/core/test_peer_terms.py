@@ -139,3 +139,15 @@ def test_m2po_is_batch_coupled_and_prime_rl_is_not():
     """M2PO's bound is a statistic of the whole batch (micro-batches must not compute their own); prime-rl's loss is local."""
     assert OBJECTIVES["m2po"].batch_coupled
     assert not OBJECTIVES["prime_rl"].batch_coupled
+
+
+def test_the_toy_runs_both_sampled_and_refuses_m2po_in_exact_mode():
+    """The toy trains prime_rl and m2po on sampled groups; its exact mode cannot take M2PO's batch bound's expectation."""
+    from dfpo.toy.config import ToyConfig
+    from dfpo.toy.train import validate
+
+    _, specs = validate(ToyConfig(objectives=("prime_rl", "m2po")))
+    assert set(specs) == {"prime_rl", "m2po"}
+    validate(ToyConfig(objectives=("prime_rl",), mode="exact"))
+    with pytest.raises(ValueError, match="clip='m2po'.*use mode='sampled'"):
+        validate(ToyConfig(objectives=("m2po",), mode="exact"))
