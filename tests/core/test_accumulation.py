@@ -105,8 +105,10 @@ def test_accumulation_is_inexact_for_a_batch_coupled_spec(label):
 
 
 def test_the_coupled_presets_and_their_reasons():
-    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance) couple."""
+    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance) and M2PO
+    (the batch's second moment) couple."""
     coupled = {name: spec.batch_coupling() for name, spec in OBJECTIVES.items() if spec.batch_coupled}
-    assert set(coupled) == {"stapo", "clip_cov", "kl_cov"}
+    assert set(coupled) == {"stapo", "clip_cov", "kl_cov", "m2po"}
+    assert coupled["m2po"] == ["clip='m2po' chooses its clip range from the second moment of the log-ratio over the whole batch"]
     assert len(coupled["stapo"]) == 2 and "quantile" in coupled["stapo"][0]
     assert not objective_from_label("opsm").batch_coupled  # a per-sequence mask, normalised over real tokens
