@@ -77,6 +77,11 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 f"objective {name!r} uses adv_scale={spec.adv_scale!r}; exact mode has the population limits of "
                 f"{', '.join(POPULATION_SCALES)} only: use mode='sampled'"
             )
+        if c.mode == "exact" and spec.clip == "m2po":
+            raise ValueError(
+                f"objective {name!r} reads its clip range off the batch's harmful tokens (clip='m2po'); exact mode weighs every "
+                "completion by its probability and cannot take that bound's expectation: use mode='sampled'"
+            )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
                 f"objective {name!r} masks tokens by batch statistics (token_mask={spec.token_mask!r}); exact mode cannot take its expectation"

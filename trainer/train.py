@@ -44,7 +44,7 @@ import torch
 
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
-from . import parallel
+from . import entropy_control, parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
@@ -153,6 +153,7 @@ class Trainer:
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = objective_spec(cfg)
+        self.state.entropy_control = entropy_control.initial_state(self.spec)  # a resume reads it from the checkpoint
         split = split_settings(cfg, self.parallel.world)
         if self.spec.batch_coupled and split:
             self._say(
@@ -331,8 +332,15 @@ class Trainer:
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")
-        upd = self.update_stage.run(step, rollout, plan, old, adv, self.state)
+        upd = self.update_stage.run(
+            step, rollout, plan, old, adv, self.state, entropy_control.step_spec(self.spec, self.state.entropy_control)
+        )
         old = self.old_logp_stage.shared(old, plan, cfg.optim.epochs)  # the pi_old the first steps recorded, every row's
+        control = {}
+        if self.state.entropy_control is not None:  # Skywork-OR1: the next step's coefficient from this step's pi_old
+            self.state.entropy_control, control = entropy_control.advance(
+                self.spec, self.state.entropy_control, old.first.logp, rollout.batch.mask
+            )
         clock.lap("update")
         drift = {} if self.drift_stage is None else self.drift_stage.run(step, rollout, plan, old, adv)  # model left as it was
         self.rollout_stage.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for HF)
@@ -348,6 +356,7 @@ class Trainer:
             say=self._say,
         )
         metrics.update(drift)
+        metrics.update(control)
         metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
         write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size, self.policy.tok)
         return metrics

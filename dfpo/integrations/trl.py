@@ -53,6 +53,7 @@ import warnings
 import torch
 
 from dfpo.core.loss import ObjectiveSpec, objective_from_label, policy_loss
+from dfpo.core.loss.adaptive_entropy import check_stateless
 from dfpo.core.metric_registry import reduce_values
 
 try:
@@ -136,6 +137,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, objective: str | ObjectiveSpec = "dfpo_min", **kwargs):
         self.dfpo_spec = objective if isinstance(objective, ObjectiveSpec) else objective_from_label(objective)
+        check_stateless(self.dfpo_spec, "DFPOGRPOTrainer")  # before TRL builds anything
         super().__init__(*args, **kwargs)
         self._check_batch_sizes()
         if self.dfpo_spec.beta > 0 and not self.args.beta:

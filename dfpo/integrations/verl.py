@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import torch
 
 from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
+from dfpo.core.loss.adaptive_entropy import check_stateless
 
 
 def loss_mode_name(preset: str) -> str:
@@ -53,6 +54,7 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     An objective whose correction or rejection reads the sampler's log-probs is refused here: verl hands a policy loss
     only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
     ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
+    check_stateless(spec, "verl's policy-loss registry")
     needs = spec.required_inputs().get("rollout_logp")
     if needs is not None:
         raise ValueError(

@@ -62,8 +62,9 @@ def test_garbage_in_padding_changes_nothing(name, seed, garbage):
     assert all(bool(torch.isfinite(v)) for v in metrics_d.values())
 
 
-# Token masks, covariance controls and VAPO's NLL read statistics of the whole batch (quantiles, covariances, the
-# positive tokens' count): left out, as is every preset that declares a batch coupling.
+# Token masks, covariance controls, VAPO's NLL and M2PO's bound read statistics of the whole batch (quantiles,
+# covariances, the positive tokens' count, the harmful tokens' second moment): left out, as is every objective that
+# declares a batch coupling.
 GROUP_LOCAL = [
     n
     for n in NAMES

@@ -66,6 +66,7 @@ EXPECTED = {
     "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never
     "proximal-penalty-cancel": C,  # Kimi k1.5's / DRO's tau/2 (log r)^2 is not advantage-weighted: cancels only at r* = 1
     "positive-nll-cancel": F,  # VAPO's NLL raises every positive copy of a shared token by mu / N_+, no negative copy pushes back
+    "peer-trust-terms-cancel": C,  # prime-rl's penalty only at r* = 1; M2PO only while its batch cap tau >= log r*
 }
 
 PAPER_IDS = (
