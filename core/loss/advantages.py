@@ -8,6 +8,9 @@ the batch's has sum_i A_i != 0 and a token shared by the group keeps a net gradi
 keep it only at equal lengths: opo's baseline sum_i L_i R_i / sum_i L_i makes sum_i L_i A_i = 0, not sum_i A_i;
 reinforce_pp_baseline whitens the group-centred rewards over the batch's *tokens*, whose mean is not 0 when lengths
 differ, so the shift lands on every group (``tests/core/test_advantages.py``).
+gdpo does: each reward function's group-normalised values sum to zero in every group, so their weighted sum does and
+the batch mean it subtracts is zero. remax does not: its baseline is the greedy completion's reward, not the group's
+mean, so sum_i A_i = G (mean R - R_greedy) and a shared token keeps a gradient unless the greedy reward is the mean.
 """
 
 from __future__ import annotations
@@ -18,13 +21,40 @@ from torch import Tensor
 from .fields import NONNEG, Component, When, component_field
 from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
-ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo", "grpo_passk")
+ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo", "grpo_passk", "gdpo", "remax")
 LENGTH_WEIGHTED = ("reinforce_pp_baseline", "opo")
 """The estimators that read each completion's length (``group_advantages(..., lengths=)``)."""
+MULTI_REWARD = ("gdpo",)
+"""The estimators that take a (B, K) matrix of K reward functions' values (``group_advantages(..., reward_weights=)``);
+every other one takes one combined reward per completion (B,)."""
+GREEDY_BASELINE = ("remax",)
+"""The estimators whose baseline is the reward of a greedy completion of the prompt (``group_advantages(..., baselines=)``)."""
+
+ESTIMATOR_SOURCES = {
+    "group": "paper eq 43; DeepSeekMath (arXiv 2402.03300) eq 3; TRL GRPOConfig scale_rewards='group'",
+    "batch": "TRL GRPOConfig scale_rewards='batch' (Understanding R1-Zero-like training, arXiv 2503.20783)",
+    "none": "Dr. GRPO (arXiv 2503.20783): mean-centred, no std; TRL scale_rewards='none'",
+    "rloo": "RLOO (arXiv 2402.14740); TRL RLOOTrainer with normalize_advantages=False",
+    "reinforce_pp": "REINFORCE++ (arXiv 2501.03262); OpenRLHF advantage_estimator='reinforce'",
+    "reinforce_pp_baseline": "REINFORCE++-baseline (arXiv 2501.03262); verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "opo": "OPO (arXiv 2505.23585); verl core_algos.compute_opo_outcome_advantage",
+    "grpo_passk": "pass@k training (arXiv 2503.19595); verl core_algos.compute_grpo_passk_outcome_advantage",
+    "gdpo": "GDPO (arXiv 2601.05242); TRL 1.16 GRPOConfig multi_objective_aggregation='normalize_then_sum', "
+    "GRPOTrainer._generate_and_score_completions",
+    "remax": "ReMax (arXiv 2310.10505); verl core_algos.compute_remax_outcome_advantage (baseline: the greedy completion's reward)",
+}
+"""Where each advantage estimator comes from (``dfpo objectives`` prints it)."""
 
 
 def group_advantages(
-    rewards: Tensor, group_ids: Tensor, *, scale: str = "group", eps: float = 1e-4, lengths: Tensor | None = None
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    scale: str = "group",
+    eps: float = 1e-4,
+    lengths: Tensor | None = None,
+    reward_weights: Tensor | None = None,
+    baselines: Tensor | None = None,
 ) -> Tensor:
     """Eq (43): A_i = (R_i - mean_group R) / (std R + eps), per completion (B,) -> (B,).
 
@@ -47,7 +77,17 @@ def group_advantages(
       with norm_adv_by_std_in_grpo): only the group's best completion gets (r_max - r_second_max) / (std R + eps),
       every other 0; a tie for the best gives 0 everywhere. Not zero-sum: the group's sum is the best's advantage.
 
+    - ``scale="gdpo"``: GDPO's decoupled normalisation (arXiv 2601.05242; TRL 1.16 ``multi_objective_aggregation=
+      'normalize_then_sum'``): ``rewards`` is a (B, K) matrix, one column per reward function; each column is normalised
+      within its group, (r_k - mean_group r_k) / (std_group r_k + eps) (unbiased std, as TRL's nanstd), the columns are
+      summed with ``reward_weights`` (K,) (default 1 each, TRL's ``reward_weights``), and the sum is normalised over the
+      batch, (s - mean_batch s) / (std_batch s + eps), as TRL does. Zero-sum per group.
+    - ``scale="remax"``: ReMax (arXiv 2310.10505; verl compute_remax_outcome_advantage): R_i - b_i, b_i the reward of
+      the greedy completion of completion i's prompt (``baselines`` (B,)); no std, and (as verl) a single-completion or
+      all-equal group keeps R_i - b_i. Not zero-sum: sum_i A_i = G (mean R - b).
+
     ``lengths`` (B,): each completion's number of real tokens, needed by the length-weighted scales (``LENGTH_WEIGHTED``).
+    ``reward_weights`` (K,): gdpo's weight of each reward function. ``baselines`` (B,): remax's greedy rewards.
 
     A group whose rewards are all equal, or that has a single completion, gets A = 0
     exactly (never NaN), so that sum_{i in group} A_i = 0 holds for every group.
@@ -56,10 +96,9 @@ def group_advantages(
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got scale={scale!r}")
     if not (isinstance(eps, (int, float)) and eps >= 0 and eps == eps and eps != float("inf")):
         raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
-    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
-        raise ValueError(
-            f"rewards and group_ids must both have shape (B,), got rewards={tuple(rewards.shape)}, group_ids={tuple(group_ids.shape)}"
-        )
+    _check_reward_shape(rewards, scale)
+    if group_ids.ndim != 1 or group_ids.shape[0] != rewards.shape[0]:
+        raise ValueError(f"group_ids must have shape ({rewards.shape[0]},), one per completion, got {tuple(group_ids.shape)}")
     if group_ids.is_floating_point() or group_ids.is_complex():
         raise ValueError(f"group_ids must be an integer tensor, got dtype={group_ids.dtype}")
     rewards = rewards if rewards.is_floating_point() else rewards.float()
@@ -69,8 +108,12 @@ def group_advantages(
     if scale in LENGTH_WEIGHTED and (lengths is None or lengths.shape != rewards.shape):
         got = "none" if lengths is None else f"shape {tuple(lengths.shape)}"
         raise ValueError(f"scale={scale!r} weighs completions by their lengths: pass lengths of shape {tuple(rewards.shape)}, got {got}")
-    if rewards.numel() == 0:
-        return rewards.clone()
+    if scale in GREEDY_BASELINE:
+        return rewards - _checked_baselines(baselines, rewards, scale)
+    if rewards.shape[0] == 0:
+        return rewards.new_zeros(0)
+    if scale in MULTI_REWARD:
+        return _decoupled_normalised(rewards, group_ids, _checked_weights(reward_weights, rewards), eps)
     if scale == "reinforce_pp":
         return _batch_whitened(rewards, eps)
 
@@ -99,6 +142,70 @@ def group_advantages(
         std = rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)
         std = std.expand_as(rewards)
     return torch.where(degenerate, torch.zeros_like(centred), centred / (std + eps))
+
+
+def _check_reward_shape(rewards: Tensor, scale: str) -> None:
+    """One sentence unless ``rewards`` is (B, K) for a multi-reward estimator and (B,) for every other."""
+    if scale in MULTI_REWARD and rewards.ndim != 2:
+        raise ValueError(
+            f"scale={scale!r} normalises each reward function separately: pass a (B, K) matrix of K reward functions' "
+            f"values, got rewards of shape {tuple(rewards.shape)}"
+        )
+    if scale not in MULTI_REWARD and rewards.ndim != 1:
+        raise ValueError(
+            f"scale={scale!r} takes one reward per completion, shape (B,), got {tuple(rewards.shape)}: combine the reward "
+            f"functions first, or use scale='gdpo' to normalise each separately"
+        )
+
+
+def _checked_weights(reward_weights: Tensor | None, rewards: Tensor) -> Tensor:
+    """gdpo's weight per reward function (K,), ones when None; one sentence on a wrong shape or a non-finite weight."""
+    K = rewards.shape[1]
+    if reward_weights is None:
+        return torch.ones(K, dtype=rewards.dtype, device=rewards.device)
+    w = torch.as_tensor(reward_weights, dtype=rewards.dtype, device=rewards.device)
+    if w.shape != (K,) or not bool(torch.isfinite(w).all()):
+        raise ValueError(f"reward_weights must be {K} finite numbers, one per reward function (column), got {w.tolist()}")
+    return w
+
+
+def _checked_baselines(baselines: Tensor | None, rewards: Tensor, scale: str) -> Tensor:
+    """remax's greedy-completion reward per completion (B,), in the rewards' dtype; one sentence when missing or bad."""
+    if baselines is None or baselines.shape != rewards.shape:
+        got = "none" if baselines is None else f"shape {tuple(baselines.shape)}"
+        raise ValueError(
+            f"scale={scale!r} subtracts the reward of each prompt's greedy completion: pass baselines of shape "
+            f"{tuple(rewards.shape)}, got {got}"
+        )
+    b = baselines.to(rewards.dtype)
+    if not bool(torch.isfinite(b).all()):
+        raise ValueError(f"baselines must be finite; non-finite at indices {torch.nonzero(~torch.isfinite(b)).flatten().tolist()[:5]}")
+    return b
+
+
+def _decoupled_normalised(rewards: Tensor, group_ids: Tensor, weights: Tensor, eps: float) -> Tensor:
+    """GDPO: every reward column normalised within its group, the columns' weighted sum normalised over the batch (B,).
+
+    rewards (B, K) -> per column (r - mean_group r) / (std_group r + eps), 0 in a single-completion group
+    (the unbiased std is undefined there; TRL never has one) -> s = sum_k w_k * that (B,) -> (s - mean s) / (std s + eps),
+    0 everywhere when the batch has one completion or s is constant.
+    """
+    index, n_groups = group_index(group_ids)
+    count = group_count(index, n_groups, rewards.dtype)[index, None]  # (B, 1)
+    normalised = torch.zeros_like(rewards)  # (B, K)
+    constant = torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)  # (B,) every column flat in the group
+    for k in range(rewards.shape[1]):
+        r = rewards[:, k]  # (B,)
+        constant &= (group_amax(r, index, n_groups) == group_amin(r, index, n_groups))[index]
+        centred = r - group_mean(r, index, n_groups)[index]  # (B,)
+        std = torch.sqrt(group_sum(centred**2, index, n_groups)[index] / (count[:, 0] - 1).clamp(min=1))  # (B,) unbiased
+        normalised[:, k] = torch.where(count[:, 0] < 2, torch.zeros_like(r), centred / (std + eps))
+    combined = normalised @ weights  # (B,)
+    if combined.numel() < 2 or bool(combined.max() == combined.min()):
+        return torch.zeros_like(combined)
+    adv = (combined - combined.mean()) / (combined.std() + eps)  # (B,) the batch mean is 0 up to round-off
+    flat = constant | (count[:, 0] < 2)  # (B,) a group without signal
+    return torch.where(flat, torch.zeros_like(adv), adv)  # gets 0 exactly, as under every estimator
 
 
 def _best_of_group(rewards: Tensor, index: Tensor, n_groups: int, count: Tensor, degenerate: Tensor, eps: float) -> Tensor:
@@ -141,7 +248,8 @@ ADV_SCALE = component_field(
     True,
     choices=ADVANTAGE_SCALES,
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp / "
-    "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk.",
+    "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk / gdpo (one column per "
+    "reward function) / remax (the greedy completion's reward as baseline); ``ESTIMATOR_SOURCES`` names each one's source.",
 )
 
 ADV_EPS = component_field(
@@ -151,8 +259,8 @@ ADV_EPS = component_field(
     "DeepSeekMath eq 3 / TRL: (R - mean) / (std + 1e-4)",
     True,
     bounds=NONNEG,
-    active_when=When("adv_scale", ("group", "batch", "reinforce_pp", "grpo_passk")),
+    active_when=When("adv_scale", ("group", "batch", "reinforce_pp", "grpo_passk", "gdpo")),
     doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp, "
-    "grpo_passk; verl's grpo_passk uses 1e-6).",
+    "grpo_passk, gdpo (both of its normalisations, 1e-4 in TRL); verl's grpo_passk uses 1e-6).",
 )
 ADVANTAGE_COMPONENT = Component("advantage")

@@ -388,3 +388,47 @@ def reference_grpo_passk(rewards: list[float], group_ids: list[int], eps: float)
         std = float(torch.tensor([rewards[j] for j in members], dtype=torch.float64).std())
         out[members[int(top.indices[0])]] = float(top.values[0] - top.values[1]) / (std + eps)
     return out
+
+
+# --- issue 30: GDPO and ReMax (written from the peers' code as read) -------------------------------------------------
+
+
+def _unbiased_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def reference_gdpo(rewards: list[list[float]], group_ids: list[int], weights: list[float], eps: float) -> list[float]:
+    """TRL 1.16 GRPOTrainer._generate_and_score_completions, multi_objective_aggregation='normalize_then_sum', as read:
+    per group and reward function (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected; the weighted sum over the
+    functions; then (s - mean_batch s) / (std_batch s + 1e-4). (dfpo: a single-completion group gets 0 where TRL's
+    nanstd gives NaN, and a group whose every function is constant gets exactly 0, TRL's value up to round-off.)"""
+    B, K = len(rewards), len(weights)
+    summed = [0.0] * B
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        for k in range(K):
+            column = [rewards[j][k] for j in members]
+            if len(members) > 1:
+                summed[i] += weights[k] * (rewards[i][k] - sum(column) / len(column)) / (_unbiased_std(column) + eps)
+    if B < 2 or max(summed) == min(summed):
+        return [0.0] * B
+    mean, std = sum(summed) / B, _unbiased_std(summed)
+    out = []
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        flat = len(members) < 2 or all(len({rewards[j][k] for j in members}) == 1 for k in range(K))
+        out.append(0.0 if flat else (summed[i] - mean) / (std + eps))
+    return out
+
+
+def reference_remax(rewards: list[float], greedy_rewards: list[float], lengths: list[int]) -> list[list[float]]:
+    """verl core_algos.compute_remax_outcome_advantage, as read: token_level_rewards hold the outcome reward at the last
+    real token; returns = reverse cumsum over the response; advantages = returns - reward_baselines * response_mask. One
+    list per completion with its per-token advantages (the value dfpo gives the whole completion, at every token)."""
+    out = []
+    for r, b, L in zip(rewards, greedy_rewards, lengths):
+        token_rewards = [0.0] * (L - 1) + [r]
+        returns = [sum(token_rewards[t:]) for t in range(L)]
+        out.append([g - b for g in returns])
+    return out
