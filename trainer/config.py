@@ -34,6 +34,7 @@ import tomli_w
 
 from ..core.files import check_input_file, read_utf8
 from ..core.loss import OBJECTIVES, resolve_objective
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 from .layout import RunDir
@@ -430,6 +431,7 @@ def validate(cfg: Config) -> None:
             "returns them only under the top-k / top-p truncated distribution, whose ratio to pi_old carries the kept mass (TRL "
             "issue 6789): use rollout.engine = 'hf', or set rollout.top_k = 0 and rollout.top_p = 1.0"
         )
+    check_advantage_inputs(spec, cfg)
     if cfg.rollout.prompts_per_step % cfg.optim.minibatch_groups:
         raise ValueError(
             f"optim.minibatch_groups={cfg.optim.minibatch_groups} must divide rollout.prompts_per_step="
@@ -456,6 +458,21 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
         raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+
+
+def check_advantage_inputs(spec, cfg: Config) -> None:
+    """What the objective's advantage estimator reads must be configured (issue 30): gdpo a second reward function,
+    remax a greedy completion per prompt, which dynamic sampling's premise does not fit. One sentence each."""
+    if spec.adv_scale in MULTI_REWARD and cfg.reward.format_weight == 0:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} normalises each reward function separately, but reward.format_weight = 0 leaves one "
+            "(correctness): set reward.format_weight > 0 to add the format reward as the second"
+        )
+    if spec.adv_scale in GREEDY_BASELINE and cfg.rollout.dynamic_sampling:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} subtracts the greedy completion's reward, so a group whose rewards are all equal still "
+            "has a signal that rollout.dynamic_sampling would drop: set rollout.dynamic_sampling = false"
+        )
 
 
 def check_tiny_shape(m: ModelConfig) -> None:

@@ -49,12 +49,27 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from .reward_pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
 from .reward_worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
 from .tasks import Example, sum_value
 
-__all__ = ["MAX_ABS_REWARD", "RewardBatch", "RewardComputer", "RewardSpec", "as_reward", "correctness_fn", "reward_spec"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MAX_ABS_REWARD",
+    "REWARD_FUNCTIONS",
+    "RewardBatch",
+    "RewardComputer",
+    "RewardSpec",
+    "as_reward",
+    "correctness_fn",
+    "reward_matrix",
+    "reward_spec",
+    "reward_weights",
+]
 
 RewardFn = Callable[[str, str, Example], float]
 
@@ -212,6 +227,27 @@ class RewardBatch:
     """Calls still running after reward.timeout_s (scored 0; a worker still running at the deadline is killed)."""
     invalid: int = 0
     """Calls that returned something other than a finite number within +-1e6 (scored 0)."""
+
+
+REWARD_FUNCTIONS = ("correct", "format")
+"""The reward functions every completion is scored by, in ``reward_matrix``'s column order: the correctness reward
+(``reward.kind``) and the format reward (``reward.format_regex``, weighted by ``reward.format_weight``)."""
+
+
+def reward_matrix(rewards: RewardBatch) -> torch.Tensor:
+    """Each reward function's value per completion, (B, K) float32, one column per ``REWARD_FUNCTIONS`` entry: what a
+    multi-reward advantage (GDPO) normalises column by column."""
+    import torch  # here, not at the top: a built-in reward's worker process imports this module and needs no torch
+
+    return torch.tensor([rewards.correct, rewards.format], dtype=torch.float32).T.contiguous()  # (B, 2)
+
+
+def reward_weights(format_weight: float) -> torch.Tensor:
+    """The weight of each ``REWARD_FUNCTIONS`` column (K,): 1 for correctness, ``reward.format_weight`` for the format
+    reward, so that ``reward_matrix(r) @ reward_weights(w)`` is the total reward (TRL's ``reward_weights``)."""
+    import torch
+
+    return torch.tensor([1.0, format_weight], dtype=torch.float32)
 
 
 def _local_outcome(fn: RewardFn, prompt: str, completion: str, example: Example) -> Outcome:

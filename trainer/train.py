@@ -44,6 +44,7 @@ import torch
 
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
+from ..core.loss.advantages import GREEDY_BASELINE
 from . import parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
@@ -265,6 +266,7 @@ class Trainer:
             train_examples=inputs.train_examples,
             eval_examples=inputs.eval_examples,
             max_prompt_tokens=inputs.max_prompt_tokens,
+            greedy_baseline=self.spec.adv_scale in GREEDY_BASELINE,
         )
         self.checkpointer = Checkpointer(
             cfg,
@@ -327,7 +329,7 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
-        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
+        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated, format_weight=cfg.reward.format_weight)  # (B,)
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")

@@ -180,7 +180,9 @@ def test_grpo_passk_breaks_cancellation_where_the_best_is_unique():
 
 # --- issue 30: GDPO's decoupled normalisation (TRL) and ReMax's greedy baseline (verl) --------------------------------
 
-reward_rows = st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.sampled_from([0.0, 1.0]), st.sampled_from([-1.0, 0.0, 2.0])), min_size=1, max_size=24)
+reward_rows = st.lists(
+    st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.sampled_from([0.0, 1.0]), st.sampled_from([-1.0, 0.0, 2.0])), min_size=1, max_size=24
+)
 
 
 @given(reward_rows, st.integers(1, 4), st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0]), min_size=3, max_size=3))
@@ -230,9 +232,7 @@ def test_gdpo_and_the_one_reward_estimators_refuse_the_other_shape():
         group_advantages(torch.ones(4, 2), ids, scale="gdpo", reward_weights=torch.tensor([1.0, float("nan")]))
 
 
-@given(
-    st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.sampled_from([0.0, 1.0]), st.integers(1, 9)), min_size=1, max_size=16)
-)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.sampled_from([0.0, 1.0]), st.integers(1, 9)), min_size=1, max_size=16))
 def test_remax_equals_the_loop_reference_at_every_token(rows):
     """Against a loop written from verl's compute_remax_outcome_advantage: with an outcome reward the reward-to-go is R at
     every token, so verl's per-token advantage is dfpo's per-completion R - R_greedy at each of its tokens."""
@@ -273,7 +273,9 @@ def test_gdpo_keeps_cancellation_and_remax_breaks_it():
     residual = {}
     for scale, kw in (("gdpo", {}), ("remax", {"baselines": torch.zeros(4, dtype=torch.float64)})):
         adv = group_advantages(columns if scale == "gdpo" else correct, group.group_ids, scale=scale, **kw)
-        loss, _ = policy_loss("dapo", logp=group.logp(), old_logp=group.old_logp, advantages=adv, mask=group.mask, group_ids=group.group_ids)
+        loss, _ = policy_loss(
+            "dapo", logp=group.logp(), old_logp=group.old_logp, advantages=adv, mask=group.mask, group_ids=group.group_ids
+        )
         (grad,) = torch.autograd.grad(loss, group.shared_logp)
         residual[scale] = float(grad.abs().max())
     assert residual["gdpo"] < 1e-12 and residual["remax"] > 1e-4
