@@ -63,7 +63,7 @@ EXPECTED = {
     "soft-gate-cancel": C,  # SAPO's tau differs by the sign of A: cancels only at r* = 1 or with equal taus
     "advantage-zero-sum": C,  # RLOO keeps sum_i A_i = 0; REINFORCE++'s batch baseline does not
     "rollout-correction-cancel": C,  # token-level corrections and rejections keep it, completion-level ones break it
-    "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never
+    "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never; remax at b = mean R; gdpo always
 }
 
 PAPER_IDS = (
