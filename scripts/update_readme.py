@@ -14,7 +14,15 @@ import pathlib
 import re
 import sys
 
-from dfpo.commands import atlas_table, cancellation_demo, components_table, config_reference, correction_table, objectives_table
+from dfpo.commands import (
+    atlas_table,
+    cancellation_demo,
+    components_table,
+    config_reference,
+    correction_table,
+    estimators_table,
+    objectives_table,
+)
 from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
 from dfpo.core.metric_registry import markdown_table
@@ -55,6 +63,10 @@ def _components() -> str:
     return components_table(markdown=True)
 
 
+def _estimators() -> str:
+    return estimators_table(markdown=True)
+
+
 def _ledger_count() -> str:
     return count_line(_claims())
 
@@ -91,6 +103,7 @@ def _probe_findings() -> str:
 BLOCKS = {
     "objectives": _objectives,
     "components": _components,
+    "estimators": _estimators,
     "demo": _demo,
     "atlas": _atlas,
     "corrections": _corrections,
@@ -102,7 +115,7 @@ BLOCKS = {
 }
 FILES = {
     README: ("findings", "ledger_count"),
-    ROOT / "docs" / "loss.md": ("objectives", "components"),
+    ROOT / "docs" / "loss.md": ("objectives", "components", "estimators"),
     ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "probe_findings"),
     ROOT / "docs" / "attribution.md": ("probe_findings",),
     ROOT / "docs" / "probe.md": ("probe_findings",),

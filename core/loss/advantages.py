@@ -35,7 +35,7 @@ ESTIMATOR_SOURCES = {
     "batch": "TRL GRPOConfig scale_rewards='batch' (Understanding R1-Zero-like training, arXiv 2503.20783)",
     "none": "Dr. GRPO (arXiv 2503.20783): mean-centred, no std; TRL scale_rewards='none'",
     "rloo": "RLOO (arXiv 2402.14740); TRL RLOOTrainer with normalize_advantages=False",
-    "reinforce_pp": "REINFORCE++ (arXiv 2501.03262); OpenRLHF advantage_estimator='reinforce'",
+    "reinforce_pp": "REINFORCE++ (arXiv 2501.03262): the batch's mean and std over completions",
     "reinforce_pp_baseline": "REINFORCE++-baseline (arXiv 2501.03262); verl core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage",
     "opo": "OPO (arXiv 2505.23585); verl core_algos.compute_opo_outcome_advantage",
     "grpo_passk": "pass@k training (arXiv 2503.19595); verl core_algos.compute_grpo_passk_outcome_advantage",
@@ -264,3 +264,49 @@ ADV_EPS = component_field(
     "grpo_passk, gdpo (both of its normalisations, 1e-4 in TRL); verl's grpo_passk uses 1e-6).",
 )
 ADVANTAGE_COMPONENT = Component("advantage")
+
+
+# ----------------------------------------------------------------------------- the premise of eq 2, per estimator
+
+
+def estimator_inputs(scale: str) -> str:
+    """What ``group_advantages`` reads for ``scale`` besides the group ids, in words."""
+    if scale in MULTI_REWARD:
+        return "a (B, K) matrix of K reward functions, their weights"
+    if scale in LENGTH_WEIGHTED:
+        return "rewards (B,), lengths (B,)"
+    if scale in GREEDY_BASELINE:
+        return "rewards (B,), the greedy completion's reward (B,)"
+    return "rewards (B,)"
+
+
+def zero_sum_in_group(scale: str, lengths: tuple[int, ...]) -> bool:
+    """Whether ``scale``'s advantages sum to zero in both groups of a fixed two-group batch (rewards 1, 0, 0.5, 0 and
+    0, 1, 0, 0: unique best completions, different means; a format column 1, 1, 0, 0 and 0, 1, 1, 1; greedy reward 1) at
+    the given lengths (8 completions)."""
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # (8,)
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    matrix = torch.stack([rewards, torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64)], -1)  # (8, 2)
+    extra = {"lengths": torch.tensor(lengths), "baselines": torch.ones_like(rewards)}
+    adv = group_advantages(matrix if scale in MULTI_REWARD else rewards, ids, scale=scale, **extra)  # (8,)
+    return all(abs(float(adv[ids == g].sum())) < 1e-12 for g in (0, 1))
+
+
+EQUAL_LENGTHS, UNEQUAL_LENGTHS = (8,) * 8, (5, 9, 12, 7, 6, 6, 10, 3)
+"""The lengths ``estimator_rows`` checks the premise at."""
+
+
+def estimator_rows() -> list[dict[str, str]]:
+    """One row per advantage estimator: what it reads, whether its advantages sum to zero in a group at equal and at
+    unequal lengths (computed now, on ``zero_sum_in_group``'s batch), and its source."""
+    word = {True: "yes", False: "no"}
+    return [
+        {
+            "adv_scale": scale,
+            "reads": estimator_inputs(scale),
+            "zero-sum, equal lengths": word[zero_sum_in_group(scale, EQUAL_LENGTHS)],
+            "zero-sum, unequal lengths": word[zero_sum_in_group(scale, UNEQUAL_LENGTHS)],
+            "source": ESTIMATOR_SOURCES[scale],
+        }
+        for scale in ADVANTAGE_SCALES
+    ]

@@ -279,3 +279,17 @@ def test_gdpo_keeps_cancellation_and_remax_breaks_it():
         (grad,) = torch.autograd.grad(loss, group.shared_logp)
         residual[scale] = float(grad.abs().max())
     assert residual["gdpo"] < 1e-12 and residual["remax"] > 1e-4
+
+
+def test_the_estimator_table_states_each_verdict_the_tests_above_prove():
+    """docs/loss.md's generated table (estimator_rows) says what the tests of this file show, estimator by estimator:
+    zero-sum at equal lengths for all but reinforce_pp, grpo_passk and remax; at unequal lengths also not for the two
+    length-weighted ones."""
+    from dfpo.core.loss.advantages import ESTIMATOR_SOURCES, estimator_rows
+
+    rows = {row["adv_scale"]: row for row in estimator_rows()}
+    never = {"reinforce_pp", "grpo_passk", "remax"}
+    assert set(rows) == set(ESTIMATOR_SOURCES)
+    for scale, row in rows.items():
+        assert row["zero-sum, equal lengths"] == ("no" if scale in never else "yes"), scale
+        assert row["zero-sum, unequal lengths"] == ("no" if scale in never | {"opo", "reinforce_pp_baseline"} else "yes"), scale
