@@ -43,7 +43,7 @@ from ..core.loss import (
     policy_loss,
     sequence_log_ratio,
 )
-from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL
 from . import metrics as M
 from .config import MODES, OPTIMIZERS, ToyConfig, check_config
 from .policy import (
@@ -82,6 +82,11 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 f"objective {name!r} needs {', '.join(f'{arg} for {why}' for arg, why in unsupported.items())}, which the toy lab "
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
+            )
+        if spec.adv_scale in TOKEN_LEVEL:
+            raise ValueError(
+                f"objective {name!r} uses adv_scale={spec.adv_scale!r}, which gives one advantage per token; the loss core "
+                "takes one per completion, so the toy lab cannot train it"
             )
         if c.mode == "exact" and spec.adv_scale not in POPULATION_SCALES:
             raise ValueError(

@@ -21,12 +21,27 @@ from torch import Tensor
 from .fields import NONNEG, Component, When, component_field
 from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
 
-ADVANTAGE_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "reinforce_pp_baseline", "opo", "grpo_passk", "gdpo", "remax")
+ADVANTAGE_SCALES = (
+    "group",
+    "batch",
+    "none",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "opo",
+    "grpo_passk",
+    "gdpo",
+    "remax",
+    "otb",
+)
 LENGTH_WEIGHTED = ("reinforce_pp_baseline", "opo")
 """The estimators that read each completion's length (``group_advantages(..., lengths=)``)."""
 MULTI_REWARD = ("gdpo",)
 """The estimators that take a (B, K) matrix of K reward functions' values (``group_advantages(..., reward_weights=)``);
 every other one takes one combined reward per completion (B,)."""
+TOKEN_LEVEL = ("otb",)
+"""The estimators that give one advantage per token (B, T) (``optimal_token_baseline``): ``group_advantages`` and
+``policy_loss`` take one per completion, so every consumer refuses them up front."""
 GREEDY_BASELINE = ("remax",)
 """The estimators whose baseline is the reward of a greedy completion of the prompt (``group_advantages(..., baselines=)``)."""
 
@@ -42,6 +57,8 @@ ESTIMATOR_SOURCES = {
     "gdpo": "GDPO (arXiv 2601.05242); TRL 1.16 GRPOConfig multi_objective_aggregation='normalize_then_sum', "
     "GRPOTrainer._generate_and_score_completions",
     "remax": "ReMax (arXiv 2310.10505); verl core_algos.compute_remax_outcome_advantage (baseline: the greedy completion's reward)",
+    "otb": "Optimal Token Baseline (arXiv 2602.07078); verl core_algos.compute_optimal_token_baseline_advantage "
+    "(adv_estimator='optimal_token_baseline', epsilon 1e-8, handle_zero_tail False); one advantage per token",
 }
 """Where each advantage estimator comes from (``dfpo objectives`` prints it)."""
 
@@ -96,6 +113,11 @@ def group_advantages(
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got scale={scale!r}")
     if not (isinstance(eps, (int, float)) and eps >= 0 and eps == eps and eps != float("inf")):
         raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
+    if scale in TOKEN_LEVEL:
+        raise ValueError(
+            f"scale={scale!r} gives one advantage per token from pi_old's per-token statistics: call optimal_token_baseline("
+            "rewards, group_ids, mask, old_logp, sum_pi_squared), whose (B, T) result policy_loss does not take"
+        )
     _check_reward_shape(rewards, scale)
     if group_ids.ndim != 1 or group_ids.shape[0] != rewards.shape[0]:
         raise ValueError(f"group_ids must have shape ({rewards.shape[0]},), one per completion, got {tuple(group_ids.shape)}")
@@ -238,6 +260,88 @@ def _batch_whitened(rewards: Tensor, eps: float) -> Tensor:
     return (rewards - rewards.mean()) / (rewards.std() + eps)
 
 
+# ----------------------------------------------------------------------------- the optimal token baseline (verl)
+
+
+def sum_pi_squared(logits: Tensor) -> Tensor:
+    """sum_v pi(v)^2 of each position's softmax, (..., V) -> (...): exp(logsumexp(2 z) - 2 logsumexp(z)), as verl's OTB
+    docs (docs/algo/otb.md, the "Logit-Gradient Proxy") compute it from the forward's logits, in float64 inside."""
+    z = logits.double()
+    return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1)).to(logits.dtype)
+
+
+def optimal_token_baseline(
+    rewards: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    old_logp: Tensor,
+    pi_squared: Tensor,
+    *,
+    is_weights: Tensor | None = None,
+    eps: float = 1e-8,
+    handle_zero_tail: bool = False,
+) -> Tensor:
+    """The Optimal Token Baseline's advantages (arXiv 2602.07078; verl core_algos.compute_optimal_token_baseline_advantage),
+    one per token (B, T), for an outcome reward R_i (B,):
+
+    - G_t = R_i at every real token (the reward-to-go of a reward paid at the last token);
+    - w_t = 1 - 2 pi_t + sum_v pi(v)^2, pi_t = exp(old_logp) of the sampled token, ``pi_squared`` = sum_v pi(v)^2 (B, T)
+      under pi_old (``sum_pi_squared`` of its logits); times ``is_weights``^2 (verl's rollout_is_weights) when given;
+    - W_t = sum_{j <= t} w_j over real tokens (the "realized energy" of the path up to t);
+    - per group and position, B_t = sum_i G_t W_t / (sum_i W_t + eps) over the completions with a real token at t;
+    - A_t = (G_t - B_t) on real tokens, 0 on padding.
+
+    A single-completion group has no baseline (A = R, as verl). ``handle_zero_tail`` (verl's option, off by default):
+    a group's unique longest completion gets baseline 0 past the second-longest length.
+
+    Cancellation: on a shared prefix pi_t and sum pi^2 are the same for every completion, so W_t is too and B_t is the
+    group's plain mean (up to eps): the advantages at a shared-prefix position sum to 0; past it they need not.
+    """
+    B = rewards.shape[0]
+    if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(f"rewards and group_ids must both have shape (B,), got {tuple(rewards.shape)} and {tuple(group_ids.shape)}")
+    for name, x in (("mask", mask), ("old_logp", old_logp), ("pi_squared", pi_squared), ("is_weights", is_weights)):
+        if x is not None and (x.ndim != 2 or x.shape[0] != B or x.shape != mask.shape):
+            raise ValueError(f"{name} must have shape (B, T) = {tuple(mask.shape)} with B = {B}, got {tuple(x.shape)}")
+    if not (isinstance(eps, (int, float)) and 0 <= eps < float("inf")):
+        raise ValueError(f"eps must be a finite number >= 0, got eps={eps!r}")
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    real = mask.to(dtype)  # (B, T)
+    for name, x in (("rewards", rewards), ("old_logp", old_logp), ("pi_squared", pi_squared), ("is_weights", is_weights)):
+        if x is not None and not bool(torch.isfinite(torch.where(mask, x, 0) if x.ndim == 2 else x).all()):
+            raise ValueError(f"{name} must be finite on real tokens")
+    returns = rewards.to(dtype)[:, None] * real  # (B, T)
+    w = 1 - 2 * old_logp.to(dtype).exp() + pi_squared.to(dtype)  # (B, T)
+    if is_weights is not None:
+        w = w * is_weights.to(dtype) ** 2
+    energy = (w * real).cumsum(-1)  # (B, T) W_t
+    index, n_groups = group_index(group_ids)
+    num = torch.zeros(n_groups, mask.shape[1], dtype=dtype).index_add(0, index, returns * energy * real)  # (n_groups, T)
+    den = torch.zeros(n_groups, mask.shape[1], dtype=dtype).index_add(0, index, energy * real) + eps  # (n_groups, T)
+    baseline = (num / den)[index]  # (B, T)
+    count = group_count(index, n_groups, dtype)[index]  # (B,)
+    baseline = torch.where(count[:, None] < 2, torch.zeros_like(baseline), baseline)
+    if handle_zero_tail:
+        baseline = _zero_tail(baseline, mask.sum(-1), index, n_groups)
+    return (returns - baseline) * real
+
+
+def _zero_tail(baseline: Tensor, lengths: Tensor, index: Tensor, n_groups: int) -> Tensor:
+    """verl's handle_zero_tail: in each group of two or more, a unique longest completion's baseline is 0 from the
+    second-longest length on. (B, T) -> (B, T)."""
+    out = baseline.clone()
+    for g in range(n_groups):
+        members = torch.nonzero(index == g).flatten()
+        if members.numel() < 2:
+            continue
+        ordered = torch.sort(lengths[members]).values
+        longest, second = int(ordered[-1]), int(ordered[-2])
+        at_longest = members[lengths[members] == longest]
+        if at_longest.numel() == 1 and longest > second:
+            out[at_longest[0], second:] = 0.0
+    return out
+
+
 # ----------------------------------------------------------------------------- the advantage component's settings
 
 ADV_SCALE = component_field(
@@ -249,7 +353,9 @@ ADV_SCALE = component_field(
     choices=ADVANTAGE_SCALES,
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp / "
     "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk / gdpo (one column per "
-    "reward function) / remax (the greedy completion's reward as baseline); ``ESTIMATOR_SOURCES`` names each one's source.",
+    "reward function) / remax (the greedy completion's reward as baseline) / otb (one advantage per token, "
+    "``optimal_token_baseline``; refused by every consumer of one per completion); ``ESTIMATOR_SOURCES`` names each one's "
+    "source.",
 )
 
 ADV_EPS = component_field(
@@ -277,6 +383,8 @@ def estimator_inputs(scale: str) -> str:
         return "rewards (B,), lengths (B,)"
     if scale in GREEDY_BASELINE:
         return "rewards (B,), the greedy completion's reward (B,)"
+    if scale in TOKEN_LEVEL:
+        return "rewards (B,), mask, pi_old's log-probs and sum pi^2 (B, T); gives (B, T)"
     return "rewards (B,)"
 
 
@@ -286,6 +394,8 @@ def zero_sum_in_group(scale: str, lengths: tuple[int, ...]) -> bool:
     the given lengths (8 completions)."""
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # (8,)
     ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    if scale in TOKEN_LEVEL:
+        return _token_sums_vanish(rewards, ids, lengths) == "all"
     matrix = torch.stack([rewards, torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0], dtype=torch.float64)], -1)  # (8, 2)
     extra = {"lengths": torch.tensor(lengths), "baselines": torch.ones_like(rewards)}
     adv = group_advantages(matrix if scale in MULTI_REWARD else rewards, ids, scale=scale, **extra)  # (8,)
@@ -296,16 +406,42 @@ EQUAL_LENGTHS, UNEQUAL_LENGTHS = (8,) * 8, (5, 9, 12, 7, 6, 6, 10, 3)
 """The lengths ``estimator_rows`` checks the premise at."""
 
 
+def _token_sums_vanish(rewards: Tensor, ids: Tensor, lengths: tuple[int, ...], prefix: int = 3) -> str:
+    """Where OTB's advantages sum to zero over a group, position by position, on groups whose completions share their
+    first ``prefix`` tokens (the same pi_old and sum pi^2 there) and differ after: 'all', 'shared prefix' or 'none'."""
+    gen = torch.Generator().manual_seed(0)
+    T = max(lengths)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    old = -0.1 - torch.rand(len(lengths), T, generator=gen, dtype=torch.float64)  # (B, T)
+    pi_sq = 0.2 + 0.5 * torch.rand(len(lengths), T, generator=gen, dtype=torch.float64)  # (B, T)
+    for g in ids.unique():  # one shared prefix per group
+        rows = ids == g
+        old[rows, :prefix], pi_sq[rows, :prefix] = old[rows][:1, :prefix], pi_sq[rows][:1, :prefix]
+    adv = optimal_token_baseline(rewards, ids, mask, old, pi_sq)  # (B, T)
+    sums = torch.stack([adv[ids == g].sum(0) for g in ids.unique()]).abs()  # (n_groups, T)
+    if bool((sums < 1e-6).all()):
+        return "all"
+    return "shared prefix" if bool((sums[:, :prefix] < 1e-6).all()) else "none"
+
+
 def estimator_rows() -> list[dict[str, str]]:
     """One row per advantage estimator: what it reads, whether its advantages sum to zero in a group at equal and at
     unequal lengths (computed now, on ``zero_sum_in_group``'s batch), and its source."""
     word = {True: "yes", False: "no"}
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+
+    def cell(scale: str, lengths: tuple[int, ...]) -> str:
+        if scale in TOKEN_LEVEL:  # per position: where do a group's advantages at one position sum to zero?
+            return {"all": "yes", "shared prefix": "at shared-prefix positions", "none": "no"}[_token_sums_vanish(rewards, ids, lengths)]
+        return word[zero_sum_in_group(scale, lengths)]
+
     return [
         {
             "adv_scale": scale,
             "reads": estimator_inputs(scale),
-            "zero-sum, equal lengths": word[zero_sum_in_group(scale, EQUAL_LENGTHS)],
-            "zero-sum, unequal lengths": word[zero_sum_in_group(scale, UNEQUAL_LENGTHS)],
+            "zero-sum, equal lengths": cell(scale, EQUAL_LENGTHS),
+            "zero-sum, unequal lengths": cell(scale, UNEQUAL_LENGTHS),
             "source": ESTIMATOR_SOURCES[scale],
         }
         for scale in ADVANTAGE_SCALES

@@ -53,7 +53,7 @@ import warnings
 import torch
 
 from dfpo.core.loss import ObjectiveSpec, objective_from_label, policy_loss
-from dfpo.core.loss.advantages import GREEDY_BASELINE
+from dfpo.core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from dfpo.core.metric_registry import reduce_values
 
 try:
@@ -178,6 +178,11 @@ class DFPOGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 f"objective {self.dfpo_spec.name!r} uses adv_scale='gdpo', which TRL computes as "
                 f"GRPOConfig(multi_objective_aggregation='normalize_then_sum'), got {self.args.multi_objective_aggregation!r}"
+            )
+        if scale in TOKEN_LEVEL:
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} uses adv_scale={scale!r}, one advantage per token, which neither TRL "
+                "computes nor dfpo's loss takes (one per completion)"
             )
         if scale in GREEDY_BASELINE:
             raise ValueError(

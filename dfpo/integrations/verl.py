@@ -32,6 +32,7 @@ from collections.abc import Mapping
 import torch
 
 from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
+from dfpo.core.loss.advantages import TOKEN_LEVEL
 
 
 def loss_mode_name(preset: str) -> str:
@@ -57,6 +58,12 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     An objective whose correction or rejection reads the sampler's log-probs is refused here: verl hands a policy loss
     only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
     ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
+    if spec.adv_scale in TOKEN_LEVEL:
+        raise ValueError(
+            f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, one advantage per token (verl's "
+            "optimal_token_baseline), but dfpo's losses take one per completion and would read its mean over the tokens: "
+            "use verl's own policy losses with algorithm.adv_estimator='optimal_token_baseline'"
+        )
     if spec.adv_scale in NOT_IN_VERL:
         raise ValueError(
             f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, which verl does not compute (its advantages are "

@@ -290,6 +290,76 @@ def test_the_estimator_table_states_each_verdict_the_tests_above_prove():
     rows = {row["adv_scale"]: row for row in estimator_rows()}
     never = {"reinforce_pp", "grpo_passk", "remax"}
     assert set(rows) == set(ESTIMATOR_SOURCES)
+    otb = rows.pop("otb")  # per position: zero-sum on a shared prefix only (test_otb_cancels_on_a_shared_prefix_and_not_past_it)
+    assert otb["zero-sum, equal lengths"] == otb["zero-sum, unequal lengths"] == "at shared-prefix positions"
     for scale, row in rows.items():
         assert row["zero-sum, equal lengths"] == ("no" if scale in never else "yes"), scale
         assert row["zero-sum, unequal lengths"] == ("no" if scale in never | {"opo", "reinforce_pp_baseline"} else "yes"), scale
+
+
+# --- issue 30: the optimal token baseline (verl), one advantage per token ---------------------------------------------
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(1, 7)), min_size=1, max_size=10),
+    st.integers(1, 3),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_otb_equals_the_loop_reference(rows, n_groups, with_is_weights, zero_tail, seed):
+    """Against a loop written from verl's compute_optimal_token_baseline_advantage (ragged lengths, groups of any size,
+    with and without rollout IS weights and handle_zero_tail)."""
+    from reference import reference_otb
+
+    from dfpo.core.loss.advantages import optimal_token_baseline
+
+    gen = torch.Generator().manual_seed(seed)
+    rewards, lengths = [r for r, _ in rows], [L for _, L in rows]
+    B, T = len(rows), max(lengths)
+    ids = [i % n_groups for i in range(B)]
+    old = -3 * torch.rand(B, T, generator=gen, dtype=torch.float64)  # (B, T)
+    pi_sq = torch.rand(B, T, generator=gen, dtype=torch.float64)  # (B, T)
+    isw = 0.5 + torch.rand(B, T, generator=gen, dtype=torch.float64) if with_is_weights else None
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # (B, T)
+    got = optimal_token_baseline(
+        torch.tensor(rewards, dtype=torch.float64), torch.tensor(ids), mask, old, pi_sq, is_weights=isw, handle_zero_tail=zero_tail
+    )
+    ref = reference_otb(rewards, ids, lengths, old.tolist(), pi_sq.tolist(), None if isw is None else isw.tolist(), 1e-8, zero_tail)
+    torch.testing.assert_close(got, torch.tensor(ref, dtype=torch.float64), rtol=1e-9, atol=1e-9)
+
+
+def test_sum_pi_squared_is_the_softmaxs_squared_mass_by_hand():
+    from dfpo.core.loss.advantages import sum_pi_squared
+
+    logits = torch.tensor([[[0.0, 1.0, -2.0], [30.0, 30.0, -50.0]]], dtype=torch.float64)  # (1, 2, 3)
+    expected = (torch.softmax(logits, -1) ** 2).sum(-1)  # (1, 2)
+    torch.testing.assert_close(sum_pi_squared(logits), expected)
+    assert abs(float(sum_pi_squared(logits)[0, 1]) - 0.5) < 1e-12  # two equal logits far above the third
+
+
+def test_otb_is_refused_where_one_advantage_per_completion_is_taken():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"scale='otb' gives one advantage per token .*call optimal_token_baseline"):
+        group_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), scale="otb")
+
+
+def test_otb_cancels_on_a_shared_prefix_and_not_past_it():
+    """The cancellation verdict: on a shared prefix every completion has the same pi_old and sum pi^2, so the same
+    realized energy W_t and B_t is the group's mean: the advantages at a shared position sum to zero (to eps = 1e-8 in
+    the denominator), and a token-level loss's gradient at the shared token (token mean, ratio 1: -sum_i A_t^i / N)
+    vanishes; past the prefix the energies differ and the sums do not vanish."""
+    from dfpo.core.loss.advantages import optimal_token_baseline
+
+    gen = torch.Generator().manual_seed(3)
+    lengths, prefix = [5, 9, 12, 7], 3
+    mask = torch.arange(12)[None, :] < torch.tensor(lengths)[:, None]  # (4, 12)
+    old = -0.1 - torch.rand(4, 12, generator=gen, dtype=torch.float64)  # (4, 12)
+    pi_sq = 0.2 + 0.5 * torch.rand(4, 12, generator=gen, dtype=torch.float64)
+    old[:, :prefix], pi_sq[:, :prefix] = old[:1, :prefix], pi_sq[:1, :prefix]  # one shared prefix
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    adv = optimal_token_baseline(rewards, torch.zeros(4, dtype=torch.long), mask, old, pi_sq)  # (4, 12)
+    shared_grad = -adv[:, :prefix].sum(0) / mask.sum()  # (prefix,) d loss / d log pi(shared token), token mean at ratio 1
+    assert float(shared_grad.abs().max()) < 1e-9
+    assert float(adv[:, prefix:5].sum(0).abs().max()) > 1e-3  # every completion alive, different energies

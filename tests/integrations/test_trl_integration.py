@@ -275,7 +275,7 @@ def test_an_objectives_own_correction_needs_vllms_untruncated_log_probs(tmp_path
 
 def test_gdpo_needs_trls_normalize_then_sum_and_remax_is_refused(tmp_path):
     """issue 30: TRL computes the advantages, so adv_scale='gdpo' needs TRL's GDPO aggregation, and ReMax (a greedy
-    completion per prompt, which TRL does not generate) is refused before training."""
+    completion per prompt, which TRL does not generate) and OTB (one advantage per token) are refused before training."""
     with pytest.raises(
         ValueError, match=r"adv_scale='gdpo', which TRL computes as GRPOConfig\(multi_objective_aggregation='normalize_then_sum'\)"
     ):
@@ -283,6 +283,8 @@ def test_gdpo_needs_trls_normalize_then_sum_and_remax_is_refused(tmp_path):
     _trainer(tmp_path, objective="grpo:adv_scale=gdpo", multi_objective_aggregation="normalize_then_sum")
     with pytest.raises(ValueError, match=r"adv_scale='remax'.*TRL's GRPOTrainer does not generate"):
         _trainer(tmp_path, objective="grpo:adv_scale=remax")
+    with pytest.raises(ValueError, match=r"adv_scale='otb', one advantage per token, which neither TRL computes"):
+        _trainer(tmp_path, objective="grpo:adv_scale=otb")
 
 
 def test_gdpo_equals_trls_own_normalize_then_sum(tmp_path):

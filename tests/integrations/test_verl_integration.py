@@ -124,6 +124,8 @@ def test_the_objectives_advantage_estimator_must_be_verls():
         ValueError, match=r"adv_scale='gdpo', which verl does not compute .*multi_objective_aggregation='normalize_then_sum'"
     ):
         make_verl_policy_loss(resolve_objective("grpo", adv_scale="gdpo"), group_size=4)
+    with pytest.raises(ValueError, match=r"adv_scale='otb', one advantage per token .*algorithm.adv_estimator='optimal_token_baseline'"):
+        make_verl_policy_loss(resolve_objective("grpo", adv_scale="otb"), group_size=4)
     remax = resolve_objective("grpo", adv_scale="remax")
     make_verl_policy_loss(remax, group_size=4)  # accepted: verl's remax estimator gives these advantages
     check_advantage_estimator(remax, {"adv_estimator": "remax"})

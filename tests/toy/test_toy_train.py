@@ -249,6 +249,7 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
         ),
         ({"mode": "exact", "objectives": ("grpo:adv_scale=grpo_passk",)}, r"adv_scale='grpo_passk'; exact mode"),
         ({"mode": "exact", "objectives": ("grpo:adv_scale=gdpo",)}, r"adv_scale='gdpo'; exact mode"),
+        ({"objectives": ("grpo:adv_scale=otb",)}, r"adv_scale='otb', which gives one advantage per token.*cannot train it"),
         ({"optimizer": "lbfgs"}, "optimizer must be one of"),
         ({"lr": 0.0}, "lr must be > 0"),
         ({"minibatches": 3}, "minibatches must be <="),

@@ -105,3 +105,9 @@ def test_the_greedy_completion_is_transformers_greedy_decoding(tmp_path):
         theirs = out[0, len(prompt) :].tolist()
         cut = next((j + 1 for j, t in enumerate(theirs) if t in eos), len(theirs))
         assert completion == theirs[:cut]
+
+
+def test_otb_is_refused_at_config_time(tmp_path):
+    """The optimal token baseline gives one advantage per token; the loss core takes one per completion."""
+    with pytest.raises(ValueError, match=r"adv_scale='otb' gives one advantage per token .*dfpo train cannot train it"):
+        tiny_config(tmp_path, "objective.overrides.adv_scale=otb")
