@@ -108,6 +108,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("reward/std", "mean", "standard deviation of the step's total rewards (population)", _TRAINER),
     Metric("reward/correct", "mean", "share of completions the correctness reward scores as correct (its mean)", _TRAINER),
     Metric("reward/format", "mean", "share of completions that earn the format reward", _TRAINER),
+    Metric("reward/fn{i}", "mean", "mean value of the i-th of reward.functions (from 0) over the step's completions", _TRAINER),
     Metric(
         "reward/greedy",
         "mean",

@@ -270,6 +270,8 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
         workers=cfg.reward.workers or default_workers(),
         max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
         memory_limit_mb=cfg.reward.memory_limit_mb,
+        functions=cfg.reward.functions,
+        weights=cfg.reward.weights,
     )
     try:
         engine = HFGenerateEngine(start.model, start.tok.pad_token_id, start.eos_ids, cfg.rollout.batch_size, start.amp)

@@ -5,8 +5,9 @@ the objective names (``spec.adv_scale``: group, batch, none for Dr. GRPO, rloo, 
 grpo_passk, gdpo, remax), so the objective, not the trainer, decides it. What each estimator reads besides the total reward:
 
 - opo and reinforce_pp_baseline: each completion's token count (before overlong masking);
-- gdpo: every reward function's value apart (``rewards.reward_matrix``: correctness and format, one column each) and
-  their weights (1 and ``reward.format_weight``, whose weighted sum is the total reward);
+- gdpo: every reward function's value apart (``rewards.reward_matrix``: correctness, format and each of
+  ``reward.functions``, one column each) and their weights (1, ``reward.format_weight``, ``reward.weights``: the weighted
+  sum is the total reward);
 - remax: the reward of each prompt's greedy completion, which the rollout stage generated and scored
   (``Rollout.greedy_rewards``; it is not trained on).
 
@@ -25,16 +26,25 @@ from .rewards import reward_matrix, reward_weights
 from .stage_rollout import Rollout
 
 
-def advantages(rollout: Rollout, spec: ObjectiveSpec, *, mask_truncated: bool, format_weight: float = 0.0) -> torch.Tensor:
+def advantages(
+    rollout: Rollout,
+    spec: ObjectiveSpec,
+    *,
+    mask_truncated: bool,
+    format_weight: float = 0.0,
+    function_weights: tuple[float, ...] = (),
+) -> torch.Tensor:
     """A_i (B,) of every completion of ``rollout``; with ``mask_truncated`` the truncated ones are masked out of
     ``rollout.batch.mask`` (in place: the old-log-prob pass, the update and the metrics see the same mask).
-    ``format_weight``: the format reward's weight in the total (``reward.format_weight``), gdpo's second column weight."""
+    ``format_weight`` and ``function_weights``: the format reward's and each of ``reward.functions``' weight in the total,
+    gdpo's column weights after correctness's 1."""
     batch = rollout.batch
     lengths = batch.mask.sum(-1)  # (B,) each completion's tokens (OPO's and REINFORCE++-baseline's weights)
     extra: dict = {"lengths": lengths}
     rewards = rollout.reward_tensor()  # (B,)
     if spec.adv_scale in MULTI_REWARD:
-        rewards, extra["reward_weights"] = reward_matrix(rollout.rewards), reward_weights(format_weight)  # (B, K), (K,)
+        rewards = reward_matrix(rollout.rewards)  # (B, K) correctness, format, reward.functions
+        extra["reward_weights"] = reward_weights(format_weight, function_weights)  # (K,)
     if spec.adv_scale in GREEDY_BASELINE:
         extra["baselines"] = rollout.greedy_reward_tensor()  # (B,)
     adv = group_advantages(rewards, batch.group_ids, scale=spec.adv_scale, eps=spec.adv_eps, **extra)  # (B,)

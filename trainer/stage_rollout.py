@@ -194,7 +194,7 @@ class RolloutStage:
         rollout batches were drawn (then the step trains on the groups it has). The rollout's ``stats``:
         ``rollout/dropped_groups``, ``rollout/extra_batches``."""
         G, want = self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
-        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format, untruncated)
+        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format, untruncated, extra)
         counts = {"errors": 0, "timeouts": 0, "invalid": 0}
         dropped, extra, examples = 0, -1, first_examples
         while len(kept) < want and extra < self.cfg.rollout.max_extra_batches:
@@ -223,6 +223,7 @@ class RolloutStage:
                         pick(rew.correct),
                         pick(rew.format),
                         None if smp.logprobs_untruncated is None else pick(smp.logprobs_untruncated),
+                        [pick(values) for values in rew.extra],
                     )
                 )
         stats = {"rollout/dropped_groups": dropped, "rollout/extra_batches": extra}
@@ -231,7 +232,8 @@ class RolloutStage:
         kept = kept[:want]
         flat = lambda j: [x for group in kept for x in group[j]]  # noqa: E731
         samples = Samples(flat(2), flat(3), flat(4), None if any(g[9] is None for g in kept) else flat(9))
-        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts)
+        extra = tuple([x for group in kept for x in group[10][k]] for k in range(len(kept[0][10])))  # reward.functions' values
+        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts, extra=extra)
         return self.assemble([g[0] for g in kept], [g[1] for g in kept], samples, flat(5), rewards, stats)
 
     def evaluate(self, step: int, *, seed_per_group: bool) -> dict:

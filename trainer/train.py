@@ -170,6 +170,8 @@ class Trainer:
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
             max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
             memory_limit_mb=cfg.reward.memory_limit_mb,
+            functions=cfg.reward.functions,
+            weights=cfg.reward.weights,
         )
         check_tiny_shape(cfg.model)
         check_model_folder(cfg.model.name)
@@ -329,7 +331,13 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
-        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated, format_weight=cfg.reward.format_weight)  # (B,)
+        adv = advantages(
+            rollout,
+            self.spec,
+            mask_truncated=cfg.rollout.mask_truncated,
+            format_weight=cfg.reward.format_weight,
+            function_weights=self.rewards.function_weights,
+        )  # (B,)
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")

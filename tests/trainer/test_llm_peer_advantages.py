@@ -111,3 +111,62 @@ def test_otb_is_refused_at_config_time(tmp_path):
     """The optimal token baseline gives one advantage per token; the loss core takes one per completion."""
     with pytest.raises(ValueError, match=r"adv_scale='otb' gives one advantage per token .*dfpo train cannot train it"):
         tiny_config(tmp_path, "objective.overrides.adv_scale=otb")
+
+
+def test_gdpo_trains_on_further_reward_functions(tmp_path, monkeypatch):
+    """reward.functions adds reward functions beside correctness and format: each is scored in its own workers, kept apart
+    (a third column of GDPO's matrix, weighted by reward.weights), logged as reward/fn0 and added to the total."""
+    seen = _spy(monkeypatch)
+    cfg = tiny_config(
+        tmp_path,
+        "objective.name=grpo",
+        "objective.overrides.adv_scale=gdpo",
+        "eval.every=0",
+        'reward.functions=["reward_fixtures:half_informative_reward"]',
+        "reward.weights=[0.5]",
+        "reward.workers=1",
+    )
+    Trainer(cfg, quiet=True).run()
+    assert len(seen) == 2
+    for call in seen:
+        assert call["rewards"].shape == (8, 3)
+        torch.testing.assert_close(call["reward_weights"], torch.tensor([1.0, 1.0, 0.5]))
+    for row in _rows(tmp_path):
+        assert row["reward/mean"] == pytest.approx(row["reward/correct"] + row["reward/format"] + 0.5 * row["reward/fn0"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (['reward.functions=["reward_fixtures:half_informative_reward"]', "reward.weights=[1.0, 2.0]"], "reward.weights must be 1 finite"),
+        (
+            ['reward.functions=["not a function"]'],
+            r"reward.functions entries must look like 'package.module:function', got 'not a function'",
+        ),
+    ],
+)
+def test_bad_further_reward_functions_are_refused_before_any_work(tmp_path, sets, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, *sets)
+
+
+def test_gathering_the_groups_of_several_processes_keeps_each_functions_values():
+    """parallel.gather_groups lays every process's rows out in group order, reward.functions' values with them."""
+    from dfpo.trainer.parallel import gather_groups
+    from dfpo.trainer.rollout import Samples
+
+    def part(groups, base):
+        rows = [base + k for k in range(2 * len(groups))]  # 2 completions a group
+        smp = Samples([[r] for r in rows], [[0.0]] * len(rows), [[0.0]] * len(rows))
+        rew = RewardBatch([float(r) for r in rows], [0.0] * len(rows), [0.0] * len(rows), extra=([10.0 * r for r in rows],))
+        return groups, smp, [str(r) for r in rows], rew
+
+    _, texts, rew = gather_groups([part([1], 100), part([0], 0)], n_groups=2, G=2)
+    assert texts == ["0", "1", "100", "101"] and rew.extra == ([0.0, 10.0, 1000.0, 1010.0],)
+
+
+def test_a_further_reward_function_that_cannot_be_imported_is_named(tmp_path):
+    from dfpo.trainer.rewards import RewardComputer, RewardSpec
+
+    with pytest.raises(ValueError, match=r"reward.functions entry 'no_such_module_xyz:score': cannot import module"):
+        RewardComputer(RewardSpec("exact"), functions=["no_such_module_xyz:score"], workers=1)
