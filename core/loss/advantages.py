@@ -1,5 +1,8 @@
 """Advantage estimators: group-relative (paper eq 43; TRL ``scale_rewards``; Dr. GRPO), RLOO, REINFORCE++ with a batch
-or a group baseline, and OPO's length-weighted baseline.
+or a group baseline, OPO's length-weighted baseline, verl's pass@k, GDPO's per-reward-function normalisation, ReMax's
+greedy baseline (``group_advantages``, one advantage per completion), and verl's optimal token baseline
+(``optimal_token_baseline``, one per token). ``ESTIMATOR_SOURCES`` names where each comes from and ``estimator_rows``
+computes, for the docs and ``dfpo objectives``, which of them keep a group's advantages summing to zero.
 
 Which of them sum to zero within a group (the property shared-token cancellation rests on, eq 2):
 group, batch, none and rloo do (each is a group-centred reward times a factor shared by the group);
@@ -11,6 +14,8 @@ differ, so the shift lands on every group (``tests/core/test_advantages.py``).
 gdpo does: each reward function's group-normalised values sum to zero in every group, so their weighted sum does and
 the batch mean it subtracts is zero. remax does not: its baseline is the greedy completion's reward, not the group's
 mean, so sum_i A_i = G (mean R - R_greedy) and a shared token keeps a gradient unless the greedy reward is the mean.
+otb's per-token baseline weighs the rewards by each path's realized energy up to the token: on a shared prefix the
+energies are equal, so the advantages at a shared position sum to zero (up to its 1e-8); past it they need not.
 """
 
 from __future__ import annotations
@@ -106,8 +111,10 @@ def group_advantages(
     ``lengths`` (B,): each completion's number of real tokens, needed by the length-weighted scales (``LENGTH_WEIGHTED``).
     ``reward_weights`` (K,): gdpo's weight of each reward function. ``baselines`` (B,): remax's greedy rewards.
 
+    ``scale="otb"`` is refused in one sentence: it gives one advantage per token (``optimal_token_baseline``).
+
     A group whose rewards are all equal, or that has a single completion, gets A = 0
-    exactly (never NaN), so that sum_{i in group} A_i = 0 holds for every group.
+    exactly (never NaN) under every estimator but remax, so that no such group pushes its tokens.
     """
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got scale={scale!r}")
