@@ -170,3 +170,17 @@ def test_a_further_reward_function_that_cannot_be_imported_is_named(tmp_path):
 
     with pytest.raises(ValueError, match=r"reward.functions entry 'no_such_module_xyz:score': cannot import module"):
         RewardComputer(RewardSpec("exact"), functions=["no_such_module_xyz:score"], workers=1)
+
+
+def test_the_greedy_baseline_benchmark_runs_and_prints_both_settings():
+    """benchmarks/remax_greedy.py at one ABBA pair: a benchmark no test runs breaks silently when the stage it times changes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "benchmarks/remax_greedy.py", "--pairs", "1"], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sampling only" in out.stdout and "with greedy baseline" in out.stdout and "ratio with/without" in out.stdout
