@@ -63,7 +63,8 @@ ESTIMATOR_SOURCES = {
     "GRPOTrainer._generate_and_score_completions",
     "remax": "ReMax (arXiv 2310.10505); verl core_algos.compute_remax_outcome_advantage (baseline: the greedy completion's reward)",
     "otb": "Optimal Token Baseline (arXiv 2602.07078); verl core_algos.compute_optimal_token_baseline_advantage "
-    "(adv_estimator='optimal_token_baseline', epsilon 1e-8, handle_zero_tail False); one advantage per token",
+    "(adv_estimator='optimal_token_baseline', epsilon 1e-8; handle_zero_tail False as on verl's main branch, True in "
+    "verl 0.9.1); one advantage per token",
 }
 """Where each advantage estimator comes from (``dfpo objectives`` prints it)."""
 
@@ -298,8 +299,10 @@ def optimal_token_baseline(
     - per group and position, B_t = sum_i G_t W_t / (sum_i W_t + eps) over the completions with a real token at t;
     - A_t = (G_t - B_t) on real tokens, 0 on padding.
 
-    A single-completion group has no baseline (A = R, as verl). ``handle_zero_tail`` (verl's option, off by default):
-    a group's unique longest completion gets baseline 0 past the second-longest length.
+    A single-completion group has no baseline (A = R, as verl). ``handle_zero_tail`` (verl's option; off by default as on
+    verl's main branch, where ray_trainer passes none, while verl 0.9.1's signature defaults it on): a group's unique
+    longest completion gets baseline 0 past the second-longest length. ``tests/core/test_verl_advantages.py`` compares
+    this with verl's own function in verl's environment.
 
     Cancellation: on a shared prefix pi_t and sum pi^2 are the same for every completion, so W_t is too and B_t is the
     group's plain mean (up to eps): the advantages at a shared-prefix position sum to 0; past it they need not.
