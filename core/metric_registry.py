@@ -117,6 +117,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("reward/std", "mean", "standard deviation of the step's total rewards (population)", _TRAINER),
     Metric("reward/correct", "mean", "share of completions the correctness reward scores as correct (its mean)", _TRAINER),
     Metric("reward/format", "mean", "share of completions that earn the format reward", _TRAINER),
+    Metric("reward/fn{i}", "mean", "mean value of the i-th of reward.functions (from 0) over the step's completions", _TRAINER),
+    Metric(
+        "reward/greedy",
+        "mean",
+        "adv_scale=remax: mean total reward of the step's greedy completions, one per prompt (ReMax's baseline, not trained on)",
+        _TRAINER,
+    ),
     Metric("reward/errors", "sum", "reward calls that raised or whose worker died (scored 0)", _TRAINER),
     Metric("reward/timeouts", "sum", "reward calls still running at reward.timeout_s (scored 0, worker replaced)", _TRAINER),
     Metric("reward/invalid", "sum", "reward calls that returned something other than a finite number within +-1e6", _TRAINER),

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .loss import OBJECTIVES, group_advantages, resolve_objective
-from .loss.advantages import ADVANTAGE_SCALES
+from .loss.advantages import ADVANTAGE_SCALES, GREEDY_BASELINE, MULTI_REWARD
 from .loss.cancellation import CANCEL_TOL, make_shared_prefix_group, rejecting_one
 from .probe import DriftBatch, probe_step
 
@@ -86,6 +86,23 @@ class ProbeCase:
     batch: DriftBatch
 
 
+SECOND_REWARD = (0.0, 1.0, 1.0, 0.5)
+"""GDPO's second reward function on the estimator rows (a format-like score that disagrees with the first)."""
+GREEDY_REWARD = 0.25
+"""ReMax's greedy completion's reward on the estimator rows (not the group's mean, where its advantages would sum to 0)."""
+
+
+def estimator_inputs(rewards: tuple[float, ...], adv_scale: str) -> dict[str, Tensor]:
+    """What ``group_advantages`` reads besides the rewards for ``adv_scale``: GDPO a second reward column
+    (``SECOND_REWARD``), ReMax the greedy completion's reward (``GREEDY_REWARD``); the rewards alone otherwise."""
+    r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
+    if adv_scale in MULTI_REWARD:
+        return {"rewards": torch.stack([r, torch.tensor(SECOND_REWARD, dtype=torch.float64)], dim=1)}  # (G, 2)
+    if adv_scale in GREEDY_BASELINE:
+        return {"rewards": r, "baselines": torch.full_like(r, GREEDY_REWARD)}
+    return {"rewards": r}
+
+
 def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group", rewards: tuple[float, ...] = REWARDS) -> ProbeCase:
     """The logit-space table's group for ``seed`` (its log-ratios, sampler mismatch and rewards) on real tokens:
     the first ``PREFIX_LEN`` tokens shared by every completion, then random tokens; pi_old and pi_rollout are the
@@ -102,8 +119,9 @@ def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group",
     log_ratio = (group.logp() - group.old_logp).detach()  # (G, T) log pi / pi_old of the table's group
     mismatch = (group.old_logp - group.rollout_logp).detach()  # (G, T) log pi_old / pi_rollout
     old_logp = torch.where(group.mask, logp - log_ratio, 0.0)
+    lengths = group.mask.sum(1).double()  # (G,)
     advantages = group_advantages(
-        torch.tensor(rewards, dtype=torch.float64), group.group_ids, scale=adv_scale, lengths=group.mask.sum(1).double()
+        **estimator_inputs(rewards, adv_scale), group_ids=group.group_ids, scale=adv_scale, lengths=lengths
     )  # (G,)
     batch = DriftBatch(
         tokens=tokens,

@@ -44,6 +44,7 @@ import torch
 
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
+from ..core.loss.advantages import GREEDY_BASELINE
 from . import entropy_control, parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
@@ -170,6 +171,8 @@ class Trainer:
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
             max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
             memory_limit_mb=cfg.reward.memory_limit_mb,
+            functions=cfg.reward.functions,
+            weights=cfg.reward.weights,
         )
         check_tiny_shape(cfg.model)
         check_model_folder(cfg.model.name)
@@ -266,6 +269,7 @@ class Trainer:
             train_examples=inputs.train_examples,
             eval_examples=inputs.eval_examples,
             max_prompt_tokens=inputs.max_prompt_tokens,
+            greedy_baseline=self.spec.adv_scale in GREEDY_BASELINE,
         )
         self.checkpointer = Checkpointer(
             cfg,
@@ -328,7 +332,13 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
-        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
+        adv = advantages(
+            rollout,
+            self.spec,
+            mask_truncated=cfg.rollout.mask_truncated,
+            format_weight=cfg.reward.format_weight,
+            function_weights=self.rewards.function_weights,
+        )  # (B,)
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")

@@ -555,3 +555,93 @@ class ReferenceEntController:
             self.value -= self.delta_ent_coef
         self.value = float(np.clip(self.value, self.min_value, self.max_value))
         self.entropy_loss_enabled = int(current_ent < self.target_ent)
+
+
+# --- issue 30: GDPO and ReMax (written from the peers' code as read) -------------------------------------------------
+
+
+def _unbiased_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def reference_gdpo(rewards: list[list[float]], group_ids: list[int], weights: list[float], eps: float) -> list[float]:
+    """TRL 1.16 GRPOTrainer._generate_and_score_completions, multi_objective_aggregation='normalize_then_sum', as read:
+    per group and reward function (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected; the weighted sum over the
+    functions; then (s - mean_batch s) / (std_batch s + 1e-4). (dfpo: a single-completion group gets 0 where TRL's
+    nanstd gives NaN, and a group whose every function is constant gets exactly 0, TRL's value up to round-off.)"""
+    B, K = len(rewards), len(weights)
+    summed = [0.0] * B
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        for k in range(K):
+            column = [rewards[j][k] for j in members]
+            if len(members) > 1:
+                summed[i] += weights[k] * (rewards[i][k] - sum(column) / len(column)) / (_unbiased_std(column) + eps)
+    if B < 2 or max(summed) == min(summed):
+        return [0.0] * B
+    mean, std = sum(summed) / B, _unbiased_std(summed)
+    out = []
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        flat = len(members) < 2 or all(len({rewards[j][k] for j in members}) == 1 for k in range(K))
+        out.append(0.0 if flat else (summed[i] - mean) / (std + eps))
+    return out
+
+
+def reference_remax(rewards: list[float], greedy_rewards: list[float], lengths: list[int]) -> list[list[float]]:
+    """verl core_algos.compute_remax_outcome_advantage, as read: token_level_rewards hold the outcome reward at the last
+    real token; returns = reverse cumsum over the response; advantages = returns - reward_baselines * response_mask. One
+    list per completion with its per-token advantages (the value dfpo gives the whole completion, at every token)."""
+    out = []
+    for r, b, L in zip(rewards, greedy_rewards, lengths):
+        token_rewards = [0.0] * (L - 1) + [r]
+        returns = [sum(token_rewards[t:]) for t in range(L)]
+        out.append([g - b for g in returns])
+    return out
+
+
+def reference_otb(
+    rewards: list[float],
+    group_ids: list[int],
+    lengths: list[int],
+    old_logp: list[list[float]],
+    pi_squared: list[list[float]],
+    is_weights: list[list[float]] | None = None,
+    eps: float = 1e-8,
+    handle_zero_tail: bool = False,
+) -> list[list[float]]:
+    """verl core_algos.compute_optimal_token_baseline_advantage, as read: returns = reverse cumsum of the token rewards
+    (the outcome reward at the last real token); w_t = 1 - 2 exp(old_log_prob) + sum_pi_squared, times
+    rollout_is_weights**2 when given; W = cumsum(w * mask); per prompt group of N > 1 trajectories and timestep,
+    B_t = sum(G_t W_t mask) / (sum(W_t mask) + eps); with handle_zero_tail the unique longest trajectory's baselines
+    from the second-longest length on are 0; advantages = (returns - baselines) * mask. Padded to max(lengths)."""
+    B, T = len(rewards), max(lengths)
+    returns, energy = [[0.0] * T for _ in range(B)], [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        token_rewards = [0.0] * T
+        token_rewards[lengths[i] - 1] = rewards[i]
+        running = 0.0
+        for t in range(T):
+            returns[i][t] = sum(token_rewards[t:]) if t < lengths[i] else 0.0
+            if t < lengths[i]:
+                w = 1 - 2 * math.exp(old_logp[i][t]) + pi_squared[i][t]
+                running += w * (is_weights[i][t] ** 2 if is_weights is not None else 1.0)
+            energy[i][t] = running
+    baselines = [[0.0] * T for _ in range(B)]
+    for g in sorted(set(group_ids)):
+        members = [i for i in range(B) if group_ids[i] == g]
+        if len(members) == 1:
+            continue
+        for t in range(T):
+            alive = [i for i in members if t < lengths[i]]
+            b = sum(returns[i][t] * energy[i][t] for i in alive) / (sum(energy[i][t] for i in alive) + eps)
+            for i in members:
+                baselines[i][t] = b
+        if handle_zero_tail:
+            ordered = sorted(lengths[i] for i in members)
+            longest = [i for i in members if lengths[i] == ordered[-1]]
+            if len(longest) == 1 and ordered[-1] > ordered[-2]:
+                for t in range(ordered[-2], T):
+                    baselines[longest[0]][t] = 0.0
+    return [[(returns[i][t] - baselines[i][t]) if t < lengths[i] else 0.0 for t in range(T)] for i in range(B)]
