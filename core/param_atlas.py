@@ -16,8 +16,9 @@ whose first three positions every completion of the group shares. Per setting an
 - ``drift / none``: mean |measured change of log pi at the shared token| over the step, relative to the same
   objective without the setting (the same groups, model and step size): what the setting does to the real drift.
 
-Plain SGD (P = lr), no clipping, no momentum: the split is exact to first order. Pure torch, deterministic for the
-given seeds; no I/O. Callers: ``dfpo.commands.param_atlas_table`` (docs/cancellation.md), tests/core/test_param_atlas.py.
+Plain SGD (P = lr), no momentum, the gradient's norm clipped to ``MAX_GRAD_NORM``: the split is exact to first order.
+Pure torch, deterministic for the given seeds; no I/O. Callers: ``dfpo.commands.param_atlas_block``
+(docs/cancellation.md), tests/core/test_param_atlas.py.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ PREFIX_LEN = 3
 VOCAB = 6
 LEARNING_RATE = 0.05
 """SGD's step: small enough that the measured change is first order (the tests bound predicted - measured)."""
+MAX_GRAD_NORM = 1.0
+"""Gradient clipping as the trainer's default (``optim.max_grad_norm``, TRL's 1.0): it bounds the step of a loss with
+large coefficients (online IPO's are about 10), so every row's split stays first order; ``direct`` carries the factor."""
 REWARDS = (1.0, 0.0, 1.0, 0.0)
 GRADED_REWARDS = (1.0, 0.0, 0.5, 0.0)
 """The advantage estimators' rows: one best completion, so verl's pass@k (which gives a tie for the best nothing)
@@ -167,7 +171,8 @@ def probe_setting(objective: str, cases: list[ProbeCase], **overrides: object) -
             logp, entropy = model.score(batch.tokens[rows])  # (len(rows), T) each
             return torch.where(batch.mask[rows], logp, 0.0), torch.where(batch.mask[rows], entropy, 0.0)
 
-        report = probe_step(score, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), batch, spec, max_events=PREFIX_LEN)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+        report = probe_step(score, optimizer, batch, spec, max_events=PREFIX_LEN, max_grad_norm=MAX_GRAD_NORM)
         shared = report.shared
         coef.append(shared.coef.abs())
         direct.append(shared.direct.abs())
