@@ -52,6 +52,7 @@ Where this departs from ``policy_loss(token_logprobs(...))``:
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -141,6 +142,11 @@ def chunk_plan(unit_sizes: list[int], chunk_size: int, max_unit: int) -> list[tu
 # ----------------------------------------------------------------------------- elementwise kernels on (n, V) blocks
 
 
+_LOG_P_EXACT = -64.0
+"""Below this log-prob (p about 1.6e-28) the eager kernel takes the target's log-prob as z_y - logsumexp rather than
+log p_y: float32's normal range ends at 1.2e-38, where p_y would lose digits (and 0 would give -inf)."""
+
+
 def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """logp of the targets (n,) and, when ``spare`` is given, the entropy (n,), from logits ``z`` (n, V).
 
@@ -151,8 +157,11 @@ def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Ten
         z_y = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
         top = z.amax(-1)  # (n,)
         torch._softmax(z, -1, False, out=z)  # (n, V) p
-        lse = top - z.amax(-1).log()  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
-        return z_y - lse, None
+        logp = z.gather(-1, targets[:, None]).squeeze(-1).log()  # (n,) log p_y, exact to round-off while p_y is normal
+        tiny = (logp < _LOG_P_EXACT).nonzero().squeeze(-1)  # (k,) rows where p_y nears float underflow: rare
+        if tiny.numel():  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
+            logp[tiny] = z_y[tiny] - (top[tiny] - z[tiny].amax(-1).log())
+        return logp, None
     torch._log_softmax(z, -1, False, out=z)  # (n, V) log p
     logp = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
     p = torch.exp(z, out=spare)  # (n, V)
@@ -224,6 +233,37 @@ class _Kernels:
             self._grad(z, state, entropy, c, e)
             return z.scatter_add_(-1, targets[:, None], c[:, None])
         return _eager_grad_(z, targets, spare if entropy is not None else None, entropy, c, e)
+
+
+# ----------------------------------------------------------------------------- the logits blocks
+
+
+_WORKSPACE = threading.local()
+"""This thread's kept CPU logits blocks (``_logits_block``): ``slots``, a list of two flat tensors or None."""
+
+
+def _logits_block(slot: int, rows: int, V: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A (rows, V) buffer for logits blocks (slot 0: the logits; slot 1: the eager entropy kernels' p).
+
+    On CPU the buffer is kept per thread and reused by the next call: a fresh (rows, V) allocation is a fresh
+    mapping of memory whose first write faults every page in (about 50 ms of system time for 128 MiB), which is
+    more than the softmax over it. CUDA's caching allocator already reuses its blocks, so other devices allocate.
+    What stays held between calls: rows x V x 4 bytes per slot (``release_workspace`` frees it).
+    """
+    if device.type != "cpu":
+        return torch.empty((rows, V), dtype=dtype, device=device)
+    slots = getattr(_WORKSPACE, "slots", None) or [None, None]
+    held = slots[slot]
+    if held is None or held.dtype != dtype or held.numel() < rows * V:
+        slots[slot] = None  # the old block goes before the new one is allocated
+        held = slots[slot] = torch.empty(rows * V, dtype=dtype)
+    _WORKSPACE.slots = slots
+    return held[: rows * V].view(rows, V)
+
+
+def release_workspace() -> None:
+    """Free this thread's kept CPU logits blocks (``_logits_block``); the next fused call allocates them again."""
+    _WORKSPACE.slots = None
 
 
 # ----------------------------------------------------------------------------- the fused pass
@@ -394,15 +434,16 @@ def fused_head_loss(
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
     longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
-    buf = torch.empty((longest, V), dtype=dtype, device=hidden.device)  # (n, V) the one logits block, reused
-    spare = torch.empty_like(buf) if keep_entropy and not compile else None  # (n, V) p, for the eager entropy kernels
+    buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
+    spare = _logits_block(1, longest, V, dtype, hidden.device) if keep_entropy and not compile else None  # (n, V) p
     kernels = _Kernels(compile)
     h_all = flat_h.detach()
-    grad_h = torch.zeros(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
-    grad_w = torch.zeros(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
+    # every real position's rows of grad_h and the first chunk's grad_w are written by a matmul (no zero-fill pass)
+    grad_h = torch.empty(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
+    grad_w = torch.empty(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
-    two_pass_tokens, finite = 0, True
+    two_pass_tokens, finite, w_written = 0, True, False
 
     def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
         """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
@@ -418,15 +459,23 @@ def fused_head_loss(
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
         dz = kernels.grad(z, flat_y[s:e], None if spare is None else spare[: e - s], state, ent if keep_entropy else None, c, e_)
+        nonlocal w_written
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:
-            grad_h[s:e] = dz @ weight  # (n, H)
+            if dz.dtype == grad_h.dtype:
+                torch.mm(dz, weight, out=grad_h[s:e])  # (n, H)
+            else:
+                grad_h[s:e] = dz @ weight
         if need_w:
             h = h_all[s:e].to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
-            if dz.dtype == grad_w.dtype:
+            if dz.dtype != grad_w.dtype:
+                part = dz.T @ h  # (V, H)
+                grad_w.add_(part) if w_written else grad_w.copy_(part)
+            elif w_written:
                 grad_w.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
             else:
-                grad_w.add_(dz.T @ h)
+                torch.mm(dz.T, h, out=grad_w)  # (V, H) the first chunk writes it
+            w_written = True
 
     def solve() -> None:
         """The coefficients at the values known now (the last call's loss and metrics are the batch's)."""
@@ -456,6 +505,8 @@ def fused_head_loss(
         solve()
         backward_block(start, end, z, ent, state)
 
+    if grad_w is not None and not w_written:  # no real position: the weight's gradient is 0
+        grad_w.zero_()
     if not finite:
         loss, metrics = torch.full((), math.nan, dtype=dtype, device=hidden.device), {}
         grad_h = None if grad_h is None else grad_h.zero_()
@@ -537,4 +588,12 @@ def fused_policy_loss(
     return out.loss, out.metrics
 
 
-__all__ = ["COUPLING_UNITS", "FusedHead", "chunk_plan", "coupling_unit", "fused_head_loss", "fused_policy_loss"]
+__all__ = [
+    "COUPLING_UNITS",
+    "FusedHead",
+    "chunk_plan",
+    "coupling_unit",
+    "fused_head_loss",
+    "fused_policy_loss",
+    "release_workspace",
+]
