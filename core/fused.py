@@ -36,7 +36,11 @@ the share of real tokens that took two passes: 0 when everything ran in one.
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
 (``compile=True``: the statistics in one fused kernel, d loss / d logits in another); both give the same numbers
-to float round-off. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
+to float round-off. ``compile=True`` compiles only where it helps: with entropies, whose eager kernels need a second
+(n, V) block (p beside log p) that the compiled ones do not; without them the eager kernels are already one
+in-place softmax and one in-place scale, as fast as the compiled pair on CPU (16 x 128, V = 32k: 2.45 s either way),
+and compiling would only add the compiler's resident state (about 25 MiB, and about 190 MiB of torch._inductor loaded
+at the first call), so they run eagerly. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
 warning says so. Half-precision inputs: the LM head's matmul runs in the weight's dtype (the hidden states are cast
 to it), everything after it in float32; the weight's gradient accumulates in float32. No (B, T, V) tensor exists.
 
@@ -54,6 +58,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -214,15 +219,18 @@ class _Kernels:
         )
         self.compiled = False
 
-    def stats(self, z: Tensor, targets: Tensor, spare: Tensor | None, with_entropy: bool) -> tuple[Tensor, Tensor | None, object]:
-        """(logp (n,), entropy (n,) or None, state for ``grad``)."""
+    def stats(
+        self, z: Tensor, targets: Tensor, spare: Callable[[], Tensor | None], with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None, object]:
+        """(logp (n,), entropy (n,) or None, state for ``grad``); ``spare()`` gives the eager entropy kernels' second
+        block, asked for only when they run (a compiler failure at the first call included)."""
         if self.compiled:
             try:
                 lse, logp, entropy = self._stats(z, targets, with_entropy)
                 return logp, entropy, lse
             except Exception as err:  # noqa: BLE001 -- any compiler failure: run eagerly instead, said in a warning
                 self._fall_back(err)
-        logp, entropy = _eager_stats_(z, targets, spare if with_entropy else None)
+        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None)
         return logp, entropy, None
 
     def grad(
@@ -435,8 +443,7 @@ def fused_head_loss(
     with_grad = need_h or need_w
     longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
     buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
-    spare = _logits_block(1, longest, V, dtype, hidden.device) if keep_entropy and not compile else None  # (n, V) p
-    kernels = _Kernels(compile)
+    kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
     h_all = flat_h.detach()
     # every real position's rows of grad_h and the first chunk's grad_w are written by a matmul (no zero-fill pass)
     grad_h = torch.empty(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
@@ -445,10 +452,14 @@ def fused_head_loss(
     c_buf = e_buf = loss = metrics = None
     two_pass_tokens, finite, w_written = 0, True, False
 
+    def spare(n: int) -> Tensor | None:
+        """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
+        return _logits_block(1, longest, V, dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
+
     def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
         """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
         z = head_logits(h_all[s:e], weight, temperature, out=buf[: e - s])  # (n, V)
-        logp, ent, state = kernels.stats(z, flat_y[s:e], None if spare is None else spare[: e - s], keep_entropy)
+        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
             entropy_buf[rows[s:e], cols[s:e]] = ent
@@ -458,7 +469,7 @@ def fused_head_loss(
         """Accumulate the gradients of positions s:e from their logits block (after ``block``)."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
-        dz = kernels.grad(z, flat_y[s:e], None if spare is None else spare[: e - s], state, ent if keep_entropy else None, c, e_)
+        dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)
         nonlocal w_written
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:

@@ -227,12 +227,12 @@ def test_compiled_kernels_give_the_eager_numbers(name, overrides, layout):
 
 
 def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monkeypatch):
-    """If torch.compile fails, the eager kernels run (same numbers) and a warning names the failure."""
+    """If torch.compile fails, the eager kernels run (same numbers, entropies included) and a warning names the failure."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
 
-    spec = resolve_objective("grpo")
+    spec = resolve_objective("dapo", entropy_coef=0.01)
     h, w, y, mask, gid, adv, noise = _batch(17)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
@@ -240,6 +240,17 @@ def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monke
     with pytest.warns(UserWarning, match="torch.compile failed .*no C\\+\\+ compiler.*eager kernels run"):
         fast = _fused(spec, h, w, y, 1.0, kw, compile=True)
     _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
+def test_compile_without_entropies_runs_the_eager_kernels_and_never_calls_the_compiler(monkeypatch, name):
+    """compile=True compiles only where it saves a block (entropies): without them no compiler is loaded or called."""
+    monkeypatch.setattr(fused_module.torch, "compile", lambda *a, **k: pytest.fail("torch.compile was called"))
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(19)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    _assert_equal(_fused(spec, h, w, y, 1.0, kw, compile=True), _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
 
 
 # ----------------------------------------------------------------------------- which positions a coefficient reads
