@@ -69,3 +69,13 @@ def test_the_run_comparison_reports_the_largest_relative_difference_and_one_side
     worst, one_side = runs.largest_differences(a, b)
     assert worst == {"loss": 0.0, "x": 0.5, "n": float("inf")}  # |4 - 2| / 4; timings left out
     assert one_side == {"only"}
+
+
+def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
+    spec = importlib.util.spec_from_file_location("fused_head_split", PATH.with_name("fused_head_split.py"))
+    split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split)
+    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "coefficients" in lines[1] and lines[2].startswith("floor  -")
+    assert [line.split()[1] for line in lines[3:]] == ["grpo", "dfpo_min"] and all(len(line.split()) == 11 for line in lines[3:])
