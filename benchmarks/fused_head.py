@@ -13,7 +13,9 @@ thread: the work done, which other load on a shared machine changes least), wall
                   (the floor the issue quotes), where its (N, V) tensors fit the RAM (below);
 - naive:          full float32 logits, log_softmax, gather, policy_loss (where its (N, V) tensors fit the RAM);
 - chunked:        dfpo.token_logprobs, then policy_loss (each chunk's logits recomputed in the backward: four matmuls);
-- fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile);
+- fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile, which
+                  fused_policy_loss uses only for objectives that read entropies: for grpo, gspo and dfpo_min the
+                  compiled rows run the eager kernels, see dfpo.core.fused);
 - liger:          Liger-Kernel's LigerFusedLinearGRPOLoss, eager (compiled=False) and compiled (compiled=True): grpo as
                   loss_type='grpo', gspo as importance_sampling_level='sequence' at GSPO's clip range; it has no DFPO.
                   Skipped, saying so, when liger-kernel is not installed (pip install liger-kernel).
