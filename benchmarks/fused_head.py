@@ -100,8 +100,9 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
-    """The inputs and a function running one forward + backward of ``mode`` on them."""
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK):
+    """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
+    logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine)."""
     import torch
 
     from dfpo.core.fused import fused_policy_loss
@@ -147,7 +148,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
             if mode == "naive":
                 logp, _ = naive_token_logprobs(h, w, y)
             else:
-                logp, _ = token_logprobs(h, w, y, chunk_size=CHUNK, with_entropy=False)
+                logp, _ = token_logprobs(h, w, y, chunk_size=chunk, with_entropy=False)
             loss, _ = policy_loss(spec, logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=gid)
             loss.backward()
             clear()
@@ -158,7 +159,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
         def step():
             loss, metrics = fused_policy_loss(
                 spec, hidden=h, lm_head_weight=w, targets=y, old_logp=old, advantages=adv, mask=mask, group_ids=gid,
-                chunk_size=CHUNK, compile=mode == "fused_compiled",
+                chunk_size=chunk, compile=mode == "fused_compiled",
             )  # fmt: skip
             loss.backward()
             extra["two_pass"] = float(metrics["fused/two_pass"])
@@ -183,7 +184,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
     return step
 
 
-def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int) -> dict:
+def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int, chunk: int = CHUNK) -> dict:
     """One mode in this process, after one warm-up step: median CPU seconds (and wall seconds) of forward + backward,
     and extra MiB. One thread: the process's CPU time is the work done, what other processes on a shared machine
     change least (its wall time waits for them)."""
@@ -191,7 +192,7 @@ def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, re
 
     torch.set_num_threads(threads)
     _import_libraries()
-    step = _step_fn(mode, objective, B, T, H, V)
+    step = _step_fn(mode, objective, B, T, H, V, chunk)
     base = _rss_mib()  # the inputs exist, the libraries are loaded
     step()  # warm-up (compiles, where a mode compiles)
     cpu, wall = [], []
@@ -236,13 +237,14 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 
 
 def _child(argv: list[str]) -> int:
-    mode, objective, B, T, H, V, repeats, threads = argv
-    print(json.dumps(measure(mode, None if objective == "-" else objective, int(B), int(T), int(H), int(V), int(repeats), int(threads))))
+    mode, objective, B, T, H, V, repeats, threads, chunk = argv
+    obj = None if objective == "-" else objective
+    print(json.dumps(measure(mode, obj, int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk))))
     return 0
 
 
 def run_case(mode: str, objective: str | None, B: int, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads)]  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(args.chunk)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -292,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 1); a figure is the median over them")
     p.add_argument("--repeats", type=int, default=1, help="timed steps per process (>= 1), after one warm-up")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--chunk", type=int, default=CHUNK, help="positions per logits block of the chunked and fused modes")
     p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
     args = p.parse_args(argv)
-    for name in ("rounds", "repeats", "threads"):
+    for name in ("rounds", "repeats", "threads", "chunk"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.max_gib is None:
@@ -302,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
         f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
+        f"chunked and fused blocks of {args.chunk} positions (the floor's: {CHUNK}); "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
     )
     for size in args.sizes:

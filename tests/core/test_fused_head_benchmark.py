@@ -37,13 +37,16 @@ def test_full_logits_past_the_memory_are_skipped_saying_how_many_gib_they_need(b
 
 
 def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench, capsys):
-    bench.main(["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "gspo"])
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "gspo"]
+    bench.main([*argv, "--chunk", "3"])
     out = capsys.readouterr().out
+    assert "chunked and fused blocks of 3 positions (the floor's: 1024)" in out
     assert "fused            gspo" in out and "fused            grpo" not in out and "floor            -" in out
     assert "goal fused gspo <= 1.05x floor:" in out and "goal fused grpo <= 1.05x floor: not measured" in out
-    with pytest.raises(SystemExit):
-        bench.main(["--rounds", "0"])
-    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    for flag in ("--rounds", "--chunk"):
+        with pytest.raises(SystemExit):
+            bench.main([flag, "0"])
+        assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
