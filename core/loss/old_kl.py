@@ -23,12 +23,10 @@ removes it (``tests/core/test_cancellation.py``).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from .aggregation import aggregate
 from .fields import NONNEG, Component, component_field
-from .kl import KL_ESTIMATORS, kl_estimate
+from .kl import KL_ESTIMATORS, kl_estimate, penalty_term
 
 
 def old_kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
@@ -37,9 +35,7 @@ def old_kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
         return None, {}
     x = ctx.x
     k = kl_estimate(x.logp, x.old_logp, spec.old_kl_estimator)  # (B, T) with gradient through logp
-    term = spec.old_kl_coef * aggregate(k, x.mask, spec.aggregation, spec.max_completion_length, x.lengths)
-    n_real = x.lengths.sum().clamp(min=1).to(x.logp.dtype)
-    return term, {"kl/old": torch.where(x.mask, k.detach(), 0.0).sum() / n_real}
+    return penalty_term(spec.old_kl_coef, k, x.mask, x.lengths, spec, x, "kl/old")
 
 
 # ----------------------------------------------------------------------------- the old-policy penalty's settings

@@ -12,22 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo.core import param_atlas as pa
-from dfpo.core.loss import OBJECTIVES, register_objective
+from dfpo.core.loss import register_objective
 from dfpo.core.loss.cancellation import correction_atlas
 
 
 @functools.cache
 def _tables(seeds: tuple[int, ...]):
     return pa.param_setting_atlas(seeds), pa.param_objective_atlas(seeds)
-
-
-@pytest.fixture
-def registered():
-    names: list[str] = []
-    yield names
-    for name in names:
-        if name in OBJECTIVES:
-            OBJECTIVES.remove(name)
 
 
 def test_every_setting_has_the_logit_space_tables_verdict():

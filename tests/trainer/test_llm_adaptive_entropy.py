@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from test_llm_e2e import tiny_config
-from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, timeless_records, train_command
 
 from dfpo.trainer.layout import RunDir
 from dfpo.trainer.train import Trainer
@@ -67,16 +67,11 @@ SETS = [
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    config = run_dir.parent / "empty.toml"
-    config.write_text("# every key comes from --set\n")
-    cmd = [sys.executable, "-m", "dfpo", "train", "--quiet", "--config", str(config)]
-    for s in SETS + [f"run_dir={run_dir}"]:
-        cmd += ["--set", s]
-    return cmd
+    return train_command(run_dir, SETS)
 
 
 def _records(path: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in path.read_text().splitlines()]
+    return timeless_records(path)
 
 
 def test_sigkill_then_resume_continues_the_coefficient_bit_identically(tmp_path):
