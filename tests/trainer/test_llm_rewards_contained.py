@@ -255,6 +255,8 @@ import os, signal, sys, time
 sys.path.insert(0, {here!r})
 from dfpo.trainer import reward_pool
 assert "torch" not in sys.modules
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started under a shell's background job: SIGINT as Python's own start
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 def pool(name, **kw):
     return reward_pool.RewardPool("user", "reward_fixtures:" + name, **kw)
 def tasks(*completions):
@@ -288,7 +290,12 @@ def _signal_while_computing(proc: subprocess.Popen, sig: int) -> tuple[list[int]
     time.sleep(0.5)  # the rewards are spinning
     t0 = time.monotonic()
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # the script and, through its pool, its workers: no later test inherits them
+        proc.communicate()
+        raise
     return pids, out, err, time.monotonic() - t0
 
 
