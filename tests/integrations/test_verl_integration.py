@@ -113,3 +113,10 @@ def test_an_objective_reading_the_samplers_log_probs_is_refused_and_bypass_works
     got, metrics = make_verl_policy_loss(spec, group_size=4)(old, logp, adv[:, None] * mask, mask, None, None)
     expected, _ = policy_loss(spec, logp=logp, old_logp=old, advantages=adv, mask=mask.bool(), group_ids=torch.arange(8) // 4)
     assert float(got) == pytest.approx(float(expected), rel=1e-12) and "actor/dfpo/rollout/weight_mean" in metrics
+
+
+def test_an_objective_reading_the_reference_is_refused_and_left_out_of_the_default_registration():
+    """verl passes a policy loss no reference log-probs: online IPO is refused in one sentence, and the default
+    registration (every preset) leaves it out rather than failing."""
+    with pytest.raises(ValueError, match=r"objective 'online_ipo' reads the reference policy's log-probs \(ipo_beta=0.1"):
+        make_verl_policy_loss(OBJECTIVES["online_ipo"], group_size=4)
