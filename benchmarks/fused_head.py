@@ -2,6 +2,7 @@
 
     python benchmarks/fused_head.py                               # B x T in {16 x 128, 8 x 2048}, V in {32k, 152k}, H = 512
     python benchmarks/fused_head.py --sizes 16x128 --vocab 32768 --rounds 3
+    python benchmarks/fused_head.py --sizes 8x2048 --vocab 151936 --rounds 1 --modes floor fused fused_compiled liger_compiled
 
 Modes, each measurement in a fresh process on one thread; each round runs every mode once, in an order rotated from
 round to round (interleaved), and a figure is the median over rounds. Times are the process's CPU seconds (one
@@ -9,20 +10,28 @@ thread: the work done, which other load on a shared machine changes least), wall
 - floor:          the three LM-head matmuls alone, in chunks of 1024 positions into reused buffers: z = h W^T, then
                   z W and z^T h (no softmax, no loss). The least any exact method can take; every ratio is against it;
 - floor_autograd: (h @ W.T).backward(ones) on the full (N, V) logits: the same three matmuls as autograd runs them
-                  (the floor the issue quotes), where the logits fit --max-gib;
-- naive:          full float32 logits, log_softmax, gather, policy_loss (where the logits fit --max-gib);
+                  (the floor the issue quotes), where its (N, V) tensors fit the RAM (below);
+- naive:          full float32 logits, log_softmax, gather, policy_loss (where its (N, V) tensors fit the RAM);
 - chunked:        dfpo.token_logprobs, then policy_loss (each chunk's logits recomputed in the backward: four matmuls);
-- fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile);
+- fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile, which
+                  fused_policy_loss uses only for objectives that read entropies: for grpo, gspo and dfpo_min the
+                  compiled rows run the eager kernels, see dfpo.core.fused);
 - liger:          Liger-Kernel's LigerFusedLinearGRPOLoss, eager (compiled=False) and compiled (compiled=True): grpo as
                   loss_type='grpo', gspo as importance_sampling_level='sequence' at GSPO's clip range; it has no DFPO.
                   Skipped, saying so, when liger-kernel is not installed (pip install liger-kernel).
 The objective rows: grpo, gspo and dfpo_min; naive and chunked run grpo only (their loss is a small part of their time).
+``--modes`` and ``--objectives`` pick a subset (the larger sizes take minutes per mode on one thread).
+The two full-logits modes are skipped, printing the GiB they would need, where ``FULL_LOGITS_TENSORS`` (N, V)
+float32 tensors exceed ``--max-gib`` (default: the machine's available memory, MemAvailable, when the run starts).
 Inputs: hidden states h ~ N(0, 1/H), W ~ N(0, 1) (logits ~ N(0, 1)), every position real, groups of G = 8 rows,
 group-normalised advantages, old log-probs at the policy's typical log-prob plus noise (some ratios clipped).
 
 Extra memory: the largest resident set (sampled every 2 ms during the timed steps, so a compiler's own peak during
-the warm-up is not counted) minus the resident set once the inputs exist. Every mode makes W's gradient (V x H x 4
-bytes), so that is in every figure. ``fused/two_pass`` is printed for the fused rows: 1 means the objective's
+the warm-up is not counted) minus the resident set once the inputs exist and the libraries are imported: every
+mode imports the same ones first (``_import_libraries``: torch's compiler, liger-kernel when installed), so a
+figure is what a step holds, not code loaded (importing torch._inductor alone is about 190 MiB of resident set;
+it used to land in fused_compiled's figure, loaded at its first call, and not in Liger's, which liger-kernel's own
+import had loaded before the baseline). Every mode makes W's gradient (V x H x 4 bytes), so that is in every figure. ``fused/two_pass`` is printed for the fused rows: 1 means the objective's
 coupled unit did not fit the logits budget (max_logits_mib, default 2048) and the head ran twice over it.
 """
 
@@ -40,6 +49,9 @@ import time
 
 G = 8
 CHUNK = 1024
+FULL_LOGITS_TENSORS = {"floor_autograd": 2, "naive": 4}
+"""(N, V) float32 tensors the full-logits modes hold at once (measured at 16 x 128, V = 32k: floor_autograd the
+logits and the ones it backpropagates, 1 + 1; naive about 4 times the logits' size above its inputs)."""
 OBJECTIVE_ROWS = {
     "floor": [None],
     "floor_autograd": [None],
@@ -76,8 +88,21 @@ class _PeakRss:
         self.peak = max(self.peak, _rss_mib())
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
-    """The inputs and a function running one forward + backward of ``mode`` on them."""
+def _import_libraries() -> None:
+    """Import what any mode may load, the same in every mode, before the memory baseline: torch's compiler (which
+    torch.compile loads at its first call) and liger-kernel when installed."""
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+
+    try:
+        import liger_kernel.chunked_loss  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK):
+    """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
+    logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine)."""
     import torch
 
     from dfpo.core.fused import fused_policy_loss
@@ -123,7 +148,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
             if mode == "naive":
                 logp, _ = naive_token_logprobs(h, w, y)
             else:
-                logp, _ = token_logprobs(h, w, y, chunk_size=CHUNK, with_entropy=False)
+                logp, _ = token_logprobs(h, w, y, chunk_size=chunk, with_entropy=False)
             loss, _ = policy_loss(spec, logp=logp, old_logp=old, advantages=adv, mask=mask, group_ids=gid)
             loss.backward()
             clear()
@@ -134,7 +159,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
         def step():
             loss, metrics = fused_policy_loss(
                 spec, hidden=h, lm_head_weight=w, targets=y, old_logp=old, advantages=adv, mask=mask, group_ids=gid,
-                chunk_size=CHUNK, compile=mode == "fused_compiled",
+                chunk_size=chunk, compile=mode == "fused_compiled",
             )  # fmt: skip
             loss.backward()
             extra["two_pass"] = float(metrics["fused/two_pass"])
@@ -159,16 +184,16 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int):
     return step
 
 
-def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int) -> dict:
+def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int, chunk: int = CHUNK) -> dict:
     """One mode in this process, after one warm-up step: median CPU seconds (and wall seconds) of forward + backward,
     and extra MiB. One thread: the process's CPU time is the work done, what other processes on a shared machine
     change least (its wall time waits for them)."""
     import torch
 
     torch.set_num_threads(threads)
-    base = _rss_mib()
-    step = _step_fn(mode, objective, B, T, H, V)
-    base = _rss_mib()  # the inputs exist
+    _import_libraries()
+    step = _step_fn(mode, objective, B, T, H, V, chunk)
+    base = _rss_mib()  # the inputs exist, the libraries are loaded
     step()  # warm-up (compiles, where a mode compiles)
     cpu, wall = [], []
     with _PeakRss() as rss:
@@ -182,10 +207,27 @@ def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, re
     return out
 
 
+def available_gib() -> float:
+    """The memory the kernel says new work can take without swapping (MemAvailable), in GiB; inf when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return math.inf
+
+
 def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | None:
-    gib = B * T * V * 4 / 2**30
-    if mode in ("floor_autograd", "naive") and gib > max_gib:
-        return f"(N, V) float32 logits are {gib:.1f} GiB > --max-gib {max_gib:g}"
+    """Why ``mode`` cannot run at this size here, or None."""
+    logits = B * T * V * 4 / 2**30
+    copies = FULL_LOGITS_TENSORS.get(mode, 0)
+    if copies and copies * logits > max_gib:
+        return (
+            f"needs about {copies * logits:.1f} GiB ({copies} (N, V) float32 tensors of {logits:.1f} GiB) "
+            f"> {max_gib:.1f} GiB of memory available (--max-gib)"
+        )
     if mode.startswith("liger"):
         try:
             import liger_kernel  # noqa: F401
@@ -195,13 +237,14 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 
 
 def _child(argv: list[str]) -> int:
-    mode, objective, B, T, H, V, repeats, threads = argv
-    print(json.dumps(measure(mode, None if objective == "-" else objective, int(B), int(T), int(H), int(V), int(repeats), int(threads))))
+    mode, objective, B, T, H, V, repeats, threads, chunk = argv
+    obj = None if objective == "-" else objective
+    print(json.dumps(measure(mode, obj, int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk))))
     return 0
 
 
 def run_case(mode: str, objective: str | None, B: int, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads)]  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(args.chunk)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -246,20 +289,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, nargs="+", default=[32768, 151936])
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--modes", nargs="+", default=list(OBJECTIVE_ROWS), choices=list(OBJECTIVE_ROWS))
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; a figure is the median over them")
-    p.add_argument("--repeats", type=int, default=1, help="timed steps per process, after one warm-up")
+    objectives = sorted({o for rows in OBJECTIVE_ROWS.values() for o in rows if o})
+    p.add_argument("--objectives", nargs="+", default=objectives, choices=objectives, help="objective rows to run")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 1); a figure is the median over them")
+    p.add_argument("--repeats", type=int, default=1, help="timed steps per process (>= 1), after one warm-up")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-gib", type=float, default=3.0, help="skip floor_autograd and naive when the (N, V) logits exceed this")
+    p.add_argument("--chunk", type=int, default=CHUNK, help="positions per logits block of the chunked and fused modes")
+    p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
     args = p.parse_args(argv)
+    for name in ("rounds", "repeats", "threads", "chunk"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.max_gib is None:
+        args.max_gib = available_gib()
     print(
         f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
-        f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's"
+        f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
+        f"chunked and fused blocks of {args.chunk} positions (the floor's: {CHUNK}); "
+        f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
     )
     for size in args.sizes:
         B, T = (int(x) for x in size.lower().split("x"))
         for vocab in args.vocab:
             args.vocab_now = vocab
-            cases = [(m, o) for m in args.modes for o in OBJECTIVE_ROWS[m]]
+            cases = [(m, o) for m in args.modes for o in OBJECTIVE_ROWS[m] if o is None or o in args.objectives]
             skipped = {c: _skip_reason(c[0], B, T, vocab, args.max_gib) for c in cases}
             runs = [c for c in cases if skipped[c] is None]
             results: dict = {c: [] for c in runs}

@@ -36,7 +36,11 @@ the share of real tokens that took two passes: 0 when everything ran in one.
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
 (``compile=True``: the statistics in one fused kernel, d loss / d logits in another); both give the same numbers
-to float round-off. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
+to float round-off. ``compile=True`` compiles only where it helps: with entropies, whose eager kernels need a second
+(n, V) block (p beside log p) that the compiled ones do not; without them the eager kernels are already one
+in-place softmax and one in-place scale, as fast as the compiled pair on CPU (16 x 128, V = 32k: 2.45 s either way),
+and compiling would only add the compiler's resident state (about 25 MiB, and about 190 MiB of torch._inductor loaded
+at the first call), so they run eagerly. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
 warning says so. Half-precision inputs: the LM head's matmul runs in the weight's dtype (the hidden states are cast
 to it), everything after it in float32; the weight's gradient accumulates in float32. No (B, T, V) tensor exists.
 
@@ -52,7 +56,9 @@ Where this departs from ``policy_loss(token_logprobs(...))``:
 from __future__ import annotations
 
 import math
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +147,11 @@ def chunk_plan(unit_sizes: list[int], chunk_size: int, max_unit: int) -> list[tu
 # ----------------------------------------------------------------------------- elementwise kernels on (n, V) blocks
 
 
+_LOG_P_EXACT = -64.0
+"""Below this log-prob (p about 1.6e-28) the eager kernel takes the target's log-prob as z_y - logsumexp rather than
+log p_y: float32's normal range ends at 1.2e-38, where p_y would lose digits (and 0 would give -inf)."""
+
+
 def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """logp of the targets (n,) and, when ``spare`` is given, the entropy (n,), from logits ``z`` (n, V).
 
@@ -151,8 +162,11 @@ def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Ten
         z_y = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
         top = z.amax(-1)  # (n,)
         torch._softmax(z, -1, False, out=z)  # (n, V) p
-        lse = top - z.amax(-1).log()  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
-        return z_y - lse, None
+        logp = z.gather(-1, targets[:, None]).squeeze(-1).log()  # (n,) log p_y, exact to round-off while p_y is normal
+        tiny = (logp < _LOG_P_EXACT).nonzero().squeeze(-1)  # (k,) rows where p_y nears float underflow: rare
+        if tiny.numel():  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
+            logp[tiny] = z_y[tiny] - (top[tiny] - z[tiny].amax(-1).log())
+        return logp, None
     torch._log_softmax(z, -1, False, out=z)  # (n, V) log p
     logp = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
     p = torch.exp(z, out=spare)  # (n, V)
@@ -205,15 +219,18 @@ class _Kernels:
         )
         self.compiled = False
 
-    def stats(self, z: Tensor, targets: Tensor, spare: Tensor | None, with_entropy: bool) -> tuple[Tensor, Tensor | None, object]:
-        """(logp (n,), entropy (n,) or None, state for ``grad``)."""
+    def stats(
+        self, z: Tensor, targets: Tensor, spare: Callable[[], Tensor | None], with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None, object]:
+        """(logp (n,), entropy (n,) or None, state for ``grad``); ``spare()`` gives the eager entropy kernels' second
+        block, asked for only when they run (a compiler failure at the first call included)."""
         if self.compiled:
             try:
                 lse, logp, entropy = self._stats(z, targets, with_entropy)
                 return logp, entropy, lse
             except Exception as err:  # noqa: BLE001 -- any compiler failure: run eagerly instead, said in a warning
                 self._fall_back(err)
-        logp, entropy = _eager_stats_(z, targets, spare if with_entropy else None)
+        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None)
         return logp, entropy, None
 
     def grad(
@@ -224,6 +241,37 @@ class _Kernels:
             self._grad(z, state, entropy, c, e)
             return z.scatter_add_(-1, targets[:, None], c[:, None])
         return _eager_grad_(z, targets, spare if entropy is not None else None, entropy, c, e)
+
+
+# ----------------------------------------------------------------------------- the logits blocks
+
+
+_WORKSPACE = threading.local()
+"""This thread's kept CPU logits blocks (``_logits_block``): ``slots``, a list of two flat tensors or None."""
+
+
+def _logits_block(slot: int, rows: int, V: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A (rows, V) buffer for logits blocks (slot 0: the logits; slot 1: the eager entropy kernels' p).
+
+    On CPU the buffer is kept per thread and reused by the next call: a fresh (rows, V) allocation is a fresh
+    mapping of memory whose first write faults every page in (about 50 ms of system time for 128 MiB), which is
+    more than the softmax over it. CUDA's caching allocator already reuses its blocks, so other devices allocate.
+    What stays held between calls: rows x V x 4 bytes per slot (``release_workspace`` frees it).
+    """
+    if device.type != "cpu":
+        return torch.empty((rows, V), dtype=dtype, device=device)
+    slots = getattr(_WORKSPACE, "slots", None) or [None, None]
+    held = slots[slot]
+    if held is None or held.dtype != dtype or held.numel() < rows * V:
+        slots[slot] = None  # the old block goes before the new one is allocated
+        held = slots[slot] = torch.empty(rows * V, dtype=dtype)
+    _WORKSPACE.slots = slots
+    return held[: rows * V].view(rows, V)
+
+
+def release_workspace() -> None:
+    """Free this thread's kept CPU logits blocks (``_logits_block``); the next fused call allocates them again."""
+    _WORKSPACE.slots = None
 
 
 # ----------------------------------------------------------------------------- the fused pass
@@ -394,20 +442,24 @@ def fused_head_loss(
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
     longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
-    buf = torch.empty((longest, V), dtype=dtype, device=hidden.device)  # (n, V) the one logits block, reused
-    spare = torch.empty_like(buf) if keep_entropy and not compile else None  # (n, V) p, for the eager entropy kernels
-    kernels = _Kernels(compile)
+    buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
+    kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
     h_all = flat_h.detach()
-    grad_h = torch.zeros(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
-    grad_w = torch.zeros(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
+    # every real position's rows of grad_h and the first chunk's grad_w are written by a matmul (no zero-fill pass)
+    grad_h = torch.empty(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
+    grad_w = torch.empty(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
-    two_pass_tokens, finite = 0, True
+    two_pass_tokens, finite, w_written = 0, True, False
+
+    def spare(n: int) -> Tensor | None:
+        """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
+        return _logits_block(1, longest, V, dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
 
     def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
         """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
         z = head_logits(h_all[s:e], weight, temperature, out=buf[: e - s])  # (n, V)
-        logp, ent, state = kernels.stats(z, flat_y[s:e], None if spare is None else spare[: e - s], keep_entropy)
+        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
             entropy_buf[rows[s:e], cols[s:e]] = ent
@@ -417,16 +469,24 @@ def fused_head_loss(
         """Accumulate the gradients of positions s:e from their logits block (after ``block``)."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
-        dz = kernels.grad(z, flat_y[s:e], None if spare is None else spare[: e - s], state, ent if keep_entropy else None, c, e_)
+        dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)
+        nonlocal w_written
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:
-            grad_h[s:e] = dz @ weight  # (n, H)
+            if dz.dtype == grad_h.dtype:
+                torch.mm(dz, weight, out=grad_h[s:e])  # (n, H)
+            else:
+                grad_h[s:e] = dz @ weight
         if need_w:
             h = h_all[s:e].to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
-            if dz.dtype == grad_w.dtype:
+            if dz.dtype != grad_w.dtype:
+                part = dz.T @ h  # (V, H)
+                grad_w.add_(part) if w_written else grad_w.copy_(part)
+            elif w_written:
                 grad_w.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
             else:
-                grad_w.add_(dz.T @ h)
+                torch.mm(dz.T, h, out=grad_w)  # (V, H) the first chunk writes it
+            w_written = True
 
     def solve() -> None:
         """The coefficients at the values known now (the last call's loss and metrics are the batch's)."""
@@ -456,6 +516,8 @@ def fused_head_loss(
         solve()
         backward_block(start, end, z, ent, state)
 
+    if grad_w is not None and not w_written:  # no real position: the weight's gradient is 0
+        grad_w.zero_()
     if not finite:
         loss, metrics = torch.full((), math.nan, dtype=dtype, device=hidden.device), {}
         grad_h = None if grad_h is None else grad_h.zero_()
@@ -537,4 +599,12 @@ def fused_policy_loss(
     return out.loss, out.metrics
 
 
-__all__ = ["COUPLING_UNITS", "FusedHead", "chunk_plan", "coupling_unit", "fused_head_loss", "fused_policy_loss"]
+__all__ = [
+    "COUPLING_UNITS",
+    "FusedHead",
+    "chunk_plan",
+    "coupling_unit",
+    "fused_head_loss",
+    "fused_policy_loss",
+    "release_workspace",
+]

@@ -16,8 +16,9 @@ whose first three positions every completion of the group shares. Per setting an
 - ``drift / none``: mean |measured change of log pi at the shared token| over the step, relative to the same
   objective without the setting (the same groups, model and step size): what the setting does to the real drift.
 
-Plain SGD (P = lr), no clipping, no momentum: the split is exact to first order. Pure torch, deterministic for the
-given seeds; no I/O. Callers: ``dfpo.commands.param_atlas_table`` (docs/cancellation.md), tests/core/test_param_atlas.py.
+Plain SGD (P = lr), no momentum, the gradient's norm clipped to ``MAX_GRAD_NORM``: the split is exact to first order.
+Pure torch, deterministic for the given seeds; no I/O. Callers: ``dfpo.commands.param_atlas_block``
+(docs/cancellation.md), tests/core/test_param_atlas.py.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .loss import OBJECTIVES, group_advantages, resolve_objective
-from .loss.advantages import ADVANTAGE_SCALES
+from .loss.advantages import ADVANTAGE_SCALES, GREEDY_BASELINE, MULTI_REWARD
 from .loss.cancellation import CANCEL_TOL, make_shared_prefix_group, rejecting_one
 from .probe import DriftBatch, probe_step
 
@@ -38,6 +39,9 @@ PREFIX_LEN = 3
 VOCAB = 6
 LEARNING_RATE = 0.05
 """SGD's step: small enough that the measured change is first order (the tests bound predicted - measured)."""
+MAX_GRAD_NORM = 1.0
+"""Gradient clipping as the trainer's default (``optim.max_grad_norm``, TRL's 1.0): it bounds the step of a loss with
+large coefficients (online IPO's are about 10), so every row's split stays first order; ``direct`` carries the factor."""
 REWARDS = (1.0, 0.0, 1.0, 0.0)
 GRADED_REWARDS = (1.0, 0.0, 0.5, 0.0)
 """The advantage estimators' rows: one best completion, so verl's pass@k (which gives a tie for the best nothing)
@@ -86,6 +90,23 @@ class ProbeCase:
     batch: DriftBatch
 
 
+SECOND_REWARD = (0.0, 1.0, 1.0, 0.5)
+"""GDPO's second reward function on the estimator rows (a format-like score that disagrees with the first)."""
+GREEDY_REWARD = 0.25
+"""ReMax's greedy completion's reward on the estimator rows (not the group's mean, where its advantages would sum to 0)."""
+
+
+def estimator_inputs(rewards: tuple[float, ...], adv_scale: str) -> dict[str, Tensor]:
+    """What ``group_advantages`` reads besides the rewards for ``adv_scale``: GDPO a second reward column
+    (``SECOND_REWARD``), ReMax the greedy completion's reward (``GREEDY_REWARD``); the rewards alone otherwise."""
+    r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
+    if adv_scale in MULTI_REWARD:
+        return {"rewards": torch.stack([r, torch.tensor(SECOND_REWARD, dtype=torch.float64)], dim=1)}  # (G, 2)
+    if adv_scale in GREEDY_BASELINE:
+        return {"rewards": r, "baselines": torch.full_like(r, GREEDY_REWARD)}
+    return {"rewards": r}
+
+
 def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group", rewards: tuple[float, ...] = REWARDS) -> ProbeCase:
     """The logit-space table's group for ``seed`` (its log-ratios, sampler mismatch and rewards) on real tokens:
     the first ``PREFIX_LEN`` tokens shared by every completion, then random tokens; pi_old and pi_rollout are the
@@ -102,8 +123,9 @@ def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group",
     log_ratio = (group.logp() - group.old_logp).detach()  # (G, T) log pi / pi_old of the table's group
     mismatch = (group.old_logp - group.rollout_logp).detach()  # (G, T) log pi_old / pi_rollout
     old_logp = torch.where(group.mask, logp - log_ratio, 0.0)
+    lengths = group.mask.sum(1).double()  # (G,)
     advantages = group_advantages(
-        torch.tensor(rewards, dtype=torch.float64), group.group_ids, scale=adv_scale, lengths=group.mask.sum(1).double()
+        **estimator_inputs(rewards, adv_scale), group_ids=group.group_ids, scale=adv_scale, lengths=lengths
     )  # (G,)
     batch = DriftBatch(
         tokens=tokens,
@@ -149,7 +171,8 @@ def probe_setting(objective: str, cases: list[ProbeCase], **overrides: object) -
             logp, entropy = model.score(batch.tokens[rows])  # (len(rows), T) each
             return torch.where(batch.mask[rows], logp, 0.0), torch.where(batch.mask[rows], entropy, 0.0)
 
-        report = probe_step(score, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), batch, spec, max_events=PREFIX_LEN)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+        report = probe_step(score, optimizer, batch, spec, max_events=PREFIX_LEN, max_grad_norm=MAX_GRAD_NORM)
         shared = report.shared
         coef.append(shared.coef.abs())
         direct.append(shared.direct.abs())

@@ -8,6 +8,7 @@ import torch
 
 from dfpo.core import settings
 from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
+from dfpo.core.loss.advantages import estimator_rows
 from dfpo.core.loss.cancellation import atlas, atlas_rows, correction_atlas, make_shared_prefix_group, shared_token_gradient
 from dfpo.core.loss.registry import BUILTIN
 from dfpo.core.loss.spec import ObjectiveSpec, component_rows
@@ -46,6 +47,16 @@ def components_table(markdown: bool = False) -> str:
     return _table(list(_COMPONENT_COLUMNS), rows, markdown)
 
 
+_ESTIMATOR_COLUMNS = ("adv_scale", "reads", "zero-sum, equal lengths", "zero-sum, unequal lengths", "source")
+
+
+def estimators_table(markdown: bool = False) -> str:
+    """Every advantage estimator (``adv_scale``): what it reads, whether its advantages sum to zero in a group (the premise
+    of eq 2, computed now by the loss core on a fixed two-group batch at equal and unequal lengths) and its source."""
+    rows = [[row[c] for c in _ESTIMATOR_COLUMNS] for row in estimator_rows()]
+    return _table(list(_ESTIMATOR_COLUMNS), rows, markdown)
+
+
 def objectives_table(markdown: bool = False, objective: str | None = None) -> str:
     """Every preset with its components, defaults and sources, then every component's declaration."""
     if objective is not None and objective not in OBJECTIVES:
@@ -71,6 +82,11 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
         "fields must be equal for two objectives to be a matched control, unless the loss does not read them ('read when').",
         "",
         components_table(markdown),
+        "",
+        "Advantage estimators (the values of adv_scale): what each reads, whether a group's advantages sum to zero (the premise",
+        "of eq 2, computed now on a fixed two-group batch; ReMax's greedy reward is 1), and where each comes from.",
+        "",
+        estimators_table(markdown),
     ]
     return "\n".join(out)
 

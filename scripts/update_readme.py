@@ -20,6 +20,7 @@ from dfpo.commands import (
     components_table,
     config_reference,
     correction_table,
+    estimators_table,
     objectives_table,
     param_atlas_block,
 )
@@ -63,6 +64,10 @@ def _components() -> str:
     return components_table(markdown=True)
 
 
+def _estimators() -> str:
+    return estimators_table(markdown=True)
+
+
 def _ledger_count() -> str:
     return count_line(_claims())
 
@@ -99,6 +104,7 @@ def _probe_findings() -> str:
 BLOCKS = {
     "objectives": _objectives,
     "components": _components,
+    "estimators": _estimators,
     "demo": _demo,
     "atlas": _atlas,
     "corrections": _corrections,
@@ -111,7 +117,7 @@ BLOCKS = {
 }
 FILES = {
     README: ("findings", "ledger_count"),
-    ROOT / "docs" / "loss.md": ("objectives", "components"),
+    ROOT / "docs" / "loss.md": ("objectives", "components", "estimators"),
     ROOT / "docs" / "cancellation.md": ("demo", "atlas", "corrections", "param_atlas", "probe_findings"),
     ROOT / "docs" / "attribution.md": ("probe_findings",),
     ROOT / "docs" / "probe.md": ("probe_findings",),

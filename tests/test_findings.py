@@ -3,12 +3,11 @@ every record's verdicts are what its stored tables give (docs/attribution/findin
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 from dfpo.core.findings import (
     SETS,
@@ -24,11 +23,7 @@ FINDINGS, EVIDENCE = read_ledger(LEDGER)
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/{name}.py")
 
 
 @pytest.fixture(scope="module")

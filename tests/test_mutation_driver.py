@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
+from script_modules import load_script
 
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "mutation.py"
-_spec = importlib.util.spec_from_file_location("mutation_driver", _PATH)
-mutation = importlib.util.module_from_spec(_spec)
-sys.modules["mutation_driver"] = mutation  # dataclasses look their module up
-_spec.loader.exec_module(mutation)
+mutation = load_script(_PATH, "mutation_driver")
 
 
 def _write(tmp_path, text):

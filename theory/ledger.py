@@ -30,6 +30,7 @@ from . import (
     peers,
     stapo,
     transforms,
+    trust_terms,
 )
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, VERDICTS, Claim
 
@@ -85,6 +86,7 @@ REGISTRY: Mapping[str, Callable[[], Claim]] = {
     "peer-estimators-zero-sum": estimators.check_peer_estimators_zero_sum,
     "proximal-penalty-cancel": peer_terms.check_proximal_penalty_cancel,
     "positive-nll-cancel": peer_terms.check_positive_nll_cancel,
+    "peer-trust-terms-cancel": trust_terms.check_peer_trust_terms_cancel,
 }
 
 

@@ -99,6 +99,27 @@ def sample(task: Task, logpi: Tensor, prompts: Tensor, group_size: int, generato
     return Rollouts(prompt, group, rows, tokens, mask, reward, form)
 
 
+def greedy_rewards(task: Task, logpi: Tensor, prompts: Tensor) -> Tensor:
+    """The reward of each prompt's greedy completion (the most probable token of every row in turn; ReMax's baseline,
+    arXiv 2310.10505), per seed: logpi (S, R, V), prompts (M,) -> (S, M). Deterministic: nothing is drawn."""
+    S, M = logpi.shape[0], prompts.shape[0]
+    state = task.start[prompts][None, :].expand(S, -1).clone()  # (S, M)
+    alive = torch.ones(S, M, dtype=torch.bool)
+    reward = torch.zeros(S, M)
+    seed_idx = torch.arange(S)[:, None].expand(S, M)
+    for _ in range(task.max_len):
+        safe_state = torch.where(alive, state, torch.zeros_like(state))
+        tok = logpi[seed_idx, task.state_row[safe_state]].argmax(-1)  # (S, M) illegal tokens sit at -1e4
+        nxt = task.next_state[safe_state, tok]  # (S, M)
+        ends = alive & (nxt == END)
+        reward = torch.where(ends, task.end_reward[safe_state, tok], reward)
+        alive = alive & ~ends
+        state = torch.where(alive, nxt, state)
+        if not bool(alive.any()):
+            break
+    return reward
+
+
 def sequence_logprob(logpi: Tensor, rows: Tensor, tokens: Tensor, mask: Tensor) -> Tensor:
     """log pi(y | x) of each completion: (S, R, V) with (S, B, T) indices -> (S, B)."""
     lp = gather_tokens(logpi, rows, tokens)  # (S, B, T)

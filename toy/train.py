@@ -43,9 +43,20 @@ from ..core.loss import (
     policy_loss,
     sequence_log_ratio,
 )
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL
 from . import metrics as M
 from .config import MODES, OPTIMIZERS, ToyConfig, check_config
-from .policy import Rollouts, expand_enumeration, gather_tokens, init_params, log_policy, row_entropy, sample, table_gradient
+from .policy import (
+    Rollouts,
+    expand_enumeration,
+    gather_tokens,
+    greedy_rewards,
+    init_params,
+    log_policy,
+    row_entropy,
+    sample,
+    table_gradient,
+)
 from .tasks import Enumeration, Task, count_completions, enumerate_completions, make_task
 
 __all__ = ["MODES", "OPTIMIZERS", "ToyConfig", "loss_coefficients", "make_batch", "run", "train_objective", "validate"]
@@ -72,10 +83,20 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
             )
+        if spec.adv_scale in TOKEN_LEVEL:
+            raise ValueError(
+                f"objective {name!r} uses adv_scale={spec.adv_scale!r}, which gives one advantage per token; the loss core "
+                "takes one per completion, so the toy lab cannot train it"
+            )
         if c.mode == "exact" and spec.adv_scale not in POPULATION_SCALES:
             raise ValueError(
                 f"objective {name!r} uses adv_scale={spec.adv_scale!r}; exact mode has the population limits of "
                 f"{', '.join(POPULATION_SCALES)} only: use mode='sampled'"
+            )
+        if c.mode == "exact" and spec.clip == "m2po":
+            raise ValueError(
+                f"objective {name!r} reads its clip range off the batch's harmful tokens (clip='m2po'); exact mode weighs every "
+                "completion by its probability and cannot take that bound's expectation: use mode='sampled'"
             )
         if c.mode == "exact" and spec.token_mask != "none":
             raise ValueError(
@@ -109,8 +130,9 @@ class _Batch:
     n_groups: int
 
 
-POPULATION_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp")
-"""The advantage estimators whose population limit exact mode computes (``_population_advantages``)."""
+POPULATION_SCALES = ("group", "batch", "none", "rloo", "reinforce_pp", "remax")
+"""The advantage estimators whose population limit exact mode computes (``_population_advantages``; remax's is R - the
+greedy completion's reward, which the tabular policy gives exactly: ``greedy_rewards``)."""
 
 
 def _population_advantages(enum: Enumeration, p_old: Tensor, n_prompts: int, eps: float, scale: str) -> Tensor:
@@ -162,13 +184,21 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
         ent = None
     if config.mode == "exact":
         p_old = old.sum(-1).exp()  # (S, C)
-        adv = _population_advantages(enum, p_old, n_groups, spec.adv_eps, spec.adv_scale)
+        if spec.adv_scale in GREEDY_BASELINE:  # ReMax: R - R(greedy completion of the prompt), no expectation to take
+            adv = enum.reward[None] - greedy_rewards(task, logpi_old, torch.arange(n_groups))[:, enum.prompt]  # (S, C)
+        else:
+            adv = _population_advantages(enum, p_old, n_groups, spec.adv_eps, spec.adv_scale)
         scale = _exact_scale(enum, p_old, spec.aggregation, n_groups)
         weight = p_old
     else:
         gid = (torch.arange(S)[:, None] * n_groups + roll.group).reshape(-1)
-        lengths = roll.mask.sum(-1).reshape(-1)  # (S * B,)
-        adv = group_advantages(roll.reward.reshape(-1), gid, scale=spec.adv_scale, eps=spec.adv_eps, lengths=lengths).reshape(S, -1)
+        extra = {"lengths": roll.mask.sum(-1).reshape(-1)}  # (S * B,)
+        rewards = roll.reward.reshape(-1)  # (S * B,)
+        if spec.adv_scale in MULTI_REWARD:  # a toy task scores with one reward function: GDPO's matrix has one column
+            rewards = rewards[:, None]  # (S * B, 1)
+        if spec.adv_scale in GREEDY_BASELINE:
+            extra["baselines"] = torch.gather(greedy_rewards(task, logpi_old, prompts), 1, roll.group).reshape(-1)  # (S * B,)
+        adv = group_advantages(rewards, gid, scale=spec.adv_scale, eps=spec.adv_eps, **extra).reshape(S, -1)
         scale = torch.ones_like(adv)
         weight = torch.ones_like(adv)
     return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)

@@ -34,9 +34,12 @@ import tomli_w
 
 from ..core.files import check_input_file, read_utf8
 from ..core.loss import OBJECTIVES, resolve_objective
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 from .layout import RunDir
+from .reward_worker import parse_user_fn
+from .rewards import function_weights
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -127,6 +130,14 @@ class RewardConfig:
     )
     format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
     format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
+    functions: list = setting(
+        factory=list,
+        doc="Further reward functions scored beside correctness and format, each 'package.module:function' called as "
+        "fn(prompt=, completion=, answer=) -> float in its own worker processes (as kind=user, with the same limits); each "
+        "one's values are kept apart in the rollout records, logged as reward/fn{i} (i from 0) and added to the total with "
+        "its reward.weights entry; adv_scale='gdpo' normalises each separately.",
+    )
+    weights: list = setting(factory=list, doc="Weight of each reward.functions entry in the total reward (empty: 1 each).")
     timeout_s: float = setting(
         5.0,
         "Time limit of one reward call, in its worker process; a call still running after it has its worker killed (with what it started), gives 0 and is counted in reward/timeouts. A batch's calls run reward.workers at a time.",
@@ -217,7 +228,7 @@ class OptimConfig:
     epochs: int = setting(1, "Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups.", bounds=Bounds(1))
     fused_head: str = setting(
         "eager",
-        "The update's LM head and loss in one pass (dfpo.fused_policy_loss: the loss's gradient taken inside the forward, three matmuls over the logits, not four): eager (PyTorch's own row kernels), compile (the elementwise work through torch.compile; its first step compiles), off (log-probs from dfpo.token_logprobs, then policy_loss). Same loss and gradients either way; a head that is not a plain linear layer always takes the full-logits path.",
+        "The update's LM head and loss in one pass (dfpo.fused_policy_loss: the loss's gradient taken inside the forward, three matmuls over the logits, not four): eager (PyTorch's own row kernels), compile (the elementwise work through torch.compile for an objective that reads entropies, eager otherwise; its first step compiles), off (log-probs from dfpo.token_logprobs, then policy_loss). Same loss and gradients either way; a head that is not a plain linear layer always takes the full-logits path.",
         choices=FUSED_HEAD,
     )
 
@@ -430,6 +441,7 @@ def validate(cfg: Config) -> None:
             "returns them only under the top-k / top-p truncated distribution, whose ratio to pi_old carries the kept mass (TRL "
             "issue 6789): use rollout.engine = 'hf', or set rollout.top_k = 0 and rollout.top_p = 1.0"
         )
+    check_advantage_inputs(spec, cfg)
     if cfg.rollout.prompts_per_step % cfg.optim.minibatch_groups:
         raise ValueError(
             f"optim.minibatch_groups={cfg.optim.minibatch_groups} must divide rollout.prompts_per_step="
@@ -449,6 +461,12 @@ def validate(cfg: Config) -> None:
         raise ValueError(f'data.task = "{cfg.data.task}" needs data.name (e.g. "openai/gsm8k" or "gsm_symbolic")')
     if "{prompt}" not in cfg.data.prompt_template:
         raise ValueError(f"data.prompt_template must contain '{{prompt}}', got {cfg.data.prompt_template!r}")
+    function_weights(cfg.reward.functions, cfg.reward.weights)  # one sentence on a length or value mismatch
+    for fn in cfg.reward.functions:
+        try:
+            parse_user_fn(fn)
+        except ValueError:
+            raise ValueError(f"reward.functions entries must look like 'package.module:function', got {fn!r}") from None
     if cfg.reward.kind == "user" and ":" not in cfg.reward.user_fn:
         raise ValueError(f'reward.kind = "user" needs reward.user_fn = "module:function", got {cfg.reward.user_fn!r}')
     buckets = cfg.log.energy_buckets
@@ -456,6 +474,27 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
         raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+
+
+def check_advantage_inputs(spec, cfg: Config) -> None:
+    """What the objective's advantage estimator reads must be configured (issue 30): gdpo a second reward function,
+    remax a greedy completion per prompt, which dynamic sampling's premise does not fit; otb (one advantage per token)
+    the loss core cannot take. One sentence each."""
+    if spec.adv_scale in TOKEN_LEVEL:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} gives one advantage per token and the loss core's policy_loss takes one per "
+            "completion, so dfpo train cannot train it: pick another objective.overrides.adv_scale"
+        )
+    if spec.adv_scale in MULTI_REWARD and cfg.reward.format_weight == 0 and not cfg.reward.functions:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} normalises each reward function separately, but reward.format_weight = 0 and no "
+            "reward.functions leave one (correctness): set reward.format_weight > 0 or name reward.functions"
+        )
+    if spec.adv_scale in GREEDY_BASELINE and cfg.rollout.dynamic_sampling:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} subtracts the greedy completion's reward, so a group whose rewards are all equal still "
+            "has a signal that rollout.dynamic_sampling would drop: set rollout.dynamic_sampling = false"
+        )
 
 
 def check_tiny_shape(m: ModelConfig) -> None:

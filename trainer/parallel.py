@@ -53,12 +53,14 @@ def gather_groups(parts: list[tuple], n_groups: int, G: int) -> tuple[Samples, l
                 rew.correct[rows],
                 rew.format[rows],
                 None if smp.logprobs_untruncated is None else smp.logprobs_untruncated[rows],
+                [values[rows] for values in rew.extra],  # each further reward function's values (reward.functions)
             )
         for key in counts:
             counts[key] += getattr(rew, key)
     flat = lambda j: [x for slot in slots for x in slot[j]]  # noqa: E731
     untruncated = None if any(slot[7] is None for slot in slots) else flat(7)
-    return Samples(flat(0), flat(1), flat(2), untruncated), flat(3), RewardBatch(flat(4), flat(5), flat(6), **counts)
+    extra = tuple([x for slot in slots for x in slot[8][k]] for k in range(len(slots[0][8]))) if slots else ()
+    return Samples(flat(0), flat(1), flat(2), untruncated), flat(3), RewardBatch(flat(4), flat(5), flat(6), **counts, extra=extra)
 
 
 class OneProcess:

@@ -48,6 +48,7 @@ from ..core import stats
 from ..core.drift_tables import KINDS, MIN_SEEDS, comparison_table, share_table, summary_table, values
 from ..core.files import check_writable_folder, write_run_file
 from ..core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
+from ..core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
 from ..core.probe import DriftBatch, probe_step, summary
 from .config import Config, config_from_dict, load_config
 from .probe_cli import DEFAULT_OBJECTIVES
@@ -99,6 +100,10 @@ def matched_controls(labels: Sequence[str]) -> dict[str, str]:
     return out
 
 
+READS_MORE_THAN_THE_TOTAL = (*LENGTH_WEIGHTED, *MULTI_REWARD, *GREEDY_BASELINE, *TOKEN_LEVEL)
+"""Advantage estimators the probe cannot compute from the rollout's total rewards alone (issue 30's peers' estimators)."""
+
+
 def make_plan(
     *,
     objectives: str,
@@ -119,7 +124,13 @@ def make_plan(
     if len(set(labels)) != len(labels):
         raise ValueError(f"--objectives repeats a label: {objectives!r}")
     for label in labels:
-        objective_from_label(label)  # names the bad label or component
+        spec = objective_from_label(label)  # names the bad label or component
+        if spec.adv_scale in READS_MORE_THAN_THE_TOTAL:
+            raise ValueError(
+                f"--objectives {label!r}: the probe gives each label advantages of the rollout's total rewards, and "
+                f"adv_scale={spec.adv_scale!r} reads more (lengths, reward columns, a greedy completion or per-token "
+                "statistics): probe another adv_scale, or train it with dfpo train"
+            )
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got --seeds {seeds}")
     if first_seed < 0 or first_seed + seeds > 2**32:
@@ -259,6 +270,8 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
         workers=cfg.reward.workers or default_workers(),
         max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
         memory_limit_mb=cfg.reward.memory_limit_mb,
+        functions=cfg.reward.functions,
+        weights=cfg.reward.weights,
     )
     try:
         engine = HFGenerateEngine(start.model, start.tok.pad_token_id, start.eos_ids, cfg.rollout.batch_size, start.amp)

@@ -44,17 +44,34 @@ Departures / choices:
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from .reward_pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
 from .reward_worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
 from .tasks import Example, sum_value
 
-__all__ = ["MAX_ABS_REWARD", "RewardBatch", "RewardComputer", "RewardSpec", "as_reward", "correctness_fn", "reward_spec"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "MAX_ABS_REWARD",
+    "REWARD_FUNCTIONS",
+    "RewardBatch",
+    "RewardComputer",
+    "RewardSpec",
+    "as_reward",
+    "correctness_fn",
+    "function_weights",
+    "reward_matrix",
+    "reward_spec",
+    "reward_weights",
+]
 
 RewardFn = Callable[[str, str, Example], float]
 
@@ -201,7 +218,8 @@ def correctness_fn(kind: str, task: str, user_fn: str = "") -> RewardFn:
 
 @dataclass(frozen=True)
 class RewardBatch:
-    """Rewards of a batch of completions: ``total = correct + format_weight * format`` per completion."""
+    """Rewards of a batch of completions: ``total = correct + format_weight * format + sum_k weight_k * extra[k]`` per
+    completion, every reward function's values kept apart."""
 
     total: list[float]
     correct: list[float]
@@ -212,6 +230,45 @@ class RewardBatch:
     """Calls still running after reward.timeout_s (scored 0; a worker still running at the deadline is killed)."""
     invalid: int = 0
     """Calls that returned something other than a finite number within +-1e6 (scored 0)."""
+    extra: tuple[list[float], ...] = ()
+    """The values of each of ``reward.functions`` (one list per function, one value per completion)."""
+
+
+REWARD_FUNCTIONS = ("correct", "format")
+"""The reward functions every completion is scored by, in ``reward_matrix``'s first columns: the correctness reward
+(``reward.kind``) and the format reward (``reward.format_regex``, weighted by ``reward.format_weight``); the columns of
+``reward.functions`` follow, in their order."""
+
+
+def reward_matrix(rewards: RewardBatch) -> torch.Tensor:
+    """Each reward function's value per completion, (B, K) float32: correctness, format, then each of
+    ``reward.functions``; what a multi-reward advantage (GDPO) normalises column by column."""
+    import torch  # here, not at the top: a built-in reward's worker process imports this module and needs no torch
+
+    return torch.tensor([rewards.correct, rewards.format, *rewards.extra], dtype=torch.float32).T.contiguous()  # (B, K)
+
+
+def reward_weights(format_weight: float, extra_weights: tuple[float, ...] | list[float] = ()) -> torch.Tensor:
+    """The weight of each ``reward_matrix`` column (K,): 1 for correctness, ``reward.format_weight`` for the format
+    reward, then ``reward.weights``, so that ``reward_matrix(r) @ reward_weights(...)`` is the total reward (TRL's
+    ``reward_weights``)."""
+    import torch
+
+    return torch.tensor([1.0, format_weight, *extra_weights], dtype=torch.float32)
+
+
+def function_weights(functions: list[str] | tuple[str, ...], weights: list[float] | tuple[float, ...]) -> tuple[float, ...]:
+    """Each of ``reward.functions``' weight in the total: ``reward.weights``, or 1 each when it is empty; ValueError of one
+    sentence when the two lists differ in length or a weight is not a finite number."""
+    if not weights:
+        return (1.0,) * len(functions)
+    if len(weights) != len(functions) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
+    ):
+        raise ValueError(
+            f"reward.weights must be {len(functions)} finite numbers, one per reward.functions entry (or empty: 1 each), got {weights!r}"
+        )
+    return tuple(float(w) for w in weights)
 
 
 def _local_outcome(fn: RewardFn, prompt: str, completion: str, example: Example) -> Outcome:
@@ -238,7 +295,12 @@ class RewardComputer:
         workers: int = 0,
         max_tasks_per_worker: int = 0,
         memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+        functions: tuple[str, ...] | list[str] = (),
+        weights: tuple[float, ...] | list[float] = (),
     ):
+        self.function_weights = function_weights(functions, weights)
+        for fn in functions:
+            parse_user_fn(fn)
         correctness = as_spec(correctness)
         check_pool_settings(timeout_s, workers, max_tasks_per_worker, memory_limit_mb)
         self.spec = correctness
@@ -255,6 +317,15 @@ class RewardComputer:
         if self._local is None:
             limits = {"max_tasks_per_worker": max_tasks_per_worker, "memory_limit_mb": memory_limit_mb}
             self._pool = RewardPool(correctness.kind, correctness.user_fn, workers=workers, timeout_s=timeout_s, **limits)
+        pool_settings = {"timeout_s": timeout_s, "workers": workers, "max_tasks_per_worker": max_tasks_per_worker}
+        self._extra: list[RewardComputer] = []
+        """One computer per ``reward.functions`` entry, each with its own worker processes (a user reward's)."""
+        for fn in functions:
+            try:
+                self._extra.append(RewardComputer(RewardSpec("user", fn), memory_limit_mb=memory_limit_mb, **pool_settings))
+            except ValueError as err:  # the pool's sentence names reward.user_fn, the setting of kind=user
+                self.close()
+                raise ValueError(str(err).replace("reward.user_fn", "reward.functions entry", 1)) from None
 
     def __enter__(self) -> RewardComputer:
         return self
@@ -266,15 +337,19 @@ class RewardComputer:
         """Kill the worker processes, if any (and what their rewards started); idempotent."""
         if self._pool is not None:
             self._pool.close()
+        for computer in self._extra:
+            computer.close()
 
     def wait_ready(self) -> None:
         """Wait until every worker is ready (the constructor waits for the first only); for timings and tests."""
         if self._pool is not None:
             self._pool.wait_ready()
+        for computer in self._extra:
+            computer.wait_ready()
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers ([] for the in-process kinds)."""
-        return [] if self._pool is None else self._pool.pids()
+        return ([] if self._pool is None else self._pool.pids()) + [pid for c in self._extra for pid in c.worker_pids()]
 
     def _call_all(self, prompts: list[str], completions: list[str], examples: list[Example]) -> tuple[list[Outcome], list[str]]:
         """(value, status, detail) per completion, status in ok | error | timeout | invalid; and the errors that
@@ -316,4 +391,16 @@ class RewardComputer:
         total = [c + self.format_weight * f for c, f in zip(correct, fmt)]
         counts = {k: sum(status == k for _, status, _ in results) for k in ("error", "timeout", "invalid")}
         counts["error"] += len(stray_errors)
-        return RewardBatch(total, correct, fmt, errors=counts["error"], timeouts=counts["timeout"], invalid=counts["invalid"])
+        extra = []
+        for computer, weight in zip(self._extra, self.function_weights):  # each further function, its failures counted too
+            part = computer(prompts, completions, examples)
+            extra.append(part.correct)
+            total = [t + weight * v for t, v in zip(total, part.correct)]
+            counts["error"], counts["timeout"], counts["invalid"] = (
+                counts["error"] + part.errors,
+                counts["timeout"] + part.timeouts,
+                counts["invalid"] + part.invalid,
+            )
+        return RewardBatch(
+            total, correct, fmt, errors=counts["error"], timeouts=counts["timeout"], invalid=counts["invalid"], extra=tuple(extra)
+        )

@@ -27,6 +27,14 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    greedy: bool = False
+    """Take the most probable token at every step (ReMax's baseline completion); temperature, top-k and top-p only
+    shape the log-probs returned, not the choice."""
+
+
+def greedy_params(max_new_tokens: int) -> SamplingParams:
+    """Greedy decoding up to ``max_new_tokens`` (vLLM's temperature 0), for ReMax's baseline completion."""
+    return SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
 
 
 class RolloutEngine(Protocol):
@@ -181,7 +189,7 @@ class HFGenerateEngine:
             for warp in truncating:
                 scores = warp(history, scores)
             logp_all = torch.log_softmax(scores, dim=-1)  # (n, V); -inf where a warper removed a token
-            next_ids = draw(logp_all.exp(), active, gens)  # (n,)
+            next_ids = logp_all.argmax(-1) if params.greedy else draw(logp_all.exp(), active, gens)  # (n,) no RNG when greedy
             chosen = logp_all.gather(-1, next_ids[:, None]).squeeze(-1)  # (n,)
             full = torch.log_softmax(tempered, dim=-1).gather(-1, next_ids[:, None]).squeeze(-1) if truncating else chosen  # (n,)
             entropy = -torch.where(logp_all > -math.inf, logp_all.exp() * logp_all, 0.0).sum(-1)  # (n,)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.files import WriteFailed, describe_write_error
+from . import entropy_control
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import Config, config_to_dict
 from .layout import RunDir
@@ -40,6 +41,8 @@ class RunState:
     """Optimiser steps skipped in a row for a non-finite loss or gradient."""
     updates_done: int = 0
     """Optimiser steps taken."""
+    entropy_control: entropy_control.EntropyControl | None = None
+    """Skywork-OR1's adaptive entropy coefficient as the last step left it (None: the objective's is fixed)."""
 
 
 @dataclass
@@ -106,6 +109,8 @@ class Checkpointer:
             "world_size": self.parallel.world,
             "seed_per_group": state.seed_per_group,
         }
+        if state.entropy_control is not None:
+            content[entropy_control.CHECKPOINT_KEY] = entropy_control.state_dict(state.entropy_control)
 
         def write() -> Path:
             config = config_to_dict(self.cfg)
@@ -134,6 +139,8 @@ class Checkpointer:
         c = state.start_step = state.last_checkpoint_step = int(saved["step"])
         state.nonfinite_in_row = int(saved["nonfinite_in_row"])
         state.updates_done = int(saved["updates_done"])
+        if state.entropy_control is not None:
+            state.entropy_control = entropy_control.load_state(saved, self.run_dir)
         saved_world, world = int(saved.get("world_size", 1)), self.parallel.world
         was_seeded = bool(saved.get("seed_per_group", self.cfg.rollout.seed_per_group))
         state.seed_per_group = state.seed_per_group or was_seeded  # a run seeded per group stays so on any world size

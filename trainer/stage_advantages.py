@@ -2,8 +2,16 @@
 
 ``group_advantages`` (the loss core) computes A_i = (R_i - mean_group R) / (std R + eps) (eq 43) with the scale
 the objective names (``spec.adv_scale``: group, batch, none for Dr. GRPO, rloo, reinforce_pp, reinforce_pp_baseline, opo,
-grpo_passk), so the objective,
-not the trainer, decides it. With ``rollout.mask_truncated`` a completion that hit ``max_new_tokens`` without
+grpo_passk, gdpo, remax), so the objective, not the trainer, decides it. What each estimator reads besides the total reward:
+
+- opo and reinforce_pp_baseline: each completion's token count (before overlong masking);
+- gdpo: every reward function's value apart (``rewards.reward_matrix``: correctness, format and each of
+  ``reward.functions``, one column each) and their weights (1, ``reward.format_weight``, ``reward.weights``: the weighted
+  sum is the total reward);
+- remax: the reward of each prompt's greedy completion, which the rollout stage generated and scored
+  (``Rollout.greedy_rewards``; it is not trained on).
+
+With ``rollout.mask_truncated`` a completion that hit ``max_new_tokens`` without
 EOS keeps its reward in the group statistics but leaves the loss (overlong filtering, DAPO arXiv 2503.14476
 sec. 3.4): its tokens are taken out of the batch's mask, which every later stage reads.
 """
@@ -13,15 +21,33 @@ from __future__ import annotations
 import torch
 
 from ..core.loss import ObjectiveSpec, group_advantages
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
+from .rewards import reward_matrix, reward_weights
 from .stage_rollout import Rollout
 
 
-def advantages(rollout: Rollout, spec: ObjectiveSpec, *, mask_truncated: bool) -> torch.Tensor:
+def advantages(
+    rollout: Rollout,
+    spec: ObjectiveSpec,
+    *,
+    mask_truncated: bool,
+    format_weight: float = 0.0,
+    function_weights: tuple[float, ...] = (),
+) -> torch.Tensor:
     """A_i (B,) of every completion of ``rollout``; with ``mask_truncated`` the truncated ones are masked out of
-    ``rollout.batch.mask`` (in place: the old-log-prob pass, the update and the metrics see the same mask)."""
+    ``rollout.batch.mask`` (in place: the old-log-prob pass, the update and the metrics see the same mask).
+    ``format_weight`` and ``function_weights``: the format reward's and each of ``reward.functions``' weight in the total,
+    gdpo's column weights after correctness's 1."""
     batch = rollout.batch
     lengths = batch.mask.sum(-1)  # (B,) each completion's tokens (OPO's and REINFORCE++-baseline's weights)
-    adv = group_advantages(rollout.reward_tensor(), batch.group_ids, scale=spec.adv_scale, eps=spec.adv_eps, lengths=lengths)  # (B,)
+    extra: dict = {"lengths": lengths}
+    rewards = rollout.reward_tensor()  # (B,)
+    if spec.adv_scale in MULTI_REWARD:
+        rewards = reward_matrix(rollout.rewards)  # (B, K) correctness, format, reward.functions
+        extra["reward_weights"] = reward_weights(format_weight, function_weights)  # (K,)
+    if spec.adv_scale in GREEDY_BASELINE:
+        extra["baselines"] = rollout.greedy_reward_tensor()  # (B,)
+    adv = group_advantages(rewards, batch.group_ids, scale=spec.adv_scale, eps=spec.adv_eps, **extra)  # (B,)
     if mask_truncated:
         batch.mask &= ~batch.truncated[:, None]  # (B, T)
     return adv

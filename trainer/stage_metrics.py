@@ -89,6 +89,8 @@ def step_metrics(
         "optim/updates": updates_done,
         "optim/skipped_nonfinite": upd.skipped,
     }
+    for i, values in enumerate(rew.extra):  # each of reward.functions, apart
+        m[f"reward/fn{i}"] = sum(values) / len(values)
     if upd.grad_norms:
         m["grad/norm"] = sum(upd.grad_norms) / len(upd.grad_norms)
     m.update(reduce_records(upd.loss_metrics))  # over the optimiser steps, each key by its declared reduction

@@ -18,13 +18,24 @@ errors give 0 and are counted) and lays them out with ``build_batch``. Choices:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from .parallel import OneProcess
 from .rewards import RewardBatch
-from .rollout import RolloutBatch, Samples, SamplingParams, build_batch, log_kept_mass, row_seed, sampler_logp, truncates
+from .rollout import (
+    RolloutBatch,
+    Samples,
+    SamplingParams,
+    build_batch,
+    greedy_params,
+    log_kept_mass,
+    row_seed,
+    sampler_logp,
+    truncates,
+)
 from .tasks import PromptSampler, encode_prompts
 
 
@@ -39,11 +50,20 @@ class Rollout:
     sampler_logp: torch.Tensor  # (B, T) log pi_rollout(y_t) before top-k / top-p where the engine returns it, 0 on padding
     sampler_entropy: torch.Tensor  # (B, T) entropy of the distribution each token was sampled from
     stats: dict = field(default_factory=dict)
-    """Dynamic sampling's ``rollout/dropped_groups`` and ``rollout/extra_batches`` ({} without it)."""
+    """Dynamic sampling's ``rollout/dropped_groups`` and ``rollout/extra_batches`` ({} without it), ``reward/greedy``."""
+    greedy_rewards: list[float] | None = None
+    """ReMax's baseline: per completion, the total reward of its prompt's greedy completion (None unless the objective's
+    advantage reads it); the greedy completions themselves are not in the batch and are not trained on."""
 
     def reward_tensor(self) -> torch.Tensor:
         """The total rewards (B,) float32."""
         return torch.tensor(self.rewards.total, dtype=torch.float32)
+
+    def greedy_reward_tensor(self) -> torch.Tensor:
+        """The greedy completions' rewards (B,) float32; ValueError when the rollout stage made none."""
+        if self.greedy_rewards is None:
+            raise ValueError("this rollout has no greedy completions: build the RolloutStage with greedy_baseline=True for remax")
+        return torch.tensor(self.greedy_rewards, dtype=torch.float32)
 
 
 def sampling_params(rollout_cfg, temperature: float) -> SamplingParams:
@@ -69,7 +89,10 @@ class RolloutStage:
         train_examples: list,
         eval_examples: list,
         max_prompt_tokens: int | None,
+        greedy_baseline: bool = False,
     ):
+        self.greedy_baseline = greedy_baseline
+        """Generate and score one greedy completion per prompt with every rollout (ReMax's baseline)."""
         self.cfg, self.device, self.engine, self.tok, self.eos_ids, self.rewards = cfg, device, engine, tok, eos_ids, rewards
         self.parallel, self.train_examples, self.max_prompt_tokens = parallel, train_examples, max_prompt_tokens
         self.prompts = PromptSampler(len(train_examples), cfg.seed, cfg.data.shuffle)
@@ -83,9 +106,36 @@ class RolloutStage:
     def run(self, step: int, *, seed_per_group: bool) -> Rollout:
         """The rollout batch of training step ``step``: ``prompts_per_step`` groups of G completions."""
         examples = self.take(self.cfg.rollout.prompts_per_step)
-        if self.cfg.rollout.dynamic_sampling:
+        if self.cfg.rollout.dynamic_sampling:  # (the config check refuses it with a greedy baseline)
             return self.dynamic(examples, step, seed_per_group)
-        return self.assemble(*self.sample_and_score(examples, step, seed_per_group))
+        rollout = self.assemble(*self.sample_and_score(examples, step, seed_per_group))
+        return self.with_greedy_baseline(rollout) if self.greedy_baseline else rollout
+
+    def with_greedy_baseline(self, rollout: Rollout) -> Rollout:
+        """``rollout`` with ReMax's baseline (arXiv 2310.10505; verl's ``reward_baselines``): one greedy completion of every
+        prompt from the policy that sampled the groups, scored by the same reward, its total repeated over the group.
+        Each process decodes and scores its share of the prompts; the greedy completions leave no rows in the batch.
+        Their reward calls' failures are counted with the group's (reward/errors, timeouts, invalid)."""
+        cfg, examples = self.cfg, rollout.examples
+        n, G = len(examples), cfg.rollout.group_size
+        mine = self.parallel.my_share(n)
+        local = [examples[g] for g in mine]
+        with self.parallel.gathered():  # a different number of forwards on each process
+            tokens = self.engine.sample(self.encode(local), 1, greedy_params(cfg.rollout.max_new_tokens)).tokens if local else []
+        rew = self.rewards([ex.prompt for ex in local], self.tok.batch_decode(tokens, skip_special_tokens=True), local) if local else None
+        per_prompt: list = [None] * n
+        counts = {"errors": 0, "timeouts": 0, "invalid": 0}
+        for part_mine, part_total, part_counts in self.parallel.gather_objects(
+            (mine, [] if rew is None else rew.total, {k: 0 if rew is None else getattr(rew, k) for k in counts})
+        ):
+            for j, g in enumerate(part_mine):
+                per_prompt[g] = part_total[j]
+            for k in counts:
+                counts[k] += part_counts[k]
+        rewards = dataclasses.replace(rollout.rewards, **{k: getattr(rollout.rewards, k) + v for k, v in counts.items()})
+        stats = {**rollout.stats, "reward/greedy": sum(per_prompt) / n}
+        greedy = [per_prompt[g] for g in range(n) for _ in range(G)]  # (B,) group-major, as the batch
+        return dataclasses.replace(rollout, rewards=rewards, stats=stats, greedy_rewards=greedy)
 
     def take(self, n: int) -> list:
         """The next ``n`` train examples of the prompt order."""
@@ -144,7 +194,7 @@ class RolloutStage:
         rollout batches were drawn (then the step trains on the groups it has). The rollout's ``stats``:
         ``rollout/dropped_groups``, ``rollout/extra_batches``."""
         G, want = self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
-        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format, untruncated)
+        kept: list[tuple] = []  # (example, prompt ids, tokens, logprobs, entropies, texts, total, correct, format, untruncated, extra)
         counts = {"errors": 0, "timeouts": 0, "invalid": 0}
         dropped, extra, examples = 0, -1, first_examples
         while len(kept) < want and extra < self.cfg.rollout.max_extra_batches:
@@ -173,6 +223,7 @@ class RolloutStage:
                         pick(rew.correct),
                         pick(rew.format),
                         None if smp.logprobs_untruncated is None else pick(smp.logprobs_untruncated),
+                        [pick(values) for values in rew.extra],
                     )
                 )
         stats = {"rollout/dropped_groups": dropped, "rollout/extra_batches": extra}
@@ -181,7 +232,8 @@ class RolloutStage:
         kept = kept[:want]
         flat = lambda j: [x for group in kept for x in group[j]]  # noqa: E731
         samples = Samples(flat(2), flat(3), flat(4), None if any(g[9] is None for g in kept) else flat(9))
-        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts)
+        extra = tuple([x for group in kept for x in group[10][k]] for k in range(len(kept[0][10])))  # reward.functions' values
+        rewards = RewardBatch(flat(6), flat(7), flat(8), **counts, extra=extra)
         return self.assemble([g[0] for g in kept], [g[1] for g in kept], samples, flat(5), rewards, stats)
 
     def evaluate(self, step: int, *, seed_per_group: bool) -> dict:

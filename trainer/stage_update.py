@@ -215,13 +215,22 @@ class UpdateStage:
         return optimiser_step_plan(batch, self.cfg.optim, seed=self.cfg.seed, step=step, share_of=self.parallel.rank_share)
 
     def run(
-        self, step: int, rollout: Rollout, plan: list[list[torch.Tensor]], old: OldLogProbs, adv: torch.Tensor, state: RunState
+        self,
+        step: int,
+        rollout: Rollout,
+        plan: list[list[torch.Tensor]],
+        old: OldLogProbs,
+        adv: torch.Tensor,
+        state: RunState,
+        spec: ObjectiveSpec | None = None,
     ) -> UpdateStats:
         """The optimiser steps of ``plan``: each accumulated over its micro-batches, combined over processes,
         clipped, stepped (or skipped if non-finite; ``state`` counts the skips in a row and the steps taken). The
         first step scores its own rows' old log-probs; rows a skipped first step left unscored are recomputed
-        before the next (the policy has not moved)."""
+        before the next (the policy has not moved). ``spec``: this step's objective when it differs from the run's (the
+        adaptive entropy coefficient, ``dfpo.trainer.entropy_control``)."""
         cfg, batch, first = self.cfg, rollout.batch, old.first
+        spec = self.spec if spec is None else spec
         buckets = None
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), self.vocab_size)
@@ -239,7 +248,7 @@ class UpdateStage:
             metrics, finite = accumulate_gradients(
                 self.model,
                 micros,
-                self.spec,
+                spec,
                 self.device,
                 buckets=buckets,
                 diagnostics=upd.diagnostics if cfg.log.diagnostics else None,

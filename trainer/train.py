@@ -44,7 +44,8 @@ import torch
 
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
-from . import parallel
+from ..core.loss.advantages import GREEDY_BASELINE
+from . import entropy_control, parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
@@ -153,6 +154,7 @@ class Trainer:
         dtype = resolve_dtype(cfg.model.dtype, self.device)
         amp = resolve_amp(cfg.model.amp, self.device)
         self.spec = objective_spec(cfg)
+        self.state.entropy_control = entropy_control.initial_state(self.spec)  # a resume reads it from the checkpoint
         split = split_settings(cfg, self.parallel.world)
         if self.spec.batch_coupled and split:
             self._say(
@@ -169,6 +171,8 @@ class Trainer:
             workers=cfg.reward.workers or max(1, default_workers() // self.parallel.world),  # processes on one machine share its cores
             max_tasks_per_worker=cfg.reward.max_tasks_per_worker,
             memory_limit_mb=cfg.reward.memory_limit_mb,
+            functions=cfg.reward.functions,
+            weights=cfg.reward.weights,
         )
         check_tiny_shape(cfg.model)
         check_model_folder(cfg.model.name)
@@ -186,7 +190,7 @@ class Trainer:
         check_drift_settings(cfg, self.parallel.world)
         # lengths checked with the tokenizer alone: before any weights load or warm up
         lengths = measure_prompts(cfg, train_examples, eval_examples)
-        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
+        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.needs_ref_logp, resume=resume)
         # the warm start reads raw prompts: with data.truncate_prompts, never more of one than the rollouts can keep
         sft_examples = clip_long_prompts(train_examples, lengths.char_limit) if cfg.data.truncate_prompts else train_examples
         return Inputs(dtype, amp, train_examples, eval_examples, lengths.limit, sft_examples)
@@ -208,7 +212,7 @@ class Trainer:
             device=self.device,
             dtype=inputs.dtype,
             resume=resume,
-            with_ref=self.spec.beta > 0,
+            with_ref=self.spec.needs_ref_logp,
             train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
             say=self._say,
@@ -265,6 +269,7 @@ class Trainer:
             train_examples=inputs.train_examples,
             eval_examples=inputs.eval_examples,
             max_prompt_tokens=inputs.max_prompt_tokens,
+            greedy_baseline=self.spec.adv_scale in GREEDY_BASELINE,
         )
         self.checkpointer = Checkpointer(
             cfg,
@@ -327,12 +332,25 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
-        adv = advantages(rollout, self.spec, mask_truncated=cfg.rollout.mask_truncated)  # (B,)
+        adv = advantages(
+            rollout,
+            self.spec,
+            mask_truncated=cfg.rollout.mask_truncated,
+            format_weight=cfg.reward.format_weight,
+            function_weights=self.rewards.function_weights,
+        )  # (B,)
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")
-        upd = self.update_stage.run(step, rollout, plan, old, adv, self.state)
+        upd = self.update_stage.run(
+            step, rollout, plan, old, adv, self.state, entropy_control.step_spec(self.spec, self.state.entropy_control)
+        )
         old = self.old_logp_stage.shared(old, plan, cfg.optim.epochs)  # the pi_old the first steps recorded, every row's
+        control = {}
+        if self.state.entropy_control is not None:  # Skywork-OR1: the next step's coefficient from this step's pi_old
+            self.state.entropy_control, control = entropy_control.advance(
+                self.spec, self.state.entropy_control, old.first.logp, rollout.batch.mask
+            )
         clock.lap("update")
         drift = {} if self.drift_stage is None else self.drift_stage.run(step, rollout, plan, old, adv)  # model left as it was
         self.rollout_stage.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for HF)
@@ -348,6 +366,7 @@ class Trainer:
             say=self._say,
         )
         metrics.update(drift)
+        metrics.update(control)
         metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
         write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size, self.policy.tok)
         return metrics

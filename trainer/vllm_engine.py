@@ -51,7 +51,10 @@ def check_vllm_available(device: str | torch.device) -> None:
 
 def vllm_sampling_kwargs(params: SamplingParams, n: int, eos_ids: set[int], seed: int | None) -> dict:
     """The arguments of vLLM's SamplingParams for ours: the same temperature, top-p, top-k (0 = off, vLLM's -1),
-    length, EOS stop and n; ``logprobs=0`` asks for the sampled token's log-prob only."""
+    length, EOS stop and n; ``logprobs=0`` asks for the sampled token's log-prob only. Greedy: temperature 0."""
+    if params.greedy:  # vLLM's greedy decoding is temperature 0 (no truncation; ReMax's baseline completion)
+        return {"n": n, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_tokens": params.max_new_tokens,
+                "stop_token_ids": sorted(eos_ids), "logprobs": 0, "seed": seed}  # fmt: skip
     return {
         "n": n,
         "temperature": params.temperature,

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..settings import Bounds
 from .fields import NONNEG, POSITIVE, UNIT, Component, When, component_field
+from .m2po import m2po_coupling, m2po_flags, m2po_weight
 
 Flags = tuple[Tensor, Tensor]
 
@@ -123,7 +124,7 @@ def _dppo_inside(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor) -> Tensor:
     """
     p_old = torch.exp(old_logp).clamp(max=1.0)  # (B, T); a log-prob above 0 (no softmax gives one) reads as 1
     p = (ratio.detach() * p_old).clamp(max=1.0)  # (B, T)
-    if spec.clip == "dppo_tv":
+    if spec.clip in ("dppo_tv", "dppo_tv_ratio"):
         return torch.where(adv > 0, p - p_old <= spec.eps_high, p - p_old >= -spec.eps_low)
     log_r = torch.log(ratio.detach())
     binary_kl = p_old * (-log_r) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
@@ -134,6 +135,13 @@ def _dppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> T
     """DPPO: sg(min(r, c)) where the divergence bound holds, 0 elsewhere (multiplies A * log pi)."""
     cap = 20.0 if spec.dual_clip_c is None else spec.dual_clip_c
     return torch.where(_dppo_inside(ratio, adv, spec, old_logp), ratio.clamp(max=cap), 0.0).detach()
+
+
+def _dppo_ratio_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+    """prime-rl's DPPO-Binary-TV (``src/prime_rl/trainer/rl/loss.py``: ``default_loss_fn``): the ratio r itself, with its
+    gradient, where the TV bound holds, 0 elsewhere (surrogate A * r). Its gradient is DPPO's sg(r) A grad log pi without
+    the cap at 20, and its value A * r rather than sg(r) A log pi."""
+    return torch.where(_dppo_inside(ratio, adv, spec, old_logp), ratio, 0.0)
 
 
 def _dppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
@@ -189,6 +197,9 @@ CLIP_RULES: dict[str, ClipRule] = {
     "dppo_tv": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
     "dppo_kl": ClipRule(_dppo_weight, _dppo_flags, score_function=True, sequence_level=False, reads=(*_EPS, "dual_clip_c")),
     "topr": ClipRule(_topr_weight, _topr_flags, score_function=True, sequence_level=False),
+    # issue 30: prime-rl, M2PO, Skywork-OR1
+    "dppo_tv_ratio": ClipRule(_dppo_ratio_weight, _dppo_flags, sequence_level=False, reads=_EPS),
+    "m2po": ClipRule(m2po_weight, m2po_flags, sequence_level=False, reads=("m2po_budget", "m2po_min_eps_low", "m2po_min_eps_high")),
 }
 """Every clip mode, keyed by the ``clip`` component; ``register_clip_rule`` adds one."""
 CLIP_MODES = tuple(CLIP_RULES)
@@ -243,7 +254,7 @@ CLIP = component_field(
     "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
     True,
     choices=CLIP_RULES,
-    doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks; ``topr`` weight 1 for A > 0, sg(clamp(r, 0, 1)) otherwise (TOPR).",
+    doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks; ``topr`` weight 1 for A > 0, sg(clamp(r, 0, 1)) otherwise (TOPR); ``dppo_tv_ratio`` prime-rl's ratio form of the TV mask; ``m2po`` PPO at M2PO's batch second-moment bound.",
 )
 EPS_LOW = component_field(
     0.2,
@@ -348,4 +359,4 @@ def _check_clip(spec) -> None:
         raise ValueError(f"clip={spec.clip!r} is a token-level objective, got ratio_level={spec.ratio_level!r}")
 
 
-CLIP_COMPONENT = Component("clip", validate=_check_clip)
+CLIP_COMPONENT = Component("clip", validate=_check_clip, batch_coupling=m2po_coupling)

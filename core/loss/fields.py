@@ -41,9 +41,11 @@ OWNERS = (
     "proximal",
     "aggregation",
     "kl",
+    "old_kl",
     "correction",
     "entropy",
     "imitation",
+    "entropy_control",
     "advantage",
 )
 """The components a field can belong to, in the order the loss core applies them."""

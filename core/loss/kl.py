@@ -54,6 +54,16 @@ def kl_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor
     return torch.exp(log_r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # (B, T)
 
 
+def penalty_term(
+    coef: float, estimate: Tensor, agg_mask: Tensor, agg_lengths: Tensor, spec, x, key: str
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``coef * aggregate(estimate)`` over ``agg_mask`` with the objective's aggregation, and ``{key: the estimate's
+    token mean over the real tokens}`` (the KL to pi_ref here, the penalty to pi_old in ``old_kl``). ``estimate`` (B, T)."""
+    term = coef * aggregate(estimate, agg_mask, spec.aggregation, spec.max_completion_length, agg_lengths)
+    n_real = x.lengths.sum().clamp(min=1).to(x.logp.dtype)
+    return term, {key: torch.where(x.mask, estimate.detach(), 0.0).sum() / n_real}
+
+
 def kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """beta * aggregate(weighted estimator) and ``kl/ref``, its token mean over real tokens (nothing when beta = 0)."""
     if spec.beta <= 0:
@@ -62,9 +72,7 @@ def kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     kl = kl_estimate(x.logp, ctx.ref_logp, spec.kl_estimator)  # (B, T)
     if spec.kl_ratio_weight != "none":
         kl = kl * kl_ratio(x.logp, x.old_logp, x.mask, spec.kl_ratio_weight)  # (B, T)
-    term = spec.beta * aggregate(kl, ctx.agg_mask, spec.aggregation, spec.max_completion_length, ctx.agg_lengths)
-    n_real = x.lengths.sum().clamp(min=1).to(x.logp.dtype)
-    return term, {"kl/ref": torch.where(x.mask, kl.detach(), 0.0).sum() / n_real}
+    return penalty_term(spec.beta, kl, ctx.agg_mask, ctx.agg_lengths, spec, x, "kl/ref")
 
 
 # ----------------------------------------------------------------------------- the KL component's settings

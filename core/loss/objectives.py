@@ -384,6 +384,44 @@ OBJECTIVES = ObjectiveRegistry(
             clip="none",
             ipo_beta=0.1,
         ),
+        # issue 30: prime-rl, M2PO, Skywork-OR1
+        _preset(
+            "prime_rl",
+            "prime-rl's default loss: A * r where DPPO's binary TV bound holds, plus 1e-3 (log r)^2 to the sampling policy",
+            {
+                "clip": "prime-rl src/prime_rl/trainer/rl/loss.py default_loss_fn: DPPO-Binary-TV (arXiv 2602.04879) as -A * r "
+                "on the kept tokens, r with its gradient and no cap (verl's dppo_tv is sg(min(r, 20)) A log pi: the same gradient "
+                "below r = 20, another value)",
+                "eps_low": "prime-rl DefaultLossConfig.dppo_mask_low = 0.2 (verl's DPPO-TV recipe uses 0.15)",
+                "eps_high": "prime-rl DefaultLossConfig.dppo_mask_high = 0.2",
+                "aggregation": "prime-rl train.py: the step's loss summed over tokens and divided by rl_scale, its real-token count",
+                "old_kl_coef": "prime-rl DefaultLossConfig.kl_tau = 1e-3 times log_importance_ratio**2 = 2 k2 (Kimi K2.5, arXiv 2602.02276): "
+                "to the sampling policy, not a reference model (verl's 'mse' KL reads the reference)",
+                "old_kl_estimator": "prime-rl default_loss_fn: log_importance_ratio**2, the squared log-ratio (k2 up to the factor 2)",
+                "adv_scale": "prime-rl GRPOAlgoConfig: reward minus the per-group mean baseline, no std normalisation",
+            },
+            clip="dppo_tv_ratio",
+            eps_low=0.2,
+            eps_high=0.2,
+            aggregation="token_mean",
+            old_kl_coef=2e-3,
+            old_kl_estimator="k2",
+            adv_scale="none",
+        ),
+        _preset(
+            "m2po",
+            "M2PO: PPO clipping at the batch's second-moment bound, only harmful outlier tokens lose their gradient",
+            {
+                "clip": "M2PO (arXiv 2510.01161); Infini-AI-Lab/M2PO verl/trainer/ppo/core_algos.py compute_m2po_policy_loss",
+                "m2po_budget": "M2PO train-scripts/m2po-qwen-math-7b-s*.sh: actor.M2_budget=0.04",
+                "eps_low": "unused: M2PO's clip range is read off the batch (m2po_budget)",
+                "eps_high": "unused: M2PO's clip range is read off the batch (m2po_budget)",
+                "aggregation": "M2PO's verl ppo_trainer.yaml: loss_agg_mode 'token-mean' (the scripts keep it)",
+                "beta": "M2PO scripts: use_kl_loss=True with kl_loss_coef=0.00, i.e. no KL term",
+            },
+            clip="m2po",
+            aggregation="token_mean",
+        ),
     )
 )
 """Every objective by name: dfpo's presets above, then users' own (``register_objective``, the ``dfpo.objectives``

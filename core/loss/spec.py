@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from .adaptive_entropy import ENTROPY_COEF_DELTA, ENTROPY_COEF_MAX, ENTROPY_COEF_MIN, ENTROPY_CONTROL_COMPONENT, ENTROPY_TARGET
 from .advantages import ADV_EPS, ADV_SCALE, ADVANTAGE_COMPONENT
 from .aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
 from .clipping import (
@@ -44,7 +45,9 @@ from .entropy import ENTROPY_COEF, ENTROPY_COMPONENT
 from .fields import META_KEY, Component, FieldInfo, check_value, field_infos, spec_field
 from .imitation import IMITATION_COMPONENT, NLL_COEF
 from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
+from .m2po import M2PO_BUDGET, M2PO_MIN_EPS_HIGH, M2PO_MIN_EPS_LOW
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
+from .old_kl import OLD_KL_COEF, OLD_KL_COMPONENT, OLD_KL_ESTIMATOR
 from .preference import IPO_BETA, PREFERENCE_COMPONENT
 from .proximal import PROXIMAL_COEF, PROXIMAL_COMPONENT
 from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
@@ -61,9 +64,11 @@ COMPONENTS: tuple[Component, ...] = (
     PROXIMAL_COMPONENT,
     AGGREGATION_COMPONENT,
     KL_COMPONENT,
+    OLD_KL_COMPONENT,
     CORRECTION_COMPONENT,
     ENTROPY_COMPONENT,
     IMITATION_COMPONENT,
+    ENTROPY_CONTROL_COMPONENT,
     ADVANTAGE_COMPONENT,
 )
 """Every component, in the order the loss core applies them (``fields.OWNERS``): its cross-field rules, its inputs,
@@ -100,6 +105,10 @@ class ObjectiveSpec:
     vespo_lambda_pos: float = VESPO_LAMBDA_POS
     vespo_k_neg: float = VESPO_K_NEG
     vespo_lambda_neg: float = VESPO_LAMBDA_NEG
+    # clip (M2PO's batch bound): dfpo.core.loss.m2po
+    m2po_budget: float = M2PO_BUDGET
+    m2po_min_eps_low: float | None = M2PO_MIN_EPS_LOW
+    m2po_min_eps_high: float | None = M2PO_MIN_EPS_HIGH
     # transform: dfpo.core.loss.transforms
     transform: str = TRANSFORM
     tr_floor: float = TR_FLOOR
@@ -129,6 +138,9 @@ class ObjectiveSpec:
     beta: float = BETA
     kl_estimator: str = KL_ESTIMATOR
     kl_ratio_weight: str = KL_RATIO_WEIGHT
+    # old_kl: dfpo.core.loss.old_kl
+    old_kl_coef: float = OLD_KL_COEF
+    old_kl_estimator: str = OLD_KL_ESTIMATOR
     # correction: dfpo.core.loss.correction
     rollout_correction: str = ROLLOUT_CORRECTION
     rollout_low: float = ROLLOUT_LOW
@@ -146,6 +158,11 @@ class ObjectiveSpec:
     entropy_coef: float = ENTROPY_COEF
     # imitation: dfpo.core.loss.imitation
     nll_coef: float = NLL_COEF
+    # entropy_control (Skywork-OR1's adaptive coefficient, moved by the trainer): dfpo.core.loss.adaptive_entropy
+    entropy_target: float | None = ENTROPY_TARGET
+    entropy_coef_delta: float = ENTROPY_COEF_DELTA
+    entropy_coef_min: float = ENTROPY_COEF_MIN
+    entropy_coef_max: float = ENTROPY_COEF_MAX
     # advantage: dfpo.core.loss.advantages
     adv_scale: str = ADV_SCALE
     adv_eps: float = ADV_EPS

@@ -53,6 +53,8 @@ import warnings
 import torch
 
 from dfpo.core.loss import ObjectiveSpec, objective_from_label, policy_loss
+from dfpo.core.loss.adaptive_entropy import check_stateless
+from dfpo.core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from dfpo.core.metric_registry import reduce_values
 
 try:
@@ -136,6 +138,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, objective: str | ObjectiveSpec = "dfpo_min", **kwargs):
         self.dfpo_spec = objective if isinstance(objective, ObjectiveSpec) else objective_from_label(objective)
+        check_stateless(self.dfpo_spec, "DFPOGRPOTrainer")  # before TRL builds anything
         super().__init__(*args, **kwargs)
         self._check_batch_sizes()
         needs_ref = self.dfpo_spec.required_inputs().get("ref_logp")
@@ -152,6 +155,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
         if ignored:
             warnings.warn(f"DFPOGRPOTrainer: the objective's components replace TRL's {ignored}", stacklevel=2)
         self._check_rollout_inputs()
+        self._check_advantage_estimator()
         self.dfpo_groups_seen: list[list[int]] = []  # rows per group of every loss call (the check's record)
 
     def _check_rollout_inputs(self) -> None:
@@ -168,6 +172,26 @@ class DFPOGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 f"objective {self.dfpo_spec.name!r} reads the sampler's log-probs ({needs}), but under top_p / top_k / min_p vLLM returns "
                 "those of the truncated distribution, whose ratio to pi_old carries the kept mass (TRL issue 6789): sample without truncation"
+            )
+
+    def _check_advantage_estimator(self) -> None:
+        """TRL computes the advantages: an objective whose estimator is GDPO needs TRL's own (multi_objective_aggregation=
+        'normalize_then_sum', the same computation); ReMax's greedy completion TRL does not generate, so it is refused."""
+        scale = self.dfpo_spec.adv_scale
+        if scale == "gdpo" and self.args.multi_objective_aggregation != "normalize_then_sum":
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} uses adv_scale='gdpo', which TRL computes as "
+                f"GRPOConfig(multi_objective_aggregation='normalize_then_sum'), got {self.args.multi_objective_aggregation!r}"
+            )
+        if scale in TOKEN_LEVEL:
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} uses adv_scale={scale!r}, one advantage per token, which neither TRL "
+                "computes nor dfpo's loss takes (one per completion)"
+            )
+        if scale in GREEDY_BASELINE:
+            raise ValueError(
+                f"objective {self.dfpo_spec.name!r} uses adv_scale={scale!r}, whose baseline is a greedy completion per prompt that "
+                "TRL's GRPOTrainer does not generate: train it with dfpo train, or in verl with algorithm.adv_estimator='remax'"
             )
 
     def _check_batch_sizes(self) -> None:

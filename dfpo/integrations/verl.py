@@ -14,6 +14,10 @@ mini-batch and micro-batch sizes are multiples of ``rollout.n``, ``shuffle`` is 
 (which reorders rows across ranks) is off. ``check_groups_stay_whole`` refuses a config that breaks any of
 these, and the loss itself refuses a batch whose size is not a multiple of the group size.
 
+Advantages are verl's (``algorithm.adv_estimator``): ``check_advantage_estimator`` refuses a config whose estimator is
+not the objective's where verl ships it (opo, reinforce_plus_plus_baseline, grpo_passk, remax: verl generates ReMax's
+greedy completion itself), and an objective whose estimator verl lacks (gdpo) is refused at registration.
+
 The objective's own aggregation is used (verl's ``loss_agg_mode`` is ignored, and a warning says so once), the
 loss is normalised per micro-batch, and verl's rollout importance weights, when given, multiply the per-token
 policy term as verl's own losses do. GRPO advantages are constant along a completion; the per-sequence
@@ -28,6 +32,8 @@ from collections.abc import Mapping
 import torch
 
 from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
+from dfpo.core.loss.adaptive_entropy import check_stateless
+from dfpo.core.loss.advantages import TOKEN_LEVEL
 
 
 def loss_mode_name(preset: str) -> str:
@@ -53,6 +59,19 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     An objective whose correction or rejection reads the sampler's log-probs is refused here: verl hands a policy loss
     only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
     ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
+    check_stateless(spec, "verl's policy-loss registry")
+    if spec.adv_scale in TOKEN_LEVEL:
+        raise ValueError(
+            f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, one advantage per token (verl's "
+            "optimal_token_baseline), but dfpo's losses take one per completion and would read its mean over the tokens: "
+            "use verl's own policy losses with algorithm.adv_estimator='optimal_token_baseline'"
+        )
+    if spec.adv_scale in NOT_IN_VERL:
+        raise ValueError(
+            f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, which verl does not compute (its advantages are "
+            f"algorithm.adv_estimator's, one of verl's own: {', '.join(VERL_ESTIMATORS.values())} ...): train it with dfpo train, "
+            "or GDPO in TRL with multi_objective_aggregation='normalize_then_sum'"
+        )
     needs = spec.required_inputs().get("rollout_logp")
     if needs is not None:
         raise ValueError(
@@ -110,6 +129,31 @@ def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | 
         register_policy_loss(name)(make_verl_policy_loss(OBJECTIVES[preset], group_size))
         names.append(name)
     return names
+
+
+VERL_ESTIMATORS = {
+    "reinforce_pp_baseline": "reinforce_plus_plus_baseline",
+    "opo": "opo",
+    "grpo_passk": "grpo_passk",
+    "remax": "remax",
+}
+"""dfpo's advantage estimators written from verl's core_algos, and the ``algorithm.adv_estimator`` that computes each in
+verl (the advantages a verl policy loss receives are verl's: the objective's estimator must be the one configured)."""
+NOT_IN_VERL = ("gdpo",)
+"""dfpo's estimators verl ships no ``adv_estimator`` for (a policy loss cannot change the advantages it is handed)."""
+
+
+def check_advantage_estimator(spec: ObjectiveSpec, algorithm: Mapping) -> None:
+    """Refuse (ValueError naming the setting) a verl config whose ``algorithm.adv_estimator`` is not the objective's: an
+    objective with one of verl's estimators (``VERL_ESTIMATORS``; remax, whose greedy completion verl's trainer generates
+    as ``reward_baselines``) needs verl to compute that one."""
+    want = VERL_ESTIMATORS.get(spec.adv_scale)
+    got = algorithm.get("adv_estimator")
+    if want is not None and got != want:
+        raise ValueError(
+            f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}: set algorithm.adv_estimator={want!r} (got {got!r}), "
+            "since verl computes the advantages the loss receives"
+        )
 
 
 def check_groups_stay_whole(actor: Mapping, rollout_n: int, trainer: Mapping | None = None) -> None:

@@ -9,24 +9,20 @@ Playwright is not installed; .ci/run installs both.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from script_modules import load_script
 
 from dfpo.trainer.layout import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("dfpo_screenshots", ROOT / "scripts" / "screenshots.py")
-shots = importlib.util.module_from_spec(_spec)
-sys.modules["dfpo_screenshots"] = shots
-_spec.loader.exec_module(shots)
+shots = load_script("scripts/screenshots.py", "dfpo_screenshots")
 
 pytestmark = [
     pytest.mark.skipif(not Path(shots.CHROMIUM).exists(), reason="Chromium is not installed (apt-get install chromium; .ci/run does it)"),

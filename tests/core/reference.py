@@ -7,6 +7,7 @@ independent check of the core's breakpoint solver. Use on small batches only.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -232,6 +233,14 @@ def reference_loss(
     lengths = [int(mask[i].sum()) for i in range(B)]
     positions = [[t for t in range(T) if bool(mask[i, t])] for i in range(B)]  # each row's real tokens (masks may have holes)
     adv = [float(a) for a in advantages]
+    if spec.ipo_beta > 0:  # online IPO replaces the policy term: TRL's ipo loss on each group's best/worst pair
+        gids = [int(g) for g in group_ids]
+        return trl_online_ipo_loss(logp, ref_logp, mask, adv, gids, spec.ipo_beta)
+    if spec.clip == "m2po":  # M2PO is PPO at bounds read off the whole batch (by the loop below)
+        low, high = m2po_bounds_loop(
+            logp.detach(), old_logp, advantages, mask, spec.m2po_budget, spec.m2po_min_eps_low, spec.m2po_min_eps_high
+        )
+        spec = dataclasses.replace(spec, clip="ppo", eps_low=1.0 - low, eps_high=high - 1.0, dual_clip_c=None)
     # per-token surrogate terms u[i][t] (with autograd through logp)
     u: dict[tuple[int, int], Tensor] = {}
     if spec.clip == "vespo":  # a detached Gamma weight of prod_t r_it times a * log pi at every token
@@ -283,6 +292,11 @@ def reference_loss(
                 if spec.clip in ("cispo", "pg", "dppo_tv", "dppo_kl", "topr"):
                     w = _score_weight(spec, float(r.detach()), adv[i], math.exp(float(old_logp[i, t])))
                     u[i, t] = w * adv[i] * logp[i, t]
+                elif spec.clip == "dppo_tv_ratio":  # prime-rl default_loss_fn: A * r inside the TV bound, 0 outside
+                    p_old = min(math.exp(float(old_logp[i, t])), 1.0)
+                    p = min(float(r.detach()) * p_old, 1.0)
+                    inside = (p - p_old <= spec.eps_high) if adv[i] > 0 else (p - p_old >= -spec.eps_low)
+                    u[i, t] = adv[i] * r * (1.0 if inside else 0.0)
                 else:
                     u[i, t] = adv[i] * _clip_weight(spec, r, adv[i])
     masked = _dropped(spec, logp.detach(), old_logp, entropy, advantages, lengths, positions)
@@ -350,6 +364,20 @@ def reference_loss(
                 elif spec.kl_ratio_weight == "sequence":
                     kl[i, t] = kl[i, t] * torch.exp(sum(logp[i, s] - old_logp[i, s] for s in positions[i]) / lengths[i])
         loss = loss + spec.beta * agg(kl)
+    if spec.old_kl_coef > 0:  # the penalty to pi_old at every real token, aggregated over all of them
+        d = {(i, t): logp[i, t] - old_logp[i, t] for i in range(B) for t in positions[i]}
+        k = {key: {"k3": torch.exp(-v) + v - 1, "k2": 0.5 * v * v, "k1": v}[spec.old_kl_estimator] for key, v in d.items()}
+        rows = [i for i in range(B) if lengths[i] > 0]
+        zero = logp.sum() * 0.0
+        if spec.aggregation == "seq_mean_token_mean":
+            penalty = sum((sum(k[i, t] for t in positions[i]) / lengths[i] for i in rows), zero) / max(len(rows), 1)
+        elif spec.aggregation == "token_mean":
+            penalty = sum(k.values(), zero) / max(sum(lengths), 1)
+        elif spec.aggregation == "constant":
+            penalty = sum(k.values(), zero) / (B * (spec.max_completion_length or T))
+        else:
+            penalty = sum(k.values(), zero) / max(len(rows), 1)
+        loss = loss + spec.old_kl_coef * penalty
     return loss
 
 
@@ -472,3 +500,185 @@ def trl_online_ipo_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, rewards: l
     if not losses:
         return logp.sum() * 0.0
     return sum(losses) / len(losses)
+
+
+# --- issue 30: prime-rl, M2PO, Skywork-OR1 ---------------------------------------------------------------------------
+
+
+def reference_prime_rl_default(logp, old_logp, advantages, mask, *, dppo_mask_low=0.2, dppo_mask_high=0.2, adv_tau=1.0, kl_tau=1e-3):
+    """prime-rl's default loss, written from ``src/prime_rl/trainer/rl/loss.py`` as read: ``default_loss_fn`` per sample
+    (the DPPO-Binary-TV keep mask by the sign of A, ``-keep * adv_tau * A * r + kl_tau * (log r)^2`` at every token of the
+    loss mask, summed), summed over samples by ``compute_loss`` and divided by ``rl_scale``, the real-token count
+    (``train.py``). Ragged rows come as a padded batch here; prime-rl packs them, which the per-sample loop undoes."""
+    total, n = logp.sum() * 0.0, 0
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if not bool(mask[i, t]):
+                continue
+            n += 1
+            log_r = logp[i, t] - old_logp[i, t]
+            r = torch.exp(log_r)
+            probs_diff = float(torch.exp(logp[i, t].detach()) - torch.exp(old_logp[i, t]))
+            a = float(advantages[i])
+            masked = probs_diff > dppo_mask_high if a > 0 else probs_diff < -dppo_mask_low
+            pg = 0.0 if masked else adv_tau * a * r
+            total = total + (-pg + kl_tau * log_r**2)
+    return total / max(n, 1)
+
+
+def m2po_bounds_loop(logp, old_logp, advantages, mask, budget, miniclip_low=None, miniclip_high=None) -> tuple[float, float]:
+    """M2PO's ratio bounds (low, high), written from Infini-AI-Lab/M2PO ``verl/trainer/ppo/core_algos.py`` as read:
+    ``_get_trust_region_tokens_delta_sq`` (harmful tokens), ``kpo_clip_harmful_tokens`` (the budget test) and
+    ``_solve_tau_from_sorted_delta2`` (the breakpoint loop), then ``compute_m2po_policy_loss``'s miniclip widening."""
+    delta_sq = []
+    for i in range(logp.shape[0]):
+        a = float(advantages[i])
+        for t in range(logp.shape[1]):
+            if not bool(mask[i, t]):
+                continue
+            delta = float(old_logp[i, t]) - float(logp[i, t])
+            r = math.exp(-delta)
+            if (a > 1e-12 and r > 1.0 + 1e-12) or (a < -1e-12 and r < 1.0 - 1e-12):
+                delta_sq.append(delta**2)
+    n = len(delta_sq)
+    clip_low, clip_high = 0.0, 100000.0  # no harmful token, or M2 within the budget: no constraint
+    if n and sum(delta_sq) / n > budget + 1e-12:
+        v = sorted(delta_sq)
+        target, left = budget * n, 0.0
+        for k in range(n):
+            left += v[k]
+            if (v[k] - 1e-12) * (n - k - 1) + left >= target - 1e-12:
+                tau = 0.0 if k == 0 else max(v[k - 1] - 1e-12, 0.0) ** 0.5
+                break
+        clip_low, clip_high = math.exp(-tau), math.exp(tau)
+    eps_low, eps_high = 1 - clip_low, clip_high - 1  # compute_m2po_policy_loss
+    if miniclip_low is not None and eps_low < miniclip_low:
+        eps_low = miniclip_low
+    if miniclip_high is not None and eps_high < miniclip_high:
+        eps_high = miniclip_high
+    return 1 - eps_low, 1 + eps_high
+
+
+def reference_m2po(logp, old_logp, advantages, mask, *, budget=0.04, miniclip_low=None, miniclip_high=None):
+    """M2PO's loss, written from ``compute_m2po_policy_loss`` as read: max(-A r, -A clamp(r, low, high)) at every real
+    token, token-mean (verl ``agg_loss`` 'token-mean'), at the bounds of ``m2po_bounds_loop`` over the whole batch."""
+    low, high = m2po_bounds_loop(logp.detach(), old_logp, advantages, mask, budget, miniclip_low, miniclip_high)
+    total, n = logp.sum() * 0.0, 0
+    for i in range(logp.shape[0]):
+        a = float(advantages[i])
+        for t in range(logp.shape[1]):
+            if bool(mask[i, t]):
+                r = torch.exp(logp[i, t] - old_logp[i, t])
+                total = total + torch.maximum(-a * r, -a * torch.clamp(r, low, high))
+                n += 1
+    return total / max(n, 1)
+
+
+class ReferenceEntController:
+    """Skywork-OR1's adaptive entropy controller, written from ``verl/trainer/ppo/core_algos.py`` ``EntController`` as read
+    (SkyworkAI/Skywork-OR1): ``value`` moves by ``delta_ent_coef`` toward the target and is clipped with np.clip;
+    ``entropy_loss_enabled`` is 1 while the entropy is below the target. The loss reads value * entropy_loss_enabled."""
+
+    def __init__(self, init_ent_coef, max_ent_coef, min_ent_coef, delta_ent_coef, target_ent):
+        self.value, self.max_value, self.min_value = init_ent_coef, max_ent_coef, min_ent_coef
+        self.delta_ent_coef, self.target_ent, self.entropy_loss_enabled = delta_ent_coef, target_ent, 1
+
+    def update(self, current_ent):
+        import numpy as np
+
+        if current_ent < self.target_ent:
+            self.value += self.delta_ent_coef
+        else:
+            self.value -= self.delta_ent_coef
+        self.value = float(np.clip(self.value, self.min_value, self.max_value))
+        self.entropy_loss_enabled = int(current_ent < self.target_ent)
+
+
+# --- issue 30: GDPO and ReMax (written from the peers' code as read) -------------------------------------------------
+
+
+def _unbiased_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def reference_gdpo(rewards: list[list[float]], group_ids: list[int], weights: list[float], eps: float) -> list[float]:
+    """TRL 1.16 GRPOTrainer._generate_and_score_completions, multi_objective_aggregation='normalize_then_sum', as read:
+    per group and reward function (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected; the weighted sum over the
+    functions; then (s - mean_batch s) / (std_batch s + 1e-4). (dfpo: a single-completion group gets 0 where TRL's
+    nanstd gives NaN, and a group whose every function is constant gets exactly 0, TRL's value up to round-off.)"""
+    B, K = len(rewards), len(weights)
+    summed = [0.0] * B
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        for k in range(K):
+            column = [rewards[j][k] for j in members]
+            if len(members) > 1:
+                summed[i] += weights[k] * (rewards[i][k] - sum(column) / len(column)) / (_unbiased_std(column) + eps)
+    if B < 2 or max(summed) == min(summed):
+        return [0.0] * B
+    mean, std = sum(summed) / B, _unbiased_std(summed)
+    out = []
+    for i in range(B):
+        members = [j for j, g in enumerate(group_ids) if g == group_ids[i]]
+        flat = len(members) < 2 or all(len({rewards[j][k] for j in members}) == 1 for k in range(K))
+        out.append(0.0 if flat else (summed[i] - mean) / (std + eps))
+    return out
+
+
+def reference_remax(rewards: list[float], greedy_rewards: list[float], lengths: list[int]) -> list[list[float]]:
+    """verl core_algos.compute_remax_outcome_advantage, as read: token_level_rewards hold the outcome reward at the last
+    real token; returns = reverse cumsum over the response; advantages = returns - reward_baselines * response_mask. One
+    list per completion with its per-token advantages (the value dfpo gives the whole completion, at every token)."""
+    out = []
+    for r, b, L in zip(rewards, greedy_rewards, lengths):
+        token_rewards = [0.0] * (L - 1) + [r]
+        returns = [sum(token_rewards[t:]) for t in range(L)]
+        out.append([g - b for g in returns])
+    return out
+
+
+def reference_otb(
+    rewards: list[float],
+    group_ids: list[int],
+    lengths: list[int],
+    old_logp: list[list[float]],
+    pi_squared: list[list[float]],
+    is_weights: list[list[float]] | None = None,
+    eps: float = 1e-8,
+    handle_zero_tail: bool = False,
+) -> list[list[float]]:
+    """verl core_algos.compute_optimal_token_baseline_advantage, as read: returns = reverse cumsum of the token rewards
+    (the outcome reward at the last real token); w_t = 1 - 2 exp(old_log_prob) + sum_pi_squared, times
+    rollout_is_weights**2 when given; W = cumsum(w * mask); per prompt group of N > 1 trajectories and timestep,
+    B_t = sum(G_t W_t mask) / (sum(W_t mask) + eps); with handle_zero_tail the unique longest trajectory's baselines
+    from the second-longest length on are 0; advantages = (returns - baselines) * mask. Padded to max(lengths)."""
+    B, T = len(rewards), max(lengths)
+    returns, energy = [[0.0] * T for _ in range(B)], [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        token_rewards = [0.0] * T
+        token_rewards[lengths[i] - 1] = rewards[i]
+        running = 0.0
+        for t in range(T):
+            returns[i][t] = sum(token_rewards[t:]) if t < lengths[i] else 0.0
+            if t < lengths[i]:
+                w = 1 - 2 * math.exp(old_logp[i][t]) + pi_squared[i][t]
+                running += w * (is_weights[i][t] ** 2 if is_weights is not None else 1.0)
+            energy[i][t] = running
+    baselines = [[0.0] * T for _ in range(B)]
+    for g in sorted(set(group_ids)):
+        members = [i for i in range(B) if group_ids[i] == g]
+        if len(members) == 1:
+            continue
+        for t in range(T):
+            alive = [i for i in members if t < lengths[i]]
+            b = sum(returns[i][t] * energy[i][t] for i in alive) / (sum(energy[i][t] for i in alive) + eps)
+            for i in members:
+                baselines[i][t] = b
+        if handle_zero_tail:
+            ordered = sorted(lengths[i] for i in members)
+            longest = [i for i in members if lengths[i] == ordered[-1]]
+            if len(longest) == 1 and ordered[-1] > ordered[-2]:
+                for t in range(ordered[-2], T):
+                    baselines[longest[0]][t] = 0.0
+    return [[(returns[i][t] - baselines[i][t]) if t < lengths[i] else 0.0 for t in range(T)] for i in range(B)]

@@ -107,10 +107,12 @@ def test_accumulation_is_inexact_for_a_batch_coupled_spec(label):
 
 
 def test_the_coupled_presets_and_their_reasons():
-    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance) and
-    VAPO's NLL (a mean over the batch's positive tokens) and online IPO (a mean over the batch's pairs) couple."""
+    """Among the presets, STAPO (batch quantile, kept-token normaliser), Clip-Cov and KL-Cov (batch covariance), VAPO's
+    NLL (a mean over the batch's positive tokens), M2PO (the batch's second moment) and online IPO (a mean over the
+    batch's pairs) couple."""
     coupled = {name: spec.batch_coupling() for name, spec in OBJECTIVES.items() if spec.batch_coupled}
-    assert set(coupled) == {"stapo", "clip_cov", "kl_cov", "vapo_nll", "online_ipo"}
+    assert set(coupled) == {"stapo", "clip_cov", "kl_cov", "vapo_nll", "m2po", "online_ipo"}
     assert coupled["vapo_nll"] == ["the NLL on positive samples is a mean over the batch's positive tokens, not a sum of micro-batch terms"]
+    assert coupled["m2po"] == ["clip='m2po' chooses its clip range from the second moment of the log-ratio over the whole batch"]
     assert len(coupled["stapo"]) == 2 and "quantile" in coupled["stapo"][0]
     assert not objective_from_label("opsm").batch_coupled  # a per-sequence mask, normalised over real tokens

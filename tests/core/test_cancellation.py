@@ -21,6 +21,8 @@ Summary (policy term; beta = 0):
 | vespo (Gamma weight)        | fails                | fails     | fails                 |
 | gpg (A log pi)              | cancels              | fails*    | cancels (no ratio)    |
 | dppo_tv, dppo_kl            | cancels              | fails*    | cancels iff the shared token stays inside the bound for A > 0 |
+| prime_rl (TV mask + (log r)^2 to pi_old) | cancels | cancels  | fails: the penalty's gradient at r* != 1 has no advantage |
+| m2po (batch M2 bound)       | cancels              | cancels   | cancels iff the batch's cap tau >= |log r*| (else only A < 0 copies move) |
 | opsm                        | as token PPO unless a negative sequence is dropped (then fails) |
 | clip_cov                    | as token PPO unless a copy of the shared token is the one it drops (then fails) |
 | kl_cov (no clip)            | cancels              | fails*    | cancels unless a copy of the shared token carries the |log r| penalty |
@@ -301,7 +303,8 @@ def family_of(spec) -> str | None:
         return None
     by_shape = {
         "token": {"ppo": "token_ppo", "symmetric": "symmetric", "cispo": "cispo", "sapo": "soft_gate", "pg": "pg", "topr": "topr"}
-        | dict.fromkeys(["dppo_tv", "dppo_kl"], "dppo"),
+        | dict.fromkeys(["dppo_tv", "dppo_kl", "dppo_tv_ratio"], "dppo")
+        | {"m2po": "m2po"},
         "sequence": {"ppo": "gspo", "none": "gspo_noclip"},
         "sequence_token": {"ppo": "gspo", "none": "gspo_noclip"},
         "sequence_product": {"vespo": "vespo"},
@@ -334,7 +337,8 @@ def test_the_verdict_families_are_the_ones_stated_for_dfpos_presets():
         "sapo": "soft_gate",
         "vespo": "vespo",
         "gpg": "pg",
-        **dict.fromkeys(["dppo_tv", "dppo_kl"], "dppo"),
+        **dict.fromkeys(["dppo_tv", "dppo_kl", "prime_rl"], "dppo"),
+        "m2po": "m2po",
         "opsm": "opsm",
         "clip_cov": "clip_cov",
         "kl_cov": "kl_cov",
@@ -354,7 +358,7 @@ def dppo_shared_inside(objective: str, group) -> bool:
     k = group.shared_logp.numel()
     p = torch.exp(group.shared_logp.detach())  # (k,)
     p_old = torch.exp(group.old_logp[0, :k])  # (k,)
-    if objective == "dppo_tv":
+    if spec.clip in ("dppo_tv", "dppo_tv_ratio"):
         return bool((p - p_old <= spec.eps_high).all())
     kl = p_old * torch.log(p_old / p) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
     return bool(((kl <= spec.eps_high) | (p <= p_old)).all())
@@ -385,6 +389,16 @@ def opsm_drops_a_sequence(group) -> bool:
     """Whether a negative-advantage completion's mean log(pi_old / pi) exceeds OPSM's delta (by hand)."""
     gap = torch.where(group.mask, group.old_logp - group.logp().detach(), 0.0).sum(-1) / group.mask.sum(-1)
     return bool(((group.advantages < 0) & (gap > OBJECTIVES["opsm"].opsm_delta)).any())
+
+
+def m2po_clips_the_shared_token(objective: str, group) -> bool:
+    """Whether M2PO's batch bound (a cap tau on harmful |log r|) falls below the shared token's |log r*| (by the core's
+    bound, itself checked against the authors' loop in test_peer_terms.py): then its A > 0 copies lose their gradient."""
+    from dfpo.core.loss.m2po import m2po_bounds
+
+    log_r = torch.where(group.mask, group.logp().detach() - group.old_logp, 0.0)
+    _, high = m2po_bounds(torch.exp(log_r), group.advantages[:, None], OBJECTIVES[objective])
+    return bool((log_r[0, : group.shared_logp.numel()] > torch.log(high)).any())
 
 
 def per_copy_scale(objective: str, group, aggregation: str) -> float:
@@ -433,6 +447,11 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         return False  # 4 sigmoid(1 - sigmoid) r* differs between tau_pos and tau_neg once r* != 1
     if family == "dppo" and shared_clipped and not dppo_shared_inside(objective, group):
         return False  # the A > 0 copies are masked, the A < 0 ones are not
+    spec = OBJECTIVES[objective]
+    if spec.old_kl_coef > 0 and (shared_clipped or spec.old_kl_estimator == "k1"):
+        return False  # the penalty to pi_old adds coef * (sum of weights) * dk/dd, zero only at r* = 1 (k2, k3)
+    if family == "m2po" and shared_clipped and m2po_clips_the_shared_token(objective, group):
+        return False  # the batch bound clips the A > 0 copies (harmful: r* > 1), the A < 0 ones keep their gradient
     if family == "opsm" and opsm_drops_a_sequence(group):
         return False  # a dropped negative sequence leaves its copy of the shared token out of sum_i A_i
     if family in ("clip_cov", "kl_cov") and cov_picks_a_shared_copy(objective, group, shared_clipped):

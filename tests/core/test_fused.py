@@ -229,12 +229,12 @@ def test_compiled_kernels_give_the_eager_numbers(name, overrides, layout):
 
 
 def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monkeypatch):
-    """If torch.compile fails, the eager kernels run (same numbers) and a warning names the failure."""
+    """If torch.compile fails, the eager kernels run (same numbers, entropies included) and a warning names the failure."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("no C++ compiler")
 
-    spec = resolve_objective("grpo")
+    spec = resolve_objective("dapo", entropy_coef=0.01)
     h, w, y, mask, gid, adv, noise = _batch(17)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
@@ -242,6 +242,17 @@ def test_a_failing_compiler_falls_back_to_the_eager_kernels_with_a_warning(monke
     with pytest.warns(UserWarning, match="torch.compile failed .*no C\\+\\+ compiler.*eager kernels run"):
         fast = _fused(spec, h, w, y, 1.0, kw, compile=True)
     _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
+def test_compile_without_entropies_runs_the_eager_kernels_and_never_calls_the_compiler(monkeypatch, name):
+    """compile=True compiles only where it saves a block (entropies): without them no compiler is loaded or called."""
+    monkeypatch.setattr(fused_module.torch, "compile", lambda *a, **k: pytest.fail("torch.compile was called"))
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(19)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    _assert_equal(_fused(spec, h, w, y, 1.0, kw, compile=True), _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
 
 
 # ----------------------------------------------------------------------------- which positions a coefficient reads
@@ -422,6 +433,41 @@ def test_a_frozen_head_gets_no_gradient_and_a_frozen_input_none():
     loss.backward()
     assert w.grad is None and hh.grad is not None
     torch.testing.assert_close(hh.grad, _reference(resolve_objective("gspo"), h, w, y, 1.0, kw)[2], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo:entropy_coef=0.01"])
+def test_targets_far_in_the_tail_get_their_exact_log_probs_and_gradients(name):
+    """Logits spread over hundreds of nats (targets' p underflowing float32): log-probs, loss and gradients still equal
+    the reference, the eager kernel taking z_y - logsumexp where log p_y would lose digits."""
+    h, w, y, mask, gid, adv, noise = _batch(59)
+    w = w * 60.0  # logits of order +-100: most targets' log-probs lie far below -64, some below float32's normal p
+    y = torch.where(torch.arange(T) % 2 == 0, (h @ w.T).argmax(-1), y)  # (B, T) every other target the likeliest
+    lp, _ = naive_token_logprobs(h, w, y)
+    assert float(lp[mask].min()) < -120 and float(lp[mask].max()) > -64  # both branches of the kernel run
+    spec = objective_from_label(name)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    out = fused_head_loss(spec, hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=5)
+    torch.testing.assert_close(out.logp, torch.where(mask, lp, 0.0), rtol=1e-6, atol=1e-4)
+    _assert_equal(_fused(spec, h, w, y, 1.0, kw, chunk_size=5), _reference(spec, h, w, y, 1.0, kw), rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpu_logits_block_is_reused_by_the_next_call_and_released_on_request():
+    """The second call writes into the first call's (chunk, V) block (no fresh pages to fault in); a smaller call
+    takes a view of it; release_workspace frees it, and the numbers never change."""
+    h, w, y, mask, gid, adv, noise = _batch(61)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("grpo"), lp, mask, gid, adv, noise)
+    fused_module.release_workspace()
+    first = _fused("grpo", h, w, y, 1.0, kw, chunk_size=7)
+    block = fused_module._WORKSPACE.slots[0]
+    assert block is not None and block.numel() == 7 * V
+    second = _fused("grpo", h, w, y, 1.0, kw, chunk_size=3)
+    assert fused_module._WORKSPACE.slots[0] is block
+    fused_module.release_workspace()
+    assert fused_module._WORKSPACE.slots is None
+    third = _fused("grpo", h, w, y, 1.0, kw, chunk_size=7)
+    for a, b in ((first, second), (first, third)):
+        _assert_equal(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_the_public_name_is_the_core_function():

@@ -27,10 +27,26 @@ def test_every_local_mode_measures_a_tiny_case(bench, mode):
             assert out["two_pass"] == 0.0  # a tiny batch fits the logits budget: one pass
 
 
-def test_full_logits_past_the_budget_are_skipped_saying_how_large(bench):
-    reason = bench._skip_reason("naive", 8, 2048, 151936, 3.0)
-    assert reason is not None and "9.3 GiB > --max-gib 3" in reason
-    assert bench._skip_reason("fused", 8, 2048, 151936, 3.0) is None  # the fused path never holds them
+def test_full_logits_past_the_memory_are_skipped_saying_how_many_gib_they_need(bench):
+    reason = bench._skip_reason("naive", 8, 2048, 151936, 20.0)
+    assert reason == "needs about 37.1 GiB (4 (N, V) float32 tensors of 9.3 GiB) > 20.0 GiB of memory available (--max-gib)"
+    assert bench._skip_reason("floor_autograd", 8, 2048, 32768, 20.0) is None  # 2 x 2.0 GiB fit
+    for mode in ("floor", "chunked", "fused", "fused_compiled"):  # no (N, V) tensor: never skipped for memory
+        assert bench._skip_reason(mode, 8, 2048, 151936, 0.0) is None
+    assert 0 < bench.available_gib()
+
+
+def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench, capsys):
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "gspo"]
+    bench.main([*argv, "--chunk", "3"])
+    out = capsys.readouterr().out
+    assert "chunked and fused blocks of 3 positions (the floor's: 1024)" in out
+    assert "fused            gspo" in out and "fused            grpo" not in out and "floor            -" in out
+    assert "goal fused gspo <= 1.05x floor:" in out and "goal fused grpo <= 1.05x floor: not measured" in out
+    for flag in ("--rounds", "--chunk"):
+        with pytest.raises(SystemExit):
+            bench.main([flag, "0"])
+        assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
@@ -56,3 +72,13 @@ def test_the_run_comparison_reports_the_largest_relative_difference_and_one_side
     worst, one_side = runs.largest_differences(a, b)
     assert worst == {"loss": 0.0, "x": 0.5, "n": float("inf")}  # |4 - 2| / 4; timings left out
     assert one_side == {"only"}
+
+
+def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
+    spec = importlib.util.spec_from_file_location("fused_head_split", PATH.with_name("fused_head_split.py"))
+    split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split)
+    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "coefficients" in lines[1] and lines[2].startswith("floor  -")
+    assert [line.split()[1] for line in lines[3:]] == ["grpo", "dfpo_min"] and all(len(line.split()) == 11 for line in lines[3:])

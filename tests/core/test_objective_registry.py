@@ -26,16 +26,6 @@ from dfpo.core.loss.registry import BUILTIN, ObjectiveRegistry
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def registered():
-    """Names registered by a test, removed again after it."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        if name in OBJECTIVES:
-            OBJECTIVES.remove(name)
-
-
 def test_one_registry_behind_every_name():
     assert dfpo.OBJECTIVES is CORE_OBJECTIVES and dfpo.register_objective is register_objective
     assert OBJECTIVES.builtin == tuple(list(OBJECTIVES)[: len(OBJECTIVES.builtin)])

@@ -12,22 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo.core import param_atlas as pa
-from dfpo.core.loss import OBJECTIVES, register_objective
+from dfpo.core.loss import register_objective
 from dfpo.core.loss.cancellation import correction_atlas
 
 
 @functools.cache
 def _tables(seeds: tuple[int, ...]):
     return pa.param_setting_atlas(seeds), pa.param_objective_atlas(seeds)
-
-
-@pytest.fixture
-def registered():
-    names: list[str] = []
-    yield names
-    for name in names:
-        if name in OBJECTIVES:
-            OBJECTIVES.remove(name)
 
 
 def test_every_setting_has_the_logit_space_tables_verdict():
@@ -80,13 +71,14 @@ def test_a_sequence_level_correction_moves_the_shared_token_more_than_a_token_le
 
 
 def test_an_estimator_cancels_in_parameter_space_exactly_when_its_group_sums_to_zero():
-    """Under dapo at unequal lengths: the zero-sum estimators keep a shared token's direct drift at zero; OPO and
-    REINFORCE++ with a group baseline (zero-sum only at equal lengths) and pass@k (never zero-sum) do not."""
+    """Under dapo at unequal lengths: the zero-sum estimators (GDPO's included) keep a shared token's direct drift at
+    zero; OPO and REINFORCE++ with a group baseline (zero-sum only at equal lengths), pass@k (never zero-sum) and ReMax
+    (zero-sum only when the greedy reward is the group's mean) do not."""
     for seeds in (pa.DISCOVERY_SEEDS, pa.CONFIRMATION_SEEDS):
         rows = {r["setting"]: r["verdict"] for r in _tables(seeds)[0] if r["setting"].startswith("adv_scale=")}
-        for scale in ("batch", "none", "rloo", "reinforce_pp"):
+        for scale in ("batch", "none", "rloo", "reinforce_pp", "gdpo"):
             assert rows[f"adv_scale={scale}"].cancels and rows[f"adv_scale={scale}"].direct < pa.CANCEL_TOL
-        for scale in ("opo", "reinforce_pp_baseline", "grpo_passk"):
+        for scale in ("opo", "reinforce_pp_baseline", "grpo_passk", "remax"):
             assert not rows[f"adv_scale={scale}"].cancels and rows[f"adv_scale={scale}"].direct > 0
 
 

@@ -50,7 +50,7 @@ def test_a_generation_batch_whose_blocks_mix_prompts_is_refused():
         check_group_prompts(ids[:6], mask[:6], G)
 
 
-def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, evaluate=False, **extra):
+def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, evaluate=False, reward_funcs=None, **extra):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -69,7 +69,7 @@ def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, evaluate=Fal
             max_steps=steps, learning_rate=1e-3, seed=0, disable_tqdm=True, **extra,
         )  # fmt: skip
     return DFPOGRPOTrainer(
-        model=model, reward_funcs=reward, args=args, train_dataset=data, eval_dataset=data if evaluate else None,
+        model=model, reward_funcs=reward_funcs or reward, args=args, train_dataset=data, eval_dataset=data if evaluate else None,
         processing_class=tok, objective=objective,
     )  # fmt: skip
 
@@ -272,3 +272,55 @@ def test_an_objectives_own_correction_needs_vllms_untruncated_log_probs(tmp_path
     trainer.args.use_vllm, trainer.args.top_p = True, 0.9
     with pytest.raises(ValueError, match="rollout_rejection='seq_mean_k1'.*truncated distribution.*TRL issue 6789"):
         trainer._check_rollout_inputs()
+
+
+def test_gdpo_needs_trls_normalize_then_sum_and_remax_is_refused(tmp_path):
+    """issue 30: TRL computes the advantages, so adv_scale='gdpo' needs TRL's GDPO aggregation, and ReMax (a greedy
+    completion per prompt, which TRL does not generate) and OTB (one advantage per token) are refused before training."""
+    with pytest.raises(
+        ValueError, match=r"adv_scale='gdpo', which TRL computes as GRPOConfig\(multi_objective_aggregation='normalize_then_sum'\)"
+    ):
+        _trainer(tmp_path, objective="grpo:adv_scale=gdpo")
+    _trainer(tmp_path, objective="grpo:adv_scale=gdpo", multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ValueError, match=r"adv_scale='remax'.*TRL's GRPOTrainer does not generate"):
+        _trainer(tmp_path, objective="grpo:adv_scale=remax")
+    with pytest.raises(ValueError, match=r"adv_scale='otb', one advantage per token, which neither TRL computes"):
+        _trainer(tmp_path, objective="grpo:adv_scale=otb")
+
+
+def test_gdpo_equals_trls_own_normalize_then_sum(tmp_path):
+    """Cross-check against TRL 1.16's own code: the advantages its _generate_and_score_completions computes under
+    multi_objective_aggregation='normalize_then_sum' from its rewards_per_func (two reward functions, weights 1 and 0.5)
+    equal dfpo's group_advantages(scale='gdpo') of the same matrix, for every generation batch of a short run."""
+    from dfpo import group_advantages
+
+    def correct(completions, answer, **kwargs):
+        return [float(c.startswith(a)) + float(sum(map(ord, c)) % 2) for c, a in zip(completions, answer)]
+
+    def form(completions, **kwargs):
+        return [float(c[:1].isdigit()) + 0.5 * float(len(c) > 2) for c in completions]
+
+    trainer = _trainer(
+        tmp_path, objective="grpo:adv_scale=gdpo", reward_funcs=[correct, form], multi_objective_aggregation="normalize_then_sum",
+        reward_weights=[1.0, 0.5],
+    )  # fmt: skip
+    seen, real_rewards, real_score = [], trainer._calculate_rewards, trainer._generate_and_score_completions
+
+    def rewards_spy(*a, **kw):
+        seen.append({"rewards": real_rewards(*a, **kw)})
+        return seen[-1]["rewards"]
+
+    def score_spy(*a, **kw):
+        out = real_score(*a, **kw)
+        seen[-1]["advantages"] = out["advantages"].detach().clone()
+        return out
+
+    trainer._calculate_rewards, trainer._generate_and_score_completions = rewards_spy, score_spy
+    trainer.train()
+    assert seen
+    for batch in seen:
+        r = batch["rewards"].double()  # (B, 2) TRL's rewards_per_func
+        ids = torch.arange(r.shape[0]) // G
+        ours = group_advantages(r, ids, scale="gdpo", reward_weights=torch.tensor([1.0, 0.5], dtype=torch.float64))
+        torch.testing.assert_close(ours, batch["advantages"].double(), rtol=1e-5, atol=1e-6)
+    assert any(float(batch["advantages"].abs().max()) > 0.1 for batch in seen)  # a comparison of signal, not of zeros

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dfpo import policy_loss
-from dfpo.core.loss import OBJECTIVES
+from dfpo.core.loss import OBJECTIVES, resolve_objective
 from dfpo.integrations.verl import check_groups_stay_whole, loss_mode_name, make_verl_policy_loss, register_dfpo_losses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,3 +120,22 @@ def test_an_objective_reading_the_reference_is_refused_and_left_out_of_the_defau
     registration (every preset) leaves it out rather than failing."""
     with pytest.raises(ValueError, match=r"objective 'online_ipo' reads the reference policy's log-probs \(ipo_beta=0.1"):
         make_verl_policy_loss(OBJECTIVES["online_ipo"], group_size=4)
+
+
+def test_the_objectives_advantage_estimator_must_be_verls():
+    """issue 30: verl computes the advantages a policy loss receives. GDPO, which verl lacks, is refused at registration;
+    an objective with one of verl's estimators (ReMax here) needs algorithm.adv_estimator to name it."""
+    from dfpo.integrations.verl import check_advantage_estimator
+
+    with pytest.raises(
+        ValueError, match=r"adv_scale='gdpo', which verl does not compute .*multi_objective_aggregation='normalize_then_sum'"
+    ):
+        make_verl_policy_loss(resolve_objective("grpo", adv_scale="gdpo"), group_size=4)
+    with pytest.raises(ValueError, match=r"adv_scale='otb', one advantage per token .*algorithm.adv_estimator='optimal_token_baseline'"):
+        make_verl_policy_loss(resolve_objective("grpo", adv_scale="otb"), group_size=4)
+    remax = resolve_objective("grpo", adv_scale="remax")
+    make_verl_policy_loss(remax, group_size=4)  # accepted: verl's remax estimator gives these advantages
+    check_advantage_estimator(remax, {"adv_estimator": "remax"})
+    with pytest.raises(ValueError, match=r"adv_scale='remax': set algorithm.adv_estimator='remax' \(got 'grpo'\)"):
+        check_advantage_estimator(remax, {"adv_estimator": "grpo"})
+    check_advantage_estimator(resolve_objective("grpo"), {"adv_estimator": "grpo"})  # dfpo's own estimators are not checked

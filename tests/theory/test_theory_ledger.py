@@ -63,9 +63,10 @@ EXPECTED = {
     "soft-gate-cancel": C,  # SAPO's tau differs by the sign of A: cancels only at r* = 1 or with equal taus
     "advantage-zero-sum": C,  # RLOO keeps sum_i A_i = 0; REINFORCE++'s batch baseline does not
     "rollout-correction-cancel": C,  # token-level corrections and rejections keep it, completion-level ones break it
-    "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never
+    "peer-estimators-zero-sum": C,  # OPO and REINFORCE++-baseline only at equal lengths; grpo_passk never; remax at b = mean R; gdpo always
     "proximal-penalty-cancel": C,  # Kimi k1.5's / DRO's tau/2 (log r)^2 is not advantage-weighted: cancels only at r* = 1
     "positive-nll-cancel": F,  # VAPO's NLL raises every positive copy of a shared token by mu / N_+, no negative copy pushes back
+    "peer-trust-terms-cancel": C,  # prime-rl's penalty only at r* = 1; M2PO only while its batch cap tau >= log r*
 }
 
 PAPER_IDS = (

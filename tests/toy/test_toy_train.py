@@ -15,7 +15,9 @@ from dfpo.toy.train import ToyConfig, _shared_residual, loss_coefficients, make_
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-BATCHABLE = sorted(OBJECTIVES)  # every objective: the batched toy loss must equal a loop over seeds
+BATCHABLE = sorted(n for n in OBJECTIVES if "ref_logp" not in OBJECTIVES[n].required_inputs())
+"""Every objective the toy runs (it refuses one that reads a reference policy, e.g. online_ipo): the batched toy loss
+must equal a loop over seeds."""
 
 
 def _perturbed_batch(task, S, G, seed, noise=0.3):
@@ -248,6 +250,8 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
             r"adv_scale='opo'; exact mode has the population limits .*mode='sampled'",
         ),
         ({"mode": "exact", "objectives": ("grpo:adv_scale=grpo_passk",)}, r"adv_scale='grpo_passk'; exact mode"),
+        ({"mode": "exact", "objectives": ("grpo:adv_scale=gdpo",)}, r"adv_scale='gdpo'; exact mode"),
+        ({"objectives": ("grpo:adv_scale=otb",)}, r"adv_scale='otb', which gives one advantage per token.*cannot train it"),
         ({"optimizer": "lbfgs"}, "optimizer must be one of"),
         ({"lr": 0.0}, "lr must be > 0"),
         ({"minibatches": 3}, "minibatches must be <="),
@@ -312,10 +316,46 @@ def test_ratio_spread_is_the_within_group_std_of_the_sequence_log_ratio():
     assert float(spread.mean()) > 1e-3  # (a batch whose rewards are all equal moves nothing: its spread stays 0)
 
 
-@pytest.mark.parametrize("scale", ["opo", "reinforce_pp_baseline", "grpo_passk"])
+@pytest.mark.parametrize("scale", ["opo", "reinforce_pp_baseline", "grpo_passk", "gdpo", "remax"])
 def test_length_weighted_and_passk_advantages_train_in_sampled_mode(scale):
-    """OPO and REINFORCE++-baseline read each sampled completion's length; with verl's pass@k a short run stays finite."""
+    """OPO and REINFORCE++-baseline read each sampled completion's length, GDPO the task's one reward function as a
+    one-column matrix, ReMax each prompt's greedy reward; with each (and verl's pass@k) a short run stays finite."""
     config = ToyConfig(objectives=(f"grpo:adv_scale={scale}",), seeds=2, steps=4)
     task, _ = validate(config)
     h = train_objective(task, f"grpo:adv_scale={scale}", config)
+    assert all(bool(torch.isfinite(v).all()) for v in h.values())
+
+
+def test_the_greedy_reward_is_the_reward_of_the_all_argmax_completion():
+    """greedy_rewards walks the table's argmax; by enumeration, exactly one completion of each prompt takes the argmax of
+    every row it visits, and its reward is the walk's."""
+    from dfpo.toy.policy import greedy_rewards
+
+    task = family()
+    enum = enumerate_completions(task)
+    logpi = log_policy(init_params(task, 2, noise=1.0, generator=torch.Generator().manual_seed(5)), task.legal)  # (S, R, V)
+    greedy = greedy_rewards(task, logpi, torch.arange(len(task.prompts)))  # (S, P)
+    for s in range(2):
+        best = logpi[s].argmax(-1)  # (R,) each row's most probable token
+        all_argmax = ((enum.tokens == best[enum.rows]) | ~enum.mask).all(-1)  # (C,)
+        for p in range(len(task.prompts)):
+            (index,) = torch.nonzero(all_argmax & (enum.prompt == p), as_tuple=True)
+            assert index.numel() == 1 and float(enum.reward[index]) == float(greedy[s, p])
+
+
+def test_remax_in_exact_mode_is_the_reward_minus_the_greedy_reward():
+    """Exact mode's ReMax advantage needs no expectation: R_i - R(greedy completion of its prompt), per seed."""
+    from dfpo.toy.policy import greedy_rewards
+
+    task = family()
+    config = ToyConfig(mode="exact", task="family", objectives=("grpo:adv_scale=remax",), seeds=2)
+    _, specs = validate(config)
+    enum = enumerate_completions(task)
+    logpi = log_policy(init_params(task, 2, noise=1.0, generator=torch.Generator().manual_seed(0)), task.legal)
+    batch = make_batch(task, specs["grpo:adv_scale=remax"], logpi, config, 0, enum, torch.Generator())
+    expected = enum.reward[None] - greedy_rewards(task, logpi, torch.arange(len(task.prompts)))[:, enum.prompt]  # (S, C)
+    torch.testing.assert_close(batch.adv / batch.scale, expected)
+    h = train_objective(
+        task, "grpo:adv_scale=remax", ToyConfig(mode="exact", task="family", objectives=("grpo:adv_scale=remax",), seeds=2, steps=3)
+    )
     assert all(bool(torch.isfinite(v).all()) for v in h.values())

@@ -43,6 +43,7 @@ SETS = [
     *LOG_EVERY_STEP_SETS,
 ]
 ENV = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", MKL_CBWR="COMPATIBLE")  # MKL: the same result every run
+ENV["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)  # reward_fixtures
 
 
 def children(pid: int) -> list[int]:
@@ -128,6 +129,9 @@ def _assert_same_run(a: Path, b: Path, steps: int) -> None:
         # pi_old recomputed by the trainer, a reference model, micro-batches, a batch-wide advantage scale
         ("dfpo_min", "fsdp2", ("rollout.old_logp=recompute", "optim.microbatch_groups=1", "objective.overrides.beta=0.04",
                                'objective.overrides.adv_scale="reinforce_pp"')),
+        # issue 30: each rank decodes its share of ReMax's greedy completions; GDPO's further reward functions gathered
+        ("grpo", "ddp", ('objective.overrides.adv_scale="remax"',)),
+        ("grpo", "ddp", ('objective.overrides.adv_scale="gdpo"', 'reward.functions=["reward_fixtures:half_informative_reward"]')),
     ],
 )  # fmt: skip
 def test_two_gloo_ranks_train_like_one_process(tmp_path, objective, parallel, more):

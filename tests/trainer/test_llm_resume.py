@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import torch
-from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, timeless_records, train_command
 
 from dfpo.trainer.layout import RunDir
 
@@ -33,17 +33,11 @@ SETS = [
 
 
 def _cmd(run_dir: Path) -> list[str]:
-    config = run_dir.parent / "empty.toml"
-    config.write_text("# every key comes from --set\n")
-    cmd = [sys.executable, "-m", "dfpo", "train", "--quiet", "--config", str(config)]
-    for s in SETS + [f"run_dir={run_dir}"]:
-        cmd += ["--set", s]
-    return cmd
+    return train_command(run_dir, SETS)
 
 
 def _records(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return timeless_records(path)
 
 
 def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):

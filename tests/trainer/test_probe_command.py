@@ -51,6 +51,9 @@ def test_matched_controls_pair_each_transform_with_its_trust_region():
         ({"max_events": 0}, "--max-events must be >= 1"),
         ({"sets": ["rollout.group_size=1"]}, "group_size"),
         ({"run": "somewhere", "sets": ["seed=1"]}, "drop --config and --set"),
+        ({"objectives": "gspo,grpo:adv_scale=remax"}, r"'grpo:adv_scale=remax': the probe gives each label advantages of the"),
+        ({"objectives": "grpo:adv_scale=gdpo"}, r"adv_scale='gdpo' reads more"),
+        ({"objectives": "grpo:adv_scale=opo"}, r"adv_scale='opo' reads more"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(tmp_path, change, message):

@@ -5,21 +5,16 @@ for 2 steps with full fine-tuning and LoRA, each with and without gradient check
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_size.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("real_size", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["real_size"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.slow

@@ -40,6 +40,14 @@ def test_sampling_parameters_map_one_to_one():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment")
+def test_greedy_decoding_is_vllms_temperature_zero():
+    """ReMax's baseline completion (SamplingParams.greedy) asks vLLM for temperature 0 and no truncation."""
+    from dfpo.trainer.rollout import greedy_params
+
+    kw = vllm_sampling_kwargs(greedy_params(6), 1, {2}, seed=None)
+    assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["max_tokens"], kw["n"]) == (0.0, 1.0, -1, 6, 1)
+
+
 def test_asking_for_vllm_without_it_fails_before_any_work_naming_what_to_install(tmp_path):
     with pytest.raises(ValueError, match="needs vLLM in this environment.*scripts/vllm_env.sh"):
         check_vllm_available("cpu")

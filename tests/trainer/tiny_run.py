@@ -2,6 +2,9 @@
 variance from the first step (the format reward pays completions that start with a letter or digit, about
 2 in 3 characters, so groups are rarely all-equal)."""
 
+import json
+import sys
+
 TINY_MODEL_SETS = [
     "model.tiny_hidden=32",
     "model.tiny_layers=1",
@@ -22,3 +25,18 @@ LOG_EVERY_STEP_SETS = [
     "threads=1",
 ]
 """A checkpoint and samples every step, an eval every other step, no TensorBoard or progress bar, one thread."""
+
+
+def train_command(run_dir, sets: list[str]) -> list[str]:
+    """``python -m dfpo train`` with every key from ``sets`` (an empty config file beside ``run_dir``) into ``run_dir``."""
+    config = run_dir.parent / "empty.toml"
+    config.write_text("# every key comes from --set\n")
+    cmd = [sys.executable, "-m", "dfpo", "train", "--quiet", "--config", str(config)]
+    for s in [*sets, f"run_dir={run_dir}"]:
+        cmd += ["--set", s]
+    return cmd
+
+
+def timeless_records(path) -> list[dict]:
+    """The rows of a metrics.jsonl without their ``time/*`` keys (what two runs of the same work must agree on)."""
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in path.read_text().splitlines()]

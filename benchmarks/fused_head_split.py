@@ -1,0 +1,96 @@
+"""Where the fused LM head's time goes, per objective, in one process on one thread: the floor beside it.
+
+    python benchmarks/fused_head_split.py                         # B x T = 16 x 128, V = 32k, H = 512, 5 rounds
+
+Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``) and
+``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round to round; a figure is
+the median over rounds of the process's CPU seconds. The fused step is split by timing the functions it calls:
+``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics), ``_eager_grad_`` (d loss / d logits),
+``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own cost); "rest" is the step less
+those: the two gradient matmuls, gathers and page faults of fresh gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PARTS = ("head_logits", "_eager_stats_", "_eager_grad_", "coefficients")
+
+
+def _timed(owner, name: str, spent: dict) -> None:
+    """Wrap ``owner.name`` so that its CPU seconds add up in ``spent[name]``."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.process_time() - t0
+
+    setattr(owner, name, wrapper)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="16x128")
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--objectives", nargs="+", default=["grpo", "gspo", "dfpo_min"])
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    import fused_head as bench
+    import torch
+
+    from dfpo.core import fused
+
+    torch.set_num_threads(1)
+    B, T = (int(x) for x in args.size.lower().split("x"))
+    spent: dict[str, float] = {}
+    for name in PARTS[:3]:
+        _timed(fused, name, spent)
+    _timed(fused._Inputs, "coefficients", spent)
+    cases = [("floor", None)] + [("fused", o) for o in args.objectives]
+    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab) for c in cases}
+    for step in steps.values():
+        step()  # warm-up
+    seconds = {c: [] for c in cases}
+    parts = {c: {k: [] for k in PARTS} for c in cases}
+    for r in range(args.rounds):
+        for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
+            spent.clear()
+            t0 = time.process_time()
+            steps[case]()
+            seconds[case].append(time.process_time() - t0)
+            for k in PARTS:
+                parts[case][k].append(spent.get(k, 0.0))
+    print(
+        f"B x T = {B} x {T}, V = {args.vocab}, H = {args.hidden}; one process, one thread, median of {args.rounds} interleaved rounds; CPU s"
+    )
+    print(
+        f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} | "
+        + " ".join(f"{k.strip('_'):>12s}" for k in PARTS)
+        + f" {'rest':>7s}"
+    )
+    floor = statistics.median(seconds[("floor", None)])
+    for case in cases:
+        s = statistics.median(seconds[case])
+        med = {k: statistics.median(parts[case][k]) for k in PARTS}
+        if case[0] == "floor":  # no parts: three matmuls
+            cells = " ".join(f"{'-':>12s}" for _ in PARTS) + f" {'-':>7s}"
+        else:
+            cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
+        print(f"{case[0]:6s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x | {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
