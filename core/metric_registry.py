@@ -96,6 +96,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("proximal/penalty", "mean", "Kimi k1.5's tau/2 (log pi - log pi_old)^2, mean over kept tokens (proximal_coef > 0)", _LOSS),
     Metric("nll/positive", "mean", "VAPO's NLL: mean -log pi over the kept tokens of positive-advantage completions (nll_coef > 0)", _LOSS),
     Metric("nll/positive_frac", "mean", "share of kept tokens in positive-advantage completions, the NLL's tokens (nll_coef > 0)", _LOSS),
+    Metric(
+        "ipo/margin",
+        "mean",
+        "online IPO's h: log(pi / pi_ref) of each group's best completion minus its worst's, mean over pairs (ipo_beta > 0)",
+        _LOSS,
+    ),
+    Metric("ipo/pair_frac", "mean", "share of groups with unequal advantages, the ones that give an IPO pair (ipo_beta > 0)", _LOSS),
     Metric("rollout/weight_mean", "mean", "mean of the rollout correction's weight pi_old / pi_rollout over real tokens", _LOSS),
     Metric("rollout/weight_zero_frac", "mean", "share of real tokens the rollout correction's mask zeroes", _LOSS),
     Metric("rollout/token_truncated_frac", "mean", "share of real tokens whose correction ratio exceeds the cap", _LOSS),

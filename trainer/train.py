@@ -190,7 +190,7 @@ class Trainer:
         check_drift_settings(cfg, self.parallel.world)
         # lengths checked with the tokenizer alone: before any weights load or warm up
         lengths = measure_prompts(cfg, train_examples, eval_examples)
-        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.beta > 0, resume=resume)
+        check_memory_fits(cfg, lengths, device=self.device, world=self.parallel.world, with_ref=self.spec.needs_ref_logp, resume=resume)
         # the warm start reads raw prompts: with data.truncate_prompts, never more of one than the rollouts can keep
         sft_examples = clip_long_prompts(train_examples, lengths.char_limit) if cfg.data.truncate_prompts else train_examples
         return Inputs(dtype, amp, train_examples, eval_examples, lengths.limit, sft_examples)
@@ -212,7 +212,7 @@ class Trainer:
             device=self.device,
             dtype=inputs.dtype,
             resume=resume,
-            with_ref=self.spec.beta > 0,
+            with_ref=self.spec.needs_ref_logp,
             train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
             say=self._say,

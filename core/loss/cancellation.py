@@ -93,6 +93,7 @@ def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides:
         group_ids=group.group_ids,
         entropy=entropy,
         rollout_logp=group.rollout_logp,
+        ref_logp=group.old_logp,  # the reference is the policy that sampled (read by online IPO and a KL term only)
         **overrides,
     )
     (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)
@@ -136,6 +137,7 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
         group_ids=group.group_ids,
         entropy=torch.ones_like(logp),
         rollout_logp=group.rollout_logp,
+        ref_logp=group.old_logp,  # the reference is the policy that sampled (read by online IPO and a KL term only)
     )
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)

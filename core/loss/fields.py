@@ -36,6 +36,7 @@ OWNERS = (
     "clip",
     "transform",
     "token_mask",
+    "preference",
     "cov_control",
     "proximal",
     "aggregation",

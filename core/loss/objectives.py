@@ -313,7 +313,7 @@ OBJECTIVES = ObjectiveRegistry(
             eps_low=1.0 - math.exp(-0.4),
             eps_high=math.exp(0.4) - 1.0,
         ),
-        # issue 30: peers' losses (TOPR, Kimi k1.5, Tinker's DRO, VAPO's NLL on positive samples)
+        # issue 30: peers' losses (TOPR, Kimi k1.5, Tinker's DRO, VAPO's NLL on positive samples, TRL's online IPO)
         _preset(
             "topr",
             "TOPR: A * log pi for positive samples, sg(clamp(r, 0, 1)) * A * log pi for the others",
@@ -368,6 +368,21 @@ OBJECTIVES = ObjectiveRegistry(
             eps_high=0.28,
             aggregation="token_mean",
             nll_coef=0.1,
+        ),
+        _preset(
+            "online_ipo",
+            "online IPO on each group: (h - 1/(2 beta))^2 between its best and its worst completion, h their log-ratio gap to pi_ref",
+            {
+                "ipo_beta": "TRL OnlineDPOConfig.beta = 0.1 (trl/experimental/online_dpo/online_dpo_config.py), read by "
+                "OnlineDPOTrainer.training_step with loss_type='ipo': (logits - 1 / (2 * beta)) ** 2, Azar et al. (arXiv 2310.12036) eq 17",
+                "clip": "unused: the IPO loss replaces the policy term (TRL's online DPO has no ratio or clip)",
+                "eps_low": "unused: no clip",
+                "eps_high": "unused: no clip",
+                "aggregation": "unused by the IPO loss, a mean over pairs of sequence sums (TRL: losses.mean() of "
+                "(cr_logprobs * ~cr_padding_mask).sum(1) differences)",
+            },
+            clip="none",
+            ipo_beta=0.1,
         ),
         # issue 30: prime-rl, M2PO, Skywork-OR1
         _preset(

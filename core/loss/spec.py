@@ -48,6 +48,7 @@ from .kl import BETA, KL_COMPONENT, KL_ESTIMATOR, KL_RATIO_WEIGHT
 from .m2po import M2PO_BUDGET, M2PO_MIN_EPS_HIGH, M2PO_MIN_EPS_LOW
 from .masks import MASK_RENORMALISE, OPSM_DELTA, STAPO_Q, STAPO_TAU_P, TOKEN_MASK, TOKEN_MASK_COMPONENT, TOP_ENTROPY_FRAC
 from .old_kl import OLD_KL_COEF, OLD_KL_COMPONENT, OLD_KL_ESTIMATOR
+from .preference import IPO_BETA, PREFERENCE_COMPONENT
 from .proximal import PROXIMAL_COEF, PROXIMAL_COMPONENT
 from .rejection import ROLLOUT_REJECTION, ROLLOUT_RS_HIGH, ROLLOUT_RS_LOW, ROLLOUT_RS_MAX, ROLLOUT_RS_RENORMALISE
 from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
@@ -58,6 +59,7 @@ COMPONENTS: tuple[Component, ...] = (
     CLIP_COMPONENT,
     TRANSFORM_COMPONENT,
     TOKEN_MASK_COMPONENT,
+    PREFERENCE_COMPONENT,
     COV_COMPONENT,
     PROXIMAL_COMPONENT,
     AGGREGATION_COMPONENT,
@@ -119,6 +121,8 @@ class ObjectiveSpec:
     stapo_q: float = STAPO_Q
     top_entropy_frac: float = TOP_ENTROPY_FRAC
     opsm_delta: float = OPSM_DELTA
+    # preference: dfpo.core.loss.preference
+    ipo_beta: float = IPO_BETA
     # cov_control: dfpo.core.loss.covariance
     cov_control: str = COV_CONTROL
     cov_ratio: float = COV_RATIO

@@ -141,9 +141,11 @@ class DFPOGRPOTrainer(GRPOTrainer):
         check_stateless(self.dfpo_spec, "DFPOGRPOTrainer")  # before TRL builds anything
         super().__init__(*args, **kwargs)
         self._check_batch_sizes()
-        if self.dfpo_spec.beta > 0 and not self.args.beta:
+        needs_ref = self.dfpo_spec.required_inputs().get("ref_logp")
+        if needs_ref is not None and not self.args.beta:
             raise ValueError(
-                f"objective {self.dfpo_spec.name!r} has beta={self.dfpo_spec.beta}: set GRPOConfig(beta=...) > 0 so TRL computes the reference log-probs"
+                f"objective {self.dfpo_spec.name!r} reads the reference log-probs ({needs_ref}): set GRPOConfig(beta=...) > 0 so TRL "
+                "computes them (with a dfpo objective, TRL's beta only switches them on)"
             )
         ignored = {
             k: getattr(self.args, k)

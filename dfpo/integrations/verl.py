@@ -79,6 +79,12 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
             "verl's algorithm.rollout_correction (its rollout_is / rollout_rs modes reach the loss as rollout_is_weights), or "
             "rollout_bypass=true"
         )
+    needs_ref = spec.required_inputs().get("ref_logp")
+    if needs_ref is not None:
+        raise ValueError(
+            f"objective {spec.name!r} reads the reference policy's log-probs ({needs_ref}), which verl does not pass to a policy "
+            "loss: use verl's own KL (actor.use_kl_loss) for a KL term, or dfpo train / the TRL integration for online IPO"
+        )
     warned = []
 
     def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
@@ -108,7 +114,8 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
 
 
 def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | None = None) -> list[str]:
-    """Register each preset (all by default) in verl's policy-loss registry; returns the loss_mode names.
+    """Register each preset (by default all but those that read the reference's log-probs, which verl's policy loss does
+    not receive: online_ipo) in verl's policy-loss registry; returns the loss_mode names.
     ``group_size`` None: each call reads the group size from verl's actor config (``rollout_n``)."""
     try:
         from verl.trainer.ppo.core_algos import register_policy_loss
@@ -117,7 +124,7 @@ def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | 
             "dfpo.integrations.verl needs verl in this environment (it pins its own transformers: python3 -m venv .venv-verl && .venv-verl/bin/pip install -c constraints.txt verl)"
         ) from err
     names = []
-    for preset in objectives or list(OBJECTIVES):
+    for preset in objectives or [name for name, spec in OBJECTIVES.items() if "ref_logp" not in spec.required_inputs()]:
         name = loss_mode_name(preset)
         register_policy_loss(name)(make_verl_policy_loss(OBJECTIVES[preset], group_size))
         names.append(name)

@@ -233,6 +233,9 @@ def reference_loss(
     lengths = [int(mask[i].sum()) for i in range(B)]
     positions = [[t for t in range(T) if bool(mask[i, t])] for i in range(B)]  # each row's real tokens (masks may have holes)
     adv = [float(a) for a in advantages]
+    if spec.ipo_beta > 0:  # online IPO replaces the policy term: TRL's ipo loss on each group's best/worst pair
+        gids = [int(g) for g in group_ids]
+        return trl_online_ipo_loss(logp, ref_logp, mask, adv, gids, spec.ipo_beta)
     if spec.clip == "m2po":  # M2PO is PPO at bounds read off the whole batch (by the loop below)
         low, high = m2po_bounds_loop(
             logp.detach(), old_logp, advantages, mask, spec.m2po_budget, spec.m2po_min_eps_low, spec.m2po_min_eps_high
@@ -463,6 +466,40 @@ def tinker_dro_datum_loss(logps: list[Tensor], sampling_logps: list[float], adva
     (target_logprobs - sampling_logprobs)^2, dro_objective = target_logprobs * advantages - 0.5 * beta * quadratic_term,
     loss = -dro_objective.sum() over the datum's tokens."""
     return -sum(lp * a - 0.5 * beta * (lp - q) ** 2 for lp, q, a in zip(logps, sampling_logps, advantages))
+
+
+def trl_online_ipo_loss(logp: Tensor, ref_logp: Tensor, mask: Tensor, rewards: list[float], group_ids: list[int], beta: float) -> Tensor:
+    """TRL 1.16 trl/experimental/online_dpo/online_dpo_trainer.py OnlineDPOTrainer.training_step, loss_type='ipo', with
+    each group's pair picked here (TRL's two completions per prompt generalised; the pick is dfpo's rule, stated in
+    core/loss/preference.py): y_w the first non-empty row with the group's highest reward, y_l the last with its lowest,
+    no pair when they are equal. Then as TRL: cr_logprobs_sum = (cr_logprobs * ~cr_padding_mask).sum(1) for the policy
+    and the reference, logits = (chosen - rejected) - (chosen_ref - rejected_ref), losses = (logits - 1 / (2 * beta)) ** 2,
+    loss = losses.mean() over the pairs. One loop per token, one per row."""
+    B, T = mask.shape
+    sums, ref_sums = [], []
+    for i in range(B):
+        s, r = logp.new_zeros(()), 0.0
+        for t in range(T):
+            if bool(mask[i, t]):
+                s = s + logp[i, t]
+                r += float(ref_logp[i, t])
+        sums.append(s)
+        ref_sums.append(r)
+    losses = []
+    for g in sorted(set(group_ids)):
+        rows = [i for i in range(B) if group_ids[i] == g and bool(mask[i].any())]
+        if not rows:
+            continue
+        high, low = max(rewards[i] for i in rows), min(rewards[i] for i in rows)
+        if high == low:
+            continue
+        chosen = next(i for i in rows if rewards[i] == high)
+        rejected = [i for i in rows if rewards[i] == low][-1]
+        logits = (sums[chosen] - sums[rejected]) - (ref_sums[chosen] - ref_sums[rejected])
+        losses.append((logits - 1 / (2 * beta)) ** 2)
+    if not losses:
+        return logp.sum() * 0.0
+    return sum(losses) / len(losses)
 
 
 # --- issue 30: prime-rl, M2PO, Skywork-OR1 ---------------------------------------------------------------------------

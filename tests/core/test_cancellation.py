@@ -35,6 +35,7 @@ Summary (policy term; beta = 0):
 | kimi15 (gpg + tau/2 log^2 r) | cancels             | fails*    | fails (tau log r* at every copy, not advantage-weighted) |
 | dro (gpg + beta/2 log^2 r, token sums) | cancels  | cancels   | fails (as kimi15) |
 | vapo_nll (dapo + mu NLL)    | fails                | fails     | fails (-mu / N_+ at every positive copy) |
+| online_ipo (pairwise IPO)   | cancels              | cancels   | cancels (+c on y_w's copy, -c on y_l's, 0 on the others) |
 
 (*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
 """
@@ -290,6 +291,8 @@ def family_of(spec) -> str | None:
     """The family whose verdict an objective follows, read off its components (None: a component this file states no
     verdict for, e.g. a ratio shape or clip rule registered outside dfpo). An objective registered from existing parts
     gets its verdict here without an edit to this file."""
+    if spec.ipo_beta > 0:
+        return "ipo"  # the pairwise loss replaces the policy term: ratio and clip settings do not reach the gradient
     if spec.transform != "none":
         return f"dfpo_{spec.stopgrad}" if spec.stopgrad == "ratio" else None
     if spec.cov_control != "none":
@@ -344,6 +347,7 @@ def test_the_verdict_families_are_the_ones_stated_for_dfpos_presets():
         "kimi15": "pg",
         "dro": "pg",
         "vapo_nll": "token_ppo",
+        "online_ipo": "ipo",
     }
     assert {name: VERDICT_FAMILY[name] for name in stated} == stated
 
@@ -426,6 +430,8 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         pytest.skip(f"objective {objective!r} has a component registered outside dfpo: no verdict stated (the atlas measures it)")
     length_free = aggregation != "seq_mean_token_mean"
     terms = OBJECTIVES[objective]
+    if family == "ipo":
+        return True  # h's gradient is +c at y_w's copy and -c at y_l's; the group's other copies get nothing
     if terms.nll_coef > 0:
         return False  # VAPO's NLL pulls every positive copy up by mu / N_+ and no negative copy pushes back
     if terms.proximal_coef > 0 and shared_clipped:

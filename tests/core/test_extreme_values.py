@@ -126,6 +126,7 @@ def test_an_empty_batch_gives_a_zero_loss(objective):
         mask=torch.zeros(0, 4, dtype=torch.bool),
         group_ids=torch.zeros(0, dtype=torch.long),
         entropy=torch.zeros(0, 4),
+        ref_logp=torch.zeros(0, 4),
     )
     assert float(loss.detach()) == 0.0 and all(torch.isfinite(v) for v in metrics.values())
 
@@ -144,6 +145,7 @@ def test_a_far_off_policy_token_is_clamped_and_counted(objective):
         mask=mask,
         group_ids=torch.zeros(2, dtype=torch.long),
         entropy=torch.ones(2, 2),
+        ref_logp=old,
     )
     (grad,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
@@ -180,6 +182,7 @@ def test_advantages_past_the_bound_are_refused_naming_them(objective, big):
             mask=torch.ones(4, 2, dtype=torch.bool),
             group_ids=torch.tensor([0, 0, 1, 1]),
             entropy=torch.ones(4, 2),
+            ref_logp=logp.detach() - 0.02,
         )
 
 

@@ -100,10 +100,12 @@ def _fused(spec, h, w, y, temperature: float, kw: dict, **options):
 def _assert_equal(fast, slow, *, rtol: float, atol: float) -> None:
     (loss, metrics, gh, gw), (loss_ref, metrics_ref, gh_ref, gw_ref) = fast, slow
     torch.testing.assert_close(loss, loss_ref, rtol=rtol, atol=atol)
-    torch.testing.assert_close(gh, gh_ref, rtol=rtol, atol=atol)
-    torch.testing.assert_close(gw, gw_ref, rtol=rtol, atol=atol)
+    # round-off of a sum scales with its terms, not its result: online IPO's +c / -c rows cancel in d W with c ~ 10
+    torch.testing.assert_close(gh, gh_ref, rtol=rtol, atol=atol * max(1.0, float(gh_ref.abs().max())))
+    torch.testing.assert_close(gw, gw_ref, rtol=rtol, atol=atol * max(1.0, float(gw_ref.abs().max())))
+    T = gh.shape[1]  # a metric summed over a completion (online IPO's margin h) carries T tokens' round-off
     for key, value in metrics_ref.items():
-        torch.testing.assert_close(metrics[key], value.detach(), rtol=rtol, atol=atol, msg=key)
+        torch.testing.assert_close(metrics[key], value.detach(), rtol=rtol, atol=atol * T, msg=key)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

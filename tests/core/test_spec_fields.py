@@ -179,7 +179,11 @@ def test_changing_a_trust_region_value_unmatches_exactly_when_the_loss_reads_it(
     for name in TRUST_REGION_FIELDS:
         if SPEC_FIELDS[name].kind == "choice" or (value := _another_value(name, spec)) is None:
             continue
-        changed = resolve_objective(spec, **{name: value})
+        try:
+            changed = resolve_objective(spec, **{name: value})
+        except ValueError as refused:  # a cross-field rule (online IPO replaces the token term a mask acts on)
+            assert name in str(refused) and "\n" not in str(refused), (preset, name, refused)
+            continue
         assert unmatched_components(changed, spec) == ([name] if spec.is_active(name) else []), (preset, name, value)
 
 

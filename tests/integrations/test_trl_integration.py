@@ -182,9 +182,10 @@ def test_evaluation_keeps_whole_groups_of_num_generations_eval(tmp_path):
     assert "eval_dfpo/weights/asym" in metrics
 
 
-def test_an_objective_with_a_kl_term_needs_trls_reference_log_probs(tmp_path):
-    with pytest.raises(ValueError, match="set GRPOConfig\\(beta=...\\) > 0"):
-        _trainer(tmp_path, objective="grpo:beta=0.04")
+@pytest.mark.parametrize("objective", ["grpo:beta=0.04", "online_ipo"])
+def test_an_objective_that_reads_the_reference_needs_trls_reference_log_probs(tmp_path, objective):
+    with pytest.raises(ValueError, match="reads the reference log-probs .* set GRPOConfig\\(beta=...\\) > 0"):
+        _trainer(tmp_path, objective=objective)
 
 
 def test_the_example_script_runs_and_prints_dfpo_metrics():

@@ -115,6 +115,13 @@ def test_an_objective_reading_the_samplers_log_probs_is_refused_and_bypass_works
     assert float(got) == pytest.approx(float(expected), rel=1e-12) and "actor/dfpo/rollout/weight_mean" in metrics
 
 
+def test_an_objective_reading_the_reference_is_refused_and_left_out_of_the_default_registration():
+    """verl passes a policy loss no reference log-probs: online IPO is refused in one sentence, and the default
+    registration (every preset) leaves it out rather than failing."""
+    with pytest.raises(ValueError, match=r"objective 'online_ipo' reads the reference policy's log-probs \(ipo_beta=0.1"):
+        make_verl_policy_loss(OBJECTIVES["online_ipo"], group_size=4)
+
+
 def test_the_objectives_advantage_estimator_must_be_verls():
     """issue 30: verl computes the advantages a policy loss receives. GDPO, which verl lacks, is refused at registration;
     an objective with one of verl's estimators (ReMax here) needs algorithm.adv_estimator to name it."""

@@ -68,7 +68,8 @@ def _loss_keys(spec, **inputs) -> set[str]:
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_every_key_the_loss_core_returns_is_declared(name):
     """With every optional term on (KL, entropy bonus, rollout correction) where the objective takes it."""
-    spec = resolve_objective(name, beta=0.1, entropy_coef=0.01, rollout_correction="sequence_mask")
+    correction = "none" if OBJECTIVES[name].ipo_beta > 0 else "sequence_mask"  # online IPO has no token term to correct
+    spec = resolve_objective(name, beta=0.1, entropy_coef=0.01, rollout_correction=correction)
     for key in _loss_keys(spec):
         assert lookup(key).where == "policy_loss", key
 
