@@ -113,6 +113,12 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     return loss
 
 
+def verl_presets() -> list[str]:
+    """The objectives ``register_dfpo_losses`` registers by default: every one but those that read the reference's
+    log-probs, which verl's policy loss does not receive (online_ipo)."""
+    return [name for name, spec in OBJECTIVES.items() if "ref_logp" not in spec.required_inputs()]
+
+
 def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | None = None) -> list[str]:
     """Register each preset (by default all but those that read the reference's log-probs, which verl's policy loss does
     not receive: online_ipo) in verl's policy-loss registry; returns the loss_mode names.
@@ -124,7 +130,7 @@ def register_dfpo_losses(group_size: int | None = None, objectives: list[str] | 
             "dfpo.integrations.verl needs verl in this environment (it pins its own transformers: python3 -m venv .venv-verl && .venv-verl/bin/pip install -c constraints.txt verl)"
         ) from err
     names = []
-    for preset in objectives or [name for name, spec in OBJECTIVES.items() if "ref_logp" not in spec.required_inputs()]:
+    for preset in objectives or verl_presets():
         name = loss_mode_name(preset)
         register_policy_loss(name)(make_verl_policy_loss(OBJECTIVES[preset], group_size))
         names.append(name)
