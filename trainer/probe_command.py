@@ -131,6 +131,13 @@ def make_plan(
                 f"adv_scale={spec.adv_scale!r} reads more (lengths, reward columns, a greedy completion or per-token "
                 "statistics): probe another adv_scale, or train it with dfpo train"
             )
+        missing = {k: why for k, why in spec.required_inputs().items() if k in ("ref_logp", "rollout_logp")}
+        if missing:
+            raise ValueError(
+                f"--objectives {label!r} reads {', '.join(f'{k} ({why})' for k, why in missing.items())}, which the probe "
+                "does not compute (it scores the policy alone, sampler and policy being one model): probe it without that "
+                "term, or train it with dfpo train"
+            )
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got --seeds {seeds}")
     if first_seed < 0 or first_seed + seeds > 2**32:

@@ -54,6 +54,9 @@ def test_matched_controls_pair_each_transform_with_its_trust_region():
         ({"objectives": "gspo,grpo:adv_scale=remax"}, r"'grpo:adv_scale=remax': the probe gives each label advantages of the"),
         ({"objectives": "grpo:adv_scale=gdpo"}, r"adv_scale='gdpo' reads more"),
         ({"objectives": "grpo:adv_scale=opo"}, r"adv_scale='opo' reads more"),
+        ({"objectives": "gspo,online_ipo"}, r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"),
+        ({"objectives": "grpo:beta=0.04"}, r"'grpo:beta=0.04' reads ref_logp"),
+        ({"objectives": "dapo:rollout_correction=token_mask"}, r"reads rollout_logp"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(tmp_path, change, message):
