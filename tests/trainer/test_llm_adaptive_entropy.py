@@ -2,17 +2,11 @@
 each step reads it, metrics.jsonl logs it, and a run SIGKILLed at a random point and resumed ends bit-identically."""
 
 import json
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import torch
 from test_llm_e2e import tiny_config
-from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, timeless_records, train_command
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records, train_command
 
 from dfpo.trainer.layout import RunDir
 from dfpo.trainer.train import Trainer
@@ -75,26 +69,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def test_sigkill_then_resume_continues_the_coefficient_bit_identically(tmp_path):
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    full = tmp_path / "full"
-    subprocess.run(_cmd(full), check=True, env=env, timeout=300, capture_output=True)
-    seed = int(os.environ.get("DFPO_KILL_SEED", time.time()))
-    print(f"kill seed {seed} (DFPO_KILL_SEED={seed} reproduces it)")
-    kill_after = random.Random(seed).randint(1, STEPS - 1)
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics, deadline = killed / RunDir.METRICS, time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
-            break
-        time.sleep(0.01)
-    time.sleep(random.Random(seed + 1).uniform(0.0, 0.3))
-    assert proc.poll() is None, f"run finished before the kill (seed {seed})"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    out = subprocess.run([sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(killed)], env=env, timeout=300,
-                         capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
+    full, killed, seed = sigkill_then_resume(tmp_path, SETS, STEPS)
     a = torch.load(full / RunDir.CHECKPOINT, weights_only=True)
     b = torch.load(killed / RunDir.CHECKPOINT, weights_only=True)
     assert a["entropy_control"] == b["entropy_control"] and a["entropy_control"]["coef"] > 0.03

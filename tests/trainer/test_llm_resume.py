@@ -1,16 +1,13 @@
 """A run SIGKILLed at a random point and resumed ends exactly like a run never killed (CPU)."""
 
 import json
-import os
-import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
-from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, timeless_records, train_command
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records, train_command
 
 from dfpo.trainer.layout import RunDir
 
@@ -41,32 +38,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    full = tmp_path / "full"
-    subprocess.run(_cmd(full), check=True, env=env, timeout=300, capture_output=True)
-
-    # The kill point comes from this seed; rerun a failure with DFPO_KILL_SEED=<seed from the message>.
-    # save_every=1 writes a checkpoint right after each metrics line, so the random delay below
-    # sometimes lands inside the checkpoint write.
-    seed = int(os.environ.get("DFPO_KILL_SEED", time.time()))
-    print(f"kill seed {seed} (DFPO_KILL_SEED={seed} reproduces it)")
-    kill_after = random.Random(seed).randint(1, STEPS - 1)  # metrics lines to wait for
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cmd(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = killed / RunDir.METRICS
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
-            break
-        time.sleep(0.01)
-    time.sleep(random.Random(seed + 1).uniform(0.0, 0.3))  # land anywhere inside the next step
-    assert proc.poll() is None, f"run finished before the kill (seed {seed})"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-    resume = [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(killed)]
-    out = subprocess.run(resume, env=env, timeout=300, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
+    full, killed, seed = sigkill_then_resume(tmp_path, SETS, STEPS)
 
     a = torch.load(full / RunDir.CHECKPOINT, weights_only=True)
     b = torch.load(killed / RunDir.CHECKPOINT, weights_only=True)

@@ -3,7 +3,15 @@ variance from the first step (the format reward pays completions that start with
 2 in 3 characters, so groups are rarely all-equal)."""
 
 import json
+import os
+import random
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
+
+from dfpo.trainer.layout import RunDir
 
 TINY_MODEL_SETS = [
     "model.tiny_hidden=32",
@@ -40,3 +48,33 @@ def train_command(run_dir, sets: list[str]) -> list[str]:
 def timeless_records(path) -> list[dict]:
     """The rows of a metrics.jsonl without their ``time/*`` keys (what two runs of the same work must agree on)."""
     return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")} for line in path.read_text().splitlines()]
+
+
+def sigkill_then_resume(tmp_path: Path, sets: list[str], steps: int) -> tuple[Path, Path, int]:
+    """The run of ``sets`` uninterrupted (``tmp_path/full``) and the same run SIGKILLed, then resumed
+    (``tmp_path/killed``); returns both folders and the kill seed.
+
+    The kill point comes from the seed (DFPO_KILL_SEED=<seed> reruns a failure): after a random number of metrics
+    lines, then a random delay that lands anywhere inside the next step (with save_every=1, sometimes inside the
+    checkpoint write). The resume must exit 0."""
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    full = tmp_path / "full"
+    subprocess.run(train_command(full, sets), check=True, env=env, timeout=300, capture_output=True)
+    seed = int(os.environ.get("DFPO_KILL_SEED", time.time()))
+    print(f"kill seed {seed} (DFPO_KILL_SEED={seed} reproduces it)")
+    kill_after = random.Random(seed).randint(1, steps - 1)  # metrics lines to wait for
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_command(killed, sets), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics, deadline = killed / RunDir.METRICS, time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after:
+            break
+        time.sleep(0.01)
+    time.sleep(random.Random(seed + 1).uniform(0.0, 0.3))
+    assert proc.poll() is None, f"run finished before the kill (seed {seed})"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resume = [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(killed)]
+    out = subprocess.run(resume, env=env, timeout=300, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return full, killed, seed
