@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import pytest
+from script_modules import load_script
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fused_head.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("fused_head_bench", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PATH, "fused_head_bench")
 
 
 @pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused"])
@@ -64,9 +61,7 @@ def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
 
 
 def test_the_run_comparison_reports_the_largest_relative_difference_and_one_sided_nan():
-    spec = importlib.util.spec_from_file_location("fused_head_runs", PATH.with_name("fused_head_runs.py"))
-    runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runs)
+    runs = load_script(PATH.with_name("fused_head_runs.py"))
     a = [{"loss": 1.0, "x": 4.0, "n": float("nan"), "wall_s": 1.0}, {"loss": 2.0, "x": 0.5, "n": 1.0, "only": 1}]
     b = [{"loss": 1.0, "x": 2.0, "n": float("nan"), "wall_s": 9.0}, {"loss": 2.0, "x": 0.25, "n": float("nan")}]
     worst, one_side = runs.largest_differences(a, b)
@@ -75,9 +70,7 @@ def test_the_run_comparison_reports_the_largest_relative_difference_and_one_side
 
 
 def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
-    spec = importlib.util.spec_from_file_location("fused_head_split", PATH.with_name("fused_head_split.py"))
-    split = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(split)
+    split = load_script(PATH.with_name("fused_head_split.py"))
     split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min"])
     lines = capsys.readouterr().out.splitlines()
     assert "coefficients" in lines[1] and lines[2].startswith("floor  -")
