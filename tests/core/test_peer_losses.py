@@ -62,23 +62,12 @@ def roll_loss(token_loss, logp, mask) -> torch.Tensor:
     return roll_agg_seq_mean_token_mean(per_token, rows)
 
 
+@pytest.mark.parametrize("all_correct_group", [False, True], ids=["both-outcomes", "an-all-correct-group"])
 @pytest.mark.parametrize("seed", range(4))
-def test_topr_equals_rolls_loop_on_ragged_masks(seed):
-    """topr == ROLL's _compute_topr_loss (split by score > 0) + seq-mean-token-mean, value and gradient."""
-    logp, old_logp, mask, group_ids, rewards, adv = ragged_batch(seed)
-    loss, grad, _ = core_loss("topr", logp, old_logp, mask, group_ids, adv)
-    lp = logp.detach().clone().requires_grad_()
-    ratio = torch.exp(logp.detach() - old_logp)
-    ref = roll_loss(lambda i, t: roll_topr_token_loss(float(ratio[i, t]), float(adv[i]), lp[i, t], float(rewards[i])), lp, mask)
-    (grad_ref,) = torch.autograd.grad(ref, lp)
-    torch.testing.assert_close(loss, ref, **TOL)
-    torch.testing.assert_close(grad, grad_ref, **TOL)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_topr_split_by_advantage_equals_rolls_split_by_score_with_an_all_correct_group(seed):
-    """With 0/1 rewards the A > 0 split and ROLL's score > 0 split differ only on A = 0 rows, which add nothing."""
-    logp, old_logp, mask, group_ids, rewards, adv = ragged_batch(seed, all_correct_group=True)
+def test_topr_equals_rolls_loop_on_ragged_masks(seed, all_correct_group):
+    """topr == ROLL's _compute_topr_loss (split by score > 0) + seq-mean-token-mean, value and gradient. With 0/1 rewards
+    the A > 0 split and ROLL's score > 0 split differ only on A = 0 rows, which add nothing: an all-correct group too."""
+    logp, old_logp, mask, group_ids, rewards, adv = ragged_batch(seed, all_correct_group=all_correct_group)
     loss, grad, _ = core_loss("topr", logp, old_logp, mask, group_ids, adv)
     lp = logp.detach().clone().requires_grad_()
     ratio = torch.exp(logp.detach() - old_logp)
