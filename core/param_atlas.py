@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .loss import OBJECTIVES, group_advantages, resolve_objective
 from .loss.advantages import ADVANTAGE_SCALES, GREEDY_BASELINE, MULTI_REWARD
-from .loss.cancellation import CANCEL_TOL, make_shared_prefix_group, rejecting_one
+from .loss.cancellation import CANCEL_TOL, CORRECTION_BOUNDS, correction_settings, make_shared_prefix_group, rejecting_one
 from .probe import DriftBatch, probe_step
 
 PREFIX_LEN = 3
@@ -193,14 +193,11 @@ def probe_setting(objective: str, cases: list[ProbeCase], **overrides: object) -
 def setting_overrides() -> list[dict[str, object]]:
     """Every rollout correction (truncate/mask at token, sequence, geometric, segment level), every rollout rejection
     and every KL estimator, as the overrides that turn it on (the logit-space correction table's settings, plus KL)."""
-    from .loss.correction import CORRECTIONS
     from .loss.kl import KL_ESTIMATORS
-    from .loss.rejection import REJECTIONS
 
     out: list[dict[str, object]] = [
-        {"rollout_correction": m, "rollout_low": 0.01, "rollout_cap": 100.0} for m in CORRECTIONS if m != "none"
+        {key: mode, **(CORRECTION_BOUNDS if key == "rollout_correction" else {})} for key, mode in correction_settings()
     ]
-    out += [{"rollout_rejection": m} for m in REJECTIONS if m != "none"]
     out += [{"beta": KL_BETA, "kl_estimator": k} for k in KL_ESTIMATORS]
     return out
 

@@ -246,18 +246,24 @@ CORRECTION_CASES = (("dapo", "equal"), ("dapo", "unequal"), ("grpo", "equal"))
 """The columns of the correction table: an objective that cancels a shared token there without a correction."""
 
 
+CORRECTION_BOUNDS = {"rollout_low": 0.01, "rollout_cap": 100.0}
+"""The truncation / mask band of the correction rows: wide enough that every weight of the table's groups is kept."""
+
+
+def correction_settings() -> list[tuple[str, str]]:
+    """(override, mode) of every rollout correction and rejection but 'none': the rows of the correction tables."""
+    from .correction import CORRECTIONS
+    from .rejection import REJECTIONS
+
+    return [("rollout_correction", m) for m in CORRECTIONS if m != "none"] + [("rollout_rejection", m) for m in REJECTIONS if m != "none"]
+
+
 def correction_atlas(seeds: int = 4) -> list[dict[str, str]]:
     """For every rollout correction and rejection: the largest shared-token residual over ``seeds`` groups (G = 4,
     rewards 1, 0, 1, 0, r* = 1, the sampler's log-probs off pi_old by scale 0.3 at each completion's own tokens) under
     each ``CORRECTION_CASES`` objective; a rejection at thresholds that reject one completion (``rejecting_one``)."""
-    from .correction import CORRECTIONS
-    from .rejection import REJECTIONS
-
-    settings = [("rollout_correction", m) for m in CORRECTIONS if m != "none"] + [
-        ("rollout_rejection", m) for m in REJECTIONS if m != "none"
-    ]
     rows = []
-    for key, mode in settings:
+    for key, mode in correction_settings():
         row = {"setting": f"{key}={mode}"}
         for objective, lengths in CORRECTION_CASES:
             worst = 0.0
@@ -265,7 +271,7 @@ def correction_atlas(seeds: int = 4) -> list[dict[str, str]]:
                 group = make_shared_prefix_group(
                     torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64), [8] * 4 if lengths == "equal" else [5, 9, 12, 7], seed=seed
                 )
-                extra = rejecting_one(mode, group) if key == "rollout_rejection" else {"rollout_low": 0.01, "rollout_cap": 100.0}
+                extra = rejecting_one(mode, group) if key == "rollout_rejection" else CORRECTION_BOUNDS
                 worst = max(worst, float(shared_token_gradient(objective, group, **{key: mode}, **extra).abs().max()))
             row[f"{objective}, {lengths} L"] = "cancels" if worst < CANCEL_TOL else f"{worst:.1e}"
         rows.append(row)
