@@ -30,6 +30,23 @@ Choices made here (the issue leaves them open; what a TRL / verl user would expe
    (its groups rarely agree on a first character). A shared event needs every completion of a group (eq 2, Prop. 3.1).
 3. A seed sets the policy (tiny preset: its initialisation and warm start) and the batch; with ``--run`` the
    policy is the checkpoint's and a seed sets the batch only.
+4. The reference pi_ref (a KL term ``beta > 0``, online IPO's log-ratio, anything that reads ``ref_logp``) is the
+   trainer's: the model a run starts from, frozen, scored by the trainer's own reference pass
+   (``OldLogpStage.reference_logp``) on the probe's batch once per seed, before any step. Without ``--run`` that is
+   the policy the probe starts from (the warm-started tiny preset, or the pretrained model), so pi_ref = pi_old at
+   the start; with ``--run`` it is the run's reference (RUN_DIR/init_model for the tiny preset, the model's name
+   otherwise, the base model with the adapters off under LoRA), not its checkpoint: the KL the run's next step would
+   see. It is built and scored only when some label reads it.
+5. The sampler pi_rollout (``rollout_logp``, read by a ``rollout_correction`` or ``rollout_rejection``) is the HF
+   engine's per-token log-probs of the sampled tokens (the untruncated ones, ``rollout.sampler_logp``), as the
+   trainer passes them; pi_old is what the trainer's ``rollout.old_logp`` makes it: the sampler's log-probs
+   themselves where sampling is the policy (``auto`` with the HF engine, float32, temperature 1, no top-k / top-p:
+   the tiny preset), else a no-grad forward of the policy before any step. So on the tiny preset rho = pi_old /
+   pi_rollout = 1 at every token, through the ``--move-steps`` too (pi_old stays the sampling policy's, as over
+   a rollout batch's optimiser steps in training): a correction or rejection built on rho weighs every token 1 and
+   rejects none, and the label's figures are its uncorrected objective's; only a bypass correction
+   (``rollout_bypass``: rho = pi_theta / pi_old) sees the move steps. With ``--set rollout.old_logp=recompute`` (or
+   bf16, or top-k / top-p) rho is the two computations' mismatch, as in training.
 """
 
 from __future__ import annotations
@@ -102,6 +119,8 @@ def matched_controls(labels: Sequence[str]) -> dict[str, str]:
 
 READS_MORE_THAN_THE_TOTAL = (*LENGTH_WEIGHTED, *MULTI_REWARD, *GREEDY_BASELINE, *TOKEN_LEVEL)
 """Advantage estimators the probe cannot compute from the rollout's total rewards alone (issue 30's peers' estimators)."""
+PROBE_INPUTS = ("entropy", "ref_logp", "rollout_logp")
+"""The loss inputs beyond the batch's that the probe computes (choices 4 and 5); a label reading another is refused."""
 
 
 def make_plan(
@@ -131,12 +150,11 @@ def make_plan(
                 f"adv_scale={spec.adv_scale!r} reads more (lengths, reward columns, a greedy completion or per-token "
                 "statistics): probe another adv_scale, or train it with dfpo train"
             )
-        missing = {k: why for k, why in spec.required_inputs().items() if k in ("ref_logp", "rollout_logp")}
+        missing = {k: why for k, why in spec.required_inputs().items() if k not in PROBE_INPUTS}
         if missing:
             raise ValueError(
                 f"--objectives {label!r} reads {', '.join(f'{k} ({why})' for k, why in missing.items())}, which the probe "
-                "does not compute (it scores the policy alone, sampler and policy being one model): probe it without that "
-                "term, or train it with dfpo train"
+                f"does not compute (it computes {', '.join(PROBE_INPUTS)}): probe it without that term, or train it with dfpo train"
             )
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got --seeds {seeds}")
@@ -192,11 +210,17 @@ class Start:
     optimizer: torch.optim.Optimizer
     device: torch.device
     amp: torch.dtype | None
+    dtype: torch.dtype
+    """``model.dtype`` resolved as the trainer resolves it (with ``amp``, it decides where pi_old comes from)."""
+    ref: torch.nn.Module | None
+    """The frozen reference policy (choice 4): the starting policy itself in memory (scored before any step), the
+    trainer's reference model otherwise; None when no label reads ``ref_logp``, or under LoRA (adapters off)."""
 
 
-def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callable[[str], None]) -> Start:
+def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callable[[str], None], *, with_ref: bool) -> Start:
     """The policy of one seed: the tiny preset warmed up in memory with ``cfg.seed``, a pretrained model, or ``--run``'s
-    checkpoint; AdamW as the trainer builds it (``--run``: with the checkpoint's state)."""
+    checkpoint; AdamW as the trainer builds it (``--run``: with the checkpoint's state); the reference policy when
+    ``with_ref`` (choice 4)."""
     from .checkpoint import load_checkpoint
     from .policy import (
         build_char_tokenizer,
@@ -230,6 +254,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
         check_pad_token(tok, cfg.model.pad_token)
         model.train()
         eos_ids = ({tok.eos_token_id} | set(generation_eos_ids(model))) - {None}
+        ref = model if with_ref else None  # the starting policy; reference_logp scores it before any step moves it
     else:
         run_dir = plan.run if plan.run is not None else Path(".")  # a pretrained model is read from its name, not this
         policy = load_policy(
@@ -238,12 +263,12 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
             device=device,
             dtype=dtype,
             resume=True,  # reads RUN_DIR/init_model (tiny) or the model's name; writes nothing
-            with_ref=False,
+            with_ref=with_ref,  # the trainer's reference: RUN_DIR/init_model (tiny) or the model's name, frozen
             train_examples=train_examples,
             on_rank0=lambda fn: fn(),
             say=say,
         )
-        model, tok, eos_ids = policy.model, policy.tok, policy.eos_ids
+        model, tok, eos_ids, ref = policy.model, policy.tok, policy.eos_ids, policy.ref
     o = cfg.optim
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps, weight_decay=o.weight_decay)
@@ -257,16 +282,17 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
                 if n in saved["model"]:
                     p.copy_(saved["model"][n].to(p.device, p.dtype))
         optimizer.load_state_dict(saved["optimizer"])  # the run's moments and learning rate
-    return Start(model, tok, eos_ids, optimizer, device, amp)
+    return Start(model, tok, eos_ids, optimizer, device, amp, dtype, ref)
 
 
 def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_examples: list):
-    """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed``, and pi_old."""
+    """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed`` (its
+    ``sampler_logp`` is the sampler's log-probs, pi_rollout), and pi_old as the trainer takes it (choice 5)."""
     from .parallel import OneProcess
     from .reward_pool import default_workers
     from .rewards import RewardComputer, reward_spec
     from .rollout import HFGenerateEngine
-    from .stage_old_logp import batch_logp
+    from .stage_old_logp import batch_logp, old_logp_from_sampler
     from .stage_rollout import RolloutStage
 
     rewards = RewardComputer(
@@ -299,9 +325,27 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
         rewards.close()
     if cfg.rollout.mask_truncated:
         rollout.batch.mask &= ~rollout.batch.truncated[:, None]
+    if old_logp_from_sampler(cfg.rollout, start.amp, start.dtype):  # the trainer's rollout.old_logp: no forward pass
+        return rollout, rollout.sampler_logp.clone()  # (B, T) pi_old = pi_rollout, exactly
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     old_logp, _ = batch_logp(start.model, rollout.batch, start.device, rows, start.amp)  # (B, T) pi_old = the policy now
     return rollout, old_logp
+
+
+def reference_logp(start: Start, cfg: Config, spec: ObjectiveSpec, batch) -> torch.Tensor:
+    """pi_ref (B, T) of every row of ``batch``: the trainer's reference pass (``OldLogpStage.reference_logp``, on the
+    reference model, or the policy with its LoRA adapters off) on ``start.ref``, before any step (choice 4).
+    ``spec``: a label that reads ``ref_logp``."""
+    from .parallel import OneProcess
+    from .stage_old_logp import OldLogpStage
+
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    stage = OldLogpStage(
+        start.model, start.ref, spec, OneProcess(), device=start.device, amp=start.amp, from_sampler=False, rows_per_forward=rows
+    )
+    out = stage.reference_logp(batch, torch.ones(batch.mask.shape[0], dtype=torch.bool))  # (B, T)
+    assert out is not None  # spec reads ref_logp
+    return out
 
 
 def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[dict]:
@@ -313,16 +357,27 @@ def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[d
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     train_examples, eval_examples = load_splits(cfg.data, cfg.seed)
-    start = build_start(plan, cfg, train_examples, say)
+    specs: dict[str, ObjectiveSpec] = {label: objective_from_label(label) for label in plan.labels}
+    reads_ref = next((spec for spec in specs.values() if spec.needs_ref_logp), None)
+    start = build_start(plan, cfg, train_examples, say, with_ref=reads_ref is not None)
     rollout, old_logp = sample_rollout(start, cfg, train_examples, eval_examples)
     b = rollout.batch
-    specs: dict[str, ObjectiveSpec] = {label: objective_from_label(label) for label in plan.labels}
+    ref_logp = None if reads_ref is None else reference_logp(start, cfg, reads_ref, b)  # (B, T), before any step
     correct = torch.tensor(rollout.rewards.correct, dtype=torch.float64) > 0
     dev = start.device
 
     def batch_for(spec: ObjectiveSpec) -> DriftBatch:
         adv = group_advantages(rollout.reward_tensor().double(), b.group_ids, scale=spec.adv_scale, eps=spec.adv_eps)
-        return DriftBatch(b.completion_ids.to(dev), b.mask.to(dev), b.group_ids.to(dev), adv.to(dev), old_logp.to(dev), correct)
+        return DriftBatch(
+            b.completion_ids.to(dev),
+            b.mask.to(dev),
+            b.group_ids.to(dev),
+            adv.to(dev),
+            old_logp.to(dev),
+            correct,
+            ref_logp=None if ref_logp is None else ref_logp.to(dev),
+            rollout_logp=rollout.sampler_logp.to(dev),  # (B, T) pi_rollout, read by a rollout correction only
+        )
 
     def score(rows: torch.Tensor):
         s = completion_logprobs(start.model, b.rows(rows), dev, start.amp, with_entropy=any(sp.needs_entropy for sp in specs.values()))
@@ -372,6 +427,7 @@ def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) ->
             "group_size": cfg.rollout.group_size,
             "lr": cfg.optim.lr,
             "max_grad_norm": cfg.optim.max_grad_norm,
+            "old_logp": cfg.rollout.old_logp,
         },
         "records": records,
         "wall_s": time.time() - t0,
@@ -391,6 +447,7 @@ def render_markdown(doc: dict) -> str:
         f"Seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}); {where}; one batch of {s['prompts_per_step']} groups of {s['group_size']} per seed, "
         f"{doc['move_steps']} optimiser steps of `{doc['objectives'][0]}` off pi_old, then each objective's own AdamW step "
         f"(lr {s['lr']:g}, clip {s['max_grad_norm']:g}) from that one point; at most {doc['max_events']} events of each kind.",
+        *_inputs_sentence(doc),
         "",
         "Per event: direct = the first-order change of log pi its own coefficients cause, cross = the rest of the batch's "
         "(through shared parameters), measured = the change after the step (a forward pass); error = abs(measured - "
@@ -412,6 +469,19 @@ def render_markdown(doc: dict) -> str:
     if len(seeds) < MIN_SEEDS:
         out += ["", f"Warning: {len(seeds)} seeds (fewer than {MIN_SEEDS}): the intervals are wide and lean on near-normal differences."]
     return "\n".join(out) + "\n"
+
+
+def _inputs_sentence(doc: dict) -> list[str]:
+    """probe.md's line on pi_ref and pi_rollout, when some label reads them (choices 4 and 5); [] otherwise."""
+    specs = [objective_from_label(label) for label in doc["objectives"]]
+    out = []
+    if any(spec.needs_ref_logp for spec in specs):
+        ref = f"the reference model of {doc['run']}" if doc["run"] else "the starting policy"
+        out.append(f"pi_ref: {ref}, frozen, scored on the batch before any step.")
+    if any(spec.needs_rollout_logp for spec in specs):
+        source = doc["settings"].get("old_logp", "recompute")
+        out.append(f"pi_rollout: the sampler's per-token log-probs; pi_old as rollout.old_logp={source} makes it in training.")
+    return ["", " ".join(out)] if out else []
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_run import TINY_MODEL_SETS
 
 from dfpo.cli import main
 from dfpo.core.drift_tables import comparisons, summary_table
+from dfpo.trainer import probe_command
 from dfpo.trainer.probe_command import make_plan, matched_controls, render_markdown
 
 FAST = [*TINY_MODEL_SETS, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
@@ -54,14 +57,17 @@ def test_matched_controls_pair_each_transform_with_its_trust_region():
         ({"objectives": "gspo,grpo:adv_scale=remax"}, r"'grpo:adv_scale=remax': the probe gives each label advantages of the"),
         ({"objectives": "grpo:adv_scale=gdpo"}, r"adv_scale='gdpo' reads more"),
         ({"objectives": "grpo:adv_scale=opo"}, r"adv_scale='opo' reads more"),
-        ({"objectives": "gspo,online_ipo"}, r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"),
-        ({"objectives": "grpo:beta=0.04"}, r"'grpo:beta=0.04' reads ref_logp"),
-        ({"objectives": "dapo:rollout_correction=token_mask"}, r"reads rollout_logp"),
     ],
 )
 def test_bad_input_is_refused_before_any_work(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         _plan(tmp_path, **change)
+
+
+def test_a_label_reading_an_input_the_probe_does_not_compute_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(probe_command, "PROBE_INPUTS", ("entropy", "rollout_logp"))  # as if the probe had no reference
+    with pytest.raises(ValueError, match=r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"):
+        _plan(tmp_path, objectives="gspo,online_ipo")
 
 
 def test_an_output_path_that_is_a_file_is_refused(tmp_path):
@@ -122,6 +128,55 @@ def test_probe_end_to_end_writes_a_table_a_png_and_the_records(tmp_path, capsys)
     assert (out / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+EVENTS = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
+"""The probe's own tiny preset (100 warm-start steps) on 4 groups of 4: small, and its groups share tokens."""
+READS_REF_OR_SAMPLER = ("online_ipo", "grpo:beta=0.04", "dapo:rollout_correction=token_mask")
+
+
+def test_labels_reading_the_reference_or_the_sampler_give_finite_figures(tmp_path):
+    plan = _plan(tmp_path, objectives=",".join(READS_REF_OR_SAMPLER), sets=EVENTS)
+    doc = probe_command.run_probe(plan)
+    shared = [r for r in doc["records"] if r["kind"] == "shared"]
+    assert {(r["seed"], r["objective"]) for r in shared} == {(s, o) for s in (0, 1) for o in READS_REF_OR_SAMPLER}
+    assert all(r["events"] > 0 for r in shared)  # the figures below are of real events
+    figures = [r[k] for r in shared for k in ("coef", "direct", "cross", "measured", "error")]
+    assert all(math.isfinite(v) for v in figures)
+    assert "pi_ref: the starting policy" in render_markdown(doc) and "pi_rollout: the sampler's" in render_markdown(doc)
+
+
+def test_the_reference_is_the_starting_policy_and_pi_old_the_sampler(tmp_path, monkeypatch):
+    from dfpo.trainer.config import config_from_dict, config_to_dict
+    from dfpo.trainer.stage_old_logp import batch_logp
+    from dfpo.trainer.tasks import load_splits
+
+    seen = {}
+    sample, step = probe_command.sample_rollout, probe_command.probe_step
+
+    def record_rollout(*args):
+        seen["rollout"], seen["old_logp"] = sample(*args)
+        return seen["rollout"], seen["old_logp"]
+
+    def record_batch(score, optimizer, batch, spec, **kw):
+        seen.setdefault("batches", []).append(batch)
+        return step(score, optimizer, batch, spec, **kw)
+
+    monkeypatch.setattr(probe_command, "sample_rollout", record_rollout)
+    monkeypatch.setattr(probe_command, "probe_step", record_batch)
+    plan = _plan(tmp_path, objectives="grpo:beta=0.04,gspo", move_steps=2)
+    probe_command.probe_seed(plan, 3, lambda msg: None)
+    rollout, batches = seen["rollout"], seen["batches"]
+    assert len(batches) == 4  # two move steps, then each label's step
+    cfg = config_from_dict({**config_to_dict(plan.config), "seed": 3})
+    train, _ = load_splits(cfg.data, cfg.seed)
+    start = probe_command.build_start(plan, cfg, train, lambda msg: None, with_ref=False)  # seed 3's policy, built again
+    expected, _ = batch_logp(start.model, rollout.batch, start.device, 64)  # (B, T) log pi_start of the sampled tokens
+    for batch in batches:  # every step reads the starting policy as pi_ref, the move steps' moves notwithstanding
+        assert torch.equal(batch.ref_logp, expected) and torch.equal(batch.rollout_logp, rollout.sampler_logp)
+    assert torch.equal(seen["old_logp"], rollout.sampler_logp)  # rollout.old_logp=auto, HF engine, float32: the trainer's pi_old
+    mask = rollout.batch.mask
+    assert bool(mask.any()) and torch.allclose(expected[mask], seen["old_logp"][mask], atol=1e-4)  # pi_ref = pi_old at the start
+
+
 def _tree_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -137,7 +192,9 @@ def test_probe_of_a_run_folder_reads_its_checkpoint_and_writes_nothing_there(tmp
     Trainer(cfg, quiet=True).run()
     before = _tree_digest(Path(cfg.run_dir))
     out = tmp_path / "probe"
-    assert main(["probe", "--run", cfg.run_dir, "--objectives", "gspo,dfpo_min", "--seeds", "2", "--out", str(out), "--quiet"]) == 0
+    labels = "gspo,dfpo_min,grpo:beta=0.04"  # a KL term: the run's reference model is loaded too
+    assert main(["probe", "--run", cfg.run_dir, "--objectives", labels, "--seeds", "2", "--out", str(out), "--quiet"]) == 0
     assert _tree_digest(Path(cfg.run_dir)) == before
     doc = json.loads((out / "probe.json").read_text())
-    assert doc["run"] == cfg.run_dir and len(doc["records"]) == 8
+    assert doc["run"] == cfg.run_dir and len(doc["records"]) == 12
+    assert f"pi_ref: the reference model of {cfg.run_dir}" in (out / "probe.md").read_text()
