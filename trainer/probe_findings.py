@@ -30,11 +30,17 @@ STORED = (
         "peer-losses-discovery.json",
         "peer-losses-confirmation.json",
     ),
+    (
+        "Shared tokens under a KL term and online IPO (reference log-probs), tiny preset (add task)",
+        "ref-terms-discovery.json",
+        "ref-terms-confirmation.json",
+    ),
 )
 """(title, discovery document, confirmation document) in ``docs/probe/``. Re-make them with (add task)
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
 adds ``--set data.task=equiv --set model.sft_steps=300``; the peers' losses add ``--objectives
-topr,kimi15,dro,vapo_nll,dapo,gpg``; copy each probe.json to the name above."""
+topr,kimi15,dro,vapo_nll,dapo,gpg``; the reference terms are ``dfpo probe --objectives grpo,grpo:beta=0.04,online_ipo
+--seeds 4`` and ``--first-seed 100``; copy each probe.json to the name above."""
 
 
 def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
