@@ -73,8 +73,9 @@ def test_a_non_finite_entropy_does_not_move_the_coefficient():
         next_entropy_control(EntropyControl(0.001), float("nan"), spec)
 
 
-def test_the_integrations_and_the_toy_refuse_it_up_front():
-    """Neither a TRL nor a verl loss call has a place to keep the state between steps; the toy has no entropy bonus."""
+def test_verl_and_the_toy_refuse_it_up_front():
+    """A verl loss call has no place to keep the state between steps (TRL's DFPOGRPOTrainer keeps it in a callback:
+    tests/integrations/test_trl_adaptive_entropy.py); the toy has no entropy bonus."""
     spec = resolve_objective("dapo", entropy_target=0.2)
     with pytest.raises(ValueError, match="Skywork-OR1's adaptive entropy coefficient.*use dfpo train"):
         check_stateless(spec, "verl's policy-loss registry")
@@ -82,11 +83,6 @@ def test_the_integrations_and_the_toy_refuse_it_up_front():
 
     with pytest.raises(ValueError, match="verl's policy-loss registry calls the loss without a place to keep it"):
         make_verl_policy_loss(spec, group_size=4)
-    pytest.importorskip("trl")
-    from dfpo.integrations.trl import DFPOGRPOTrainer
-
-    with pytest.raises(ValueError, match="DFPOGRPOTrainer calls the loss without a place to keep it"):
-        DFPOGRPOTrainer(objective="dapo:entropy_target=0.2")
     from dfpo.toy.config import ToyConfig
     from dfpo.toy.train import validate
 
