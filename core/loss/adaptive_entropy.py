@@ -78,8 +78,9 @@ ENTROPY_TARGET = component_field(
     True,
     bounds=NONNEG,
     doc="Skywork-OR1's adaptive entropy coefficient: the target of the policy's entropy (mean -log pi_old over real "
-    "tokens); entropy_coef is the first step's coefficient, then the trainer moves it by entropy_coef_delta each step "
-    "(up below the target, down above it) and the bonus is on only below it. None: off (a fixed entropy_coef).",
+    "tokens); entropy_coef is the first step's coefficient, then the trainer (dfpo train, or TRL's DFPOGRPOTrainer per "
+    "optimiser step; verl refuses it) moves it by entropy_coef_delta each step (up below the target, down above it) and "
+    "the bonus is on only below it. None: off (a fixed entropy_coef).",
 )
 ENTROPY_COEF_DELTA = component_field(
     1e-4,
