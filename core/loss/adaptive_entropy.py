@@ -19,7 +19,10 @@ The loss core is pure: ``policy_loss`` reads ``entropy_coef`` as this step's coe
 require the entropy input and to declare the coupling the bonus may bring. The state (coef, enabled) lives in the
 trainer (``dfpo.trainer.entropy_control``), which resolves each step's spec with ``entropy_coef = coef * enabled``,
 moves the state with ``next_entropy_control`` after the step, checkpoints it with the run's counters and logs the
-coefficient as ``entropy/coef``. A caller of ``policy_loss`` that sets ``entropy_target`` moves the coefficient itself.
+coefficient as ``entropy/coef``. TRL's ``DFPOGRPOTrainer`` keeps it the same way in a callback
+(``dfpo.integrations.trl.AdaptiveEntropyCallback``: once per optimiser step, saved in trainer_state.json); verl's
+policy-loss registry has no place for it and refuses it (``dfpo.integrations.verl``). A caller of ``policy_loss`` that
+sets ``entropy_target`` moves the coefficient itself.
 """
 
 from __future__ import annotations
@@ -64,17 +67,6 @@ def measured_entropy(old_logp, mask) -> float:
     return float(-(old_logp.double() * mask).sum() / n)
 
 
-def check_stateless(spec, where: str) -> None:
-    """ValueError in one sentence when ``spec`` sets ``entropy_target`` and ``where`` (a loss called without the trainer's
-    state: the TRL or verl integration) has nowhere to keep the coefficient between steps."""
-    if spec.entropy_target is not None:
-        raise ValueError(
-            f"objective {spec.name!r} sets entropy_target={spec.entropy_target!r} (Skywork-OR1's adaptive entropy coefficient), "
-            f"whose state moves from step to step, and {where} calls the loss without a place to keep it: use dfpo train, or a "
-            "fixed entropy_coef without entropy_target"
-        )
-
-
 # ----------------------------------------------------------------------------- the adaptive coefficient's settings
 
 _SKYWORK = "Skywork-OR1 or1_scripts/train/*.sh"
@@ -86,8 +78,9 @@ ENTROPY_TARGET = component_field(
     True,
     bounds=NONNEG,
     doc="Skywork-OR1's adaptive entropy coefficient: the target of the policy's entropy (mean -log pi_old over real "
-    "tokens); entropy_coef is the first step's coefficient, then the trainer moves it by entropy_coef_delta each step "
-    "(up below the target, down above it) and the bonus is on only below it. None: off (a fixed entropy_coef).",
+    "tokens); entropy_coef is the first step's coefficient, then the trainer (dfpo train, or TRL's DFPOGRPOTrainer per "
+    "optimiser step; verl refuses it) moves it by entropy_coef_delta each step (up below the target, down above it) and "
+    "the bonus is on only below it. None: off (a fixed entropy_coef).",
 )
 ENTROPY_COEF_DELTA = component_field(
     1e-4,

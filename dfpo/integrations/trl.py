@@ -37,6 +37,18 @@ correction. An objective without one gets TRL's (on by default under vLLM) as df
 log-probs are those of the top-k / top-p truncated distribution (TRL issue 6789): TRL's own correction carries that
 bias as TRL does; an objective's own correction with truncated sampling is refused.
 
+Skywork-OR1's adaptive entropy coefficient (an objective with ``entropy_target``): ``AdaptiveEntropyCallback`` keeps
+its state (coef, enabled) between optimiser steps. Every training loss call of a step uses the coefficient the
+previous steps left (``entropy_coef`` at the first) and adds its pi_old tokens to the step's measure; after the
+optimiser step, -mean log pi_old over the step's real tokens on every process moves the state once with the loss
+core's ``next_entropy_control`` (the rule dfpo's own trainer calls), and ``dfpo/entropy/coef`` (the coefficient the
+step used) and ``dfpo/entropy/controlled`` (the measure) reach TRL's log. A TRL step is an optimiser step, so with
+``steps_per_generation`` > 1 the coefficient moves several times per generation batch (dfpo train and Skywork-OR1 move
+it once per rollout batch): ``entropy_coef_delta`` is per optimiser step. TRL checkpoints keep the state in
+trainer_state.json (``stateful_callbacks``, plain floats and a bool, with the four settings), and
+``resume_from_checkpoint`` restores it whatever ``restore_callback_states_from_checkpoint`` says; a checkpoint
+without it, or written with other settings, is refused before its weights load.
+
 What stays TRL's and is not translated: the KL term is the objective's (``kl_estimator``; TRL's
 ``use_bias_correction_kl`` is ``kl_ratio_weight``, not read from TRL's config), TRL's ``loss_type``, ``epsilon``, ``delta``, ``top_entropy_quantile`` and
 ``off_policy_mask_threshold`` are ignored in favour of the objective's components (a warning says so when
@@ -48,17 +60,23 @@ aggregation's denominator is that call's, not the whole batch's as in dfpo's own
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 
 import torch
 
 from dfpo.core.loss import ObjectiveSpec, objective_from_label, policy_loss
-from dfpo.core.loss.adaptive_entropy import check_stateless
+from dfpo.core.loss.adaptive_entropy import EntropyControl, initial_entropy_control, measured_entropy, next_entropy_control
 from dfpo.core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from dfpo.core.metric_registry import reduce_values
+from dfpo.trainer.entropy_control import step_spec
 
 try:
     from accelerate.utils import gather_object
+    from transformers import TrainerCallback, TrainerState
+    from transformers.trainer_callback import ExportableState
+    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
     from trl.trainer.utils import split_tensor_dict
 except ImportError as err:  # pragma: no cover - the [dev] extra installs TRL
@@ -133,12 +151,81 @@ def trl_correction_overrides(args) -> dict[str, object]:
     }
 
 
+ENTROPY_SETTINGS = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+"""The objective's fields that move the adaptive entropy coefficient: a checkpoint keeps them beside the state."""
+
+
+def saved_entropy_control(entry, spec: ObjectiveSpec, checkpoint: str) -> EntropyControl | None:
+    """The adaptive entropy state a TRL checkpoint's trainer_state.json keeps (``entry``: its
+    ``stateful_callbacks["AdaptiveEntropyCallback"]``, None when absent) for an objective ``spec``; None when neither
+    sets it. ValueError in one sentence when the checkpoint and the objective disagree, or the entry is malformed."""
+    name, wanted = spec.name, {k: getattr(spec, k) for k in ENTROPY_SETTINGS}
+    if spec.entropy_target is None:
+        if entry is not None:
+            raise ValueError(
+                f"checkpoint {checkpoint} holds Skywork-OR1's adaptive entropy state ({entry!r}) but objective {name!r} sets no "
+                "entropy_target: resume with the objective that wrote it, or start a new run"
+            )
+        return None
+    attributes = entry.get("attributes") if isinstance(entry, dict) else None
+    coef = attributes.get("coef") if isinstance(attributes, dict) else None
+    enabled = attributes.get("enabled") if isinstance(attributes, dict) else None
+    if not isinstance(coef, float) or not math.isfinite(coef) or not isinstance(enabled, bool):
+        raise ValueError(
+            f"checkpoint {checkpoint} holds no adaptive entropy state (AdaptiveEntropyCallback: {entry!r}) although objective "
+            f"{name!r} sets entropy_target={spec.entropy_target!r}: it was not written with this objective, so start a new run"
+        )
+    if entry.get("args") != wanted:
+        raise ValueError(
+            f"checkpoint {checkpoint} moved the adaptive entropy coefficient with {entry.get('args')!r}, objective {name!r} with "
+            f"{wanted!r}: resume with the same settings, or start a new run"
+        )
+    return EntropyControl(coef=coef, enabled=enabled)
+
+
+class AdaptiveEntropyCallback(TrainerCallback, ExportableState):
+    """Skywork-OR1's adaptive entropy coefficient (``dfpo.core.loss.adaptive_entropy``) carried between TRL's optimiser
+    steps, as dfpo's own trainer carries it between its steps (``dfpo.trainer.entropy_control``).
+
+    Each training loss call of an optimiser step uses ``entropy_control.coef_in_loss`` and adds its pi_old tokens to
+    the step's measure (``observe``); ``on_step_end`` (after the optimiser step, before TRL logs and saves) moves the
+    state once with ``next_entropy_control`` from -mean log pi_old over the step's real tokens on every process, and
+    logs ``entropy/coef`` (the coefficient the step's loss used) and ``entropy/controlled`` (the measure that moved
+    it). ``state()`` is the entry of a checkpoint's trainer_state.json: the settings and the state, plain floats and
+    a bool (JSON keeps every bit of a float)."""
+
+    def __init__(self, spec: ObjectiveSpec, sum_over_processes, log):
+        self.spec = spec
+        self.entropy_control = initial_entropy_control(spec)
+        self._sum_over_processes, self._log = sum_over_processes, log
+        self._surprisal, self._tokens = 0.0, 0  # this process's training loss calls since the last optimiser step
+
+    def observe(self, old_logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """Adds a training loss call's pi_old log-probs (B, T) over its real tokens ``mask`` (B, T) to the step's measure."""
+        tokens = int(mask.sum())
+        self._surprisal += measured_entropy(old_logp, mask) * tokens
+        self._tokens += tokens
+
+    def on_step_end(self, args, state, control, **kwargs):
+        totals = self._sum_over_processes(torch.tensor([self._surprisal, float(self._tokens)], dtype=torch.float64))  # (2,)
+        measured = float(totals[0] / totals[1].clamp(min=1))  # as measured_entropy: 0 for a step without real tokens
+        self._log({"entropy/coef": self.entropy_control.coef_in_loss, "entropy/controlled": measured})
+        self.entropy_control = next_entropy_control(self.entropy_control, measured, self.spec)
+        self._surprisal, self._tokens = 0.0, 0
+        return control
+
+    def state(self) -> dict:
+        return {
+            "args": {k: getattr(self.spec, k) for k in ENTROPY_SETTINGS},
+            "attributes": {"coef": float(self.entropy_control.coef), "enabled": bool(self.entropy_control.enabled)},
+        }
+
+
 class DFPOGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with ``dfpo.policy_loss`` as its loss and whole groups in every loss call, on every process."""
 
     def __init__(self, *args, objective: str | ObjectiveSpec = "dfpo_min", **kwargs):
         self.dfpo_spec = objective if isinstance(objective, ObjectiveSpec) else objective_from_label(objective)
-        check_stateless(self.dfpo_spec, "DFPOGRPOTrainer")  # before TRL builds anything
         super().__init__(*args, **kwargs)
         self._check_batch_sizes()
         needs_ref = self.dfpo_spec.required_inputs().get("ref_logp")
@@ -157,6 +244,52 @@ class DFPOGRPOTrainer(GRPOTrainer):
         self._check_rollout_inputs()
         self._check_advantage_estimator()
         self.dfpo_groups_seen: list[list[int]] = []  # rows per group of every loss call (the check's record)
+        self.dfpo_entropy: AdaptiveEntropyCallback | None = None  # Skywork-OR1's coefficient, when entropy_target is set
+        if self.dfpo_spec.entropy_target is not None:
+            self.dfpo_entropy = AdaptiveEntropyCallback(self.dfpo_spec, self._sum_over_processes, self._log_train_metrics)
+            self.add_callback(self.dfpo_entropy)
+        self._dfpo_resumed_entropy: EntropyControl | None = None
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """TRL's train; a resume is first checked to hold the adaptive entropy state this objective needs (before the
+        checkpoint's weights load)."""
+        self._dfpo_resumed_entropy = self._entropy_control_of(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _entropy_control_of(self, resume_from_checkpoint) -> EntropyControl | None:
+        """The adaptive entropy state in the checkpoint a resume reads (True: the last in output_dir), None when there is
+        none to read; transformers reports a missing checkpoint itself."""
+        checkpoint = resume_from_checkpoint
+        if isinstance(checkpoint, bool):
+            checkpoint = get_last_checkpoint(self.args.output_dir) if checkpoint and os.path.isdir(self.args.output_dir) else None
+        path = None if checkpoint is None else os.path.join(checkpoint, "trainer_state.json")
+        if path is None or not os.path.isfile(path):
+            return None
+        entry = TrainerState.load_from_json(path).stateful_callbacks.get(AdaptiveEntropyCallback.__name__)
+        return saved_entropy_control(entry, self.dfpo_spec, checkpoint)
+
+    def _load_callback_state(self) -> None:
+        """A resume restores the adaptive entropy state whatever ``restore_callback_states_from_checkpoint`` says (it is
+        part of the optimisation, as the scheduler's state is); transformers restores the other callbacks as it does."""
+        saved = self.state.stateful_callbacks
+        if self.dfpo_entropy is not None and self._dfpo_resumed_entropy is not None:
+            self.dfpo_entropy.entropy_control = self._dfpo_resumed_entropy
+        self.state.stateful_callbacks = {k: v for k, v in saved.items() if k != AdaptiveEntropyCallback.__name__}
+        try:  # transformers would rebuild the callback from its state alone, without the trainer it reports to
+            super()._load_callback_state()
+        finally:
+            self.state.stateful_callbacks = saved
+
+    def _sum_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (float64) summed over the processes (every process calls this at the same optimiser step)."""
+        if self.accelerator.num_processes == 1:
+            return values
+        return self.accelerator.reduce(values.to(self.accelerator.device), reduction="sum").cpu()
+
+    def _log_train_metrics(self, metrics: dict[str, float]) -> None:
+        """dfpo's metrics of a training step into TRL's logging window, under ``dfpo/``."""
+        for key, value in metrics.items():
+            self._metrics["train"][f"{DFPO_PREFIX}{key}"].append(value)
 
     def _check_rollout_inputs(self) -> None:
         """An objective that reads the sampler's log-probs needs vLLM's (TRL returns none otherwise), untruncated."""
@@ -234,7 +367,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _compute_loss(self, model, inputs):
-        spec = self.dfpo_spec
+        spec = self.dfpo_spec if self.dfpo_entropy is None else step_spec(self.dfpo_spec, self.dfpo_entropy.entropy_control)
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -250,10 +383,13 @@ class DFPOGRPOTrainer(GRPOTrainer):
         rollout_logp, extra = inputs.get("sampling_per_token_logps"), {}
         if not spec.needs_rollout_logp and "importance_sampling_ratio" in inputs:  # TRL's own vLLM IS correction
             extra = trl_correction_overrides(self.args)
+        old_logp = logp.detach() if old is None else old  # (B, T)
+        if self.dfpo_entropy is not None and self.model.training:
+            self.dfpo_entropy.observe(old_logp, completion_mask.bool())
         loss, metrics = policy_loss(
             spec,
             logp=logp,
-            old_logp=logp.detach() if old is None else old,
+            old_logp=old_logp,
             advantages=advantages if advantages.ndim == 1 else advantages[:, 0],
             mask=completion_mask.bool(),
             group_ids=group_ids,

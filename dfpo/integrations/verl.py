@@ -32,7 +32,6 @@ from collections.abc import Mapping
 import torch
 
 from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
-from dfpo.core.loss.adaptive_entropy import check_stateless
 from dfpo.core.loss.advantages import TOKEN_LEVEL
 
 
@@ -52,6 +51,21 @@ def group_size_of(config, group_size: int | None) -> int:
     return n
 
 
+def check_no_adaptive_entropy(spec: ObjectiveSpec) -> None:
+    """Skywork-OR1's adaptive entropy coefficient (``entropy_target``) is refused: its state moves once per training step,
+    but verl calls a registered policy loss per micro-batch with that micro-batch's tensors and the actor config alone (no
+    step boundary, no collective across the actor's ranks) and its checkpoints keep nothing of the loss, and its trainer
+    loop (``RayPPOTrainer.fit``) offers no per-step hook that could move ``actor.entropy_coeff``."""
+    if spec.entropy_target is not None:
+        raise ValueError(
+            f"objective {spec.name!r} sets entropy_target={spec.entropy_target!r} (Skywork-OR1's adaptive entropy coefficient), "
+            "whose coefficient moves once per training step, but verl calls a registered policy loss per micro-batch with only "
+            "that micro-batch and the actor config and saves nothing of it in its checkpoints, so the coefficient could neither "
+            "move between steps nor survive a resume: train it with dfpo train or TRL's DFPOGRPOTrainer, or in verl drop "
+            "entropy_target and set a fixed actor.entropy_coeff"
+        )
+
+
 def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     """A function with verl's policy-loss signature computing ``dfpo.policy_loss(spec)``; groups = runs of
     ``group_size`` consecutive rows (None: the ``rollout_n`` of the config verl passes).
@@ -59,7 +73,7 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     An objective whose correction or rejection reads the sampler's log-probs is refused here: verl hands a policy loss
     only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
     ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
-    check_stateless(spec, "verl's policy-loss registry")
+    check_no_adaptive_entropy(spec)
     if spec.adv_scale in TOKEN_LEVEL:
         raise ValueError(
             f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, one advantage per token (verl's "

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from reference import ReferenceEntController
 
 from dfpo import policy_loss, resolve_objective
-from dfpo.core.loss.adaptive_entropy import EntropyControl, check_stateless, initial_entropy_control, measured_entropy, next_entropy_control
+from dfpo.core.loss.adaptive_entropy import EntropyControl, initial_entropy_control, measured_entropy, next_entropy_control
 
 entropies = st.lists(st.floats(0.0, 2.0), min_size=1, max_size=40)
 
@@ -73,20 +73,19 @@ def test_a_non_finite_entropy_does_not_move_the_coefficient():
         next_entropy_control(EntropyControl(0.001), float("nan"), spec)
 
 
-def test_the_integrations_and_the_toy_refuse_it_up_front():
-    """Neither a TRL nor a verl loss call has a place to keep the state between steps; the toy has no entropy bonus."""
+def test_verl_and_the_toy_refuse_it_up_front():
+    """A verl policy loss has no place to keep the state between steps (TRL's DFPOGRPOTrainer keeps it in a callback:
+    tests/integrations/test_trl_adaptive_entropy.py); the toy has no entropy bonus."""
     spec = resolve_objective("dapo", entropy_target=0.2)
-    with pytest.raises(ValueError, match="Skywork-OR1's adaptive entropy coefficient.*use dfpo train"):
-        check_stateless(spec, "verl's policy-loss registry")
     from dfpo.integrations.verl import make_verl_policy_loss
 
-    with pytest.raises(ValueError, match="verl's policy-loss registry calls the loss without a place to keep it"):
+    with pytest.raises(
+        ValueError,
+        match="entropy_target=0.2 .*verl calls a registered policy loss per micro-batch .* so the coefficient could neither "
+        "move between steps nor survive a resume: train it with dfpo train or TRL's DFPOGRPOTrainer, or in verl drop "
+        "entropy_target and set a fixed actor.entropy_coeff",
+    ):
         make_verl_policy_loss(spec, group_size=4)
-    pytest.importorskip("trl")
-    from dfpo.integrations.trl import DFPOGRPOTrainer
-
-    with pytest.raises(ValueError, match="DFPOGRPOTrainer calls the loss without a place to keep it"):
-        DFPOGRPOTrainer(objective="dapo:entropy_target=0.2")
     from dfpo.toy.config import ToyConfig
     from dfpo.toy.train import validate
 

@@ -63,11 +63,12 @@ def _trainer(tmp_path, objective="dfpo_min", per_device=8, steps=2, evaluate=Fal
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = GRPOConfig(
+        settings = dict(
             output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
             per_device_train_batch_size=per_device, num_generations=G, steps_per_generation=2, max_completion_length=4,
-            max_steps=steps, learning_rate=1e-3, seed=0, disable_tqdm=True, **extra,
+            max_steps=steps, learning_rate=1e-3, seed=0, disable_tqdm=True,
         )  # fmt: skip
+        args = GRPOConfig(**{**settings, **extra})  # extra may replace a default (save_strategy for the resume tests)
     return DFPOGRPOTrainer(
         model=model, reward_funcs=reward_funcs or reward, args=args, train_dataset=data, eval_dataset=data if evaluate else None,
         processing_class=tok, objective=objective,

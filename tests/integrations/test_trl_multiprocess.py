@@ -105,6 +105,35 @@ def test_two_processes_keep_groups_whole_in_every_loss_call_and_log_dfpo_metrics
     assert dfpo_logs[0] == dfpo_logs[1]  # gathered over the ranks, whose groups differ
 
 
+def test_two_processes_move_the_adaptive_entropy_coefficient_from_every_ranks_tokens(tmp_path):
+    """Skywork-OR1's coefficient under 2 processes x 2 accumulation steps: each optimiser step's measured entropy is
+    -mean log pi_old over the real tokens of all four loss calls (both ranks), every rank logs and keeps the same state,
+    and the sequence is dfpo's update rule on the logged entropies."""
+    from dfpo import resolve_objective
+    from dfpo.core.loss.adaptive_entropy import initial_entropy_control, next_entropy_control
+
+    objective = "dapo:entropy_target=100.0:entropy_coef_delta=0.01:entropy_coef_max=1.0"
+    out = _launch(SCRIPT, "--out", str(tmp_path), "--objective", objective, "--steps", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    keys = ("dfpo/entropy/coef", "dfpo/entropy/controlled")
+    rows = [[{k: row[k] for k in keys} for row in r["log_history"] if keys[0] in row] for r in ranks]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]  # the same numbers on both ranks
+    assert ranks[0]["entropy_control"] == ranks[1]["entropy_control"]
+    for step, row in enumerate(rows[0]):
+        calls = [c for r in ranks for c in r["entropy_calls"] if c["step"] == step]
+        assert len(calls) == 4  # 2 accumulation steps on each of 2 ranks
+        pooled = sum(c["entropy"] * c["tokens"] for c in calls) / sum(c["tokens"] for c in calls)
+        assert row["dfpo/entropy/controlled"] == pytest.approx(pooled, rel=1e-12)
+        assert len({c["entropy"] for c in calls}) > 1  # the calls measure different entropies: pooling is tested
+    spec = resolve_objective("dapo", entropy_target=100.0, entropy_coef_delta=0.01, entropy_coef_max=1.0)
+    state = initial_entropy_control(spec)
+    for row in rows[0]:
+        assert row["dfpo/entropy/coef"] == state.coef_in_loss
+        state = next_entropy_control(state, row["dfpo/entropy/controlled"], spec)
+    assert ranks[0]["entropy_control"]["attributes"] == {"coef": state.coef, "enabled": state.enabled}
+
+
 @pytest.mark.slow
 def test_the_example_runs_on_two_processes():
     """examples/trl_dfpo.py under the accelerate command its docstring gives: exits 0, prints once."""

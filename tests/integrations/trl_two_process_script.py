@@ -1,6 +1,7 @@
 """A short DFPOGRPOTrainer run for ``accelerate launch`` (tiny offline model, CPU, gloo): each process writes
 ``rank<r>.json`` into ``--out`` with what every one of its loss calls held (group ids, advantages, prompt token
-ids per row), the whole-group check's own record and the log history, for test_trl_multiprocess.py to read.
+ids per row; with an adaptive entropy objective, the entropy each training call measured and its token count), the
+whole-group check's own record and the log history, for test_trl_multiprocess.py to read.
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \\
         tests/integrations/trl_two_process_script.py --out DIR
@@ -17,6 +18,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
+from dfpo.core.loss.adaptive_entropy import measured_entropy
 from dfpo.integrations.trl import GROUP_KEY, DFPOGRPOTrainer
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
@@ -30,6 +32,17 @@ class RecordingTrainer(DFPOGRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list[dict] = []
+        self.entropy_calls: list[dict] = []  # what each training loss call added to its step's entropy measure
+        if self.dfpo_entropy is not None:
+            observe = self.dfpo_entropy.observe
+
+            def recording_observe(old_logp, mask):
+                self.entropy_calls.append(
+                    {"step": int(self.state.global_step), "entropy": measured_entropy(old_logp, mask), "tokens": int(mask.sum())}
+                )
+                observe(old_logp, mask)
+
+            self.dfpo_entropy.observe = recording_observe
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
@@ -84,6 +97,8 @@ def main() -> None:
         "groups_seen": trainer.dfpo_groups_seen,
         "calls": trainer.calls,
         "log_history": trainer.state.log_history,
+        "entropy_calls": trainer.entropy_calls,
+        "entropy_control": None if trainer.dfpo_entropy is None else trainer.dfpo_entropy.state(),
     }
     (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(record))
 
