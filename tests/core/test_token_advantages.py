@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from batches import random_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +18,6 @@ from dfpo.core.logprobs import naive_token_logprobs
 from dfpo.core.loss import OBJECTIVES, policy_loss, resolve_objective
 from dfpo.core.loss.advantages import optimal_token_baseline
 from dfpo.core.loss.cancellation import make_shared_prefix_group
-
-from batches import random_batch
 
 TOKEN_PRESETS = [name for name, spec in OBJECTIVES.items() if spec.takes_token_advantages]
 COMPLETION_PRESETS = [name for name, spec in OBJECTIVES.items() if not spec.takes_token_advantages]
