@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .loss import OBJECTIVES, group_advantages, resolve_objective
-from .loss.advantages import ADVANTAGE_SCALES, GREEDY_BASELINE, MULTI_REWARD
+from .loss.advantages import ADVANTAGE_SCALES, GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL, optimal_token_baseline, sum_pi_squared
 from .loss.cancellation import CANCEL_TOL, CORRECTION_BOUNDS, correction_settings, make_shared_prefix_group, rejecting_one
 from .probe import DriftBatch, probe_step
 
@@ -81,6 +81,13 @@ class SharedWeightsLM(torch.nn.Module):
         """log pi of each token (B, T)."""
         return self.score(tokens)[0]
 
+    @torch.no_grad()
+    def sum_pi_squared(self, tokens: Tensor) -> Tensor:
+        """sum_v pi(v)^2 of the distribution each token was drawn from (B, T) (the optimal token baseline's statistic)."""
+        prev = torch.cat([torch.full_like(tokens[:, :1], self.bos), tokens[:, :-1]], dim=1)  # (B, T)
+        h = torch.tanh(self.emb[prev] + self.pos[: tokens.shape[1]])  # (B, T, W)
+        return sum_pi_squared(h @ self.out)  # (B, T)
+
 
 @dataclass(frozen=True)
 class ProbeCase:
@@ -124,9 +131,13 @@ def probe_case(lengths: tuple[int, ...], seed: int, *, adv_scale: str = "group",
     mismatch = (group.old_logp - group.rollout_logp).detach()  # (G, T) log pi_old / pi_rollout
     old_logp = torch.where(group.mask, logp - log_ratio, 0.0)
     lengths = group.mask.sum(1).double()  # (G,)
-    advantages = group_advantages(
-        **estimator_inputs(rewards, adv_scale), group_ids=group.group_ids, scale=adv_scale, lengths=lengths
-    )  # (G,)
+    if adv_scale in TOKEN_LEVEL:  # one advantage per token, from pi_old's log-probs and the model's sum pi^2
+        r = torch.tensor(rewards, dtype=torch.float64)  # (G,)
+        advantages = optimal_token_baseline(r, group.group_ids, group.mask, old_logp, model.sum_pi_squared(tokens))  # (G, T)
+    else:
+        advantages = group_advantages(
+            **estimator_inputs(rewards, adv_scale), group_ids=group.group_ids, scale=adv_scale, lengths=lengths
+        )  # (G,)
     batch = DriftBatch(
         tokens=tokens,
         mask=group.mask,

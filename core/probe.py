@@ -76,7 +76,7 @@ class DriftBatch:
     group_ids: Tensor
     """(B,) long: the prompt-group of each row."""
     advantages: Tensor
-    """(B,) the group advantages."""
+    """(B,) the group advantages, or (B, T) one per token (the optimal token baseline)."""
     old_logp: Tensor
     """(B, T) log pi_old (detached)."""
     correct: Tensor | None = None

@@ -43,7 +43,7 @@ from ..core.loss import (
     policy_loss,
     sequence_log_ratio,
 )
-from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL, optimal_token_baseline
 from . import metrics as M
 from .config import MODES, OPTIMIZERS, ToyConfig, check_config
 from .policy import (
@@ -83,11 +83,6 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
                 "does not provide (a tabular policy has no reference policy and no separate rollout engine, and its gradient "
                 "flows through log pi of the sampled tokens only, so no entropy bonus); use dfpo train for it"
             )
-        if spec.adv_scale in TOKEN_LEVEL:
-            raise ValueError(
-                f"objective {name!r} uses adv_scale={spec.adv_scale!r}, which gives one advantage per token; the loss core "
-                "takes one per completion, so the toy lab cannot train it"
-            )
         if c.mode == "exact" and spec.adv_scale not in POPULATION_SCALES:
             raise ValueError(
                 f"objective {name!r} uses adv_scale={spec.adv_scale!r}; exact mode has the population limits of "
@@ -124,7 +119,7 @@ class _Batch:
     roll: Rollouts
     old_logp: Tensor  # (S, B, T)
     entropy: Tensor | None  # (S, B, T), only for token-mask objectives
-    adv: Tensor  # (S, B) advantages passed to the loss (exact mode: times the weights c_i)
+    adv: Tensor  # (S, B) advantages passed to the loss (exact mode: times the weights c_i); (S, B, T) one per token (otb)
     weight: Tensor  # (S, B) weight of each completion within its group (uniform or pi_old)
     scale: Tensor  # (S, B) c_i (1 in sampled mode)
     n_groups: int
@@ -198,10 +193,24 @@ def make_batch(task: Task, spec, logpi_old: Tensor, config: ToyConfig, step: int
             rewards = rewards[:, None]  # (S * B, 1)
         if spec.adv_scale in GREEDY_BASELINE:
             extra["baselines"] = torch.gather(greedy_rewards(task, logpi_old, prompts), 1, roll.group).reshape(-1)  # (S * B,)
-        adv = group_advantages(rewards, gid, scale=spec.adv_scale, eps=spec.adv_eps, **extra).reshape(S, -1)
-        scale = torch.ones_like(adv)
-        weight = torch.ones_like(adv)
-    return _Batch(roll, old, ent, adv * scale, weight, scale, n_groups)
+        if spec.adv_scale in TOKEN_LEVEL:
+            adv = _token_baseline(logpi_old, roll, old, rewards, gid)  # (S, B, T)
+        else:
+            adv = group_advantages(rewards, gid, scale=spec.adv_scale, eps=spec.adv_eps, **extra).reshape(S, -1)  # (S, B)
+        scale = torch.ones(roll.mask.shape[:2])  # (S, B)
+        weight = torch.ones_like(scale)
+    return _Batch(roll, old, ent, adv * (scale[..., None] if adv.ndim == 3 else scale), weight, scale, n_groups)
+
+
+def _token_baseline(logpi_old: Tensor, roll: Rollouts, old: Tensor, rewards: Tensor, gid: Tensor) -> Tensor:
+    """The optimal token baseline's advantages (S, B, T): pi_old(y_t) and sum_v pi_old(v)^2 of the table row each token
+    was drawn from, exactly (a tabular policy has every token's distribution)."""
+    S, B, T = roll.mask.shape
+    collision = logpi_old.exp().square().sum(-1)  # (S, R) sum_v pi_v^2 of each row
+    pi_squared = torch.gather(collision, 1, roll.rows.reshape(S, -1)).reshape(S, B, T)  # (S, B, T)
+    flat = (S * B, T)
+    adv = optimal_token_baseline(rewards, gid, roll.mask.reshape(flat), old.reshape(flat), pi_squared.reshape(flat))
+    return adv.reshape(S, B, T)
 
 
 def _select(batch: _Batch, groups: Tensor) -> tuple[Tensor, ...]:
@@ -277,7 +286,7 @@ def loss_coefficients(
         spec,
         logp=leaf.reshape(S * B, T),
         old_logp=old.reshape(S * B, T),
-        advantages=adv.reshape(-1),
+        advantages=adv.reshape(S * B, *adv.shape[2:]),  # (S * B,) or (S * B, T)
         mask=loss_mask.reshape(S * B, T),
         group_ids=gid,
         entropy=None if entropy is None else entropy.reshape(S * B, T),

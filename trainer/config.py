@@ -34,7 +34,7 @@ import tomli_w
 
 from ..core.files import check_input_file, read_utf8
 from ..core.loss import OBJECTIVES, resolve_objective
-from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL
+from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 from .layout import RunDir
@@ -478,13 +478,8 @@ def validate(cfg: Config) -> None:
 
 def check_advantage_inputs(spec, cfg: Config) -> None:
     """What the objective's advantage estimator reads must be configured (issue 30): gdpo a second reward function,
-    remax a greedy completion per prompt, which dynamic sampling's premise does not fit; otb (one advantage per token)
-    the loss core cannot take. One sentence each."""
-    if spec.adv_scale in TOKEN_LEVEL:
-        raise ValueError(
-            f"adv_scale={spec.adv_scale!r} gives one advantage per token and the loss core's policy_loss takes one per "
-            "completion, so dfpo train cannot train it: pick another objective.overrides.adv_scale"
-        )
+    remax a greedy completion per prompt, which dynamic sampling's premise does not fit. One sentence each. (otb, one
+    advantage per token, needs a token-level objective, which the objective's own validation checks.)"""
     if spec.adv_scale in MULTI_REWARD and cfg.reward.format_weight == 0 and not cfg.reward.functions:
         raise ValueError(
             f"adv_scale={spec.adv_scale!r} normalises each reward function separately, but reward.format_weight = 0 and no "

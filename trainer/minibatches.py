@@ -129,7 +129,7 @@ class MicroBatch:
     batch: RolloutBatch
     old_logp: torch.Tensor | None  # (b, T); None: the policy has not moved yet, its own log-probs are the old ones
     ref_logp: torch.Tensor | None  # (b, T)
-    advantages: torch.Tensor  # (b,)
+    advantages: torch.Tensor  # (b,), or (b, T) one per token
     weight: float
     rows: torch.Tensor | None = None  # (b,) indices into the rollout batch
     rollout_logp: torch.Tensor | None = None  # (b, T) the sampler's log-probs (read by a rollout correction)
@@ -141,4 +141,5 @@ def micro_batch(
     """The rows of ``batch`` as a micro-batch, padding trimmed away (old/ref/rollout log-probs cut to the same width)."""
     part, width = batch.rows(rows).trimmed()
     cut = lambda x: None if x is None else x[rows, :width]  # noqa: E731
-    return MicroBatch(part, cut(old_logp), cut(ref_logp), adv[rows], weight, rows, cut(rollout_logp))
+    adv_rows = cut(adv) if adv.ndim == 2 else adv[rows]  # (b, T) per token or (b,)
+    return MicroBatch(part, cut(old_logp), cut(ref_logp), adv_rows, weight, rows, cut(rollout_logp))

@@ -12,6 +12,10 @@ before ``update_actor``. Where pi_old comes from (``rollout.old_logp``):
 
 The reference log-probs pi_ref (a KL term, beta > 0) come from the frozen reference model, or from the base
 model with the LoRA adapters switched off.
+
+The optimal token baseline (``adv_scale="otb"``) reads pi_old's log-prob and sum_v pi_v^2 at every token before the
+advantages exist: ``OldLogpStage.token_baseline_inputs`` is that pass (verl's ``compute_log_prob`` with
+``calculate_sum_pi_squared``), a no-grad forward over every row, run only for that estimator.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core.loss import ObjectiveSpec
-from .forward import completion_logprobs
+from .forward import completion_logprobs, vocab_stats
 from .minibatches import rows_in
 from .parallel import OneProcess
 from .rollout import RolloutBatch
@@ -128,6 +132,22 @@ class OldLogpStage:
             later[torch.cat(plan[0])] = False  # the first step's own forward gives its rows' old log-probs
             self.recompute(batch, first, later)
         return OldLogProbs(first, self.reference_logp(batch, trained_here), self.from_sampler)
+
+    @torch.no_grad()
+    def token_baseline_inputs(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """pi_old's log-prob and sum_v pi_v^2 of the distribution each token was drawn from, both (B, T) float32 on the
+        CPU (0 at padding), for every row: what ``optimal_token_baseline`` reads (the policy has not moved yet)."""
+        B = batch.mask.shape[0]
+        logp, pi_squared = torch.zeros(batch.mask.shape), torch.zeros(batch.mask.shape)
+        for s in range(0, B, self.rows_per_forward):
+            rows = torch.arange(s, min(s + self.rows_per_forward, B))
+            part, width = batch.rows(rows).trimmed()
+            scores = completion_logprobs(self.model, part, self.device, self.amp, with_entropy=False, keep_hidden=True)
+            _, collision = vocab_stats(self.model, scores, part, self.device)  # (b, width) sum_v pi_v^2
+            real = part.mask.to(collision.device)
+            logp[rows, :width] = scores.logp.float().cpu()
+            pi_squared[rows, :width] = torch.where(real, collision.float(), 0.0).cpu()
+        return logp, pi_squared
 
     def fill_unscored(self, batch: RolloutBatch, first: FirstPass) -> float:
         """Before a later optimiser step: the rows a skipped first step left unscored (the policy has not moved);

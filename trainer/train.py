@@ -44,7 +44,7 @@ import torch
 
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
-from ..core.loss.advantages import GREEDY_BASELINE
+from ..core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from . import entropy_control, parallel
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
@@ -332,13 +332,15 @@ class Trainer:
         self.state.step_now = step
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
+        per_token = self.spec.adv_scale in TOKEN_LEVEL  # the optimal token baseline reads pi_old at every token first
         adv = advantages(
             rollout,
             self.spec,
             mask_truncated=cfg.rollout.mask_truncated,
             format_weight=cfg.reward.format_weight,
             function_weights=self.rewards.function_weights,
-        )  # (B,)
+            token_baseline_inputs=self.old_logp_stage.token_baseline_inputs(rollout.batch) if per_token else None,
+        )  # (B,), or (B, T) per token
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")

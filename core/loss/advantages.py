@@ -45,8 +45,9 @@ MULTI_REWARD = ("gdpo",)
 """The estimators that take a (B, K) matrix of K reward functions' values (``group_advantages(..., reward_weights=)``);
 every other one takes one combined reward per completion (B,)."""
 TOKEN_LEVEL = ("otb",)
-"""The estimators that give one advantage per token (B, T) (``optimal_token_baseline``): ``group_advantages`` and
-``policy_loss`` take one per completion, so every consumer refuses them up front."""
+"""The estimators that give one advantage per token (B, T) (``optimal_token_baseline``, not ``group_advantages``, which
+gives one per completion): ``policy_loss`` takes them for a spec whose components all read advantages token by token
+(``ObjectiveSpec.takes_token_advantages``); a spec that reads one per completion refuses the estimator when it is built."""
 GREEDY_BASELINE = ("remax",)
 """The estimators whose baseline is the reward of a greedy completion of the prompt (``group_advantages(..., baselines=)``)."""
 
@@ -124,7 +125,7 @@ def group_advantages(
     if scale in TOKEN_LEVEL:
         raise ValueError(
             f"scale={scale!r} gives one advantage per token from pi_old's per-token statistics: call optimal_token_baseline("
-            "rewards, group_ids, mask, old_logp, sum_pi_squared), whose (B, T) result policy_loss does not take"
+            "rewards, group_ids, mask, old_logp, sum_pi_squared), whose (B, T) result policy_loss takes as advantages"
         )
     _check_reward_shape(rewards, scale)
     if group_ids.ndim != 1 or group_ids.shape[0] != rewards.shape[0]:
@@ -364,7 +365,7 @@ ADV_SCALE = component_field(
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp / "
     "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk / gdpo (one column per "
     "reward function) / remax (the greedy completion's reward as baseline) / otb (one advantage per token, "
-    "``optimal_token_baseline``; refused by every consumer of one per completion); ``ESTIMATOR_SOURCES`` names each one's "
+    "``optimal_token_baseline``, for objectives whose components read advantages token by token); ``ESTIMATOR_SOURCES`` names each one's "
     "source.",
 )
 
@@ -379,7 +380,19 @@ ADV_EPS = component_field(
     doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp, "
     "grpo_passk, gdpo (both of its normalisations, 1e-4 in TRL); verl's grpo_passk uses 1e-6).",
 )
-ADVANTAGE_COMPONENT = Component("advantage")
+
+
+def _check_token_level(spec) -> None:
+    """A per-token estimator needs a spec whose every component reads advantages token by token."""
+    reasons = spec.completion_advantage_reasons() if spec.adv_scale in TOKEN_LEVEL else []
+    if reasons:
+        raise ValueError(
+            f"adv_scale={spec.adv_scale!r} gives one advantage per token, but {'; '.join(reasons)}: use a token-level "
+            "ratio (ratio_level='token' or 'sequence_token') or another adv_scale"
+        )
+
+
+ADVANTAGE_COMPONENT = Component("advantage", validate=_check_token_level)
 
 
 # ----------------------------------------------------------------------------- the premise of eq 2, per estimator

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from .groups import Groups
@@ -16,10 +17,29 @@ class LossBatch:
 
     logp: Tensor  # (B, T) with the graph
     old_logp: Tensor  # (B, T) detached
-    adv: Tensor  # (B,) detached, logp's dtype
+    adv: Tensor
+    """(B,) detached, logp's dtype: each completion's advantage (with per-token advantages, their mean over its real tokens)."""
+    token_adv: Tensor
+    """(B, T) detached: the advantage at each token (one per completion: ``adv`` broadcast along its row, a view);
+    0 at padding when given per token."""
     mask: Tensor  # (B, T) bool, real tokens
     lengths: Tensor  # (B,) real tokens per row
     groups: Groups
+    per_token_adv: bool = False
+    """The caller gave one advantage per token (B, T) (the optimal token baseline), not one per completion."""
+
+    @classmethod
+    def of(cls, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, group_ids: Tensor | Groups) -> LossBatch:
+        """The batch of checked inputs: logp, old_logp, mask (B, T) (padding already zeroed), advantages (B,) or (B, T)
+        in logp's dtype or castable to it, detached here; the row lengths and groups computed once."""
+        lengths = mask.sum(-1)  # (B,)
+        adv = advantages.detach().to(logp.dtype)
+        if adv.ndim == 2:  # one per token: zero the padding, keep the row mean for the per-completion metrics
+            token_adv = torch.where(mask, adv, 0.0)  # (B, T)
+            row_adv = token_adv.sum(-1) / lengths.clamp(min=1)  # (B,)
+        else:
+            row_adv, token_adv = adv, adv[:, None].expand(mask.shape)  # (B,), (B, T) view
+        return cls(logp, old_logp, row_adv, token_adv, mask, lengths, Groups.of(group_ids), per_token_adv=adv.ndim == 2)
 
 
 @dataclass(frozen=True)

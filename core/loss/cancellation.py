@@ -19,7 +19,6 @@ from .advantages import group_advantages
 from .aggregation import AGGREGATIONS
 from .batch import LossBatch
 from .core import policy_loss
-from .groups import Groups
 from .objectives import OBJECTIVES, resolve_objective
 from .ratios import sequence_log_ratio
 from .shapes import RATIO_SHAPES
@@ -142,7 +141,7 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)
     with torch.no_grad():
-        batch = LossBatch(logp.detach(), group.old_logp, group.advantages, group.mask, lengths, Groups.of(group.group_ids))
+        batch = LossBatch.of(logp.detach(), group.old_logp, group.advantages, group.mask, group.group_ids)
         terms = RATIO_SHAPES[spec.ratio_level](spec, batch)
         s = torch.exp(sequence_log_ratio(logp, group.old_logp, group.mask, lengths))  # (G,) eq 44
         clipped = ((terms.clip_low | terms.clip_high) | ~group.mask).all(-1) & (lengths > 0)  # (G,) every real token clipped

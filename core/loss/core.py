@@ -71,9 +71,13 @@ def _check_inputs(
     for name, x in (("old_logp", old_logp), ("mask", mask), ("entropy", entropy), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
         if x is not None and tuple(x.shape) != (B, T):
             raise ValueError(f"{name} must have shape (B, T) = {(B, T)} like logp, got {name}.shape={tuple(x.shape)}")
-    for name, x in (("advantages", advantages), ("group_ids", group_ids)):
-        if tuple(x.shape) != (B,):
-            raise ValueError(f"{name} must have shape (B,) = {(B,)}, got {name}.shape={tuple(x.shape)}")
+    if tuple(advantages.shape) not in ((B,), (B, T)):
+        raise ValueError(
+            f"advantages must have shape (B,) = {(B,)}, one per completion, or (B, T) = {(B, T)}, one per token, "
+            f"got advantages.shape={tuple(advantages.shape)}"
+        )
+    if tuple(group_ids.shape) != (B,):
+        raise ValueError(f"group_ids must have shape (B,) = {(B,)}, got group_ids.shape={tuple(group_ids.shape)}")
     if group_ids.is_floating_point() or group_ids.is_complex():
         raise ValueError(f"group_ids must be an integer tensor, got dtype={group_ids.dtype}")
     if mask.dtype != torch.bool:
@@ -90,14 +94,29 @@ def _check_inputs(
         raise ValueError(
             f"logp must be >= -{LOGP_FLOOR:g} at real tokens (a log-probability), got min logp={float(torch.where(mask, logp.detach(), 0).min()):.3g}"
         )
-    in_bound = torch.isfinite(advantages.detach()) & (advantages.detach().abs() <= ADVANTAGE_BOUND)  # (B,); float16 casts 1e20 to inf
+    in_bound = torch.isfinite(advantages.detach()) & (
+        advantages.detach().abs() <= ADVANTAGE_BOUND
+    )  # (B,) or (B, T); float16 casts 1e20 to inf
+    if advantages.ndim == 2:  # one per token: padding may hold anything
+        in_bound = in_bound | ~mask
     if not bool(in_bound.all()):
-        bad = torch.nonzero(~in_bound).flatten()[:5].tolist()
+        bad = [tuple(i) if len(i) > 1 else i[0] for i in torch.nonzero(~in_bound)[:5].tolist()]
         raise ValueError(
             f"advantages must be finite and at most {ADVANTAGE_BOUND:g} in magnitude (larger ones overflow the loss); "
             f"got {[float(advantages[i]) for i in bad]} at indices {bad}: rescale the rewards"
         )
     return mask
+
+
+def _check_token_advantages(spec: ObjectiveSpec, advantages: Tensor) -> None:
+    """ValueError when per-token advantages (B, T) reach a spec that reads one advantage per completion."""
+    reasons = spec.completion_advantage_reasons() if advantages.ndim == 2 else []
+    if reasons:
+        raise ValueError(
+            f"objective {spec.name!r} needs one advantage per completion, shape (B,): {'; '.join(reasons)}; got per-token "
+            f"advantages of shape {tuple(advantages.shape)}: pass one per completion or use a token-level ratio "
+            "(ratio_level='token' or 'sequence_token')"
+        )
 
 
 class _UpcastHalf(torch.autograd.Function):
@@ -210,7 +229,9 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss (to minimise) of one objective on a batch of completions, and its metrics.
 
-    Shapes: logp, old_logp, mask, entropy, ref_logp, rollout_logp (B, T); advantages, group_ids (B,).
+    Shapes: logp, old_logp, mask, entropy, ref_logp, rollout_logp (B, T); group_ids (B,); advantages (B,), one per
+    completion, or (B, T), one per token (the optimal token baseline; refused by a spec that reads one per completion,
+    ``spec.completion_advantage_reasons()``: a sequence ratio, OPSM, online IPO).
     ``rollout_logp`` (the sampler's log-probs) is read by the spec's ``rollout_correction`` only.
     ``objective`` is an ObjectiveSpec (used as it is: a spec is valid by construction) or the
     name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
@@ -221,19 +242,13 @@ def policy_loss(
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
     _check_required(spec, {"entropy": entropy, "ref_logp": ref_logp, "rollout_logp": rollout_logp})
     mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp, rollout_logp)
+    _check_token_advantages(spec, advantages)
     dtype = compute_dtype(logp)  # float32 for half-precision inputs
     logp = _sanitise(_to_compute(logp, dtype, "logp"), mask)  # (B, T)
     old_logp, ref_logp, rollout_logp = (None if t is None else t.detach().to(dtype) for t in (old_logp, ref_logp, rollout_logp))
     entropy = _to_compute(entropy, dtype, "entropy")
-    lengths = mask.sum(-1)  # (B,)
-    x = LossBatch(
-        logp=logp,
-        old_logp=_sanitise(old_logp, mask),  # (B, T)
-        adv=advantages.detach().to(dtype),  # (B,)
-        mask=mask,
-        lengths=lengths,
-        groups=Groups.of(group_ids),
-    )
+    x = LossBatch.of(logp, _sanitise(old_logp, mask), advantages, mask, group_ids)  # advantages (B,) or (B, T)
+    lengths = x.lengths  # (B,)
     terms = RATIO_SHAPES[spec.ratio_level](spec, x)
     n_real = lengths.sum().clamp(min=1).to(logp.dtype)
     valid_rows = lengths > 0  # (B,)

@@ -27,9 +27,10 @@ COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 
 
 def token_covariance(logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
-    """cov_t = (A_t - mean A)(log pi_t - mean log pi) over the real tokens (B, T), detached; -inf elsewhere."""
+    """cov_t = (A_t - mean A)(log pi_t - mean log pi) over the real tokens (B, T), detached; -inf elsewhere.
+    ``adv``: (B,) one per completion or (B, T) one per token."""
     n = mask.sum().clamp(min=1)
-    a = adv[:, None].expand_as(logp).detach()  # (B, T)
+    a = (adv if adv.ndim == 2 else adv[:, None]).expand_as(logp).detach()  # (B, T)
     lp = logp.detach()
     a_mean = torch.where(mask, a, 0.0).sum() / n
     lp_mean = torch.where(mask, lp, 0.0).sum() / n
@@ -64,9 +65,9 @@ def covariance_tokens(spec, ctx) -> Tensor:
     x, kept = ctx.x, ctx.kept
     if spec.cov_control == "clip_cov":
         clipped = ctx.terms.clip_low | ctx.terms.clip_high
-        return clip_cov_tokens(x.logp, x.adv, kept, clipped, ratio=spec.cov_ratio, low=spec.cov_clip_low, high=spec.cov_clip_high)
+        return clip_cov_tokens(x.logp, x.token_adv, kept, clipped, ratio=spec.cov_ratio, low=spec.cov_clip_low, high=spec.cov_clip_high)
     if spec.cov_control == "kl_cov":
-        return kl_cov_tokens(x.logp, x.adv, kept, ratio=spec.cov_ratio)
+        return kl_cov_tokens(x.logp, x.token_adv, kept, ratio=spec.cov_ratio)
     return torch.zeros_like(kept)
 
 

@@ -200,6 +200,9 @@ class Component:
     """(spec, context, per_token (B, T)) -> (per_token (B, T), metrics): a change to the per-token loss before aggregation."""
     loss_term: Callable[..., tuple[object | None, dict[str, object]]] | None = None
     """(spec, context) -> (term or None, metrics): a scalar added to the aggregated loss (None: nothing to add)."""
+    completion_advantage: Callable[[object], str | None] | None = None
+    """Why this component reads one advantage per completion for a spec, so that per-token advantages (B, T) cannot
+    reach it (None: it reads them token by token)."""
 
     def __post_init__(self) -> None:
         if self.owner not in OWNERS:

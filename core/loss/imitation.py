@@ -29,8 +29,8 @@ from .fields import NONNEG, Component, component_field
 
 
 def positive_tokens(ctx) -> Tensor:
-    """(B, T) bool: the kept tokens of the completions with a positive advantage."""
-    return ctx.kept & (ctx.x.adv > 0)[:, None]
+    """(B, T) bool: the kept tokens with a positive advantage (those of the completions with one, when given per completion)."""
+    return ctx.kept & (ctx.x.token_adv > 0)
 
 
 def nll_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:

@@ -9,14 +9,16 @@ from .fields import NONNEG, UNIT, UNIT_OPEN, Component, When, component_field
 
 
 def stapo_spurious_mask(logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float) -> Tensor:
-    """STAPO (arXiv 2602.15620): spurious tokens, True where a token is dropped (B, T).
+    """STAPO (arXiv 2602.15620): spurious tokens, True where a token is dropped (B, T); ``adv`` (B,) one
+    per completion or (B, T) one per token.
 
     A real token is spurious when all three hold: A_i > 0; pi(y_it) < tau_p; its entropy is
     below the q-quantile of the entropies of the tokens satisfying the first two conditions
     in this batch.
     """
     prob = torch.exp(logp.detach())  # (B, T)
-    candidate = mask & (adv[:, None] > 0) & (prob < tau_p)  # (B, T)
+    positive = adv > 0 if adv.ndim == 2 else (adv > 0)[:, None]  # (B, T) or (B, 1)
+    candidate = mask & positive & (prob < tau_p)  # (B, T)
     if not bool(candidate.any()):
         return candidate
     threshold = torch.quantile(entropy.detach()[candidate].to(torch.float64), q).to(entropy.dtype)
@@ -150,10 +152,23 @@ def _mask_coupling(spec) -> list[str]:
 def token_mask_filter(spec, ctx) -> tuple[Tensor, bool, dict[str, Tensor]]:
     """The token mask's dropped tokens, whether they leave the count (``mask_renormalise``) and ``mask/frac``."""
     x = ctx.x
-    dropped = dropped_tokens(spec, x.logp, x.old_logp, ctx.entropy, x.adv, x.mask)  # (B, T)
+    adv = x.adv if spec.token_mask == "opsm" else x.token_adv  # OPSM: a completion's sign; the others: a token's
+    dropped = dropped_tokens(spec, x.logp, x.old_logp, ctx.entropy, adv, x.mask)  # (B, T)
     n_real = x.lengths.sum().clamp(min=1).to(x.logp.dtype)
     renormalise = spec.mask_renormalise and spec.token_mask != "none"
     return dropped, renormalise, {"mask/frac": (dropped.sum() / n_real).to(x.logp.dtype)}
 
 
-TOKEN_MASK_COMPONENT = Component("token_mask", required_inputs=_mask_inputs, batch_coupling=_mask_coupling, token_filter=token_mask_filter)
+def _opsm_advantage(spec) -> str | None:
+    if spec.token_mask == "opsm":
+        return "token_mask='opsm' drops a whole completion by the sign of its advantage"
+    return None
+
+
+TOKEN_MASK_COMPONENT = Component(
+    "token_mask",
+    required_inputs=_mask_inputs,
+    batch_coupling=_mask_coupling,
+    token_filter=token_mask_filter,
+    completion_advantage=_opsm_advantage,
+)

@@ -130,8 +130,15 @@ def _coupling(spec) -> list[str]:
     return []
 
 
+def _pair_advantage(spec) -> str | None:
+    if spec.ipo_beta > 0:
+        return f"ipo_beta={spec.ipo_beta!r} pairs each group's best and worst completion by their advantages"
+    return None
+
+
 PREFERENCE_COMPONENT = Component(
     "preference",
+    completion_advantage=_pair_advantage,
     validate=_validate,
     required_inputs=_inputs,
     batch_coupling=_coupling,

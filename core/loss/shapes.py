@@ -71,7 +71,7 @@ def sequence_token_shape(spec, x: LossBatch) -> PolicyTerms:
 
 def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
     rule = clip_rule(spec.clip)
-    adv = x.adv[:, None]  # (B, 1)
+    adv = x.token_adv  # (B, T): one per completion broadcast along its row, or one per token
     weight = rule.weight(ratio, adv, spec, x.old_logp)  # (B, T)
     low, high = rule.flags(ratio.detach(), adv, spec, x.old_logp)  # (B, T)
     row_weight = _row_mean(weight.detach(), x.mask, x.lengths)  # (B,)
@@ -175,4 +175,11 @@ def _check_ratio_level(spec) -> None:
         )
 
 
-RATIO_COMPONENT = Component("ratio", validate=_check_ratio_level)
+def _sequence_advantage(spec) -> str | None:
+    """A sequence-weight level multiplies one weight per completion by that completion's advantage."""
+    if spec.ratio_level in SEQUENCE_WEIGHT_LEVELS:
+        return f"ratio_level={spec.ratio_level!r} weighs each completion by one ratio times its advantage"
+    return None
+
+
+RATIO_COMPONENT = Component("ratio", validate=_check_ratio_level, completion_advantage=_sequence_advantage)

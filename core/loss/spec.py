@@ -215,6 +215,17 @@ class ObjectiveSpec:
         """``policy_loss`` needs ``rollout_logp``: a rollout correction or rejection outside bypass mode."""
         return "rollout_logp" in self.required_inputs()
 
+    def completion_advantage_reasons(self) -> list[str]:
+        """What in this spec reads one advantage per completion, so that per-token advantages (B, T), such as the
+        optimal token baseline's, are refused ([]: every component reads them token by token)."""
+        reasons = (c.completion_advantage(self) for c in COMPONENTS if c.completion_advantage)
+        return [why for why in reasons if why]
+
+    @property
+    def takes_token_advantages(self) -> bool:
+        """``policy_loss`` accepts advantages of shape (B, T) for this spec (``completion_advantage_reasons``)."""
+        return not self.completion_advantage_reasons()
+
     def coupling_by_component(self) -> dict[str, list[str]]:
         """The reasons of ``batch_coupling``, keyed by the component that gives them (components with none left out)."""
         reasons = {c.owner: c.batch_coupling(self) for c in COMPONENTS if c.batch_coupling}

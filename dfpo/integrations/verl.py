@@ -20,8 +20,11 @@ greedy completion itself), and an objective whose estimator verl lacks (gdpo) is
 
 The objective's own aggregation is used (verl's ``loss_agg_mode`` is ignored, and a warning says so once), the
 loss is normalised per micro-batch, and verl's rollout importance weights, when given, multiply the per-token
-policy term as verl's own losses do. GRPO advantages are constant along a completion; the per-sequence
-advantage is read as the mean over its real tokens.
+policy term as verl's own losses do. verl's advantages are (B, T): an objective whose components read them token by
+token (``ObjectiveSpec.takes_token_advantages``) gets them as they are, so verl's optimal_token_baseline trains it
+(``algorithm.adv_estimator='optimal_token_baseline'``, with verl's ``actor.calculate_sum_pi_squared=True``); one that
+reads one per completion (a sequence ratio, DFPO's transforms) gets each completion's mean over its real tokens, and
+advantages that vary along a completion are refused in one sentence.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from collections.abc import Mapping
 import torch
 
 from dfpo.core.loss import OBJECTIVES, ObjectiveSpec, policy_loss
-from dfpo.core.loss.advantages import TOKEN_LEVEL
 
 
 def loss_mode_name(preset: str) -> str:
@@ -74,12 +76,6 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
     only its own ``rollout_is_weights`` (configure verl's ``algorithm.rollout_correction`` for those modes); in
     ``rollout_bypass`` mode the correction reads ``old_log_prob`` and needs nothing more."""
     check_no_adaptive_entropy(spec)
-    if spec.adv_scale in TOKEN_LEVEL:
-        raise ValueError(
-            f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, one advantage per token (verl's "
-            "optimal_token_baseline), but dfpo's losses take one per completion and would read its mean over the tokens: "
-            "use verl's own policy losses with algorithm.adv_estimator='optimal_token_baseline'"
-        )
     if spec.adv_scale in NOT_IN_VERL:
         raise ValueError(
             f"objective {spec.name!r} uses adv_scale={spec.adv_scale!r}, which verl does not compute (its advantages are "
@@ -100,6 +96,7 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
             "loss: use verl's own KL (actor.use_kl_loss) for a KL term, or dfpo train / the TRL integration for online IPO"
         )
     warned = []
+    per_token = spec.takes_token_advantages  # verl's (B, T) advantages reach the loss core as they are
 
     def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None):
         B, n = log_prob.shape[0], group_size_of(config, group_size)
@@ -112,19 +109,33 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
             )
             warned.append(True)
         mask = response_mask.bool()
-        seq_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,) constant along a completion
+        adv = advantages if per_token else completion_advantages(advantages, mask, spec)  # (B, T) or (B,)
         rollout_logp = None
         extra = {}
         if rollout_is_weights is not None:  # verl's weights multiply the policy term: pass them as log pi_old - log pi_rollout
             rollout_logp = old_log_prob - torch.log(rollout_is_weights.clamp(min=1e-30))
             extra = {"rollout_correction": "token_truncate", "rollout_cap": float("inf")}
         value, metrics = policy_loss(
-            spec, logp=log_prob, old_logp=old_log_prob, advantages=seq_adv, mask=mask,
+            spec, logp=log_prob, old_logp=old_log_prob, advantages=adv, mask=mask,
             group_ids=torch.arange(B, device=log_prob.device) // n, rollout_logp=rollout_logp, **extra,
         )  # fmt: skip
         return value, {f"actor/dfpo/{k}": float(v) for k, v in metrics.items()}
 
     return loss
+
+
+def completion_advantages(advantages: torch.Tensor, mask: torch.Tensor, spec: ObjectiveSpec) -> torch.Tensor:
+    """One advantage per completion (B,) from verl's (B, T): the mean over its real tokens, refused (ValueError) where
+    they vary along a completion (verl's optimal_token_baseline), which ``spec`` cannot read."""
+    seq_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    spread = torch.where(mask, (advantages - seq_adv[:, None]).abs(), 0.0).amax() if bool(mask.any()) else 0.0
+    if float(spread) > 1e-6 * max(1.0, float(seq_adv.abs().max())):
+        raise ValueError(
+            f"verl handed advantages that vary along a completion (by up to {float(spread):.3g}: a per-token estimator such as "
+            f"algorithm.adv_estimator='optimal_token_baseline'), but objective {spec.name!r} needs one per completion "
+            f"({'; '.join(spec.completion_advantage_reasons())}): use a token-level objective or an outcome estimator"
+        )
+    return seq_adv
 
 
 def verl_presets() -> list[str]:
@@ -156,6 +167,7 @@ VERL_ESTIMATORS = {
     "opo": "opo",
     "grpo_passk": "grpo_passk",
     "remax": "remax",
+    "otb": "optimal_token_baseline",
 }
 """dfpo's advantage estimators written from verl's core_algos, and the ``algorithm.adv_estimator`` that computes each in
 verl (the advantages a verl policy loss receives are verl's: the objective's estimator must be the one configured)."""

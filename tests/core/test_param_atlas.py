@@ -82,6 +82,16 @@ def test_an_estimator_cancels_in_parameter_space_exactly_when_its_group_sums_to_
             assert not rows[f"adv_scale={scale}"].cancels and rows[f"adv_scale={scale}"].direct > 0
 
 
+def test_the_optimal_token_baseline_cancels_a_shared_token_up_to_its_epsilon_in_parameter_space():
+    """OTB's per-token advantages sum to zero at a shared position up to the 1e-8 in its baseline's denominator, so
+    under dapo a shared token's residual is of that order, far below the non-zero-sum estimators'."""
+    for seeds in (pa.DISCOVERY_SEEDS, pa.CONFIRMATION_SEEDS):
+        rows = {r["setting"]: r["verdict"] for r in _tables(seeds)[0] if r["setting"].startswith("adv_scale=")}
+        otb = rows["adv_scale=otb"]
+        assert otb.coefficient < 1e-8 and otb.direct < 1e-8 and otb.cross_share > 0.999
+        assert all(otb.coefficient < 1e-4 * rows[f"adv_scale={s}"].coefficient for s in ("opo", "grpo_passk", "remax"))
+
+
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), mode=st.sampled_from(["token_truncate", "token_mask"]))
 def test_a_token_level_correction_never_gives_a_shared_token_a_direct_drift(seed, mode):

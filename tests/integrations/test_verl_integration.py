@@ -42,6 +42,25 @@ def test_the_adapter_is_policy_loss_with_consecutive_groups(preset):
     assert loss_mode_name(preset) == (preset if preset.startswith("dfpo") else f"dfpo_{preset}")
 
 
+def test_verls_per_token_advantages_reach_a_token_level_objective_as_they_are():
+    """verl's optimal_token_baseline hands (B, T) advantages that vary along a completion: a token-level objective reads
+    each token's own; a sequence-level one refuses them in one sentence instead of reading their mean."""
+    logp, old, _, mask = _rows()
+    adv = torch.randn(mask.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * mask  # (B, T)
+    ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    fn = make_verl_policy_loss(resolve_objective("dapo", adv_scale="otb"), group_size=4)
+    with pytest.warns(UserWarning, match="is ignored"):
+        got, _ = fn(old, logp, adv, mask, "token-mean", None)
+    expected, _ = policy_loss("dapo", logp=logp, old_logp=old, advantages=adv, mask=mask.bool(), group_ids=ids, adv_scale="otb")
+    assert float(got) == float(expected)
+    gspo = make_verl_policy_loss(OBJECTIVES["gspo"], group_size=4)
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(ValueError, match=r"verl handed advantages that vary along a completion .*'gspo' needs one per completion"),
+    ):
+        gspo(old, logp, adv, mask, "token-mean", None)
+
+
 def test_a_partial_group_and_group_splitting_settings_are_refused():
     logp, old, adv, mask = _rows(B=6)
     with pytest.raises(ValueError, match="6 rows holds part of a group"):
@@ -131,8 +150,9 @@ def test_the_objectives_advantage_estimator_must_be_verls():
         ValueError, match=r"adv_scale='gdpo', which verl does not compute .*multi_objective_aggregation='normalize_then_sum'"
     ):
         make_verl_policy_loss(resolve_objective("grpo", adv_scale="gdpo"), group_size=4)
-    with pytest.raises(ValueError, match=r"adv_scale='otb', one advantage per token .*algorithm.adv_estimator='optimal_token_baseline'"):
-        make_verl_policy_loss(resolve_objective("grpo", adv_scale="otb"), group_size=4)
+    otb = resolve_objective("grpo", adv_scale="otb")
+    make_verl_policy_loss(otb, group_size=4)  # accepted: verl's optimal_token_baseline gives its (B, T) advantages
+    check_advantage_estimator(otb, {"adv_estimator": "optimal_token_baseline"})
     remax = resolve_objective("grpo", adv_scale="remax")
     make_verl_policy_loss(remax, group_size=4)  # accepted: verl's remax estimator gives these advantages
     check_advantage_estimator(remax, {"adv_estimator": "remax"})

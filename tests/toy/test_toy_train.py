@@ -251,7 +251,8 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
         ),
         ({"mode": "exact", "objectives": ("grpo:adv_scale=grpo_passk",)}, r"adv_scale='grpo_passk'; exact mode"),
         ({"mode": "exact", "objectives": ("grpo:adv_scale=gdpo",)}, r"adv_scale='gdpo'; exact mode"),
-        ({"objectives": ("grpo:adv_scale=otb",)}, r"adv_scale='otb', which gives one advantage per token.*cannot train it"),
+        ({"mode": "exact", "objectives": ("grpo:adv_scale=otb",)}, r"adv_scale='otb'; exact mode"),
+        ({"mode": "sampled", "objectives": ("gspo:adv_scale=otb",)}, r"adv_scale='otb' gives one advantage per token, but ratio_level"),
         ({"optimizer": "lbfgs"}, "optimizer must be one of"),
         ({"lr": 0.0}, "lr must be > 0"),
         ({"minibatches": 3}, "minibatches must be <="),
@@ -264,6 +265,17 @@ def test_gspo_clipping_hides_the_residual_when_every_ratio_is_clipped():
 def test_bad_options_fail_with_a_clear_message(changes, message):
     with pytest.raises(ValueError, match=message):
         validate(ToyConfig(**changes))
+
+
+@pytest.mark.parametrize("objective", ["grpo:adv_scale=otb", "dapo:adv_scale=otb"])
+def test_the_optimal_token_baseline_trains_the_toy_on_one_advantage_per_token(objective):
+    """Sampled mode: pi_old(y_t) and sum pi^2 come from the table row of each token, exactly; the reward rises."""
+    config = ToyConfig(objectives=(objective,), mode="sampled", seeds=3, steps=25)
+    task, _ = validate(config)
+    h = train_objective(task, objective, config)
+    for key, val in h.items():
+        assert bool(torch.isfinite(val).all()), key
+    assert float(h["reward"][-1].mean()) > float(h["reward"][0].mean()) + 0.1
 
 
 def test_training_metrics_are_finite_and_reward_rises():

@@ -107,10 +107,34 @@ def test_the_greedy_completion_is_transformers_greedy_decoding(tmp_path):
         assert completion == theirs[:cut]
 
 
-def test_otb_is_refused_at_config_time(tmp_path):
-    """The optimal token baseline gives one advantage per token; the loss core takes one per completion."""
-    with pytest.raises(ValueError, match=r"adv_scale='otb' gives one advantage per token .*dfpo train cannot train it"):
-        tiny_config(tmp_path, "objective.overrides.adv_scale=otb")
+def test_otb_trains_two_steps_on_one_advantage_per_token(tmp_path, monkeypatch):
+    """adv_scale=otb: before the advantages, a no-grad pass gives pi_old's log-prob and sum_v pi_v^2 at every token
+    (pi_t^2 <= sum pi^2 <= 1), the optimal token baseline turns them into (B, T) advantages, and two steps train on them."""
+    seen = []
+    real = stage_advantages.optimal_token_baseline
+
+    def spy(rewards, group_ids, mask, old_logp, pi_squared, **kw):
+        adv = real(rewards, group_ids, mask, old_logp, pi_squared, **kw)
+        seen.append({"mask": mask.clone(), "old_logp": old_logp, "pi_squared": pi_squared, "adv": adv})
+        return adv
+
+    monkeypatch.setattr(stage_advantages, "optimal_token_baseline", spy)
+    cfg = tiny_config(tmp_path, "objective.name=dapo", "objective.overrides.adv_scale=otb", "eval.every=0")
+    Trainer(cfg, quiet=True).run()
+    assert len(seen) == 2
+    for call in seen:
+        mask, pi_sq, p_t = call["mask"], call["pi_squared"], call["old_logp"].exp()
+        assert call["adv"].shape == mask.shape and bool((call["adv"][~mask] == 0).all())
+        assert bool((pi_sq[mask] <= 1 + 1e-6).all() and (pi_sq[mask] >= p_t[mask] ** 2 - 1e-6).all())
+        assert not bool((call["adv"][mask] == call["adv"][mask][0]).all())  # per token, not one number per row
+    for row in _rows(tmp_path):
+        assert row["grad/norm"] == row["grad/norm"] and "loss/policy" in row
+
+
+def test_otb_with_a_sequence_level_objective_is_refused_at_config_time(tmp_path):
+    """The optimal token baseline gives one advantage per token; GSPO weighs a whole completion by one advantage."""
+    with pytest.raises(ValueError, match=r"adv_scale='otb' gives one advantage per token, but ratio_level='sequence'"):
+        tiny_config(tmp_path, "objective.name=gspo", "objective.overrides.adv_scale=otb")
 
 
 def test_gdpo_trains_on_further_reward_functions(tmp_path, monkeypatch):
