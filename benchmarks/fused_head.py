@@ -243,8 +243,12 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-def run_case(mode: str, objective: str | None, B: int, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(args.chunk)]  # fmt: skip
+BLOCK_MODES = ("chunked", "fused", "fused_compiled")
+"""The modes whose logits block ``--chunk`` sets; every other mode runs once whatever ``--chunk`` lists."""
+
+
+def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -294,25 +298,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 1); a figure is the median over them")
     p.add_argument("--repeats", type=int, default=1, help="timed steps per process (>= 1), after one warm-up")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--chunk", type=int, default=CHUNK, help="positions per logits block of the chunked and fused modes")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        nargs="+",
+        default=[CHUNK],
+        help="positions per logits block of the chunked and fused modes; several values run side by side in the same rounds",
+    )
     p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
     args = p.parse_args(argv)
-    for name in ("rounds", "repeats", "threads", "chunk"):
+    for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if min(args.chunk) < 1 or len(set(args.chunk)) != len(args.chunk):
+        p.error(f"--chunk values must be distinct and at least 1, got {args.chunk}")
     if args.max_gib is None:
         args.max_gib = available_gib()
     print(
         f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
         f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
-        f"chunked and fused blocks of {args.chunk} positions (the floor's: {CHUNK}); "
+        f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (the floor's: {CHUNK}); "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
     )
     for size in args.sizes:
         B, T = (int(x) for x in size.lower().split("x"))
         for vocab in args.vocab:
             args.vocab_now = vocab
-            cases = [(m, o) for m in args.modes for o in OBJECTIVE_ROWS[m] if o is None or o in args.objectives]
+            cases = [
+                (m, o, c)
+                for m in args.modes
+                for o in OBJECTIVE_ROWS[m]
+                if o is None or o in args.objectives
+                for c in (args.chunk if m in BLOCK_MODES else [CHUNK])
+            ]
             skipped = {c: _skip_reason(c[0], B, T, vocab, args.max_gib) for c in cases}
             runs = [c for c in cases if skipped[c] is None]
             results: dict = {c: [] for c in runs}
@@ -321,13 +339,15 @@ def main(argv: list[str] | None = None) -> int:
                 for case in runs[shift:] + runs[:shift]:
                     results[case].append(run_case(*case, B, T, args))
             print(f"\nB x T = {B} x {T}, V = {vocab}")
-            print(f"{'mode':16s} {'objective':9s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s}")
-            floor = [x["seconds"] for x in results.get(("floor", None), []) if "seconds" in x]
+            print(
+                f"{'mode':16s} {'objective':9s} {'block':>5s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s}"
+            )
+            floor = [x["seconds"] for x in results.get(("floor", None, CHUNK), []) if "seconds" in x]
             floor_s = statistics.median(floor) if floor else float("nan")
             rows = {}
             for case in cases:
-                mode, objective = case
-                label = f"{mode:16s} {objective or '-':9s} |"
+                mode, objective, chunk = case
+                label = f"{mode:16s} {objective or '-':9s} {chunk if mode in BLOCK_MODES else '-':>5} |"
                 if skipped[case]:
                     print(f"{label} skipped: {skipped[case]}")
                     continue
@@ -341,7 +361,11 @@ def main(argv: list[str] | None = None) -> int:
                 two = f"{ok[0]['two_pass']:.2f}" if "two_pass" in ok[0] else "-"
                 print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {wall:8.3f} {mib:9.0f} {two:>8s}", flush=True)
                 rows[case] = {"x_floor": s / floor_s, "extra_mib": mib}
-            print("\n".join(goal_lines(rows)), flush=True)
+            for chunk in args.chunk:  # the goals at each block size, against the same floor and Liger rows
+                if len(args.chunk) > 1:
+                    print(f"blocks of {chunk} positions:")
+                at_chunk = {(m, o): row for (m, o, c), row in rows.items() if m not in BLOCK_MODES or c == chunk}
+                print("\n".join(goal_lines(at_chunk)), flush=True)
     return 0
 
 

@@ -39,11 +39,27 @@ def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench,
     out = capsys.readouterr().out
     assert "chunked and fused blocks of 3 positions (the floor's: 1024)" in out
     assert "fused            gspo" in out and "fused            grpo" not in out and "floor            -" in out
+    assert "blocks of 3 positions:" not in out  # one block size: the goals as before
     assert "goal fused gspo <= 1.05x floor:" in out and "goal fused grpo <= 1.05x floor: not measured" in out
-    for flag in ("--rounds", "--chunk"):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    for chunks in (["0"], ["4", "4"]):
         with pytest.raises(SystemExit):
-            bench.main([flag, "0"])
-        assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+            bench.main(["--chunk", *chunks])
+        assert f"--chunk values must be distinct and at least 1, got {[int(c) for c in chunks]}" in capsys.readouterr().err
+
+
+def test_several_block_sizes_run_side_by_side_with_the_goals_at_each(bench, capsys):
+    """--chunk 3 5: the fused rows at both blocks in the same rounds, one floor, the goals read at each block."""
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "grpo"]
+    bench.main([*argv, "--chunk", "3", "5"])
+    out = capsys.readouterr().out
+    assert "chunked and fused blocks of 3, 5 positions" in out
+    assert "fused            grpo          3 |" in out and "fused            grpo          5 |" in out
+    assert out.count("floor            -             - |") == 1
+    assert "blocks of 3 positions:" in out and "blocks of 5 positions:" in out
+    assert out.count("goal fused grpo <= 1.05x floor:") == 2
 
 
 def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
