@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 from test_llm_e2e import tiny_config
-from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records, train_command
+from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records
 
 from dfpo.trainer.layout import RunDir
 from dfpo.trainer.train import Trainer
@@ -60,14 +60,6 @@ SETS = [
 ]
 
 
-def _cmd(run_dir: Path) -> list[str]:
-    return train_command(run_dir, SETS)
-
-
-def _records(path: Path) -> list[dict]:
-    return timeless_records(path)
-
-
 def test_sigkill_then_resume_continues_the_coefficient_bit_identically(tmp_path):
     full, killed, seed = sigkill_then_resume(tmp_path, SETS, STEPS)
     a = torch.load(full / RunDir.CHECKPOINT, weights_only=True)
@@ -75,6 +67,6 @@ def test_sigkill_then_resume_continues_the_coefficient_bit_identically(tmp_path)
     assert a["entropy_control"] == b["entropy_control"] and a["entropy_control"]["coef"] > 0.03
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs (kill seed {seed})"
-    full_rows, killed_rows = _records(full / RunDir.METRICS), _records(killed / RunDir.METRICS)
+    full_rows, killed_rows = timeless_records(full / RunDir.METRICS), timeless_records(killed / RunDir.METRICS)
     assert full_rows == killed_rows, f"kill seed {seed}"
     assert [r["entropy/coef"] for r in full_rows] == [0.0, 0.01, 0.02, 0.03]

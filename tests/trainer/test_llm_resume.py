@@ -33,10 +33,6 @@ def _cmd(run_dir: Path) -> list[str]:
     return train_command(run_dir, SETS)
 
 
-def _records(path: Path) -> list[dict]:
-    return timeless_records(path)
-
-
 def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
     full, killed, seed = sigkill_then_resume(tmp_path, SETS, STEPS)
 
@@ -45,9 +41,9 @@ def test_sigkill_at_a_random_step_then_resume_equals_uninterrupted(tmp_path):
     assert a["step"] == b["step"] == STEPS
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), f"{name} differs (kill seed {seed})"
-    assert _records(full / RunDir.METRICS) == _records(killed / RunDir.METRICS), f"kill seed {seed}"
-    assert _records(full / RunDir.EVALS) == _records(killed / RunDir.EVALS)
-    assert _records(full / RunDir.SAMPLES) == _records(killed / RunDir.SAMPLES)
+    assert timeless_records(full / RunDir.METRICS) == timeless_records(killed / RunDir.METRICS), f"kill seed {seed}"
+    assert timeless_records(full / RunDir.EVALS) == timeless_records(killed / RunDir.EVALS)
+    assert timeless_records(full / RunDir.SAMPLES) == timeless_records(killed / RunDir.SAMPLES)
 
 
 def test_resume_refuses_changes_that_break_exactness(tmp_path):
