@@ -10,6 +10,7 @@ no (B, T, V) tensor.
 from __future__ import annotations
 
 import warnings
+import zlib
 
 import pytest
 import torch
@@ -97,15 +98,32 @@ def _fused(spec, h, w, y, temperature: float, kw: dict, **options):
     return loss.detach(), metrics, gh, gw
 
 
-def _assert_equal(fast, slow, *, rtol: float, atol: float) -> None:
+def _reference_error(slow, truth, index: int, key: str | None = None) -> float:
+    """How far the float32 reference's loss (0), d hidden (2), d W (3) or metric ``key`` is from its float64 truth."""
+    if truth is None:
+        return 0.0
+    a, b = (slow[index], truth[index]) if key is None else (slow[index][key], truth[index][key])
+    return float((a.detach().double() - b.detach().double()).abs().max())
+
+
+def _assert_equal(fast, slow, *, rtol: float, atol: float, truth=None) -> None:
+    """The fused result equals the reference within ``rtol``/``atol``, or, given the float64 ``truth``, within twice the
+    reference's own float32 error: a fused path no less accurate than the reference passes whatever the batch."""
     (loss, metrics, gh, gw), (loss_ref, metrics_ref, gh_ref, gw_ref) = fast, slow
-    torch.testing.assert_close(loss, loss_ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(loss, loss_ref, rtol=rtol, atol=max(atol, 2 * _reference_error(slow, truth, 0)))
     # round-off of a sum scales with its terms, not its result: online IPO's +c / -c rows cancel in d W with c ~ 10
-    torch.testing.assert_close(gh, gh_ref, rtol=rtol, atol=atol * max(1.0, float(gh_ref.abs().max())))
-    torch.testing.assert_close(gw, gw_ref, rtol=rtol, atol=atol * max(1.0, float(gw_ref.abs().max())))
+    for index, grad, grad_ref in ((2, gh, gh_ref), (3, gw, gw_ref)):
+        scaled = atol * max(1.0, float(grad_ref.abs().max()))
+        torch.testing.assert_close(grad, grad_ref, rtol=rtol, atol=max(scaled, 2 * _reference_error(slow, truth, index)))
     T = gh.shape[1]  # a metric summed over a completion (online IPO's margin h) carries T tokens' round-off
     for key, value in metrics_ref.items():
-        torch.testing.assert_close(metrics[key], value.detach(), rtol=rtol, atol=atol * T, msg=key)
+        allowed = max(atol * T, 2 * _reference_error(slow, truth, 1, key))
+        torch.testing.assert_close(metrics[key], value.detach(), rtol=rtol, atol=allowed, msg=key)
+
+
+def _float64(kw: dict) -> dict:
+    """The loss inputs with every floating tensor in float64 (masks and group ids unchanged)."""
+    return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kw.items()}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -113,10 +131,14 @@ def _assert_equal(fast, slow, *, rtol: float, atol: float) -> None:
 def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overrides, layout):
     """Every objective, every layout: loss, metrics, d hidden and d W equal the reference to float32 round-off."""
     spec = resolve_objective(name, **overrides)
-    h, w, y, mask, gid, adv, noise = _batch(hash((name, layout)) % 2**16)
+    h, w, y, mask, gid, adv, noise = _batch(zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    _assert_equal(_fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
+    # VESPO's weight e^(lambda) w^k e^(-lambda w) moves by (k - lambda w) per unit of log-ratio round-off, so on some
+    # batches both float32 paths sit ~1e-5 from the truth: the float64 reference says how far the float32 one may be
+    truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
+    fast, slow = _fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw)
+    _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
 
 
 @pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
