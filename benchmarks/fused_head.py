@@ -302,14 +302,19 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk",
         type=int,
         nargs="+",
-        default=[CHUNK],
-        help="positions per logits block of the chunked and fused modes; several values run side by side in the same rounds",
+        default=None,
+        help="positions per logits block of the chunked and fused modes (default: fused_policy_loss's own at --hidden); "
+        "several values run side by side in the same rounds",
     )
     p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
     args = p.parse_args(argv)
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    from dfpo.core.fused import default_chunk_size
+
+    own = default_chunk_size(args.hidden)
+    args.chunk = args.chunk or [own]
     if min(args.chunk) < 1 or len(set(args.chunk)) != len(args.chunk):
         p.error(f"--chunk values must be distinct and at least 1, got {args.chunk}")
     if args.max_gib is None:
@@ -317,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
         f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
-        f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (the floor's: {CHUNK}); "
+        f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (fused_policy_loss's default at H={args.hidden}: "
+        f"{own}; the floor's: {CHUNK}); "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
     )
     for size in args.sizes:

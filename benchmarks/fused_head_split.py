@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--objectives", nargs="+", default=["grpo", "gspo", "dfpo_min"])
+    p.add_argument("--chunk", type=int, default=None, help="positions per fused logits block (default: fused_policy_loss's own)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         _timed(fused, name, spent)
     _timed(fused._Inputs, "coefficients", spent)
     cases = [("floor", None)] + [("fused", o) for o in args.objectives]
-    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab) for c in cases}
+    chunk = args.chunk or fused.default_chunk_size(args.hidden)
+    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk) for c in cases}
     for step in steps.values():
         step()  # warm-up
     seconds = {c: [] for c in cases}
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in PARTS:
                 parts[case][k].append(spent.get(k, 0.0))
     print(
-        f"B x T = {B} x {T}, V = {args.vocab}, H = {args.hidden}; one process, one thread, median of {args.rounds} interleaved rounds; CPU s"
+        f"B x T = {B} x {T}, V = {args.vocab}, H = {args.hidden}; fused blocks of {chunk} positions, the floor's {bench.CHUNK}; "
+        f"one process, one thread, median of {args.rounds} interleaved rounds; CPU s"
     )
     print(
         f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} | "

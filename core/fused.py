@@ -119,6 +119,22 @@ def coupling_unit(spec: ObjectiveSpec) -> str:
     return "group"
 
 
+CHUNK_BOUNDS = (256, 1024)
+"""The least and the most positions per logits block that ``default_chunk_size`` picks."""
+
+
+def default_chunk_size(hidden_size: int) -> int:
+    """Positions per logits block when ``chunk_size`` is None: the hidden size H, held within ``CHUNK_BOUNDS``.
+
+    A block of H positions holds as many floats as the weight's gradient (n V = H V), so for H from 256 to 1024 a pass
+    holds the weight's gradient and one block of its size, whatever the vocabulary. From 1024 hidden units up
+    (Qwen3-0.6B and larger) blocks are 1024 positions; below 256 the per-block costs (a coefficient call, thinner
+    matmuls) would show, so smaller models get 256.
+    """
+    low, high = CHUNK_BOUNDS
+    return min(high, max(low, int(hidden_size)))
+
+
 def chunk_plan(unit_sizes: list[int], chunk_size: int, max_unit: int) -> list[tuple[int, int, bool]]:
     """Ranges (start, end, two_pass) over positions laid out unit after unit, in order.
 
@@ -350,6 +366,48 @@ class _Inputs:
         return grads[0], (grads[1] if ent is not None else None), loss.detach(), metrics
 
 
+class _RowsOf:
+    """The hidden rows of a chunk of positions, and where its rows of d hidden go.
+
+    ``flat`` (N,) indexes the positions, unit after unit, into hidden viewed as (B * T, H). A chunk whose positions
+    are consecutive there (every token-level chunk of a batch without padding, and every completion's own run) is a
+    view of hidden and its d hidden rows are written by the matmul itself; any other chunk is gathered and scattered.
+    So neither an (N, H) copy of the hidden states nor an (N, H) gradient beside hidden's own is held.
+    """
+
+    def __init__(self, hidden: Tensor, flat: Tensor):
+        self.hidden = hidden.reshape(-1, hidden.shape[-1])  # (B * T, H), a view when hidden is contiguous
+        self.flat = flat  # (N,)
+        self._runs: dict[tuple[int, int], int | None] = {}
+
+    def _start(self, s: int, e: int) -> int | None:
+        """The first flat index of positions s:e when they are consecutive there, else None."""
+        if (s, e) not in self._runs:
+            idx = self.flat[s:e]
+            consecutive = e - s > 0 and bool((idx[1:] - idx[:-1] == 1).all())
+            self._runs[(s, e)] = int(idx[0]) if consecutive else None
+        return self._runs[(s, e)]
+
+    def __call__(self, s: int, e: int) -> Tensor:
+        """Hidden states (n, H) of positions s:e (detached)."""
+        a = self._start(s, e)
+        return self.hidden[self.flat[s:e]] if a is None else self.hidden[a : a + e - s]
+
+    def gradient(self, dtype: torch.dtype, *, full: bool) -> Tensor:
+        """d hidden as (B * T, H) of ``dtype``: uninitialised when every position is real (the chunks write every row),
+        else zeros (padding's rows stay 0)."""
+        make = torch.empty if full else torch.zeros
+        return make(self.hidden.shape, dtype=dtype, device=self.hidden.device)
+
+    def write(self, grad: Tensor, s: int, e: int, dz: Tensor, weight: Tensor) -> None:
+        """grad's rows of positions s:e = dz (n, V) @ weight (V, H)."""
+        a = self._start(s, e)
+        if a is not None and dz.dtype == grad.dtype:
+            torch.mm(dz, weight, out=grad[a : a + e - s])
+        else:
+            grad[self.flat[s:e] if a is None else slice(a, a + e - s)] = (dz @ weight).to(grad.dtype)
+
+
 def _positions(mask: Tensor, group_ids: Tensor, unit: str) -> tuple[Tensor, Tensor, list[int]]:
     """The real positions laid out unit after unit: rows (N,), columns (N,) and the size of each unit."""
     B = mask.shape[0]
@@ -387,7 +445,7 @@ def fused_head_loss(
     ref_logp: Tensor | None = None,
     rollout_logp: Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     max_logits_mib: float = 2048.0,
     compile: bool = False,
     with_entropy: bool = False,
@@ -402,6 +460,7 @@ def fused_head_loss(
     the work and returns ``finite=False`` (loss NaN, zero gradients), so a trainer can skip the step.
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
+    chunk_size = default_chunk_size(hidden.shape[-1]) if chunk_size is None else chunk_size
     check_head_inputs(hidden, lm_head_weight, targets, temperature=temperature, chunk_size=chunk_size)
     if not (isinstance(max_logits_mib, (int, float)) and not isinstance(max_logits_mib, bool) and max_logits_mib >= 0):
         raise ValueError(f"max_logits_mib must be a number >= 0, got max_logits_mib={max_logits_mib!r}")
@@ -434,20 +493,20 @@ def fused_head_loss(
         else chunk_plan(sizes, chunk_size, max_unit)
     )
 
-    flat_h = hidden[rows, cols]  # (N, H), with the graph to hidden
     flat_y = targets[rows, cols].long()  # (N,)
     if n_pos and (int(flat_y.min()) < 0 or int(flat_y.max()) >= V):
         raise ValueError(f"targets must lie in [0, {V}) at real positions, got values in [{int(flat_y.min())}, {int(flat_y.max())}]")
-    need_h = torch.is_grad_enabled() and flat_h.requires_grad
+    need_h = torch.is_grad_enabled() and hidden.requires_grad
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
     longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
     buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
-    h_all = flat_h.detach()
-    # every real position's rows of grad_h and the first chunk's grad_w are written by a matmul (no zero-fill pass)
-    grad_h = torch.empty(h_all.shape, dtype=dtype, device=h_all.device) if need_h else None  # (N, H)
-    grad_w = torch.empty(lm_head_weight.shape, dtype=dtype, device=h_all.device) if need_w else None  # (V, H)
+    rows_of = _RowsOf(hidden.detach(), rows * T + cols)  # a chunk's hidden rows: a view where they are consecutive
+    # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding); the first chunk's
+    # grad_w is written by a matmul (no zero-fill pass)
+    grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)
+    grad_w = torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device) if need_w else None  # (V, H)
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
     two_pass_tokens, finite, w_written = 0, True, False
@@ -458,7 +517,7 @@ def fused_head_loss(
 
     def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
         """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
-        z = head_logits(h_all[s:e], weight, temperature, out=buf[: e - s])  # (n, V)
+        z = head_logits(rows_of(s, e), weight, temperature, out=buf[: e - s])  # (n, V)
         logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
@@ -473,12 +532,9 @@ def fused_head_loss(
         nonlocal w_written
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:
-            if dz.dtype == grad_h.dtype:
-                torch.mm(dz, weight, out=grad_h[s:e])  # (n, H)
-            else:
-                grad_h[s:e] = dz @ weight
+            rows_of.write(grad_h, s, e, dz, weight)  # (n, H) rows of d hidden
         if need_w:
-            h = h_all[s:e].to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
+            h = rows_of(s, e).to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
             if dz.dtype != grad_w.dtype:
                 part = dz.T @ h  # (V, H)
                 grad_w.add_(part) if w_written else grad_w.copy_(part)
@@ -528,12 +584,8 @@ def fused_head_loss(
     metrics = {k: v.detach() for k, v in metrics.items()}
     metrics["fused/two_pass"] = torch.tensor(two_pass_tokens / max(n_pos, 1), dtype=dtype, device=hidden.device)
     if with_grad:
-        grads = [None, None]
-        if need_h:
-            grads[0] = grad_h
-        if need_w:
-            grads[1] = grad_w
-        out = _HandOn.apply(loss, flat_h, lm_head_weight, grads)
+        grads = [None if grad_h is None else grad_h.view(hidden.shape), grad_w]  # (B, T, H), (V, H)
+        out = _HandOn.apply(loss, hidden, lm_head_weight, grads)
     else:
         out = loss.detach()
     entropy = None if entropy_buf is None else torch.where(x.mask, entropy_buf, 0.0)
@@ -560,7 +612,7 @@ def fused_policy_loss(
     ref_logp: Tensor | None = None,
     rollout_logp: Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     max_logits_mib: float = 2048.0,
     compile: bool = False,
     **overrides: object,
@@ -572,7 +624,8 @@ def fused_policy_loss(
     Shapes: hidden (B, T, H), lm_head_weight (V, H), targets, old_logp, mask, ref_logp, rollout_logp (B, T) (old_logp
     None: the policy's own log-probs, detached); advantages, group_ids (B,). Returns (loss, metrics) as ``policy_loss``
     does, with ``fused/two_pass``: the share of real tokens whose logits took two passes (a coupled unit larger than
-    ``max_logits_mib`` of float32 logits). ``chunk_size``: positions per logits block; ``compile``: the elementwise
+    ``max_logits_mib`` of float32 logits). ``chunk_size``: positions per logits block (None: ``default_chunk_size``
+    of the hidden size); ``compile``: the elementwise
     work through ``torch.compile``. A non-finite log-prob at a real position is refused with a ValueError.
     """
     out = fused_head_loss(
@@ -600,10 +653,12 @@ def fused_policy_loss(
 
 
 __all__ = [
+    "CHUNK_BOUNDS",
     "COUPLING_UNITS",
     "FusedHead",
     "chunk_plan",
     "coupling_unit",
+    "default_chunk_size",
     "fused_head_loss",
     "fused_policy_loss",
     "release_workspace",

@@ -427,6 +427,66 @@ def test_no_tensor_holds_the_logits_of_more_than_one_chunk(name):
     assert mode.largest <= max(3 * V, V * H, B * T * H) < int(mask.sum()) * V
 
 
+@pytest.mark.parametrize(("hidden_size", "positions"), [(8, 256), (255, 256), (512, 512), (896, 896), (1024, 1024), (4096, 1024)])
+def test_the_default_block_is_the_hidden_size_within_its_bounds(hidden_size, positions):
+    """chunk_size=None: a block of H positions (as many floats as the weight's gradient), at least 256, at most 1024."""
+    assert fused_module.default_chunk_size(hidden_size) == positions
+
+
+def test_chunk_size_none_runs_the_default_block(monkeypatch):
+    """The default block is what runs: a batch of 600 positions at H = 8 takes blocks of 256, 256 and 88 positions."""
+    seen = []
+    head = fused_module.head_logits
+    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: seen.append(h.shape[0]) or head(h, *a, **k))
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(4, 150, H, generator=g, requires_grad=True), torch.randn(V, H, generator=g, requires_grad=True)
+    y, mask = torch.randint(0, V, (4, 150), generator=g), torch.ones(4, 150, dtype=torch.bool)
+    old = torch.full((4, 150), -float(torch.log(torch.tensor(V))))
+    fused_policy_loss(
+        "grpo",
+        hidden=h,
+        lm_head_weight=w,
+        targets=y,
+        old_logp=old,
+        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        mask=mask,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
+    assert seen == [256, 256, 88]
+
+
+class _HiddenSized(TorchDispatchMode):
+    """The storages of the tensors ops return with as many elements as the real positions' or all positions' hidden
+    states (N H or B T H)."""
+
+    def __init__(self, sizes: set[int]):
+        super().__init__()
+        self.sizes, self.storages = sizes, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.numel() in self.sizes:
+                self.storages.add(t.untyped_storage().data_ptr())
+        return out
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
+@pytest.mark.parametrize("padded", [False, True], ids=["every position real", "padded"])
+def test_the_only_hidden_sized_tensor_made_is_the_hidden_gradient(name, padded):
+    """Chunks read the hidden states in place or gather their own rows: no (N, H) copy, no second (N, H) gradient."""
+    h, w, y, mask, gid, adv, noise = _batch(41)
+    mask = mask if padded else torch.ones_like(mask)
+    lp, _ = naive_token_logprobs(h, w, y)
+    spec = objective_from_label(name)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    h.requires_grad_(), w.requires_grad_()
+    with _HiddenSized({int(mask.sum()) * H, B * T * H}) as mode:
+        loss, _ = fused_policy_loss(spec, hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+        loss.backward()
+    assert mode.storages - {h.untyped_storage().data_ptr()} == {h.grad.untyped_storage().data_ptr()}  # views of h aside
+
+
 # ----------------------------------------------------------------------------- the backward
 
 

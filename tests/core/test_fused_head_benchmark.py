@@ -37,7 +37,7 @@ def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench,
     argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "gspo"]
     bench.main([*argv, "--chunk", "3"])
     out = capsys.readouterr().out
-    assert "chunked and fused blocks of 3 positions (the floor's: 1024)" in out
+    assert "chunked and fused blocks of 3 positions (fused_policy_loss's default at H=16: 256; the floor's: 1024)" in out
     assert "fused            gspo" in out and "fused            grpo" not in out and "floor            -" in out
     assert "blocks of 3 positions:" not in out  # one block size: the goals as before
     assert "goal fused gspo <= 1.05x floor:" in out and "goal fused grpo <= 1.05x floor: not measured" in out
@@ -48,6 +48,15 @@ def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench,
         with pytest.raises(SystemExit):
             bench.main(["--chunk", *chunks])
         assert f"--chunk values must be distinct and at least 1, got {[int(c) for c in chunks]}" in capsys.readouterr().err
+
+
+def test_without_chunk_the_fused_rows_run_the_fused_default_block(bench, capsys):
+    """No --chunk: the block is fused_policy_loss's default at --hidden (here 512 positions at H = 512)."""
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "512", "--rounds", "1", "--modes", "floor", "fused", "--objectives", "grpo"]
+    bench.main(argv)
+    out = capsys.readouterr().out
+    assert "chunked and fused blocks of 512 positions (fused_policy_loss's default at H=512: 512; the floor's: 1024)" in out
+    assert "fused            grpo        512 |" in out
 
 
 def test_several_block_sizes_run_side_by_side_with_the_goals_at_each(bench, capsys):
