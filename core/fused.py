@@ -168,20 +168,21 @@ _LOG_P_EXACT = -64.0
 log p_y: float32's normal range ends at 1.2e-38, where p_y would lose digits (and 0 would give -inf)."""
 
 
-def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None) -> tuple[Tensor, Tensor | None]:
+def _eager_stats_(z: Tensor, targets: Tensor, spare: Tensor | None, logits_of: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor | None]:
     """logp of the targets (n,) and, when ``spare`` is given, the entropy (n,), from logits ``z`` (n, V).
 
     ``z`` is overwritten with what ``_eager_grad_`` needs: p without entropy; p log p with it (and p in ``spare``).
-    PyTorch's row-wise softmax kernels run in place, so no (n, V) temporary is made.
+    PyTorch's row-wise softmax kernels run in place, so no (n, V) temporary is made. Rows whose p_y nears float
+    underflow (rare) take z_y - logsumexp from their logits made again by ``logits_of`` (row indices -> (k, V)),
+    so no pass over the block keeps the maximum for them.
     """
     if spare is None:
         z_y = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
-        top = z.amax(-1)  # (n,)
         torch._softmax(z, -1, False, out=z)  # (n, V) p
         logp = z.gather(-1, targets[:, None]).squeeze(-1).log()  # (n,) log p_y, exact to round-off while p_y is normal
         tiny = (logp < _LOG_P_EXACT).nonzero().squeeze(-1)  # (k,) rows where p_y nears float underflow: rare
-        if tiny.numel():  # the largest p is exp(max z - lse) >= 1/V: its log never underflows
-            logp[tiny] = z_y[tiny] - (top[tiny] - z[tiny].amax(-1).log())
+        if tiny.numel():
+            logp[tiny] = z_y[tiny] - torch.logsumexp(logits_of(tiny), -1)
         return logp, None
     torch._log_softmax(z, -1, False, out=z)  # (n, V) log p
     logp = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
@@ -236,17 +237,23 @@ class _Kernels:
         self.compiled = False
 
     def stats(
-        self, z: Tensor, targets: Tensor, spare: Callable[[], Tensor | None], with_entropy: bool
+        self,
+        z: Tensor,
+        targets: Tensor,
+        spare: Callable[[], Tensor | None],
+        with_entropy: bool,
+        logits_of: Callable[[Tensor], Tensor],
     ) -> tuple[Tensor, Tensor | None, object]:
         """(logp (n,), entropy (n,) or None, state for ``grad``); ``spare()`` gives the eager entropy kernels' second
-        block, asked for only when they run (a compiler failure at the first call included)."""
+        block, asked for only when they run (a compiler failure at the first call included); ``logits_of(rows)``
+        makes some rows' logits (k, V) again (``_eager_stats_``)."""
         if self.compiled:
             try:
                 lse, logp, entropy = self._stats(z, targets, with_entropy)
                 return logp, entropy, lse
             except Exception as err:  # noqa: BLE001 -- any compiler failure: run eagerly instead, said in a warning
                 self._fall_back(err)
-        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None)
+        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None, logits_of)
         return logp, entropy, None
 
     def grad(
@@ -518,7 +525,11 @@ def fused_head_loss(
     def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
         """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
         z = head_logits(rows_of(s, e), weight, temperature, out=buf[: e - s])  # (n, V)
-        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy)
+
+        def logits_of(k: Tensor) -> Tensor:  # (k, V) logits of some of these rows, made again
+            return head_logits(rows_of(s, e)[k], weight, temperature, out=torch.empty((len(k), V), dtype=dtype, device=z.device))
+
+        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy, logits_of)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
             entropy_buf[rows[s:e], cols[s:e]] = ent
