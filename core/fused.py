@@ -376,15 +376,18 @@ class _Inputs:
 class _RowsOf:
     """The hidden rows of a chunk of positions, and where its rows of d hidden go.
 
-    ``flat`` (N,) indexes the positions, unit after unit, into hidden viewed as (B * T, H). A chunk whose positions
-    are consecutive there (every token-level chunk of a batch without padding, and every completion's own run) is a
-    view of hidden and its d hidden rows are written by the matmul itself; any other chunk is gathered and scattered.
-    So neither an (N, H) copy of the hidden states nor an (N, H) gradient beside hidden's own is held.
+    ``rows``, ``cols`` (N,) name the positions, unit after unit; ``flat`` = rows * T + cols indexes them in (B * T)
+    order. A chunk whose positions are consecutive there is read as a view of hidden: always when hidden is
+    contiguous, and within one completion when it is not (the trainer's hidden states are a (B, T, H) slice of the
+    decoder's (B, L, H) output). Any other chunk gathers its own rows. d hidden is a fresh contiguous (B * T, H)
+    tensor whose consecutive rows the matmul writes directly. So neither an (N, H) copy of the hidden states nor an
+    (N, H) gradient beside hidden's own is held.
     """
 
-    def __init__(self, hidden: Tensor, flat: Tensor):
-        self.hidden = hidden.reshape(-1, hidden.shape[-1])  # (B * T, H), a view when hidden is contiguous
-        self.flat = flat  # (N,)
+    def __init__(self, hidden: Tensor, rows: Tensor, cols: Tensor):
+        self.hidden = hidden  # (B, T, H), detached
+        self.rows, self.cols = rows, cols  # (N,)
+        self.flat = rows * hidden.shape[1] + cols  # (N,)
         self._runs: dict[tuple[int, int], int | None] = {}
 
     def _start(self, s: int, e: int) -> int | None:
@@ -397,14 +400,19 @@ class _RowsOf:
 
     def __call__(self, s: int, e: int) -> Tensor:
         """Hidden states (n, H) of positions s:e (detached)."""
-        a = self._start(s, e)
-        return self.hidden[self.flat[s:e]] if a is None else self.hidden[a : a + e - s]
+        a, n, T = self._start(s, e), e - s, self.hidden.shape[1]
+        if a is not None and self.hidden.is_contiguous():
+            return self.hidden.view(-1, self.hidden.shape[-1])[a : a + n]
+        if a is not None and a // T == (a + n - 1) // T:  # one completion's run of a strided hidden
+            return self.hidden[a // T, a % T : a % T + n]
+        return self.hidden[self.rows[s:e], self.cols[s:e]]
 
     def gradient(self, dtype: torch.dtype, *, full: bool) -> Tensor:
         """d hidden as (B * T, H) of ``dtype``: uninitialised when every position is real (the chunks write every row),
         else zeros (padding's rows stay 0)."""
+        B, T, H = self.hidden.shape
         make = torch.empty if full else torch.zeros
-        return make(self.hidden.shape, dtype=dtype, device=self.hidden.device)
+        return make((B * T, H), dtype=dtype, device=self.hidden.device)
 
     def write(self, grad: Tensor, s: int, e: int, dz: Tensor, weight: Tensor) -> None:
         """grad's rows of positions s:e = dz (n, V) @ weight (V, H)."""
@@ -509,7 +517,7 @@ def fused_head_loss(
     longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
     buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
-    rows_of = _RowsOf(hidden.detach(), rows * T + cols)  # a chunk's hidden rows: a view where they are consecutive
+    rows_of = _RowsOf(hidden.detach(), rows, cols)  # a chunk's hidden rows: a view where they are consecutive
     # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding); the first chunk's
     # grad_w is written by a matmul (no zero-fill pass)
     grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)

@@ -473,18 +473,25 @@ class _HiddenSized(TorchDispatchMode):
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
 @pytest.mark.parametrize("padded", [False, True], ids=["every position real", "padded"])
-def test_the_only_hidden_sized_tensor_made_is_the_hidden_gradient(name, padded):
-    """Chunks read the hidden states in place or gather their own rows: no (N, H) copy, no second (N, H) gradient."""
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "a slice of (B, T + 2, H)"])
+def test_the_only_hidden_sized_tensor_made_is_the_hidden_gradient(name, padded, strided):
+    """Chunks read the hidden states in place or gather their own rows: no (N, H) copy, no second (N, H) gradient;
+    the trainer's hidden states (a slice of the decoder's output) get the reference's gradient."""
     h, w, y, mask, gid, adv, noise = _batch(41)
     mask = mask if padded else torch.ones_like(mask)
     lp, _ = naive_token_logprobs(h, w, y)
     spec = objective_from_label(name)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    h.requires_grad_(), w.requires_grad_()
+    leaf = torch.cat([torch.zeros(B, 1, H), h, torch.zeros(B, 1, H)], 1) if strided else h  # (B, T + 2, H) or (B, T, H)
+    leaf.requires_grad_(), w.requires_grad_()
+    hidden = leaf[:, 1 : T + 1] if strided else leaf  # (B, T, H), not contiguous when strided
     with _HiddenSized({int(mask.sum()) * H, B * T * H}) as mode:
-        loss, _ = fused_policy_loss(spec, hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+        loss, _ = fused_policy_loss(spec, hidden=hidden, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
         loss.backward()
-    assert mode.storages - {h.untyped_storage().data_ptr()} == {h.grad.untyped_storage().data_ptr()}  # views of h aside
+    grad = leaf.grad[:, 1 : T + 1] if strided else leaf.grad  # (B, T, H)
+    made = mode.storages - {leaf.untyped_storage().data_ptr()}  # views of the input aside
+    assert len(made) == 1 and (strided or made == {grad.untyped_storage().data_ptr()})
+    torch.testing.assert_close(grad, _reference(spec, h, w, y, 1.0, kw)[2], rtol=2e-5, atol=2e-6)
 
 
 # ----------------------------------------------------------------------------- the backward
