@@ -530,21 +530,22 @@ def fused_head_loss(
         """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
         return _logits_block(1, longest, V, dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
 
-    def block(s: int, e: int) -> tuple[Tensor, Tensor | None, object, Tensor]:
-        """Logits of positions s:e and their statistics, written into the (B, T) buffers."""
-        z = head_logits(rows_of(s, e), weight, temperature, out=buf[: e - s])  # (n, V)
+    def block(s: int, e: int) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor]:
+        """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers."""
+        h = rows_of(s, e)  # (n, H): a view, or this chunk's rows gathered once for its three matmuls
+        z = head_logits(h, weight, temperature, out=buf[: e - s])  # (n, V)
 
         def logits_of(k: Tensor) -> Tensor:  # (k, V) logits of some of these rows, made again
-            return head_logits(rows_of(s, e)[k], weight, temperature, out=torch.empty((len(k), V), dtype=dtype, device=z.device))
+            return head_logits(h[k], weight, temperature, out=torch.empty((len(k), V), dtype=dtype, device=z.device))
 
         logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy, logits_of)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
             entropy_buf[rows[s:e], cols[s:e]] = ent
-        return z, ent, state, logp
+        return h, z, ent, state, logp
 
-    def backward_block(s: int, e: int, z: Tensor, ent: Tensor | None, state: object) -> None:
-        """Accumulate the gradients of positions s:e from their logits block (after ``block``)."""
+    def backward_block(s: int, e: int, h: Tensor, z: Tensor, ent: Tensor | None, state: object) -> None:
+        """Accumulate the gradients of positions s:e from their hidden states and logits block (after ``block``)."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
         dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)
@@ -553,7 +554,7 @@ def fused_head_loss(
         if need_h:
             rows_of.write(grad_h, s, e, dz, weight)  # (n, H) rows of d hidden
         if need_w:
-            h = rows_of(s, e).to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
+            h = h.to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
             if dz.dtype != grad_w.dtype:
                 part = dz.T @ h  # (V, H)
                 grad_w.add_(part) if w_written else grad_w.copy_(part)
@@ -581,15 +582,15 @@ def fused_head_loss(
             solve()
             for s in range(start, end, chunk_size):  # the fused pass over the unit again
                 e = min(s + chunk_size, end)
-                z, ent, state, _ = block(s, e)
-                backward_block(s, e, z, ent, state)
+                h, z, ent, state, _ = block(s, e)
+                backward_block(s, e, h, z, ent, state)
             continue
-        z, ent, state, logp = block(start, end)
+        h, z, ent, state, logp = block(start, end)
         if not bool(torch.isfinite(logp).all()):
             finite = False
             break
         solve()
-        backward_block(start, end, z, ent, state)
+        backward_block(start, end, h, z, ent, state)
 
     if grad_w is not None and not w_written:  # no real position: the weight's gradient is 0
         grad_w.zero_()

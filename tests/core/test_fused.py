@@ -148,7 +148,7 @@ def test_float64_equality_is_exact_to_float64_round_off(name, overrides):
     h, w, y, mask, gid, adv, noise = _batch(7, torch.float64)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    kw = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kw.items()}
+    kw = _float64(kw)
     _assert_equal(
         _fused(spec, h, w, y, 1.0, kw, chunk_size=3, max_logits_mib=1e-3), _reference(spec, h, w, y, 1.0, kw), rtol=1e-10, atol=1e-12
     )
