@@ -31,8 +31,10 @@ the warm-up is not counted) minus the resident set once the inputs exist and the
 mode imports the same ones first (``_import_libraries``: torch's compiler, liger-kernel when installed), so a
 figure is what a step holds, not code loaded (importing torch._inductor alone is about 190 MiB of resident set;
 it used to land in fused_compiled's figure, loaded at its first call, and not in Liger's, which liger-kernel's own
-import had loaded before the baseline). Every mode makes W's gradient (V x H x 4 bytes), so that is in every figure. ``fused/two_pass`` is printed for the fused rows: 1 means the objective's
-coupled unit did not fit the logits budget (max_logits_mib, default 2048) and the head ran twice over it.
+import had loaded before the baseline). Every mode makes W's gradient (V x H x 4 bytes), so that is in every figure.
+Two shares of real tokens are printed for the fused rows: ``two_pass`` (``fused/two_pass``), 1 where the objective's
+coupled unit did not fit the logits budget (max_logits_mib, default 2048) and the head ran twice over it; ``scaled``
+(``fused/row_scaled``), 1 where GSPO's completions, longer than a block, ran block by block and were scaled once.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
             )  # fmt: skip
             loss.backward()
             extra["two_pass"] = float(metrics["fused/two_pass"])
+            extra["row_scaled"] = float(metrics["fused/row_scaled"])
             clear()
 
         step.extra = extra
@@ -346,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[case].append(run_case(*case, B, T, args))
             print(f"\nB x T = {B} x {T}, V = {vocab}")
             print(
-                f"{'mode':16s} {'objective':9s} {'block':>5s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s}"
+                f"{'mode':16s} {'objective':9s} {'block':>5s} | {'cpu s':>8s} {'x floor':>8s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s} {'scaled':>6s}"
             )
             floor = [x["seconds"] for x in results.get(("floor", None, CHUNK), []) if "seconds" in x]
             floor_s = statistics.median(floor) if floor else float("nan")
@@ -365,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                 wall = statistics.median(x["wall"] for x in ok)
                 mib = statistics.median(x["extra_mib"] for x in ok)
                 two = f"{ok[0]['two_pass']:.2f}" if "two_pass" in ok[0] else "-"
-                print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {wall:8.3f} {mib:9.0f} {two:>8s}", flush=True)
+                scaled = f"{ok[0]['row_scaled']:.2f}" if "row_scaled" in ok[0] else "-"
+                print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {wall:8.3f} {mib:9.0f} {two:>8s} {scaled:>6s}", flush=True)
                 rows[case] = {"x_floor": s / floor_s, "extra_mib": mib}
             for chunk in args.chunk:  # the goals at each block size, against the same floor and Liger rows
                 if len(args.chunk) > 1:

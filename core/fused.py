@@ -33,6 +33,16 @@ needs; one matmul, in chunks of ``chunk_size``), then its coefficients, then the
 matmuls). Its cost is a fourth matmul, 4/3 of the floor, and a second softmax pass. ``fused/two_pass`` (a metric) is
 the share of real tokens that took two passes: 0 when everything ran in one.
 
+Completions scaled once (``row_scaled``). Under a sequence-level ratio, clip and weight with nothing per token (GSPO,
+GSPO-token, LUSPO, VESPO), a completion's coefficients are c_t = k w_t: one factor k of its log-probs times weights
+w_t fixed before them. Its gradient is then k times the gradient at any other log-probs, so a completion longer than
+a block runs block by block at its placeholder coefficients c0 (ratio 1), its rows of d hidden written and its d W
+summed apart in a (V, H) buffer, and once its last block is known, k = c / c0 scales both (d W added to the total).
+Three matmuls, one block of logits and one (V, H) buffer whatever the completion's length, where holding it would take
+its whole (L, V) logits (256 MiB at L = 2048, V = 32k). Each completion's c is checked against k c0 (to a hundred
+round-offs); one that is not a multiple (a rule this module does not know) runs again at its coefficients, counted
+in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens that took this path.
+
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
 (``compile=True``: the statistics in one fused kernel, d loss / d logits in another); both give the same numbers
@@ -117,6 +127,22 @@ def coupling_unit(spec: ObjectiveSpec) -> str:
         if all(fields[name] in values for name, values in local.items()):
             return unit
     return "group"
+
+
+_ONE_WEIGHT_PER_ROW = ("sequence", "sequence_token", "sequence_product")
+"""Ratio levels whose ratio, clip and weight take one value per completion (GMPO's geometric mean clips per token)."""
+
+
+def row_scaled(spec: ObjectiveSpec) -> bool:
+    """Whether a completion's loss coefficients are one factor of its log-probs times weights fixed before them.
+
+    d loss / d logp_t = k_i(logp_i) w_t for t in completion i, with w_t read from the mask, the advantages and the old
+    and rollout log-probs only: a sequence-level ratio, clip and weight (``_ONE_WEIGHT_PER_ROW``), no entropy read and
+    no per-token KL term. Then a completion's gradient can be accumulated at placeholder log-probs (w_t up to a factor)
+    and scaled once by k_i when its last block is done: three matmuls and one block of logits, whatever its length
+    (module doc). ``fused_head_loss`` checks the proportionality on each such completion and redoes one that breaks it.
+    """
+    return coupling_unit(spec) == "row" and not spec.needs_entropy and spec.ratio_level in _ONE_WEIGHT_PER_ROW and spec.beta == 0
 
 
 CHUNK_BOUNDS = (256, 1024)
@@ -422,6 +448,56 @@ class _RowsOf:
         else:
             grad[self.flat[s:e] if a is None else slice(a, a + e - s)] = (dz @ weight).to(grad.dtype)
 
+    def scale(self, grad: Tensor, s: int, e: int, factor: float) -> None:
+        """grad's rows of positions s:e *= factor."""
+        a = self._start(s, e)
+        if a is not None:
+            grad[a : a + e - s].mul_(factor)
+        else:
+            grad[self.flat[s:e]] *= factor
+
+
+class _Sum:
+    """A (V, H) sum of dz^T h over blocks, in ``out``; the first block's matmul writes it (no zero-fill pass)."""
+
+    def __init__(self, out: Tensor):
+        self.out, self.written = out, False
+
+    def add(self, dz: Tensor, h: Tensor) -> None:
+        """out += dz^T (V, n) h (n, H)."""
+        h = h.to(dz.dtype)
+        if dz.dtype != self.out.dtype:
+            part = dz.T @ h  # (V, H)
+            self.out.add_(part) if self.written else self.out.copy_(part)
+        elif self.written:
+            self.out.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
+        else:
+            torch.mm(dz.T, h, out=self.out)
+        self.written = True
+
+    def add_scaled(self, other: _Sum, factor: float) -> None:
+        """out += factor * other's sum (nothing when other holds none)."""
+        if other.written:
+            self.out.add_(other.out, alpha=factor) if self.written else torch.mul(other.out, factor, out=self.out)
+            self.written = True
+
+    def total(self) -> Tensor:
+        """The sum (0 when no block was added)."""
+        return self.out if self.written else self.out.zero_()
+
+
+def _row_factor(c: Tensor, c0: Tensor) -> float | None:
+    """k with c = k c0 to a hundred round-offs of their dtype (both (n,), one completion's coefficients), or None when
+    there is none (relative to the completion's largest coefficient)."""
+    rtol = 100 * torch.finfo(c.dtype).eps
+    c, c0 = c.double(), c0.double()  # (n,)
+    top0 = float(c0.abs().max()) if c0.numel() else 0.0
+    if top0 == 0.0:
+        return 0.0 if not bool(c.any()) else None
+    k = float((c * c0).sum() / (c0 * c0).sum())
+    tolerance = rtol * max(float(c.abs().max()), abs(k) * top0)
+    return k if float((c - k * c0).abs().max()) <= tolerance else None
+
 
 def _positions(mask: Tensor, group_ids: Tensor, unit: str) -> tuple[Tensor, Tensor, list[int]]:
     """The real positions laid out unit after unit: rows (N,), columns (N,) and the size of each unit."""
@@ -514,17 +590,26 @@ def fused_head_loss(
     need_h = torch.is_grad_enabled() and hidden.requires_grad
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
-    longest = max((e - s if with_grad and not two else min(chunk_size, e - s) for s, e, two in plan), default=0)
+    scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
+
+    def path(s: int, e: int, two: bool) -> str:
+        """How a range of the plan runs: ``one`` pass held, ``two`` passes, or ``scaled`` (a completion, block by block)."""
+        if scaled and e - s > chunk_size:
+            return "scaled"
+        return "two" if two or not with_grad else "one"
+
+    paths = [(s, e, path(s, e, two)) for s, e, two in plan]
+    longest = max((e - s if how == "one" else min(chunk_size, e - s) for s, e, how in paths), default=0)
     buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
     rows_of = _RowsOf(hidden.detach(), rows, cols)  # a chunk's hidden rows: a view where they are consecutive
-    # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding); the first chunk's
-    # grad_w is written by a matmul (no zero-fill pass)
+    # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding)
     grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)
-    grad_w = torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device) if need_w else None  # (V, H)
+    grad_w = _Sum(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device)) if need_w else None  # (V, H)
+    row_w = None  # (V, H) one completion's d W at its placeholder coefficients (scaled path), made at its first use
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
-    two_pass_tokens, finite, w_written = 0, True, False
+    two_pass_tokens, scaled_tokens, finite = 0, 0, True
 
     def spare(n: int) -> Tensor | None:
         """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
@@ -544,56 +629,96 @@ def fused_head_loss(
             entropy_buf[rows[s:e], cols[s:e]] = ent
         return h, z, ent, state, logp
 
-    def backward_block(s: int, e: int, h: Tensor, z: Tensor, ent: Tensor | None, state: object) -> None:
-        """Accumulate the gradients of positions s:e from their hidden states and logits block (after ``block``)."""
+    def backward_block(s: int, e: int, h: Tensor, z: Tensor, ent: Tensor | None, state: object, into: _Sum | None) -> None:
+        """Gradients of positions s:e from their hidden states and logits block (after ``block``) at the coefficients
+        of ``c_buf``: their rows of d hidden written, d W added to ``into``."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
         dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)
-        nonlocal w_written
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:
             rows_of.write(grad_h, s, e, dz, weight)  # (n, H) rows of d hidden
-        if need_w:
-            h = h.to(dz.dtype)  # (n, H), unscaled: 1/temperature is in dz
-            if dz.dtype != grad_w.dtype:
-                part = dz.T @ h  # (V, H)
-                grad_w.add_(part) if w_written else grad_w.copy_(part)
-            elif w_written:
-                grad_w.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
-            else:
-                torch.mm(dz.T, h, out=grad_w)  # (V, H) the first chunk writes it
-            w_written = True
+        if into is not None:
+            into.add(dz, h)  # (V, H), h unscaled: 1/temperature is in dz
 
     def solve() -> None:
         """The coefficients at the values known now (the last call's loss and metrics are the batch's)."""
         nonlocal c_buf, e_buf, loss, metrics
         c_buf, e_buf, loss, metrics = x.coefficients(logp_buf, entropy_buf if needs_entropy else None)
 
-    for start, end, two_pass in plan:
-        if two_pass or not with_grad:
-            for s in range(start, end, chunk_size):  # the statistics first (the whole unit's log-probs)
-                *_, logp = block(s, min(s + chunk_size, end))
-                finite = finite and bool(torch.isfinite(logp).all())
-            if not finite:
+    def statistics(start: int, end: int) -> bool:
+        """The log-probs (and entropies) of positions start:end, block by block; False at a non-finite one."""
+        for s in range(start, end, chunk_size):
+            *_, logp = block(s, min(s + chunk_size, end))
+            if not bool(torch.isfinite(logp).all()):
+                return False
+        return True
+
+    def fused_pass(start: int, end: int) -> None:
+        """The fused pass over positions start:end block by block, at the coefficients of ``c_buf``."""
+        for s in range(start, end, chunk_size):
+            e = min(s + chunk_size, end)
+            h, z, ent, state, _ = block(s, e)
+            backward_block(s, e, h, z, ent, state, grad_w)
+
+    def scaled_pass(start: int, end: int) -> bool | None:
+        """One completion block by block at its placeholder coefficients c0, then scaled by k where its coefficients
+        are c = k c0 (``row_scaled``): True; None where they are not (its gradient is not written yet); False at a
+        non-finite log-prob."""
+        nonlocal row_w
+        if c_buf is None:
+            solve()  # this completion's positions hold placeholders
+        c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
+        if row_w is None and need_w:
+            row_w = _Sum(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device))  # (V, H)
+        if row_w is not None:
+            row_w.written = False
+        for s in range(start, end, chunk_size):
+            e = min(s + chunk_size, end)
+            h, z, ent, state, logp = block(s, e)
+            if not bool(torch.isfinite(logp).all()):
+                return False
+            backward_block(s, e, h, z, ent, state, row_w)
+        solve()
+        k = _row_factor(c_buf[rows[start:end], cols[start:end]], c0)
+        if k is None:
+            return None
+        if need_h:
+            rows_of.scale(grad_h, start, end, k)
+        if need_w:
+            grad_w.add_scaled(row_w, k)
+        return True
+
+    for start, end, how in paths:
+        if how == "scaled":
+            done = scaled_pass(start, end)
+            if done is False:
+                finite = False
+                break
+            if done:
+                scaled_tokens += end - start
+                continue
+            two_pass_tokens += end - start  # not a multiple after all: the completion again, at its coefficients
+            fused_pass(start, end)
+            continue
+        if how == "two":
+            if not statistics(start, end):  # the whole unit's log-probs first
+                finite = False
                 break
             if not with_grad:
                 continue
             two_pass_tokens += end - start
             solve()
-            for s in range(start, end, chunk_size):  # the fused pass over the unit again
-                e = min(s + chunk_size, end)
-                h, z, ent, state, _ = block(s, e)
-                backward_block(s, e, h, z, ent, state)
+            fused_pass(start, end)
             continue
         h, z, ent, state, logp = block(start, end)
         if not bool(torch.isfinite(logp).all()):
             finite = False
             break
         solve()
-        backward_block(start, end, h, z, ent, state)
+        backward_block(start, end, h, z, ent, state, grad_w)
 
-    if grad_w is not None and not w_written:  # no real position: the weight's gradient is 0
-        grad_w.zero_()
+    grad_w = None if grad_w is None else grad_w.total()
     if not finite:
         loss, metrics = torch.full((), math.nan, dtype=dtype, device=hidden.device), {}
         grad_h = None if grad_h is None else grad_h.zero_()
@@ -603,6 +728,7 @@ def fused_head_loss(
             loss, metrics = x.loss(logp_buf, entropy_buf if needs_entropy else None)
     metrics = {k: v.detach() for k, v in metrics.items()}
     metrics["fused/two_pass"] = torch.tensor(two_pass_tokens / max(n_pos, 1), dtype=dtype, device=hidden.device)
+    metrics["fused/row_scaled"] = torch.tensor(scaled_tokens / max(n_pos, 1), dtype=dtype, device=hidden.device)
     if with_grad:
         grads = [None if grad_h is None else grad_h.view(hidden.shape), grad_w]  # (B, T, H), (V, H)
         out = _HandOn.apply(loss, hidden, lm_head_weight, grads)

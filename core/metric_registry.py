@@ -118,6 +118,13 @@ METRICS: tuple[Metric, ...] = (
         "coupled unit (a completion, a group, a batch-coupled batch) held more logits than max_logits_mib (0 = all in one pass)",
         _LOSS,
     ),
+    Metric(
+        "fused/row_scaled",
+        "mean",
+        "fused_policy_loss: share of real tokens in completions longer than a logits block whose gradient was summed at "
+        "placeholder coefficients and scaled once (a sequence-level objective, dfpo.core.fused.row_scaled): one block held, one pass",
+        _LOSS,
+    ),
     # the trainer, one value per training step (metrics.jsonl)
     Metric("entropy/mean", "mean", "policy entropy over the real tokens of the loss calls (when the objective reads it)", _TRAINER),
     Metric("reward/mean", "mean", "mean total reward of the step's completions", _TRAINER),

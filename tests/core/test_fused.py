@@ -32,7 +32,8 @@ LAYOUTS = {
     "chunks of 3, two passes": dict(chunk_size=3, max_logits_mib=0.0),
 }
 """Chunk layouts: everything in one block; blocks of 5 positions that cut token-level rows and hold larger units in
-one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks)."""
+one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks). In
+the last two a row-scaled objective's completions longer than a block run block by block, scaled once."""
 
 EXTRA = {
     "dapo:entropy_coef=0.01": dict(entropy_coef=0.01),  # an entropy bonus under token_mean: token units, entropy gradient
@@ -327,6 +328,104 @@ def test_a_setting_this_module_does_not_know_is_taken_as_group_coupled(monkeypat
     monkeypatch.setattr(fused_module, "_LOCAL_ANY_VALUE", fused_module._LOCAL_ANY_VALUE - {"eps_high"})
     assert coupling_unit(OBJECTIVES["grpo"]) == "token"  # at its default
     assert coupling_unit(resolve_objective("grpo", eps_high=0.28)) == "group"
+
+
+# ----------------------------------------------------------------------------- completions scaled once (row_scaled)
+
+
+def test_row_scaled_objectives_of_the_presets():
+    """A sequence-level ratio, clip and weight with nothing per token: GSPO, GSPO-token, LUSPO, VESPO; not GMPO (clipped
+    per token), OPSM (a token ratio), DFPO (a group's transform), a KL term to a reference, or an entropy read."""
+    scaled = {name for name in OBJECTIVES if fused_module.row_scaled(OBJECTIVES[name])}
+    assert {"gspo", "gspo_noclip", "gspo_token", "luspo", "vespo"} <= scaled
+    assert not scaled & {"gmpo", "opsm", "dfpo_min", "grpo", "stapo"}
+    assert not fused_module.row_scaled(resolve_objective("gspo", beta=0.04))
+    assert not fused_module.row_scaled(resolve_objective("gspo", entropy_coef=0.01))
+    assert fused_module.row_scaled(resolve_objective("gspo", rollout_correction="sequence_mask"))
+
+
+ROW_SCALED_CASES = [(n, kw) for n, kw in CASES if fused_module.row_scaled(resolve_objective(n, **kw))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=st.sampled_from(ROW_SCALED_CASES), seed=st.integers(0, 2**16), spread=st.floats(0.01, 3.0))
+def test_a_row_scaled_completions_coefficients_are_one_factor_times_those_at_ratio_one(case, seed, spread):
+    """Along a completion of a row-scaled objective, d loss / d logp is one factor times its value at ratio 1, whatever the log-probs."""
+    name, overrides = case
+    spec = resolve_objective(name, **overrides)
+    h, w, y, mask, gid, adv, noise = _batch(seed)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    moved = kw["old_logp"] + spread * torch.randn(B, T, generator=torch.Generator().manual_seed(seed))  # (B, T)
+    at_one, at_moved = (
+        fused_module._Inputs(spec, mask=mask, **{k: kw.get(k) for k in _LOSS_INPUTS}).coefficients(v, None)[0]
+        for v in (kw["old_logp"], moved)
+    )
+    for b in range(B):
+        assert fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is not None, b
+
+
+_LOSS_INPUTS = ("old_logp", "advantages", "group_ids", "ref_logp", "rollout_logp")
+
+
+@pytest.mark.parametrize("name", ["gmpo", "opsm"])
+def test_a_row_coupled_objective_that_clips_per_token_is_not_one_factor(name):
+    """GMPO's and OPSM's coefficients along a completion are not a multiple of those at ratio 1 once a token is clipped:
+    what keeps them off the scaled path."""
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(37)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    x = fused_module._Inputs(spec, mask=mask, **{k: kw.get(k) for k in _LOSS_INPUTS})
+    at_one, at_moved = (
+        x.coefficients(v, None)[0] for v in (kw["old_logp"], kw["old_logp"] + torch.randn(B, T, generator=torch.Generator().manual_seed(1)))
+    )
+    assert any(fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is None for b in range(B))
+
+
+def _long_rows(seed: int, rows: int = 4, length: int = 24):
+    """Completions longer than the blocks of the tests below: rows x length positions, ragged, groups of 2."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, length, H, generator=g)  # (rows, length, H)
+    w = torch.randn(V, H, generator=g) * 0.7  # (V, H)
+    y = torch.randint(0, V, (rows, length), generator=g)
+    lengths = torch.tensor([length, length - 5, 3, length - 1])[:rows]
+    mask = torch.arange(length)[None, :] < lengths[:, None]  # (rows, length)
+    gid = torch.arange(rows) // 2
+    adv = torch.randn(rows, generator=g)
+    return h, w, y, mask, gid, adv, torch.randn(rows, length, generator=g), lengths
+
+
+@pytest.mark.parametrize("name", ["gspo", "gspo_token", "vespo", "luspo"])
+def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, name):
+    """A completion longer than a block runs block by block, one LM-head forward per position and no block larger than
+    chunk_size, even with no logits budget; fused/row_scaled is the share of its tokens, and the result is exact."""
+    calls = []
+    real = fused_module.head_logits
+    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise, lengths = _long_rows(41)
+    lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
+    kw = _inputs(spec, lp, mask, gid, adv, 0.3 * noise)  # some sequences clipped
+    fast = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=0.0)
+    assert sum(calls) == int(mask.sum()) and max(calls) <= 5
+    assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(float(lengths[lengths > 5].sum() / lengths.sum()))
+    assert float(fast[1]["fused/two_pass"]) == 0.0
+    _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_a_completion_that_is_not_one_factor_is_done_again_at_its_coefficients(monkeypatch):
+    """Taken for row-scaled, GMPO (clipped per token) fails the check on its clipped completions, which run again at their
+    true coefficients (counted in fused/two_pass): the result is still exact."""
+    monkeypatch.setattr(fused_module, "row_scaled", lambda spec: True)
+    spec = resolve_objective("gmpo")
+    h, w, y, mask, gid, adv, noise, lengths = _long_rows(43)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, 5 * noise)  # every long completion has a clipped token
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=0.0)
+    long_share = float(lengths[lengths > 5].sum() / lengths.sum())
+    assert float(fast[1].pop("fused/two_pass")) == pytest.approx(long_share) and float(fast[1]["fused/row_scaled"]) == 0.0
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
 
 
 # ----------------------------------------------------------------------------- the chunk plan
