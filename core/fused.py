@@ -39,7 +39,8 @@ w_t fixed before them. Its gradient is then k times the gradient at any other lo
 a block runs block by block at its placeholder coefficients c0 (ratio 1), its rows of d hidden written and its d W
 summed apart in a (V, H) buffer, and once its last block is known, k = c / c0 scales both (d W added to the total).
 Three matmuls, one block of logits and one (V, H) buffer whatever the completion's length, where holding it would take
-its whole (L, V) logits (256 MiB at L = 2048, V = 32k). Each completion's c is checked against k c0 (to a hundred
+its whole (L, V) logits (256 MiB at L = 2048, V = 32k). It runs where it holds less than that (L > block + H) or where
+the completion would take two passes. Each completion's c is checked against k c0 (to a hundred
 round-offs); one that is not a multiple (a rule this module does not know) runs again at its coefficients, counted
 in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens that took this path.
 
@@ -593,8 +594,9 @@ def fused_head_loss(
     scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
 
     def path(s: int, e: int, two: bool) -> str:
-        """How a range of the plan runs: ``one`` pass held, ``two`` passes, or ``scaled`` (a completion, block by block)."""
-        if scaled and e - s > chunk_size:
+        """How a range of the plan runs: ``one`` pass held, ``two`` passes, or ``scaled`` (a completion, block by block:
+        where holding it would take two passes, or more memory than its (V, H) buffer, H x V beside the block)."""
+        if scaled and e - s > chunk_size and (e - s > max_unit or e - s - chunk_size > lm_head_weight.shape[1]):
             return "scaled"
         return "two" if two or not with_grad else "one"
 

@@ -32,8 +32,8 @@ LAYOUTS = {
     "chunks of 3, two passes": dict(chunk_size=3, max_logits_mib=0.0),
 }
 """Chunk layouts: everything in one block; blocks of 5 positions that cut token-level rows and hold larger units in
-one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks). In
-the last two a row-scaled objective's completions longer than a block run block by block, scaled once."""
+one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks), but
+a row-scaled objective's completions longer than a block, which run block by block, scaled once."""
 
 EXTRA = {
     "dapo:entropy_coef=0.01": dict(entropy_coef=0.01),  # an entropy bonus under token_mean: token units, entropy gradient
@@ -412,6 +412,18 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(float(lengths[lengths > 5].sum() / lengths.sum()))
     assert float(fast[1]["fused/two_pass"]) == 0.0
     _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("length", "budget", "expected"), [(13, 64.0, 0.0), (14, 64.0, 1.0), (7, 64.0, 0.0), (7, 0.0, 1.0)])
+def test_a_completion_is_scaled_where_it_would_hold_more_than_its_buffer_or_take_two_passes(length, budget, expected):
+    """Blocks of 5, H = 8: a GSPO completion of L > 5 + 8 positions is scaled (its (L, V) logits would outweigh the (V, H)
+    buffer), a shorter one is held in one pass while the logits budget allows, and scaled where it does not."""
+    h, w, y, _, gid, adv, noise, _ = _long_rows(47, rows=1, length=length)
+    mask = torch.ones(1, length, dtype=torch.bool)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("gspo"), lp, mask, gid, adv, noise)
+    fast = _fused("gspo", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
+    assert float(fast[1]["fused/row_scaled"]) == expected and float(fast[1]["fused/two_pass"]) == 0.0
 
 
 def test_a_completion_that_is_not_one_factor_is_done_again_at_its_coefficients(monkeypatch):
