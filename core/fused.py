@@ -34,15 +34,17 @@ matmuls). Its cost is a fourth matmul, 4/3 of the floor, and a second softmax pa
 the share of real tokens that took two passes: 0 when everything ran in one.
 
 Completions scaled once (``row_scaled``). Under a sequence-level ratio, clip and weight with nothing per token (GSPO,
-GSPO-token, LUSPO, VESPO), a completion's coefficients are c_t = k w_t: one factor k of its log-probs times weights
-w_t fixed before them. Its gradient is then k times the gradient at any other log-probs, so a completion longer than
-a block runs block by block at its placeholder coefficients c0 (ratio 1), its rows of d hidden written and its d W
-summed apart in a (V, H) buffer, and once its last block is known, k = c / c0 scales both (d W added to the total).
-Three matmuls, one block of logits and one (V, H) buffer whatever the completion's length, where holding it would take
-its whole (L, V) logits (256 MiB at L = 2048, V = 32k). It runs where it holds less than that (L > block + H) or where
-the completion would take two passes. Each completion's c is checked against k c0 (to a hundred
-round-offs); one that is not a multiple (a rule this module does not know) runs again at its coefficients, counted
-in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens that took this path.
+GSPO-token, LUSPO, VESPO, and DFPO, whose transform maps a group's sequence weights), a completion's coefficients are
+c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before them. Its gradient is then k times its
+gradient at any other log-probs, so a unit longer than a block runs block by block at its placeholder coefficients c0
+(ratio 1), its rows of d hidden written and each completion's d W summed apart in a (V, H) buffer; once its last block
+is known, each completion's k = c / c0 scales both (d W added to the total). Three matmuls and one block of logits
+whatever the unit's length, plus a (V, H) buffer per completion of the unit, where holding the unit would take its
+whole (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). It runs where it
+holds less than that (L > block + completions x H) or where the unit would take two passes; a group's buffers count
+against ``max_logits_mib``. Each completion's c is checked against k c0 (to a hundred round-offs); one that is not a
+multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule this module does not know) runs
+again at its coefficients, counted in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens scaled.
 
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
@@ -117,9 +119,11 @@ def coupling_unit(spec: ObjectiveSpec) -> str:
     local to a position / a completion; ``group`` otherwise (DFPO's transforms, and any field or value this
     module does not know, such as a preset added later: a group is exact for every spec that is not batch-coupled).
     """
-    if spec.batch_coupled:
-        return "batch"
-    fields = spec.components()
+    return "batch" if spec.batch_coupled else _unit_of_fields(spec.components())
+
+
+def _unit_of_fields(fields: dict[str, object]) -> str:
+    """``coupling_unit`` of a spec that is not batch-coupled, from its component fields."""
     defaults = ObjectiveSpec.__dataclass_fields__
     for name, value in fields.items():  # a field added after this module: local only at its default
         if name not in _TOKEN_LOCAL and name not in _LOCAL_ANY_VALUE and value != defaults[name].default:
@@ -135,15 +139,19 @@ _ONE_WEIGHT_PER_ROW = ("sequence", "sequence_token", "sequence_product")
 
 
 def row_scaled(spec: ObjectiveSpec) -> bool:
-    """Whether a completion's loss coefficients are one factor of its log-probs times weights fixed before them.
+    """Whether each completion's loss coefficients are one factor times weights fixed before the log-probs.
 
-    d loss / d logp_t = k_i(logp_i) w_t for t in completion i, with w_t read from the mask, the advantages and the old
-    and rollout log-probs only: a sequence-level ratio, clip and weight (``_ONE_WEIGHT_PER_ROW``), no entropy read and
-    no per-token KL term. Then a completion's gradient can be accumulated at placeholder log-probs (w_t up to a factor)
-    and scaled once by k_i when its last block is done: three matmuls and one block of logits, whatever its length
-    (module doc). ``fused_head_loss`` checks the proportionality on each such completion and redoes one that breaks it.
+    d loss / d logp_t = k_i w_t for t in completion i, with w_t read from the mask, the advantages and the old and
+    rollout log-probs only, and k_i from the sequence ratios: a sequence-level ratio, clip and weight
+    (``_ONE_WEIGHT_PER_ROW``), no entropy read, no per-token KL term, and nothing beyond the completion but DFPO's
+    in-group transform (which maps the group's sequence weights to new ones, so k_i reads the group). Then a
+    completion's gradient can be accumulated at placeholder log-probs and scaled once by k_i when its unit's last block
+    is done: three matmuls and one block of logits, whatever its length (module doc). ``fused_head_loss`` checks the
+    proportionality on each completion and redoes a unit where it breaks.
     """
-    return coupling_unit(spec) == "row" and not spec.needs_entropy and spec.ratio_level in _ONE_WEIGHT_PER_ROW and spec.beta == 0
+    if spec.batch_coupled or spec.needs_entropy or spec.ratio_level not in _ONE_WEIGHT_PER_ROW or spec.beta != 0:
+        return False
+    return _unit_of_fields({**spec.components(), "transform": "none"}) == "row"
 
 
 CHUNK_BOUNDS = (256, 1024)
@@ -593,11 +601,22 @@ def fused_head_loss(
     with_grad = need_h or need_w
     scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
 
+    def spans(s: int, e: int) -> list[tuple[int, int]]:
+        """The completions of positions s:e (a unit's): their (start, end) in layout order."""
+        r = rows[s:e]
+        starts = ((r[1:] != r[:-1]).nonzero().squeeze(-1) + 1 + s).tolist()
+        return list(zip([s, *starts], [*starts, e]))
+
     def path(s: int, e: int, two: bool) -> str:
-        """How a range of the plan runs: ``one`` pass held, ``two`` passes, or ``scaled`` (a completion, block by block:
-        where holding it would take two passes, or more memory than its (V, H) buffer, H x V beside the block)."""
-        if scaled and e - s > chunk_size and (e - s > max_unit or e - s - chunk_size > lm_head_weight.shape[1]):
-            return "scaled"
+        """How a unit (or a run of units) s:e runs: ``one`` pass held, ``two`` passes, or ``scaled`` block by block.
+        Scaled where a unit longer than a block would otherwise take two passes or hold more than its completions'
+        (V, H) buffers (H x V positions' worth each); a group's buffers must fit the logits budget, a completion's one
+        (the size of W's gradient) always may."""
+        if scaled and e - s > chunk_size:
+            n_rows = len(spans(s, e))
+            held = n_rows * lm_head_weight.shape[1]  # positions of logits the buffers weigh
+            if (n_rows == 1 or held <= max_unit) and (e - s > max_unit or e - s - chunk_size > held):
+                return "scaled"
         return "two" if two or not with_grad else "one"
 
     paths = [(s, e, path(s, e, two)) for s, e, two in plan]
@@ -608,7 +627,7 @@ def fused_head_loss(
     # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding)
     grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)
     grad_w = _Sum(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device)) if need_w else None  # (V, H)
-    row_w = None  # (V, H) one completion's d W at its placeholder coefficients (scaled path), made at its first use
+    row_w: list[Tensor] = []  # (V, H) each: a unit's completions' d W at placeholder coefficients (scaled), made as needed
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
     two_pass_tokens, scaled_tokens, finite = 0, 0, True
@@ -631,17 +650,17 @@ def fused_head_loss(
             entropy_buf[rows[s:e], cols[s:e]] = ent
         return h, z, ent, state, logp
 
-    def backward_block(s: int, e: int, h: Tensor, z: Tensor, ent: Tensor | None, state: object, into: _Sum | None) -> None:
+    def backward_block(s: int, e: int, h: Tensor, z: Tensor, ent: Tensor | None, state: object, into: list[tuple[int, int, _Sum]]) -> None:
         """Gradients of positions s:e from their hidden states and logits block (after ``block``) at the coefficients
-        of ``c_buf``: their rows of d hidden written, d W added to ``into``."""
+        of ``c_buf``: their rows of d hidden written, d W of positions a:b added to each (a, b, sum) of ``into``."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
         dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)
         dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
         if need_h:
             rows_of.write(grad_h, s, e, dz, weight)  # (n, H) rows of d hidden
-        if into is not None:
-            into.add(dz, h)  # (V, H), h unscaled: 1/temperature is in dz
+        for a, b, total in into:
+            total.add(dz[a - s : b - s], h[a - s : b - s])  # (V, H), h unscaled: 1/temperature is in dz
 
     def solve() -> None:
         """The coefficients at the values known now (the last call's loss and metrics are the batch's)."""
@@ -661,47 +680,54 @@ def fused_head_loss(
         for s in range(start, end, chunk_size):
             e = min(s + chunk_size, end)
             h, z, ent, state, _ = block(s, e)
-            backward_block(s, e, h, z, ent, state, grad_w)
+            backward_block(s, e, h, z, ent, state, whole(s, e))
 
-    def scaled_pass(start: int, end: int) -> bool | None:
-        """One completion block by block at its placeholder coefficients c0, then scaled by k where its coefficients
-        are c = k c0 (``row_scaled``): True; None where they are not (its gradient is not written yet); False at a
+    def whole(s: int, e: int) -> list[tuple[int, int, _Sum]]:
+        """``backward_block``'s ``into`` for d W of positions s:e straight into the total."""
+        return [(s, e, grad_w)] if need_w else []
+
+    def scaled_pass(start: int, end: int) -> int | None:
+        """A unit block by block at its placeholder coefficients c0, each completion's d W summed apart; then each
+        completion scaled by its k where its coefficients are c = k c0 (``row_scaled``), and run again at c where they
+        are not (c0 = 0 where a transform truncates a weight at ratio 1, say). The positions run again, or None at a
         non-finite log-prob."""
-        nonlocal row_w
         if c_buf is None:
-            solve()  # this completion's positions hold placeholders
+            solve()  # this unit's positions hold placeholders
         c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
-        if row_w is None and need_w:
-            row_w = _Sum(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device))  # (V, H)
-        if row_w is not None:
-            row_w.written = False
+        completions = spans(start, end)
+        while need_w and len(row_w) < len(completions):
+            row_w.append(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device))  # (V, H)
+        sums = [_Sum(out) for out in row_w[: len(completions)]] if need_w else []
         for s in range(start, end, chunk_size):
             e = min(s + chunk_size, end)
             h, z, ent, state, logp = block(s, e)
             if not bool(torch.isfinite(logp).all()):
-                return False
-            backward_block(s, e, h, z, ent, state, row_w)
+                return None
+            parts = [(max(a, s), min(b, e), total) for (a, b), total in zip(completions, sums) if a < e and b > s]
+            backward_block(s, e, h, z, ent, state, parts)
         solve()
-        k = _row_factor(c_buf[rows[start:end], cols[start:end]], c0)
-        if k is None:
-            return None
-        if need_h:
-            rows_of.scale(grad_h, start, end, k)
-        if need_w:
-            grad_w.add_scaled(row_w, k)
-        return True
+        c = c_buf[rows[start:end], cols[start:end]]  # (n,)
+        again = 0
+        for i, (a, b) in enumerate(completions):
+            k = _row_factor(c[a - start : b - start], c0[a - start : b - start])
+            if k is None:  # its rows of d hidden are written again, its d W added at c
+                fused_pass(a, b)
+                again += b - a
+                continue
+            if need_h:
+                rows_of.scale(grad_h, a, b, k)
+            if need_w:
+                grad_w.add_scaled(sums[i], k)
+        return again
 
     for start, end, how in paths:
         if how == "scaled":
-            done = scaled_pass(start, end)
-            if done is False:
+            again = scaled_pass(start, end)
+            if again is None:
                 finite = False
                 break
-            if done:
-                scaled_tokens += end - start
-                continue
-            two_pass_tokens += end - start  # not a multiple after all: the completion again, at its coefficients
-            fused_pass(start, end)
+            scaled_tokens += end - start - again
+            two_pass_tokens += again
             continue
         if how == "two":
             if not statistics(start, end):  # the whole unit's log-probs first
@@ -718,7 +744,7 @@ def fused_head_loss(
             finite = False
             break
         solve()
-        backward_block(start, end, h, z, ent, state, grad_w)
+        backward_block(start, end, h, z, ent, state, whole(start, end))
 
     grad_w = None if grad_w is None else grad_w.total()
     if not finite:

@@ -121,8 +121,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "fused/row_scaled",
         "mean",
-        "fused_policy_loss: share of real tokens in completions longer than a logits block whose gradient was summed at "
-        "placeholder coefficients and scaled once (a sequence-level objective, dfpo.core.fused.row_scaled): one block held, one pass",
+        "fused_policy_loss: share of real tokens whose completion's gradient was summed at placeholder coefficients and "
+        "scaled once, in units longer than a logits block (GSPO-like objectives and DFPO; dfpo.core.fused.row_scaled): one pass, one block held",
         _LOSS,
     ),
     # the trainer, one value per training step (metrics.jsonl)

@@ -334,14 +334,17 @@ def test_a_setting_this_module_does_not_know_is_taken_as_group_coupled(monkeypat
 
 
 def test_row_scaled_objectives_of_the_presets():
-    """A sequence-level ratio, clip and weight with nothing per token: GSPO, GSPO-token, LUSPO, VESPO; not GMPO (clipped
-    per token), OPSM (a token ratio), DFPO (a group's transform), a KL term to a reference, or an entropy read."""
+    """A sequence-level ratio, clip and weight with nothing per token: GSPO, GSPO-token, LUSPO, VESPO, and DFPO, whose
+    transform maps a group's sequence weights; not GMPO (clipped per token), OPSM (a token ratio), a KL term to a
+    reference, an entropy read, or a batch statistic."""
     scaled = {name for name in OBJECTIVES if fused_module.row_scaled(OBJECTIVES[name])}
-    assert {"gspo", "gspo_noclip", "gspo_token", "luspo", "vespo"} <= scaled
-    assert not scaled & {"gmpo", "opsm", "dfpo_min", "grpo", "stapo"}
+    assert {"gspo", "gspo_noclip", "gspo_token", "luspo", "vespo", "dfpo_min", "dfpo_orth", "dfpo_orth_tr"} <= scaled
+    assert not scaled & {"gmpo", "opsm", "grpo", "stapo", "topr", "kimi15", "prime_rl"}
     assert not fused_module.row_scaled(resolve_objective("gspo", beta=0.04))
+    assert not fused_module.row_scaled(resolve_objective("dfpo_min", beta=0.04))
     assert not fused_module.row_scaled(resolve_objective("gspo", entropy_coef=0.01))
     assert fused_module.row_scaled(resolve_objective("gspo", rollout_correction="sequence_mask"))
+    assert fused_module.row_scaled(resolve_objective("dfpo_min", stopgrad="score"))
 
 
 ROW_SCALED_CASES = [(n, kw) for n, kw in CASES if fused_module.row_scaled(resolve_objective(n, **kw))]
@@ -350,7 +353,7 @@ ROW_SCALED_CASES = [(n, kw) for n, kw in CASES if fused_module.row_scaled(resolv
 @settings(max_examples=40, deadline=None)
 @given(case=st.sampled_from(ROW_SCALED_CASES), seed=st.integers(0, 2**16), spread=st.floats(0.01, 3.0))
 def test_a_row_scaled_completions_coefficients_are_one_factor_times_those_at_ratio_one(case, seed, spread):
-    """Along a completion of a row-scaled objective, d loss / d logp is one factor times its value at ratio 1, whatever the log-probs."""
+    """Along a completion of a row-scaled objective, d loss / d logp is one factor times its value at ratio 1 where that is not 0."""
     name, overrides = case
     spec = resolve_objective(name, **overrides)
     h, w, y, mask, gid, adv, noise = _batch(seed)
@@ -361,8 +364,9 @@ def test_a_row_scaled_completions_coefficients_are_one_factor_times_those_at_rat
         fused_module._Inputs(spec, mask=mask, **{k: kw.get(k) for k in _LOSS_INPUTS}).coefficients(v, None)[0]
         for v in (kw["old_logp"], moved)
     )
-    for b in range(B):
-        assert fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is not None, b
+    for b in range(B):  # DFPO's truncating transforms can give a completion weight 0 at ratio 1 (it runs again, below)
+        if at_one[b][mask[b]].any():
+            assert fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is not None, b
 
 
 _LOSS_INPUTS = ("old_logp", "advantages", "group_ids", "ref_logp", "rollout_logp")
@@ -396,10 +400,26 @@ def _long_rows(seed: int, rows: int = 4, length: int = 24):
     return h, w, y, mask, gid, adv, torch.randn(rows, length, generator=g), lengths
 
 
-@pytest.mark.parametrize("name", ["gspo", "gspo_token", "vespo", "luspo"])
+@pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
+def test_long_completions_in_blocks_of_five_equal_the_reference(name, overrides):
+    """Completions of up to 24 positions in blocks of 5 (H = 8), groups of two: a row-scaled objective's units run
+    block by block, scaled (fused/row_scaled > 0), every other one is held or takes two passes; all are exact."""
+    spec = resolve_objective(name, **overrides)
+    h, w, y, mask, gid, adv, noise, _ = _long_rows(zlib.crc32(f"{name}{overrides}".encode()) % 2**16)
+    lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fast, slow = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=64.0), _reference(spec, h, w, y, 0.7, kw)
+    assert (float(fast[1].pop("fused/row_scaled")) > 0) == fused_module.row_scaled(spec)
+    truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
+    _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
+
+
+@pytest.mark.parametrize("name", ["gspo", "gspo_token", "vespo", "luspo", "dfpo_min", "dfpo_orth_tr"])
 def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, name):
     """A completion longer than a block runs block by block, one LM-head forward per position and no block larger than
-    chunk_size, even with no logits budget; fused/row_scaled is the share of its tokens, and the result is exact."""
+    chunk_size, even with no logits budget; fused/row_scaled is the share of its tokens, and the result is exact. DFPO's
+    groups of two need two (V, H) buffers, which a budget of 0 refuses: their rows are scaled one group at a time when
+    the budget holds them."""
     calls = []
     real = fused_module.head_logits
     monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
@@ -407,9 +427,11 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     h, w, y, mask, gid, adv, noise, lengths = _long_rows(41)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, 0.3 * noise)  # some sequences clipped
-    fast = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=0.0)
+    budget = 0.0 if fused_module.coupling_unit(spec) == "row" else 2 * H * V * 4 / 2**20  # a group's two buffers
+    fast = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=budget)
     assert sum(calls) == int(mask.sum()) and max(calls) <= 5
-    assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(float(lengths[lengths > 5].sum() / lengths.sum()))
+    long = lengths > 5 if budget == 0 else lengths > 0  # groups: (24, 19) and (3, 23), both longer than a block
+    assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(float(lengths[long].sum() / lengths.sum()))
     assert float(fast[1]["fused/two_pass"]) == 0.0
     _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
 
@@ -437,6 +459,22 @@ def test_a_completion_that_is_not_one_factor_is_done_again_at_its_coefficients(m
     fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=0.0)
     long_share = float(lengths[lengths > 5].sum() / lengths.sum())
     assert float(fast[1].pop("fused/two_pass")) == pytest.approx(long_share) and float(fast[1]["fused/row_scaled"]) == 0.0
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_a_group_runs_again_only_the_completions_that_are_not_one_factor(monkeypatch):
+    """Taken for row-scaled, TOPR in groups of two (A = +1, -1): the A > 0 completion has weight 1 (one factor), the
+    A < 0 one sg(clamp(r, 0, 1)) per token (not), so only the latter runs again at its coefficients; still exact."""
+    monkeypatch.setattr(fused_module, "row_scaled", lambda spec: True)
+    spec = resolve_objective("topr")
+    h, w, y, mask, gid, _, noise, lengths = _long_rows(53)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)  # ratios on both sides of 1
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=64.0)
+    negative = float(lengths[adv < 0].sum() / lengths.sum())
+    assert float(fast[1].pop("fused/two_pass")) == pytest.approx(negative)
+    assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(1 - negative)
     _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
 
 
