@@ -305,30 +305,31 @@ class _Kernels:
 
 
 _WORKSPACE = threading.local()
-"""This thread's kept CPU logits blocks (``_logits_block``): ``slots``, a list of two flat tensors or None."""
+"""This thread's kept CPU buffers (``_kept``): ``slots``, a dict of flat tensors by slot."""
 
 
-def _logits_block(slot: int, rows: int, V: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A (rows, V) buffer for logits blocks (slot 0: the logits; slot 1: the eager entropy kernels' p).
+def _kept(slot: int, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised buffer of ``shape``: slot 0 the logits block, 1 the eager entropy kernels' p (both (rows, V)),
+    2 + i the (V, H) d W sum of a scaled unit's i-th completion (``row_scaled``).
 
-    On CPU the buffer is kept per thread and reused by the next call: a fresh (rows, V) allocation is a fresh
-    mapping of memory whose first write faults every page in (about 50 ms of system time for 128 MiB), which is
-    more than the softmax over it. CUDA's caching allocator already reuses its blocks, so other devices allocate.
-    What stays held between calls: rows x V x 4 bytes per slot (``release_workspace`` frees it).
+    On CPU the buffer is kept per thread and reused by the next call: a fresh allocation is a fresh mapping of memory
+    whose first write faults every page in (about 50 ms of system time for 128 MiB), which is more than the softmax over
+    a block of that size. CUDA's caching allocator already reuses its blocks, so other devices allocate. What stays held
+    between calls: the largest buffer each slot was asked for (``release_workspace`` frees them).
     """
     if device.type != "cpu":
-        return torch.empty((rows, V), dtype=dtype, device=device)
-    slots = getattr(_WORKSPACE, "slots", None) or [None, None]
-    held = slots[slot]
-    if held is None or held.dtype != dtype or held.numel() < rows * V:
-        slots[slot] = None  # the old block goes before the new one is allocated
-        held = slots[slot] = torch.empty(rows * V, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
+    slots = getattr(_WORKSPACE, "slots", None) or {}
+    held, size = slots.get(slot), shape[0] * shape[1]
+    if held is None or held.dtype != dtype or held.numel() < size:
+        slots.pop(slot, None)  # the old buffer goes before the new one is allocated
+        held = slots[slot] = torch.empty(size, dtype=dtype)
     _WORKSPACE.slots = slots
-    return held[: rows * V].view(rows, V)
+    return held[:size].view(shape)
 
 
 def release_workspace() -> None:
-    """Free this thread's kept CPU logits blocks (``_logits_block``); the next fused call allocates them again."""
+    """Free this thread's kept CPU buffers (``_kept``); the next fused call allocates them again."""
     _WORKSPACE.slots = None
 
 
@@ -621,20 +622,19 @@ def fused_head_loss(
 
     paths = [(s, e, path(s, e, two)) for s, e, two in plan]
     longest = max((e - s if how == "one" else min(chunk_size, e - s) for s, e, how in paths), default=0)
-    buf = _logits_block(0, longest, V, dtype, hidden.device)  # (n, V) the one logits block, reused
+    buf = _kept(0, (longest, V), dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
     rows_of = _RowsOf(hidden.detach(), rows, cols)  # a chunk's hidden rows: a view where they are consecutive
     # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding)
     grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)
     grad_w = _Sum(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device)) if need_w else None  # (V, H)
-    row_w: list[Tensor] = []  # (V, H) each: a unit's completions' d W at placeholder coefficients (scaled), made as needed
     weight = lm_head_weight.detach()
     c_buf = e_buf = loss = metrics = None
     two_pass_tokens, scaled_tokens, finite = 0, 0, True
 
     def spare(n: int) -> Tensor | None:
         """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
-        return _logits_block(1, longest, V, dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
+        return _kept(1, (longest, V), dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
 
     def block(s: int, e: int) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor]:
         """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers."""
@@ -695,9 +695,7 @@ def fused_head_loss(
             solve()  # this unit's positions hold placeholders
         c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
         completions = spans(start, end)
-        while need_w and len(row_w) < len(completions):
-            row_w.append(torch.empty(lm_head_weight.shape, dtype=dtype, device=hidden.device))  # (V, H)
-        sums = [_Sum(out) for out in row_w[: len(completions)]] if need_w else []
+        sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(len(completions))] if need_w else []
         for s in range(start, end, chunk_size):
             e = min(s + chunk_size, end)
             h, z, ent, state, logp = block(s, e)

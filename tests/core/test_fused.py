@@ -708,6 +708,21 @@ def test_the_cpu_logits_block_is_reused_by_the_next_call_and_released_on_request
         _assert_equal(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_a_scaled_units_buffers_are_kept_like_the_logits_block():
+    """DFPO's groups of two, scaled: one (V, H) buffer per completion, kept for the next call and reused by it."""
+    h, w, y, mask, gid, adv, noise, _ = _long_rows(67)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(resolve_objective("dfpo_min"), lp, mask, gid, adv, noise)
+    fused_module.release_workspace()
+    first = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5)
+    buffers = [fused_module._WORKSPACE.slots[slot] for slot in (2, 3)]
+    assert [b.numel() for b in buffers] == [V * H] * 2 and 4 not in fused_module._WORKSPACE.slots
+    second = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5)
+    assert all(fused_module._WORKSPACE.slots[slot] is b for slot, b in zip((2, 3), buffers))
+    assert float(first[1]["fused/row_scaled"]) == 1.0
+    _assert_equal(first, second, rtol=0, atol=0)
+
+
 def test_the_public_name_is_the_core_function():
     assert dfpo.fused_policy_loss is fused_policy_loss
 
