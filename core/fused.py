@@ -40,11 +40,13 @@ gradient at any other log-probs, so a unit longer than a block runs block by blo
 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a (V, H) buffer; once its last block
 is known, each completion's k = c / c0 scales both (d W added to the total). Three matmuls and one block of logits
 whatever the unit's length, plus a (V, H) buffer per completion of the unit, where holding the unit would take its
-whole (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). It runs where it
-holds less than that (L > block + completions x H) or where the unit would take two passes; a group's buffers count
-against ``max_logits_mib``. Each completion's c is checked against k c0 (to a hundred round-offs); one that is not a
-multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule this module does not know) runs
-again at its coefficients, counted in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens scaled.
+whole (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). A completion runs
+so where it holds less than that (L > block + H) or where it would take two passes. A group runs so only where it
+would take two passes and its buffers fit ``max_logits_mib``: held, it is one sum with no scaling (DFPO's group of
+eight at 8 x 2048, V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds).
+Each completion's c is checked against k c0 (to a hundred round-offs); one that is not a multiple (c0 = 0 where a
+truncating transform zeroes a weight at ratio 1, or a rule this module does not know) runs again at its
+coefficients, counted in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens scaled.
 
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
@@ -610,13 +612,15 @@ def fused_head_loss(
 
     def path(s: int, e: int, two: bool) -> str:
         """How a unit (or a run of units) s:e runs: ``one`` pass held, ``two`` passes, or ``scaled`` block by block.
-        Scaled where a unit longer than a block would otherwise take two passes or hold more than its completions'
-        (V, H) buffers (H x V positions' worth each); a group's buffers must fit the logits budget, a completion's one
-        (the size of W's gradient) always may."""
+        A completion longer than a block is scaled where it would otherwise take two passes or hold more than its
+        (V, H) buffer (H x V positions' worth, the size of W's gradient). A group is scaled only instead of two
+        passes, where its completions' buffers fit the logits budget: held, it is one sum and no scaling (module doc)."""
         if scaled and e - s > chunk_size:
             n_rows = len(spans(s, e))
-            held = n_rows * lm_head_weight.shape[1]  # positions of logits the buffers weigh
-            if (n_rows == 1 or held <= max_unit) and (e - s > max_unit or e - s - chunk_size > held):
+            buffers = n_rows * lm_head_weight.shape[1]  # positions of logits the buffers weigh
+            if n_rows == 1 and (e - s > max_unit or e - s - chunk_size > buffers):
+                return "scaled"
+            if n_rows > 1 and e - s > max_unit and buffers <= max_unit:
                 return "scaled"
         return "two" if two or not with_grad else "one"
 

@@ -400,15 +400,20 @@ def _long_rows(seed: int, rows: int = 4, length: int = 24):
     return h, w, y, mask, gid, adv, torch.randn(rows, length, generator=g), lengths
 
 
+_TWENTY = 20 * V * 4 / 2**20
+"""A logits budget of 20 positions: less than the long rows' groups (43 and 26), more than their buffers (2 x H = 16)."""
+
+
 @pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
 def test_long_completions_in_blocks_of_five_equal_the_reference(name, overrides):
-    """Completions of up to 24 positions in blocks of 5 (H = 8), groups of two: a row-scaled objective's units run
-    block by block, scaled (fused/row_scaled > 0), every other one is held or takes two passes; all are exact."""
+    """Completions of up to 24 positions in blocks of 5 (H = 8), groups of two, a budget of 20 positions: a row-scaled
+    objective's units run block by block, scaled (fused/row_scaled > 0), every other one is held or takes two passes;
+    all are exact."""
     spec = resolve_objective(name, **overrides)
     h, w, y, mask, gid, adv, noise, _ = _long_rows(zlib.crc32(f"{name}{overrides}".encode()) % 2**16)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    fast, slow = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=64.0), _reference(spec, h, w, y, 0.7, kw)
+    fast, slow = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=_TWENTY), _reference(spec, h, w, y, 0.7, kw)
     assert (float(fast[1].pop("fused/row_scaled")) > 0) == fused_module.row_scaled(spec)
     truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
     _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
@@ -418,8 +423,7 @@ def test_long_completions_in_blocks_of_five_equal_the_reference(name, overrides)
 def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, name):
     """A completion longer than a block runs block by block, one LM-head forward per position and no block larger than
     chunk_size, even with no logits budget; fused/row_scaled is the share of its tokens, and the result is exact. DFPO's
-    groups of two need two (V, H) buffers, which a budget of 0 refuses: their rows are scaled one group at a time when
-    the budget holds them."""
+    groups of two are scaled where the budget holds their two (V, H) buffers and not the group."""
     calls = []
     real = fused_module.head_logits
     monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
@@ -427,7 +431,7 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     h, w, y, mask, gid, adv, noise, lengths = _long_rows(41)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, 0.3 * noise)  # some sequences clipped
-    budget = 0.0 if fused_module.coupling_unit(spec) == "row" else 2 * H * V * 4 / 2**20  # a group's two buffers
+    budget = 0.0 if fused_module.coupling_unit(spec) == "row" else 2 * H * V * 4 / 2**20  # a group's two buffers only
     fast = _fused(spec, h, w, y, 0.7, kw, chunk_size=5, max_logits_mib=budget)
     assert sum(calls) == int(mask.sum()) and max(calls) <= 5
     long = lengths > 5 if budget == 0 else lengths > 0  # groups: (24, 19) and (3, 23), both longer than a block
@@ -446,6 +450,20 @@ def test_a_completion_is_scaled_where_it_would_hold_more_than_its_buffer_or_take
     kw = _inputs(resolve_objective("gspo"), lp, mask, gid, adv, noise)
     fast = _fused("gspo", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
     assert float(fast[1]["fused/row_scaled"]) == expected and float(fast[1]["fused/two_pass"]) == 0.0
+
+
+@pytest.mark.parametrize(("budget", "held", "scaled"), [(64.0, 1.0, 0.0), (_TWENTY, 0.0, 1.0), (0.0, 0.0, 0.0)])
+def test_a_dfpo_group_is_held_where_it_fits_and_scaled_only_instead_of_two_passes(budget, held, scaled):
+    """DFPO's groups of two (43 and 26 positions, blocks of 5): held in one pass within the budget, scaled where the
+    budget holds their two buffers (16 positions' worth) but not the group, two passes where it holds neither."""
+    spec = resolve_objective("dfpo_min")
+    h, w, y, mask, gid, adv, noise, _ = _long_rows(59)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
+    metrics = {k: float(fast[1].pop(k)) for k in ("fused/row_scaled", "fused/two_pass")}
+    assert metrics == {"fused/row_scaled": scaled, "fused/two_pass": 1.0 - held - scaled}
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
 
 
 def test_a_completion_that_is_not_one_factor_is_done_again_at_its_coefficients(monkeypatch):
@@ -471,7 +489,7 @@ def test_a_group_runs_again_only_the_completions_that_are_not_one_factor(monkeyp
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)  # ratios on both sides of 1
-    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=64.0)
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=_TWENTY)
     negative = float(lengths[adv < 0].sum() / lengths.sum())
     assert float(fast[1].pop("fused/two_pass")) == pytest.approx(negative)
     assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(1 - negative)
@@ -714,10 +732,10 @@ def test_a_scaled_units_buffers_are_kept_like_the_logits_block():
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(resolve_objective("dfpo_min"), lp, mask, gid, adv, noise)
     fused_module.release_workspace()
-    first = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5)
+    first = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=_TWENTY)
     buffers = [fused_module._WORKSPACE.slots[slot] for slot in (2, 3)]
     assert [b.numel() for b in buffers] == [V * H] * 2 and 4 not in fused_module._WORKSPACE.slots
-    second = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5)
+    second = _fused("dfpo_min", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=_TWENTY)
     assert all(fused_module._WORKSPACE.slots[slot] is b for slot, b in zip((2, 3), buffers))
     assert float(first[1]["fused/row_scaled"]) == 1.0
     _assert_equal(first, second, rtol=0, atol=0)
