@@ -149,7 +149,7 @@ def row_scaled(spec: ObjectiveSpec) -> bool:
     in-group transform (which maps the group's sequence weights to new ones, so k_i reads the group). Then a
     completion's gradient can be accumulated at placeholder log-probs and scaled once by k_i when its unit's last block
     is done: three matmuls and one block of logits, whatever its length (module doc). ``fused_head_loss`` checks the
-    proportionality on each completion and redoes a unit where it breaks.
+    proportionality on each completion and runs a completion again, at its own coefficients, where it breaks.
     """
     if spec.batch_coupled or spec.needs_entropy or spec.ratio_level not in _ONE_WEIGHT_PER_ROW or spec.beta != 0:
         return False
@@ -679,16 +679,20 @@ def fused_head_loss(
                 return False
         return True
 
-    def fused_pass(start: int, end: int) -> None:
-        """The fused pass over positions start:end block by block, at the coefficients of ``c_buf``."""
-        for s in range(start, end, chunk_size):
-            e = min(s + chunk_size, end)
-            h, z, ent, state, _ = block(s, e)
-            backward_block(s, e, h, z, ent, state, whole(s, e))
-
     def whole(s: int, e: int) -> list[tuple[int, int, _Sum]]:
         """``backward_block``'s ``into`` for d W of positions s:e straight into the total."""
         return [(s, e, grad_w)] if need_w else []
+
+    def fused_pass(start: int, end: int, into: Callable[[int, int], list[tuple[int, int, _Sum]]] = whole) -> bool:
+        """The fused pass over positions start:end block by block, at the coefficients of ``c_buf``, d W of each
+        block's positions added where ``into(s, e)`` says; False at a non-finite log-prob (the pass stops there)."""
+        for s in range(start, end, chunk_size):
+            e = min(s + chunk_size, end)
+            h, z, ent, state, logp = block(s, e)
+            if not bool(torch.isfinite(logp).all()):
+                return False
+            backward_block(s, e, h, z, ent, state, into(s, e))
+        return True
 
     def scaled_pass(start: int, end: int) -> int | None:
         """A unit block by block at its placeholder coefficients c0, each completion's d W summed apart; then each
@@ -700,13 +704,12 @@ def fused_head_loss(
         c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
         completions = spans(start, end)
         sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(len(completions))] if need_w else []
-        for s in range(start, end, chunk_size):
-            e = min(s + chunk_size, end)
-            h, z, ent, state, logp = block(s, e)
-            if not bool(torch.isfinite(logp).all()):
-                return None
-            parts = [(max(a, s), min(b, e), total) for (a, b), total in zip(completions, sums) if a < e and b > s]
-            backward_block(s, e, h, z, ent, state, parts)
+
+        def parts(s: int, e: int) -> list[tuple[int, int, _Sum]]:  # each completion's positions of s:e, to its own sum
+            return [(max(a, s), min(b, e), total) for (a, b), total in zip(completions, sums) if a < e and b > s]
+
+        if not fused_pass(start, end, parts):
+            return None
         solve()
         c = c_buf[rows[start:end], cols[start:end]]  # (n,)
         again = 0

@@ -350,6 +350,12 @@ def test_row_scaled_objectives_of_the_presets():
 ROW_SCALED_CASES = [(n, kw) for n, kw in CASES if fused_module.row_scaled(resolve_objective(n, **kw))]
 
 
+def _coefficients(spec, kw: dict, mask, logp: torch.Tensor) -> torch.Tensor:
+    """d loss / d logp (B, T) at ``logp``, as the fused pass takes them (``_Inputs.coefficients``)."""
+    inputs = {k: kw.get(k) for k in ("old_logp", "advantages", "group_ids", "ref_logp", "rollout_logp")}
+    return fused_module._Inputs(spec, mask=mask, **inputs).coefficients(logp, None)[0]
+
+
 @settings(max_examples=40, deadline=None)
 @given(case=st.sampled_from(ROW_SCALED_CASES), seed=st.integers(0, 2**16), spread=st.floats(0.01, 3.0))
 def test_a_row_scaled_completions_coefficients_are_one_factor_times_those_at_ratio_one(case, seed, spread):
@@ -360,16 +366,10 @@ def test_a_row_scaled_completions_coefficients_are_one_factor_times_those_at_rat
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
     moved = kw["old_logp"] + spread * torch.randn(B, T, generator=torch.Generator().manual_seed(seed))  # (B, T)
-    at_one, at_moved = (
-        fused_module._Inputs(spec, mask=mask, **{k: kw.get(k) for k in _LOSS_INPUTS}).coefficients(v, None)[0]
-        for v in (kw["old_logp"], moved)
-    )
+    at_one, at_moved = (_coefficients(spec, kw, mask, v) for v in (kw["old_logp"], moved))
     for b in range(B):  # DFPO's truncating transforms can give a completion weight 0 at ratio 1 (it runs again, below)
         if at_one[b][mask[b]].any():
             assert fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is not None, b
-
-
-_LOSS_INPUTS = ("old_logp", "advantages", "group_ids", "ref_logp", "rollout_logp")
 
 
 @pytest.mark.parametrize("name", ["gmpo", "opsm"])
@@ -380,10 +380,8 @@ def test_a_row_coupled_objective_that_clips_per_token_is_not_one_factor(name):
     h, w, y, mask, gid, adv, noise = _batch(37)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
-    x = fused_module._Inputs(spec, mask=mask, **{k: kw.get(k) for k in _LOSS_INPUTS})
-    at_one, at_moved = (
-        x.coefficients(v, None)[0] for v in (kw["old_logp"], kw["old_logp"] + torch.randn(B, T, generator=torch.Generator().manual_seed(1)))
-    )
+    moved = kw["old_logp"] + torch.randn(B, T, generator=torch.Generator().manual_seed(1))  # (B, T)
+    at_one, at_moved = (_coefficients(spec, kw, mask, v) for v in (kw["old_logp"], moved))
     assert any(fused_module._row_factor(at_moved[b][mask[b]], at_one[b][mask[b]]) is None for b in range(B))
 
 
