@@ -603,6 +603,7 @@ def fused_head_loss(
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
     scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
+    scaled_block = max(1, chunk_size // 2)  # positions per block of a scaled unit: half a block beside its buffers
 
     def spans(s: int, e: int) -> list[tuple[int, int]]:
         """The completions of positions s:e (a unit's): their (start, end) in layout order."""
@@ -613,19 +614,25 @@ def fused_head_loss(
     def path(s: int, e: int, two: bool) -> str:
         """How a unit (or a run of units) s:e runs: ``one`` pass held, ``two`` passes, or ``scaled`` block by block.
         A completion longer than a block is scaled where it would otherwise take two passes or hold more than its
-        (V, H) buffer (H x V positions' worth, the size of W's gradient). A group is scaled only instead of two
-        passes, where its completions' buffers fit the logits budget: held, it is one sum and no scaling (module doc)."""
+        (V, H) buffer (H x V positions' worth, the size of W's gradient) and a half block. A group is scaled only
+        instead of two passes (as many of its completions as ``buffered`` says; the others take two passes): held,
+        it is one sum and no scaling (module doc)."""
         if scaled and e - s > chunk_size:
             n_rows = len(spans(s, e))
-            buffers = n_rows * lm_head_weight.shape[1]  # positions of logits the buffers weigh
-            if n_rows == 1 and (e - s > max_unit or e - s - chunk_size > buffers):
+            if n_rows == 1 and (e - s > max_unit or e - s > scaled_block + lm_head_weight.shape[1]):
                 return "scaled"
-            if n_rows > 1 and e - s > max_unit and buffers <= max_unit:
+            if n_rows > 1 and e - s > max_unit:
                 return "scaled"
         return "two" if two or not with_grad else "one"
 
+    def buffered(n_rows: int) -> int:
+        """How many completions of a scaled unit get a (V, H) d W buffer: all where W has no gradient to sum, else as
+        many as ``max_logits_mib`` holds (H x V positions' worth each), at least one (the size of W's own gradient)."""
+        return n_rows if not need_w else max(1, min(n_rows, max_unit // lm_head_weight.shape[1]))
+
     paths = [(s, e, path(s, e, two)) for s, e, two in plan]
-    longest = max((e - s if how == "one" else min(chunk_size, e - s) for s, e, how in paths), default=0)
+    block_of = {"one": n_pos, "two": chunk_size, "scaled": scaled_block}  # positions per block, by path
+    longest = max((min(block_of[how], e - s) for s, e, how in paths), default=0)
     buf = _kept(0, (longest, V), dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
     rows_of = _RowsOf(hidden.detach(), rows, cols)  # a chunk's hidden rows: a view where they are consecutive
@@ -671,10 +678,10 @@ def fused_head_loss(
         nonlocal c_buf, e_buf, loss, metrics
         c_buf, e_buf, loss, metrics = x.coefficients(logp_buf, entropy_buf if needs_entropy else None)
 
-    def statistics(start: int, end: int) -> bool:
-        """The log-probs (and entropies) of positions start:end, block by block; False at a non-finite one."""
-        for s in range(start, end, chunk_size):
-            *_, logp = block(s, min(s + chunk_size, end))
+    def statistics(start: int, end: int, step: int = chunk_size) -> bool:
+        """The log-probs (and entropies) of positions start:end in blocks of ``step``; False at a non-finite one."""
+        for s in range(start, end, step):
+            *_, logp = block(s, min(s + step, end))
             if not bool(torch.isfinite(logp).all()):
                 return False
         return True
@@ -683,11 +690,11 @@ def fused_head_loss(
         """``backward_block``'s ``into`` for d W of positions s:e straight into the total."""
         return [(s, e, grad_w)] if need_w else []
 
-    def fused_pass(start: int, end: int, into: Callable[[int, int], list[tuple[int, int, _Sum]]] = whole) -> bool:
-        """The fused pass over positions start:end block by block, at the coefficients of ``c_buf``, d W of each
+    def fused_pass(start: int, end: int, into: Callable[[int, int], list[tuple[int, int, _Sum]]] = whole, step: int = chunk_size) -> bool:
+        """The fused pass over positions start:end in blocks of ``step``, at the coefficients of ``c_buf``, d W of each
         block's positions added where ``into(s, e)`` says; False at a non-finite log-prob (the pass stops there)."""
-        for s in range(start, end, chunk_size):
-            e = min(s + chunk_size, end)
+        for s in range(start, end, step):
+            e = min(s + step, end)
             h, z, ent, state, logp = block(s, e)
             if not bool(torch.isfinite(logp).all()):
                 return False
@@ -695,28 +702,30 @@ def fused_head_loss(
         return True
 
     def scaled_pass(start: int, end: int) -> int | None:
-        """A unit block by block at its placeholder coefficients c0, each completion's d W summed apart; then each
-        completion scaled by its k where its coefficients are c = k c0 (``row_scaled``), and run again at c where they
-        are not (c0 = 0 where a transform truncates a weight at ratio 1, say). The positions run again, or None at a
-        non-finite log-prob."""
+        """A unit's completions block by block: the first ``buffered`` at their placeholder coefficients c0, each one's
+        d W summed apart, the others' log-probs only. Then each buffered completion is scaled by its k where its
+        coefficients are c = k c0 (``row_scaled``); the others, and any whose c is not k c0 (c0 = 0 where a transform
+        truncates a weight at ratio 1, say), run again at c. The positions run again, or None at a non-finite log-prob."""
         if c_buf is None:
             solve()  # this unit's positions hold placeholders
         c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
         completions = spans(start, end)
-        sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(len(completions))] if need_w else []
-
-        def parts(s: int, e: int) -> list[tuple[int, int, _Sum]]:  # each completion's positions of s:e, to its own sum
-            return [(max(a, s), min(b, e), total) for (a, b), total in zip(completions, sums) if a < e and b > s]
-
-        if not fused_pass(start, end, parts):
-            return None
+        n_sums = buffered(len(completions))
+        sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(n_sums)] if need_w else []
+        for i, (a, b) in enumerate(completions):
+            if i < n_sums:  # its d W to its own sum
+                done = fused_pass(a, b, lambda s, e, total=sums[i : i + 1]: [(s, e, t) for t in total], scaled_block)
+            else:  # its log-probs only: its gradient once the unit's last block is known
+                done = statistics(a, b, scaled_block)
+            if not done:
+                return None
         solve()
         c = c_buf[rows[start:end], cols[start:end]]  # (n,)
         again = 0
         for i, (a, b) in enumerate(completions):
-            k = _row_factor(c[a - start : b - start], c0[a - start : b - start])
-            if k is None:  # its rows of d hidden are written again, its d W added at c
-                fused_pass(a, b)
+            k = _row_factor(c[a - start : b - start], c0[a - start : b - start]) if i < n_sums else None
+            if k is None:  # its rows of d hidden are written (again), its d W added at c
+                fused_pass(a, b, step=scaled_block)
                 again += b - a
                 continue
             if need_h:

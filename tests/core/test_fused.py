@@ -438,30 +438,62 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize(("length", "budget", "expected"), [(13, 64.0, 0.0), (14, 64.0, 1.0), (7, 64.0, 0.0), (7, 0.0, 1.0)])
-def test_a_completion_is_scaled_where_it_would_hold_more_than_its_buffer_or_take_two_passes(length, budget, expected):
-    """Blocks of 5, H = 8: a GSPO completion of L > 5 + 8 positions is scaled (its (L, V) logits would outweigh the (V, H)
-    buffer), a shorter one is held in one pass while the logits budget allows, and scaled where it does not."""
+@pytest.mark.parametrize(("length", "budget", "expected"), [(10, 64.0, 0.0), (11, 64.0, 1.0), (7, 64.0, 0.0), (7, 0.0, 1.0)])
+def test_a_completion_is_scaled_in_half_blocks_where_it_would_hold_more_than_its_buffer_or_take_two_passes(
+    monkeypatch, length, budget, expected
+):
+    """Blocks of 5, H = 8: a GSPO completion of L > 2 + 8 positions is scaled in blocks of 2 (its (L, V) logits would
+    outweigh the (V, H) buffer and a half block), a shorter one is held in one pass while the logits budget allows, and
+    scaled where it does not."""
+    calls = []
+    real = fused_module.head_logits
+    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
     h, w, y, _, gid, adv, noise, _ = _long_rows(47, rows=1, length=length)
     mask = torch.ones(1, length, dtype=torch.bool)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(resolve_objective("gspo"), lp, mask, gid, adv, noise)
     fast = _fused("gspo", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
     assert float(fast[1]["fused/row_scaled"]) == expected and float(fast[1]["fused/two_pass"]) == 0.0
+    assert calls == ([2] * (length // 2) + [1] * (length % 2) if expected else [length])
 
 
-@pytest.mark.parametrize(("budget", "held", "scaled"), [(64.0, 1.0, 0.0), (_TWENTY, 0.0, 1.0), (0.0, 0.0, 0.0)])
-def test_a_dfpo_group_is_held_where_it_fits_and_scaled_only_instead_of_two_passes(budget, held, scaled):
-    """DFPO's groups of two (43 and 26 positions, blocks of 5): held in one pass within the budget, scaled where the
-    budget holds their two buffers (16 positions' worth) but not the group, two passes where it holds neither."""
+_TWELVE = 12 * V * 4 / 2**20
+"""A logits budget of 12 positions: one (V, H) buffer (H = 8 positions' worth), not two."""
+
+
+@pytest.mark.parametrize(("budget", "buffers"), [(64.0, None), (_TWENTY, 2), (_TWELVE, 1), (0.0, 1)])
+def test_a_dfpo_group_is_held_where_it_fits_else_scaled_as_far_as_the_budget_holds_buffers(budget, buffers):
+    """DFPO's groups of two (43 and 26 positions, blocks of 5, H = 8): held in one pass within the budget; else scaled,
+    each group's first completions as many as the budget holds (V, H) buffers for (at least one), the rest in two passes."""
     spec = resolve_objective("dfpo_min")
-    h, w, y, mask, gid, adv, noise, _ = _long_rows(59)
+    h, w, y, mask, gid, adv, noise, lengths = _long_rows(59)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
     fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
     metrics = {k: float(fast[1].pop(k)) for k in ("fused/row_scaled", "fused/two_pass")}
-    assert metrics == {"fused/row_scaled": scaled, "fused/two_pass": 1.0 - held - scaled}
+    per_group = lengths.view(-1, 2).float()  # (groups, 2) completion lengths
+    scaled = 0.0 if buffers is None else float(per_group[:, :buffers].sum() / per_group.sum())
+    two = 0.0 if buffers is None else 1.0 - scaled
+    assert metrics == {"fused/row_scaled": pytest.approx(scaled), "fused/two_pass": pytest.approx(two)}
     _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_a_group_over_the_budget_with_a_frozen_head_is_scaled_whole_with_no_buffer():
+    """With no gradient for W there is no d W to sum apart: a DFPO group over the budget is scaled whole, in one pass, and
+    no (V, H) buffer is made."""
+    spec = resolve_objective("dfpo_min")
+    h, w, y, mask, gid, adv, noise, _ = _long_rows(61)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fused_module.release_workspace()
+    hidden = h.detach().requires_grad_()
+    loss, metrics = fused_policy_loss(spec, hidden=hidden, lm_head_weight=w, targets=y, **kw, chunk_size=5, max_logits_mib=0.0)
+    (grad,) = torch.autograd.grad(loss, [hidden])
+    assert float(metrics["fused/row_scaled"]) == 1.0 and float(metrics["fused/two_pass"]) == 0.0
+    assert 2 not in fused_module._WORKSPACE.slots
+    loss_ref, _, grad_ref, _ = _reference(spec, h, w, y, 1.0, kw)
+    torch.testing.assert_close(loss.detach(), loss_ref, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(grad, grad_ref, rtol=2e-5, atol=2e-6)
 
 
 def test_a_completion_that_is_not_one_factor_is_done_again_at_its_coefficients(monkeypatch):
@@ -528,10 +560,12 @@ def test_the_plan_of_a_small_batch_is_one_chunk():
 
 
 @pytest.mark.parametrize(
-    ("name", "budget", "expected"), [("dfpo_min", 64.0, 0.0), ("dfpo_min", 0.0, 1.0), ("grpo", 0.0, 0.0), ("stapo", 0.0, 1.0)]
+    ("name", "budget", "expected"), [("dfpo_min", 64.0, 0.0), ("gmpo", 0.0, 26 / 28), ("grpo", 0.0, 0.0), ("stapo", 0.0, 1.0)]
 )
 def test_the_two_pass_metric_says_which_path_ran(name, budget, expected):
-    """fused/two_pass is the share of real tokens whose logits took two passes: token-level objectives never do."""
+    """fused/two_pass is the share of real tokens whose logits took two passes: token-level objectives never do; where
+    the budget holds nothing, a row-coupled one that is not row-scaled (GMPO) does for its completions longer than a
+    block (26 of the 28 tokens), a batch-coupled one (STAPO) for all."""
     h, w, y, mask, gid, adv, noise = _batch(29)
     lp, _ = naive_token_logprobs(h, w, y)
     _, metrics = fused_policy_loss(
@@ -543,7 +577,7 @@ def test_the_two_pass_metric_says_which_path_ran(name, budget, expected):
         chunk_size=3,
         max_logits_mib=budget,
     )
-    assert float(metrics["fused/two_pass"]) == expected
+    assert float(metrics["fused/two_pass"]) == pytest.approx(expected)
 
 
 def test_the_head_runs_three_matmuls_in_one_pass_and_four_in_two(monkeypatch):
@@ -557,7 +591,8 @@ def test_the_head_runs_three_matmuls_in_one_pass_and_four_in_two(monkeypatch):
     fused_policy_loss("dfpo_min", hidden=h.requires_grad_(), lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=64.0)
     assert sum(calls) == int(mask.sum())
     calls.clear()
-    fused_policy_loss("dfpo_min", hidden=h, lm_head_weight=w, targets=y, **kw, chunk_size=3, max_logits_mib=0.0)
+    kw_stapo = _inputs(resolve_objective("stapo"), lp, mask, gid, adv, noise)
+    fused_policy_loss("stapo", hidden=h, lm_head_weight=w, targets=y, **kw_stapo, chunk_size=3, max_logits_mib=0.0)
     assert sum(calls) == 2 * int(mask.sum())
     calls.clear()
     with torch.no_grad():  # no gradient asked for: the statistics alone
