@@ -36,17 +36,23 @@ the share of real tokens that took two passes: 0 when everything ran in one.
 Completions scaled once (``row_scaled``). Under a sequence-level ratio, clip and weight with nothing per token (GSPO,
 GSPO-token, LUSPO, VESPO, and DFPO, whose transform maps a group's sequence weights), a completion's coefficients are
 c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before them. Its gradient is then k times its
-gradient at any other log-probs, so a unit longer than a block runs block by block at its placeholder coefficients c0
-(ratio 1), its rows of d hidden written and each completion's d W summed apart in a (V, H) buffer; once its last block
-is known, each completion's k = c / c0 scales both (d W added to the total). Three matmuls and one block of logits
-whatever the unit's length, plus a (V, H) buffer per completion of the unit, where holding the unit would take its
-whole (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). A completion runs
-so where it holds less than that (L > block + H) or where it would take two passes. A group runs so only where it
-would take two passes and its buffers fit ``max_logits_mib``: held, it is one sum with no scaling (DFPO's group of
-eight at 8 x 2048, V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds).
-Each completion's c is checked against k c0 (to a hundred round-offs); one that is not a multiple (c0 = 0 where a
-truncating transform zeroes a weight at ratio 1, or a rule this module does not know) runs again at its
-coefficients, counted in ``fused/two_pass``. ``fused/row_scaled`` is the share of real tokens scaled.
+gradient at any other log-probs, so a unit longer than a block runs completion by completion, in half blocks, at its
+placeholder coefficients c0 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a (V, H)
+buffer; once its last block is known, each completion's k = c / c0 scales both (d W added to the total). Three
+matmuls, and half a block of logits plus a (V, H) buffer per completion, where holding the unit would take its whole
+(L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). The half block keeps a
+completion's pass to the weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048,
+V = 152k, H = 512: 790 MiB against 938 MiB in whole blocks, 1.06x the floor against 1.05x, one round). A completion
+runs so where it holds less than that (L > half a block + H) or where it would take two passes. A group runs so only
+where it would take two passes: held, it is one sum with no scaling (DFPO's group of eight at 8 x 2048, V = 32k: 1.02x
+the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds). Its first completions get a buffer,
+as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the others' log-probs are taken in
+the same pass and their gradients in a second one, after the unit's last block (a group of eight at V = 152k, H = 512:
+six buffers in 2 GiB, so a quarter of its tokens take two passes instead of all). With no gradient for W there is
+nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
+round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule
+this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
+``fused/row_scaled`` the tokens scaled.
 
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
@@ -148,7 +154,7 @@ def row_scaled(spec: ObjectiveSpec) -> bool:
     (``_ONE_WEIGHT_PER_ROW``), no entropy read, no per-token KL term, and nothing beyond the completion but DFPO's
     in-group transform (which maps the group's sequence weights to new ones, so k_i reads the group). Then a
     completion's gradient can be accumulated at placeholder log-probs and scaled once by k_i when its unit's last block
-    is done: three matmuls and one block of logits, whatever its length (module doc). ``fused_head_loss`` checks the
+    is done: three matmuls and half a block of logits beside its (V, H) buffer, whatever its length (module doc). ``fused_head_loss`` checks the
     proportionality on each completion and runs a completion again, at its own coefficients, where it breaks.
     """
     if spec.batch_coupled or spec.needs_entropy or spec.ratio_level not in _ONE_WEIGHT_PER_ROW or spec.beta != 0:
@@ -712,9 +718,14 @@ def fused_head_loss(
         completions = spans(start, end)
         n_sums = buffered(len(completions))
         sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(n_sums)] if need_w else []
+
+        def own_sum(i: int) -> Callable[[int, int], list[tuple[int, int, _Sum]]]:
+            """``fused_pass``'s ``into`` for completion i: d W of its positions to its own sum (none without W's gradient)."""
+            return lambda s, e: [(s, e, sums[i])] if need_w else []
+
         for i, (a, b) in enumerate(completions):
-            if i < n_sums:  # its d W to its own sum
-                done = fused_pass(a, b, lambda s, e, total=sums[i : i + 1]: [(s, e, t) for t in total], scaled_block)
+            if i < n_sums:
+                done = fused_pass(a, b, own_sum(i), scaled_block)
             else:  # its log-probs only: its gradient once the unit's last block is known
                 done = statistics(a, b, scaled_block)
             if not done:

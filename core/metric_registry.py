@@ -115,14 +115,16 @@ METRICS: tuple[Metric, ...] = (
         "fused/two_pass",
         "mean",
         "fused_policy_loss (the trainer's update by default): share of real tokens whose LM head ran twice, because their "
-        "coupled unit (a completion, a group, a batch-coupled batch) held more logits than max_logits_mib (0 = all in one pass)",
+        "coupled unit (a completion, a group, a batch-coupled batch) held more logits than max_logits_mib, or a scaled group's "
+        "budget held no (V, H) buffer for their completion (0 = all in one pass)",
         _LOSS,
     ),
     Metric(
         "fused/row_scaled",
         "mean",
         "fused_policy_loss: share of real tokens whose completion's gradient was summed at placeholder coefficients and "
-        "scaled once, in units longer than a logits block (GSPO-like objectives and DFPO; dfpo.core.fused.row_scaled): one pass, one block held",
+        "scaled once, in units longer than a logits block (GSPO-like objectives and DFPO; dfpo.core.fused.row_scaled): one pass, "
+        "half a block and a (V, H) buffer per completion held",
         _LOSS,
     ),
     # the trainer, one value per training step (metrics.jsonl)
