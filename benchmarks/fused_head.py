@@ -33,8 +33,9 @@ figure is what a step holds, not code loaded (importing torch._inductor alone is
 it used to land in fused_compiled's figure, loaded at its first call, and not in Liger's, which liger-kernel's own
 import had loaded before the baseline). Every mode makes W's gradient (V x H x 4 bytes), so that is in every figure.
 Two shares of real tokens are printed for the fused rows: ``two_pass`` (``fused/two_pass``), 1 where the objective's
-coupled unit did not fit the logits budget (max_logits_mib, default 2048) and the head ran twice over it; ``scaled``
-(``fused/row_scaled``), 1 where GSPO's completions, longer than a block, ran block by block and were scaled once.
+coupled unit did not fit the logits budget (max_logits_mib, default 2048; ``--max-logits-mib``) and the head ran twice
+over it; ``scaled`` (``fused/row_scaled``), 1 where GSPO's completions, longer than a block, ran block by block and were
+scaled once (a DFPO group over the budget: the share of its completions that the budget holds a (V, H) buffer for).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ import time
 
 G = 8
 CHUNK = 1024
+BUDGET_MIB = 2048.0
+"""fused_policy_loss's default ``max_logits_mib``, the fused modes' budget unless ``--max-logits-mib`` says otherwise."""
 FULL_LOGITS_TENSORS = {"floor_autograd": 2, "naive": 4}
 """(N, V) float32 tensors the full-logits modes hold at once (measured at 16 x 128, V = 32k: floor_autograd the
 logits and the ones it backpropagates, 1 + 1; naive about 4 times the logits' size above its inputs)."""
@@ -102,9 +105,10 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK):
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB):
     """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
-    logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine)."""
+    logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine);
+    ``budget_mib``: the fused modes' ``max_logits_mib``."""
     import torch
 
     from dfpo.core.fused import fused_policy_loss
@@ -161,7 +165,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
         def step():
             loss, metrics = fused_policy_loss(
                 spec, hidden=h, lm_head_weight=w, targets=y, old_logp=old, advantages=adv, mask=mask, group_ids=gid,
-                chunk_size=chunk, compile=mode == "fused_compiled",
+                chunk_size=chunk, compile=mode == "fused_compiled", max_logits_mib=budget_mib,
             )  # fmt: skip
             loss.backward()
             extra["two_pass"] = float(metrics["fused/two_pass"])
@@ -187,7 +191,18 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
     return step
 
 
-def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, repeats: int, threads: int, chunk: int = CHUNK) -> dict:
+def measure(
+    mode: str,
+    objective: str | None,
+    B: int,
+    T: int,
+    H: int,
+    V: int,
+    repeats: int,
+    threads: int,
+    chunk: int = CHUNK,
+    budget_mib: float = BUDGET_MIB,
+) -> dict:
     """One mode in this process, after one warm-up step: median CPU seconds (and wall seconds) of forward + backward,
     and extra MiB. One thread: the process's CPU time is the work done, what other processes on a shared machine
     change least (its wall time waits for them)."""
@@ -195,7 +210,7 @@ def measure(mode: str, objective: str | None, B: int, T: int, H: int, V: int, re
 
     torch.set_num_threads(threads)
     _import_libraries()
-    step = _step_fn(mode, objective, B, T, H, V, chunk)
+    step = _step_fn(mode, objective, B, T, H, V, chunk, budget_mib)
     base = _rss_mib()  # the inputs exist, the libraries are loaded
     step()  # warm-up (compiles, where a mode compiles)
     cpu, wall = [], []
@@ -240,9 +255,9 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 
 
 def _child(argv: list[str]) -> int:
-    mode, objective, B, T, H, V, repeats, threads, chunk = argv
+    mode, objective, B, T, H, V, repeats, threads, chunk, budget = argv
     obj = None if objective == "-" else objective
-    print(json.dumps(measure(mode, obj, int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk))))
+    print(json.dumps(measure(mode, obj, int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk), float(budget))))
     return 0
 
 
@@ -251,7 +266,7 @@ BLOCK_MODES = ("chunked", "fused", "fused_compiled")
 
 
 def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk)]  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk), str(args.max_logits_mib)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -310,10 +325,18 @@ def main(argv: list[str] | None = None) -> int:
         "several values run side by side in the same rounds",
     )
     p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
+    p.add_argument(
+        "--max-logits-mib",
+        type=float,
+        default=BUDGET_MIB,
+        help=f"the fused modes' max_logits_mib (default: fused_policy_loss's own, {BUDGET_MIB:g})",
+    )
     args = p.parse_args(argv)
     for name in ("rounds", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not args.max_logits_mib >= 0:
+        p.error(f"--max-logits-mib must be a number >= 0, got {args.max_logits_mib}")
     from dfpo.core.fused import default_chunk_size
 
     own = default_chunk_size(args.hidden)
@@ -326,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
         f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
         f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (fused_policy_loss's default at H={args.hidden}: "
-        f"{own}; the floor's: {CHUNK}); "
+        f"{own}; the floor's: {CHUNK}); fused max_logits_mib {args.max_logits_mib:g}; "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
     )
     for size in args.sizes:

@@ -100,3 +100,24 @@ def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "coefficients" in lines[1] and lines[2].startswith("floor  -")
     assert [line.split()[1] for line in lines[3:]] == ["grpo", "dfpo_min"] and all(len(line.split()) == 11 for line in lines[3:])
+
+
+def test_the_fused_budget_is_fused_policy_loss_default_and_max_logits_mib_reaches_the_fused_rows(bench, capsys):
+    """--max-logits-mib 0: DFPO's group of two (2 x 4 positions, blocks of 3) no longer fits, its first completion is
+    scaled with the one buffer always allowed and its second takes two passes; a negative budget is refused in one
+    sentence."""
+    import inspect
+
+    from dfpo.core.fused import fused_policy_loss
+
+    assert bench.BUDGET_MIB == inspect.signature(fused_policy_loss).parameters["max_logits_mib"].default
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--chunk", "3"]
+    for budget, shares in (("2048", ["0.00", "0.00"]), ("0", ["0.50", "0.50"])):
+        bench.main([*argv, "--objectives", "dfpo_min", "--max-logits-mib", budget])
+        out = capsys.readouterr().out
+        assert f"fused max_logits_mib {budget};" in out
+        row = next(line for line in out.splitlines() if line.startswith("fused            dfpo_min"))
+        assert row.split()[-2:] == shares  # two_pass, scaled
+    with pytest.raises(SystemExit):
+        bench.main(["--max-logits-mib", "-1"])
+    assert "--max-logits-mib must be a number >= 0, got -1.0" in capsys.readouterr().err
