@@ -154,8 +154,9 @@ def row_scaled(spec: ObjectiveSpec) -> bool:
     (``_ONE_WEIGHT_PER_ROW``), no entropy read, no per-token KL term, and nothing beyond the completion but DFPO's
     in-group transform (which maps the group's sequence weights to new ones, so k_i reads the group). Then a
     completion's gradient can be accumulated at placeholder log-probs and scaled once by k_i when its unit's last block
-    is done: three matmuls and half a block of logits beside its (V, H) buffer, whatever its length (module doc). ``fused_head_loss`` checks the
-    proportionality on each completion and runs a completion again, at its own coefficients, where it breaks.
+    is done: three matmuls and half a block of logits beside its (V, H) buffer, whatever its length (module doc).
+    ``fused_head_loss`` checks the proportionality on each completion and runs a completion again, at its own
+    coefficients, where it breaks.
     """
     if spec.batch_coupled or spec.needs_entropy or spec.ratio_level not in _ONE_WEIGHT_PER_ROW or spec.beta != 0:
         return False
