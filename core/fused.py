@@ -35,23 +35,24 @@ the share of real tokens that took two passes: 0 when everything ran in one.
 
 Completions scaled once (``row_scaled``). Under a sequence-level ratio, clip and weight with nothing per token (GSPO,
 GSPO-token, LUSPO, VESPO, and DFPO, whose transform maps a group's sequence weights), a completion's coefficients are
-c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before them. Its gradient is then k times its
-gradient at any other log-probs, so a unit longer than a block runs completion by completion, in half blocks, at its
-placeholder coefficients c0 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a (V, H)
-buffer; once its last block is known, each completion's k = c / c0 scales both (d W added to the total). Three
+c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before them. Its gradient is then k times
+its gradient at any other log-probs, so a unit longer than a block runs completion by completion, in half blocks, at
+its placeholder coefficients c0 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a
+(V, H) buffer; once its last block is known, each completion's k = c / c0 scales both (d W added to the total). Three
 matmuls, and half a block of logits plus a (V, H) buffer per completion, where holding the unit would take its whole
 (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). The half block keeps a
-completion's pass to the weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048,
-V = 152k, H = 512: 790 MiB against 938 MiB in whole blocks, 1.06x the floor against 1.05x, one round). A completion
-runs so where it holds less than that (L > half a block + H) or where it would take two passes. A group runs so only
-where it would take two passes: held, it is one sum with no scaling (DFPO's group of eight at 8 x 2048, V = 32k: 1.02x
-the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds). Its first completions get a buffer,
-as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the others' log-probs are taken in
-the same pass and their gradients in a second one, after the unit's last block (a group of eight at V = 152k, H = 512:
-six buffers in 2 GiB, so a quarter of its tokens take two passes instead of all). With no gradient for W there is
-nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
-round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule
-this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
+completion's pass to the weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048, V =
+152k, H = 512: 790 MiB against 938 in whole blocks and Liger's 827 to 844; 1.05x the floor, docs/throughput.md). A
+completion runs so where it holds less than that (L > half a block + H) or where it would take two passes. A group
+runs so only where it would take two passes: held, it is one sum with no scaling (DFPO's group of eight at 8 x 2048,
+V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds). Its first
+completions get a buffer, as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the
+others' log-probs are taken in the same pass and their gradients in a second one, after the unit's last block (a
+group of eight at V = 152k, H = 512: six buffers in 2 GiB, so a quarter of its tokens take two passes instead of all:
+1.18x the floor on a shared machine, against 1.05x with all eight buffers in a 2.5 GiB budget). With no gradient for
+W there is nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a
+hundred round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a
+rule this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
 ``fused/row_scaled`` the tokens scaled.
 
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
