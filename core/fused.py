@@ -49,10 +49,10 @@ V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs
 completions get a buffer, as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the
 others' log-probs are taken in the same pass and their gradients in a second one, after the unit's last block (a
 group of eight at V = 152k, H = 512: six buffers in 2 GiB, so a quarter of its tokens take two passes instead of all:
-1.18x the floor on a shared machine, against 1.05x with all eight buffers in a 2.5 GiB budget). With no gradient for
-W there is nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a
-hundred round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a
-rule this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
+1.16x the floor, against 1.05x with all eight buffers in a 2.5 GiB budget). With no gradient for W there is nothing
+to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
+round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule
+this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
 ``fused/row_scaled`` the tokens scaled.
 
 The elementwise work on each (n, V) block runs either as PyTorch's own fused row kernels in place (``compile=False``:
