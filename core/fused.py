@@ -626,10 +626,7 @@ def fused_head_loss(
         instead of two passes (as many of its completions as ``buffered`` says; the others take two passes): held,
         it is one sum and no scaling (module doc)."""
         if scaled and e - s > chunk_size:
-            n_rows = len(spans(s, e))
-            if n_rows == 1 and (e - s > max_unit or e - s > scaled_block + lm_head_weight.shape[1]):
-                return "scaled"
-            if n_rows > 1 and e - s > max_unit:
+            if e - s > max_unit or (e - s > scaled_block + lm_head_weight.shape[1] and len(spans(s, e)) == 1):
                 return "scaled"
         return "two" if two or not with_grad else "one"
 

@@ -83,6 +83,14 @@ def _inputs(spec, lp: torch.Tensor, mask, gid, adv, noise) -> dict:
     return kw
 
 
+def _head_calls(monkeypatch) -> list[int]:
+    """The rows of each LM-head forward (``head_logits`` call) made from now on, in order."""
+    calls: list[int] = []
+    real = fused_module.head_logits
+    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    return calls
+
+
 def _reference(spec, h, w, y, temperature: float, kw: dict):
     """policy_loss on naive_token_logprobs: loss, metrics, d hidden, d W."""
     h, w = h.detach().requires_grad_(), w.detach().requires_grad_()
@@ -422,9 +430,7 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     """A completion longer than a block runs block by block, one LM-head forward per position and no block larger than
     chunk_size, even with no logits budget; fused/row_scaled is the share of its tokens, and the result is exact. DFPO's
     groups of two are scaled where the budget holds their two (V, H) buffers and not the group."""
-    calls = []
-    real = fused_module.head_logits
-    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    calls = _head_calls(monkeypatch)
     spec = resolve_objective(name)
     h, w, y, mask, gid, adv, noise, lengths = _long_rows(41)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
@@ -445,9 +451,7 @@ def test_a_completion_is_scaled_in_half_blocks_where_it_would_hold_more_than_its
     """Blocks of 5, H = 8: a GSPO completion of L > 2 + 8 positions is scaled in blocks of 2 (its (L, V) logits would
     outweigh the (V, H) buffer and a half block), a shorter one is held in one pass while the logits budget allows, and
     scaled where it does not."""
-    calls = []
-    real = fused_module.head_logits
-    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    calls = _head_calls(monkeypatch)
     h, w, y, _, gid, adv, noise, _ = _long_rows(47, rows=1, length=length)
     mask = torch.ones(1, length, dtype=torch.bool)
     lp, _ = naive_token_logprobs(h, w, y)
@@ -582,9 +586,7 @@ def test_the_two_pass_metric_says_which_path_ran(name, budget, expected):
 
 def test_the_head_runs_three_matmuls_in_one_pass_and_four_in_two(monkeypatch):
     """One pass: one LM-head forward per chunk (its two gradient matmuls follow); two passes: two per position."""
-    calls = []
-    real = fused_module.head_logits
-    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: calls.append(h.shape[0]) or real(h, *a, **k))
+    calls = _head_calls(monkeypatch)
     h, w, y, mask, gid, adv, noise = _batch(31)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(resolve_objective("dfpo_min"), lp, mask, gid, adv, noise)
@@ -635,9 +637,7 @@ def test_the_default_block_is_the_hidden_size_within_its_bounds(hidden_size, pos
 
 def test_chunk_size_none_runs_the_default_block(monkeypatch):
     """The default block is what runs: a batch of 600 positions at H = 8 takes blocks of 256, 256 and 88 positions."""
-    seen = []
-    head = fused_module.head_logits
-    monkeypatch.setattr(fused_module, "head_logits", lambda h, *a, **k: seen.append(h.shape[0]) or head(h, *a, **k))
+    seen = _head_calls(monkeypatch)
     g = torch.Generator().manual_seed(3)
     h, w = torch.randn(4, 150, H, generator=g, requires_grad=True), torch.randn(V, H, generator=g, requires_grad=True)
     y, mask = torch.randint(0, V, (4, 150), generator=g), torch.ones(4, 150, dtype=torch.bool)
