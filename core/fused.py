@@ -164,6 +164,22 @@ def row_scaled(spec: ObjectiveSpec) -> bool:
     return _unit_of_fields({**spec.components(), "transform": "none"}) == "row"
 
 
+def group_folded(spec: ObjectiveSpec) -> bool:
+    """Whether a group's completion factors are k_i = u_i v: u_i read from completion i's own log-probs, v one factor
+    of the whole group.
+
+    DFPO's Min-Replace (eq 50) in the ``ratio`` and ``score`` forms: stilde_i = min_j sbar_j (L_i min_j sbar_j / L_j
+    length-aware), so c_it = -stilde_i A_i / L_i on a sequence inside its clip range (0 outside it in the ratio form):
+    u_i reads A_i, L_i and sequence i's own clip, v is the group's minimum. Then a group's d W is summed in one (V, H)
+    buffer as its completions come: when a completion is done every earlier factor changes by the same r (the new
+    minimum over the old), so the sum is scaled by r and the new completion added at its k (module doc). The
+    projections (eqs 18, 51-55) mix the group's weights, and the ``none`` form differentiates the minimum itself, so
+    neither is one factor. ``fused_head_loss`` checks the common r after every completion and runs the group again at
+    its coefficients where it breaks.
+    """
+    return row_scaled(spec) and spec.transform == "min" and spec.stopgrad in ("ratio", "score")
+
+
 CHUNK_BOUNDS = (256, 1024)
 """The least and the most positions per logits block that ``default_chunk_size`` picks."""
 
@@ -519,6 +535,19 @@ def _row_factor(c: Tensor, c0: Tensor) -> float | None:
     return k if float((c - k * c0).abs().max()) <= tolerance else None
 
 
+def _common_ratio(before: list[float], now: list[float], rtol: float) -> float | None:
+    """r with now_j = r before_j for every j to ``rtol`` (1 when every before_j is 0), or None when there is none: a
+    factor that was 0 must still be 0 (to ``rtol`` of the largest)."""
+    largest = max((abs(k) for k in now), default=0.0)
+    if any(b == 0.0 and abs(k) > rtol * largest for b, k in zip(before, now)):
+        return None
+    ratios = [k / b for b, k in zip(before, now) if b != 0.0]
+    if not ratios:
+        return 1.0
+    r = ratios[0]
+    return r if all(abs(q - r) <= rtol * max(abs(q), abs(r)) for q in ratios) else None
+
+
 def _positions(mask: Tensor, group_ids: Tensor, unit: str) -> tuple[Tensor, Tensor, list[int]]:
     """The real positions laid out unit after unit: rows (N,), columns (N,) and the size of each unit."""
     B = mask.shape[0]
@@ -612,6 +641,7 @@ def fused_head_loss(
     with_grad = need_h or need_w
     scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
     scaled_block = max(1, chunk_size // 2)  # positions per block of a scaled unit: half a block beside its buffers
+    folded = scaled and need_w and group_folded(spec)  # a scaled group's d W in one running sum (group_folded)
 
     def spans(s: int, e: int) -> list[tuple[int, int]]:
         """The completions of positions s:e (a unit's): their (start, end) in layout order."""
@@ -713,8 +743,10 @@ def fused_head_loss(
         truncates a weight at ratio 1, say), run again at c. The positions run again, or None at a non-finite log-prob."""
         if c_buf is None:
             solve()  # this unit's positions hold placeholders
-        c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
         completions = spans(start, end)
+        if folded and len(completions) > 1 and (not grad_w.written or buffered(2) == 2):
+            return folded_pass(start, end, completions)
+        c0 = c_buf[rows[start:end], cols[start:end]]  # (n,)
         n_sums = buffered(len(completions))
         sums = [_Sum(_kept(2 + i, tuple(lm_head_weight.shape), dtype, hidden.device)) for i in range(n_sums)] if need_w else []
 
@@ -743,6 +775,47 @@ def fused_head_loss(
             if need_w:
                 grad_w.add_scaled(sums[i], k)
         return again
+
+    def folded_pass(start: int, end: int, completions: list[tuple[int, int]]) -> int | None:
+        """A ``group_folded`` unit's completions one by one, each one's d W summed in one buffer at the coefficients it
+        ran at (those before it known, itself at placeholders), then added at its factor k to the group's sum, after
+        the sum is scaled by the r every earlier factor changed by. The group's sum is W's gradient itself while that
+        is empty, else a second buffer. Once the last completion is known each one's rows of d hidden are scaled by its
+        k. Where the factors do not change by one r (or a completion's c is not k times its run), the group runs
+        again: the rest's log-probs, then every completion at its coefficients. The positions run again, or None at
+        a non-finite log-prob."""
+        own = _Sum(_kept(2, tuple(lm_head_weight.shape), dtype, hidden.device))  # (V, H) one completion's d W
+        group = grad_w if not grad_w.written else _Sum(_kept(3, tuple(lm_head_weight.shape), dtype, hidden.device))
+        rtol = 100 * torch.finfo(dtype).eps
+        ran: list[Tensor] = []  # each done completion's coefficients in its pass, (n_i,)
+        factors: list[float] = []  # their k at the last solve
+        for i, (a, b) in enumerate(completions):
+            ran.append(c_buf[rows[a:b], cols[a:b]])
+            own.written = False
+            if not fused_pass(a, b, lambda s, e: [(s, e, own)], scaled_block):
+                return None
+            solve()
+            now = [_row_factor(c_buf[rows[a_:b_], cols[a_:b_]], c) for (a_, b_), c in zip(completions, ran)]
+            r = None if None in now else _common_ratio(factors, now[:-1], rtol)
+            if r is None:
+                if group is grad_w:
+                    grad_w.written = False  # the partial sum is dropped: the group's d W is made again below
+                if not all(statistics(a_, b_, scaled_block) for a_, b_ in completions[i + 1 :]):
+                    return None
+                solve()
+                for a_, b_ in completions:
+                    fused_pass(a_, b_, step=scaled_block)
+                return end - start
+            if r != 1.0 and group.written:
+                group.out.mul_(r)
+            group.add_scaled(own, now[-1])
+            factors = now
+        if need_h:
+            for (a, b), k in zip(completions, factors):
+                rows_of.scale(grad_h, a, b, k)
+        if group is not grad_w:
+            grad_w.add_scaled(group, 1.0)
+        return 0
 
     for start, end, how in paths:
         if how == "scaled":

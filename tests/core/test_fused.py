@@ -467,9 +467,11 @@ _TWELVE = 12 * V * 4 / 2**20
 
 @pytest.mark.parametrize(("budget", "buffers"), [(64.0, None), (_TWENTY, 2), (_TWELVE, 1), (0.0, 1)])
 def test_a_dfpo_group_is_held_where_it_fits_else_scaled_as_far_as_the_budget_holds_buffers(budget, buffers):
-    """DFPO's groups of two (43 and 26 positions, blocks of 5, H = 8): held in one pass within the budget; else scaled,
-    each group's first completions as many as the budget holds (V, H) buffers for (at least one), the rest in two passes."""
-    spec = resolve_objective("dfpo_min")
+    """DFPO's Orth-Proj groups of two (43 and 26 positions, blocks of 5, H = 8): held in one pass within the budget; else
+    scaled, each group's first completions as many as the budget holds (V, H) buffers for (at least one), the rest in
+    two passes."""
+    spec = resolve_objective("dfpo_orth")
+    assert not fused_module.group_folded(spec)
     h, w, y, mask, gid, adv, noise, lengths = _long_rows(59)
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
@@ -480,6 +482,55 @@ def test_a_dfpo_group_is_held_where_it_fits_else_scaled_as_far_as_the_budget_hol
     two = 0.0 if buffers is None else 1.0 - scaled
     assert metrics == {"fused/row_scaled": pytest.approx(scaled), "fused/two_pass": pytest.approx(two)}
     _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"stopgrad": "score"}, {"length_aware": True}], ids=["ratio", "score", "length_aware"])
+@pytest.mark.parametrize(
+    ("groups", "budget", "scaled", "slots"),
+    [
+        ("one of four", 0.0, 1.0, {2}),  # summed in W's gradient itself, beside one completion's buffer
+        ("two of two", _TWENTY, 1.0, {2, 3}),  # the second group's sum in a buffer of its own
+        ("two of two", _TWELVE, (43 + 3) / 69, {2}),  # no room for it: the second group is buffered, one completion
+    ],
+)
+def test_a_min_replace_group_over_the_budget_is_summed_as_its_completions_come(overrides, groups, budget, scaled, slots):
+    """Min-Replace's factors are own x the group's minimum (group_folded): a group over the budget is scaled in one pass
+    with its d W in one running sum (rescaled as the minimum falls, sequences clipped on both sides), however many
+    completions it has; the result is exact."""
+    spec = resolve_objective("dfpo_min", **overrides)
+    assert fused_module.group_folded(spec)
+    h, w, y, mask, gid, adv, noise, lengths = _long_rows(67)  # lengths 24, 19, 3, 23
+    gid = torch.zeros_like(gid) if groups == "one of four" else gid
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fused_module.release_workspace()
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
+    assert float(fast[1].pop("fused/row_scaled")) == pytest.approx(scaled)
+    assert float(fast[1].pop("fused/two_pass")) == pytest.approx(1.0 - scaled)
+    assert set(fused_module._WORKSPACE.slots) - {0, 1} == slots
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_a_group_whose_factors_do_not_change_together_runs_again_at_its_coefficients(monkeypatch):
+    """Taken for group_folded, Orth-Proj in one group of four fails the common-factor check at its third completion (the
+    projection mixes the group's weights): the whole group runs again at its coefficients (fused/two_pass 1), still exact."""
+    monkeypatch.setattr(fused_module, "group_folded", lambda spec: True)
+    spec = resolve_objective("dfpo_orth")
+    h, w, y, mask, gid, adv, noise, _ = _long_rows(71)
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, torch.zeros_like(gid), adv, noise)
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=0.0)
+    assert float(fast[1].pop("fused/two_pass")) == 1.0 and float(fast[1].pop("fused/row_scaled")) == 0.0
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+def test_the_common_ratio_of_factors():
+    """r with now = r before; a factor that was 0 must stay 0; none is r = 1."""
+    ratio = fused_module._common_ratio
+    assert ratio([], [], 1e-6) == 1.0 and ratio([0.0, 0.0], [0.0, 0.0], 1e-6) == 1.0
+    assert ratio([2.0, -1.0, 0.0], [1.0, -0.5, 0.0], 1e-6) == 0.5
+    assert ratio([2.0, -1.0], [1.0, -0.4], 1e-6) is None
+    assert ratio([2.0, 0.0], [1.0, 0.1], 1e-6) is None
 
 
 def test_a_group_over_the_budget_with_a_frozen_head_is_scaled_whole_with_no_buffer():
