@@ -1,3 +1,4 @@
 from dfpo.cli import main
+from dfpo.trainer.exit_signals import end_of_program
 
-raise SystemExit(main())
+end_of_program(main())

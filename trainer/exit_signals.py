@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -132,6 +133,24 @@ def _ignore_in_the_last_teardown() -> None:
     left as it is. Nothing of dfpo runs any more, so a signal then has nothing to stop."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def end_of_program(status: int) -> NoReturn:
+    """End the ``dfpo`` program with ``status``. A rank of ``dfpo train --nproc`` ends as multiprocessing's children
+    do: its exit functions run, its output is flushed, and the process exits at once, without the interpreter's and
+    the C++ libraries' teardown. Its run is complete by then (checkpoint, logs and message written, the process group
+    left), and that teardown can only end it otherwise: on CI a rank whose run had finished was once aborted there
+    ("terminate called without an active exception", exit 134), a C++ thread of the collectives destroyed while
+    still joinable. Any other process raises SystemExit as usual."""
+    from .launch import LAUNCHER_PID_ENV  # deferred: its imports are not needed before the end
+
+    if not os.environ.get(LAUNCHER_PID_ENV):
+        raise SystemExit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def decided(status: int) -> None:

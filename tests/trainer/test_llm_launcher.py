@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -128,3 +129,30 @@ def test_the_launchers_exit_status(codes, signals, status):
     launcher.procs = [type("P", (), {"returncode": c})() for c in codes]
     launcher.signals = signals
     assert launcher.exit_status() == status
+
+
+_END = """
+import atexit, sys
+from dfpo.trainer.exit_signals import end_of_program
+
+class Teardown:
+    def __del__(self):
+        sys.stdout.write("teardown\\n")
+
+keep = Teardown()  # a module global: collected in the interpreter's teardown
+atexit.register(lambda: sys.stdout.write("exit function\\n"))
+sys.stdout.write("output")  # buffered, no newline
+end_of_program(3)
+"""
+
+
+@pytest.mark.parametrize("rank", [True, False], ids=["rank of --nproc", "any other process"])
+def test_a_rank_ends_after_its_exit_functions_without_the_interpreters_teardown(rank):
+    """A rank of the launcher exits with its status once its exit functions ran and its output is flushed, and skips
+    the teardown in which C++ libraries can still abort a finished run; any other process ends as usual."""
+    env = {k: v for k, v in ENV.items() if k != "DFPO_LAUNCHER_PID"}
+    if rank:
+        env["DFPO_LAUNCHER_PID"] = str(os.getpid())
+    out = subprocess.run([sys.executable, "-c", _END], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout == ("outputexit function\n" if rank else "outputexit function\nteardown\n")
