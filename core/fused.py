@@ -49,8 +49,12 @@ V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs
 completions get a buffer, as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the
 others' log-probs are taken in the same pass and their gradients in a second one, after the unit's last block (a
 group of eight at V = 152k, H = 512: six buffers in 2 GiB, so a quarter of its tokens take two passes instead of all:
-1.16x the floor, against 1.05x with all eight buffers in a 2.5 GiB budget). With no gradient for W there is nothing
-to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
+1.16x the floor, against 1.05x with all eight buffers in a 2.5 GiB budget). A Min-Replace group (``group_folded``)
+needs no buffer per completion: its factors are k_i = u_i v, the completion's own times the group's minimum, so
+each completion's d W, summed in one buffer at the coefficients it ran at, is added at its k to the group's sum after
+that sum is scaled by the r every earlier factor changed by; the group's sum is W's gradient itself while that is
+empty (else a second buffer, where the budget has room). The common r is checked after every completion, and a
+group where it breaks runs again. With no gradient for W there is nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
 round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule
 this module does not know) runs again at its coefficients. ``fused/two_pass`` counts the tokens that ran twice,
 ``fused/row_scaled`` the tokens scaled.
