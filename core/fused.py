@@ -52,7 +52,7 @@ group of eight at V = 152k, H = 512: six buffers in 2 GiB, so a quarter of its t
 1.16x the floor, against 1.05x with all eight buffers in a 2.5 GiB budget). A Min-Replace group (``group_folded``)
 needs no buffer per completion: its factors are k_i = u_i v, the completion's own times the group's minimum, so
 each completion's d W, summed in one buffer at the coefficients it ran at, is added at its k to the group's sum after
-that sum is scaled by the r every earlier factor changed by; the group's sum is W's gradient itself while that is
+that sum is scaled by the r every earlier factor changed by (a float beside the sum, applied once at the end); the group's sum is W's gradient itself while that is
 empty (else a second buffer, where the budget has room). The common r is checked after every completion, and a
 group where it breaks runs again. With no gradient for W there is nothing to sum and every completion is scaled. Each buffered completion's c is checked against k c0 (to a hundred
 round-offs); one that is not a multiple (c0 = 0 where a truncating transform zeroes a weight at ratio 1, or a rule
@@ -783,7 +783,7 @@ def fused_head_loss(
     def folded_pass(start: int, end: int, completions: list[tuple[int, int]]) -> int | None:
         """A ``group_folded`` unit's completions one by one, each one's d W summed in one buffer at the coefficients it
         ran at (those before it known, itself at placeholders), then added at its factor k to the group's sum, after
-        the sum is scaled by the r every earlier factor changed by. The group's sum is W's gradient itself while that
+        the sum's scale (a float) is multiplied by the r every earlier factor changed by. The group's sum is W's gradient itself while that
         is empty, else a second buffer. Once the last completion is known each one's rows of d hidden are scaled by its
         k. Where the factors do not change by one r (or a completion's c is not k times its run), the group runs
         again: the rest's log-probs, then every completion at its coefficients. The positions run again, or None at
@@ -793,6 +793,7 @@ def fused_head_loss(
         rtol = 100 * torch.finfo(dtype).eps
         ran: list[Tensor] = []  # each done completion's coefficients in its pass, (n_i,)
         factors: list[float] = []  # their k at the last solve
+        scale = 1.0  # the group's sum is scale x group.out: a change of r is one multiplication of a float, not of (V, H)
         for i, (a, b) in enumerate(completions):
             ran.append(c_buf[rows[a:b], cols[a:b]])
             own.written = False
@@ -801,7 +802,7 @@ def fused_head_loss(
             solve()
             now = [_row_factor(c_buf[rows[a_:b_], cols[a_:b_]], c) for (a_, b_), c in zip(completions, ran)]
             r = None if None in now else _common_ratio(factors, now[:-1], rtol)
-            if r is None:
+            if not r:  # None, or 0: every earlier factor fell to 0 (no scale comes back from it)
                 if group is grad_w:
                     grad_w.written = False  # the partial sum is dropped: the group's d W is made again below
                 if not all(statistics(a_, b_, scaled_block) for a_, b_ in completions[i + 1 :]):
@@ -810,15 +811,16 @@ def fused_head_loss(
                 for a_, b_ in completions:
                     fused_pass(a_, b_, step=scaled_block)
                 return end - start
-            if r != 1.0 and group.written:
-                group.out.mul_(r)
-            group.add_scaled(own, now[-1])
+            scale *= r
+            group.add_scaled(own, now[-1] / scale)
             factors = now
         if need_h:
             for (a, b), k in zip(completions, factors):
                 rows_of.scale(grad_h, a, b, k)
         if group is not grad_w:
-            grad_w.add_scaled(group, 1.0)
+            grad_w.add_scaled(group, scale)
+        elif scale != 1.0:
+            grad_w.out.mul_(scale)
         return 0
 
     for start, end, how in paths:
