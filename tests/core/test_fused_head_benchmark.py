@@ -103,16 +103,16 @@ def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
 
 
 def test_the_fused_budget_is_fused_policy_loss_default_and_max_logits_mib_reaches_the_fused_rows(bench, capsys):
-    """--max-logits-mib 0: DFPO's group of two (2 x 4 positions, blocks of 3) no longer fits, its first completion is
-    scaled with the one buffer always allowed and its second takes two passes; a negative budget is refused in one
-    sentence."""
+    """--max-logits-mib 0: DFPO's Min-Replace group of two (2 x 4 positions, blocks of 3) no longer fits and is scaled
+    whole, summed in W's gradient as its completions come (it is held at the default budget); a negative budget is
+    refused in one sentence."""
     import inspect
 
     from dfpo.core.fused import fused_policy_loss
 
     assert bench.BUDGET_MIB == inspect.signature(fused_policy_loss).parameters["max_logits_mib"].default
     argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--modes", "floor", "fused", "--chunk", "3"]
-    for budget, shares in (("2048", ["0.00", "0.00"]), ("0", ["0.50", "0.50"])):
+    for budget, shares in (("2048", ["0.00", "0.00"]), ("0", ["0.00", "1.00"])):
         bench.main([*argv, "--objectives", "dfpo_min", "--max-logits-mib", budget])
         out = capsys.readouterr().out
         assert f"fused max_logits_mib {budget};" in out
