@@ -36,14 +36,16 @@ the share of real tokens that took two passes: 0 when everything ran in one.
 Completions scaled once (``row_scaled``). Under a sequence-level ratio, clip and weight with nothing per token (GSPO,
 GSPO-token, LUSPO, VESPO, and DFPO, whose transform maps a group's sequence weights), a completion's coefficients are
 c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before them. Its gradient is then k times
-its gradient at any other log-probs, so a unit longer than a block runs completion by completion, in half blocks, at
+its gradient at any other log-probs, so a unit longer than a block runs completion by completion, in blocks, at
 its placeholder coefficients c0 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a
 (V, H) buffer; once its last block is known, each completion's k = c / c0 scales both (d W added to the total). Three
 matmuls, and half a block of logits plus a (V, H) buffer per completion, where holding the unit would take its whole
-(L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). The half block keeps a
-completion's pass to the weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048, V =
-152k, H = 512: 790 MiB against 938 in whole blocks and Liger's 827 to 844; 1.05x the floor, docs/throughput.md). A
-completion runs so where it holds less than that (L > half a block + H) or where it would take two passes. A group
+(L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). Where a block's logits
+are large (``scaled_block_size``: over 128 MiB) the blocks are halved, which keeps a completion's pass to the
+weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048, V = 152k, H = 512: 790 MiB
+against 938 in whole blocks and Liger's 827 to 844; 1.05x the floor); at V = 32k they stay whole (1.03x against 1.06x
+in half blocks, docs/throughput.md). A completion runs so where it holds less than that (L > a scaled block + H) or
+where it would take two passes. A group
 runs so only where it would take two passes: held, it is one sum with no scaling (DFPO's group of eight at 8 x 2048,
 V = 32k: 1.02x the floor held, in one round; 1.05x and 1.06x scaled, in two runs of two rounds). Its first
 completions get a buffer, as many as ``max_logits_mib`` holds (at least one, the size of W's own gradient); the
@@ -160,7 +162,8 @@ def row_scaled(spec: ObjectiveSpec) -> bool:
     (``_ONE_WEIGHT_PER_ROW``), no entropy read, no per-token KL term, and nothing beyond the completion but DFPO's
     in-group transform (which maps the group's sequence weights to new ones, so k_i reads the group). Then a
     completion's gradient can be accumulated at placeholder log-probs and scaled once by k_i when its unit's last block
-    is done: three matmuls and half a block of logits beside its (V, H) buffer, whatever its length (module doc).
+    is done: three matmuls and a (possibly halved) block of logits beside its (V, H) buffer, whatever its length
+    (module doc).
     ``fused_head_loss`` checks the proportionality on each completion and runs a completion again, at its own
     coefficients, where it breaks.
     """
@@ -199,6 +202,26 @@ def default_chunk_size(hidden_size: int) -> int:
     """
     low, high = CHUNK_BOUNDS
     return min(high, max(low, int(hidden_size)))
+
+
+HALVED_BLOCK_MIB = 128.0
+"""A scaled unit's logits block is halved where a whole one would hold more float32 logits than this (MiB)."""
+
+
+def scaled_block_size(chunk_size: int, vocab_size: int, itemsize: int) -> int:
+    """Positions per logits block of a scaled unit: ``chunk_size``, halved where that block's logits (``itemsize``
+    bytes each) exceed ``HALVED_BLOCK_MIB``.
+
+    A scaled pass holds W's gradient, the completion's (V, H) buffer and one block, at the default block of H positions
+    each as large as the others. Where they are large (V = 152k, H = 512: 297 MiB) half a block takes the pass from
+    three W-sized tensors to two and a half: GSPO at 8 x 2048 held 790 MiB against 938 in whole blocks and Liger
+    compiled's 827 to 844, at 1.05x the floor either way. Where they are small (V = 32k: 64 MiB) halving saves 32 MiB
+    and the thinner matmuls cost time: GSPO at 8 x 2048, three rounds alone, 1.06x the floor in half blocks and 1.03x
+    in whole ones (207 and 240 MiB; Liger's 365). 128 MiB lies between the two measured vocabularies: chosen from
+    them, not derived (docs/throughput.md).
+    """
+    whole_mib = chunk_size * vocab_size * itemsize / 2**20
+    return max(1, chunk_size // 2) if whole_mib > HALVED_BLOCK_MIB else chunk_size
 
 
 def chunk_plan(unit_sizes: list[int], chunk_size: int, max_unit: int) -> list[tuple[int, int, bool]]:
@@ -645,7 +668,7 @@ def fused_head_loss(
     need_w = torch.is_grad_enabled() and lm_head_weight.requires_grad
     with_grad = need_h or need_w
     scaled = with_grad and row_scaled(spec)  # a completion longer than a block: scaled once (module doc)
-    scaled_block = max(1, chunk_size // 2)  # positions per block of a scaled unit: half a block beside its buffers
+    scaled_block = scaled_block_size(chunk_size, lm_head_weight.shape[0], dtype.itemsize)  # a scaled unit's block
     folded = scaled and need_w and group_folded(spec)  # a scaled group's d W in one running sum (group_folded)
 
     def spans(s: int, e: int) -> list[tuple[int, int]]:
@@ -657,9 +680,9 @@ def fused_head_loss(
     def path(s: int, e: int, two: bool) -> str:
         """How a unit (or a run of units) s:e runs: ``one`` pass held, ``two`` passes, or ``scaled`` block by block.
         A completion longer than a block is scaled where it would otherwise take two passes or hold more than its
-        (V, H) buffer (H x V positions' worth, the size of W's gradient) and a half block. A group is scaled only
-        instead of two passes (as many of its completions as ``buffered`` says; the others take two passes): held,
-        it is one sum and no scaling (module doc)."""
+        (V, H) buffer (H x V positions' worth, the size of W's gradient) and a scaled block. A group is scaled only
+        instead of two passes (a Min-Replace group summed as it comes, ``group_folded``; else as many of its
+        completions as ``buffered`` says, the others in two passes): held, it is one sum and no scaling (module doc)."""
         if scaled and e - s > chunk_size:
             if e - s > max_unit or (e - s > scaled_block + lm_head_weight.shape[1] and len(spans(s, e)) == 1):
                 return "scaled"

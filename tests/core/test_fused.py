@@ -444,13 +444,21 @@ def test_a_long_completion_is_scaled_once_in_blocks_with_one_pass(monkeypatch, n
     _assert_equal(fast, _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize(("length", "budget", "expected"), [(10, 64.0, 0.0), (11, 64.0, 1.0), (7, 64.0, 0.0), (7, 0.0, 1.0)])
-def test_a_completion_is_scaled_in_half_blocks_where_it_would_hold_more_than_its_buffer_or_take_two_passes(
-    monkeypatch, length, budget, expected
+@pytest.mark.parametrize(
+    ("halved", "length", "budget", "expected"),
+    [
+        (True, 10, 64.0, 0.0), (True, 11, 64.0, 1.0), (True, 7, 64.0, 0.0), (True, 7, 0.0, 1.0),
+        (False, 13, 64.0, 0.0), (False, 14, 64.0, 1.0), (False, 7, 0.0, 1.0),
+    ],
+)  # fmt: skip
+def test_a_completion_is_scaled_in_its_blocks_where_it_would_hold_more_than_its_buffer_or_take_two_passes(
+    monkeypatch, halved, length, budget, expected
 ):
-    """Blocks of 5, H = 8: a GSPO completion of L > 2 + 8 positions is scaled in blocks of 2 (its (L, V) logits would
-    outweigh the (V, H) buffer and a half block), a shorter one is held in one pass while the logits budget allows, and
-    scaled where it does not."""
+    """Blocks of 5, H = 8: a GSPO completion longer than a scaled block + 8 positions is scaled block by block (its (L, V)
+    logits would outweigh the (V, H) buffer and a block), in blocks of 2 where the blocks are halved (their logits over
+    HALVED_BLOCK_MIB, here 0) and of 5 where not; a shorter one is held in one pass while the logits budget allows,
+    and scaled where it does not."""
+    monkeypatch.setattr(fused_module, "HALVED_BLOCK_MIB", 0.0 if halved else 64.0)
     calls = _head_calls(monkeypatch)
     h, w, y, _, gid, adv, noise, _ = _long_rows(47, rows=1, length=length)
     mask = torch.ones(1, length, dtype=torch.bool)
@@ -458,7 +466,17 @@ def test_a_completion_is_scaled_in_half_blocks_where_it_would_hold_more_than_its
     kw = _inputs(resolve_objective("gspo"), lp, mask, gid, adv, noise)
     fast = _fused("gspo", h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=budget)
     assert float(fast[1]["fused/row_scaled"]) == expected and float(fast[1]["fused/two_pass"]) == 0.0
-    assert calls == ([2] * (length // 2) + [1] * (length % 2) if expected else [length])
+    block = 2 if halved else 5
+    assert calls == ([block] * (length // block) + [length % block] * (length % block > 0) if expected else [length])
+
+
+@pytest.mark.parametrize(
+    ("chunk", "vocab", "itemsize", "block"),
+    [(512, 32768, 4, 512), (512, 151936, 4, 256), (1024, 151936, 4, 512), (1024, 32768, 4, 1024), (1024, 32769, 4, 512), (1, 10**9, 4, 1)],
+)
+def test_a_scaled_block_is_halved_only_where_its_logits_exceed_128_mib(chunk, vocab, itemsize, block):
+    """V = 32k at H = 512 (64 MiB) keeps whole blocks, V = 152k (297 MiB) halves them; 128 MiB exactly is kept whole."""
+    assert fused_module.scaled_block_size(chunk, vocab, itemsize) == block
 
 
 _TWELVE = 12 * V * 4 / 2**20
