@@ -39,7 +39,7 @@ c_t = k w_t: one factor k of the sequence ratios times weights w_t fixed before 
 its gradient at any other log-probs, so a unit longer than a block runs completion by completion, in blocks, at
 its placeholder coefficients c0 (ratio 1), its rows of d hidden written and each completion's d W summed apart in a
 (V, H) buffer; once its last block is known, each completion's k = c / c0 scales both (d W added to the total). Three
-matmuls, and half a block of logits plus a (V, H) buffer per completion, where holding the unit would take its whole
+matmuls, and a block of logits plus a (V, H) buffer per completion, where holding the unit would take its whole
 (L, V) logits (256 MiB for a completion of L = 2048 at V = 32k; 2 GiB for a group of eight). Where a block's logits
 are large (``scaled_block_size``: over 128 MiB) the blocks are halved, which keeps a completion's pass to the
 weight's gradient, its buffer and half of one more W-sized tensor (GSPO at 8 x 2048, V = 152k, H = 512: 790 MiB
@@ -839,8 +839,8 @@ def fused_head_loss(
             group.add_scaled(own, now[-1] / scale)
             factors = now
         if need_h:
-            for (a, b), k in zip(completions, factors):
-                rows_of.scale(grad_h, a, b, k)
+            for (a_, b_), k in zip(completions, factors):
+                rows_of.scale(grad_h, a_, b_, k)
         if group is not grad_w:
             grad_w.add_scaled(group, scale)
         elif scale != 1.0:

@@ -124,7 +124,7 @@ METRICS: tuple[Metric, ...] = (
         "mean",
         "fused_policy_loss: share of real tokens whose completion's gradient was summed at placeholder coefficients and "
         "scaled once, in units longer than a logits block (GSPO-like objectives and DFPO; dfpo.core.fused.row_scaled): one pass, "
-        "half a block and a (V, H) buffer per completion held (one for a whole Min-Replace group: dfpo.core.fused.group_folded)",
+        "a logits block and a (V, H) buffer per completion held (one for a whole Min-Replace group: dfpo.core.fused.group_folded)",
         _LOSS,
     ),
     # the trainer, one value per training step (metrics.jsonl)
