@@ -85,6 +85,28 @@ def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
     assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
 
 
+@pytest.mark.parametrize(
+    "rounds, verdict",
+    [
+        ([1.01, 1.04], "met"),
+        ([1.06, 1.09], "missed"),
+        ([1.02, 1.09], "inconclusive (rounds 1.02x to 1.09x)"),
+        ([], "met"),  # no paired round (a failed floor): the median decides, as with one round
+    ],
+    ids=["every round within", "no round within", "rounds on both sides", "no rounds"],
+)
+def test_a_time_goal_is_met_or_missed_only_where_every_round_agrees(bench, rounds, verdict):
+    """The same median, 1.04x, reads met, missed or inconclusive by where the rounds fall against 1.05x."""
+    lines = bench.goal_lines({("fused", "grpo"): {"x_floor": 1.04, "extra_mib": 1.0, "rounds": rounds}})
+    assert f"goal fused grpo <= 1.05x floor: 1.04x, {verdict}" in lines
+
+
+def test_each_round_is_read_against_the_floor_of_its_own_round(bench):
+    """A round where the mode or the floor failed (None) is left out; the others pair by position."""
+    assert bench.paired_ratios([2.0, None, 3.3], [2.0, 1.0, 3.0]) == pytest.approx([1.0, 1.1])
+    assert bench.paired_ratios([2.0, 2.2], [None, 2.0]) == pytest.approx([1.1])
+
+
 def test_the_run_comparison_reports_the_largest_relative_difference_and_one_sided_nan():
     runs = load_script(PATH.with_name("fused_head_runs.py"))
     a = [{"loss": 1.0, "x": 4.0, "n": float("nan"), "wall_s": 1.0}, {"loss": 2.0, "x": 0.5, "n": 1.0, "only": 1}]
