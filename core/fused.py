@@ -73,6 +73,15 @@ at the first call), so they run eagerly. If torch.compile fails (no C++ compiler
 warning says so. Half-precision inputs: the LM head's matmul runs in the weight's dtype (the hidden states are cast
 to it), everything after it in float32; the weight's gradient accumulates in float32. No (B, T, V) tensor exists.
 
+One solve on a GPU (``solve_once``). Each coefficient call is ``policy_loss`` and its gradient on (B, T) tensors:
+about 360 small kernels and 11 host synchronisations (GRPO, counted with torch.profiler), which a GPU runs in about
+4 ms whatever B x T, more than a block's three matmuls there (8 x 2048, V = 32k, H = 512, bf16, H200: 0.148 s for
+GRPO's 33 calls against 0.028 s for ``token_logprobs`` then ``policy_loss``; docs/throughput.md). On the CPU the
+matmuls dominate and the call is noise. So off the CPU the whole batch runs as one unit in two passes by default: the
+log-probs (and entropies) of every block, one coefficient call, then the fused pass: four matmuls per block and two
+softmax passes, one call, exact for every objective (it is the two-pass path above, for the whole batch);
+``fused/two_pass`` is then 1.
+
 Where this departs from ``policy_loss(token_logprobs(...))``:
 1. Positions whose logits are not computed yet hold placeholders (logp = old_logp: ratio 1; entropy 0) in a chunk's
    coefficient call. A chunk's coefficients do not depend on them (its units are whole); the tests check it for
@@ -617,13 +626,16 @@ def fused_head_loss(
     max_logits_mib: float = 2048.0,
     compile: bool = False,
     with_entropy: bool = False,
+    solve_once: bool | None = None,
     **overrides: object,
 ) -> FusedHead:
     """The LM head, the log-probs (and entropies) and the objective's loss with its gradients in one pass (module doc).
 
     Shapes: hidden (B, T, H), lm_head_weight (V, H), targets, old_logp, mask, ref_logp, rollout_logp (B, T);
     advantages, group_ids (B,). ``old_logp`` None: the policy's own log-probs, detached (the first optimiser step of a
-    rollout batch, ratio 1). ``with_entropy`` computes entropies the objective does not read (for a log). Inputs are
+    rollout batch, ratio 1). ``with_entropy`` computes entropies the objective does not read (for a log).
+    ``solve_once``: the coefficients solved once for the whole batch, after a pass of statistics (module doc, "One
+    solve on a GPU"); None: where the hidden states are not on the CPU. Inputs are
     checked (with ``policy_loss``'s own checks) before the LM head runs. A non-finite log-prob at a real position stops
     the work and returns ``finite=False`` (loss NaN, zero gradients), so a trainer can skip the step.
     """
@@ -634,6 +646,9 @@ def fused_head_loss(
         raise ValueError(f"max_logits_mib must be a number >= 0, got max_logits_mib={max_logits_mib!r}")
     if targets.ndim != 2:
         raise ValueError(f"targets must have shape (B, T), got targets.shape={tuple(targets.shape)}")
+    if solve_once is not None and not isinstance(solve_once, bool):
+        raise ValueError(f"solve_once must be True, False or None (by device), got solve_once={solve_once!r}")
+    solve_once = hidden.device.type != "cpu" if solve_once is None else solve_once
     dtype = torch.promote_types(lm_head_weight.dtype, torch.float32)  # the compute dtype
     B, T = targets.shape
     placeholder = torch.zeros((B, T), dtype=dtype, device=hidden.device) if old_logp is None else old_logp.detach()
@@ -693,7 +708,10 @@ def fused_head_loss(
         many as ``max_logits_mib`` holds (H x V positions' worth each), at least one (the size of W's own gradient)."""
         return n_rows if not need_w else max(1, min(n_rows, max_unit // lm_head_weight.shape[1]))
 
-    paths = [(s, e, path(s, e, two)) for s, e, two in plan]
+    if solve_once:  # the whole batch as one unit in two passes: one (B, T) solve, not one per block
+        paths = [(0, n_pos, "two")] if n_pos else []
+    else:
+        paths = [(s, e, path(s, e, two)) for s, e, two in plan]
     block_of = {"one": n_pos, "two": chunk_size, "scaled": scaled_block}  # positions per block, by path
     longest = max((min(block_of[how], e - s) for s, e, how in paths), default=0)
     buf = _kept(0, (longest, V), dtype, hidden.device)  # (n, V) the one logits block, reused
@@ -706,9 +724,17 @@ def fused_head_loss(
     c_buf = e_buf = loss = metrics = None
     two_pass_tokens, scaled_tokens, finite = 0, 0, True
 
+    spare_block: list[Tensor] = []  # the eager entropy kernels' second block, made at its first use and kept
+
     def spare(n: int) -> Tensor | None:
-        """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise."""
-        return _kept(1, (longest, V), dtype, hidden.device)[:n] if keep_entropy and not kernels.compiled else None
+        """(n, V) p beside log p, for the eager entropy kernels (also after a compiler failure); None otherwise. One
+        buffer for the whole call: ``_kept`` allocates afresh off the CPU, and a block's gradient reads back the p its
+        statistics wrote there."""
+        if not keep_entropy or kernels.compiled:
+            return None
+        if not spare_block:
+            spare_block.append(_kept(1, (longest, V), dtype, hidden.device))
+        return spare_block[0][:n]
 
     def block(s: int, e: int) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor]:
         """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers."""
@@ -916,6 +942,7 @@ def fused_policy_loss(
     chunk_size: int | None = None,
     max_logits_mib: float = 2048.0,
     compile: bool = False,
+    solve_once: bool | None = None,
     **overrides: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss(objective, logp=token_logprobs(hidden, W, targets), ...)`` with the LM head fused in: the same loss,
@@ -926,8 +953,9 @@ def fused_policy_loss(
     None: the policy's own log-probs, detached); advantages, group_ids (B,). Returns (loss, metrics) as ``policy_loss``
     does, with ``fused/two_pass``: the share of real tokens whose logits took two passes (a coupled unit larger than
     ``max_logits_mib`` of float32 logits). ``chunk_size``: positions per logits block (None: ``default_chunk_size``
-    of the hidden size); ``compile``: the elementwise
-    work through ``torch.compile``. A non-finite log-prob at a real position is refused with a ValueError.
+    of the hidden size); ``compile``: the elementwise work through ``torch.compile``; ``solve_once``: the coefficients
+    solved once for the batch, in two passes (None: off the CPU; module doc, "One solve on a GPU"). A non-finite
+    log-prob at a real position is refused with a ValueError.
     """
     out = fused_head_loss(
         objective,
@@ -944,6 +972,7 @@ def fused_policy_loss(
         chunk_size=chunk_size,
         max_logits_mib=max_logits_mib,
         compile=compile,
+        solve_once=solve_once,
         **overrides,
     )
     if not out.finite:

@@ -30,10 +30,12 @@ LAYOUTS = {
     "one chunk": dict(chunk_size=1024, max_logits_mib=64.0),
     "chunks of 5, units held": dict(chunk_size=5, max_logits_mib=64.0),
     "chunks of 3, two passes": dict(chunk_size=3, max_logits_mib=0.0),
+    "chunks of 5, solved once": dict(chunk_size=5, max_logits_mib=64.0, solve_once=True),
 }
 """Chunk layouts: everything in one block; blocks of 5 positions that cut token-level rows and hold larger units in
 one pass; blocks of 3 with no logits budget, so every coupled unit takes two passes (groups split across chunks), but
-a row-scaled objective's completions longer than a block, which run block by block, scaled once."""
+a row-scaled objective's completions longer than a block, which run block by block, scaled once; blocks of 5 with the
+coefficients solved once for the whole batch (the default on a GPU)."""
 
 EXTRA = {
     "dapo:entropy_coef=0.01": dict(entropy_coef=0.01),  # an entropy bonus under token_mean: token units, entropy gradient
@@ -148,6 +150,84 @@ def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overr
     truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
     fast, slow = _fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw)
     _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
+
+
+def _to(device: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(device) for t in tensors]
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
+def test_solved_once_the_batch_takes_one_coefficient_call_and_two_passes_of_every_block(monkeypatch, name):
+    """solve_once: the log-probs of every block, one coefficient call, the fused pass: the head runs twice per block and
+    every token is counted in ``fused/two_pass``; on the CPU the default (None) keeps one call per chunk."""
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(13)
+    kw = _inputs(spec, naive_token_logprobs(h, w, y)[0], mask, gid, adv, noise)
+    calls, real = [], fused_module._Inputs.coefficients
+    monkeypatch.setattr(fused_module._Inputs, "coefficients", lambda self, *a: calls.append(1) or real(self, *a))
+    heads = _head_calls(monkeypatch)
+    _, metrics, *_ = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, solve_once=True)
+    n_real = int(mask.sum())
+    assert len(calls) == 1 and float(metrics["fused/two_pass"]) == 1.0
+    assert heads == 2 * [min(5, n_real - s) for s in range(0, n_real, 5)]
+    calls.clear()
+    _fused(spec, h, w, y, 1.0, kw, chunk_size=5)  # the CPU default: a call per chunk of units (one for a batch unit)
+    assert (len(calls) > 1) == (coupling_unit(spec) != "batch")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["stapo", "grpo:entropy_coef=0.01", "gspo", "dfpo_min"])
+def test_no_buffer_is_read_back_from_another_allocation(monkeypatch, name, layout):
+    """Every ``_kept`` call gives a fresh buffer full of NaN, as a GPU's allocator may give fresh memory (``_kept``
+    keeps buffers on the CPU alone): results still equal the reference, so the pass reads only what it wrote in the
+    same buffer (an entropy objective's p, asked for again between its statistics and its gradient, once did not)."""
+    monkeypatch.setattr(fused_module, "_kept", lambda slot, shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype))
+    label, *setting = name.split(":")
+    spec = resolve_objective(label, **{k: float(v) for k, v in (x.split("=") for x in setting)})
+    h, w, y, mask, gid, adv, noise = _batch(21)
+    kw = _inputs(spec, naive_token_logprobs(h, w, y, temperature=0.7)[0], mask, gid, adv, noise)
+    truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
+    _assert_equal(_fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6, truth=truth)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_on_cuda_every_objective_equals_policy_loss_on_full_logits(layout):
+    """On a CUDA device, every objective and layout: loss, metrics, d hidden and d W equal the reference on the same
+    device to float32 round-off (CUDA's own kernels, its scatter and matmul orders, not the CPU's)."""
+    failed = {}
+    for (name, overrides), label in zip(CASES, CASE_IDS):
+        spec = resolve_objective(name, **overrides)
+        h, w, y, mask, gid, adv, noise = _to("cuda", *_batch(zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16))
+        lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
+        kw = _inputs(spec, lp, mask, gid, adv, noise)
+        truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
+        options = {"solve_once": False, **LAYOUTS[layout]}  # each layout's own path, not only the GPU's default
+        fast, slow = _fused(spec, h, w, y, 0.7, kw, **options), _reference(spec, h, w, y, 0.7, kw)
+        assert fast[0].is_cuda and fast[3].is_cuda
+        try:
+            _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
+        except AssertionError as err:
+            failed[label] = str(err).splitlines()[0]
+    assert not failed, failed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
+def test_on_cuda_a_bfloat16_head_under_autocast_gives_float32_loss_near_the_float32_reference(name):
+    """A bf16 model's head on CUDA (h and W bfloat16): the loss comes back in float32 and near the float32 reference."""
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _to("cuda", *_batch(11))
+    lp, _ = naive_token_logprobs(h, w, y)
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    fast = _fused(spec, h.bfloat16(), w.bfloat16(), y, 1.0, kw, chunk_size=4)
+    slow = _reference(spec, h.bfloat16().float(), w.bfloat16().float(), y, 1.0, kw)
+    assert fast[0].dtype == torch.float32 and fast[2].dtype == fast[3].dtype == torch.bfloat16
+    torch.testing.assert_close(fast[0], slow[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fast[2].float(), slow[2], rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(fast[3].float(), slow[3], rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
@@ -868,6 +948,7 @@ def _refused_before_the_head(monkeypatch, match: str, **changes) -> None:
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
         (dict(max_logits_mib=-1.0), "max_logits_mib must be a number >= 0"),
+        (dict(solve_once="yes"), "solve_once must be True, False or None \\(by device\\), got solve_once='yes'"),
         (dict(targets=torch.full((B, T), V)), "targets must lie in"),
         (dict(old_logp=torch.zeros(B, T + 1)), "old_logp must have shape"),
         (dict(advantages=torch.zeros(B + 1)), "advantages must have shape"),
