@@ -3,6 +3,7 @@
     python benchmarks/fused_head.py                               # B x T in {16 x 128, 8 x 2048}, V in {32k, 152k}, H = 512
     python benchmarks/fused_head.py --sizes 16x128 --vocab 32768 --rounds 3
     python benchmarks/fused_head.py --sizes 8x2048 --vocab 151936 --rounds 1 --modes floor fused fused_compiled liger_compiled
+    python benchmarks/fused_head.py --device cuda --dtype bfloat16 --repeats 10   # on a GPU: every case in this process
 
 Modes, each measurement in a fresh process on one thread; each round runs every mode once, in an order rotated from
 round to round (interleaved), and a figure is the median over rounds; ``rounds x floor`` is the range of each round's
@@ -19,6 +20,8 @@ seconds beside them:
 - fused:          dfpo.fused_policy_loss with its eager kernels; fused_compiled: compile=True (torch.compile, which
                   fused_policy_loss uses only for objectives that read entropies: for grpo, gspo and dfpo_min the
                   compiled rows run the eager kernels, see dfpo.core.fused);
+- fused_once, fused_per_unit: dfpo.fused_policy_loss with solve_once=True (the coefficients solved once for the
+                  batch, four matmuls per block: the GPU's default) and False (a solve per chunk of units: the CPU's);
 - liger:          Liger-Kernel's LigerFusedLinearGRPOLoss, eager (compiled=False) and compiled (compiled=True): grpo as
                   loss_type='grpo', gspo as importance_sampling_level='sequence' at GSPO's clip range; it has no DFPO.
                   Skipped, saying so, when liger-kernel is not installed (pip install liger-kernel).
@@ -26,6 +29,13 @@ The objective rows: grpo, gspo and dfpo_min; naive and chunked run grpo only (th
 ``--modes`` and ``--objectives`` pick a subset (the larger sizes take minutes per mode on one thread).
 The two full-logits modes are skipped, printing the GiB they would need, where ``FULL_LOGITS_TENSORS`` (N, V)
 float32 tensors exceed ``--max-gib`` (default: the machine's available memory, MemAvailable, when the run starts).
+On a GPU (``--device cuda``) every case runs in this one process, one after another in the same rotated order: a
+figure is the median wall time of ``--repeats`` steps, each ended by ``torch.cuda.synchronize``, after two warm-up
+steps (which compile, where a mode compiles), and extra memory is CUDA's peak allocated bytes during the timed steps
+minus those allocated once the inputs exist (exact per process, so no process of its own is needed); the full-logits
+modes are skipped where they would not fit the GPU's free memory. ``--dtype bfloat16`` makes h and W bfloat16, as in a
+bf16 model's head: the matmuls run in bfloat16, and the fused and Liger modes compute their loss in float32.
+
 Inputs: hidden states h ~ N(0, 1/H), W ~ N(0, 1) (logits ~ N(0, 1)), every position real, groups of G = 8 rows,
 group-normalised advantages, old log-probs at the policy's typical log-prob plus noise (some ratios clipped).
 
@@ -67,9 +77,14 @@ OBJECTIVE_ROWS = {
     "chunked": ["grpo"],
     "fused": ["grpo", "gspo", "dfpo_min"],
     "fused_compiled": ["grpo", "gspo", "dfpo_min"],
+    "fused_once": ["grpo", "gspo", "dfpo_min"],
+    "fused_per_unit": ["grpo", "gspo", "dfpo_min"],
     "liger": ["grpo"],
     "liger_compiled": ["grpo", "gspo"],
 }
+SOLVE_ONCE = {"fused_once": True, "fused_per_unit": False}
+"""The fused modes that set ``solve_once`` (the others leave it to the device: once on a GPU, per unit on the CPU);
+not run unless ``--modes`` names them."""
 
 
 def _rss_mib() -> float:
@@ -108,25 +123,38 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB):
+def _step_fn(
+    mode: str,
+    objective: str | None,
+    B: int,
+    T: int,
+    H: int,
+    V: int,
+    chunk: int = CHUNK,
+    budget_mib: float = BUDGET_MIB,
+    device: str = "cpu",
+    dtype: str = "float32",
+):
     """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
     logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine);
-    ``budget_mib``: the fused modes' ``max_logits_mib``."""
+    ``budget_mib``: the fused modes' ``max_logits_mib``; ``device`` and ``dtype``: where h and W live and their
+    dtype (the same random numbers on every device, drawn on the CPU)."""
     import torch
 
     from dfpo.core.fused import fused_policy_loss
     from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
     from dfpo.core.loss import policy_loss, resolve_objective
 
-    g = torch.Generator().manual_seed(0)
-    h = (torch.randn(B, T, H, generator=g) / H**0.5).requires_grad_()  # (B, T, H)
-    w = torch.randn(V, H, generator=g).requires_grad_()  # (V, H)
-    y = torch.randint(0, V, (B, T), generator=g)  # (B, T)
-    mask = torch.ones(B, T, dtype=torch.bool)
-    gid = torch.arange(B) // G
+    g, on, real = torch.Generator().manual_seed(0), torch.device(device), getattr(torch, dtype)
+    h = (torch.randn(B, T, H, generator=g) / H**0.5).to(on, real).requires_grad_()  # (B, T, H)
+    w = torch.randn(V, H, generator=g).to(on, real).requires_grad_()  # (V, H)
+    y = torch.randint(0, V, (B, T), generator=g).to(on)  # (B, T)
+    mask = torch.ones(B, T, dtype=torch.bool, device=on)
+    gid = (torch.arange(B) // G).to(on)
     adv = torch.randn(B, generator=g)
     adv = (adv - adv.view(-1, min(G, B)).mean(-1).repeat_interleave(min(G, B))) / adv.std().clamp(min=1e-4)  # (B,)
-    old = -(math.log(V) + 0.5) + 0.05 * torch.randn(B, T, generator=g)  # (B, T)
+    adv = adv.to(on)
+    old = (-(math.log(V) + 0.5) + 0.05 * torch.randn(B, T, generator=g)).to(on)  # (B, T)
     spec = resolve_objective(objective) if objective else None
     N = B * T
 
@@ -134,8 +162,8 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
         h.grad = w.grad = None
 
     if mode == "floor":
-        buf, hf = torch.empty(min(CHUNK, N), V), h.detach().reshape(N, H)
-        gh, gw = torch.empty(N, H), torch.zeros(V, H)
+        buf, hf = torch.empty(min(CHUNK, N), V, dtype=real, device=on), h.detach().reshape(N, H)
+        gh, gw = torch.empty(N, H, dtype=real, device=on), torch.zeros(V, H, dtype=real, device=on)
 
         def step():
             gw.zero_()
@@ -145,7 +173,7 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
                 gw.addmm_(z.T, hf[s : s + CHUNK])  # (V, H)
 
     elif mode == "floor_autograd":
-        ones = torch.ones(N, V)
+        ones = torch.ones(N, V, dtype=real, device=on)
 
         def step():
             (h.reshape(N, H) @ w.T).backward(ones)
@@ -162,13 +190,13 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
             loss.backward()
             clear()
 
-    elif mode in ("fused", "fused_compiled"):
+    elif mode.startswith("fused"):
         extra = {}
 
         def step():
             loss, metrics = fused_policy_loss(
                 spec, hidden=h, lm_head_weight=w, targets=y, old_logp=old, advantages=adv, mask=mask, group_ids=gid,
-                chunk_size=chunk, compile=mode == "fused_compiled", max_logits_mib=budget_mib,
+                chunk_size=chunk, compile=mode == "fused_compiled", max_logits_mib=budget_mib, solve_once=SOLVE_ONCE.get(mode),
             )  # fmt: skip
             loss.backward()
             extra["two_pass"] = float(metrics["fused/two_pass"])
@@ -205,15 +233,20 @@ def measure(
     threads: int,
     chunk: int = CHUNK,
     budget_mib: float = BUDGET_MIB,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict:
-    """One mode in this process, after one warm-up step: median CPU seconds (and wall seconds) of forward + backward,
-    and extra MiB. One thread: the process's CPU time is the work done, what other processes on a shared machine
-    change least (its wall time waits for them)."""
+    """One mode in this process, after one warm-up step (two on CUDA): median seconds of forward + backward (CPU
+    seconds on the CPU, wall seconds to a ``torch.cuda.synchronize`` on CUDA) and wall seconds, and extra MiB. One
+    CPU thread: the process's CPU time is the work done, what other processes on a shared machine change least (its
+    wall time waits for them)."""
     import torch
 
     torch.set_num_threads(threads)
     _import_libraries()
-    step = _step_fn(mode, objective, B, T, H, V, chunk, budget_mib)
+    if device == "cuda":
+        return _measure_cuda(_step_fn(mode, objective, B, T, H, V, chunk, budget_mib, device, dtype), repeats)
+    step = _step_fn(mode, objective, B, T, H, V, chunk, budget_mib, device, dtype)
     base = _rss_mib()  # the inputs exist, the libraries are loaded
     step()  # warm-up (compiles, where a mode compiles)
     cpu, wall = [], []
@@ -228,8 +261,36 @@ def measure(
     return out
 
 
-def available_gib() -> float:
-    """The memory the kernel says new work can take without swapping (MemAvailable), in GiB; inf when unknown."""
+def _measure_cuda(step, repeats: int) -> dict:
+    """``step`` timed on the GPU: two warm-ups, then ``repeats`` steps, each from one synchronize to the next; extra
+    memory: CUDA's peak allocated bytes over the timed steps minus the bytes allocated before them (the inputs)."""
+    import torch
+
+    step(), step()  # warm-up: compiles, autotunes, fills the caching allocator
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    wall = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall.append(time.perf_counter() - t0)
+    extra = (torch.cuda.max_memory_allocated() - base) / 2**20
+    out = {"seconds": statistics.median(wall), "wall": statistics.median(wall), "extra_mib": extra}
+    out.update(getattr(step, "extra", {}))
+    del step
+    torch.cuda.empty_cache()
+    return out
+
+
+def available_gib(device: str = "cpu") -> float:
+    """The memory new work can take, in GiB: on the CPU what the kernel says it can take without swapping
+    (MemAvailable; inf when unknown), on CUDA the device's free memory."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0] / 2**30
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -258,18 +319,28 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 
 
 def _child(argv: list[str]) -> int:
-    mode, objective, B, T, H, V, repeats, threads, chunk, budget = argv
+    mode, objective, B, T, H, V, repeats, threads, chunk, budget, dtype = argv
     obj = None if objective == "-" else objective
-    print(json.dumps(measure(mode, obj, int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk), float(budget))))
+    sizes = (int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk))
+    print(json.dumps(measure(mode, obj, *sizes, float(budget), dtype=dtype)))
     return 0
 
 
-BLOCK_MODES = ("chunked", "fused", "fused_compiled")
+BLOCK_MODES = ("chunked", "fused", "fused_compiled", *SOLVE_ONCE)
 """The modes whose logits block ``--chunk`` sets; every other mode runs once whatever ``--chunk`` lists."""
 
 
 def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk), str(args.max_logits_mib)]  # fmt: skip
+    """One measurement: on the CPU in a fresh process (its resident set is the figure), on CUDA in this one."""
+    if args.device == "cuda":
+        try:
+            return measure(mode, objective, B, T, args.hidden, args.vocab_now, args.repeats, args.threads, chunk, args.max_logits_mib, "cuda", args.dtype)  # fmt: skip
+        except Exception as err:  # noqa: BLE001 -- one case's failure (out of memory, say) is its row, not the run's end
+            import torch
+
+            torch.cuda.empty_cache()
+            return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]}
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk), str(args.max_logits_mib), args.dtype]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -323,6 +394,15 @@ def goal_lines(rows: dict) -> list[str]:
     return out
 
 
+def torch_device_name(device: str) -> str:
+    """What runs the steps, in words: the GPU's name on CUDA, "the CPU" otherwise."""
+    if device != "cuda":
+        return "the CPU"
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         return _child(sys.argv[2:])
@@ -330,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", default=["16x128", "8x2048"], help="B x T cases, e.g. 16x128")
     p.add_argument("--vocab", type=int, nargs="+", default=[32768, 151936])
     p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--modes", nargs="+", default=list(OBJECTIVE_ROWS), choices=list(OBJECTIVE_ROWS))
+    p.add_argument("--modes", nargs="+", default=[m for m in OBJECTIVE_ROWS if m not in SOLVE_ONCE], choices=list(OBJECTIVE_ROWS))
     objectives = sorted({o for rows in OBJECTIVE_ROWS.values() for o in rows if o})
     p.add_argument("--objectives", nargs="+", default=objectives, choices=objectives, help="objective rows to run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 1); a figure is the median over them")
@@ -344,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         help="positions per logits block of the chunked and fused modes (default: fused_policy_loss's own at --hidden); "
         "several values run side by side in the same rounds",
     )
-    p.add_argument("--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: every case in this process, timed on the GPU")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="h and W's dtype (bfloat16: a bf16 model's head)")
+    p.add_argument(
+        "--max-gib", type=float, default=None, help="memory the full-logits modes may take (default: MemAvailable; on CUDA its free memory)"
+    )
     p.add_argument(
         "--max-logits-mib",
         type=float,
@@ -363,14 +447,23 @@ def main(argv: list[str] | None = None) -> int:
     args.chunk = args.chunk or [own]
     if min(args.chunk) < 1 or len(set(args.chunk)) != len(args.chunk):
         p.error(f"--chunk values must be distinct and at least 1, got {args.chunk}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error(
+                "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); leave --device out to run on the CPU"
+            )
     if args.max_gib is None:
-        args.max_gib = available_gib()
+        args.max_gib = available_gib(args.device)
+    where = torch_device_name(args.device)
     print(
-        f"LM head + policy loss, forward + backward, H={args.hidden}, {args.threads} thread(s), {args.rounds} interleaved "
+        f"LM head + policy loss, forward + backward on {where}, {args.dtype} h and W, H={args.hidden}, {args.threads} CPU thread(s), {args.rounds} interleaved "
         f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
         f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (fused_policy_loss's default at H={args.hidden}: "
         f"{own}; the floor's: {CHUNK}); fused max_logits_mib {args.max_logits_mib:g}; "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
+        + ("; every case in this process, times in GPU wall seconds" if args.device == "cuda" else "")
     )
     for size in args.sizes:
         B, T = (int(x) for x in size.lower().split("x"))
@@ -392,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[case].append(run_case(*case, B, T, args))
             print(f"\nB x T = {B} x {T}, V = {vocab}")
             print(
-                f"{'mode':16s} {'objective':9s} {'block':>5s} | {'cpu s':>8s} {'x floor':>8s} {'rounds x floor':>14s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s} {'scaled':>6s}"
+                f"{'mode':16s} {'objective':9s} {'block':>5s} | {'gpu s' if args.device == 'cuda' else 'cpu s':>8s} {'x floor':>8s} {'rounds x floor':>14s} {'wall s':>8s} {'extra MiB':>9s} {'two_pass':>8s} {'scaled':>6s}"
             )
             floor_runs = [x.get("seconds") for x in results.get(("floor", None, CHUNK), [])]  # by round, None where failed
             floor = [x for x in floor_runs if x is not None]

@@ -15,13 +15,15 @@ def bench():
     return load_script(PATH, "fused_head_bench")
 
 
-@pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused"])
+@pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused", "fused_once", "fused_per_unit"])
 def test_every_local_mode_measures_a_tiny_case(bench, mode):
     for objective in bench.OBJECTIVE_ROWS[mode]:
         out = bench.measure(mode, objective, 8, 4, 16, 64, repeats=1, threads=1)
         assert out["seconds"] >= 0 and out["wall"] >= 0 and out["extra_mib"] == out["extra_mib"]
-        if mode == "fused":
+        if mode in ("fused", "fused_per_unit"):
             assert out["two_pass"] == 0.0  # a tiny batch fits the logits budget: one pass
+        if mode == "fused_once":
+            assert out["two_pass"] == 1.0  # solved once: every block twice
 
 
 def test_full_logits_past_the_memory_are_skipped_saying_how_many_gib_they_need(bench):
@@ -143,3 +145,13 @@ def test_the_fused_budget_is_fused_policy_loss_default_and_max_logits_mib_reache
     with pytest.raises(SystemExit):
         bench.main(["--max-logits-mib", "-1"])
     assert "--max-logits-mib must be a number >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_cuda_is_refused_in_one_sentence_where_torch_sees_no_gpu(bench, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: nothing to refuse")
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cuda"])
+    assert "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)" in capsys.readouterr().err
