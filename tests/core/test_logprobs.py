@@ -72,6 +72,28 @@ def test_log_prob_gradients_without_entropy_equal_the_full_logits_path(seed, lea
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_on_cuda_chunked_logprobs_and_gradients_equal_the_full_logits_path(with_entropy):
+    """On a CUDA device, in float64: log-probs and both gradients match log_softmax of the full logits to round-off."""
+    h, w, t = (x.detach().cuda() for x in _case(3, (4, 9), 16, 300, torch.float64))
+    h, w = h.requires_grad_(), w.requires_grad_()
+    g_logp, g_ent = torch.randn(2, 4, 9, dtype=torch.float64, device="cuda")
+
+    def run(fn, **kw):
+        logp, ent = fn(h, w, t, temperature=0.8, **kw)
+        ((logp * g_logp).sum() + ((ent * g_ent).sum() if with_entropy else 0)).backward()
+        out = logp.detach(), h.grad.clone(), w.grad.clone()
+        h.grad = w.grad = None
+        return out
+
+    fast, slow = run(token_logprobs, chunk_size=7, with_entropy=with_entropy), run(naive_token_logprobs)
+    assert all(x.is_cuda for x in fast)
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
 def test_float32_and_bf16_inputs_give_float32_results_close_to_the_reference():
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         h, w, t = _case(0, (4, 6), 16, 50, dtype)
