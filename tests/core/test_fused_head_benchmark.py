@@ -85,6 +85,11 @@ def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
     assert "goal fused gspo <= 1.05x floor: 1.20x, missed" in lines
     assert "goal fused gspo faster than liger_compiled, in less memory: no liger_compiled row" in lines
     assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
+    assert not any("fused_once" in line or "fused_per_unit" in line for line in lines)  # optional rows: silent when absent
+    rows[("fused_once", "grpo")] = {"x_floor": 1.30, "extra_mib": 150.0}
+    lines = bench.goal_lines(rows)
+    assert "goal fused_once grpo <= 1.05x floor: 1.30x, missed" in lines
+    assert "goal fused_once grpo faster than liger_compiled, in less memory: time 1.18x, extra memory 0.75x, missed" in lines
 
 
 @pytest.mark.parametrize(
