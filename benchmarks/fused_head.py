@@ -460,11 +460,12 @@ def main(argv: list[str] | None = None) -> int:
     where = torch_device_name(args.device)
     print(
         f"LM head + policy loss, forward + backward on {where}, {args.dtype} h and W, H={args.hidden}, {args.threads} CPU thread(s), {args.rounds} interleaved "
-        f"round(s) x {args.repeats} timed step(s) after a warm-up, each mode in its own process; x floor = time / floor's; "
+        f"round(s) x {args.repeats} timed step(s) after {'two warm-ups' if args.device == 'cuda' else 'a warm-up'}, "
+        f"{'every case in this process' if args.device == 'cuda' else 'each mode in its own process'}; x floor = time / floor's; "
         f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (fused_policy_loss's default at H={args.hidden}: "
         f"{own}; the floor's: {CHUNK}); fused max_logits_mib {args.max_logits_mib:g}; "
         f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
-        + ("; every case in this process, times in GPU wall seconds" if args.device == "cuda" else "")
+        + ("; times in GPU wall seconds" if args.device == "cuda" else "")
     )
     for size in args.sizes:
         B, T = (int(x) for x in size.lower().split("x"))
