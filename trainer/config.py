@@ -228,7 +228,7 @@ class OptimConfig:
     epochs: int = setting(1, "Passes over each rollout batch; K = epochs * prompts_per_step / minibatch_groups.", bounds=Bounds(1))
     fused_head: str = setting(
         "eager",
-        "The update's LM head and loss in one pass (dfpo.fused_policy_loss: the loss's gradient taken inside the forward, three matmuls over the logits, not four): eager (PyTorch's own row kernels), compile (the elementwise work through torch.compile for an objective that reads entropies, eager otherwise; its first step compiles), off (log-probs from dfpo.token_logprobs, then policy_loss). Same loss and gradients either way; a head that is not a plain linear layer always takes the full-logits path.",
+        "The update's LM head and loss in one pass (dfpo.fused_policy_loss: the loss's gradient taken inside the forward, three matmuls over the logits, not four, on the CPU; on a GPU four, with one coefficient call per batch: docs/throughput.md): eager (PyTorch's own row kernels), compile (the elementwise work through torch.compile for an objective that reads entropies, eager otherwise; its first step compiles), off (log-probs from dfpo.token_logprobs, then policy_loss). Same loss and gradients either way; a head that is not a plain linear layer always takes the full-logits path.",
         choices=FUSED_HEAD,
     )
 
