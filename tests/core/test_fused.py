@@ -137,10 +137,20 @@ def _float64(kw: dict) -> dict:
     return {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kw.items()}
 
 
+@pytest.fixture(params=["cpu choices", "gpu choices"])
+def device_choices(request, monkeypatch):
+    """The choices fused_head_loss makes by device: the CPU's, and a GPU's (solve once, no per-block read-back) made
+    on the CPU, so the path a GPU takes is checked everywhere the tests run."""
+    if request.param == "gpu choices":
+        monkeypatch.setattr(fused_module, "_syncs_are_dear", lambda device: True)
+    return request.param
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize(("name", "overrides"), CASES, ids=CASE_IDS)
-def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overrides, layout):
-    """Every objective, every layout: loss, metrics, d hidden and d W equal the reference to float32 round-off."""
+def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overrides, layout, device_choices):
+    """Every objective, every layout, with the CPU's and a GPU's choices: loss, metrics, d hidden and d W equal the
+    reference to float32 round-off."""
     spec = resolve_objective(name, **overrides)
     h, w, y, mask, gid, adv, noise = _batch(zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16)
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
@@ -188,6 +198,52 @@ def test_no_buffer_is_read_back_from_another_allocation(monkeypatch, name, layou
     kw = _inputs(spec, naive_token_logprobs(h, w, y, temperature=0.7)[0], mask, gid, adv, noise)
     truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
     _assert_equal(_fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6, truth=truth)
+
+
+def _host_reads(monkeypatch, step) -> int:
+    """How many times ``step()`` reads a value back from its tensors' device (a scalar, or a nonzero's size)."""
+    reads = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default):
+                reads[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        step()
+    return reads[0]
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
+def test_with_a_gpus_choices_the_host_reads_do_not_grow_with_the_number_of_blocks(monkeypatch, name):
+    """Off the CPU a read-back stalls the device: solved once, a step reads back as often in 15 blocks as in 2
+    (the policy_loss checks and the one finite check), not once or twice per block."""
+    monkeypatch.setattr(fused_module, "_syncs_are_dear", lambda device: True)
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(17)
+    kw = _inputs(spec, naive_token_logprobs(h, w, y)[0], mask, gid, adv, noise)
+    n_real = int(mask.sum())
+    few, many = n_real // 2 + 1, 2  # 2 blocks, and 15
+    reads = {c: _host_reads(monkeypatch, lambda c=c: _fused(spec, h, w, y, 1.0, kw, chunk_size=c)) for c in (few, many)}
+    assert -(-n_real // many) >= 12 and reads[many] == reads[few], reads
+
+
+def test_the_sync_free_statistics_equal_the_cpus_with_a_target_near_underflow():
+    """log p_y off an in-place log-softmax, then p: the same log-probs and p as the softmax path, also where p_y is
+    about e^-90 (which the softmax path takes from logsumexp)."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(6, 50, generator=g) * 3
+    y = torch.randint(0, 50, (6,), generator=g)
+    z[2, y[2]] = -90.0  # p_y ~ e^-90: below float32's normal range
+    ref = torch.log_softmax(z.double(), -1)
+    outs = []
+    for sync_free in (False, True):
+        block = z.clone()
+        logp, _ = fused_module._eager_stats_(block, y, None, lambda k: z[k], sync_free=sync_free)
+        outs.append((logp, block))
+        torch.testing.assert_close(logp.double(), ref.gather(-1, y[:, None]).squeeze(-1), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.gpu
