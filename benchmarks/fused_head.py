@@ -123,18 +123,7 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(
-    mode: str,
-    objective: str | None,
-    B: int,
-    T: int,
-    H: int,
-    V: int,
-    chunk: int = CHUNK,
-    budget_mib: float = BUDGET_MIB,
-    device: str = "cpu",
-    dtype: str = "float32",
-):
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB, device: str = "cpu", dtype: str = "float32"):  # fmt: skip
     """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
     logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine);
     ``budget_mib``: the fused modes' ``max_logits_mib``; ``device`` and ``dtype``: where h and W live and their
@@ -231,22 +220,19 @@ def measure(
     V: int,
     repeats: int,
     threads: int,
-    chunk: int = CHUNK,
-    budget_mib: float = BUDGET_MIB,
-    device: str = "cpu",
-    dtype: str = "float32",
+    **options,
 ) -> dict:
     """One mode in this process, after one warm-up step (two on CUDA): median seconds of forward + backward (CPU
     seconds on the CPU, wall seconds to a ``torch.cuda.synchronize`` on CUDA) and wall seconds, and extra MiB. One
     CPU thread: the process's CPU time is the work done, what other processes on a shared machine change least (its
-    wall time waits for them)."""
+    wall time waits for them). ``options``: ``_step_fn``'s (chunk, budget_mib, device, dtype)."""
     import torch
 
     torch.set_num_threads(threads)
     _import_libraries()
-    if device == "cuda":
-        return _measure_cuda(_step_fn(mode, objective, B, T, H, V, chunk, budget_mib, device, dtype), repeats)
-    step = _step_fn(mode, objective, B, T, H, V, chunk, budget_mib, device, dtype)
+    step = _step_fn(mode, objective, B, T, H, V, **options)
+    if options.get("device", "cpu") == "cuda":
+        return _measure_cuda(step, repeats)
     base = _rss_mib()  # the inputs exist, the libraries are loaded
     step()  # warm-up (compiles, where a mode compiles)
     cpu, wall = [], []
@@ -321,8 +307,8 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 def _child(argv: list[str]) -> int:
     mode, objective, B, T, H, V, repeats, threads, chunk, budget, dtype = argv
     obj = None if objective == "-" else objective
-    sizes = (int(B), int(T), int(H), int(V), int(repeats), int(threads), int(chunk))
-    print(json.dumps(measure(mode, obj, *sizes, float(budget), dtype=dtype)))
+    sizes = (int(B), int(T), int(H), int(V), int(repeats), int(threads))
+    print(json.dumps(measure(mode, obj, *sizes, chunk=int(chunk), budget_mib=float(budget), dtype=dtype)))
     return 0
 
 
@@ -334,7 +320,7 @@ def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args)
     """One measurement: on the CPU in a fresh process (its resident set is the figure), on CUDA in this one."""
     if args.device == "cuda":
         try:
-            return measure(mode, objective, B, T, args.hidden, args.vocab_now, args.repeats, args.threads, chunk, args.max_logits_mib, "cuda", args.dtype)  # fmt: skip
+            return measure(mode, objective, B, T, args.hidden, args.vocab_now, args.repeats, args.threads, chunk=chunk, budget_mib=args.max_logits_mib, device="cuda", dtype=args.dtype)  # fmt: skip
         except Exception as err:  # noqa: BLE001 -- one case's failure (out of memory, say) is its row, not the run's end
             import torch
 
