@@ -151,19 +151,26 @@ def device_choices(request, monkeypatch):
 def test_loss_metrics_and_gradients_equal_policy_loss_on_full_logits(name, overrides, layout, device_choices):
     """Every objective, every layout, with the CPU's and a GPU's choices: loss, metrics, d hidden and d W equal the
     reference to float32 round-off."""
+    _assert_fused_equals_the_reference(name, overrides, LAYOUTS[layout], seed=_case_seed(name, overrides, layout))
+
+
+def _case_seed(name: str, overrides: dict, layout: str) -> int:
+    return zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16
+
+
+def _assert_fused_equals_the_reference(name: str, overrides: dict, options: dict, *, seed: int, device: str = "cpu") -> None:
+    """fused_policy_loss with ``options`` on ``_batch(seed)`` (on ``device``) equals policy_loss on the full logits:
+    within 2e-5 / 2e-6, or twice the float32 reference's own error against its float64 truth."""
     spec = resolve_objective(name, **overrides)
-    h, w, y, mask, gid, adv, noise = _batch(zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16)
+    h, w, y, mask, gid, adv, noise = (t.to(device) for t in _batch(seed))
     lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
     # VESPO's weight e^(lambda) w^k e^(-lambda w) moves by (k - lambda w) per unit of log-ratio round-off, so on some
     # batches both float32 paths sit ~1e-5 from the truth: the float64 reference says how far the float32 one may be
     truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
-    fast, slow = _fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw)
+    fast, slow = _fused(spec, h, w, y, 0.7, kw, **options), _reference(spec, h, w, y, 0.7, kw)
+    assert fast[0].device.type == fast[3].device.type == device
     _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
-
-
-def _to(device: str, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    return [t.to(device) for t in tensors]
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
@@ -186,18 +193,17 @@ def test_solved_once_the_batch_takes_one_coefficient_call_and_two_passes_of_ever
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("name", ["stapo", "grpo:entropy_coef=0.01", "gspo", "dfpo_min"])
-def test_no_buffer_is_read_back_from_another_allocation(monkeypatch, name, layout):
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("stapo", {}), ("grpo", {"entropy_coef": 0.01}), ("gspo", {}), ("dfpo_min", {})],
+    ids=["stapo", "grpo:entropy_coef=0.01", "gspo", "dfpo_min"],
+)
+def test_no_buffer_is_read_back_from_another_allocation(monkeypatch, name, overrides, layout):
     """Every ``_kept`` call gives a fresh buffer full of NaN, as a GPU's allocator may give fresh memory (``_kept``
     keeps buffers on the CPU alone): results still equal the reference, so the pass reads only what it wrote in the
     same buffer (an entropy objective's p, asked for again between its statistics and its gradient, once did not)."""
     monkeypatch.setattr(fused_module, "_kept", lambda slot, shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype))
-    label, *setting = name.split(":")
-    spec = resolve_objective(label, **{k: float(v) for k, v in (x.split("=") for x in setting)})
-    h, w, y, mask, gid, adv, noise = _batch(21)
-    kw = _inputs(spec, naive_token_logprobs(h, w, y, temperature=0.7)[0], mask, gid, adv, noise)
-    truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
-    _assert_equal(_fused(spec, h, w, y, 0.7, kw, **LAYOUTS[layout]), _reference(spec, h, w, y, 0.7, kw), rtol=2e-5, atol=2e-6, truth=truth)
+    _assert_fused_equals_the_reference(name, overrides, LAYOUTS[layout], seed=21)
 
 
 def _host_reads(monkeypatch, step) -> int:
@@ -253,17 +259,10 @@ def test_on_cuda_every_objective_equals_policy_loss_on_full_logits(layout):
     """On a CUDA device, every objective and layout: loss, metrics, d hidden and d W equal the reference on the same
     device to float32 round-off (CUDA's own kernels, its scatter and matmul orders, not the CPU's)."""
     failed = {}
+    options = {"solve_once": False, **LAYOUTS[layout]}  # each layout's own path, not only the GPU's default
     for (name, overrides), label in zip(CASES, CASE_IDS):
-        spec = resolve_objective(name, **overrides)
-        h, w, y, mask, gid, adv, noise = _to("cuda", *_batch(zlib.crc32(f"{name}{overrides}{layout}".encode()) % 2**16))
-        lp, _ = naive_token_logprobs(h, w, y, temperature=0.7)
-        kw = _inputs(spec, lp, mask, gid, adv, noise)
-        truth = _reference(spec, h.double(), w.double(), y, 0.7, _float64(kw))
-        options = {"solve_once": False, **LAYOUTS[layout]}  # each layout's own path, not only the GPU's default
-        fast, slow = _fused(spec, h, w, y, 0.7, kw, **options), _reference(spec, h, w, y, 0.7, kw)
-        assert fast[0].is_cuda and fast[3].is_cuda
         try:
-            _assert_equal(fast, slow, rtol=2e-5, atol=2e-6, truth=truth)
+            _assert_fused_equals_the_reference(name, overrides, options, seed=_case_seed(name, overrides, layout), device="cuda")
         except AssertionError as err:
             failed[label] = str(err).splitlines()[0]
     assert not failed, failed
@@ -272,10 +271,10 @@ def test_on_cuda_every_objective_equals_policy_loss_on_full_logits(layout):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min", "stapo"])
-def test_on_cuda_a_bfloat16_head_under_autocast_gives_float32_loss_near_the_float32_reference(name):
+def test_on_cuda_a_bfloat16_head_gives_a_float32_loss_near_the_float32_reference(name):
     """A bf16 model's head on CUDA (h and W bfloat16): the loss comes back in float32 and near the float32 reference."""
     spec = resolve_objective(name)
-    h, w, y, mask, gid, adv, noise = _to("cuda", *_batch(11))
+    h, w, y, mask, gid, adv, noise = (t.cuda() for t in _batch(11))
     lp, _ = naive_token_logprobs(h, w, y)
     kw = _inputs(spec, lp, mask, gid, adv, noise)
     fast = _fused(spec, h.bfloat16(), w.bfloat16(), y, 1.0, kw, chunk_size=4)
