@@ -4,7 +4,9 @@
 
 Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``) and
 ``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round to round; a figure is
-the median over rounds of the process's CPU seconds. The fused step is split by timing the functions it calls:
+the median over rounds of the process's CPU seconds, and ``rounds x floor`` the range of each round's step over the
+floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off those rounds (met, missed,
+or inconclusive where they fall on both sides of it). The fused step is split by timing the functions it calls:
 ``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics), ``_eager_grad_`` (d loss / d logits),
 ``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own cost); "rest" is the step less
 those: the two gradient matmuls, gathers and page faults of fresh gradients.
@@ -79,19 +81,26 @@ def main(argv: list[str] | None = None) -> int:
         f"one process, one thread, median of {args.rounds} interleaved rounds; CPU s"
     )
     print(
-        f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} | "
+        f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} {'rounds x floor':>14s} | "
         + " ".join(f"{k.strip('_'):>12s}" for k in PARTS)
         + f" {'rest':>7s}"
     )
     floor = statistics.median(seconds[("floor", None)])
+    verdicts = []
     for case in cases:
         s = statistics.median(seconds[case])
         med = {k: statistics.median(parts[case][k]) for k in PARTS}
+        rounds = bench.paired_ratios(seconds[case], seconds[("floor", None)])
+        spread = f"{min(rounds):.3f}-{max(rounds):.3f}x"
         if case[0] == "floor":  # no parts: three matmuls
             cells = " ".join(f"{'-':>12s}" for _ in PARTS) + f" {'-':>7s}"
         else:
             cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
-        print(f"{case[0]:6s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x | {cells}")
+            if case[1] in bench.GOAL_OBJECTIVES:
+                verdict = bench.floor_verdict(s / floor, rounds)
+                verdicts.append(f"goal fused {case[1]} <= {bench.FLOOR_GOAL}x floor, in one process: {s / floor:.3f}x, {verdict}")
+        print(f"{case[0]:6s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x {spread:>14s} | {cells}")
+    print("\n".join(verdicts))
     return 0
 
 

@@ -127,8 +127,11 @@ def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
     split = load_script(PATH.with_name("fused_head_split.py"))
     split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min"])
     lines = capsys.readouterr().out.splitlines()
-    assert "coefficients" in lines[1] and lines[2].startswith("floor  -")
-    assert [line.split()[1] for line in lines[3:]] == ["grpo", "dfpo_min"] and all(len(line.split()) == 11 for line in lines[3:])
+    assert "coefficients" in lines[1] and "rounds x floor" in lines[1] and lines[2].startswith("floor  -")
+    rows, goals = lines[3:5], lines[5:]
+    assert [line.split()[1] for line in rows] == ["grpo", "dfpo_min"] and all(len(line.split()) == 12 for line in rows)
+    assert [g.split(",")[0] for g in goals] == [f"goal fused {o} <= 1.05x floor" for o in ("grpo", "dfpo_min")]
+    assert all(g.split(": ")[1].split(", ")[1].split(" ")[0] in ("met", "missed", "inconclusive") for g in goals)
 
 
 def test_the_fused_budget_is_fused_policy_loss_default_and_max_logits_mib_reaches_the_fused_rows(bench, capsys):
