@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .cast_in_place import castable_in_place, half_rows, widen_
+
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
     """Logits of one chunk in float32 (float64 stays float64): (n, H) x (V, H) -> (n, V). The temperature
@@ -40,12 +42,16 @@ def head_logits(hidden: Tensor, weight: Tensor, temperature: float, *, out: Tens
     """Logits (n, V) of ``hidden`` (n, H) under ``weight`` (V, H) at ``temperature``, written into ``out`` (n, V) of
     the compute dtype (float32, or float64).
 
-    The matmul runs in the weight's dtype (the hidden states are cast to it); a half-precision result is copied
-    into ``out`` as float32. Writing into one reused block saves a fresh (n, V) allocation per chunk.
+    The matmul runs in the weight's dtype (the hidden states are cast to it); a half-precision result is written
+    into half of ``out``'s bytes and cast to float32 there (``widen_``; through a copy where ``out`` is not a
+    contiguous float32 block). Writing into one reused block saves a fresh (n, V) allocation per chunk.
     """
     hs = (hidden if temperature == 1.0 else hidden / temperature).to(weight.dtype)  # (n, H)
     if out.dtype == weight.dtype:
         return torch.mm(hs, weight.T, out=out)
+    if castable_in_place(out, weight.dtype):
+        torch.mm(hs, weight.T, out=half_rows(out, weight.dtype, upper=True))  # (n, V) half precision
+        return widen_(out, weight.dtype)
     return out.copy_(hs @ weight.T)
 
 

@@ -1,0 +1,126 @@
+"""A float32 block cast to and from half precision inside its own bytes gives exactly what ``.to`` gives, and a
+half-precision LM head's fused pass makes no second (n, V) block and no (V, H) half-precision temporary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dfpo.core.cast_in_place import TAIL, castable_in_place, free_half, half_rows, narrow_, widen_
+from dfpo.core.fused import fused_head_loss
+
+HALF = st.sampled_from([torch.bfloat16, torch.float16])
+SHAPE = {"n": st.integers(1, 3 * TAIL + 5), "V": st.integers(1, 37)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=HALF, seed=st.integers(0, 2**16), **SHAPE)
+def test_narrowing_in_place_equals_to_and_leaves_the_upper_half_free(dtype, seed, n, V):
+    """Narrowed in place, every row equals .to(dtype) of the float32 row it came from, whatever n and V."""
+    block = torch.randn(n, V, generator=torch.Generator().manual_seed(seed)) * 50
+    expected = block.to(dtype)
+    out = narrow_(block, dtype)
+    assert out.dtype == dtype and out.shape == (n, V) and out.data_ptr() == block.data_ptr()
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))  # bit for bit
+    free_half(block, dtype).fill_(7)  # the scratch after it does not touch the narrowed rows
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=HALF, seed=st.integers(0, 2**16), **SHAPE)
+def test_widening_in_place_equals_to_float32(dtype, seed, n, V):
+    """Half-precision rows in the upper half of a float32 block, widened in place, equal .float() of those rows."""
+    values = (torch.randn(n, V, generator=torch.Generator().manual_seed(seed)) * 50).to(dtype)
+    block = torch.full((n, V), float("nan"))
+    half_rows(block, dtype, upper=True).copy_(values)
+    assert widen_(block, dtype) is block
+    assert torch.equal(block, values.float())
+
+
+def test_only_a_contiguous_float32_block_and_a_two_byte_dtype_are_cast_in_place():
+    block = torch.zeros(4, 6)
+    assert castable_in_place(block, torch.bfloat16) and castable_in_place(block, torch.float16)
+    assert not castable_in_place(block, torch.float32)
+    assert not castable_in_place(block[:, :3], torch.bfloat16)  # rows not contiguous
+    assert not castable_in_place(block.double(), torch.bfloat16)
+
+
+class _FreshTensors(TorchDispatchMode):
+    """Records every tensor an op returns in storage none of its inputs (out= included) holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.fresh: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        held = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        out = func(*args, **kwargs)
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in held:
+                self.fresh.append((t.dtype, tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "stapo"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_head_makes_no_half_precision_block_or_weight_sized_temporary(name, dtype):
+    """A half-precision head's fused pass (a token, a row-scaled and a two-pass batch-coupled objective): no fresh
+    half-precision tensor of a block's n x V / 2 or the weight's V x H elements (the tail of a cast is a sixteenth of a
+    block, d hidden's rows n x H); the casts run in the float32 block."""
+    B, T, H, V, chunk = 4, 12, 8, 64, 16
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(B, T, H, generator=g) / H**0.5).to(dtype).requires_grad_()
+    w = torch.randn(V, H, generator=g).to(dtype).requires_grad_()
+    y = torch.randint(0, V, (B, T), generator=g)
+    kw = {
+        "old_logp": torch.full((B, T), -3.0),
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "mask": torch.ones(B, T, dtype=torch.bool),
+        "group_ids": torch.tensor([0, 0, 1, 1]),
+    }
+    fused_head_loss(name, hidden=h, lm_head_weight=w, targets=y, chunk_size=chunk, **kw)  # warm-up: the kept buffers
+    with _FreshTensors() as seen:
+        out = fused_head_loss(name, hidden=h, lm_head_weight=w, targets=y, chunk_size=chunk, **kw)
+    half = [shape for dt, shape in seen.fresh if dt == dtype]
+    assert half, "the dispatch mode saw nothing: the test measures nothing"
+    assert max(torch.Size(s).numel() for s in half) < min(V * H, chunk * V // 2), half
+    assert torch.isfinite(out.loss) and out.finite
+
+
+@pytest.mark.parametrize(("name", "chunk"), [("grpo", 8), ("gspo", 8), ("dfpo_min", 8), ("stapo", 8), ("grpo", 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_casting_in_place_changes_no_number(name, chunk, dtype, monkeypatch):
+    """A half-precision head's loss, log-probs and both gradients are the same bits with the casts in place as with
+    ``.to`` copies, where W's gradient is summed in slices of V (blocks of 8 < H = 32) and where it is one product."""
+    from dfpo.core import fused, logprobs
+
+    B, T, H, V = 4, 12, 32, 64
+    g = torch.Generator().manual_seed(1)
+    h = (torch.randn(B, T, H, generator=g) / H**0.5).to(dtype)
+    w = torch.randn(V, H, generator=g).to(dtype)
+    y = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 9:] = False
+    kw = {
+        "old_logp": torch.randn(B, T, generator=g) - 3.0,
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "mask": mask,
+        "group_ids": torch.tensor([0, 0, 1, 1]),
+    }
+
+    def run():
+        hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fused_head_loss(name, hidden=hh, lm_head_weight=ww, targets=y, chunk_size=chunk, **kw)
+        out.loss.backward()
+        return out.loss, out.logp, hh.grad, ww.grad
+
+    in_place = run()
+    for module in (fused, logprobs):
+        monkeypatch.setattr(module, "castable_in_place", lambda block, dtype: False)
+    copied = run()
+    for a, b in zip(in_place, copied):
+        assert a.dtype == b.dtype and torch.equal(a, b)
