@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_checks.sh [LOG_DIR]        # logs land in LOG_DIR (default gpu-checks/), one per step
 #
-# 1. the gpu-marked tests of the loss core (fused_policy_loss and token_logprobs against the full-logits path, on CUDA);
+# 1. the gpu-marked tests of the loss core (fused_policy_loss and token_logprobs against the full-logits path, on CUDA;
+#    a half-precision head's casts in place against .to copies);
 # 2. benchmarks/fused_head.py on the GPU at the four sizes, bfloat16 h and W (a bf16 model's head) in blocks of
 #    128, 256 and 512 positions side by side (the block that keeps bf16 under Liger's memory, and what it costs), then
 #    float32 at the default block;
@@ -20,7 +21,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $py -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
 $py -c "import liger_kernel, importlib.metadata as m; print('liger-kernel', m.version('liger-kernel'))" || echo "liger-kernel: not importable, its rows are skipped"
 
-timeout 60 $py -P -m pytest -q -p no:cacheprovider -m gpu tests/core/test_fused.py tests/core/test_logprobs.py 2>&1 | tee "$log/pytest_core_gpu.log"
+timeout 60 $py -P -m pytest -q -p no:cacheprovider -m gpu tests/core/test_fused.py tests/core/test_logprobs.py \
+    tests/core/test_cast_in_place.py 2>&1 | tee "$log/pytest_core_gpu.log"
 status=${PIPESTATUS[0]}
 
 modes=(floor chunked fused_once liger_compiled)
