@@ -170,7 +170,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
 
     # deferred: torch (see the module docstring)
     from . import distributed as dp
-    from .runlog import StoppedAtOnce, StopSignals, TrainingInterrupted
+    from .runlog import StoppedAtOnce, StopSignals, TrainingInterrupted, stop_beneath
     from .train import NonFiniteLossError, Trainer
 
     trainer, rank, resume = None, dp.launched_rank(), args.resume is not None
@@ -193,7 +193,10 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
                 dp.shutdown()
             if rank == 0:
                 _write_curves(cfg.folder.path, say)
-        except StoppedAtOnce as stopped:
+        except (StoppedAtOnce, Exception) as err:
+            stopped = stop_beneath(err)  # the stop itself, or one Python wrapped on its way up (stop_beneath)
+            if stopped is None:
+                raise
             exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
             say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, resume))
             return stopped.exit_code

@@ -164,6 +164,19 @@ class StoppedAtOnce(BaseException):
         return 128 + self.signum
 
 
+def stop_beneath(err: BaseException) -> StoppedAtOnce | None:
+    """The ``StoppedAtOnce`` that ``err`` was raised from or while handling (its cause or context, at any depth), or
+    None. Python can wrap the stop on its way up: 3.11 turns an exception raised inside ``__set_name__`` (a signal
+    that lands while a class is made, as in an import of transformers) into a RuntimeError caused by it."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, StoppedAtOnce):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 class StopSignals:
     """SIGINT and SIGTERM for the whole of ``dfpo train``, start-up included.
 

@@ -84,3 +84,25 @@ def test_in_process_the_previous_handlers_are_back_after_the_command(tmp_path, c
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert main(["train", "--resume", str(tmp_path / "none")]) == 2
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_stop_that_python_wrapped_on_its_way_up_still_ends_with_one_line_and_the_shells_status(tmp_path, capsys, monkeypatch):
+    """Python 3.11 wraps an exception raised inside __set_name__ in a RuntimeError: a SIGTERM that landed while
+    transformers made a dataclass (CI, the slow test at 1.5 s) ended in that RuntimeError's traceback and status 1."""
+    from dfpo.cli import main
+    from dfpo.trainer import train
+    from dfpo.trainer.runlog import StoppedAtOnce
+
+    def made_a_class(*args, **kwargs):
+        try:
+            raise StoppedAtOnce(signal.SIGTERM)
+        except StoppedAtOnce as stop:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance 'parameter_count'") from stop
+
+    monkeypatch.setattr(train, "Trainer", made_a_class)
+    argv = ["train", "--quiet", "--config", str(CONFIG), "--set", f"run_dir={tmp_path / 'run'}"]
+    assert main(argv) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == f"dfpo: {start_up_message(signal.SIGTERM)}\n"
+    monkeypatch.setattr(train, "Trainer", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("not a stop")))
+    with pytest.raises(RuntimeError, match="not a stop"):  # any other error is not taken for a stop
+        main(argv)
