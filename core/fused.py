@@ -572,8 +572,9 @@ class _Sum:
             step = V if room is None else max(1, room.numel() // H)  # rows of V per product
             for v in range(0, V, step):
                 w = min(step, V - v)
-                part = dz[:, v : v + w].T @ h if room is None else torch.mm(dz[:, v : v + w].T, h, out=room[: w * H].view(w, H))
-                self.out[v : v + w].add_(part) if self.written else self.out[v : v + w].copy_(part)  # (w, H)
+                dz_v = dz[:, v : v + w].T  # (w, n)
+                part = dz_v @ h if room is None else torch.mm(dz_v, h, out=room[: w * H].view(w, H))  # (w, H)
+                self.out[v : v + w].add_(part) if self.written else self.out[v : v + w].copy_(part)
         elif self.written:
             self.out.addmm_(dz.T, h)  # accumulated inside the matmul: no (V, H) temporary
         else:
