@@ -789,10 +789,12 @@ def fused_head_loss(
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
         dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)  # (n, V) float32
-        room = None  # scratch for a half-precision d W product: the float32 block's bytes the cast leaves free
+        # (n, V) in the weight's dtype for the two matmuls; a half-precision one is cast in place, and ``room`` (n V,)
+        # is the half of the float32 block's bytes that the cast leaves free, scratch for the d W product
         if castable_in_place(dz, weight.dtype):
-            dz, room = narrow_(dz, weight.dtype), free_half(dz, weight.dtype)  # (n, V) half, (n V,) half
-        dz = dz.to(weight.dtype)  # (n, V) for the two matmuls
+            dz, room = narrow_(dz, weight.dtype), free_half(dz, weight.dtype)
+        else:
+            dz, room = dz.to(weight.dtype), None
         if need_h:
             rows_of.write(grad_h, s, e, dz, weight)  # (n, H) rows of d hidden
         for a, b, total in into:
