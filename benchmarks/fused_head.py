@@ -62,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 G = 8
 CHUNK = 1024
@@ -355,21 +356,25 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
     return f"inconclusive (rounds {min(rounds):.2f}x to {max(rounds):.2f}x)"
 
 
-def goal_lines(rows: dict) -> list[str]:
+def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:
     """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
-    (``x_floor``, ``extra_mib``) and its per-round ratios to the floor (``rounds``, optional); a goal whose rows are
-    missing says so instead of passing."""
+    (``x_floor``, ``extra_mib``) and its per-round ratios to the floor (``rounds``, optional). ``modes``: the modes
+    the run asked for; a goal of one of them whose row is missing (a failed case) says so instead of passing, and the
+    fused modes it did not ask for are left out (the A/B rows ``fused_once``, ``fused_per_unit`` whenever absent)."""
     out = []
     for mode in ("fused", "fused_compiled", *SOLVE_ONCE):
         for objective in GOAL_OBJECTIVES:
             row = rows.get((mode, objective))
             if row is None:
-                if mode not in SOLVE_ONCE:  # the A/B rows are optional: said only where they ran
+                if mode in modes and mode not in SOLVE_ONCE:
                     out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
                 continue
             verdict = floor_verdict(row["x_floor"], row.get("rounds", []))
             out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: {row['x_floor']:.2f}x, {verdict}")
             liger = rows.get(("liger_compiled", objective))
+            if objective not in OBJECTIVE_ROWS["liger_compiled"]:
+                out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: Liger has no {objective}")
+                continue
             if liger is None:
                 out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: no liger_compiled row")
                 continue
@@ -502,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 if len(args.chunk) > 1:
                     print(f"blocks of {chunk} positions:")
                 at_chunk = {(m, o): row for (m, o, c), row in rows.items() if m not in BLOCK_MODES or c == chunk}
-                print("\n".join(goal_lines(at_chunk)), flush=True)
+                print("\n".join(goal_lines(at_chunk, args.modes)), flush=True)
     return 0
 
 

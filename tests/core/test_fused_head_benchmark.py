@@ -86,10 +86,26 @@ def test_the_goals_are_read_off_the_table_and_a_missing_row_never_passes(bench):
     assert "goal fused gspo faster than liger_compiled, in less memory: no liger_compiled row" in lines
     assert "goal fused_compiled dfpo_min <= 1.05x floor: not measured" in lines
     assert not any("fused_once" in line or "fused_per_unit" in line for line in lines)  # optional rows: silent when absent
+    assert "goal fused grpo faster than liger_compiled, in less memory: Liger has no dfpo_min" not in lines
+    assert "goal fused dfpo_min faster than liger_compiled, in less memory: Liger has no dfpo_min" not in lines  # no row
     rows[("fused_once", "grpo")] = {"x_floor": 1.30, "extra_mib": 150.0}
     lines = bench.goal_lines(rows)
     assert "goal fused_once grpo <= 1.05x floor: 1.30x, missed" in lines
     assert "goal fused_once grpo faster than liger_compiled, in less memory: time 1.18x, extra memory 0.75x, missed" in lines
+
+
+def test_the_goals_name_only_the_modes_a_run_asked_for_and_what_liger_lacks(bench):
+    """A run of --modes floor fused_once liger_compiled prints no "not measured" line for fused or fused_compiled, and
+    dfpo_min's comparison with Liger says Liger has no such objective rather than that a row is missing."""
+    rows = {
+        ("fused_once", "dfpo_min"): {"x_floor": 1.5, "extra_mib": 100.0},
+        ("liger_compiled", "grpo"): {"x_floor": 2.0, "extra_mib": 200.0},
+    }
+    lines = bench.goal_lines(rows, ["floor", "fused_once", "liger_compiled"])
+    assert not any(line.startswith(("goal fused ", "goal fused_compiled ")) for line in lines)
+    assert "goal fused_once dfpo_min faster than liger_compiled, in less memory: Liger has no dfpo_min" in lines
+    assert "goal fused_once dfpo_min <= 1.05x floor: 1.50x, missed" in lines
+    assert bench.goal_lines({}, ["floor", "fused"]).count("goal fused grpo <= 1.05x floor: not measured") == 1
 
 
 @pytest.mark.parametrize(
