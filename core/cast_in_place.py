@@ -47,39 +47,96 @@ def _tail(n: int) -> int:
     return max(1, math.ceil(n / TAIL))
 
 
-def widen_(block: Tensor, dtype: torch.dtype) -> Tensor:
-    """Cast the (n, V) ``dtype`` values in the upper half of float32 ``block``'s bytes (``half_rows(upper=True)``) to
-    float32 over the whole block, in place; returns ``block``.
-
-    Float32 rows a:b write bytes [4aV, 4bV), below the half rows not yet read (from 2nV + 2aV) while b <= (n + a) / 2:
-    each copy takes that many rows, and the last ``_tail(n)`` rows (whose float32 bytes cover their own half ones)
-    go through a copy.
-    """
-    n = block.shape[0]
-    src = half_rows(block, dtype, upper=True)  # (n, V)
-    last = n - _tail(n)  # rows last: go through a copy
-    a = 0
+def _widen_ranges(n: int) -> list[tuple[int, int]]:
+    """The row ranges a:b that ``widen_`` copies in place, in order: float32 rows a:b write bytes [4aV, 4bV), below
+    the half rows not yet read (from 2nV + 2aV) while b <= (n + a) / 2, so each takes that many rows; the last
+    ``_tail(n)`` rows (whose float32 bytes cover their own half ones) are left to a copy."""
+    last, a, ranges = n - _tail(n), 0, []
     while a < last:
         b = min((n + a) // 2, last)
-        block[a:b].copy_(src[a:b])
+        ranges.append((a, b))
         a = b
-    block[last:].copy_(src[last:].clone())  # (tail, V) a copy of the half rows, then cast over them
-    return block
+    return ranges
+
+
+def _narrow_ranges(n: int) -> list[tuple[int, int]]:
+    """The row ranges a:b that ``narrow_`` copies in place, in order, after its first ``_tail(n)`` rows went through a
+    copy: half rows a:b write bytes [2aV, 2bV), at or below the float32 rows not yet read (from 4aV) while b <= 2a,
+    so each doubles the rows done."""
+    a, ranges = min(_tail(n), n), []
+    while a < n:
+        b = min(2 * a, n)
+        ranges.append((a, b))
+        a = b
+    return ranges
+
+
+class InPlaceCasts:
+    """``widen_`` and ``narrow_`` of one float32 block (n, V) and one half-precision dtype, their row-range views made
+    once.
+
+    A cast made afresh also slices and views the block about 20 times (``half_rows`` and both sides of each range),
+    host work that a GPU waits on between a block's few kernels; made once, a cast is its copies alone (about 6
+    calls). ``CastsOf`` keeps one per block of a reused buffer.
+    """
+
+    def __init__(self, block: Tensor, dtype: torch.dtype):
+        n = block.shape[0]
+        self.block = block  # (n, V) float32
+        self.upper = half_rows(block, dtype, upper=True)  # (n, V) dtype: where a matmul writes what widen_ casts
+        self.lower = half_rows(block, dtype, upper=False)  # (n, V) dtype: what narrow_ writes
+        self.free = self.upper.view(-1)  # (n V,) dtype: scratch once narrow_ has run (``free_half``)
+        last, first = n - _tail(n), min(_tail(n), n)
+        self._widen = [(block[a:b], self.upper[a:b]) for a, b in _widen_ranges(n)]
+        self._widen_tail = block[last:], self.upper[last:]  # (tail, V) each
+        self._narrow_head = self.lower[:first], block[:first]  # (tail, V) each
+        self._narrow = [(self.lower[a:b], block[a:b]) for a, b in _narrow_ranges(n)]
+
+    def widen_(self) -> Tensor:
+        """Cast the half-precision values in ``upper`` to float32 over the whole block, in place; returns the block."""
+        for dst, src in self._widen:
+            dst.copy_(src)
+        dst, src = self._widen_tail
+        dst.copy_(src.clone())  # a copy of the tail's half rows, then cast over them
+        return self.block
+
+    def narrow_(self) -> Tensor:
+        """Cast the float32 block to half precision in place, into ``lower``; returns ``lower`` (n, V)."""
+        dst, src = self._narrow_head
+        dst.copy_(src.to(dst.dtype))  # cast apart, then written over the float32 rows it came from
+        for dst, src in self._narrow:
+            dst.copy_(src)
+        return self.lower
+
+
+class CastsOf:
+    """The ``InPlaceCasts`` of blocks of a few reused buffers, made at a block's first cast and kept for the next.
+
+    A block is known by its first byte and its shape, so each must be a view of a buffer that outlives this object
+    (the fused path's logits block and its entropy kernels' p block): the kept views hold those buffers alive, and
+    no other tensor can take their bytes meanwhile. None for a block that cannot be cast in place.
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self._made: dict[tuple[int, tuple[int, ...]], InPlaceCasts] = {}
+
+    def __call__(self, block: Tensor) -> InPlaceCasts | None:
+        if not castable_in_place(block, self.dtype):
+            return None
+        key = block.data_ptr(), tuple(block.shape)
+        if key not in self._made:
+            self._made[key] = InPlaceCasts(block, self.dtype)
+        return self._made[key]
+
+
+def widen_(block: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast the (n, V) ``dtype`` values in the upper half of float32 ``block``'s bytes (``half_rows(upper=True)``) to
+    float32 over the whole block, in place; returns ``block`` (``_widen_ranges``, then a copy of the last rows)."""
+    return InPlaceCasts(block, dtype).widen_()
 
 
 def narrow_(block: Tensor, dtype: torch.dtype) -> Tensor:
-    """Cast float32 ``block`` (n, V) to ``dtype`` in place, into the lower half of its bytes; returns that (n, V) view.
-
-    Half rows a:b write bytes [2aV, 2bV), at or below the float32 rows not yet read (from 4aV) while b <= 2a: each
-    copy doubles the rows done, after the first ``_tail(n)`` rows (whose half bytes cover their own float32 ones)
-    went through a copy.
-    """
-    n = block.shape[0]
-    dst = half_rows(block, dtype, upper=False)  # (n, V)
-    a = min(_tail(n), n)
-    dst[:a].copy_(block[:a].to(dtype))  # (tail, V) cast apart, then written over the float32 rows it came from
-    while a < n:
-        b = min(2 * a, n)
-        dst[a:b].copy_(block[a:b])
-        a = b
-    return dst
+    """Cast float32 ``block`` (n, V) to ``dtype`` in place, into the lower half of its bytes; returns that (n, V) view
+    (a copy of the first rows, then ``_narrow_ranges``)."""
+    return InPlaceCasts(block, dtype).narrow_()

@@ -110,7 +110,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cast_in_place import castable_in_place, free_half, narrow_
+from .cast_in_place import CastsOf
 from .logprobs import check_head_inputs, head_logits
 from .loss import ObjectiveSpec, policy_loss, resolve_objective
 from .loss.core import LOGP_FLOOR
@@ -749,6 +749,7 @@ def fused_head_loss(
     longest = max((min(block_of[how], e - s) for s, e, how in paths), default=0)
     buf = _kept(0, (longest, V), dtype, hidden.device)  # (n, V) the one logits block, reused
     kernels = _Kernels(compile and keep_entropy)  # compiled only where it saves the second block (module doc)
+    casts_of = CastsOf(lm_head_weight.dtype)  # a half-precision head's casts in place, of buf's and spare's blocks
     rows_of = _RowsOf(hidden.detach(), rows, cols)  # a chunk's hidden rows: a view where they are consecutive
     # hidden's gradient is written chunk by chunk into its (B, T, H) place (zero only at padding)
     grad_h = rows_of.gradient(dtype, full=n_pos == B * T) if need_h else None  # (B * T, H)
@@ -772,7 +773,8 @@ def fused_head_loss(
     def block(s: int, e: int) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor]:
         """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers."""
         h = rows_of(s, e)  # (n, H): a view, or this chunk's rows gathered once for its three matmuls
-        z = head_logits(h, weight, temperature, out=buf[: e - s])  # (n, V)
+        out = buf[: e - s]
+        z = head_logits(h, weight, temperature, out=out, casts=casts_of(out))  # (n, V)
 
         def logits_of(k: Tensor) -> Tensor:  # (k, V) logits of some of these rows, made again
             return head_logits(h[k], weight, temperature, out=torch.empty((len(k), V), dtype=dtype, device=z.device))
@@ -791,8 +793,9 @@ def fused_head_loss(
         dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)  # (n, V) float32
         # (n, V) in the weight's dtype for the two matmuls; a half-precision one is cast in place, and ``room`` (n V,)
         # is the half of the float32 block's bytes that the cast leaves free, scratch for the d W product
-        if castable_in_place(dz, weight.dtype):
-            dz, room = narrow_(dz, weight.dtype), free_half(dz, weight.dtype)
+        casts = casts_of(dz)
+        if casts is not None:
+            dz, room = casts.narrow_(), casts.free
         else:
             dz, room = dz.to(weight.dtype), None
         if need_h:

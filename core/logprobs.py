@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cast_in_place import castable_in_place, half_rows, widen_
+from .cast_in_place import InPlaceCasts, castable_in_place
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -38,20 +38,22 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
     return z.to(torch.promote_types(z.dtype, torch.float32))
 
 
-def head_logits(hidden: Tensor, weight: Tensor, temperature: float, *, out: Tensor) -> Tensor:
+def head_logits(hidden: Tensor, weight: Tensor, temperature: float, *, out: Tensor, casts: InPlaceCasts | None = None) -> Tensor:
     """Logits (n, V) of ``hidden`` (n, H) under ``weight`` (V, H) at ``temperature``, written into ``out`` (n, V) of
     the compute dtype (float32, or float64).
 
     The matmul runs in the weight's dtype (the hidden states are cast to it); a half-precision result is written
-    into half of ``out``'s bytes and cast to float32 there (``widen_``; through a copy where ``out`` is not a
-    contiguous float32 block). Writing into one reused block saves a fresh (n, V) allocation per chunk.
+    into half of ``out``'s bytes and cast to float32 there (``InPlaceCasts.widen_``: ``casts``, the one a caller
+    keeps for ``out``, else one made now; through a copy where ``out`` is not a contiguous float32 block). Writing
+    into one reused block saves a fresh (n, V) allocation per chunk.
     """
     hs = (hidden if temperature == 1.0 else hidden / temperature).to(weight.dtype)  # (n, H)
     if out.dtype == weight.dtype:
         return torch.mm(hs, weight.T, out=out)
     if castable_in_place(out, weight.dtype):
-        torch.mm(hs, weight.T, out=half_rows(out, weight.dtype, upper=True))  # (n, V) half precision
-        return widen_(out, weight.dtype)
+        casts = InPlaceCasts(out, weight.dtype) if casts is None else casts
+        torch.mm(hs, weight.T, out=casts.upper)  # (n, V) half precision
+        return casts.widen_()
     return out.copy_(hs @ weight.T)
 
 

@@ -7,7 +7,7 @@
 # 1. the gpu-marked tests of the loss core (fused_policy_loss and token_logprobs against the full-logits path, on CUDA;
 #    a half-precision head's casts in place against .to copies);
 # 2. benchmarks/fused_head.py on the GPU at the four sizes, bfloat16 h and W (a bf16 model's head) in blocks of
-#    128, 256 and 512 positions side by side (the block that keeps bf16 under Liger's memory, and what it costs), then
+#    256, 384 and 512 positions side by side (the block that keeps bf16 under Liger's memory, and what it costs), then
 #    float32 at the default block;
 # 3. the trainer's gpu-marked test (a tiny run under bf16 autocast), where the trainer's dependencies are installed
 #    (the device image lacks tomli-w alone: carry its wheel beside liger-kernel's).
@@ -27,7 +27,7 @@ status=${PIPESTATUS[0]}
 
 modes=(floor chunked fused_once liger_compiled)
 timeout 200 $py benchmarks/fused_head.py --device cuda --dtype bfloat16 --rounds 2 --repeats 5 --modes "${modes[@]}" \
-    --chunk 128 256 512 2>&1 | tee "$log/fused_head_bf16.log"
+    --chunk 256 384 512 2>&1 | tee "$log/fused_head_bf16.log"
 timeout 90 $py benchmarks/fused_head.py --device cuda --dtype float32 --rounds 2 --repeats 5 --modes "${modes[@]}" 2>&1 |
     tee "$log/fused_head_fp32.log"
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dfpo.core.cast_in_place import TAIL, castable_in_place, free_half, half_rows, narrow_, widen_
+from dfpo.core.cast_in_place import TAIL, CastsOf, castable_in_place, free_half, half_rows, narrow_, widen_
 from dfpo.core.fused import fused_head_loss
 
 HALF = st.sampled_from([torch.bfloat16, torch.float16])
@@ -46,6 +46,66 @@ def test_only_a_contiguous_float32_block_and_a_two_byte_dtype_are_cast_in_place(
     assert not castable_in_place(block, torch.float32)
     assert not castable_in_place(block[:, :3], torch.bfloat16)  # rows not contiguous
     assert not castable_in_place(block.double(), torch.bfloat16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(dtype=HALF, seed=st.integers(0, 2**16), rows=st.lists(st.integers(1, 2 * TAIL + 3), min_size=1, max_size=6))
+def test_casts_kept_for_a_reused_buffer_cast_each_new_block_exactly(dtype, seed, rows):
+    """Blocks of a reused float32 buffer (a whole block, then shorter last ones), each widened and narrowed through
+    the casts kept for its shape, give what .float() and .to give, bit for bit, whatever came before them."""
+    g = torch.Generator().manual_seed(seed)
+    buf = torch.empty(max(rows), 5)
+    casts_of = CastsOf(dtype)
+    for n in rows:
+        block = buf[:n]
+        casts = casts_of(block)
+        assert casts is casts_of(buf[:n])  # made once per block shape
+        values = (torch.randn(n, 5, generator=g) * 50).to(dtype)
+        casts.upper.copy_(values)
+        assert torch.equal(casts.widen_(), values.float())
+        expected = block.to(dtype)
+        assert torch.equal(casts.narrow_().view(torch.int16), expected.view(torch.int16))
+
+
+def test_no_casts_are_kept_for_a_block_that_cannot_hold_them():
+    assert CastsOf(torch.bfloat16)(torch.zeros(4, 6)[:, :3]) is None
+    assert CastsOf(torch.float32)(torch.zeros(4, 6)) is None
+
+
+class _Calls(TorchDispatchMode):
+    """Counts the operations dispatched."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _dispatched(dtype: torch.dtype, chunk: int) -> int:
+    """Operations one fused GRPO step of 8 x 64 positions dispatches, h and W in ``dtype``, in blocks of ``chunk``."""
+    B, T, H, V = 8, 64, 8, 32
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(B, T, H, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(V, H, generator=g).to(dtype).requires_grad_()
+    y = torch.randint(0, V, (B, T), generator=g)
+    kw = {"old_logp": torch.full((B, T), -3.0), "advantages": torch.randn(B, generator=g)}
+    kw |= {"mask": torch.ones(B, T, dtype=torch.bool), "group_ids": torch.arange(B) // 4}
+    fused_head_loss("grpo", hidden=h, lm_head_weight=w, targets=y, chunk_size=chunk, solve_once=True, **kw)
+    with _Calls() as calls:
+        fused_head_loss("grpo", hidden=h, lm_head_weight=w, targets=y, chunk_size=chunk, solve_once=True, **kw).loss.backward()
+    return calls.count
+
+
+def test_a_half_precision_block_adds_a_few_dozen_operations_not_a_hundred():
+    """The casts' row-range views are made once per block shape, so a bf16 head adds under 40 dispatched operations
+    per block to a float32 head's step (its five copies a cast, twice widened and once narrowed; about 86 when every
+    cast sliced the block afresh): host work that a GPU waits on between a block's kernels."""
+    blocks = 8 * 64 // 32
+    extra = (_dispatched(torch.bfloat16, 32) - _dispatched(torch.float32, 32)) / blocks
+    assert 0 < extra < 40, extra
 
 
 class _FreshTensors(TorchDispatchMode):
@@ -101,7 +161,7 @@ def test_casting_in_place_changes_no_number(name, chunk, dtype, device, monkeypa
     """A half-precision head's loss, log-probs and both gradients are the same bits with the casts in place as with
     ``.to`` copies, where W's gradient is summed in slices of V (blocks of 8 < H = 32) and where it is one product.
     On CUDA a slice's product may take another kernel than the whole one: the gradients agree to half precision."""
-    from dfpo.core import fused, logprobs
+    from dfpo.core import cast_in_place, logprobs
 
     B, T, H, V = 4, 12, 32, 64
     g = torch.Generator().manual_seed(1)
@@ -125,7 +185,7 @@ def test_casting_in_place_changes_no_number(name, chunk, dtype, device, monkeypa
         return out.loss, out.logp, hh.grad, ww.grad
 
     in_place = run()
-    for module in (fused, logprobs):
+    for module in (cast_in_place, logprobs):  # CastsOf's check and head_logits'
         monkeypatch.setattr(module, "castable_in_place", lambda block, dtype: False)
     copied = run()
     for i, (a, b) in enumerate(zip(in_place, copied)):
