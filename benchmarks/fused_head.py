@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--max-logits-mib must be a number >= 0, got {args.max_logits_mib}")
     from dfpo.core.fused import default_chunk_size
 
-    own = default_chunk_size(args.hidden)
+    own = default_chunk_size(args.hidden, half_precision_off_cpu=args.device == "cuda" and args.dtype == "bfloat16")
     args.chunk = args.chunk or [own]
     if min(args.chunk) < 1 or len(set(args.chunk)) != len(args.chunk):
         p.error(f"--chunk values must be distinct and at least 1, got {args.chunk}")

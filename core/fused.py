@@ -75,8 +75,10 @@ to it), everything after it in float32; the weight's gradient accumulates in flo
 logits and the half-precision copy of d loss / d logits live in the float32 block's own bytes, cast in place
 (``cast_in_place``), and the weight gradient's half-precision product in the half of them the cast frees (in slices
 of V where a block has fewer positions than H): no half-precision (n, V) block and no (V, H) temporary, which the
-casts with ``.to`` made (CPU, bf16, 16 x 128, V = 32k: 214 MiB extra against 280, the same bits; a GPU's figure is
-not measured yet). No (B, T, V) tensor exists.
+casts with ``.to`` made (CPU, bf16, 16 x 128, V = 32k: 214 MiB extra against 280, the same bits). Off the CPU a
+half-precision head's default block is 3/4 of H positions (``default_chunk_size``): with the float32 block and W's
+float32 gradient the pass then holds less than Liger's compiled bf16 step (H100: 118 MiB against 130 at
+16 x 128, V = 32k; blocks of H held 134). No (B, T, V) tensor exists.
 
 One solve on a GPU (``solve_once``). Each coefficient call is ``policy_loss`` and its gradient on (B, T) tensors:
 about 360 small kernels and 11 host synchronisations (GRPO, counted with torch.profiler), which a GPU runs in about
@@ -210,16 +212,36 @@ CHUNK_BOUNDS = (256, 1024)
 """The least and the most positions per logits block that ``default_chunk_size`` picks."""
 
 
-def default_chunk_size(hidden_size: int) -> int:
+HALF_PRECISION_BLOCK_SHARE = 0.75
+"""Off the CPU, a half-precision head's default block is at most this share of H positions (``default_chunk_size``)."""
+
+
+def default_chunk_size(hidden_size: int, *, half_precision_off_cpu: bool = False) -> int:
     """Positions per logits block when ``chunk_size`` is None: the hidden size H, held within ``CHUNK_BOUNDS``.
 
     A block of H positions holds as many floats as the weight's gradient (n V = H V), so for H from 256 to 1024 a pass
     holds the weight's gradient and one block of its size, whatever the vocabulary. From 1024 hidden units up
     (Qwen3-0.6B and larger) blocks are 1024 positions; below 256 the per-block costs (a coefficient call, thinner
     matmuls) would show, so smaller models get 256.
+
+    A half-precision head off the CPU (``half_precision_off_cpu``) takes at most ``HALF_PRECISION_BLOCK_SHARE`` of H
+    positions (not below 256). There a float32 block of H positions and the weight's float32 gradient are together
+    four times the half-precision weight, about what Liger's compiled bf16 step holds. On an H100 (H = 512, bf16,
+    docs/throughput.md), blocks of 512 held 1.02x to 1.03x Liger's extra memory at three of the issue's four sizes;
+    blocks of 384 held 0.53x to 0.91x at all four, still faster than Liger at each (0.05x to 0.78x). Blocks of 256
+    were slower than Liger for GSPO at 8 x 2048, V = 32k (1.05x). The share is chosen from those runs at H = 512, not
+    derived; for larger H the same arithmetic holds, but no GPU has run it.
     """
     low, high = CHUNK_BOUNDS
-    return min(high, max(low, int(hidden_size)))
+    block = min(high, max(low, int(hidden_size)))
+    if half_precision_off_cpu:
+        block = max(low, min(block, int(hidden_size * HALF_PRECISION_BLOCK_SHARE)))
+    return block
+
+
+def _half_precision_off_cpu(lm_head_weight: object) -> bool:
+    """Whether ``lm_head_weight`` is a half-precision tensor off the CPU (``default_chunk_size``'s second case)."""
+    return isinstance(lm_head_weight, Tensor) and lm_head_weight.dtype.itemsize == 2 and lm_head_weight.device.type != "cpu"
 
 
 HALVED_BLOCK_MIB = 128.0
@@ -673,7 +695,8 @@ def fused_head_loss(
     the work and returns ``finite=False`` (loss NaN, zero gradients), so a trainer can skip the step.
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
-    chunk_size = default_chunk_size(hidden.shape[-1]) if chunk_size is None else chunk_size
+    if chunk_size is None:
+        chunk_size = default_chunk_size(hidden.shape[-1], half_precision_off_cpu=_half_precision_off_cpu(lm_head_weight))
     check_head_inputs(hidden, lm_head_weight, targets, temperature=temperature, chunk_size=chunk_size)
     if not (isinstance(max_logits_mib, (int, float)) and not isinstance(max_logits_mib, bool) and max_logits_mib >= 0):
         raise ValueError(f"max_logits_mib must be a number >= 0, got max_logits_mib={max_logits_mib!r}")
@@ -1034,6 +1057,7 @@ def fused_policy_loss(
 
 __all__ = [
     "CHUNK_BOUNDS",
+    "HALF_PRECISION_BLOCK_SHARE",
     "COUPLING_UNITS",
     "FusedHead",
     "chunk_plan",

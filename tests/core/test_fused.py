@@ -839,6 +839,38 @@ def test_the_default_block_is_the_hidden_size_within_its_bounds(hidden_size, pos
     assert fused_module.default_chunk_size(hidden_size) == positions
 
 
+@pytest.mark.parametrize(
+    ("hidden_size", "positions"), [(8, 256), (300, 256), (512, 384), (896, 672), (1024, 768), (1365, 1023), (2048, 1024)]
+)
+def test_a_half_precision_head_off_the_cpu_takes_three_quarters_of_the_hidden_size(hidden_size, positions):
+    """Off the CPU in half precision: at most 3/4 of H positions (a float32 block under the weight's float32 gradient,
+    so the pass holds less than Liger's bf16 step), within the same bounds, so only H from 342 to 1365 changes."""
+    assert fused_module.default_chunk_size(hidden_size, half_precision_off_cpu=True) == positions
+
+
+def test_only_a_half_precision_weight_off_the_cpu_takes_the_smaller_block():
+    assert fused_module._half_precision_off_cpu(torch.empty(4, 2, dtype=torch.bfloat16, device="meta"))
+    assert fused_module._half_precision_off_cpu(torch.empty(4, 2, dtype=torch.float16, device="meta"))
+    assert not fused_module._half_precision_off_cpu(torch.empty(4, 2, dtype=torch.bfloat16))  # the CPU
+    assert not fused_module._half_precision_off_cpu(torch.empty(4, 2, device="meta"))  # float32
+    assert not fused_module._half_precision_off_cpu([[0.0, 1.0]])  # not a tensor: check_head_inputs names it
+
+
+def test_chunk_size_none_asks_for_the_half_precision_block_off_the_cpu(monkeypatch):
+    """fused_policy_loss's default block is asked for with the weight's precision and device: a bf16 weight on the
+    CPU runs whole blocks of H; the choice itself is the function above."""
+    asked = []
+    real = fused_module.default_chunk_size
+    monkeypatch.setattr(fused_module, "default_chunk_size", lambda h, **kw: asked.append(kw) or real(h, **kw))
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 5, H, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(V, H, generator=g).bfloat16().requires_grad_()
+    y, mask = torch.randint(0, V, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.bool)
+    kw = {"old_logp": torch.full((2, 5), -3.0), "advantages": torch.tensor([1.0, -1.0]), "group_ids": torch.tensor([0, 0])}
+    fused_policy_loss("grpo", hidden=h, lm_head_weight=w, targets=y, mask=mask, **kw)
+    assert asked == [{"half_precision_off_cpu": False}]
+
+
 def test_chunk_size_none_runs_the_default_block(monkeypatch):
     """The default block is what runs: a batch of 600 positions at H = 8 takes blocks of 256, 256 and 88 positions."""
     seen = _head_calls(monkeypatch)
