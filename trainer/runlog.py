@@ -302,8 +302,9 @@ class StopSignals:
         threading.Thread(target=again, name="dfpo-signal-redelivery", daemon=True).start()
 
     def _unraisable(self, unraisable) -> None:
-        """A stop swallowed by a finaliser: wake the redelivery thread instead of printing it."""
-        if isinstance(unraisable.exc_value, StoppedAtOnce):
+        """A stop swallowed by a finaliser, alone or beneath the exception that wrapped it (``stop_beneath``): wake the
+        redelivery thread instead of printing it."""
+        if stop_beneath(unraisable.exc_value) is not None:
             self._wake.set()
         else:
             self._old_unraisablehook(unraisable)

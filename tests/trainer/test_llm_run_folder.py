@@ -386,6 +386,32 @@ class _SignalsItselfWhileFinalised:
         time.sleep(0.05)  # the handler runs here, inside the finaliser
 
 
+class _SignalsItselfWhileFinalisedAndWraps:
+    """As ``_SignalsItselfWhileFinalised``, but the stop leaves ``__del__`` wrapped in a RuntimeError, as Python 3.11
+    wraps one raised inside ``__set_name__`` (a class made while a finaliser runs)."""
+
+    def __del__(self):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        except StoppedAtOnce as err:
+            raise RuntimeError("Error calling __set_name__ on '_Field' instance") from err
+
+
+def test_a_wrapped_stop_swallowed_by_a_finaliser_is_a_stop_not_a_reported_error(monkeypatch):
+    """A stop that a finaliser swallows inside another exception is still known as a stop (``stop_beneath``): it
+    wakes the redelivery at once, and the hook that reports ignored exceptions ("Exception ignored in ...") never
+    sees it."""
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable.exc_value))
+    with pytest.raises(StoppedAtOnce), StopSignals():
+        _SignalsItselfWhileFinalisedAndWraps()
+        deadline = time.monotonic() + 5 * StopSignals.REDELIVER_S
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert reported == []
+
+
 @pytest.mark.parametrize("training", [False, True], ids=["start-up", "second-signal-in-training"])
 def test_a_signal_swallowed_by_a_finaliser_still_stops_the_program(training, capsys):
     """A stop raised inside __del__ is lost to Python; the signal is delivered again until the program stops
