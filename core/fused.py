@@ -1057,8 +1057,8 @@ def fused_policy_loss(
 
 __all__ = [
     "CHUNK_BOUNDS",
-    "HALF_PRECISION_BLOCK_SHARE",
     "COUPLING_UNITS",
+    "HALF_PRECISION_BLOCK_SHARE",
     "FusedHead",
     "chunk_plan",
     "coupling_unit",
