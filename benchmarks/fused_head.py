@@ -7,8 +7,10 @@
 
 Modes, each measurement in a fresh process on one thread; each round runs every mode once, in an order rotated from
 round to round (interleaved), and a figure is the median over rounds; ``rounds x floor`` is the range of each round's
-time over the floor's in the same round, and a time goal whose rounds fall on both sides of it is printed
-inconclusive, not met or missed (this shared machine moves a whole step by several per cent between rounds). Times
+time over the floor's in the same round, and a time goal is read off a distribution-free 95% interval for the median
+of those ratios (``median_interval``: below nine rounds, every round's range): met or missed where the interval is on
+one side of the goal, inconclusive where it straddles it (this shared machine moves a whole step by several per cent
+between rounds). ``--seed`` picks the input set, so that a reading can be repeated on a second, disjoint one. Times
 are the process's CPU seconds (one thread: the work done, which other load on a shared machine changes least), wall
 seconds beside them:
 - floor:          the three LM-head matmuls alone, in chunks of 1024 positions into reused buffers: z = h W^T, then
@@ -124,18 +126,18 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB, device: str = "cpu", dtype: str = "float32"):  # fmt: skip
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB, device: str = "cpu", dtype: str = "float32", seed: int = 0):  # fmt: skip
     """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
     logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine);
     ``budget_mib``: the fused modes' ``max_logits_mib``; ``device`` and ``dtype``: where h and W live and their
-    dtype (the same random numbers on every device, drawn on the CPU)."""
+    dtype (the same random numbers on every device, drawn on the CPU); ``seed``: the input set (``--seed``)."""
     import torch
 
     from dfpo.core.fused import fused_policy_loss
     from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
     from dfpo.core.loss import policy_loss, resolve_objective
 
-    g, on, real = torch.Generator().manual_seed(0), torch.device(device), getattr(torch, dtype)
+    g, on, real = torch.Generator().manual_seed(seed), torch.device(device), getattr(torch, dtype)
     h = (torch.randn(B, T, H, generator=g) / H**0.5).to(on, real).requires_grad_()  # (B, T, H)
     w = torch.randn(V, H, generator=g).to(on, real).requires_grad_()  # (V, H)
     y = torch.randint(0, V, (B, T), generator=g).to(on)  # (B, T)
@@ -226,7 +228,7 @@ def measure(
     """One mode in this process, after one warm-up step (two on CUDA): median seconds of forward + backward (CPU
     seconds on the CPU, wall seconds to a ``torch.cuda.synchronize`` on CUDA) and wall seconds, and extra MiB. One
     CPU thread: the process's CPU time is the work done, what other processes on a shared machine change least (its
-    wall time waits for them). ``options``: ``_step_fn``'s (chunk, budget_mib, device, dtype)."""
+    wall time waits for them). ``options``: ``_step_fn``'s (chunk, budget_mib, device, dtype, seed)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -306,10 +308,10 @@ def _skip_reason(mode: str, B: int, T: int, V: int, max_gib: float) -> str | Non
 
 
 def _child(argv: list[str]) -> int:
-    mode, objective, B, T, H, V, repeats, threads, chunk, budget, dtype = argv
+    mode, objective, B, T, H, V, repeats, threads, chunk, budget, dtype, seed = argv
     obj = None if objective == "-" else objective
     sizes = (int(B), int(T), int(H), int(V), int(repeats), int(threads))
-    print(json.dumps(measure(mode, obj, *sizes, chunk=int(chunk), budget_mib=float(budget), dtype=dtype)))
+    print(json.dumps(measure(mode, obj, *sizes, chunk=int(chunk), budget_mib=float(budget), dtype=dtype, seed=int(seed))))
     return 0
 
 
@@ -321,13 +323,13 @@ def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args)
     """One measurement: on the CPU in a fresh process (its resident set is the figure), on CUDA in this one."""
     if args.device == "cuda":
         try:
-            return measure(mode, objective, B, T, args.hidden, args.vocab_now, args.repeats, args.threads, chunk=chunk, budget_mib=args.max_logits_mib, device="cuda", dtype=args.dtype)  # fmt: skip
+            return measure(mode, objective, B, T, args.hidden, args.vocab_now, args.repeats, args.threads, chunk=chunk, budget_mib=args.max_logits_mib, device="cuda", dtype=args.dtype, seed=args.seed)  # fmt: skip
         except Exception as err:  # noqa: BLE001 -- one case's failure (out of memory, say) is its row, not the run's end
             import torch
 
             torch.cuda.empty_cache()
             return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:160]}
-    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk), str(args.max_logits_mib), args.dtype]  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", mode, objective or "-", str(B), str(T), str(args.hidden), str(args.vocab_now), str(args.repeats), str(args.threads), str(chunk), str(args.max_logits_mib), args.dtype, str(args.seed)]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -338,6 +340,8 @@ def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args)
 FLOOR_GOAL = 1.05
 """The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``."""
 GOAL_OBJECTIVES = ("grpo", "gspo", "dfpo_min")
+CONFIDENCE = 0.95
+"""The least coverage asked of the interval a time goal is read off (``median_interval``)."""
 
 
 def paired_ratios(times: list[float | None], floor: list[float | None]) -> list[float]:
@@ -346,14 +350,35 @@ def paired_ratios(times: list[float | None], floor: list[float | None]) -> list[
     return [t / f for t, f in zip(times, floor) if t is not None and f]
 
 
+def median_coverage(n: int, k: int) -> float:
+    """The chance that the k-th smallest and k-th largest of n independent draws enclose their distribution's median,
+    whatever the distribution: 1 - 2 P(Binomial(n, 1/2) < k)."""
+    return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+def median_interval(rounds: Sequence[float]) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of the paired ratios, and its coverage: the k-th smallest and k-th
+    largest round, with the largest k whose ``median_coverage`` is at least ``CONFIDENCE``. Below six rounds no k
+    reaches it and the interval is every round's range (coverage 1 - 2^(1-n): 50% for two rounds, 94% for five); up
+    to eight rounds it is still the range (k = 1), so a goal is decided there only where every round agrees; from
+    nine rounds on (k >= 2), the outermost rounds no longer undecide it, as they did when every round had to agree
+    however many ran."""
+    xs, n = sorted(rounds), len(rounds)
+    k = 1
+    while k + 1 <= (n + 1) // 2 and median_coverage(n, k + 1) >= CONFIDENCE:
+        k += 1
+    return xs[k - 1], xs[n - k], median_coverage(n, k)
+
+
 def floor_verdict(x_floor: float, rounds: list[float]) -> str:
-    """The time goal read off the rounds: met where every round is within ``FLOOR_GOAL``, missed where none is,
-    inconclusive where the rounds fall on both sides (the median alone would call noise a result)."""
-    if not rounds or max(rounds) <= FLOOR_GOAL:
+    """The time goal read off the rounds' paired ratios (``median_interval``): met where the whole interval is within
+    ``FLOOR_GOAL``, missed where none of it is, inconclusive where it straddles the goal (the median alone would call
+    noise a result). With no paired round (a failed floor), ``x_floor`` decides, as with one round."""
+    if not rounds:
         return "met" if x_floor <= FLOOR_GOAL else "missed"
-    if min(rounds) > FLOOR_GOAL:
-        return "missed"
-    return f"inconclusive (rounds {min(rounds):.2f}x to {max(rounds):.2f}x)"
+    low, high, coverage = median_interval(rounds)
+    verdict = "met" if high <= FLOOR_GOAL else "missed" if low > FLOOR_GOAL else "inconclusive"
+    return f"{verdict} ({len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
 
 
 def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:
@@ -408,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 1); a figure is the median over them")
     p.add_argument("--repeats", type=int, default=1, help="timed steps per process (>= 1), after one warm-up")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="the input set: h, W, targets, advantages and old log-probs (default 0)")
     p.add_argument(
         "--chunk",
         type=int,
@@ -455,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'every case in this process' if args.device == 'cuda' else 'each mode in its own process'}; x floor = time / floor's; "
         f"chunked and fused blocks of {', '.join(map(str, args.chunk))} positions (fused_policy_loss's default at H={args.hidden}: "
         f"{own}; the floor's: {CHUNK}); fused max_logits_mib {args.max_logits_mib:g}; "
-        f"{args.max_gib:.1f} GiB of memory available to the full-logits modes"
+        f"{args.max_gib:.1f} GiB of memory available to the full-logits modes; input set {args.seed}"
         + ("; times in GPU wall seconds" if args.device == "cuda" else "")
     )
     for size in args.sizes:

@@ -6,7 +6,8 @@ Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_hea
 ``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round to round; a figure is
 the median over rounds of the process's CPU seconds, and ``rounds x floor`` the range of each round's step over the
 floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off those rounds (met, missed,
-or inconclusive where they fall on both sides of it). The fused step is split by timing the functions it calls:
+or inconclusive where the 95% interval for their median straddles it: ``fused_head.median_interval``). ``--seed``
+picks the input set (benchmarks/fused_head.py's). The fused step is split by timing the functions it calls:
 ``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics), ``_eager_grad_`` (d loss / d logits),
 ``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own cost); "rest" is the step less
 those: the two gradient matmuls, gathers and page faults of fresh gradients.
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--objectives", nargs="+", default=["grpo", "gspo", "dfpo_min"])
+    p.add_argument("--seed", type=int, default=0, help="the input set (default 0)")
     p.add_argument("--chunk", type=int, default=None, help="positions per fused logits block (default: fused_policy_loss's own)")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     _timed(fused._Inputs, "coefficients", spent)
     cases = [("floor", None)] + [("fused", o) for o in args.objectives]
     chunk = args.chunk or fused.default_chunk_size(args.hidden)
-    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk) for c in cases}
+    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk, seed=args.seed) for c in cases}
     for step in steps.values():
         step()  # warm-up
     seconds = {c: [] for c in cases}
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 parts[case][k].append(spent.get(k, 0.0))
     print(
         f"B x T = {B} x {T}, V = {args.vocab}, H = {args.hidden}; fused blocks of {chunk} positions, the floor's {bench.CHUNK}; "
-        f"one process, one thread, median of {args.rounds} interleaved rounds; CPU s"
+        f"one process, one thread, median of {args.rounds} interleaved rounds; input set {args.seed}; CPU s"
     )
     print(
         f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} {'rounds x floor':>14s} | "
