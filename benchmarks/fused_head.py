@@ -459,19 +459,17 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if not args.max_logits_mib >= 0:
         p.error(f"--max-logits-mib must be a number >= 0, got {args.max_logits_mib}")
-    from dfpo.core.fused import default_chunk_size
+    import torch
 
-    own = default_chunk_size(args.hidden, half_precision_off_cpu=args.device == "cuda" and args.dtype == "bfloat16")
+    from dfpo.core.fused import _half_precision_off_cpu, default_chunk_size
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); leave --device out to run on the CPU")
+    head = torch.empty(0, device=args.device, dtype=getattr(torch, args.dtype))  # W's kind, for fused_policy_loss's own rule
+    own = default_chunk_size(args.hidden, half_precision_off_cpu=_half_precision_off_cpu(head))
     args.chunk = args.chunk or [own]
     if min(args.chunk) < 1 or len(set(args.chunk)) != len(args.chunk):
         p.error(f"--chunk values must be distinct and at least 1, got {args.chunk}")
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            p.error(
-                "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); leave --device out to run on the CPU"
-            )
     if args.max_gib is None:
         args.max_gib = available_gib(args.device)
     where = torch_device_name(args.device)

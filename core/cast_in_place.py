@@ -85,12 +85,16 @@ class InPlaceCasts:
         self.block = block  # (n, V) float32
         self.upper = half_rows(block, dtype, upper=True)  # (n, V) dtype: where a matmul writes what widen_ casts
         self.lower = half_rows(block, dtype, upper=False)  # (n, V) dtype: what narrow_ writes
-        self.free = self.upper.view(-1)  # (n V,) dtype: scratch once narrow_ has run (``free_half``)
+        self.free = free_half(block, dtype)  # (n V,) dtype: scratch once narrow_ has run
         last, first = n - _tail(n), min(_tail(n), n)
         self._widen = [(block[a:b], self.upper[a:b]) for a, b in _widen_ranges(n)]
         self._widen_tail = block[last:], self.upper[last:]  # (tail, V) each
         self._narrow_head = self.lower[:first], block[:first]  # (tail, V) each
         self._narrow = [(self.lower[a:b], block[a:b]) for a, b in _narrow_ranges(n)]
+
+    def made_for(self, block: Tensor, dtype: torch.dtype) -> bool:
+        """Whether these casts are ``block``'s and ``dtype``'s: the same first byte, shape and half-precision dtype."""
+        return block.data_ptr() == self.block.data_ptr() and block.shape == self.block.shape and dtype == self.upper.dtype
 
     def widen_(self) -> Tensor:
         """Cast the half-precision values in ``upper`` to float32 over the whole block, in place; returns the block."""

@@ -45,12 +45,18 @@ def head_logits(hidden: Tensor, weight: Tensor, temperature: float, *, out: Tens
     The matmul runs in the weight's dtype (the hidden states are cast to it); a half-precision result is written
     into half of ``out``'s bytes and cast to float32 there (``InPlaceCasts.widen_``: ``casts``, the one a caller
     keeps for ``out``, else one made now; through a copy where ``out`` is not a contiguous float32 block). Writing
-    into one reused block saves a fresh (n, V) allocation per chunk.
+    into one reused block saves a fresh (n, V) allocation per chunk. ValueError where ``casts`` were made for another
+    block or dtype (they would write the logits into that block's bytes).
     """
     hs = (hidden if temperature == 1.0 else hidden / temperature).to(weight.dtype)  # (n, H)
     if out.dtype == weight.dtype:
         return torch.mm(hs, weight.T, out=out)
     if castable_in_place(out, weight.dtype):
+        if casts is not None and not casts.made_for(out, weight.dtype):
+            raise ValueError(
+                f"casts were made for a {tuple(casts.block.shape)} block at {casts.block.data_ptr():#x} in {casts.upper.dtype}, "
+                f"not for out {tuple(out.shape)} at {out.data_ptr():#x} in {weight.dtype}; pass the casts made for out, or none"
+            )
         casts = InPlaceCasts(out, weight.dtype) if casts is None else casts
         torch.mm(hs, weight.T, out=casts.upper)  # (n, V) half precision
         return casts.widen_()

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dfpo.core.cast_in_place import TAIL, CastsOf, castable_in_place, free_half, half_rows, narrow_, widen_
 from dfpo.core.fused import fused_head_loss
+from dfpo.core.logprobs import head_logits
 
 HALF = st.sampled_from([torch.bfloat16, torch.float16])
 SHAPE = {"n": st.integers(1, 3 * TAIL + 5), "V": st.integers(1, 37)}
@@ -65,6 +66,20 @@ def test_casts_kept_for_a_reused_buffer_cast_each_new_block_exactly(dtype, seed,
         assert torch.equal(casts.widen_(), values.float())
         expected = block.to(dtype)
         assert torch.equal(casts.narrow_().view(torch.int16), expected.view(torch.int16))
+
+
+def test_the_head_refuses_casts_made_for_another_block_and_takes_those_of_its_own_in_a_new_view():
+    """Casts kept for one block would write another block's logits into its bytes: refused in one sentence naming
+    both; a fresh view of the same rows of the same buffer is the same block."""
+    h, w = torch.randn(3, 4).bfloat16(), torch.randn(5, 4).bfloat16()
+    buf = torch.empty(3, 5)
+    casts = CastsOf(torch.bfloat16)(buf[:2])
+    with pytest.raises(ValueError, match=r"casts were made for a \(2, 5\) block at 0x[0-9a-f]+ in torch.bfloat16, not for out \(3, 5\)"):
+        head_logits(h, w, 1.0, out=buf, casts=casts)
+    with pytest.raises(ValueError, match=r"in torch.bfloat16, not for out \(2, 5\) at 0x[0-9a-f]+ in torch.float16"):
+        head_logits(h[:2], w.half(), 1.0, out=buf[:2], casts=casts)
+    assert torch.equal(head_logits(h[:2], w, 1.0, out=buf[:2], casts=casts), (h[:2] @ w.T).float())
+    assert free_half(buf[:2], torch.bfloat16).data_ptr() == casts.free.data_ptr()
 
 
 def test_no_casts_are_kept_for_a_block_that_cannot_hold_them():

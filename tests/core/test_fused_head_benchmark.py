@@ -6,6 +6,7 @@ import pathlib
 import statistics
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from script_modules import load_script
@@ -53,6 +54,20 @@ def test_a_subset_of_modes_and_objectives_runs_and_bad_counts_are_refused(bench,
         with pytest.raises(SystemExit):
             bench.main(["--chunk", *chunks])
         assert f"--chunk values must be distinct and at least 1, got {[int(c) for c in chunks]}" in capsys.readouterr().err
+
+
+def test_the_default_block_is_decided_by_fused_policy_loss_own_rule_for_the_head_it_makes(bench, capsys, monkeypatch):
+    """A bf16 head on the CPU keeps whole blocks (512 at H = 512); where fused's rule calls a head half precision
+    off the CPU (as on a GPU), the header's default is 3/4 of H: the benchmark asks that rule, not a copy of it."""
+    from dfpo.core import fused
+
+    argv = ["--sizes", "2x4", "--vocab", "64", "--hidden", "512", "--rounds", "1", "--modes", "floor", "--dtype", "bfloat16"]
+    bench.main(argv)
+    assert "(fused_policy_loss's default at H=512: 512;" in capsys.readouterr().out
+    seen = []
+    monkeypatch.setattr(fused, "_half_precision_off_cpu", lambda w: seen.append((w.dtype, w.device.type)) or True)
+    bench.main(argv)
+    assert "(fused_policy_loss's default at H=512: 384;" in capsys.readouterr().out and seen == [(torch.bfloat16, "cpu")]
 
 
 def test_without_chunk_the_fused_rows_run_the_fused_default_block(bench, capsys):
