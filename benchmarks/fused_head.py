@@ -340,6 +340,13 @@ def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args)
 FLOOR_GOAL = 1.05
 """The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``."""
 GOAL_OBJECTIVES = ("grpo", "gspo", "dfpo_min")
+FLOORS = {
+    "floor": "floor",
+    "floor_autograd": "the issue's floor (h @ W.T, forward + backward, by autograd)",
+}
+"""The floors a time goal is read against, as the goal lines name them: ``floor`` (the three matmuls in reused blocks,
+the least an exact method can take; every ``x floor`` is against it) and, where its row ran, ``floor_autograd`` (the
+floor the issue's table is measured against, whose (N, V) logits must fit the memory)."""
 CONFIDENCE = 0.95
 """The least coverage asked of the interval a time goal is read off (``median_interval``)."""
 
@@ -383,7 +390,9 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
 
 def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:
     """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
-    (``x_floor``, ``extra_mib``) and its per-round ratios to the floor (``rounds``, optional). ``modes``: the modes
+    (``x_floor``, ``extra_mib``), its per-round ratios to the floor (``rounds``, optional) and its seconds by round
+    (``by_round``, None where a round failed; optional), from which the goal against ``floor_autograd`` is read where
+    that row ran. ``modes``: the modes
     the run asked for; a goal of one of them whose row is missing (a failed case) says so instead of passing, and the
     fused modes it did not ask for are left out (the A/B rows ``fused_once``, ``fused_per_unit`` whenever absent)."""
     out = []
@@ -396,6 +405,11 @@ def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -
                 continue
             verdict = floor_verdict(row["x_floor"], row.get("rounds", []))
             out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: {row['x_floor']:.2f}x, {verdict}")
+            issue = rows.get(("floor_autograd", None))
+            if issue is not None:  # each round against the autograd floor's time in the same round
+                x = row["x_floor"] / issue["x_floor"]
+                verdict = floor_verdict(x, paired_ratios(row.get("by_round", []), issue.get("by_round", [])))
+                out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x {FLOORS['floor_autograd']}: {x:.2f}x, {verdict}")
             liger = rows.get(("liger_compiled", objective))
             if objective not in OBJECTIVE_ROWS["liger_compiled"]:
                 out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: Liger has no {objective}")
@@ -526,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
                 rounds = paired_ratios([x.get("seconds") for x in results[case]], floor_runs)
                 spread = f"{min(rounds):.2f}-{max(rounds):.2f}x" if rounds else "-"
                 print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {spread:>14s} {wall:8.3f} {mib:9.0f} {two:>8s} {scaled:>6s}", flush=True)
-                rows[case] = {"x_floor": s / floor_s, "extra_mib": mib, "rounds": rounds}
+                by_round = [x.get("seconds") for x in results[case]]
+                rows[case] = {"x_floor": s / floor_s, "extra_mib": mib, "rounds": rounds, "by_round": by_round}
             for chunk in args.chunk:  # the goals at each block size, against the same floor and Liger rows
                 if len(args.chunk) > 1:
                     print(f"blocks of {chunk} positions:")

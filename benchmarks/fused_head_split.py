@@ -40,7 +40,19 @@ def _timed(owner, name: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
+def goal_line(objective: str, floor: str, step_s: list[float], floor_s: list[float]) -> str:
+    """benchmarks/fused_head.py's time goal for one objective against one floor, read off the paired rounds."""
+    import fused_head as bench
+
+    rounds = bench.paired_ratios(step_s, floor_s)
+    x_floor = statistics.median(step_s) / statistics.median(floor_s)
+    verdict = bench.floor_verdict(x_floor, rounds)
+    return f"goal fused {objective} <= {bench.FLOOR_GOAL}x {bench.FLOORS[floor]}, in one process: {x_floor:.3f}x, {verdict}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import fused_head as bench
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="16x128")
     p.add_argument("--vocab", type=int, default=32768)
@@ -48,11 +60,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--objectives", nargs="+", default=["grpo", "gspo", "dfpo_min"])
     p.add_argument("--seed", type=int, default=0, help="the input set (default 0)")
+    p.add_argument(
+        "--floors",
+        nargs="+",
+        choices=list(bench.FLOORS),
+        default=list(bench.FLOORS),
+        help="the floors the goal is read against (floor always runs: every ratio is against it; floor_autograd where its "
+        "(N, V) logits fit the memory available, which the other cases in this process share)",
+    )
     p.add_argument("--chunk", type=int, default=None, help="positions per fused logits block (default: fused_policy_loss's own)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
-    import fused_head as bench
     import torch
 
     from dfpo.core import fused
@@ -63,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in PARTS[:3]:
         _timed(fused, name, spent)
     _timed(fused._Inputs, "coefficients", spent)
-    cases = [("floor", None)] + [("fused", o) for o in args.objectives]
+    too_big = bench._skip_reason("floor_autograd", B, T, args.vocab, bench.available_gib()) if "floor_autograd" in args.floors else None
+    floors = [("floor", None)] + ([("floor_autograd", None)] if "floor_autograd" in args.floors and too_big is None else [])
+    cases = floors + [("fused", o) for o in args.objectives]
     chunk = args.chunk or fused.default_chunk_size(args.hidden)
     steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk, seed=args.seed) for c in cases}
     for step in steps.values():
@@ -82,8 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         f"B x T = {B} x {T}, V = {args.vocab}, H = {args.hidden}; fused blocks of {chunk} positions, the floor's {bench.CHUNK}; "
         f"one process, one thread, median of {args.rounds} interleaved rounds; input set {args.seed}; CPU s"
     )
+    if too_big:
+        print(f"floor_autograd left out: {too_big}")
     print(
-        f"{'mode':6s} {'objective':9s} | {'step':>7s} {'x floor':>7s} {'rounds x floor':>14s} | "
+        f"{'mode':14s} {'objective':9s} | {'step':>7s} {'x floor':>7s} {'rounds x floor':>14s} | "
         + " ".join(f"{k.strip('_'):>12s}" for k in PARTS)
         + f" {'rest':>7s}"
     )
@@ -94,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: statistics.median(parts[case][k]) for k in PARTS}
         rounds = bench.paired_ratios(seconds[case], seconds[("floor", None)])
         spread = f"{min(rounds):.3f}-{max(rounds):.3f}x"
-        if case[0] == "floor":  # no parts: three matmuls
+        if case[0] in bench.FLOORS:  # no parts: three matmuls
             cells = " ".join(f"{'-':>12s}" for _ in PARTS) + f" {'-':>7s}"
         else:
             cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
             if case[1] in bench.GOAL_OBJECTIVES:
-                verdict = bench.floor_verdict(s / floor, rounds)
-                verdicts.append(f"goal fused {case[1]} <= {bench.FLOOR_GOAL}x floor, in one process: {s / floor:.3f}x, {verdict}")
-        print(f"{case[0]:6s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x {spread:>14s} | {cells}")
+                for against in floors:
+                    verdicts.append(goal_line(case[1], against[0], seconds[case], seconds[against]))
+        print(f"{case[0]:14s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x {spread:>14s} | {cells}")
     print("\n".join(verdicts))
     return 0
 
