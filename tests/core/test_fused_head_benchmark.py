@@ -282,3 +282,40 @@ def test_cuda_is_refused_in_one_sentence_where_torch_sees_no_gpu(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cuda"])
     assert "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)" in capsys.readouterr().err
+
+
+def _split_log(seed: int, goals: list[str]) -> list[str]:
+    head = f"B x T = 2 x 8, V = 64, H = 16; fused blocks of 256 positions, the floor's 1024; one process, one thread, median of 9 interleaved rounds; input set {seed}; CPU s"  # fmt: skip
+    return [head, *goals, ""]
+
+
+def _goal(objective: str, floor: str, verdict: str, low: float, high: float) -> str:
+    return f"goal fused {objective} <= 1.05x {floor}, in one process: 1.030x, {verdict} (9 rounds: the median's 96% interval {low:.3f}x to {high:.3f}x)"  # fmt: skip
+
+
+def test_the_verdicts_of_two_input_sets_agree_or_show_nothing_either_way_and_one_set_is_a_hypothesis():
+    """Met (or missed) together only where every input set says so; a goal read on one set is labelled as such; a
+    reading run again replaces the earlier one; the issue's floor is named by its mode."""
+    verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
+    issue = "the issue's floor (h @ W.T, forward + backward, by autograd)"
+    lines = _split_log(0, [_goal("grpo", "floor", "inconclusive", 1.0, 1.06), _goal("gspo", "floor", "met", 1.0, 1.04)])
+    lines += _split_log(1, [_goal("grpo", "floor", "met", 1.0, 1.04), _goal("gspo", "floor", "met", 1.0, 1.04)])
+    lines += _split_log(0, [_goal("grpo", "floor", "met", 1.0, 1.03), _goal("grpo", issue, "missed", 1.06, 1.07)])
+    found = verdicts.readings(lines)
+    assert found[("2 x 8", 64, "grpo", "floor")] == {0: "1.030x met [1.000, 1.030], 9 rounds", 1: "1.030x met [1.000, 1.040], 9 rounds"}
+    assert [verdicts.together(found[k]) for k in found] == ["met", "met", "one input set: missed"]
+    assert verdicts.together({0: "1.0x met [1, 1], 9 rounds", 1: "1.1x missed [1, 1], 9 rounds"}) == "not shown either way"
+    rows = verdicts.table(found)
+    assert rows[0] == "| size | V | objective | floor | input set 0 | input set 1 | together |"
+    assert rows[-1] == "| 2 x 8 | 64 | grpo | floor_autograd | 1.030x missed [1.060, 1.070], 9 rounds | not run | one input set: missed |"
+
+
+def test_the_verdicts_refuse_a_missing_log_and_a_log_without_goal_lines_in_one_sentence(tmp_path, capsys):
+    verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
+    with pytest.raises(SystemExit):
+        verdicts.main([str(tmp_path / "absent.log")])
+    assert f"no log at {tmp_path / 'absent.log'}: pass the files" in capsys.readouterr().err
+    (tmp_path / "empty.log").write_text("nothing here\n")
+    with pytest.raises(SystemExit):
+        verdicts.main([str(tmp_path / "empty.log")])
+    assert "no goal line of fused_head_split.py in" in capsys.readouterr().err

@@ -1,0 +1,85 @@
+"""The time goal's verdicts from benchmarks/fused_head_split.py logs, one row per size, objective and floor, one column
+per input set, and what the input sets say together.
+
+    python benchmarks/fused_head_verdicts.py split.log [more.log ...]
+
+Reads the lines fused_head_split.py prints (its header with the size and ``input set``, and its ``goal`` lines); a
+size, input set, objective and floor run more than once keeps its last reading, in the order the logs are given.
+Together: ``met`` or ``missed`` where every input set's reading says so, ``one input set`` where only one ran (a
+hypothesis until a second, disjoint set agrees), ``not shown either way`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fused_head import FLOORS  # noqa: E402 -- the goal lines' names of the floors, beside this script
+
+HEADER = re.compile(r"^B x T = (\d+) x (\d+), V = (\d+), .*; input set (\d+); CPU s$")
+GOAL = re.compile(
+    r"^goal fused (\w+) <= [\d.]+x (.+), in one process: ([\d.]+)x, (met|missed|inconclusive) \((\d+) rounds?: "
+    r"the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)$"
+)
+
+
+def readings(lines: list[str]) -> dict[tuple, dict[int, str]]:
+    """{(size, V, objective, floor mode): {input set: "1.032x met [1.025, 1.049], 25 rounds"}}, the last reading of
+    each; the floor by its mode's name in benchmarks/fused_head.py (``floor``, ``floor_autograd``)."""
+    out: dict[tuple, dict[int, str]] = {}
+    where = None
+    for line in lines:
+        if m := HEADER.match(line):
+            B, T, V, seed = (int(x) for x in m.groups())
+            where = (f"{B} x {T}", V), seed
+        elif (m := GOAL.match(line)) and where is not None:
+            objective, floor, x, verdict, n, _, low, high = m.groups()
+            (size, seed) = where
+            cell = f"{x}x {verdict} [{low}, {high}], {n} rounds"
+            mode = {name: mode for mode, name in FLOORS.items()}.get(floor, floor)
+            out.setdefault((*size, objective, mode), {})[seed] = cell
+    return out
+
+
+def together(cells: dict[int, str]) -> str:
+    """What the input sets say together, from each cell's verdict."""
+    verdicts = {cell.split()[1] for cell in cells.values()}
+    if len(cells) == 1:
+        return f"one input set: {verdicts.pop()}"
+    if verdicts == {"met"} or verdicts == {"missed"}:
+        return verdicts.pop()
+    return "not shown either way"
+
+
+def table(found: dict[tuple, dict[int, str]]) -> list[str]:
+    """Markdown rows: size, V, objective, floor, one column per input set, together."""
+    seeds = sorted({s for cells in found.values() for s in cells})
+    head = ["size", "V", "objective", "floor", *[f"input set {s}" for s in seeds], "together"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (size, V, objective, floor), cells in found.items():
+        row = [size, str(V), objective, floor, *[cells.get(s, "not run") for s in seeds], together(cells)]
+        rows.append("| " + " | ".join(row) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("logs", nargs="+", type=Path)
+    args = p.parse_args(argv)
+    lines = []
+    for log in args.logs:
+        if not log.is_file():
+            p.error(f"no log at {log}: pass the files fused_head_split.py's output was saved to")
+        lines += log.read_text(errors="replace").splitlines()
+    found = readings(lines)
+    if not found:
+        p.error(f"no goal line of fused_head_split.py in {', '.join(map(str, args.logs))}")
+    print("\n".join(table(found)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
