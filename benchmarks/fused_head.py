@@ -537,10 +537,10 @@ def main(argv: list[str] | None = None) -> int:
                 mib = statistics.median(x["extra_mib"] for x in ok)
                 two = f"{ok[0]['two_pass']:.2f}" if "two_pass" in ok[0] else "-"
                 scaled = f"{ok[0]['row_scaled']:.2f}" if "row_scaled" in ok[0] else "-"
-                rounds = paired_ratios([x.get("seconds") for x in results[case]], floor_runs)
+                by_round = [x.get("seconds") for x in results[case]]  # None where a round failed
+                rounds = paired_ratios(by_round, floor_runs)
                 spread = f"{min(rounds):.2f}-{max(rounds):.2f}x" if rounds else "-"
                 print(f"{label} {s:8.3f} {s / floor_s:7.2f}x {spread:>14s} {wall:8.3f} {mib:9.0f} {two:>8s} {scaled:>6s}", flush=True)
-                by_round = [x.get("seconds") for x in results[case]]
                 rows[case] = {"x_floor": s / floor_s, "extra_mib": mib, "rounds": rounds, "by_round": by_round}
             for chunk in args.chunk:  # the goals at each block size, against the same floor and Liger rows
                 if len(args.chunk) > 1:

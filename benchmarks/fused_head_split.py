@@ -82,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in PARTS[:3]:
         _timed(fused, name, spent)
     _timed(fused._Inputs, "coefficients", spent)
-    too_big = bench._skip_reason("floor_autograd", B, T, args.vocab, bench.available_gib()) if "floor_autograd" in args.floors else None
-    floors = [("floor", None)] + ([("floor_autograd", None)] if "floor_autograd" in args.floors and too_big is None else [])
+    autograd = "floor_autograd" in args.floors
+    too_big = bench._skip_reason("floor_autograd", B, T, args.vocab, bench.available_gib()) if autograd else None
+    floors = [("floor", None)] + ([("floor_autograd", None)] if autograd and too_big is None else [])
     cases = floors + [("fused", o) for o in args.objectives]
     chunk = args.chunk or fused.default_chunk_size(args.hidden)
     steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk, seed=args.seed) for c in cases}

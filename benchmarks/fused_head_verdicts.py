@@ -19,6 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fused_head import FLOORS  # noqa: E402 -- the goal lines' names of the floors, beside this script
 
+FLOOR_MODES = {name: mode for mode, name in FLOORS.items()}
+"""A goal line's name of a floor -> its mode in benchmarks/fused_head.py."""
+
 HEADER = re.compile(r"^B x T = (\d+) x (\d+), V = (\d+), .*; input set (\d+); CPU s$")
 GOAL = re.compile(
     r"^goal fused (\w+) <= [\d.]+x (.+), in one process: ([\d.]+)x, (met|missed|inconclusive) \((\d+) rounds?: "
@@ -39,7 +42,7 @@ def readings(lines: list[str]) -> dict[tuple, dict[int, str]]:
             objective, floor, x, verdict, n, _, low, high = m.groups()
             (size, seed) = where
             cell = f"{x}x {verdict} [{low}, {high}], {n} rounds"
-            mode = {name: mode for mode, name in FLOORS.items()}.get(floor, floor)
+            mode = FLOOR_MODES.get(floor, floor)
             out.setdefault((*size, objective, mode), {})[seed] = cell
     return out
 

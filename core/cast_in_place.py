@@ -43,6 +43,11 @@ def free_half(block: Tensor, dtype: torch.dtype) -> Tensor:
     return half_rows(block, dtype, upper=True).view(-1)
 
 
+def _block_key(block: Tensor) -> tuple[int, tuple[int, ...]]:
+    """What tells blocks of one reused buffer apart: their first byte and their shape."""
+    return block.data_ptr(), tuple(block.shape)
+
+
 def _tail(n: int) -> int:
     return max(1, math.ceil(n / TAIL))
 
@@ -94,7 +99,7 @@ class InPlaceCasts:
 
     def made_for(self, block: Tensor, dtype: torch.dtype) -> bool:
         """Whether these casts are ``block``'s and ``dtype``'s: the same first byte, shape and half-precision dtype."""
-        return block.data_ptr() == self.block.data_ptr() and block.shape == self.block.shape and dtype == self.upper.dtype
+        return _block_key(block) == _block_key(self.block) and dtype == self.upper.dtype
 
     def widen_(self) -> Tensor:
         """Cast the half-precision values in ``upper`` to float32 over the whole block, in place; returns the block."""
@@ -128,7 +133,7 @@ class CastsOf:
     def __call__(self, block: Tensor) -> InPlaceCasts | None:
         if not castable_in_place(block, self.dtype):
             return None
-        key = block.data_ptr(), tuple(block.shape)
+        key = _block_key(block)
         if key not in self._made:
             self._made[key] = InPlaceCasts(block, self.dtype)
         return self._made[key]
