@@ -15,6 +15,9 @@ are the process's CPU seconds (one thread: the work done, which other load on a 
 seconds beside them:
 - floor:          the three LM-head matmuls alone, in chunks of 1024 positions into reused buffers: z = h W^T, then
                   z W and z^T h (no softmax, no loss). The least any exact method can take; every ratio is against it;
+- floor_softmax:  the floor with PyTorch's in-place softmax over each block between its forward matmul and the
+                  backward ones: the least any path built on that kernel can take where it writes the logits to
+                  memory (its goal line, "reach", says whether the time goal is within reach of such a path here);
 - floor_autograd: (h @ W.T).backward(ones) on the full (N, V) logits: the same three matmuls as autograd runs them
                   (the floor the issue quotes), where its (N, V) tensors fit the RAM (below);
 - naive:          full float32 logits, log_softmax, gather, policy_loss (where its (N, V) tensors fit the RAM);
@@ -59,6 +62,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +79,7 @@ FULL_LOGITS_TENSORS = {"floor_autograd": 2, "naive": 4}
 logits and the ones it backpropagates, 1 + 1; naive about 4 times the logits' size above its inputs)."""
 OBJECTIVE_ROWS = {
     "floor": [None],
+    "floor_softmax": [None],
     "floor_autograd": [None],
     "naive": ["grpo"],
     "chunked": ["grpo"],
@@ -153,16 +158,21 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
     def clear():
         h.grad = w.grad = None
 
-    if mode == "floor":
+    if mode in ("floor", "floor_softmax"):
         buf, hf = torch.empty(min(CHUNK, N), V, dtype=real, device=on), h.detach().reshape(N, H)
         gh, gw = torch.empty(N, H, dtype=real, device=on), torch.zeros(V, H, dtype=real, device=on)
+        softmax = mode == "floor_softmax"
 
         def step():
             gw.zero_()
             for s in range(0, N, CHUNK):
                 z = torch.mm(hf[s : s + CHUNK], w.detach().T, out=buf[: min(CHUNK, N - s)])  # (n, V)
+                if softmax:  # p over the logits, as the fused eager kernels make it (their row scaling left out)
+                    torch._softmax(z, -1, False, out=z)  # (n, V)
                 gh[s : s + CHUNK] = z @ w.detach()  # (n, H)
                 gw.addmm_(z.T, hf[s : s + CHUNK])  # (V, H)
+
+        step.grads = gh, gw  # d hidden (N, H), d W (V, H): what a test checks the step against
 
     elif mode == "floor_autograd":
         ones = torch.ones(N, V, dtype=real, device=on)
@@ -347,6 +357,13 @@ FLOORS = {
 """The floors a time goal is read against, as the goal lines name them: ``floor`` (the three matmuls in reused blocks,
 the least an exact method can take; every ``x floor`` is against it) and, where its row ran, ``floor_autograd`` (the
 floor the issue's table is measured against, whose (N, V) logits must fit the memory)."""
+REACH = "floor_softmax"
+"""The mode whose own time goal says whether the goal is within reach of a path that writes the logits (``reach_line``)."""
+REACH_MEANS = {
+    "met": "a path that writes the logits to memory can meet the time goal here",
+    "missed": "no path that writes the logits to memory and takes PyTorch's softmax over them meets the time goal here",
+}
+"""What the ``REACH`` row's verdict says of the goal; an inconclusive one says nothing."""
 CONFIDENCE = 0.95
 """The least coverage asked of the interval a time goal is read off (``median_interval``)."""
 
@@ -388,14 +405,32 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
     return f"{verdict} ({len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
 
 
+def goal_line(subject: str, floor: str, x_floor: float, verdict: str, *, where: str = "", digits: int = 2) -> str:
+    """One time-goal line: ``subject`` (e.g. ``goal fused grpo``) at ``x_floor`` times the floor named by ``floor``
+    (a key of ``FLOORS``), read as ``verdict`` (``floor_verdict``'s); ``where``: how it was timed (the split timing's
+    ", in one process")."""
+    return f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x_floor:.{digits}f}x, {verdict}"
+
+
+def reach_line(x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
+    """The ``REACH`` row's own time goal, and what its verdict says of the goal for every path that writes the logits
+    (``REACH_MEANS``), generated from the rounds' verdict."""
+    verdict = floor_verdict(x_floor, rounds)
+    line = goal_line(f"reach {REACH}", "floor", x_floor, verdict, where=where, digits=digits)
+    means = REACH_MEANS.get(verdict.split()[0])
+    return f"{line}; {means}" if means else line
+
+
 def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:
     """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
     (``x_floor``, ``extra_mib``), its per-round ratios to the floor (``rounds``, optional) and its seconds by round
     (``by_round``, None where a round failed; optional), from which the goal against ``floor_autograd`` is read where
-    that row ran. ``modes``: the modes
+    that row ran, and, first, where the ``REACH`` row ran, whether the goal is within reach of a path that writes the
+    logits (``reach_line``). ``modes``: the modes
     the run asked for; a goal of one of them whose row is missing (a failed case) says so instead of passing, and the
     fused modes it did not ask for are left out (the A/B rows ``fused_once``, ``fused_per_unit`` whenever absent)."""
-    out = []
+    reach = rows.get((REACH, None))
+    out = [reach_line(reach["x_floor"], reach.get("rounds", []))] if reach is not None else []
     for mode in ("fused", "fused_compiled", *SOLVE_ONCE):
         for objective in GOAL_OBJECTIVES:
             row = rows.get((mode, objective))
@@ -403,13 +438,13 @@ def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -
                 if mode in modes and mode not in SOLVE_ONCE:
                     out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
                 continue
-            verdict = floor_verdict(row["x_floor"], row.get("rounds", []))
-            out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: {row['x_floor']:.2f}x, {verdict}")
+            subject = f"goal {mode} {objective}"
+            out.append(goal_line(subject, "floor", row["x_floor"], floor_verdict(row["x_floor"], row.get("rounds", []))))
             issue = rows.get(("floor_autograd", None))
             if issue is not None:  # each round against the autograd floor's time in the same round
                 x = row["x_floor"] / issue["x_floor"]
                 verdict = floor_verdict(x, paired_ratios(row.get("by_round", []), issue.get("by_round", [])))
-                out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x {FLOORS['floor_autograd']}: {x:.2f}x, {verdict}")
+                out.append(goal_line(subject, "floor_autograd", x, verdict))
             liger = rows.get(("liger_compiled", objective))
             if objective not in OBJECTIVE_ROWS["liger_compiled"]:
                 out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: Liger has no {objective}")
@@ -551,4 +586,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly when it closes, as a shell tool does
     sys.exit(main())

@@ -2,10 +2,11 @@
 
     python benchmarks/fused_head_split.py                         # B x T = 16 x 128, V = 32k, H = 512, 5 rounds
 
-Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``) and
-``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round to round; a figure is
-the median over rounds of the process's CPU seconds, and ``rounds x floor`` the range of each round's step over the
-floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off those rounds (met, missed,
+Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``), the floor with a
+softmax over each block (``floor_softmax``, whose "reach" line says whether the goal is within reach of a path that
+writes the logits) and ``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round
+to round; a figure is the median over rounds of the process's CPU seconds, and ``rounds x floor`` the range of each
+round's step over the floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off those rounds (met, missed,
 or inconclusive where the 95% interval for their median straddles it: ``fused_head.median_interval``). ``--seed``
 picks the input set (benchmarks/fused_head.py's). The fused step is split by timing the functions it calls:
 ``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics), ``_eager_grad_`` (d loss / d logits),
@@ -16,6 +17,7 @@ those: the two gradient matmuls, gathers and page faults of fresh gradients.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import time
@@ -40,14 +42,25 @@ def _timed(owner, name: str, spent: dict) -> None:
     setattr(owner, name, wrapper)
 
 
+WHERE = ", in one process"
+"""How the goal lines say these steps were timed (benchmarks/fused_head_verdicts.py reads it)."""
+
+
 def goal_line(objective: str, floor: str, step_s: list[float], floor_s: list[float]) -> str:
     """benchmarks/fused_head.py's time goal for one objective against one floor, read off the paired rounds."""
     import fused_head as bench
 
-    rounds = bench.paired_ratios(step_s, floor_s)
     x_floor = statistics.median(step_s) / statistics.median(floor_s)
-    verdict = bench.floor_verdict(x_floor, rounds)
-    return f"goal fused {objective} <= {bench.FLOOR_GOAL}x {bench.FLOORS[floor]}, in one process: {x_floor:.3f}x, {verdict}"
+    verdict = bench.floor_verdict(x_floor, bench.paired_ratios(step_s, floor_s))
+    return bench.goal_line(f"goal fused {objective}", floor, x_floor, verdict, where=WHERE, digits=3)
+
+
+def reach_line(step_s: list[float], floor_s: list[float]) -> str:
+    """benchmarks/fused_head.py's ``reach_line`` for the ``REACH`` row's rounds against the floor's."""
+    import fused_head as bench
+
+    x_floor = statistics.median(step_s) / statistics.median(floor_s)
+    return bench.reach_line(x_floor, bench.paired_ratios(step_s, floor_s), where=WHERE, digits=3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     autograd = "floor_autograd" in args.floors
     too_big = bench._skip_reason("floor_autograd", B, T, args.vocab, bench.available_gib()) if autograd else None
     floors = [("floor", None)] + ([("floor_autograd", None)] if autograd and too_big is None else [])
-    cases = floors + [("fused", o) for o in args.objectives]
+    cases = floors + [(bench.REACH, None)] + [("fused", o) for o in args.objectives]
     chunk = args.chunk or fused.default_chunk_size(args.hidden)
     steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk, seed=args.seed) for c in cases}
     for step in steps.values():
@@ -112,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         + f" {'rest':>7s}"
     )
     floor = statistics.median(seconds[("floor", None)])
-    verdicts = []
+    verdicts = [reach_line(seconds[(bench.REACH, None)], seconds[("floor", None)])]
     for case in cases:
         s = statistics.median(seconds[case])
         med = {k: statistics.median(parts[case][k]) for k in PARTS}
         rounds = bench.paired_ratios(seconds[case], seconds[("floor", None)])
         spread = f"{min(rounds):.3f}-{max(rounds):.3f}x"
-        if case[0] in bench.FLOORS:  # no parts: three matmuls
+        if case[1] is None:  # a floor, or the floor with a softmax: no parts of the fused step
             cells = " ".join(f"{'-':>12s}" for _ in PARTS) + f" {'-':>7s}"
         else:
             cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
@@ -131,4 +144,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly when it closes
     sys.exit(main())

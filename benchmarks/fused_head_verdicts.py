@@ -3,7 +3,8 @@ per input set, and what the input sets say together.
 
     python benchmarks/fused_head_verdicts.py split.log [more.log ...]
 
-Reads the lines fused_head_split.py prints (its header with the size and ``input set``, and its ``goal`` lines); a
+Reads the lines fused_head_split.py prints (its header with the size and ``input set``, its ``goal`` lines and its
+``reach`` line, listed under the objective ``floor_softmax``); a
 size, input set, objective and floor run more than once keeps its last reading, in the order the logs are given.
 Together: ``met`` or ``missed`` where every input set's reading says so, ``one input set`` where only one ran (a
 hypothesis until a second, disjoint set agrees), ``not shown either way`` otherwise.
@@ -13,43 +14,58 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fused_head import FLOORS  # noqa: E402 -- the goal lines' names of the floors, beside this script
+from fused_head import FLOORS, REACH  # noqa: E402 -- the goal lines' names, beside this script
+from fused_head_split import WHERE  # noqa: E402
 
 FLOOR_MODES = {name: mode for mode, name in FLOORS.items()}
 """A goal line's name of a floor -> its mode in benchmarks/fused_head.py."""
 
 HEADER = re.compile(r"^B x T = (\d+) x (\d+), V = (\d+), .*; input set (\d+); CPU s$")
 GOAL = re.compile(
-    r"^goal fused (\w+) <= [\d.]+x (.+), in one process: ([\d.]+)x, (met|missed|inconclusive) \((\d+) rounds?: "
-    r"the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)$"
+    rf"^(?:goal fused (\w+)|reach ({REACH})) <= [\d.]+x (.+), {re.escape(WHERE[2:])}: ([\d.]+)x, (met|missed|inconclusive) "
+    r"\((\d+) rounds?: the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)(?:; .*)?$"
 )
 
 
-def readings(lines: list[str]) -> dict[tuple, dict[int, str]]:
-    """{(size, V, objective, floor mode): {input set: "1.032x met [1.025, 1.049], 25 rounds"}}, the last reading of
-    each; the floor by its mode's name in benchmarks/fused_head.py (``floor``, ``floor_autograd``)."""
-    out: dict[tuple, dict[int, str]] = {}
+class Reading(NamedTuple):
+    """One goal line's reading: the median ratio, its verdict, the median's interval and the rounds behind it."""
+
+    x: str
+    verdict: str
+    low: str
+    high: str
+    rounds: str
+
+    def cell(self) -> str:
+        return f"{self.x}x {self.verdict} [{self.low}, {self.high}], {self.rounds} rounds"
+
+
+def readings(lines: list[str]) -> dict[tuple, dict[int, Reading]]:
+    """{(size, V, objective, floor mode): {input set: Reading}}, the last reading of each; the floor by its mode's
+    name in benchmarks/fused_head.py (``floor``, ``floor_autograd``); the ``REACH`` row's line under the objective
+    ``REACH`` (``floor_softmax``)."""
+    out: dict[tuple, dict[int, Reading]] = {}
     where = None
     for line in lines:
         if m := HEADER.match(line):
             B, T, V, seed = (int(x) for x in m.groups())
             where = (f"{B} x {T}", V), seed
         elif (m := GOAL.match(line)) and where is not None:
-            objective, floor, x, verdict, n, _, low, high = m.groups()
+            objective, reach, floor, x, verdict, n, _, low, high = m.groups()
             (size, seed) = where
-            cell = f"{x}x {verdict} [{low}, {high}], {n} rounds"
-            mode = FLOOR_MODES.get(floor, floor)
-            out.setdefault((*size, objective, mode), {})[seed] = cell
+            out.setdefault((*size, objective or reach, FLOOR_MODES.get(floor, floor)), {})[seed] = Reading(x, verdict, low, high, n)
     return out
 
 
-def together(cells: dict[int, str]) -> str:
-    """What the input sets say together, from each cell's verdict."""
-    verdicts = {cell.split()[1] for cell in cells.values()}
+def together(cells: dict[int, Reading]) -> str:
+    """What the input sets say together, from each reading's verdict."""
+    verdicts = {cell.verdict for cell in cells.values()}
     if len(cells) == 1:
         return f"one input set: {verdicts.pop()}"
     if verdicts == {"met"} or verdicts == {"missed"}:
@@ -57,13 +73,13 @@ def together(cells: dict[int, str]) -> str:
     return "not shown either way"
 
 
-def table(found: dict[tuple, dict[int, str]]) -> list[str]:
+def table(found: dict[tuple, dict[int, Reading]]) -> list[str]:
     """Markdown rows: size, V, objective, floor, one column per input set, together."""
     seeds = sorted({s for cells in found.values() for s in cells})
     head = ["size", "V", "objective", "floor", *[f"input set {s}" for s in seeds], "together"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (size, V, objective, floor), cells in found.items():
-        row = [size, str(V), objective, floor, *[cells.get(s, "not run") for s in seeds], together(cells)]
+        row = [size, str(V), objective, floor, *[cells[s].cell() if s in cells else "not run" for s in seeds], together(cells)]
         rows.append("| " + " | ".join(row) + " |")
     return rows
 
@@ -85,4 +101,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly when it closes
     sys.exit(main())

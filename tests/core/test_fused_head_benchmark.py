@@ -19,7 +19,7 @@ def bench():
     return load_script(PATH, "fused_head_bench")
 
 
-@pytest.mark.parametrize("mode", ["floor", "floor_autograd", "naive", "chunked", "fused", "fused_once", "fused_per_unit"])
+@pytest.mark.parametrize("mode", ["floor", "floor_softmax", "floor_autograd", "naive", "chunked", "fused", "fused_once", "fused_per_unit"])
 def test_every_local_mode_measures_a_tiny_case(bench, mode):
     for objective in bench.OBJECTIVE_ROWS[mode]:
         out = bench.measure(mode, objective, 8, 4, 16, 64, repeats=1, threads=1)
@@ -229,8 +229,10 @@ def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "coefficients" in lines[1] and "rounds x floor" in lines[1]
     assert lines[2].startswith("floor          -") and lines[3].startswith("floor_autograd -")
-    rows, goals = lines[4:6], lines[6:]
+    assert lines[4].startswith("floor_softmax  -")
+    rows, reach, goals = lines[5:7], lines[7], lines[8:]
     assert [line.split()[1] for line in rows] == ["grpo", "dfpo_min"] and all(len(line.split()) == 12 for line in rows)
+    assert reach.startswith("reach floor_softmax <= 1.05x floor, in one process: ")
     floors = ("floor", "the issue's floor (h @ W.T, forward + backward, by autograd)")
     assert [g.split(", in one process")[0] for g in goals] == [f"goal fused {o} <= 1.05x {f}" for o in ("grpo", "dfpo_min") for f in floors]
     assert all(g.split("in one process: ")[1].split(", ")[1].split(" ")[0] in ("met", "missed", "inconclusive") for g in goals)
@@ -302,9 +304,11 @@ def test_the_verdicts_of_two_input_sets_agree_or_show_nothing_either_way_and_one
     lines += _split_log(1, [_goal("grpo", "floor", "met", 1.0, 1.04), _goal("gspo", "floor", "met", 1.0, 1.04)])
     lines += _split_log(0, [_goal("grpo", "floor", "met", 1.0, 1.03), _goal("grpo", issue, "missed", 1.06, 1.07)])
     found = verdicts.readings(lines)
-    assert found[("2 x 8", 64, "grpo", "floor")] == {0: "1.030x met [1.000, 1.030], 9 rounds", 1: "1.030x met [1.000, 1.040], 9 rounds"}
+    cells = {seed: reading.cell() for seed, reading in found[("2 x 8", 64, "grpo", "floor")].items()}
+    assert cells == {0: "1.030x met [1.000, 1.030], 9 rounds", 1: "1.030x met [1.000, 1.040], 9 rounds"}
     assert [verdicts.together(found[k]) for k in found] == ["met", "met", "one input set: missed"]
-    assert verdicts.together({0: "1.0x met [1, 1], 9 rounds", 1: "1.1x missed [1, 1], 9 rounds"}) == "not shown either way"
+    met, missed = verdicts.Reading("1.0", "met", "1", "1", "9"), verdicts.Reading("1.1", "missed", "1", "1", "9")
+    assert verdicts.together({0: met, 1: missed}) == "not shown either way"
     rows = verdicts.table(found)
     assert rows[0] == "| size | V | objective | floor | input set 0 | input set 1 | together |"
     assert rows[-1] == "| 2 x 8 | 64 | grpo | floor_autograd | 1.030x missed [1.060, 1.070], 9 rounds | not run | one input set: missed |"
@@ -319,3 +323,44 @@ def test_the_verdicts_refuse_a_missing_log_and_a_log_without_goal_lines_in_one_s
     with pytest.raises(SystemExit):
         verdicts.main([str(tmp_path / "empty.log")])
     assert "no goal line of fused_head_split.py in" in capsys.readouterr().err
+
+
+def test_the_floor_with_a_softmax_backpropagates_the_softmax_of_the_logits_through_the_head(bench):
+    """floor_softmax's three matmuls carry p = softmax(h W^T) where the floor's carry the logits themselves."""
+    step = bench._step_fn("floor_softmax", None, 2, 3, 8, 16)
+    step()
+    gh, gw = step.grads
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(2, 3, 8, generator=g) / 8**0.5).reshape(6, 8)  # (N, H): the inputs _step_fn draws first
+    w = torch.randn(16, 8, generator=g)  # (V, H)
+    p = torch.softmax(h @ w.T, -1)  # (N, V)
+    torch.testing.assert_close(gh, p @ w)
+    torch.testing.assert_close(gw, p.T @ h)
+    floor = bench._step_fn("floor", None, 2, 3, 8, 16)
+    floor()
+    torch.testing.assert_close(floor.grads[1], (h @ w.T).T @ h)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "verdict", "means"),
+    [
+        ([1.01] * 9, "met", "; a path that writes the logits to memory can meet the time goal here"),
+        ([1.20] * 9, "missed", "; no path that writes the logits to memory and takes PyTorch's softmax over them meets"),
+        ([1.01, 1.2] * 5, "inconclusive", None),
+    ],
+)
+def test_the_reach_line_says_what_the_floor_with_a_softmax_means_for_the_goal_only_where_it_is_decided(bench, rounds, verdict, means):
+    """Met: a path writing the logits can meet the goal; missed: none built on that softmax can; inconclusive: no claim."""
+    rows = {("floor_softmax", None): {"x_floor": statistics.median(rounds), "extra_mib": 0.0, "rounds": rounds}}
+    line = bench.goal_lines(rows)[0]
+    assert line.startswith("reach floor_softmax <= 1.05x floor: ") and f", {verdict} (" in line
+    assert (means in line) if means else ";" not in line
+    assert not any(line.startswith("reach") for line in bench.goal_lines({}))  # no floor_softmax row: no claim
+
+
+def test_the_verdicts_read_the_reach_line_under_its_own_row():
+    verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
+    bench = load_script(PATH, "fused_head_reach")
+    reach = bench.reach_line(1.02, [1.01] * 9, where=", in one process", digits=3)
+    found = verdicts.readings(_split_log(1, [reach]))
+    assert found[("2 x 8", 64, "floor_softmax", "floor")][1].cell() == "1.020x met [1.010, 1.010], 9 rounds"
