@@ -405,19 +405,21 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
     return f"{verdict} ({len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
 
 
-def goal_line(subject: str, floor: str, x_floor: float, verdict: str, *, where: str = "", digits: int = 2) -> str:
-    """One time-goal line: ``subject`` (e.g. ``goal fused grpo``) at ``x_floor`` times the floor named by ``floor``
-    (a key of ``FLOORS``), read as ``verdict`` (``floor_verdict``'s); ``where``: how it was timed (the split timing's
-    ", in one process")."""
-    return f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x_floor:.{digits}f}x, {verdict}"
+def goal_line(subject: str, floor: str, x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
+    """One time-goal line: ``subject`` (e.g. ``goal fused grpo``) against the floor named by ``floor`` (a key of
+    ``FLOORS``), read off ``rounds``, each round's ratio to that floor (``floor_verdict``). Its figure is the median of
+    those ratios, the centre of the interval the verdict reads (the tables' ``x floor``, the ratio of the medians, can
+    lie outside it); ``x_floor`` where no round paired. ``where``: how it was timed (the split timing's ", in one
+    process")."""
+    x = statistics.median(rounds) if rounds else x_floor
+    return f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x:.{digits}f}x, {floor_verdict(x, rounds)}"
 
 
 def reach_line(x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
-    """The ``REACH`` row's own time goal, and what its verdict says of the goal for every path that writes the logits
-    (``REACH_MEANS``), generated from the rounds' verdict."""
-    verdict = floor_verdict(x_floor, rounds)
-    line = goal_line(f"reach {REACH}", "floor", x_floor, verdict, where=where, digits=digits)
-    means = REACH_MEANS.get(verdict.split()[0])
+    """The ``REACH`` row's own time goal (``goal_line``), and what its verdict says of the goal for every path that
+    writes the logits (``REACH_MEANS``), generated from that verdict."""
+    line = goal_line(f"reach {REACH}", "floor", x_floor, rounds, where=where, digits=digits)
+    means = REACH_MEANS.get(line.split("x, ", 1)[1].split()[0])
     return f"{line}; {means}" if means else line
 
 
@@ -439,12 +441,11 @@ def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -
                     out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
                 continue
             subject = f"goal {mode} {objective}"
-            out.append(goal_line(subject, "floor", row["x_floor"], floor_verdict(row["x_floor"], row.get("rounds", []))))
+            out.append(goal_line(subject, "floor", row["x_floor"], row.get("rounds", [])))
             issue = rows.get(("floor_autograd", None))
             if issue is not None:  # each round against the autograd floor's time in the same round
-                x = row["x_floor"] / issue["x_floor"]
-                verdict = floor_verdict(x, paired_ratios(row.get("by_round", []), issue.get("by_round", [])))
-                out.append(goal_line(subject, "floor_autograd", x, verdict))
+                rounds = paired_ratios(row.get("by_round", []), issue.get("by_round", []))
+                out.append(goal_line(subject, "floor_autograd", row["x_floor"] / issue["x_floor"], rounds))
             liger = rows.get(("liger_compiled", objective))
             if objective not in OBJECTIVE_ROWS["liger_compiled"]:
                 out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: Liger has no {objective}")

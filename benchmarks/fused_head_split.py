@@ -6,12 +6,12 @@ Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_hea
 softmax over each block (``floor_softmax``, whose "reach" line says whether the goal is within reach of a path that
 writes the logits) and ``fused_policy_loss`` (eager kernels) for each objective once, in an order rotated from round
 to round; a figure is the median over rounds of the process's CPU seconds, and ``rounds x floor`` the range of each
-round's step over the floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off those rounds (met, missed,
-or inconclusive where the 95% interval for their median straddles it: ``fused_head.median_interval``). ``--seed``
-picks the input set (benchmarks/fused_head.py's). The fused step is split by timing the functions it calls:
-``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics), ``_eager_grad_`` (d loss / d logits),
-``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own cost); "rest" is the step less
-those: the two gradient matmuls, gathers and page faults of fresh gradients.
+round's step over the floor's in the same round; below the table, benchmarks/fused_head.py's time goal is read off
+those rounds (met, missed, or inconclusive where the 95% interval for their median straddles it:
+``fused_head.median_interval``). ``--seed`` picks the input set (benchmarks/fused_head.py's). The fused step is
+split by timing the functions it calls: ``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics),
+``_eager_grad_`` (d loss / d logits), ``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own
+cost); "rest" is the step less those: the two gradient matmuls, gathers and page faults of fresh gradients.
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ def goal_line(objective: str, floor: str, step_s: list[float], floor_s: list[flo
     import fused_head as bench
 
     x_floor = statistics.median(step_s) / statistics.median(floor_s)
-    verdict = bench.floor_verdict(x_floor, bench.paired_ratios(step_s, floor_s))
-    return bench.goal_line(f"goal fused {objective}", floor, x_floor, verdict, where=WHERE, digits=3)
+    return bench.goal_line(f"goal fused {objective}", floor, x_floor, bench.paired_ratios(step_s, floor_s), where=WHERE, digits=3)
 
 
 def reach_line(step_s: list[float], floor_s: list[float]) -> str:
