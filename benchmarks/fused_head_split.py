@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         "--floors",
         nargs="+",
         choices=list(bench.FLOORS),
-        default=list(bench.FLOORS),
-        help="the floors the goal is read against (floor always runs: every ratio is against it; floor_autograd where its "
-        "(N, V) logits fit the memory available, which the other cases in this process share)",
+        default=["floor"],
+        help="the floors the goal is read against (floor always runs: every ratio is against it; floor_autograd, asked "
+        "for, where its (N, V) logits fit the memory available, which the other cases in this process share: its fresh "
+        "(N, V) tensors slow the other cases of this process, see docs/throughput.md; fused_head.py runs it in a process of its own)",
     )
     p.add_argument("--chunk", type=int, default=None, help="positions per fused logits block (default: fused_policy_loss's own)")
     args = p.parse_args(argv)

@@ -226,7 +226,7 @@ def test_the_run_comparison_reports_the_largest_relative_difference_and_one_side
 
 def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
     split = load_script(PATH.with_name("fused_head_split.py"))
-    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min"])
+    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo", "dfpo_min", "--floors", "floor", "floor_autograd"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert "coefficients" in lines[1] and "rounds x floor" in lines[1]
     assert lines[2].startswith("floor          -") and lines[3].startswith("floor_autograd -")
@@ -240,17 +240,18 @@ def test_the_split_timing_prints_every_part_of_each_objectives_step(capsys):
 
 
 def test_the_split_timing_reads_the_issues_floor_only_where_asked_and_where_its_logits_fit(capsys, monkeypatch):
-    """--floors floor leaves the autograd floor out silently; where its (N, V) logits exceed the memory available it
-    is left out saying how much it would need, and the goal is read against the floor alone."""
+    """By default (--floors floor) the autograd floor, whose fresh (N, V) tensors slow the other cases of the process,
+    is left out silently; asked for, where its (N, V) logits exceed the memory available it is left out saying how
+    much it would need, and the goal is read against the floor alone."""
     split = load_script(PATH.with_name("fused_head_split.py"))
     argv = ["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "1", "--objectives", "grpo"]
-    split.main([*argv, "--floors", "floor"])
+    split.main(argv)
     out = capsys.readouterr().out
     assert "floor_autograd" not in out and out.count("goal fused grpo <= 1.05x floor, in one process") == 1
     import fused_head
 
     monkeypatch.setattr(fused_head, "available_gib", lambda device="cpu": 0.0)
-    split.main(argv)
+    split.main([*argv, "--floors", "floor", "floor_autograd"])
     out = capsys.readouterr().out
     assert "floor_autograd left out: needs about 0.0 GiB (2 (N, V) float32 tensors of 0.0 GiB) > 0.0 GiB" in out
     assert "issue's floor" not in out and out.count("goal fused grpo <= 1.05x floor, in one process") == 1
