@@ -405,22 +405,25 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
     return f"{verdict} ({len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
 
 
-def goal_line(subject: str, floor: str, x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
+def goal_line(
+    subject: str, floor: str, x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2, means: dict[str, str] | None = None
+) -> str:
     """One time-goal line: ``subject`` (e.g. ``goal fused grpo``) against the floor named by ``floor`` (a key of
     ``FLOORS``), read off ``rounds``, each round's ratio to that floor (``floor_verdict``). Its figure is the median of
     those ratios, the centre of the interval the verdict reads (the tables' ``x floor``, the ratio of the medians, can
     lie outside it); ``x_floor`` where no round paired. ``where``: how it was timed (the split timing's ", in one
-    process")."""
+    process"); ``means``: a sentence to add by the verdict's first word (``REACH_MEANS``), none for the others."""
     x = statistics.median(rounds) if rounds else x_floor
-    return f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x:.{digits}f}x, {floor_verdict(x, rounds)}"
+    verdict = floor_verdict(x, rounds)
+    line = f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x:.{digits}f}x, {verdict}"
+    said = (means or {}).get(verdict.split()[0])
+    return f"{line}; {said}" if said else line
 
 
 def reach_line(x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
-    """The ``REACH`` row's own time goal (``goal_line``), and what its verdict says of the goal for every path that
-    writes the logits (``REACH_MEANS``), generated from that verdict."""
-    line = goal_line(f"reach {REACH}", "floor", x_floor, rounds, where=where, digits=digits)
-    means = REACH_MEANS.get(line.split("x, ", 1)[1].split()[0])
-    return f"{line}; {means}" if means else line
+    """The ``REACH`` row's own time goal (``goal_line``), with what its verdict says of the goal for every path that
+    writes the logits (``REACH_MEANS``)."""
+    return goal_line(f"reach {REACH}", "floor", x_floor, rounds, where=where, digits=digits, means=REACH_MEANS)
 
 
 def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:

@@ -46,20 +46,13 @@ WHERE = ", in one process"
 """How the goal lines say these steps were timed (benchmarks/fused_head_verdicts.py reads it)."""
 
 
-def goal_line(objective: str, floor: str, step_s: list[float], floor_s: list[float]) -> str:
-    """benchmarks/fused_head.py's time goal for one objective against one floor, read off the paired rounds."""
+def goal_line(subject: str, floor: str, step_s: list[float], floor_s: list[float], means: dict[str, str] | None = None) -> str:
+    """benchmarks/fused_head.py's time goal for ``subject`` (``goal fused grpo``, ``reach floor_softmax``) against one
+    floor, read off the paired rounds; ``means``: ``fused_head.goal_line``'s."""
     import fused_head as bench
 
     x_floor = statistics.median(step_s) / statistics.median(floor_s)
-    return bench.goal_line(f"goal fused {objective}", floor, x_floor, bench.paired_ratios(step_s, floor_s), where=WHERE, digits=3)
-
-
-def reach_line(step_s: list[float], floor_s: list[float]) -> str:
-    """benchmarks/fused_head.py's ``reach_line`` for the ``REACH`` row's rounds against the floor's."""
-    import fused_head as bench
-
-    x_floor = statistics.median(step_s) / statistics.median(floor_s)
-    return bench.reach_line(x_floor, bench.paired_ratios(step_s, floor_s), where=WHERE, digits=3)
+    return bench.goal_line(subject, floor, x_floor, bench.paired_ratios(step_s, floor_s), where=WHERE, digits=3, means=means)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         + f" {'rest':>7s}"
     )
     floor = statistics.median(seconds[("floor", None)])
-    verdicts = [reach_line(seconds[(bench.REACH, None)], seconds[("floor", None)])]
+    verdicts = [goal_line(f"reach {bench.REACH}", "floor", seconds[(bench.REACH, None)], seconds[("floor", None)], bench.REACH_MEANS)]
     for case in cases:
         s = statistics.median(seconds[case])
         med = {k: statistics.median(parts[case][k]) for k in PARTS}
@@ -137,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
             if case[1] in bench.GOAL_OBJECTIVES:
                 for against in floors:
-                    verdicts.append(goal_line(case[1], against[0], seconds[case], seconds[against]))
+                    verdicts.append(goal_line(f"goal fused {case[1]}", against[0], seconds[case], seconds[against]))
         print(f"{case[0]:14s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x {spread:>14s} | {cells}")
     print("\n".join(verdicts))
     return 0

@@ -28,7 +28,7 @@ FLOOR_MODES = {name: mode for mode, name in FLOORS.items()}
 
 HEADER = re.compile(r"^B x T = (\d+) x (\d+), V = (\d+), .*; input set (\d+); CPU s$")
 GOAL = re.compile(
-    rf"^(?:goal fused (\w+)|reach ({REACH})) <= [\d.]+x (.+), {re.escape(WHERE[2:])}: ([\d.]+)x, (met|missed|inconclusive) "
+    rf"^(?:goal fused (\w+)|reach ({REACH})) <= [\d.]+x (.+){re.escape(WHERE)}: ([\d.]+)x, (met|missed|inconclusive) "
     r"\((\d+) rounds?: the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)(?:; .*)?$"
 )
 
