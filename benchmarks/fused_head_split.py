@@ -10,8 +10,10 @@ round's step over the floor's in the same round; below the table, benchmarks/fus
 those rounds (met, missed, or inconclusive where the 95% interval for their median straddles it:
 ``fused_head.median_interval``). ``--seed`` picks the input set (benchmarks/fused_head.py's). The fused step is
 split by timing the functions it calls: ``head_logits`` (the forward matmul), ``_eager_stats_`` (softmax statistics),
-``_eager_grad_`` (d loss / d logits), ``_Inputs.coefficients`` (autograd through ``policy_loss``: the objective's own
-cost); "rest" is the step less those: the two gradient matmuls, gathers and page faults of fresh gradients.
+``_eager_grad_`` (d loss / d logits, written over the block only for an entropy term or a half-precision head: a
+float32 head's c goes on the (n, H) side, in "rest"), ``_Inputs.coefficients`` (autograd through ``policy_loss``: the
+objective's own cost); "rest" is the step less those: the two gradient matmuls, gathers and page faults of fresh
+gradients.
 """
 
 from __future__ import annotations

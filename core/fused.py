@@ -16,6 +16,13 @@ The coefficients c and e come from the loss core: autograd through ``policy_loss
 entropies) of the whole batch, so no objective's formula is written here and every objective of ``OBJECTIVES``
 (and every override) is exact. That (B, T)-sized call runs once per chunk; the V-sized work is the matmuls.
 
+Where nothing reads the entropy (e = 0) and the head is float32 (or float64), dz = c (onehot(y) - p) is never
+written: c goes on the (n, H) side, d h = c (W_y - p W) and d W += -p^T (c h) plus c h added at the target rows, so
+the matmuls read p where the softmax left it and a block's logits see one pass (the softmax) besides the matmuls,
+not three (softmax, scale, scatter). In float32 both orders carry round-off of the order eps c max |W_v|. A
+half-precision head keeps dz: its d h leaves the matmul rounded to 8 bits, and c (W_y - p W) rounded there would lose
+(1 - p_y) W_y to cancellation where p_y is near 1.
+
 Coupling units (``coupling_unit``). The coefficient of a position is known once every log-prob it depends on is:
 - ``token``: its own (GRPO, Dr. GRPO, DAPO, CISPO, SAPO, GPG, DPPO, token-level rollout corrections): chunks of
   ``chunk_size`` positions anywhere in the batch;
@@ -66,8 +73,8 @@ The elementwise work on each (n, V) block runs either as PyTorch's own fused row
 softmax or log-softmax written over the logits, no (n, V) temporary) or as two ``torch.compile``d functions
 (``compile=True``: the statistics in one fused kernel, d loss / d logits in another); both give the same numbers
 to float round-off. ``compile=True`` compiles only where it helps: with entropies, whose eager kernels need a second
-(n, V) block (p beside log p) that the compiled ones do not; without them the eager kernels are already one
-in-place softmax and one in-place scale, as fast as the compiled pair on CPU (16 x 128, V = 32k: 2.45 s either way),
+(n, V) block (p beside log p) that the compiled ones do not; without them the eager kernels are one in-place softmax
+(and, in half precision, one in-place scale), as fast as the compiled pair on CPU (16 x 128, V = 32k: 2.45 s either way),
 and compiling would only add the compiler's resident state (about 25 MiB, and about 190 MiB of torch._inductor loaded
 at the first call), so they run eagerly. If torch.compile fails (no C++ compiler, an unsupported platform) the eager kernels run and a
 warning says so. Half-precision inputs: the LM head's matmul runs in the weight's dtype (the hidden states are cast
@@ -85,8 +92,9 @@ about 360 small kernels and 11 host synchronisations (GRPO, counted with torch.p
 4 ms whatever B x T, more than a block's three matmuls there (8 x 2048, V = 32k, H = 512, bf16, H200: 0.148 s for
 GRPO's 33 calls against 0.028 s for ``token_logprobs`` then ``policy_loss``; docs/throughput.md). On the CPU the
 matmuls dominate and the call is noise. So off the CPU the whole batch runs as one unit in two passes by default: the
-log-probs (and entropies) of every block, one coefficient call, then the fused pass: four matmuls per block and two
-softmax passes, one call, exact for every objective (it is the two-pass path above, for the whole batch);
+log-probs (and entropies) of every block, one coefficient call, then the fused pass: four matmuls per block, an
+in-place log-softmax in the first pass and a softmax in the second (whose log-probs are known, so nothing else runs
+over the block without entropies), one call, exact for every objective (the two-pass path above, for the whole batch);
 ``fused/two_pass`` is then 1. Nor does a block read anything back from the GPU (``_syncs_are_dear``): the finite
 check of a pass is one flag read at its end, the chunks' layout is read once per call, and the target's log-prob
 comes off an in-place log-softmax instead of a search for rows near underflow. A step of GRPO at 8 x 2048 in blocks
@@ -304,7 +312,13 @@ def _syncs_are_dear(device: torch.device) -> bool:
 
 
 def _eager_stats_(
-    z: Tensor, targets: Tensor, spare: Tensor | None, logits_of: Callable[[Tensor], Tensor], *, sync_free: bool = False
+    z: Tensor,
+    targets: Tensor,
+    spare: Tensor | None,
+    logits_of: Callable[[Tensor], Tensor],
+    *,
+    sync_free: bool = False,
+    keep_p: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """logp of the targets (n,) and, when ``spare`` is given, the entropy (n,), from logits ``z`` (n, V).
 
@@ -313,12 +327,14 @@ def _eager_stats_(
     underflow (rare) take z_y - logsumexp from their logits made again by ``logits_of`` (row indices -> (k, V)),
     so no pass over the block keeps the maximum for them. Finding those rows reads a count back from the device;
     ``sync_free`` (off the CPU, ``_syncs_are_dear``) reads log p_y off an in-place log-softmax instead and makes p
-    from it, one more pass over the block and no synchronisation.
+    from it, one more pass over the block and no synchronisation, which a block of statistics alone skips
+    (``keep_p=False``: ``z`` is then left holding log p).
     """
     if spare is None and sync_free:
         torch._log_softmax(z, -1, False, out=z)  # (n, V) log p
         logp = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
-        z.exp_()  # (n, V) p
+        if keep_p:
+            z.exp_()  # (n, V) p
         return logp, None
     if spare is None:
         z_y = z.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
@@ -387,18 +403,34 @@ class _Kernels:
         spare: Callable[[], Tensor | None],
         with_entropy: bool,
         logits_of: Callable[[Tensor], Tensor],
+        keep_p: bool = True,
     ) -> tuple[Tensor, Tensor | None, object]:
         """(logp (n,), entropy (n,) or None, state for ``grad``); ``spare()`` gives the eager entropy kernels' second
         block, asked for only when they run (a compiler failure at the first call included); ``logits_of(rows)``
-        makes some rows' logits (k, V) again (``_eager_stats_``)."""
+        makes some rows' logits (k, V) again; ``keep_p=False``: no gradient follows, so p need not be left in the
+        block (``_eager_stats_``)."""
         if self.compiled:
             try:
                 lse, logp, entropy = self._stats(z, targets, with_entropy)
                 return logp, entropy, lse
             except Exception as err:  # noqa: BLE001 -- any compiler failure: run eagerly instead, said in a warning
                 self._fall_back(err)
-        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None, logits_of, sync_free=_syncs_are_dear(z.device))
+        sync_free = _syncs_are_dear(z.device)
+        logp, entropy = _eager_stats_(z, targets, spare() if with_entropy else None, logits_of, sync_free=sync_free, keep_p=keep_p)
         return logp, entropy, None
+
+    @staticmethod
+    def probs_(z: Tensor) -> Tensor:
+        """p (n, V) written over logits ``z``: one in-place softmax, for a block whose statistics a pass before took."""
+        return torch._softmax(z, -1, False, out=z)
+
+    def probs(self, z: Tensor, spare: Tensor | None, state: object, entropy: Tensor | None, e: Tensor | None) -> Tensor | None:
+        """The block holding p (n, V) after the eager statistics, where d loss / d z = c (onehot - p) has no entropy
+        term (``e`` None); None where it has one or the compiled kernels ran (their z holds the logits). Arguments as
+        ``grad``'s."""
+        if state is not None or e is not None:
+            return None
+        return z if entropy is None else spare
 
     def grad(
         self, z: Tensor, targets: Tensor, spare: Tensor | None, state: object, entropy: Tensor | None, c: Tensor, e: Tensor | None
@@ -562,13 +594,15 @@ class _RowsOf:
         make = torch.empty if full else torch.zeros
         return make((B * T, H), dtype=dtype, device=self.hidden.device)
 
-    def write(self, grad: Tensor, s: int, e: int, dz: Tensor, weight: Tensor) -> None:
-        """grad's rows of positions s:e = dz (n, V) @ weight (V, H)."""
+    def write(self, grad: Tensor, s: int, e: int, dz: Tensor, weight: Tensor, finish: Callable[[Tensor], object] | None = None) -> None:
+        """grad's rows of positions s:e = dz (n, V) @ weight (V, H), then ``finish`` (in place on those (n, H) rows)."""
         a = self._start(s, e)
-        if a is not None and dz.dtype == grad.dtype:
-            torch.mm(dz, weight, out=grad[a : a + e - s])
-        else:
-            grad[self.flat[s:e] if a is None else slice(a, a + e - s)] = (dz @ weight).to(grad.dtype)
+        direct = a is not None and dz.dtype == grad.dtype
+        rows = torch.mm(dz, weight, out=grad[a : a + e - s]) if direct else dz @ weight  # (n, H)
+        if finish is not None:
+            finish(rows)
+        if not direct:
+            grad[self.flat[s:e] if a is None else slice(a, a + e - s)] = rows.to(grad.dtype)
 
     def scale(self, grad: Tensor, s: int, e: int, factor: float) -> None:
         """grad's rows of positions s:e *= factor."""
@@ -603,6 +637,14 @@ class _Sum:
             torch.mm(dz.T, h, out=self.out)
         self.written = True
 
+    def add_onehot_minus(self, p: Tensor, h: Tensor, targets: Tensor, c: Tensor) -> None:
+        """out += (c (onehot(targets) - p))^T h (V, H) for p (n, V) of out's dtype, without that (n, V) product:
+        -p^T (c h), then c h added at the rows ``targets`` (``_onehot_minus_rows_`` is d hidden's side)."""
+        ch = h.to(p.dtype) * -c[:, None]  # (n, H) -c h
+        self.out.addmm_(p.T, ch) if self.written else torch.mm(p.T, ch, out=self.out)
+        self.out.index_add_(0, targets, ch, alpha=-1)
+        self.written = True
+
     def add_scaled(self, other: _Sum, factor: float) -> None:
         """out += factor * other's sum (nothing when other holds none)."""
         if other.written:
@@ -612,6 +654,12 @@ class _Sum:
     def total(self) -> Tensor:
         """The sum (0 when no block was added)."""
         return self.out if self.written else self.out.zero_()
+
+
+def _onehot_minus_rows_(rows: Tensor, weight: Tensor, targets: Tensor, c: Tensor) -> Tensor:
+    """p W (n, H) -> c (W[targets] - p W) = (c (onehot(targets) - p)) W, in place: d hidden's rows from p, never
+    writing d loss / d z = c (onehot - p) over the (n, V) block."""
+    return torch.sub(weight[targets], rows, out=rows).mul_(c[:, None])
 
 
 def _row_factor(c: Tensor, c0: Tensor) -> float | None:
@@ -793,16 +841,20 @@ def fused_head_loss(
             spare_block.append(_kept(1, (longest, V), dtype, hidden.device))
         return spare_block[0][:n]
 
-    def block(s: int, e: int) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor]:
-        """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers."""
+    def block(s: int, e: int, *, known: bool = False, keep_p: bool = True) -> tuple[Tensor, Tensor, Tensor | None, object, Tensor | None]:
+        """Hidden states (n, H) and logits (n, V) of positions s:e and their statistics, written into the (B, T) buffers.
+        ``known``: a pass before took them, so where nothing but p is needed (no entropy) z becomes p alone and the
+        log-probs are None; ``keep_p=False``: no gradient follows (``_Kernels.stats``)."""
         h = rows_of(s, e)  # (n, H): a view, or this chunk's rows gathered once for its three matmuls
         out = buf[: e - s]
         z = head_logits(h, weight, temperature, out=out, casts=casts_of(out))  # (n, V)
+        if known and not keep_entropy:
+            return h, kernels.probs_(z), None, None, None
 
         def logits_of(k: Tensor) -> Tensor:  # (k, V) logits of some of these rows, made again
             return head_logits(h[k], weight, temperature, out=torch.empty((len(k), V), dtype=dtype, device=z.device))
 
-        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy, logits_of)
+        logp, ent, state = kernels.stats(z, flat_y[s:e], lambda: spare(e - s), keep_entropy, logits_of, keep_p)
         logp_buf[rows[s:e], cols[s:e]] = logp
         if ent is not None:
             entropy_buf[rows[s:e], cols[s:e]] = ent
@@ -813,7 +865,15 @@ def fused_head_loss(
         of ``c_buf``: their rows of d hidden written, d W of positions a:b added to each (a, b, sum) of ``into``."""
         c = c_buf[rows[s:e], cols[s:e]] / temperature  # (n,): 1/temperature of d z / d h and d z / d W folded in
         e_ = None if e_buf is None else e_buf[rows[s:e], cols[s:e]] / temperature
-        dz = kernels.grad(z, flat_y[s:e], spare(e - s), state, ent if keep_entropy else None, c, e_)  # (n, V) float32
+        y, kept = flat_y[s:e], ent if keep_entropy else None
+        p = kernels.probs(z, spare(e - s), state, kept, e_) if weight.dtype == dtype else None  # (n, V)
+        if p is not None:  # d z = c (onehot - p): c goes on the (n, H) side, so no pass over the block writes d z
+            if need_h:
+                rows_of.write(grad_h, s, e, p, weight, lambda r: _onehot_minus_rows_(r, weight, y, c))  # (n, H)
+            for a, b, total in into:
+                total.add_onehot_minus(p[a - s : b - s], h[a - s : b - s], y[a - s : b - s], c[a - s : b - s])  # (V, H)
+            return
+        dz = kernels.grad(z, y, spare(e - s), state, kept, c, e_)  # (n, V) float32
         # (n, V) in the weight's dtype for the two matmuls; a half-precision one is cast in place, and ``room`` (n V,)
         # is the half of the float32 block's bytes that the cast leaves free, scratch for the d W product
         casts = casts_of(dz)
@@ -836,7 +896,7 @@ def fused_head_loss(
         read back once at the end (a pass that meets a NaN runs to its end, and no block waits for the device)."""
         finite = torch.ones((), dtype=torch.bool, device=hidden.device)
         for s in range(start, end, step):
-            *_, logp = block(s, min(s + step, end))
+            *_, logp = block(s, min(s + step, end), keep_p=False)
             finite &= torch.isfinite(logp).all()
         return bool(finite)
 
@@ -857,7 +917,7 @@ def fused_head_loss(
         ``checked``: a ``statistics`` pass has just found these log-probs finite, so no block reads them back again."""
         for s in range(start, end, step):
             e = min(s + step, end)
-            h, z, ent, state, logp = block(s, e)
+            h, z, ent, state, logp = block(s, e, known=checked)
             if not checked and not bool(torch.isfinite(logp).all()):
                 return False
             backward_block(s, e, h, z, ent, state, into(s, e))

@@ -252,6 +252,58 @@ def test_the_sync_free_statistics_equal_the_cpus_with_a_target_near_underflow():
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-7)
 
 
+class _BlockPasses(TorchDispatchMode):
+    """The ops, other than matmuls, views and allocations, that return an (n, V) tensor (a logits block, V = 40)."""
+
+    SKIP = ("mm", "addmm", "t", "transpose", "permute", "view", "slice", "alias", "as_strided", "detach", "select", "empty")
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] == V and name.rstrip("_") not in self.SKIP:
+                self.ops.append(name)
+        return out
+
+
+@pytest.mark.parametrize(("choices", "per_block"), [("cpu", ["_softmax"]), ("gpu", ["_log_softmax", "_softmax"])])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
+def test_a_float32_heads_logits_take_one_softmax_and_no_pass_that_writes_their_gradient(monkeypatch, name, choices, per_block):
+    """A float32 head writes d loss / d z = c (onehot - p) nowhere: c goes on the (n, H) side, so a block's logits see one
+    softmax and nothing else (and, solved once, one log-softmax in the statistics pass, with no exp after it)."""
+    if choices == "gpu":
+        monkeypatch.setattr(fused_module, "_syncs_are_dear", lambda device: True)
+    spec = resolve_objective(name)
+    h, w, y, mask, gid, adv, noise = _batch(43)
+    kw = _inputs(spec, naive_token_logprobs(h, w, y)[0], mask, gid, adv, noise)
+    heads = _head_calls(monkeypatch)
+    with _BlockPasses() as mode:
+        fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=6, max_logits_mib=64.0)
+    blocks = len(heads) // len(per_block)  # solved once: each block's head runs in both passes
+    assert blocks >= 2 and sorted(mode.ops) == sorted(per_block * blocks), mode.ops
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "dfpo_min"])
+def test_where_the_targets_are_near_certain_the_gradients_are_as_exact_as_the_references(name):
+    """p_y near 1 (targets the likeliest tokens, logits scaled): c (W_y - p W) cancels most of W_y, and the fused
+    gradients still lie within twice the float32 reference's own error of the float64 truth."""
+    spec = resolve_objective(name)
+    h, w, _, mask, gid, adv, noise = _batch(47)
+    y = (h @ w.T).argmax(-1)  # (B, T) the likeliest token at each position
+    h = h * 30.0
+    lp = naive_token_logprobs(h, w, y)[0]
+    assert float(lp[mask].exp().median()) > 0.99
+    kw = _inputs(spec, lp, mask, gid, adv, noise)
+    truth = _reference(spec, h.double(), w.double(), y, 1.0, _float64(kw))
+    fast = _fused(spec, h, w, y, 1.0, kw, chunk_size=5, max_logits_mib=64.0)
+    _assert_equal(fast, _reference(spec, h, w, y, 1.0, kw), rtol=0.0, atol=0.0, truth=truth)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("layout", list(LAYOUTS))
