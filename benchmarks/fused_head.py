@@ -131,14 +131,18 @@ def _import_libraries() -> None:
         pass
 
 
-def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB, device: str = "cpu", dtype: str = "float32", seed: int = 0):  # fmt: skip
+def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, chunk: int = CHUNK, budget_mib: float = BUDGET_MIB, device: str = "cpu", dtype: str = "float32", seed: int = 0, fused_module=None):  # fmt: skip
     """The inputs and a function running one forward + backward of ``mode`` on them; ``chunk``: the positions per
     logits block of the chunked and fused modes (the floor keeps ``CHUNK``, the fastest on this machine);
     ``budget_mib``: the fused modes' ``max_logits_mib``; ``device`` and ``dtype``: where h and W live and their
-    dtype (the same random numbers on every device, drawn on the CPU); ``seed``: the input set (``--seed``)."""
+    dtype (the same random numbers on every device, drawn on the CPU); ``seed``: the input set (``--seed``);
+    ``fused_module``: the module whose ``fused_policy_loss`` the fused modes time (default ``dfpo.core.fused``;
+    fused_head_split.py ``--before`` passes an earlier revision's)."""
     import torch
 
-    from dfpo.core.fused import fused_policy_loss
+    from dfpo.core import fused
+
+    fused_policy_loss = (fused_module or fused).fused_policy_loss
     from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
     from dfpo.core.loss import policy_loss, resolve_objective
 

@@ -77,9 +77,17 @@ def main(argv: list[str] | None = None) -> int:
         "(N, V) tensors slow the other cases of this process, see docs/throughput.md; fused_head.py runs it in a process of its own)",
     )
     p.add_argument("--chunk", type=int, default=None, help="positions per fused logits block (default: fused_policy_loss's own)")
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help="also time core/fused.py as it was at git revision REV (read with git show from this checkout), objective by "
+        "objective in the same rounds, and read the current step against it",
+    )
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    before = _module_at(args.before) if args.before else None  # a bad revision is refused before any timing
     import torch
 
     from dfpo.core import fused
@@ -94,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     too_big = bench._skip_reason("floor_autograd", B, T, args.vocab, bench.available_gib()) if autograd else None
     floors = [("floor", None)] + ([("floor_autograd", None)] if autograd and too_big is None else [])
     cases = floors + [(bench.REACH, None)] + [("fused", o) for o in args.objectives]
+    cases += [(BEFORE, o) for o in args.objectives] if before else []
     chunk = args.chunk or fused.default_chunk_size(args.hidden)
-    steps = {c: bench._step_fn(*c, B, T, args.hidden, args.vocab, chunk, seed=args.seed) for c in cases}
+    steps = {
+        (mode, o): bench._step_fn("fused" if mode == BEFORE else mode, o, B, T, args.hidden, args.vocab, chunk, seed=args.seed,
+                                  fused_module=before if mode == BEFORE else None)
+        for mode, o in cases
+    }  # fmt: skip
     for step in steps.values():
         step()  # warm-up
     seconds = {c: [] for c in cases}
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: statistics.median(parts[case][k]) for k in PARTS}
         rounds = bench.paired_ratios(seconds[case], seconds[("floor", None)])
         spread = f"{min(rounds):.3f}-{max(rounds):.3f}x"
-        if case[1] is None:  # a floor, or the floor with a softmax: no parts of the fused step
+        if case[1] is None or case[0] == BEFORE:  # a floor, the floor with a softmax, or code not split: no parts
             cells = " ".join(f"{'-':>12s}" for _ in PARTS) + f" {'-':>7s}"
         else:
             cells = " ".join(f"{med[k]:12.4f}" for k in PARTS) + f" {s - sum(med.values()):7.3f}"
@@ -135,7 +148,56 @@ def main(argv: list[str] | None = None) -> int:
                     verdicts.append(goal_line(f"goal fused {case[1]}", against[0], seconds[case], seconds[against]))
         print(f"{case[0]:14s} {case[1] or '-':9s} | {s:7.3f} {s / floor:6.3f}x {spread:>14s} | {cells}")
     print("\n".join(verdicts))
+    for objective in args.objectives if before else []:
+        now, then = seconds[("fused", objective)], seconds[(BEFORE, objective)]
+        print(before_line(objective, args.before, bench.paired_ratios(now, then)))
     return 0
+
+
+BEFORE = "fused_before"
+"""The mode of ``--before``'s cases: ``fused_policy_loss`` as it was at an earlier revision."""
+
+
+def _module_at(rev: str):
+    """core/fused.py as it was at git revision ``rev`` of this checkout, imported as ``dfpo.core._fused_before`` (its
+    relative imports reach today's package: a revision whose fused.py needs helpers since changed fails at import);
+    SystemExit with one sentence where git cannot show it."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    shown = subprocess.run(["git", "show", f"{rev}:core/fused.py"], cwd=root, capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise SystemExit(
+            f"--before {rev!r}: git cannot show core/fused.py at that revision ({shown.stderr.strip()}); name a commit of this checkout"
+        )
+    import dfpo.core
+
+    name = "dfpo.core._fused_before"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fused.py"
+        path.write_text(shown.stdout)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        module.__package__ = dfpo.core.__name__
+        sys.modules[name] = module  # dataclasses look their module up while it loads
+        spec.loader.exec_module(module)
+    return module
+
+
+def before_line(objective: str, rev: str, rounds: list[float]) -> str:
+    """The current fused step of ``objective`` against its code at ``rev``, read off the paired rounds like a goal:
+    faster or slower where the median's interval lies wholly on one side of 1, else not shown either way."""
+    import fused_head as bench
+
+    x = statistics.median(rounds)
+    low, high, coverage = bench.median_interval(rounds)
+    said = "faster" if high < 1.0 else "slower" if low > 1.0 else "not shown either way"
+    return (
+        f"now against before fused {objective} (core/fused.py at {rev}), in one process: {x:.3f}x, {said} "
+        f"({len(rounds)} rounds: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
+    )
 
 
 if __name__ == "__main__":

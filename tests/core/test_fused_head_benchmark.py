@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pathlib
 import statistics
+import sys
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from script_modules import load_script
+
+import dfpo.core.fused
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "fused_head.py"
 
@@ -255,6 +258,30 @@ def test_the_split_timing_reads_the_issues_floor_only_where_asked_and_where_its_
     out = capsys.readouterr().out
     assert "floor_autograd left out: needs about 0.0 GiB (2 (N, V) float32 tensors of 0.0 GiB) > 0.0 GiB" in out
     assert "issue's floor" not in out and out.count("goal fused grpo <= 1.05x floor, in one process") == 1
+
+
+def test_the_split_timing_reads_the_current_step_against_an_earlier_revision_in_the_same_rounds(capsys):
+    """--before REV times core/fused.py as git shows it at REV beside today's, objective by objective, and reads today's
+    against it off the paired rounds; a revision git cannot show is refused in one sentence before any timing."""
+    split = load_script(PATH.with_name("fused_head_split.py"))
+    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "2", "--objectives", "grpo", "--before", "HEAD"])
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("fused_before"))
+    assert row.split()[1] == "grpo" and row.split()[-5:] == ["-"] * 5
+    assert lines[-1].startswith("now against before fused grpo (core/fused.py at HEAD), in one process: ")
+    assert sys.modules["dfpo.core._fused_before"].fused_policy_loss is not dfpo.core.fused.fused_policy_loss
+    with pytest.raises(SystemExit, match="--before 'no-such-rev': git cannot show core/fused.py at that revision .*name a commit"):
+        split.main(["--before", "no-such-rev"])
+
+
+@pytest.mark.parametrize(
+    ("rounds", "said"),
+    [([0.97, 0.98, 0.99] * 3, "faster"), ([1.01, 1.02, 1.03] * 3, "slower"), ([0.98, 1.0, 1.02] * 3, "not shown either way")],
+)
+def test_the_step_against_its_earlier_code_is_decided_only_where_the_medians_interval_is_on_one_side_of_one(rounds, said):
+    split = load_script(PATH.with_name("fused_head_split.py"))
+    line = split.before_line("grpo", "abc123", rounds)
+    assert f", {said} (9 rounds: the median's" in line and "core/fused.py at abc123" in line
 
 
 def test_the_fused_budget_is_fused_policy_loss_default_and_max_logits_mib_reaches_the_fused_rows(bench, capsys):
