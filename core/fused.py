@@ -20,8 +20,8 @@ Where nothing reads the entropy (e = 0) and the head is float32 (or float64), dz
 written: c goes on the (n, H) side, d h = c (W_y - p W) and d W += -p^T (c h) plus c h added at the target rows, so
 the matmuls read p where the softmax left it and a block's logits see one pass (the softmax) besides the matmuls,
 not three (softmax, scale, scatter). In float32 both orders carry round-off of the order eps c max |W_v|. A
-half-precision head keeps dz: its d h leaves the matmul rounded to 8 bits, and c (W_y - p W) rounded there would lose
-(1 - p_y) W_y to cancellation where p_y is near 1.
+half-precision head keeps dz: its d h leaves the matmul rounded to half precision, and c (W_y - p W) rounded there
+would lose (1 - p_y) W_y to cancellation where p_y is near 1.
 
 Coupling units (``coupling_unit``). The coefficient of a position is known once every log-prob it depends on is:
 - ``token``: its own (GRPO, Dr. GRPO, DAPO, CISPO, SAPO, GPG, DPPO, token-level rollout corrections): chunks of
