@@ -1,6 +1,7 @@
 """Where the fused LM head's time goes, per objective, in one process on one thread: the floor beside it.
 
     python benchmarks/fused_head_split.py                         # B x T = 16 x 128, V = 32k, H = 512, 5 rounds
+    python benchmarks/fused_head_split.py --before c3d175c        # and today's fused step against its code at c3d175c
 
 Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``), the floor with a
 softmax over each block (``floor_softmax``, whose "reach" line says whether the goal is within reach of a path that
