@@ -141,10 +141,10 @@ def _step_fn(mode: str, objective: str | None, B: int, T: int, H: int, V: int, c
     import torch
 
     from dfpo.core import fused
-
-    fused_policy_loss = (fused_module or fused).fused_policy_loss
     from dfpo.core.logprobs import naive_token_logprobs, token_logprobs
     from dfpo.core.loss import policy_loss, resolve_objective
+
+    fused_policy_loss = (fused_module or fused).fused_policy_loss
 
     g, on, real = torch.Generator().manual_seed(seed), torch.device(device), getattr(torch, dtype)
     h = (torch.randn(B, T, H, generator=g) / H**0.5).to(on, real).requires_grad_()  # (B, T, H)
@@ -404,9 +404,15 @@ def floor_verdict(x_floor: float, rounds: list[float]) -> str:
     noise a result). With no paired round (a failed floor), ``x_floor`` decides, as with one round."""
     if not rounds:
         return "met" if x_floor <= FLOOR_GOAL else "missed"
-    low, high, coverage = median_interval(rounds)
+    low, high, _ = median_interval(rounds)
     verdict = "met" if high <= FLOOR_GOAL else "missed" if low > FLOOR_GOAL else "inconclusive"
-    return f"{verdict} ({len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
+    return f"{verdict} ({interval_note(rounds)})"
+
+
+def interval_note(rounds: Sequence[float]) -> str:
+    """How many ``rounds`` a verdict read and the interval it read (``median_interval``), as the goal lines say it."""
+    low, high, coverage = median_interval(rounds)
+    return f"{len(rounds)} round{'s' * (len(rounds) > 1)}: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x"
 
 
 def goal_line(

@@ -192,12 +192,11 @@ def before_line(objective: str, rev: str, rounds: list[float]) -> str:
     faster or slower where the median's interval lies wholly on one side of 1, else not shown either way."""
     import fused_head as bench
 
-    x = statistics.median(rounds)
-    low, high, coverage = bench.median_interval(rounds)
+    low, high, _ = bench.median_interval(rounds)
     said = "faster" if high < 1.0 else "slower" if low > 1.0 else "not shown either way"
+    x = statistics.median(rounds)
     return (
-        f"now against before fused {objective} (core/fused.py at {rev}), in one process: {x:.3f}x, {said} "
-        f"({len(rounds)} rounds: the median's {coverage:.0%} interval {low:.3f}x to {high:.3f}x)"
+        f"now against before fused {objective} (core/fused.py at {rev}), in one process: {x:.3f}x, {said} ({bench.interval_note(rounds)})"
     )
 
 
