@@ -3,11 +3,12 @@ per input set, and what the input sets say together.
 
     python benchmarks/fused_head_verdicts.py split.log [more.log ...]
 
-Reads the lines fused_head_split.py prints (its header with the size and ``input set``, its ``goal`` lines and its
-``reach`` line, listed under the objective ``floor_softmax``); a
-size, input set, objective and floor run more than once keeps its last reading, in the order the logs are given.
-Together: ``met`` or ``missed`` where every input set's reading says so, ``one input set`` where only one ran (a
-hypothesis until a second, disjoint set agrees), ``not shown either way`` otherwise.
+Reads the lines fused_head_split.py prints (its header with the size and ``input set``, its ``goal`` lines, its
+``reach`` line, listed under the objective ``floor_softmax``, and its ``--before REV`` lines, listed against
+``before REV``); a size, input set, objective and floor run more than once keeps its last reading, in the order the
+logs are given. Together: a decided verdict (``met``, ``missed``, ``faster``, ``slower``) where every input set's
+reading says so, ``one input set`` where only one ran (a hypothesis until a second, disjoint set agrees), ``not shown
+either way`` otherwise.
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ FLOOR_MODES = {name: mode for mode, name in FLOORS.items()}
 """A goal line's name of a floor -> its mode in benchmarks/fused_head.py."""
 
 HEADER = re.compile(r"^B x T = (\d+) x (\d+), V = (\d+), .*; input set (\d+); CPU s$")
+INTERVAL = r"\((\d+) rounds?: the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)"
+"""``fused_head.interval_note`` in its parentheses: rounds, coverage, low, high."""
 GOAL = re.compile(
     rf"^(?:goal fused (\w+)|reach ({REACH})) <= [\d.]+x (.+){re.escape(WHERE)}: ([\d.]+)x, (met|missed|inconclusive) "
-    r"\((\d+) rounds?: the median's (\d+)% interval ([\d.]+)x to ([\d.]+)x\)(?:; .*)?$"
+    rf"{INTERVAL}(?:; .*)?$"
 )
+BEFORE = re.compile(
+    rf"^now against before fused (\w+) \(core/fused\.py at (\S+)\){re.escape(WHERE)}: ([\d.]+)x, "
+    rf"(faster|slower|not shown either way) {INTERVAL}$"
+)
+DECIDED = ("met", "missed", "faster", "slower")
+"""The verdicts that say something; the input sets say one together only where all of them say it."""
 
 
 class Reading(NamedTuple):
@@ -49,7 +58,7 @@ class Reading(NamedTuple):
 def readings(lines: list[str]) -> dict[tuple, dict[int, Reading]]:
     """{(size, V, objective, floor mode): {input set: Reading}}, the last reading of each; the floor by its mode's
     name in benchmarks/fused_head.py (``floor``, ``floor_autograd``); the ``REACH`` row's line under the objective
-    ``REACH`` (``floor_softmax``)."""
+    ``REACH`` (``floor_softmax``); a ``--before REV`` line against ``before REV``."""
     out: dict[tuple, dict[int, Reading]] = {}
     where = None
     for line in lines:
@@ -60,6 +69,10 @@ def readings(lines: list[str]) -> dict[tuple, dict[int, Reading]]:
             objective, reach, floor, x, verdict, n, _, low, high = m.groups()
             (size, seed) = where
             out.setdefault((*size, objective or reach, FLOOR_MODES.get(floor, floor)), {})[seed] = Reading(x, verdict, low, high, n)
+        elif (m := BEFORE.match(line)) and where is not None:
+            objective, rev, x, verdict, n, _, low, high = m.groups()
+            (size, seed) = where
+            out.setdefault((*size, objective, f"before {rev}"), {})[seed] = Reading(x, verdict, low, high, n)
     return out
 
 
@@ -68,7 +81,7 @@ def together(cells: dict[int, Reading]) -> str:
     verdicts = {cell.verdict for cell in cells.values()}
     if len(cells) == 1:
         return f"one input set: {verdicts.pop()}"
-    if verdicts == {"met"} or verdicts == {"missed"}:
+    if len(verdicts) == 1 and verdicts <= set(DECIDED):
         return verdicts.pop()
     return "not shown either way"
 

@@ -343,6 +343,20 @@ def test_the_verdicts_of_two_input_sets_agree_or_show_nothing_either_way_and_one
     assert rows[-1] == "| 2 x 8 | 64 | grpo | floor_autograd | 1.030x missed [1.060, 1.070], 9 rounds | not run | one input set: missed |"
 
 
+def test_the_verdicts_read_the_before_lines_and_call_them_faster_or_slower_only_where_every_input_set_agrees():
+    """The split's --before lines, as it prints them, are rows against ``before REV``: faster (or slower) together only
+    where every input set says so, a slower reading beside one not shown is not shown either way."""
+    verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
+    split = load_script(PATH.with_name("fused_head_split.py"))
+    faster, slower, unclear = [0.97, 0.98, 0.99] * 3, [1.01, 1.02, 1.03] * 3, [0.98, 1.0, 1.02] * 3
+    lines = _split_log(0, [split.before_line("grpo", "abc123", faster), split.before_line("gspo", "abc123", slower)])
+    lines += _split_log(1, [split.before_line("grpo", "abc123", faster), split.before_line("gspo", "abc123", unclear)])
+    found = verdicts.readings(lines)
+    assert list(found) == [("2 x 8", 64, "grpo", "before abc123"), ("2 x 8", 64, "gspo", "before abc123")]
+    assert found[("2 x 8", 64, "gspo", "before abc123")][0].cell() == "1.020x slower [1.010, 1.030], 9 rounds"
+    assert [verdicts.together(cells) for cells in found.values()] == ["faster", "not shown either way"]
+
+
 def test_the_verdicts_refuse_a_missing_log_and_a_log_without_goal_lines_in_one_sentence(tmp_path, capsys):
     verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
     with pytest.raises(SystemExit):
