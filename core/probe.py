@@ -9,14 +9,22 @@ parameters are shared between tokens and contexts. For an event e (a log-prob or
 
 with P the optimiser's diagonal preconditioner for this step's gradient, s the gradient-clipping factor and r
 what the step does besides this step's gradient (earlier momentum, weight decay). ``probe_step`` splits the
-first-order change (``predicted`` = <g_e, Delta theta>, Delta theta the parameters' real change) into
+first-order change (``predicted`` = <g_e, Delta theta>, Delta theta the parameters' real change) into four parts
+that add up to it exactly (to float error):
 
 - **direct**: the part the event's own coefficients put there through its own gradient,
   shared event (h*, v) of a group:  direct = -s (sum_i c_i,t*) <g_e, P g_e>  (the eq 2 coefficient sum, C_e),
   equivalent pair (y_a, y_b):       direct = -s (<g_a, P u_a> - <g_b, P u_b>),  u_a = sum_t c_a,t grad log pi_a,t,
   the log-odds log pi(y_a) - log pi(y_b) of eq 5 (Cor. 3.2; eq 5's eta c(x) (kappa_a - kappa_b));
-- **cross**: everything else, cross = predicted - direct: the other tokens' gradients overlapping with g_e
-  (and, for a pair, a's own update seen by b), momentum and weight decay;
+- **cross**: the rest of THIS batch's gradient overlapping with g_e, cross = <g_e, -P s grad L> - direct: the
+  other tokens' gradients through shared parameters (and, for a pair, a's own update seen by b);
+- **decay**: weight decay's part: AdamW's decoupled decay <g_e, -lr wd theta_0>; Adam's and SGD's coupled
+  ``weight_decay`` adds wd theta_0 to the gradient inside the optimiser (after clipping, so unclipped) and goes
+  through P: <g_e, -P wd theta_0>;
+- **momentum**: the optimiser's state from earlier steps (SGD's momentum buffer, Adam's first moment before this
+  step's gradient entered it): what is left, momentum = predicted - direct - cross - decay. It is 0 (to the
+  float rounding of the real update) on a first Adam step and on plain SGD, and carries the earlier steps'
+  direction after ``--move-steps``;
 
 and re-forwards the event after the step for the **measured** change, so predicted - measured is the
 second-order remainder (O(eta^2): a test halves eta and sees it fall fourfold).
@@ -24,9 +32,10 @@ second-order remainder (O(eta^2): a test halves eta and sees it fall fourfold).
 P, exactly (``preconditioner``): SGD, lr (times 1 - dampening once a momentum buffer exists); Adam and AdamW,
 lr (1 - beta1) / (1 - beta1^t) / (sqrt(v_t / (1 - beta2^t)) + eps) per coordinate, with v_t the second moment
 after the step (which has seen this step's gradient): the factor that multiplies this step's gradient in the
-update torch takes. So for AdamW "direct" is the event's own coefficients through the same per-coordinate
-scale the whole update went through, and the first Adam steps (where v_t ~ g^2, an update ~ lr sign(g)) put
-the non-linearity of that scale in "cross" too: predicted is the real update's projection, whatever it was.
+update torch takes; 0 for a parameter without a gradient this step (torch's optimisers skip it: no update, no
+decay, whatever state it holds). So for AdamW "direct" is the event's own coefficients through the same
+per-coordinate scale the whole update went through, and the first Adam steps (where v_t ~ g^2, an update ~ lr
+sign(g)) put the non-linearity of that scale in "cross" too.
 
 Where this departs from the paper: the paper's Delta theta is eta g_t* for one event alone (Prop. 3.1) or a sum
 of per-output updates eta kappa(y) g(y) (Cor. 3.2), whose overlap eq 5 leaves out (its c(x) assumes the outputs'
@@ -38,7 +47,8 @@ unequal coefficients shows up as a cross term of the opposite sign.
 Cost: one backward pass for the step, one per shared event and two per row of an equivalent pair (its g and
 its u), on a forward of the event rows only, and one forward of the event rows after the step; at most
 ``max_events`` shared events and ``max_events`` pairs. The optimiser's state and the parameters are restored
-afterwards unless ``keep_step`` (three copies of the trainable parameters and one of the optimiser state).
+afterwards unless ``keep_step`` (six copies of the trainable parameters: theta_0, theta_1, Delta theta, the
+clipped gradient, P and the batch's and decay's update, and one of the optimiser state).
 
 Pure torch: the model comes in as a scoring callable, the batch as tensors, the objective as the loss core's
 spec; ``dfpo.core.loss.policy_loss`` is the loss (no formula is written here). No I/O.
@@ -63,6 +73,13 @@ shape) or None), with the graph to the parameters unless called under ``torch.no
 
 MAX_EVENTS = 16
 """Default bound on the shared events (and, separately, on the equivalent pairs) one step probes."""
+FIRST_ORDER_ERROR_LIMIT = 0.5
+"""``summary``'s error_ratio (mean |measured - predicted| / mean |measured|) above which the first-order split is
+flagged: past 0.5 the prediction misses the measured change by more than half its size on average, so the four
+parts are shares of a prediction that is not the change the step made (a step too long for first order), and
+``dfpo probe`` says so next to its table."""
+PARTS = ("direct", "cross", "momentum", "decay")
+"""The four parts of the first-order prediction, in table order (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -99,16 +116,29 @@ class EventDrift:
     mean c over a's real tokens minus b's (eq 5's kappa gap, c = d L / d log pi: an increase of log pi lowers L
     where c < 0)."""
     direct: Tensor
+    """The event's own coefficients through its own gradient (module docstring)."""
     cross: Tensor
+    """The rest of this batch's (clipped) gradient overlapping the event: <g_e, -P s grad L> - direct."""
     measured: Tensor
     """log pi(e) after the step minus before, both by a forward pass."""
     value: Tensor
     """log pi(e) before the step (a pair: its log-odds log pi(y_a) - log pi(y_b))."""
+    momentum: Tensor | None = None
+    """The optimiser's state from earlier steps (momentum buffer, Adam's earlier first moment): predicted - direct -
+    cross - decay. None given: zeros (an update with no earlier state, e.g. the toy's plain SGD)."""
+    decay: Tensor | None = None
+    """Weight decay's part: <g_e, -lr wd theta_0> (AdamW), <g_e, -P wd theta_0> (Adam's, SGD's coupled decay). None
+    given: zeros."""
+
+    def __post_init__(self) -> None:
+        for name in ("momentum", "decay"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, torch.zeros_like(self.direct))
 
     @property
     def predicted(self) -> Tensor:
-        """<g_e, Delta theta> = direct + cross (n,)."""
-        return self.direct + self.cross
+        """<g_e, Delta theta> = direct + cross + momentum + decay (n,)."""
+        return self.direct + self.cross + self.momentum + self.decay
 
     def __len__(self) -> int:
         return int(self.where.shape[0])
@@ -176,36 +206,78 @@ def _first_rows(group_ids: Tensor) -> tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------- the optimiser's update
 
 
-def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], *, had_momentum: Sequence[bool]) -> list[Tensor]:
+def preconditioner(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[Tensor],
+    *,
+    had_momentum: Sequence[bool],
+    stepped: Sequence[bool] | None = None,
+) -> list[Tensor]:
     """The diagonal P (one tensor per parameter) that multiplies this step's gradient in the update the optimiser
     just took (read after ``optimizer.step()``; the module docstring states it per optimiser). ``had_momentum``:
     per parameter, whether an SGD momentum buffer existed before the step (the first one is the gradient itself).
-    ValueError naming the optimiser for one whose update is not SGD's or Adam's."""
+    ``stepped``: per parameter, whether it had a gradient this step (torch's optimisers skip one without: its P is
+    0, whatever state earlier steps left); None: every parameter with optimiser state. ValueError naming the
+    optimiser for one whose update is not SGD's or Adam's, or naming the parameter for state the probe cannot read."""
     out = []
-    for p, had in zip(params, had_momentum):
-        group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+    for k, (p, had) in enumerate(zip(params, had_momentum)):
+        group = _group_of(optimizer, p)
         lr = float(group["lr"])
         if group.get("maximize", False):
             raise ValueError(f"the drift probe needs a minimising optimiser, got {type(optimizer).__name__} with maximize=True")
         if isinstance(optimizer, torch.optim.SGD):
             if group["momentum"] and group["nesterov"]:
                 raise ValueError("the drift probe knows SGD's plain and heavy-ball momentum, not nesterov=True")
-            scale = lr * ((1 - group["dampening"]) if (group["momentum"] and had) else 1.0)
-            out.append(torch.full_like(p, scale))
         elif isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             if group.get("amsgrad", False):
                 raise ValueError("the drift probe knows Adam's and AdamW's update, not amsgrad=True")
-            state = optimizer.state[p]
-            t = float(state["step"])
-            beta1, beta2 = group["betas"]
-            denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt() + group["eps"]
-            out.append(lr * (1 - beta1) / (1 - beta1**t) / denom)
         else:
             raise ValueError(
                 f"the drift probe knows the update of SGD, Adam and AdamW, got optimizer {type(optimizer).__name__}; "
                 "probe with one of those"
             )
+        state = optimizer.state.get(p, {})
+        if not (bool(state) if stepped is None else stepped[k]):
+            out.append(torch.zeros_like(p))  # no gradient this step: torch's optimisers leave the parameter alone
+        elif isinstance(optimizer, torch.optim.SGD):
+            scale = lr * ((1 - group["dampening"]) if (group["momentum"] and had) else 1.0)
+            out.append(torch.full_like(p, scale))
+        else:
+            if "step" not in state or "exp_avg_sq" not in state:
+                raise ValueError(
+                    f"the drift probe cannot read {type(optimizer).__name__}'s state of parameter {k} (shape {tuple(p.shape)}): "
+                    f"it holds {sorted(state)}, not 'step' and 'exp_avg_sq'; probe with torch's own Adam or AdamW"
+                )
+            t = float(state["step"])
+            beta1, beta2 = group["betas"]
+            denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt() + group["eps"]
+            out.append(lr * (1 - beta1) / (1 - beta1**t) / denom)
     return out
+
+
+def decay_update(
+    optimizer: torch.optim.Optimizer, params: Sequence[Tensor], theta0: Sequence[Tensor], precond: Sequence[Tensor], stepped: Sequence[bool]
+) -> list[Tensor]:
+    """Weight decay's part of the update, one tensor per parameter: -lr wd theta_0 for AdamW's decoupled decay (and
+    Adam's ``decoupled_weight_decay``), -P wd theta_0 for Adam's and SGD's coupled ``weight_decay`` (wd theta_0 joins
+    the gradient inside the optimiser, after clipping, and goes through P); 0 for a parameter not ``stepped`` (no
+    gradient this step: torch skips it, decay included)."""
+    out = []
+    for p, t0, pc, moved in zip(params, theta0, precond, stepped):
+        group = _group_of(optimizer, p)
+        wd = float(group.get("weight_decay", 0.0) or 0.0)
+        decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay", False))
+        if wd == 0 or not moved:
+            out.append(torch.zeros_like(t0))
+        elif decoupled:
+            out.append(-float(group["lr"]) * wd * t0)
+        else:
+            out.append(-pc * wd * t0)
+    return out
+
+
+def _group_of(optimizer: torch.optim.Optimizer, p: Tensor) -> dict:
+    return next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
 
 
 def _momentum_flags(optimizer: torch.optim.Optimizer, params: Sequence[Tensor]) -> list[bool]:
@@ -254,7 +326,11 @@ def _grads(value: Tensor, params: Sequence[Tensor]) -> tuple[Tensor | None, ...]
 
 def _empty() -> EventDrift:
     z = torch.zeros(0, dtype=torch.float64)
-    return EventDrift(torch.zeros(0, 2, dtype=torch.long), z, z, z, z, z)
+    return EventDrift(torch.zeros(0, 2, dtype=torch.long), z, z, z, z, z, z, z)
+
+
+_FIELDS = ("coef", "direct", "cross", "measured", "value", "momentum", "decay")
+"""``EventDrift``'s float fields in constructor order."""
 
 
 def probe_step(
@@ -268,7 +344,7 @@ def probe_step(
     keep_step: bool = False,
 ) -> DriftReport:
     """Take one real optimiser step on ``batch`` with ``objective`` and split each probed event's change of log pi
-    into direct + cross (first order) beside the measured change (module docstring).
+    into direct + cross + momentum + decay (first order) beside the measured change (module docstring).
 
     ``score(rows)`` scores rows of the batch with the model whose trainable parameters ``optimizer`` holds;
     ``max_grad_norm`` clips the gradient's global norm as the trainer does; ``keep_step`` keeps the step (else the
@@ -302,10 +378,15 @@ def probe_step(
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if math.isfinite(max_grad_norm) else None
     grad_scale = 1.0 if norm is None or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)  # torch's clip_coef
     had = _momentum_flags(optimizer, params)
+    stepped = [p.grad is not None for p in params]  # torch's optimisers skip a parameter without a gradient
+    grad = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]  # s grad L, as the optimiser sees it
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     delta = [p.detach() - t0 for p, t0 in zip(params, theta0)]  # Delta theta, the real update
-    precond = preconditioner(optimizer, params, had_momentum=had)
+    precond = preconditioner(optimizer, params, had_momentum=had, stepped=stepped)
+    own = [-pc * g for pc, g in zip(precond, grad)]  # -P s grad L: this batch's part of the update
+    del grad
+    decay = decay_update(optimizer, params, theta0, precond, stepped)  # weight decay's part
     theta1 = [p.detach().clone() for p in params]
 
     # 2. the event rows after the step, then back to theta_0 and their graph there
@@ -322,44 +403,50 @@ def probe_step(
         if shared.shape[0] == 0:
             return _empty()
         _, members_of = torch.unique(groups_cpu, return_inverse=True)  # (B,)
-        out = {"coef": [], "direct": [], "cross": [], "measured": [], "value": []}
+        out = {key: [] for key in _FIELDS}
         for row, t in shared.tolist():
             k = local[row]
             c_sum = coef_cpu[members_of == members_of[row], t].sum()  # eq 2's sum_i c_i,t*
             g = _grads(before[k, t], params)
-            predicted = _dot(g, delta)
+            predicted, batch_part, decay_part = _dot(g, delta), _dot(g, own), _dot(g, decay)
             direct = -grad_scale * c_sum * _weighted_dot(g, precond, g)
-            out["coef"].append(c_sum)
-            out["direct"].append(direct)
-            out["cross"].append(predicted - direct)
             value = before[k, t].detach().double().cpu()
-            out["measured"].append(after[k, t] - value)
-            out["value"].append(value)
-        return EventDrift(shared, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured", "value")))
+            parts = dict(coef=c_sum, direct=direct, cross=batch_part - direct, measured=after[k, t] - value, value=value)
+            parts.update(momentum=predicted - batch_part - decay_part, decay=decay_part)
+            for key in _FIELDS:
+                out[key].append(parts[key])
+        return EventDrift(shared, *(torch.stack(out[key]) for key in _FIELDS))
 
-    def row_terms(row: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(<g_row, Delta theta>, <g_row, P u_row>, log pi(y_row) before, after) of one completion."""
+    def row_terms(row: int) -> dict[str, Tensor]:
+        """<g_row, .> of Delta theta, of the batch's and decay's update and of P u_row; log pi(y_row) before and after."""
         k, m = local[row], mask_cpu[row].to(before.device)
         seq = torch.where(m, before[k], 0.0).sum()
-        own = torch.where(m, before[k] * coef[row].to(before.device), 0.0).sum()  # sum_t c_t log pi_t, c detached
-        g, u = _grads(seq, params), _grads(own, params)
-        return _dot(g, delta), _weighted_dot(g, precond, u), seq.detach().double().cpu(), torch.where(mask_cpu[row], after[k], 0.0).sum()
+        own_c = torch.where(m, before[k] * coef[row].to(before.device), 0.0).sum()  # sum_t c_t log pi_t, c detached
+        g, u = _grads(seq, params), _grads(own_c, params)
+        return {
+            "delta": _dot(g, delta),
+            "batch": _dot(g, own),
+            "decay": _dot(g, decay),
+            "self": _weighted_dot(g, precond, u),
+            "before": seq.detach().double().cpu(),
+            "after": torch.where(mask_cpu[row], after[k], 0.0).sum(),
+        }
 
     def pair_drift() -> EventDrift:
         if pairs.shape[0] == 0:
             return _empty()
         terms = {r: row_terms(r) for r in torch.unique(pairs.flatten()).tolist()}
-        out = {"coef": [], "direct": [], "cross": [], "measured": [], "value": []}
+        out = {key: [] for key in _FIELDS}
         for a, b in pairs.tolist():
-            (pa, da, sa0, sa1), (pb, db, sb0, sb1) = terms[a], terms[b]
+            ta, tb = terms[a], terms[b]
+            gap = {key: ta[key] - tb[key] for key in ta}  # the log-odds' <g_a - g_b, .>
             mean_c = lambda r: coef_cpu[r][mask_cpu[r]].mean() if bool(mask_cpu[r].any()) else coef_cpu.new_zeros(())  # noqa: E731
-            direct = -grad_scale * (da - db)
-            out["coef"].append(mean_c(a) - mean_c(b))
-            out["direct"].append(direct)
-            out["cross"].append(pa - pb - direct)
-            out["measured"].append((sa1 - sb1) - (sa0 - sb0))
-            out["value"].append(sa0 - sb0)
-        return EventDrift(pairs, *(torch.stack(out[key]) for key in ("coef", "direct", "cross", "measured", "value")))
+            direct = -grad_scale * gap["self"]
+            parts = dict(coef=mean_c(a) - mean_c(b), direct=direct, cross=gap["batch"] - direct, measured=gap["after"] - gap["before"])
+            parts.update(value=gap["before"], momentum=gap["delta"] - gap["batch"] - gap["decay"], decay=gap["decay"])
+            for key in _FIELDS:
+                out[key].append(parts[key])
+        return EventDrift(pairs, *(torch.stack(out[key]) for key in _FIELDS))
 
     try:
         report = DriftReport(shared_drift(), pair_drift(), {k: v.detach() for k, v in metrics.items()}, float(grad_scale))
@@ -377,21 +464,28 @@ def probe_step(
 
 
 def summary(events: EventDrift) -> dict[str, float]:
-    """Mean absolute direct, cross, predicted and measured change over the events, the first-order error
-    mean |measured - predicted|, and the cross share sum |cross| / (sum |direct| + sum |cross|); {} for no events."""
+    """Over the events: the mean absolute coef, each part of the first-order prediction (``PARTS``), predicted and
+    measured change, and the first-order error mean |measured - predicted|; each part's share OF THE FIRST-ORDER
+    PREDICTION, ``<part>_share`` = sum |part| / (sum over the four parts of sum |part|) (absent when that is 0);
+    ``batch_cross_share`` = sum |cross| / (sum |direct| + sum |cross|), the cross term's share of this batch's own
+    gradient's part (the update without the optimiser's state and weight decay); ``error_ratio`` = error / mean
+    |measured| (absent when nothing moved), flagged above ``FIRST_ORDER_ERROR_LIMIT``. {} for no events."""
     if len(events) == 0:
         return {}
-    direct, cross = events.direct.abs(), events.cross.abs()
-    total = float(direct.sum() + cross.sum())
-    out = {
-        "events": float(len(events)),
-        "coef": float(events.coef.abs().mean()),
-        "direct": float(direct.mean()),
-        "cross": float(cross.mean()),
-        "predicted": float(events.predicted.abs().mean()),
-        "measured": float(events.measured.abs().mean()),
-        "error": float((events.measured - events.predicted).abs().mean()),
-    }
+    size = {part: getattr(events, part).abs() for part in PARTS}  # (n,) each
+    total = sum(float(x.sum()) for x in size.values())
+    out = {"events": float(len(events)), "coef": float(events.coef.abs().mean())}
+    out.update({part: float(x.mean()) for part, x in size.items()})
+    out.update(
+        predicted=float(events.predicted.abs().mean()),
+        measured=float(events.measured.abs().mean()),
+        error=float((events.measured - events.predicted).abs().mean()),
+    )
     if total > 0:
-        out["cross_share"] = float(cross.sum()) / total
+        out.update({f"{part}_share": float(x.sum()) / total for part, x in size.items()})
+    own = float(size["direct"].sum() + size["cross"].sum())
+    if own > 0:
+        out["batch_cross_share"] = float(size["cross"].sum()) / own
+    if out["measured"] > 0:
+        out["error_ratio"] = out["error"] / out["measured"]
     return {k: v for k, v in out.items() if math.isfinite(v)}

@@ -66,7 +66,7 @@ def test_sgd_prediction_is_first_order():
         assert 3.2 < big / small < 4.8, errors
 
 
-def test_predicted_is_direct_plus_cross_and_restores_the_model():
+def test_predicted_is_the_sum_of_the_four_parts_and_restores_the_model():
     model = TinyLM()
     batch = grouped_batch(model, 2)
     before = [p.detach().clone() for p in model.parameters()]
@@ -74,7 +74,8 @@ def test_predicted_is_direct_plus_cross_and_restores_the_model():
     report = probe_step(scorer(model, batch), opt, batch, "gspo_noclip")
     assert len(report.shared) > 0 and len(report.pairs) > 0
     for e in (report.shared, report.pairs):
-        torch.testing.assert_close(e.predicted, e.direct + e.cross)
+        torch.testing.assert_close(e.predicted, e.direct + e.cross + e.momentum + e.decay)
+        assert bool(e.decay.abs().max() > 0)  # AdamW's weight decay has a part of its own
         assert bool(torch.isfinite(e.measured).all())
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p.detach(), b)
@@ -220,3 +221,170 @@ def test_summary_is_finite_and_reads_the_split():
     s = summary(report.shared)
     assert set(s) >= {"direct", "cross", "measured", "error", "cross_share"}
     assert 0 <= s["cross_share"] <= 1 and all(math.isfinite(v) for v in s.values())
+
+
+# ----------------------------------------------------------------------------- the four parts (issue 45 items 1, 3, 12)
+
+
+class WithUnused(torch.nn.Module):
+    """The shared-weights model beside a Linear the score never reaches (``use_extra``: reach it, to give it state)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.lm = TinyLM(seed)
+        self.extra = torch.nn.Linear(3, 2, dtype=torch.float64)
+        self.use_extra = False
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = self.lm(tokens)  # (B, T)
+        if self.use_extra:
+            out = out + 1e-3 * self.extra.weight.sum() + 1e-3 * self.extra.bias.sum()
+        return out
+
+
+def _event_grad(model: torch.nn.Module, batch: DriftBatch, row: int, t: int) -> list[torch.Tensor]:
+    """grad_theta log pi(e) of the shared event at (row, t), at the model's current parameters, by autograd alone."""
+    logp = torch.where(batch.mask, model(batch.tokens), 0.0)  # (B, T)
+    return [
+        torch.zeros_like(p) if g is None else g
+        for p, g in zip(model.parameters(), torch.autograd.grad(logp[row, t], list(model.parameters()), allow_unused=True))
+    ]
+
+
+def _real_projection(model, batch, opt, objective: str, **kw) -> tuple[object, torch.Tensor]:
+    """The probe's report of one step, and <g_e, Delta theta> of each shared event from the real step (keep_step,
+    then the parameters' difference), g_e by autograd at theta_0: an independent predicted (n,)."""
+    theta0 = [p.detach().clone() for p in model.parameters()]
+    grads = None
+    report = probe_step(scorer(model, batch), opt, batch, objective, keep_step=True, max_events=64, **kw)
+    theta1 = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p, t0 in zip(model.parameters(), theta0):
+            p.copy_(t0)
+    out = []
+    for row, t in report.shared.where.tolist():
+        grads = _event_grad(model, batch, row, t)
+        out.append(sum(float((g * (t1 - t0)).sum()) for g, t0, t1 in zip(grads, theta0, theta1)))
+    with torch.no_grad():
+        for p, t1 in zip(model.parameters(), theta1):
+            p.copy_(t1)
+    return report, torch.tensor(out, dtype=torch.float64)
+
+
+OPTIMISERS = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05),
+    "sgd_momentum_wd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-3, weight_decay=0.01),
+    "adamw_wd": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMISERS))
+def test_momentum_is_zero_without_earlier_state_and_carries_it_after_move_steps(name):
+    """Invariant: direct + cross + momentum + decay = <g_e, Delta theta> of the real update (computed apart here);
+    momentum is 0 (to float64 rounding) on the first step and on plain SGD, and not 0 after two kept steps of an
+    optimiser with momentum."""
+    model = TinyLM()
+    batch = grouped_batch(model, 11)
+    opt = OPTIMISERS[name](model.parameters())
+    first, real = _real_projection(model, batch, opt, "gspo")
+    e = first.shared
+    assert len(e) > 0
+    torch.testing.assert_close(e.direct + e.cross + e.momentum + e.decay, real, rtol=1e-9, atol=1e-14)
+    assert float(e.momentum.abs().max()) <= 1e-9 * float(real.abs().max())  # no earlier state: nothing from it
+    for _ in range(2):  # the move steps
+        probe_step(scorer(model, batch), opt, batch, "gspo", max_events=0, keep_step=True)
+    later, real = _real_projection(model, batch, opt, "gspo")
+    e = later.shared
+    torch.testing.assert_close(e.direct + e.cross + e.momentum + e.decay, real, rtol=1e-9, atol=1e-14)
+    if name == "sgd":  # plain SGD has no state: still nothing
+        assert float(e.momentum.abs().max()) <= 1e-9 * float(real.abs().max())
+    else:
+        assert float(e.momentum.abs().max()) > 1e-3 * float(real.abs().max())
+    s = summary(e)
+    shares = [s.get(f"{part}_share", 0.0) for part in ("direct", "cross", "momentum", "decay")]
+    assert math.isclose(sum(shares), 1.0, rel_tol=1e-12)  # shares of the first-order prediction add up to 1
+
+
+def test_decay_is_weight_decays_own_update():
+    """AdamW's decay part is <g_e, -lr wd theta_0> (decoupled); Adam's coupled decay goes through P and is 0 without
+    weight_decay."""
+    model = TinyLM()
+    batch = grouped_batch(model, 12)
+    theta0 = [p.detach().clone() for p in model.parameters()]
+    report = probe_step(scorer(model, batch), torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1), batch, "gspo")
+    row, t = report.shared.where[0].tolist()
+    g = _event_grad(model, batch, row, t)
+    expected = sum(float((gk * (-1e-3 * 0.1 * t0)).sum()) for gk, t0 in zip(g, theta0))
+    assert math.isclose(float(report.shared.decay[0]), expected, rel_tol=1e-10)
+    plain = probe_step(scorer(model, batch), torch.optim.Adam(model.parameters(), lr=1e-3), batch, "gspo")
+    assert float(plain.shared.decay.abs().max()) == 0.0 and float(plain.pairs.decay.abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_a_parameter_without_a_gradient_has_no_part(kind):
+    """Adam/AdamW skip a parameter whose gradient is None (no state on the first step, stale state later): the
+    probe gives it P = 0 instead of raising KeyError 'step', and the four parts still add up to the real update."""
+    model = WithUnused()
+    batch = grouped_batch(model.lm, 13)
+    make = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+    opt = make(model.parameters(), lr=1e-3, weight_decay=0.1)
+    report, real = _real_projection(model, batch, opt, "gspo")  # first step: the unused Linear has no state
+    e = report.shared
+    torch.testing.assert_close(e.predicted, real, rtol=1e-9, atol=1e-14)
+    assert model.extra not in opt.state or not opt.state[model.extra.weight]
+    for _ in range(2):  # later steps, the Linear still unused
+        probe_step(scorer(model, batch), opt, batch, "gspo", max_events=4, keep_step=True)
+    report, real = _real_projection(model, batch, opt, "gspo")
+    torch.testing.assert_close(report.shared.predicted, real, rtol=1e-9, atol=1e-14)
+    model.use_extra = True  # now it gets a gradient and state ...
+    probe_step(scorer(model, batch), opt, batch, "gspo", max_events=4, keep_step=True)
+    assert "step" in opt.state[model.extra.weight]
+    model.use_extra = False  # ... and then none again: its stale state must not enter P
+    report, real = _real_projection(model, batch, opt, "gspo")
+    torch.testing.assert_close(report.shared.predicted, real, rtol=1e-9, atol=1e-14)
+
+
+def test_clipping_scales_the_direct_term():
+    """With the gradient clipped (s < 1), direct = -s (sum_i c_i,t) lr |g_e|^2 under SGD, s = max_norm / (|grad L| +
+    1e-6) computed here apart from the probe; without s the direct term would be 1/s times larger."""
+    from dfpo.core.loss import policy_loss
+
+    model = TinyLM()
+    batch = grouped_batch(model, 14)
+    logp = torch.where(batch.mask, model(batch.tokens), 0.0)  # (B, T)
+    loss, _ = policy_loss(
+        "gspo", logp=logp, old_logp=batch.old_logp, advantages=batch.advantages, mask=batch.mask, group_ids=batch.group_ids
+    )
+    coef, *grads = torch.autograd.grad(loss, [logp, *model.parameters()], retain_graph=True)
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
+    max_norm = 0.1 * norm
+    s = max_norm / (norm + 1e-6)
+    lr = 0.05
+    report = probe_step(scorer(model, batch), torch.optim.SGD(model.parameters(), lr=lr), batch, "gspo", max_grad_norm=max_norm)
+    assert math.isclose(report.grad_scale, s, rel_tol=1e-9) and s < 0.2
+    e = report.shared
+    assert len(e) > 0
+    for k, (row, t) in enumerate(e.where.tolist()):
+        c_sum = float(coef[batch.group_ids == batch.group_ids[row], t].sum())
+        g = _event_grad(model, batch, row, t)
+        sq = sum(float((x * x).sum()) for x in g)
+        batch_part = -lr * s * sum(float((x * y).sum()) for x, y in zip(g, grads))
+        assert math.isclose(float(e.direct[k]), -s * c_sum * lr * sq, rel_tol=1e-9, abs_tol=1e-15)
+        assert math.isclose(float(e.direct[k] + e.cross[k]), batch_part, rel_tol=1e-9, abs_tol=1e-15)
+    assert float(e.direct.abs().max()) > 0
+
+
+def test_summary_shares_are_of_the_first_order_prediction():
+    from dfpo.core.probe import EventDrift
+
+    where = torch.zeros(2, 2, dtype=torch.long)
+    f = lambda *x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    e = EventDrift(where, f(1, 1), f(1, -1), f(2, 2), f(10, -10), f(0, 0), momentum=f(-3, 3), decay=f(0, 0))
+    s = summary(e)
+    assert s["direct_share"] == pytest.approx(2 / 12) and s["cross_share"] == pytest.approx(4 / 12)
+    assert s["momentum_share"] == pytest.approx(6 / 12) and s["decay_share"] == 0.0
+    assert s["batch_cross_share"] == pytest.approx(4 / 6)
+    assert s["predicted"] == pytest.approx(2.0) and s["error"] == pytest.approx(12.0) and s["error_ratio"] == pytest.approx(12 / 10)
+    still = summary(EventDrift(where, f(0, 0), f(0, 0), f(0, 0), f(0, 0), f(0, 0)))
+    assert "cross_share" not in still and "error_ratio" not in still and still["momentum"] == 0.0
