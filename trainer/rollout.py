@@ -14,6 +14,7 @@ so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -175,11 +176,12 @@ class HFGenerateEngine:
         tokens, logprobs, entropies, untruncated = ([[] for _ in range(N)] for _ in range(4))
         active = torch.arange(N, device=device)  # rows still sampling
         cache = DynamicCache(config=self.model.config)
+        cache_kw = {cache_keyword(self.model): cache}  # the KV cache, by the name this transformers takes it
         step_ids, positions = ids, (att.cumsum(-1) - 1).clamp(min=0)  # (N, W)
         for step in range(params.max_new_tokens):
             with autocast(device, self.amp_dtype):
                 logits = self.model(
-                    input_ids=step_ids, attention_mask=att, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1
+                    input_ids=step_ids, attention_mask=att, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
                 ).logits[:, -1]  # (n, V)
             scores = logits.float()
             history = None
@@ -208,6 +210,15 @@ class HFGenerateEngine:
             att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)  # (n, W + step + 1)
             step_ids, positions = next_ids[:, None], att.sum(-1, keepdim=True) - 1  # (n, 1)
         return Samples(tokens, logprobs, entropies, untruncated)
+
+
+def cache_keyword(model) -> str:
+    """The keyword a causal LM's ``forward`` takes its KV cache by: ``cache`` where it names one (transformers 5.24 on,
+    which deprecates ``past_key_values`` with a FutureWarning until its removal in 5.40), else ``past_key_values``
+    (transformers 4.56 to 5.23, and remote-code models written for them). A peft model is asked about its base model:
+    its own ``forward`` passes the cache through ``**kwargs``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def row_seed(*parts: int) -> int:

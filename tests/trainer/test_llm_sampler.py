@@ -222,3 +222,57 @@ def test_a_rollout_rejection_reaches_the_loss_and_is_logged(tmp_path):
     Trainer(cfg, quiet=True).run()
     row = json.loads((tmp_path / "run" / RunDir.METRICS).read_text().splitlines()[0])
     assert 0 < row["rollout/rejected_frac"] < 1 and 0 < row["rollout/rejected_seq_frac"] <= 1
+
+
+def _sample_with_warnings_as_errors(model, tok) -> list[list[int]]:
+    """A short rollout in which any FutureWarning or DeprecationWarning (transformers' deprecated keywords) raises."""
+    import warnings
+
+    engine = HFGenerateEngine(model, tok.pad_token_id, {tok.eos_token_id})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        torch.manual_seed(2)
+        return engine.generate(_prompts(tok), 2, SamplingParams(max_new_tokens=4))
+
+
+def test_sampling_passes_no_keyword_the_installed_transformers_deprecates():
+    """transformers 5.24 to 5.39 warn on `past_key_values` ("Use `cache` instead") and 5.40 removes it: a rollout of
+    the installed version raises on any such warning, so the next rename fails here before it reaches a run."""
+    model, tok = _stopping_model()
+    assert all(1 <= len(t) <= 4 for t in _sample_with_warnings_as_errors(model, tok))
+
+
+def test_a_lora_model_is_sampled_with_its_base_models_cache_keyword():
+    """peft's forward takes the cache through **kwargs: the keyword is the base model's, and no warning is raised."""
+    from peft import LoraConfig, get_peft_model
+
+    from dfpo.trainer.rollout import cache_keyword
+
+    model, tok = _stopping_model()
+    lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    assert cache_keyword(lora) == cache_keyword(model)
+    assert all(1 <= len(t) <= 4 for t in _sample_with_warnings_as_errors(lora, tok))
+
+
+def test_the_cache_keyword_is_the_one_the_forward_names():
+    """`cache` where forward names it (transformers >= 5.24), else `past_key_values` (4.56 to 5.23)."""
+    from dfpo.trainer.rollout import cache_keyword
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    class Wrapper(torch.nn.Module):  # a peft model: forward(**kwargs), the base model underneath
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self):
+            return self.base
+
+        def forward(self, *args, **kwargs): ...
+
+    assert [cache_keyword(m) for m in (New(), Old(), Wrapper(New()), Wrapper(Old()))] == ["cache", "past_key_values"] * 2
