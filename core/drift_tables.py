@@ -10,8 +10,10 @@ Rules (``dfpo.core.stats``'s, as ``dfpo compare`` and the toy's attribution use 
 1. Per objective: each figure's mean over seeds with a 95% Student-t interval over seeds.
 2. Against the matched control: method - control paired over the seeds both have, Bonferroni-adjusted over every
    interval of the table, and ``stats.verdict`` on the prediction "the transform lowers it" (direction -1).
-3. The cross term's share of the drift: cross_share - 1/2 over seeds, Bonferroni-adjusted over every objective and
-   kind of the document; "more than half" or "less than half" only when its interval excludes 0.
+3. The cross term's share: cross_share (of the first-order prediction: direct + cross + momentum + decay) and
+   batch_cross_share (of this batch's own gradient's part: direct + cross) - 1/2 over seeds, Bonferroni-adjusted over
+   every share, objective and kind of the document; "more than half" or "less than half" only when its interval
+   excludes 0.
 4. Replication: a finding is written only when the discovery and the confirmation documents, on disjoint seeds,
    give the same decisive verdict (reproduced, contradicted or negligible; more or less than half); inconclusive
    is never "no change". The sentence quotes the confirmation set's figures.
@@ -24,8 +26,21 @@ from dataclasses import dataclass
 
 from . import stats
 
-FIGURES = ("coef", "direct", "cross", "measured", "error", "cross_share")
-"""The figures of ``core.probe.summary`` a record keeps, in table order."""
+MAGNITUDES = ("coef", "direct", "cross", "momentum", "decay", "measured", "error", "error_ratio")
+"""Mean absolute figures of ``core.probe.summary`` (error_ratio = error / abs measured), in table order."""
+SHARES = ("direct_share", "cross_share", "momentum_share", "decay_share", "batch_cross_share")
+"""Shares of ``core.probe.summary``: each part's of the first-order prediction, and the cross term's of the batch's own part."""
+FIGURES = (*MAGNITUDES, *SHARES)
+"""The figures of ``core.probe.summary`` a record keeps, in table order. A document written before the split of issue
+45 has no momentum, decay or shares but cross_share, and its cross holds momentum and decay (``lumped``)."""
+FIRST_ORDER_ERROR_LIMIT = 0.5
+"""``dfpo.core.probe.FIRST_ORDER_ERROR_LIMIT`` (repeated here so this module stays free of torch; a test pins them equal)."""
+SHARE_TESTS = ("cross_share", "batch_cross_share")
+"""The shares rule 3 reads against 1/2."""
+SHARE_WORDS = {
+    "cross_share": "of the first-order prediction",
+    "batch_cross_share": "of this batch's own gradient's part (direct + cross)",
+}
 KINDS = ("shared", "equivalent")
 COMPARED = tuple((kind, figure) for kind in ("shared", "equivalent") for figure in ("coef", "measured", "cross"))
 """(event kind, figure) compared with the matched control: the logit-space coefficient (does the transform restore
@@ -44,15 +59,32 @@ def fmt(x: float) -> str:
     return f"{x:.3g}" if math.isfinite(x) else "-"
 
 
-def summary_table(doc: dict) -> str:
-    """Markdown: per objective and event kind, each figure's mean over seeds [95% Student-t interval]."""
-    head = ["objective", "events", "seeds", "mean events", *[f"abs {f}" if f not in ("cross_share", "error") else f for f in FIGURES]]
+def lumped(doc: dict) -> bool:
+    """Whether the document predates the split of issue 45 (no record has momentum): its cross term holds the
+    optimiser's momentum and weight decay too, and its cross_share is sum |cross| / (sum |direct| + sum |cross|)."""
+    return not any("momentum" in r for r in doc["records"])
+
+
+_HEADS = {"error": "error", "error_ratio": "error / abs measured", "batch_cross_share": "cross of batch"}
+
+
+def _head(figure: str) -> str:
+    if figure in _HEADS:
+        return _HEADS[figure]
+    return figure.removesuffix("_share") if figure.endswith("_share") else f"abs {figure}"
+
+
+def summary_table(doc: dict, figures: tuple[str, ...] = MAGNITUDES) -> str:
+    """Markdown: per objective and event kind, each of ``figures``' mean over seeds [95% Student-t interval]; a
+    figure no record holds (a document written before it existed) is left out."""
+    figures = tuple(f for f in figures if any(f in r for r in doc["records"]))
+    head = ["objective", "events", "seeds", "mean events", *[_head(f) for f in figures]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in doc["objectives"]:
         for kind in KINDS:
             counts = values(doc, label, kind, "events")
             cells = []
-            for figure in FIGURES:
+            for figure in figures:
                 vals = list(values(doc, label, kind, figure).values())
                 if not vals:
                     cells.append("-")
@@ -126,24 +158,55 @@ def comparison_table(doc: dict) -> str:
 
 @dataclass(frozen=True)
 class Share:
-    """cross_share of one objective and event kind: its interval, and cross_share - 1/2's verdict."""
+    """A cross share of one objective and event kind: its interval, and share - 1/2's verdict."""
 
     objective: str
     kind: str
     interval: stats.Interval
     side: str
-    """"more than half" / "less than half" when the adjusted interval of cross_share - 1/2 excludes 0, else "inconclusive"."""
+    """"more than half" / "less than half" when the adjusted interval of share - 1/2 excludes 0, else "inconclusive"."""
+    figure: str = "cross_share"
+    """cross_share (of the first-order prediction) or batch_cross_share (of the batch's own part), ``SHARE_WORDS``."""
 
 
-def cross_shares(doc: dict) -> list[Share]:
-    """Rule 3 for every objective and kind with two or more seeds."""
-    cells = [(label, kind, list(values(doc, label, kind, "cross_share").values())) for label in doc["objectives"] for kind in KINDS]
-    cells = [c for c in cells if len(c[2]) >= 2]
+def cross_shares(doc: dict, figure: str = "cross_share") -> list[Share]:
+    """Rule 3 for ``figure`` (one of ``SHARE_TESTS``) for every objective and kind with two or more seeds; the
+    adjustment counts every share of ``SHARE_TESTS`` the document can test."""
+    if figure not in SHARE_TESTS:
+        raise ValueError(f"rule 3 reads one of {', '.join(SHARE_TESTS)}, got figure={figure!r}")
+    cells = {
+        f: [(label, kind, list(values(doc, label, kind, f).values())) for label in doc["objectives"] for kind in KINDS] for f in SHARE_TESTS
+    }
+    if lumped(doc):  # written before the split: its cross_share is the old lumped one, and it has no batch_cross_share
+        cells = {f: (c if f == "cross_share" else []) for f, c in cells.items()}
+    tests = sum(len(c[2]) >= 2 for f in SHARE_TESTS for c in cells[f])
     out = []
-    for label, kind, vals in cells:
-        iv = stats.paired_interval(vals, tests=len(cells))
+    for label, kind, vals in cells[figure]:
+        if len(vals) < 2:
+            continue
+        iv = stats.paired_interval(vals, tests=tests)
         side = "more than half" if iv.low > 0.5 else "less than half" if iv.high < 0.5 else "inconclusive"
-        out.append(Share(label, kind, iv, side))
+        out.append(Share(label, kind, iv, side, figure))
+    return out
+
+
+def first_order_flags(doc: dict, limit: float = FIRST_ORDER_ERROR_LIMIT) -> list[str]:
+    """One sentence per objective and kind whose mean error_ratio over seeds exceeds ``limit``: the first-order
+    prediction misses the measured change by that much, so its parts are shares of the prediction, not of the drift."""
+    out = []
+    for label in doc["objectives"]:
+        for kind in KINDS:
+            vals = list(values(doc, label, kind, "error_ratio").values())
+            if not vals:
+                continue
+            mean = sum(vals) / len(vals)
+            if mean > limit:
+                out.append(
+                    f"First-order error: under `{label}`, for {KIND_WORDS[kind]}, mean abs(measured - predicted) is {fmt(mean)}x the "
+                    f"mean abs measured change (mean over {len(vals)} seeds, worst {fmt(max(vals))}x; flagged above {limit:g}x): "
+                    "the step is too long for first order here, so read its parts as shares of the first-order prediction, "
+                    "not of the measured drift."
+                )
     return out
 
 
@@ -194,18 +257,21 @@ def replication(discovery: dict, confirmation: dict) -> list[Finding]:
             )
         computed = c is not None and d.interval is not None and c.interval is not None
         out.append(Finding(("control", *key), agree, sentence, computed, (d.verdict, "" if c is None else c.verdict)))
-    conf_shares = {(s.objective, s.kind): s for s in cross_shares(confirmation)}
-    for d in cross_shares(discovery):
-        c = conf_shares.get((d.objective, d.kind))
-        agree = c is not None and d.side != "inconclusive" and c.side == d.side
-        sentence = ""
-        if agree:
-            iv = c.interval
-            sentence = (
-                f"Under `{d.objective}` the cross term carries {c.side} of the first-order drift of {KIND_WORDS[d.kind]} on both seed "
-                f"sets: {_pct(iv.mean)} [{_pct(iv.low)}, {_pct(iv.high)}] on the confirmation set ({iv.n} seeds)."
-            )
-        out.append(Finding(("cross_share", d.objective, d.kind), agree, sentence, c is not None, (d.side, "" if c is None else c.side)))
+    for figure in SHARE_TESTS:
+        conf_shares = {(s.objective, s.kind): s for s in cross_shares(confirmation, figure)}
+        for d in cross_shares(discovery, figure):
+            c = conf_shares.get((d.objective, d.kind))
+            agree = c is not None and d.side != "inconclusive" and c.side == d.side
+            sentence = ""
+            if agree:
+                iv = c.interval
+                sentence = (
+                    f"Under `{d.objective}` the cross term (the rest of the batch's gradient) carries {c.side} {SHARE_WORDS[figure]} "
+                    f"for {KIND_WORDS[d.kind]} on both seed sets: {_pct(iv.mean)} [{_pct(iv.low)}, {_pct(iv.high)}] on the "
+                    f"confirmation set ({iv.n} seeds)."
+                )
+            verdicts = (d.side, "" if c is None else c.side)
+            out.append(Finding((figure, d.objective, d.kind), agree, sentence, c is not None, verdicts))
     return out
 
 
@@ -242,13 +308,21 @@ def _span(seeds: list[int]) -> str:
 
 
 def share_table(doc: dict) -> str:
-    """Markdown: the cross term's share of the first-order drift per objective and kind (rule 3)."""
-    rows = cross_shares(doc)
+    """Markdown: the cross term's share per objective and kind (rule 3), of the first-order prediction and of the
+    batch's own part."""
+    rows = [s for figure in SHARE_TESTS for s in cross_shares(doc, figure)]
     if not rows:
-        return "Fewer than two seeds with events: no interval."
-    lines = ["| objective | events | cross share [adjusted interval] | of the drift |", "|---|---|---|---|"]
+        return "Fewer than two seeds with events of any kind: a share needs two seeds for an interval, so none is given."
+    lines = ["| objective | events | cross share [adjusted interval] | of | side |", "|---|---|---|---|---|"]
     for s in rows:
+        iv = s.interval
         lines.append(
-            f"| `{s.objective}` | {s.kind} | {_pct(s.interval.mean)} [{_pct(s.interval.low)}, {_pct(s.interval.high)}] | {s.side} |"
+            f"| `{s.objective}` | {s.kind} | {_pct(iv.mean)} [{_pct(iv.low)}, {_pct(iv.high)}] | {SHARE_WORDS[s.figure]} | {s.side} |"
         )
-    return "\n".join([*lines, "", f"Intervals: {stats.interval_note(len(rows))}; the side is read on cross_share - 1/2."])
+    note = f"Intervals: {stats.interval_note(len(rows))}; the side is read on share - 1/2."
+    if lumped(doc):
+        note += (
+            " This document predates the momentum/decay split: its cross term holds the optimiser's momentum and weight "
+            "decay too, and its share is of direct + that lumped cross."
+        )
+    return "\n".join([*lines, "", note])

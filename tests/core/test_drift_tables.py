@@ -67,3 +67,53 @@ def test_a_comparison_that_did_not_replicate_is_named_with_both_verdicts_not_as_
         "No finding: `dfpo_min` against `gspo` on the measured one-step drift of a shared token was reproduced (discovery) and inconclusive (confirmation)."
         in md
     )
+
+
+def _split_doc(seeds: list[int], ratio: float) -> dict:
+    """A document after the momentum/decay split: gspo's batch is mostly cross, its prediction mostly momentum."""
+    records = [
+        {
+            "seed": s,
+            "objective": "gspo",
+            "kind": "shared",
+            "events": 3,
+            "direct": 0.1,
+            "cross": 1.0,
+            "momentum": 1.1,
+            "decay": 0.0,
+            "measured": 0.2,
+            "error": 0.2 * ratio,
+            "error_ratio": ratio + 0.01 * k,
+            "cross_share": 0.45 + 0.005 * k,
+            "batch_cross_share": 0.9 + 0.005 * k,
+        }
+        for k, s in enumerate(seeds)
+    ]
+    return {"command": "dfpo probe", "objectives": ["gspo"], "controls": {}, "seeds": seeds, "records": records}
+
+
+def test_both_cross_shares_are_tested_and_worded_of_what_they_are_shares():
+    doc = _split_doc(list(range(6)), 0.1)
+    assert [s.side for s in cross_shares(doc)] == ["less than half"]
+    assert [s.side for s in cross_shares(doc, "batch_cross_share")] == ["more than half"]
+    found = {f.key: f for f in replication(doc, _split_doc(list(range(6, 12)), 0.1))}
+    assert "more than half of this batch's own gradient's part" in found[("batch_cross_share", "gspo", "shared")].sentence
+    assert "less than half of the first-order prediction" in found[("cross_share", "gspo", "shared")].sentence
+    table = share_table(doc)
+    assert "of the first-order prediction" in table and "of the drift" not in table and "predates" not in table
+    assert "predates the momentum/decay split" in share_table(_doc(list(range(6)), LOWER, SHARES))
+    with pytest.raises(ValueError, match="rule 3 reads one of"):
+        cross_shares(doc, "momentum_share")
+
+
+def test_the_first_order_error_is_flagged_above_the_limit_only():
+    from dfpo.core import probe
+    from dfpo.core.drift_tables import FIRST_ORDER_ERROR_LIMIT, first_order_flags, summary_table
+
+    assert FIRST_ORDER_ERROR_LIMIT == probe.FIRST_ORDER_ERROR_LIMIT
+    assert first_order_flags(_split_doc(list(range(4)), 0.1)) == []
+    (flag,) = first_order_flags(_split_doc(list(range(3)), 5.1))
+    assert flag.startswith("First-order error: under `gspo`, for a shared token, mean abs(measured - predicted) is 5.11x")
+    assert "(mean over 3 seeds, worst 5.12x" in flag and "not of the measured drift" in flag
+    head = summary_table(_split_doc(list(range(4)), 0.1)).splitlines()[0]
+    assert "abs momentum" in head and "error / abs measured" in head and "abs coef" not in head  # a figure no record holds is left out
