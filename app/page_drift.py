@@ -1,4 +1,6 @@
-"""Page 6: parameter-space drift, direct vs cross vs measured per objective, on the toy and from a ``dfpo probe`` folder."""
+"""Page 6: parameter-space drift, direct vs cross vs momentum vs measured per objective, on the toy and from a
+``dfpo probe`` folder. Every empty or zero cell is explained by a generated sentence (``dfpo.app.drift``); a chart
+with nothing to draw is replaced by the sentence that says why."""
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -11,53 +13,85 @@ from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.toy.param_drift import default_probe_config
 
 MAX_SEEDS = 32
-COLOURS = {"direct": "#4c72b0", "cross": "#dd8452", "measured": "#55a868"}
+COLOURS = {"direct": "#4c72b0", "cross": "#dd8452", "momentum": "#8172b3", "decay": "#937860", "measured": "#55a868"}
+TITLES = {"shared": "shared (context, token) events", "equivalent": "equivalent answers' log-odds"}
 
 
 @st.cache_data(show_spinner="One SGD step per objective from one point, in closed form ...")
-def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> list[dict]:
-    return drift.toy_rows(task, labels, seeds)
+def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> drift.Table:
+    return drift.toy_table(task, labels, seeds)
 
 
-def bars(rows: list[dict], kind: str, title: str) -> go.Figure:
-    """Mean |direct|, |cross|, |measured| per objective for one event kind."""
-    shown = [r for r in rows if r["events"] == kind and r.get("direct") is not None]
+def bars(rows: list[dict], parts: list[str], title: str) -> go.Figure:
+    """Mean |part| per objective for one event kind, on a log axis (the parts span orders of magnitude)."""
     fig = go.Figure()
-    for part in drift.PARTS:
+    for part in parts:
         fig.add_trace(
-            go.Bar(x=[plotly_text(r["objective"]) for r in shown], y=[r[part] for r in shown], name=part, marker_color=COLOURS[part])
+            go.Bar(x=[plotly_text(r["objective"]) for r in rows], y=[r.get(part) for r in rows], name=part, marker_color=COLOURS[part])
         )
-    fig.update_layout(barmode="group", title=plotly_text(title), yaxis_title="mean abs change of log pi", height=360)
+    fig.update_layout(barmode="group", title=plotly_text(title), yaxis_title="mean abs change of log pi (log axis)", height=360)
+    fig.update_yaxes(type="log")
     return fig
+
+
+def charts(table: drift.Table) -> None:
+    """One chart per kind of event, or the sentence that says why there is nothing to draw."""
+    for column, kind in zip(st.columns(2), ("shared", "equivalent")):
+        rows, parts = drift.chart_rows(table.rows, kind)
+        if rows:
+            column.plotly_chart(bars(rows, parts, TITLES[kind]), width="stretch")
+        else:
+            column.info(markdown_text(drift.empty_chart_sentence(table, kind)))
+
+
+def table_with_notes(table: drift.Table) -> None:
+    """The rows (numbers to 3 significant digits), the sentences about rows left out, then the numbered notes."""
+    for sentence in table.left_out:
+        st.markdown(markdown_text(sentence))
+    if table.rows:
+        frame = pd.DataFrame(table.rows)
+        numbers = {c: st.column_config.NumberColumn(format="%.3g") for c in frame.columns if c not in ("seeds", "seeds with events")}
+        st.dataframe(
+            frame, hide_index=True, width="stretch", column_config={c: v for c, v in numbers.items() if frame[c].dtype.kind == "f"}
+        )
+    if table.notes:
+        st.markdown("\n".join(f"{i}. {markdown_text(n)}" for i, n in enumerate(table.notes, 1)))
 
 
 st.title("Parameter-space drift")
 st.caption(
-    "How one optimiser step moves a token the whole group shares, and the log-odds of two equivalent correct answers: "
-    "the part the event's own coefficients cause (direct), the part the rest of the batch causes through shared "
-    "parameters (cross), and the change measured after the step. Every objective steps from the same point on the same batch."
+    "How one optimiser step moves a token the whole group shares, and the log-odds of two equivalent correct answers. "
+    "The first-order prediction is split into the part the event's own coefficients cause (direct), the part the rest "
+    "of this batch's gradient causes through shared parameters (cross), the optimiser's state from earlier steps "
+    "(momentum: SGD's momentum buffer, Adam's first moment) and weight decay (decay); measured is the change after the "
+    "step. Every objective steps from the same point on the same batch."
 )
 
 st.header("On the toy (tabular softmax, closed form)")
 st.markdown(
     "Each context has its own logit row, so the cross term is zero across contexts and the softmax coupling inside one: "
-    "`tenplusten` ties no row across prompts, `family` ties its template rows."
+    "`family` ties its template rows across prompts, `tenplusten` has one prompt and ties none. "
+    "The `note` column numbers the sentences under the table that explain its empty and zero cells."
 )
 c1, c2, c3 = st.columns([1, 3, 1])
 task = c1.selectbox("Task", drift.TOY_TASKS, key="drift_task", persist_state=KEEP)
-defaults = list(default_probe_config().objectives)
-labels = c2.multiselect("Objectives", defaults + ["grpo", "dapo"], default=defaults, key="drift_objectives", persist_state=KEEP)
+defaults = list(drift.DEFAULT_OBJECTIVES)
+labels = c2.multiselect("Objectives", defaults + list(drift.MORE_OBJECTIVES), default=defaults, key="drift_objectives", persist_state=KEEP)
 seeds = whole_number_input(c3, "seeds", key="drift_seeds", default=8, help=f"a whole number from 2 to {MAX_SEEDS}")
 if not labels:
     st.info("Pick at least one objective.")
 elif not (float(seeds).is_integer() and 2 <= seeds <= MAX_SEEDS):
     st.error(f"Nothing to show: seeds must be a whole number from 2 to {MAX_SEEDS}, got {seeds:g}.")
 else:
-    rows = toy_table(task, tuple(labels), int(seeds))
-    left, right = st.columns(2)
-    left.plotly_chart(bars(rows, "shared", "shared (context, token) events"), width="stretch")
-    right.plotly_chart(bars(rows, "equivalent", "equivalent answers' log-odds"), width="stretch")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    config = default_probe_config(task=task, objectives=tuple(labels), seeds=int(seeds))
+    st.markdown(
+        f"**{config.seeds} seeds**, groups of {config.group_size}; the probed point is the initial policy moved by K - 1 = "
+        f"{config.inner_steps - 1} {config.optimizer.upper()} steps of `{labels[0]}` (the first objective chosen: reorder to "
+        f"change it), then each objective's own step of lr {config.lr:g}."
+    )
+    toy = toy_table(task, tuple(labels), int(seeds))
+    charts(toy)
+    table_with_notes(toy)
 
 st.header("From a `dfpo probe` folder (tiny LLM)")
 st.markdown("Run `dfpo probe --out FOLDER` and give the folder here: its tables, with 95% intervals over seeds.")
@@ -68,16 +102,16 @@ if typed.strip():
     except ValueError as err:
         st.warning(markdown_text(err))
         st.stop()
-    rows = drift.doc_rows(doc)
+    table = drift.doc_table(doc)
     st.markdown(f"**{len(doc['seeds'])} seeds, {len(doc['objectives'])} objectives.**")
-    left, right = st.columns(2)
-    left.plotly_chart(bars(rows, "shared", "shared (context, token) events"), width="stretch")
-    right.plotly_chart(bars(rows, "equivalent", "equivalent answers' log-odds"), width="stretch")
+    charts(table)
     st.subheader("Per objective")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    for flag in drift.error_flags(table.rows):
+        st.warning(markdown_text(flag))
+    table_with_notes(table)
     st.subheader("Against the matched control (paired over seeds, Bonferroni-adjusted)")
     st.dataframe(pd.DataFrame(drift.comparison_rows(doc)), hide_index=True, width="stretch")
-    st.subheader("The cross term's share of the first-order drift")
+    st.subheader("The cross term's share of the first-order prediction")
     st.dataframe(pd.DataFrame(drift.share_rows(doc)), hide_index=True, width="stretch")
 st.caption(
     "A training run with `log.param_drift = true` logs the same figures as `drift/*` every few steps: plot them on the "

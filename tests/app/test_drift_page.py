@@ -1,56 +1,138 @@
-"""The drift page: the toy's inputs change what it shows, a probe folder's tables appear, a bad folder is one sentence."""
+"""The drift page: it opens on inputs that draw something, every empty or zero cell has a generated sentence, the seeds
+shown are the seeds chosen, the optimiser state's part is shown where a document records it (and said missing where
+not), and a bad folder is one sentence."""
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dfpo.app import drift  # noqa: E402
+from dfpo.toy.param_drift import default_probe_config, probe_toy  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
 
-def _page() -> AppTest:
+def _page(seeds: float | None = 2.0) -> AppTest:
     at = AppTest.from_file(str(APP / "page_drift.py"), default_timeout=300)
-    at.session_state["drift_seeds"] = 2.0
+    if seeds is not None:
+        at.session_state["drift_seeds"] = seeds
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
 
-def _doc() -> dict:
-    records = [
-        {
-            "seed": s,
-            "objective": o,
-            "kind": "shared",
-            "events": 3,
-            "coef": 0.1,
-            "direct": 0.1,
-            "cross": v,
-            "measured": v,
-            "cross_share": 0.9,
-        }
-        for o, vals in (("gspo", [1.0, 1.2, 0.9]), ("dfpo_min", [0.5, 0.6, 0.4]))
-        for s, v in enumerate(vals)
-    ]
+def _doc(momentum: bool = False, error_ratio: float | None = None) -> dict:
+    records = []
+    for o, vals in (("gspo", [1.0, 1.2, 0.9]), ("dfpo_min", [0.5, 0.6, 0.4])):
+        for s, v in enumerate(vals):
+            r = {"seed": s, "objective": o, "kind": "shared", "events": 3, "coef": 0.1, "direct": 0.1, "cross": v, "measured": v}
+            r.update(error=0.01, cross_share=0.9)
+            if momentum:
+                r.update(momentum=0.3 * v, decay=0.0, momentum_share=0.2, error_ratio=0.01 if error_ratio is None else error_ratio)
+            records.append(r)
     return {"objectives": ["gspo", "dfpo_min"], "controls": {"dfpo_min": "gspo"}, "seeds": [0, 1, 2], "records": records}
+
+
+def _charts(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def _ys(spec: dict) -> list[float]:
+    out = []
+    for trace in spec["data"]:
+        y = trace.get("y")
+        if isinstance(y, dict) and "bdata" in y:
+            y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]).tolist()
+        out += [v for v in y or [] if v is not None]
+    return out
+
+
+def _notes(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def _every_blank_is_explained(at: AppTest, frame) -> None:
+    """Every row with an empty (None/NaN) or all-zero cell names notes, and each named note is shown on the page."""
+    shown = _notes(at)
+    for _, row in frame.iterrows():
+        cells = [v for k, v in row.items() if k not in ("objective", "events", "note")]
+        blank = any(v is None or (isinstance(v, float) and math.isnan(v)) or v == 0 for v in cells)
+        if blank:
+            assert row["note"], f"{row['objective']} {row['events']}: an empty or zero cell without a note"
+        for n in filter(None, str(row["note"]).split(", ")):
+            assert f"\n{n}. " in "\n" + shown, f"note {n} is not shown"
+
+
+def test_the_default_inputs_draw_both_charts_and_explain_every_empty_cell():
+    at = _page(seeds=None)  # the page's own defaults: family, DEFAULT_OBJECTIVES, 8 seeds
+    assert at.selectbox(key="drift_task").value == "family" and at.number_input(key="drift_seeds").value == 8
+    charts = _charts(at)
+    assert len(charts) == 2 and all(_ys(c) and max(_ys(c)) > 0 for c in charts)
+    assert all(c["layout"]["yaxis"]["type"] == "log" for c in charts)
+    frame = at.dataframe[0].value
+    assert set(frame["seeds"]) == {8}
+    _every_blank_is_explained(at, frame)
+    assert not at.info  # nothing replaced a chart
+
+
+def test_the_seeds_shown_are_the_seeds_chosen_and_a_seed_without_events_is_named():
+    """tenplusten, 8 seeds: seed 2's correct completions all read alike, so it has no equivalent pair (a fact of its
+    rollouts, not a lost seed): the table shows 8 seeds, 7 with events, and a note names seed 2 and why."""
+    at = _page(seeds=8.0)
+    at.selectbox(key="drift_task").set_value("tenplusten").run()
+    assert not at.exception
+    frame = at.dataframe[0].value
+    assert set(frame["seeds"]) == {8} and set(frame["seeds with events"]) == {7}
+    assert "No equivalent pair in seed 2 of 8" in _notes(at) and "all read" in _notes(at)
+    _every_blank_is_explained(at, frame)
+    # no shared event on tenplusten: no chart and no rows of None, a sentence instead
+    assert set(frame["events"]) == {"equivalent"}
+    assert len(_charts(at)) == 1 and "No shared event in any of the 8 seeds" in at.info[0].value
+    assert "differ at their first token" in at.info[0].value
 
 
 def test_the_toy_task_changes_the_cross_term_across_prompts():
     at = _page()
-    tenplusten = at.dataframe[0].value
-    at.selectbox(key="drift_task").set_value("family").run()
-    assert not at.exception
     family = at.dataframe[0].value
+    at.selectbox(key="drift_task").set_value("tenplusten").run()
+    assert not at.exception
+    tenplusten = at.dataframe[0].value
     assert not tenplusten.equals(family)
     at.multiselect(key="drift_objectives").set_value(["gspo"]).run()
     assert list(at.dataframe[0].value["objective"].unique()) == ["gspo"]
+
+
+def test_a_step_that_moves_nothing_is_explained_by_the_clip_from_the_data():
+    """gspo first on family: its K - 1 earlier steps leave every ratio outside GSPO's clip range, so gspo's and
+    dfpo_min's rows are exactly 0 and their note says so with the loss core's clip fractions."""
+    table = drift.toy_table("family", ("gspo", "dfpo_min", "gspo_noclip"), 2)
+    by = {(r["objective"], r["events"]): r for r in table.rows}
+    for label in ("gspo", "dfpo_min"):
+        note = table.notes[int(by[(label, "shared")]["note"]) - 1]
+        assert by[(label, "shared")]["measured"] == 0.0 and note.startswith(f"{label}: every figure is exactly 0")
+        assert "The clip is the cause, not cancellation" in note and "[1 - 0.0003, 1 + 0.0004]" in note
+    assert by[("gspo_noclip", "shared")]["measured"] > 0 and by[("gspo_noclip", "shared")]["note"] == ""
+
+
+@pytest.mark.parametrize("task,labels", [("family", ("gspo", "gspo_noclip", "dfpo_min")), ("tenplusten", ("dfpo_min", "grpo"))])
+def test_the_rebuilt_probed_point_is_probe_toys(task, labels):
+    """The page's note reads the coefficients of ``probed_point``: an objective's coefficients there are all 0 exactly
+    when probe_toy's step moved none of its events (so the note cannot describe another point than the probe's)."""
+    point = drift.probed_point(task, labels, 3)
+    result = probe_toy(default_probe_config(task=task, objectives=labels, seeds=3))
+    for label in labels:
+        still = bool((point.coef[label] == 0).all())
+        moved = [float(e.measured.abs().sum()) for e in result.shared[label] + result.pairs[label] if len(e)]
+        assert still == (max(moved) == 0), label
 
 
 def test_a_probe_folder_shows_its_tables_and_a_bad_one_one_sentence(tmp_path):
@@ -63,6 +145,65 @@ def test_a_probe_folder_shows_its_tables_and_a_bad_one_one_sentence(tmp_path):
     assert verdicts.loc[(verdicts["figure"] == "measured") & (verdicts["events"] == "shared"), "verdict"].item() == "reproduced"
     at.text_input(key="drift_folder").set_value(str(tmp_path / "missing")).run()
     assert not at.exception and "no probe\\.json in" in at.warning[0].value  # escaped: shown as text, not markup
+
+
+def test_the_optimiser_state_is_shown_where_recorded_and_said_missing_where_not(tmp_path):
+    for name, momentum in (("new", True), ("old", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "probe.json").write_text(json.dumps(_doc(momentum=momentum)))
+    at = _page()
+    at.text_input(key="drift_folder").set_value(str(tmp_path / "new")).run()
+    assert not at.exception
+    frame = at.dataframe[1].value
+    assert "momentum" in frame.columns and frame["momentum"].gt(0).all() and "not recorded" not in _notes(at)
+    assert any(t["name"] == "momentum" for c in _charts(at) for t in c["data"])
+    _every_blank_is_explained(at, frame)
+    at.text_input(key="drift_folder").set_value(str(tmp_path / "old")).run()
+    assert not at.exception
+    frame = at.dataframe[1].value
+    assert "momentum" not in frame.columns and "decay" not in frame.columns
+    assert "momentum and decay: not recorded by this run" in _notes(at).replace("\\", "")
+    assert not any(t["name"] == "momentum" for c in _charts(at) for t in c["data"])
+
+
+def test_a_first_order_error_above_the_limit_is_flagged_next_to_the_table(tmp_path):
+    (tmp_path / "probe.json").write_text(json.dumps(_doc(momentum=True, error_ratio=5.1)))
+    at = _page()
+    at.text_input(key="drift_folder").set_value(str(tmp_path)).run()
+    assert not at.exception
+    flags = [w.value.replace("\\", "") for w in at.warning]
+    assert len(flags) == 2 and all("is 5.1 x mean |measured|" in f and f"limit {drift.ERROR_LIMIT:g}" in f for f in flags)
+    assert drift.error_flags([{"objective": "a", "events": "shared", "error_ratio": drift.ERROR_LIMIT}]) == []  # at the limit: no flag
+
+
+def test_a_document_before_error_ratio_gets_it_from_error_and_measured():
+    doc = _doc()
+    rows = drift.doc_table(doc).rows
+    gspo = next(r for r in rows if r["objective"] == "gspo")
+    assert gspo["error_ratio"] == pytest.approx(np.mean([0.01 / v for v in (1.0, 1.2, 0.9)]))
+
+
+def test_a_kind_no_seed_had_is_left_out_with_a_sentence_and_a_missing_seed_is_named():
+    doc = _doc()
+    doc["records"] = [r for r in doc["records"] if not (r["objective"] == "dfpo_min" and r["seed"] == 1)]
+    table = drift.doc_table(doc)
+    assert {(r["objective"], r["events"]) for r in table.rows} == {("gspo", "shared"), ("dfpo_min", "shared")}
+    assert table.left_out == [
+        "No equivalent pair for any objective in any of the document's 3 seeds: "
+        + drift.WHAT_EVENT["equivalent"]
+        + "; so the equivalent rows are left out of the table and chart."
+    ]
+    dfpo = next(r for r in table.rows if r["objective"] == "dfpo_min")
+    assert dfpo["seeds"] == 3 and dfpo["seeds with events"] == 2
+    assert "no shared event in seed 1 of 3" in table.notes[int(dfpo["note"]) - 1]
+
+
+def test_a_run_logging_drift_says_what_its_cross_holds():
+    keys = {"new": {"drift/shared_cross", "drift/shared_momentum"}, "old": {"drift/shared_cross"}}
+    notes = drift.run_drift_notes(keys, ["drift/shared_cross"])
+    assert notes[0].startswith("drift/shared_cross is this batch's part only") and notes[0].endswith("(new).")
+    assert notes[1].startswith("old: no drift/shared_momentum recorded by this run")
+    assert drift.run_drift_notes(keys, ["reward/mean"]) == []
 
 
 def test_a_folder_whose_json_is_not_a_probe_document_is_refused(tmp_path):
