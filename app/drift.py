@@ -419,30 +419,3 @@ def share_rows(doc: dict) -> list[dict[str, object]]:
         }
         for s in cross_shares(doc)
     ]
-
-
-# ----------------------------------------------------------------------------- drift/* keys of a training run
-
-
-def run_drift_notes(run_keys: dict[str, set[str]], chosen: list[str]) -> list[str]:
-    """For the *Training runs* page: per run whose log has ``drift/<kind>_cross`` among the chosen metrics, what its
-    cross holds: only this batch's part beside ``drift/<kind>_momentum``, or (no momentum key: logged before the
-    split) the batch, the optimiser's state and weight decay together."""
-    out = []
-    for kind in ("shared", "equiv"):
-        cross = f"drift/{kind}_cross"
-        if cross not in chosen:
-            continue
-        old = [name for name, keys in run_keys.items() if cross in keys and f"drift/{kind}_momentum" not in keys]
-        new = [name for name, keys in run_keys.items() if cross in keys and f"drift/{kind}_momentum" in keys]
-        if new:
-            out.append(
-                f"{cross} is this batch's part only; the optimiser's state from earlier steps is drift/{kind}_momentum and "
-                f"weight decay's drift/{kind}_decay ({', '.join(new)})."
-            )
-        if old:
-            out.append(
-                f"{', '.join(old)}: no drift/{kind}_momentum recorded by this run, so its {cross} holds the rest of the batch, "
-                "the optimiser's state from earlier steps and weight decay together."
-            )
-    return out

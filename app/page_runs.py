@@ -109,6 +109,8 @@ window = c2.slider(
     help="trailing mean over this many logged steps; 1 draws the raw values",
     persist_state=KEEP,
 )
+for note in R.drift_notes({r.name: set(r.keys()) for r in chosen}, metrics):  # what a run's drift/*_cross holds
+    st.caption(markdown_text(note))
 for key in metrics:
     fig, thinned = go.Figure(), False
     for i, r in enumerate(chosen):

@@ -380,6 +380,30 @@ def metric_keys(runs: list[Run]) -> list[str]:
     return sorted(set().union(*(r.keys() for r in runs))) if runs else []
 
 
+def drift_notes(run_keys: dict[str, set[str]], chosen: list[str]) -> list[str]:
+    """For the *Training runs* page: per run whose log has ``drift/<kind>_cross`` among the chosen metrics, what its
+    cross holds: only this batch's part beside ``drift/<kind>_momentum``, or (no momentum key: logged before the
+    split) the batch, the optimiser's state and weight decay together."""
+    out = []
+    for kind in ("shared", "equiv"):
+        cross = f"drift/{kind}_cross"
+        if cross not in chosen:
+            continue
+        old = [name for name, keys in run_keys.items() if cross in keys and f"drift/{kind}_momentum" not in keys]
+        new = [name for name, keys in run_keys.items() if cross in keys and f"drift/{kind}_momentum" in keys]
+        if new:
+            out.append(
+                f"{cross} is this batch's part only; the optimiser's state from earlier steps is drift/{kind}_momentum and "
+                f"weight decay's drift/{kind}_decay ({', '.join(new)})."
+            )
+        if old:
+            out.append(
+                f"{', '.join(old)}: no drift/{kind}_momentum recorded by this run, so its {cross} holds the rest of the batch, "
+                "the optimiser's state from earlier steps and weight decay together."
+            )
+    return out
+
+
 def config_diff(runs: list[Run], configs: list[dict[str, object]]) -> list[dict]:
     """Every config key of the runs, keys whose values differ first; ``differs`` marks them."""
     keys = sorted({k for c in configs for k in c})

@@ -16,7 +16,10 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from dfpo.app import drift  # noqa: E402
+from dfpo.app.cli import RUNS_ENV  # noqa: E402
+from dfpo.app.runs import drift_notes  # noqa: E402
 from dfpo.toy.param_drift import default_probe_config, probe_toy  # noqa: E402
+from dfpo.trainer.layout import RunDir  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
 
@@ -200,10 +203,26 @@ def test_a_kind_no_seed_had_is_left_out_with_a_sentence_and_a_missing_seed_is_na
 
 def test_a_run_logging_drift_says_what_its_cross_holds():
     keys = {"new": {"drift/shared_cross", "drift/shared_momentum"}, "old": {"drift/shared_cross"}}
-    notes = drift.run_drift_notes(keys, ["drift/shared_cross"])
+    notes = drift_notes(keys, ["drift/shared_cross"])
     assert notes[0].startswith("drift/shared_cross is this batch's part only") and notes[0].endswith("(new).")
     assert notes[1].startswith("old: no drift/shared_momentum recorded by this run")
-    assert drift.run_drift_notes(keys, ["reward/mean"]) == []
+    assert drift_notes(keys, ["reward/mean"]) == []
+
+
+def test_the_runs_page_says_what_a_runs_drift_cross_holds(tmp_path, monkeypatch):
+    for name, parts in (("before", ("cross",)), ("after", ("cross", "momentum", "decay"))):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / RunDir.CONFIG).write_text('seed = 0\n\n[objective]\nname = "gspo"\n')
+        lines = [json.dumps({"step": i + 1, **{f"drift/shared_{p}": 0.1 * (i + 1) for p in parts}}) for i in range(3)]
+        (folder / RunDir.METRICS).write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = AppTest.from_file(str(APP / "page_runs.py"), default_timeout=300).run()
+    at.multiselect(key="runs_metrics").set_value(["drift/shared_cross"]).run()
+    assert not at.exception
+    captions = [c.value.replace("\\", "") for c in at.caption]
+    assert any(c.startswith("drift/shared_cross is this batch's part only") and c.endswith("(after).") for c in captions)
+    assert any(c.startswith("before: no drift/shared_momentum recorded by this run") for c in captions)
 
 
 def test_a_folder_whose_json_is_not_a_probe_document_is_refused(tmp_path):
