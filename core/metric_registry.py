@@ -49,10 +49,30 @@ _LOSS, _TRAINER, _EVAL = "policy_loss", "trainer", "eval"
 _DRIFT_PARTS = (
     ("coef", "mean", "mean abs logit-space coefficient (eq 2's sum_i c_it; for a pair the gap of mean c, eq 5's kappa gap)"),
     ("direct", "mean", "mean abs first-order change of log pi that the event's own coefficients cause (dfpo.core.probe)"),
-    ("cross", "mean", "mean abs first-order change the rest of the batch causes through shared parameters (predicted - direct)"),
+    ("cross", "mean", "mean abs first-order change the rest of this batch's gradient causes through shared parameters"),
+    (
+        "momentum",
+        "mean",
+        "mean abs first-order change the optimiser's state from earlier steps causes (momentum buffer, Adam's first moment)",
+    ),
+    ("decay", "mean", "mean abs first-order change weight decay causes"),
+    ("predicted", "mean", "mean abs first-order prediction <g_e, Delta theta> = direct + cross + momentum + decay"),
     ("measured", "mean", "mean abs change of log pi after the trial step, by a forward pass"),
     ("error", "mean", "mean abs (measured - predicted): the second-order remainder"),
-    ("cross_share", "mean", "sum abs cross / (sum abs direct + sum abs cross) over the probed events"),
+    ("error_ratio", "mean", "error / mean abs measured (flagged above dfpo.core.probe.FIRST_ORDER_ERROR_LIMIT)"),
+    *(
+        (
+            f"{part}_share",
+            "mean",
+            f"sum abs {part} / sum over direct, cross, momentum, decay of sum abs part: share of the first-order prediction",
+        )
+        for part in ("direct", "cross", "momentum", "decay")
+    ),
+    (
+        "batch_cross_share",
+        "mean",
+        "sum abs cross / (sum abs direct + sum abs cross): the cross term's share of this batch's own gradient's part",
+    ),
     ("step", "mean", "mean abs change over the training step's real optimiser steps: log pi now minus log pi_old"),
 )
 """The parts of the drift/* keys, each for shared events and for equivalent pairs."""

@@ -4,7 +4,8 @@ Every ``log.param_drift_every`` training steps (and at step 1), after the step's
 takes one trial optimiser step on the step's first mini-batch with the run's own objective, optimiser state,
 learning rate and gradient clipping, and ``dfpo.core.probe.probe_step`` splits how it moves each probed event
 (shared (context, token) events of a group; pairs of correct completions of one group with different tokens,
-eq 5's equivalent answers) into direct + cross beside the measured change; then the parameters and the optimiser
+eq 5's equivalent answers) into direct + cross (the rest of this mini-batch's gradient) + momentum (the optimiser's
+state from earlier steps) + decay (weight decay) beside the measured change; then the parameters and the optimiser
 are put back, so the run trains exactly as with the stage off. ``drift/*_step`` is the real change of the same
 events over the step's optimiser steps (log pi now minus log pi_old).
 
@@ -28,7 +29,7 @@ import math
 import torch
 
 from ..core.loss import ObjectiveSpec
-from ..core.probe import DriftBatch, DriftReport, EventDrift, probe_step, summary
+from ..core.probe import PARTS, DriftBatch, DriftReport, EventDrift, probe_step, summary
 from .forward import completion_logprobs
 from .minibatches import micro_batch
 from .stage_old_logp import OldLogProbs
@@ -36,6 +37,18 @@ from .stage_rollout import Rollout
 
 KINDS = (("shared", "shared"), ("pairs", "equiv_logodds"))
 """(attribute of ``DriftReport``, the middle of its ``drift/*`` keys)."""
+SUMMARY_PARTS = (
+    "coef",
+    *PARTS,
+    "predicted",
+    "measured",
+    "error",
+    "error_ratio",
+    *(f"{part}_share" for part in PARTS),
+    "batch_cross_share",
+)
+"""The figures of ``core.probe.summary`` each ``drift/<kind>_<part>`` key carries: mean abs coef and parts, the shares
+of the first-order prediction, the cross term's share of the batch's own part, and error / abs measured."""
 CUMULATIVE = ("step", "measured")
 """The parts of ``drift/*`` that ``summary.json`` sums over the probed steps."""
 
@@ -98,8 +111,9 @@ def real_step_change(events: EventDrift, old_logp: torch.Tensor, mask: torch.Ten
 
 
 def drift_metrics(report: DriftReport, old_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """``drift/<kind>_<part>`` from a probe report: each part of ``core.probe.summary`` and the real step's change;
-    a kind with no event gives its count only (no value is made up)."""
+    """``drift/<kind>_<part>`` from a probe report: each figure of ``core.probe.summary`` (``SUMMARY_PARTS``) and the
+    real step's change; a kind with no event gives its count only, and a share or ratio whose denominator is 0 is left
+    out (no value is made up)."""
     out: dict[str, float] = {}
     for attr, kind in KINDS:
         events: EventDrift = getattr(report, attr)
@@ -107,7 +121,7 @@ def drift_metrics(report: DriftReport, old_logp: torch.Tensor, mask: torch.Tenso
         if len(events) == 0:
             continue
         parts = summary(events)
-        for part in ("coef", "direct", "cross", "measured", "error", "cross_share"):
+        for part in SUMMARY_PARTS:
             if part in parts:
                 out[f"drift/{kind}_{part}"] = parts[part]
         step = real_step_change(events, old_logp, mask, pairs=attr == "pairs").abs().mean()

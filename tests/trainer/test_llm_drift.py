@@ -87,6 +87,11 @@ def test_drift_stage_probes_shared_events_and_equivalent_pairs():
     for kind in ("shared", "equiv_logodds"):
         for part in ("coef", "direct", "cross", "measured", "error", "cross_share", "step"):
             assert math.isfinite(m[f"drift/{kind}_{part}"]), (kind, part)
+        for part in ("momentum", "decay", "predicted", "error_ratio", "direct_share", "momentum_share", "decay_share", "batch_cross_share"):
+            assert math.isfinite(m[f"drift/{kind}_{part}"]), (kind, part)  # issue 45: every part of the split is logged
+        shares = sum(m[f"drift/{kind}_{part}_share"] for part in ("direct", "cross", "momentum", "decay"))
+        assert math.isclose(shares, 1.0, rel_tol=1e-9)  # shares of the first-order prediction
+        assert m[f"drift/{kind}_momentum"] <= 1e-6 * m[f"drift/{kind}_predicted"]  # the optimiser had no state: no momentum part
     assert m["drift/shared_step"] > 0  # pi_old is off the model: the events moved since
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before)) and not optimizer.state
 
