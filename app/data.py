@@ -7,21 +7,24 @@ folders are read by ``dfpo.app.runs``). Bad input raises ``ValueError`` with a s
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..core.loss import OBJECTIVES
+from ..core.loss import AGGREGATIONS, OBJECTIVES, resolve_objective
 from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the core
     ATLAS_COLUMNS,
     CANCEL_TOL,
     AtlasCell,
+    SharedPrefixGroup,
     atlas,
     atlas_rows,
     group_breakdown,
     make_shared_prefix_group,
+    shared_token_gradient,
 )
 from ..toy import train as toy_train
 from ..toy.cli import toy_threads
@@ -133,6 +136,64 @@ def breakdown_table(b) -> list[dict]:
         }
         for i in range(len(b.advantages))
     ]
+
+
+# ----------------------------------------------------------------------------- the atlas, one group at a time
+
+ATLAS_ASPECTS = tuple((agg, equal, clipped) for agg in AGGREGATIONS for equal in (True, False) for clipped in (False, True))
+"""(aggregation, equal lengths, shared ratio clipped) of an objective's atlas cells, in ``cancellation.atlas``'s order."""
+
+
+def atlas_draws(groups: int, seed: int) -> list[tuple[list[float], list[int], list[int], int]]:
+    """The random groups of ``cancellation.atlas(groups=groups, seed=seed)``, drawn exactly as it draws them:
+    (rewards, equal lengths, unequal lengths, the group's own seed) each. One generator draws them in turn, so the
+    first k draws for any ``groups`` >= k are the draws for ``groups=k`` (the page reuses them when the count grows)."""
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for _ in range(groups):
+        rewards = [1.0, 0.0] + torch.randint(0, 2, (2,), generator=gen).double().tolist()
+        unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
+        while len(set(unequal)) == 1:
+            unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
+        cases.append((rewards, [8] * 4, unequal, int(torch.randint(0, 2**16, (1,), generator=gen))))
+    return cases
+
+
+@functools.lru_cache(maxsize=256)
+def atlas_groups(seed: int, index: int) -> dict[tuple[bool, bool], SharedPrefixGroup]:
+    """The ``index``-th random group of the atlas for ``seed`` in its four forms, keyed (equal lengths, shared ratio
+    clipped): built once and read by every objective (autograd.grad never writes to the group's leaves)."""
+    rewards, equal_lengths, unequal_lengths, group_seed = atlas_draws(index + 1, seed)[index]
+    return {
+        (equal, clipped): make_shared_prefix_group(
+            torch.tensor(rewards, dtype=torch.float64),
+            equal_lengths if equal else unequal_lengths,
+            shared_log_ratio=0.5 if clipped else 0.0,
+            seed=group_seed,
+        )
+        for equal in (True, False)
+        for clipped in (False, True)
+    }
+
+
+def atlas_group_residuals(objective: str, seed: int, index: int) -> tuple[float, ...]:
+    """max_t |eq 2 residual| of ``objective`` on the ``index``-th group of the atlas for ``seed``, one per
+    ``ATLAS_ASPECTS`` entry (each aggregation resolved once, not once per cell)."""
+    groups = atlas_groups(seed, index)
+    specs = {agg: resolve_objective(objective, aggregation=agg) for agg in AGGREGATIONS}
+    return tuple(float(shared_token_gradient(specs[agg], groups[equal, clipped]).abs().max()) for agg, equal, clipped in ATLAS_ASPECTS)
+
+
+def atlas_objective_cells(objective: str, residuals: list[tuple[float, ...]]) -> list[AtlasCell]:
+    """``objective``'s atlas cells from its ``atlas_group_residuals`` of the first groups: each cell the largest over
+    them, folded from 0 in order as ``cancellation.atlas`` does (so the cells are the same floats)."""
+    cells = []
+    for k, (agg, equal, clipped) in enumerate(ATLAS_ASPECTS):
+        worst = 0.0
+        for group in residuals:
+            worst = max(worst, group[k])
+        cells.append(AtlasCell(objective, agg, equal, clipped, worst))
+    return cells
 
 
 # ----------------------------------------------------------------------------- toy lab

@@ -323,6 +323,19 @@ def test_atlas_covers_every_objective_and_grpo_fix_cancels_with_a_length_free_ag
     assert gspo["equal L, r*=1"] != "cancels"  # eq 13
 
 
+def test_atlas_page_shows_the_cores_atlas_as_groups_are_added_and_taken_away():
+    from dfpo.core.loss.cancellation import atlas, atlas_rows
+
+    at = page("atlas")
+    names = ["gspo", "dfpo_min", "kl_cov"]
+    at.multiselect(key="atlas_objectives").set_value(names).run()
+    for groups, seed in ((2, 5), (3, 5), (1, 5), (2, 6)):  # more groups reuse the first ones; fewer read them back
+        at.number_input(key="atlas_groups").set_value(groups)
+        at.number_input(key="atlas_seed").set_value(seed).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.dataframe[0].value.to_dict("records") == atlas_rows(atlas(names, groups=groups, seed=seed))[1]
+
+
 def test_ledger_filters_by_verdict_expands_each_claim_and_wraps_statements():
     at = page("ledger")
     n = len(at.dataframe[0].value)

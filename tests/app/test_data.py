@@ -54,3 +54,42 @@ def test_cache_folder_default_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv(cache.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache.cache_dir() == tmp_path / "dfpo" / "app"
+
+
+# ----------------------------------------------------------------------------- the atlas, one group at a time
+
+
+def _atlas_by_group(objectives, groups: int, seed: int):
+    return [
+        c
+        for name in objectives
+        for c in data.atlas_objective_cells(name, [data.atlas_group_residuals(name, seed, i) for i in range(groups)])
+    ]
+
+
+@pytest.mark.parametrize(("groups", "seed"), [(2, 0), (3, 7)])
+def test_the_atlas_built_one_group_at_a_time_is_the_cores_atlas_float_for_float(groups, seed):
+    from dfpo.core.loss import OBJECTIVES
+    from dfpo.core.loss.cancellation import atlas
+
+    assert _atlas_by_group(OBJECTIVES, groups, seed) == atlas(groups=groups, seed=seed)  # AtlasCell equality: every residual
+
+
+def test_the_atlas_of_many_groups_matches_the_core_on_a_few_objectives():
+    from dfpo.core.loss.cancellation import atlas
+
+    names = ["gspo", "grpo_fix", "kl_cov", "online_ipo"]  # a batch coupling and a pairwise loss among them
+    assert _atlas_by_group(names, 9, 123) == atlas(names, groups=9, seed=123)
+
+
+def test_atlas_draws_for_fewer_groups_are_the_first_draws_for_more():
+    from hypothesis import given, settings
+    from hypothesis import strategies as hs
+
+    # Invariant: the first k groups drawn for any count n >= k are the groups drawn for k (so a page can reuse them).
+    @settings(max_examples=30, deadline=None)
+    @given(seed=hs.integers(*data.SEED_RANGE), k=hs.integers(1, 16), extra=hs.integers(0, 8))
+    def check(seed, k, extra):
+        assert data.atlas_draws(k + extra, seed)[:k] == data.atlas_draws(k, seed)
+
+    check()
