@@ -44,11 +44,27 @@ class NonFiniteLossError(RuntimeError):
 
 
 def lr_factor(step: int, *, total: int, warmup: int, min_ratio: float) -> float:
-    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` at ``total``."""
+    """Linear warmup over ``warmup`` steps, then cosine from 1 to ``min_ratio`` at ``total``.
+
+    ``step`` counts the optimiser steps taken (0-based): optimiser step k (1-based) applies ``lr_factor(k - 1)``, so
+    step k <= warmup applies k / warmup (the last warm-up step the full lr), the first step after it the full lr
+    again (cosine at 0), and the last step (k = total) the cosine at (total - 1 - warmup) / (total - warmup); the
+    floor ``min_ratio`` is the factor after the last step."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def warmup_updates(total: int, warmup_ratio: float) -> int:
+    """Optimiser steps of the linear warm-up: ``warmup_ratio`` of all ``total``, rounded to the nearest."""
+    return int(round(warmup_ratio * total))
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, *, total: int, warmup_ratio: float, min_ratio: float):
+    """The run's schedule on ``optimizer`` (``lr_factor`` times its lr), stepped once after each optimiser step."""
+    warmup = warmup_updates(total, warmup_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total=total, warmup=warmup, min_ratio=min_ratio))
 
 
 @dataclass
@@ -205,10 +221,7 @@ class UpdateStage:
             weight_decay=o.weight_decay,
             foreach=parallel.optimizer_foreach,
         )
-        warmup = int(round(o.warmup_ratio * total_updates))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, total=total_updates, warmup=warmup, min_ratio=o.min_lr_ratio)
-        )
+        self.scheduler = lr_schedule(self.optimizer, total=total_updates, warmup_ratio=o.warmup_ratio, min_ratio=o.min_lr_ratio)
 
     def plan(self, step: int, batch: RolloutBatch) -> list[list[torch.Tensor]]:
         """The row indices of every optimiser step's micro-batches on this process (``optimiser_step_plan``)."""

@@ -12,7 +12,7 @@ from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, group_minibatches, split_groups
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import build_batch
-from dfpo.trainer.stage_update import accumulate_gradients, lr_factor
+from dfpo.trainer.stage_update import accumulate_gradients, lr_factor, lr_schedule
 
 
 @settings(max_examples=40, deadline=None)
@@ -109,6 +109,59 @@ def test_lr_schedule_warms_up_linearly_then_decays_to_the_floor():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
     assert f[100] == pytest.approx(0.2)
     assert f[55] == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def _cosine_floor(k: int, *, total: int, warmup: int, floor: float) -> float:
+    """The factor optimiser step k (1-based) applies after the warm-up, written as cos^2 (half-angle form), not as
+    the code's 0.5 * (1 + cos): floor + (1 - floor) cos^2(pi/2 * (steps after the warm-up before k) / (total - warmup))."""
+    return floor + (1 - floor) * math.cos(math.pi / 2 * (k - 1 - warmup) / (total - warmup)) ** 2
+
+
+def test_each_optimiser_step_applies_the_schedules_value_at_the_boundaries():
+    """20 optimiser steps, warm-up 20% (4 steps), floor 0.1, lr 0.5: the lr each optimiser.step() applies, read off the
+    optimiser, at the warm-up's first and last steps, the first step after it, the last step, and after it."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.5)
+    schedule = lr_schedule(opt, total=20, warmup_ratio=0.2, min_ratio=0.1)
+    applied = {}  # optimiser step (1-based) -> the lr it applied
+    for k in range(1, 21):
+        applied[k] = opt.param_groups[0]["lr"]
+        opt.step()
+        schedule.step()
+    assert applied[1] == pytest.approx(0.5 * 1 / 4)  # the first warm-up step: a quarter of the lr, not 0
+    assert applied[3] == pytest.approx(0.5 * 3 / 4)
+    assert applied[4] == pytest.approx(0.5)  # the last warm-up step reaches the full lr
+    assert applied[5] == pytest.approx(0.5)  # the first step after it: the cosine at its start
+    assert applied[6] == pytest.approx(0.5 * _cosine_floor(6, total=20, warmup=4, floor=0.1))  # 0.4957, below the peak
+    assert applied[6] < applied[5]
+    assert applied[20] == pytest.approx(0.5 * _cosine_floor(20, total=20, warmup=4, floor=0.1))  # 0.05432: 15/16 of the way
+    assert applied[20] == pytest.approx(0.5 * (0.1 + 0.9 * 0.0096073598))  # cos^2(15 pi / 32), by hand
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)  # after the last step: the floor
+
+
+def test_the_trainer_logs_its_schedule_at_the_boundaries(tmp_path):
+    """A tiny run of 8 steps of one optimiser step each, warm-up 3/8 (3 steps), floor 0.2, lr 0.01: optim/lr is the
+    lr after the step's optimiser step, i.e. the one the next step applies (docs/metrics.md)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_llm_e2e import tiny_config
+
+    from dfpo.trainer.layout import RunDir
+    from dfpo.trainer.train import Trainer
+
+    sets = ["train.steps=8", "eval.every=0", "optim.epochs=1", "optim.minibatch_groups=2", "optim.warmup_ratio=0.375"]
+    cfg = tiny_config(tmp_path, *sets, "optim.min_lr_ratio=0.2", "optim.lr=0.01", "rollout.prompts_per_step=2")
+    Trainer(cfg, quiet=True).run()
+    logged = {r["step"]: r["optim/lr"] for r in map(json.loads, (cfg.folder.path / RunDir.METRICS).read_text().splitlines())}
+    assert logged[1] == pytest.approx(0.01 * 2 / 3)  # optimiser step 2 of the warm-up's 3
+    assert logged[2] == pytest.approx(0.01)  # step 3: the last warm-up step
+    assert logged[3] == pytest.approx(0.01)  # step 4: the first after it
+    assert logged[4] == pytest.approx(0.01 * _cosine_floor(5, total=8, warmup=3, floor=0.2))
+    assert logged[7] == pytest.approx(0.01 * _cosine_floor(8, total=8, warmup=3, floor=0.2))  # step 8, the last
+    assert logged[8] == pytest.approx(0.01 * 0.2)  # after it: the floor
 
 
 @pytest.mark.parametrize("objective", ["grpo", "gspo", "dfpo_min"])
