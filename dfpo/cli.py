@@ -8,7 +8,9 @@ handler), so `dfpo --help` and `dfpo objectives` start fast:
     dfpo theory ...            claims ledger (dfpo.theory.cli)
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
     dfpo train ...             LLM trainer (dfpo.trainer.cli)
+    dfpo compare ...           objectives on the LLM trainer over paired seeds (dfpo.trainer.cli)
     dfpo probe ...             parameter-space drift per objective (dfpo.trainer.probe_cli)
+    dfpo app ...               the Streamlit explorer and its pages (dfpo.app.cli)
 
 A part's module exposes ``register(subparsers) -> None``; it adds one parser and sets
 ``func=<callable(args) -> int>`` on it with ``set_defaults``.
