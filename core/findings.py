@@ -184,9 +184,9 @@ def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdi
     m, mc, b, bc = paired_values(evidence, which, row)
     if np.isnan(m).any() or np.isnan(b).any():
         raise ValueError(f"{evidence.get('name')} ({which}): {row.key()} has a missing value")
-    if row.metric in CENSORED:
-        ci = stats.paired_censored_interval(m, mc, b, bc, tests=tests)
-        level = stats.km_median(b, bc).median if row.control else None
+    if row.metric in CENSORED:  # the toy tables' interval: the median's sign test, or the mean's t-interval (too few seeds)
+        ci = stats.paired_outcome_interval(m, mc, b, bc, tests=tests)
+        level = None if not row.control else float(np.mean(b)) if isinstance(ci, stats.Interval) else stats.km_median(b, bc).median
     else:
         ci = stats.paired_interval(m - b, tests=tests)
         level = float(np.mean(b)) if row.control else None
@@ -290,6 +290,12 @@ def finding_sentences(summary: Summary, finding: Finding) -> list[str]:
         phrases = []
         for r in rows:
             name = METRICS[r.metric]
+            kinds = ["mean" if isinstance(v.interval, stats.Interval) else "median" for v in summary.verdicts[r.key()]]
+            if "mean" in kinds:  # a seed set too small for the median's sign test, every run uncensored
+                name = name.replace(
+                    "(median)",
+                    "(mean)" if kinds[0] == kinds[1] else f"({kinds[0]} on the discovery set, {kinds[1]} on the confirmation set)",
+                )
             caveat = CAVEATS.get((ev["kind"], r.metric))
             phrases.append(phrase(name + (f" ({caveat})" if caveat else ""), summary.verdicts[r.key()]))
         out.append(f"{where}, `{method}` {control_text(ev, 'confirmation', rows[0])}: " + "; ".join(phrases) + ".")

@@ -30,12 +30,17 @@ Censored outcomes (steps to a threshold that some runs never reach, the tax paid
 censored value c says only that the true value is >= c, so it never enters a mean. A level is the
 Kaplan-Meier median with a Brookmeyer-Crowley interval (the times where the log-log pointwise
 interval of the survival curve contains 1/2; ``km_median``), printed ``>=c`` where censoring leaves
-it open. A paired comparison is the median of the per-seed differences with its sign-test interval
-(order statistics of a Binomial(n, 1/2), ``paired_censored_interval``): a pair with a censored side
-only bounds its difference (method observed m, baseline censored at c: d <= m - c), and the interval
-takes the conservative end of each bound, so it covers at least as often as the uncensored sign-test
-interval (distribution-free, no normality). It is used for every value of such a column, censored or
-not, so a column has one estimand.
+it open. A paired comparison (``paired_outcome_interval``) is the median of the per-seed differences
+with its sign-test interval (order statistics of a Binomial(n, 1/2), ``paired_censored_interval``): a
+pair with a censored side only bounds its difference (method observed m, baseline censored at c:
+d <= m - c), and the interval takes the conservative end of each bound, so it covers at least as often
+as the uncensored sign-test interval (distribution-free, no normality). It is used for every value of
+such a column, censored or not, so a column has one estimand, wherever it can bound: at level 1 - a
+the sign test bounds nothing below n = log2(2 / a) seeds (11 at 0.9988, the level of a 42-row table).
+With fewer seeds, a row whose pairs are all uncensored gets the Student-t interval of the mean
+difference (it bounds from n = 2); each row says which ("median" marks the sign test), and an
+interval that cannot be bounded (a censored row with too few seeds) says why in one sentence
+(``unbounded_reason``) instead of printing [-inf, inf].
 
 The Student-t distribution function is Abramowitz & Stegun 26.7.3-26.7.4 (closed form for an
 integer number of degrees of freedom, which is all a paired interval needs), inverted by
@@ -162,10 +167,13 @@ def verdict(interval: Interval, direction: int, baseline: float | None = None, m
 
 
 def relative(interval: Interval, baseline: float) -> str:
-    """' (+x% [lo%, hi%])': the interval relative to the baseline's mean; '' when that mean is 0."""
+    """' (+x% [lo%, hi%])': the interval relative to the baseline's mean; '' when that mean is 0; ' (+x%)' when
+    no end of the interval is finite (``interval_text`` says why)."""
     if abs(baseline) <= 1e-12:
         return ""
     m, lo, hi = (100 * v / abs(baseline) for v in interval.as_tuple())
+    if not (math.isfinite(lo) or math.isfinite(hi)):
+        return f" ({m:+.1f}%)"
     return f" ({m:+.1f}% [{lo:+.1f}%, {hi:+.1f}%])"
 
 
@@ -391,6 +399,51 @@ def paired_censored_interval(
     )
 
 
+def paired_outcome_interval(
+    method, method_censored, baseline, baseline_censored, *, level: float = 0.95, tests: int = 1
+) -> Interval | CensoredInterval:
+    """The interval of method - baseline over paired seeds (n,) of an outcome that may be censored (steps to a
+    threshold): the median's censoring-aware sign-test ``CensoredInterval`` (``paired_censored_interval``:
+    distribution-free, and a censored value is a bound, not a number to average) where its n seeds reach the
+    Bonferroni-adjusted level (``sign_test_min_seeds``); with fewer seeds and no pair censored, every difference is a
+    number and the Student-t ``Interval`` of their mean bounds it from n = 2 (``paired_interval``)."""
+    m, mc = _censored(method, method_censored)
+    b, bc = _censored(baseline, baseline_censored)
+    if m.shape != b.shape:
+        raise ValueError(f"paired values need one method and one baseline value per seed, got {m.size} and {b.size}")
+    if not (mc | bc).any() and sign_test_rank(m.size, bonferroni_level(level, tests)) == 0:
+        return paired_interval(m - b, level=level, tests=tests)
+    return paired_censored_interval(m, mc, b, bc, level=level, tests=tests)
+
+
+def sign_test_min_seeds(level: float) -> int:
+    """The fewest values whose sign-test interval of a median reaches ``level``: the n with 2 / 2^n <= 1 - level."""
+    n = 1
+    while sign_test_rank(n, level) == 0:
+        n += 1
+    return n
+
+
+def unbounded_reason(ci) -> str:
+    """Why an interval is the whole line, in one sentence without a final stop ('' when an end is finite).
+
+    A Student-t ``Interval`` of one seed has no spread to scale; a sign-test ``CensoredInterval`` needs
+    ``sign_test_min_seeds`` seeds at its Bonferroni-adjusted level, or else enough pairs whose runs both reached
+    the threshold."""
+    if math.isfinite(ci.low) or math.isfinite(ci.high):
+        return ""
+    per = bonferroni_level(ci.level, ci.tests)
+    if isinstance(ci, CensoredInterval):
+        need = sign_test_min_seeds(per)
+        if ci.n < need:
+            return f"n = {ci.n} seeds: a sign-test interval of the median at level {per:.4g} needs >= {need}"
+        return (
+            f"{ci.censored_pairs} of {ci.n} pairs have a run that never reached the threshold, and a censored pair bounds its "
+            "difference on one side only: too few bounded pairs on either side for the sign test"
+        )
+    return f"n = {ci.n} seed: a Student-t interval needs >= 2 seeds"
+
+
 def format_number(value: float, fmt: str) -> str:
     """``fmt`` of a finite value; 'inf' / '-inf' otherwise (an interval censoring leaves open)."""
     return fmt.format(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
@@ -398,7 +451,7 @@ def format_number(value: float, fmt: str) -> str:
 
 def interval_text(ci, fmt: str = "{:+.3g}") -> str:
     """'mean [low, high]' of an ``Interval``; 'median m [low, high]' of a ``CensoredInterval``, with '<=m' / '>=m'
-    where censoring leaves the median open on one side."""
+    where censoring leaves the median open on one side; 'm, no interval (why)' where no end is finite."""
     if isinstance(ci, CensoredInterval):
         if format_number(ci.center_low, fmt) == format_number(ci.center_high, fmt):
             center = format_number(ci.center_low, fmt)
@@ -410,5 +463,10 @@ def interval_text(ci, fmt: str = "{:+.3g}") -> str:
             center = "unknown (censored)"
         else:
             center = f"in [{format_number(ci.center_low, fmt)}, {format_number(ci.center_high, fmt)}]"
-        return f"median {center} [{format_number(ci.low, fmt)}, {format_number(ci.high, fmt)}]"
-    return f"{fmt.format(ci.mean)} [{format_number(ci.low, fmt)}, {format_number(ci.high, fmt)}]"
+        head = f"median {center}"
+    else:
+        head = fmt.format(ci.mean)
+    why = unbounded_reason(ci)
+    if why:
+        return f"{head}, no interval ({why})"
+    return f"{head} [{format_number(ci.low, fmt)}, {format_number(ci.high, fmt)}]"

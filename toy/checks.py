@@ -11,7 +11,9 @@ shown when unmatched (the comparison a reader would make), with the verdict "not
 
 Intervals (``dfpo.core.stats``), Bonferroni-adjusted over every check of the table: the Student-t interval
 of the mean paired difference; for a censored outcome (steps to the threshold, the tax paid to reach it)
-the median paired difference with its censoring-aware sign-test interval, for every pair of that row.
+the median paired difference with its censoring-aware sign-test interval, or where the seeds are too few
+for a sign test at the table's level and every run reached the threshold the t-interval of the mean
+(``stats.paired_outcome_interval``).
 """
 
 from __future__ import annotations
@@ -118,17 +120,19 @@ def control_kinds(labels, config) -> dict[str, list[str]]:
 
 
 def paired_difference(method: dict, baseline: dict, key: str, *, tests: int = 1):
-    """The interval of method - baseline for one summary key over paired seeds: a ``CensoredInterval`` (median,
-    sign test) for a censored key, else the Student-t ``Interval`` of the mean."""
+    """The interval of method - baseline for one summary key over paired seeds: the Student-t ``Interval`` of the mean,
+    or for a censored key the median's ``CensoredInterval`` (sign test), the t-interval of the mean where the seeds are
+    too few for the sign test and every run reached kappa (``dfpo.core.stats.paired_outcome_interval``)."""
     if key in CENSORED:
-        return stats.paired_censored_interval(method[key], censored(method), baseline[key], censored(baseline), tests=tests)
+        return stats.paired_outcome_interval(method[key], censored(method), baseline[key], censored(baseline), tests=tests)
     return stats.paired_interval(np.asarray(method[key], float) - np.asarray(baseline[key], float), tests=tests)
 
 
-def baseline_level(baseline: dict, key: str) -> float | None:
-    """What 'negligible' is relative to: the baseline's Kaplan-Meier median for a censored key (None when it never
-    reached kappa on half its seeds), else its mean."""
-    if key in CENSORED:
+def baseline_level(baseline: dict, key: str, interval=None) -> float | None:
+    """What 'negligible' is relative to: the baseline's mean, or for a censored key compared by its median
+    (``interval`` a ``CensoredInterval``, or not given) its Kaplan-Meier median (None when it never reached kappa on
+    half its seeds)."""
+    if key in CENSORED and not isinstance(interval, stats.Interval):
         return stats.km_median(baseline[key], censored(baseline)).median
     return float(np.mean(baseline[key]))
 
@@ -189,7 +193,7 @@ def checks(summary: dict[str, dict[str, object]], config) -> list[Check]:
     for text, key, direction, pair in todo:
         m, b = summary[pair.method], summary[pair.baseline]
         ci = paired_difference(m, b, key, tests=len(todo))
-        level = baseline_level(b, key)
+        level = baseline_level(b, key, ci)
         same = key not in CENSORED or not bool(np.any(censored(m) | censored(b)))  # a censored pair's difference is unknown
         none = same and bool(np.allclose(np.asarray(m[key], float) - np.asarray(b[key], float), 0, atol=1e-12))
         rows.append(Check(text, key, direction, pair, ci, level, judge(ci, direction, level, unmatched=pair.unmatched, no_difference=none)))
@@ -222,7 +226,9 @@ def prediction_checks(summary: dict[str, dict[str, object]], config=None, discov
     )
     lines = [
         f"Intervals: {stats.interval_note(len(rows))}; for the censored outcomes ({', '.join(CENSORED)}) the median paired "
-        "difference with its sign-test interval at the same level, each censored pair bounding its difference.",
+        "difference with its sign-test interval at the same level, each censored pair bounding its difference, or where "
+        "the seeds are too few for a sign test and every run of both sides reached kappa the same t-interval of the mean "
+        "('median' marks the sign test).",
         "",
         head + (f" verdict on the discovery set ({_seed_set(d_config, d_n)}) | replicated? |" if discovery is not None else ""),
         "|---" * (6 + 2 * (discovery is not None)) + "|",

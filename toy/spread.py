@@ -129,7 +129,8 @@ def intervals(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         m, b = _side(row, "method", keys), _side(row, "baseline", keys)
-        out.append({key: (paired_difference(m, b, key, tests=tests), baseline_level(b, key)) for key in keys})
+        cells = {key: paired_difference(m, b, key, tests=tests) for key in keys}
+        out.append({key: (ci, baseline_level(b, key, ci)) for key, ci in cells.items()})
     return out
 
 
@@ -151,7 +152,8 @@ def _table(rows: list[dict], base: ToyConfig, knob: str, baseline: str, method: 
         f"{base.seeds} paired seeds (--seed {base.seed}), {base.steps} steps, G = {base.group_size}, K = {base.inner_steps}, {base.optimizer} lr = {base.lr}"
         f" (the swept knob, {knob}, overrides its base value). Matched control: same clip range, stop-gradient form,",
         f"aggregation, advantage scale, lr and seeds. Cells: mean paired difference (method - baseline) [{stats.interval_note(tests)}];",
-        "for steps, the median paired difference with its censoring-aware sign-test interval at the same level.",
+        "for steps, the median paired difference with its censoring-aware sign-test interval at the same level, or where",
+        "the seeds are too few for a sign test and every run of both sides reached kappa the t-interval of the mean.",
         "* where that interval excludes 0; (x% [lo%, hi%]) is the difference and its interval relative to the baseline's level.",
         "Spread: within-group std of log s_i at each update (baseline's run).",
         "",

@@ -83,7 +83,7 @@ def sweep_group_size(
         f"# Gain of {method} over {baseline} as the group size grows (toy {c.task}, {c.mode})",
         "",
         f"{c.seeds} paired seeds (--seed {c.seed}), {c.steps} steps, K = {c.inner_steps}, {c.optimizer} lr = {c.lr}. Cells: mean paired difference ({method} - {baseline}) [{stats.interval_note(tests)}].",
-        f"Steps to kappa = {c.kappa}: the median paired difference with its censoring-aware sign-test interval (a seed that never reaches kappa only bounds its difference). Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
+        f"Steps to kappa = {c.kappa}: the median paired difference with its censoring-aware sign-test interval (a seed that never reaches kappa only bounds its difference), or where the seeds are too few for a sign test and every run reached kappa the t-interval of the mean. Paper Table 4 (AIME25 points, not comparable units): {PAPER_TABLE4}.",
         f"Matched control (same clip range, stop-gradient form, aggregation, advantage scale): {match}.",
         "",
         "| G | " + " | ".join(f"gain in {label}" for _, label in GAINS) + f" | {baseline} final E[R] | paper Table 4 |",

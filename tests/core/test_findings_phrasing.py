@@ -95,3 +95,29 @@ def test_a_row_against_zero_is_a_one_sample_interval():
     row = Row("p", "m", "", "asym", ("higher", "higher"))
     summary = Summary("t", [Finding("f", "P", (row,))], {"p": ev})
     assert [v.word for v in summary.verdicts[row.key()]] == ["higher", "higher"] and not summary.mismatches()
+
+
+def _steps_evidence(seeds: dict[str, int]) -> dict:
+    """Steps of a method 2 to 4 below its control's 50 on every seed, every run reaching the threshold."""
+    sets = {}
+    for s, n in seeds.items():
+        m = [48.0 - (i % 3) for i in range(n)]
+        sets[s] = {
+            "summary": {"m": {"steps_to_kappa": m, "reached": [True] * n}, "c": {"steps_to_kappa": [50.0] * n, "reached": [True] * n}}
+        }
+    return {"name": "x", "kind": "toy-run", "title": "T", "sets": sets}
+
+
+def test_a_seed_set_too_small_for_the_median_reads_the_mean_and_says_so():
+    """5 uncensored seeds at 95%: a sign test needs 6, so the row reads the t-interval of the mean (bounded), and its
+    phrase says 'mean' where the ledger's metric name says 'median'; a set of 16 keeps the median."""
+    row = Row("x", "m", "c", "steps_to_kappa", ("lower", "lower"))
+    small = Summary("t", [Finding("f", "T", (row,))], {"x": _steps_evidence({"discovery": 5, "confirmation": 5})})
+    assert all(isinstance(v.interval, stats.Interval) and math.isfinite(v.interval.low) for v in small.verdicts[row.key()])
+    assert [v.word for v in small.verdicts[row.key()]] == ["lower", "lower"]
+    assert "steps to the reward threshold (mean) lower" in render_findings(small) and "(median)" not in render_findings(small)
+    level = small.verdicts[row.key()][0].level
+    assert level == 50.0  # relative to the control's mean, as the interval is of the mean
+    mixed = Summary("t", [Finding("f", "T", (row,))], {"x": _steps_evidence({"discovery": 5, "confirmation": 16})})
+    assert isinstance(mixed.verdicts[row.key()][1].interval, stats.CensoredInterval)
+    assert "(mean on the discovery set, median on the confirmation set)" in render_findings(mixed)

@@ -25,10 +25,13 @@ from dfpo.core.stats import (
     normal_quantile,
     paired_censored_interval,
     paired_interval,
+    paired_outcome_interval,
     relative,
+    sign_test_min_seeds,
     sign_test_rank,
     student_t_cdf,
     student_t_quantile,
+    unbounded_reason,
     verdict,
 )
 from dfpo.toy.report import paired_verdict, replicated
@@ -268,3 +271,89 @@ def test_paired_censored_interval_covers_at_least_nominally():
             cover += ci.low <= 1.0 <= ci.high
         assert cover / 600 >= 0.94, (n, cover / 600)
     assert isinstance(ci, CensoredInterval)
+
+
+def _t_density_mass(q: float, df: int) -> float:
+    """P(-q <= T <= q) by the trapezoid rule on Student's density, written out with math.gamma (independent of
+    student_t_cdf's series)."""
+    t = np.linspace(-q, q, 400_001)
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    f = c * (1 + t * t / df) ** (-(df + 1) / 2)
+    return float(np.sum((f[1:] + f[:-1]) / 2 * np.diff(t)))
+
+
+def test_uncensored_paired_outcomes_too_few_for_a_sign_test_get_the_t_interval_by_independent_arithmetic():
+    """8 fixed pairs at the level of a 42-row table (a sign test needs 11): mean +- t sd / sqrt(n), t the value whose
+    central mass under Student's density (a numerical integral) is 1 - 0.05/42; the first 5 pairs at 95% (a sign test
+    needs 6) with t_{0.975, 4} = 2.776445105 from the printed tables."""
+    method = np.array([52.0, 47.0, 55.0, 49.0, 43.0, 61.0, 50.0, 56.0])
+    baseline = np.array([49.0, 48.0, 51.0, 48.0, 48.0, 52.0, 48.0, 50.0])
+    d = method - baseline  # [3, -1, 4, 1, -5, 9, 2, 6]
+    mean, sd = d.sum() / 8, math.sqrt(float(((d - d.sum() / 8) ** 2).sum()) / 7)
+    ci = paired_outcome_interval(method, [False] * 8, baseline, [False] * 8, tests=42)
+    assert isinstance(ci, Interval) and ci.mean == pytest.approx(2.375, abs=1e-12)
+    q = (ci.high - mean) / (sd / math.sqrt(8))
+    assert mean - ci.low == pytest.approx(ci.high - mean, abs=1e-12)
+    assert _t_density_mass(q, 7) == pytest.approx(1 - 0.05 / 42, abs=1e-7)
+    assert unbounded_reason(ci) == ""  # 8 seeds bound it; the sign test there would not
+    five = paired_outcome_interval(method[:5], None, baseline[:5], None)
+    m5 = d[:5].sum() / 5
+    half = 2.776445105 * math.sqrt(float(((d[:5] - m5) ** 2).sum()) / 4) / math.sqrt(5)
+    assert isinstance(five, Interval) and (five.low, five.high) == pytest.approx((m5 - half, m5 + half), abs=1e-7)
+    # where the sign test reaches the level (8 seeds at 95%), the column keeps the median's distribution-free interval
+    assert paired_outcome_interval(method, None, baseline, None) == paired_censored_interval(method, None, baseline, None)
+
+
+def test_a_censored_pair_keeps_the_median_and_its_sign_test():
+    """One run that never reached the threshold makes its difference a bound, not a number: the median's interval,
+    here with too few seeds for it, and the cell says so."""
+    method, baseline = np.arange(8.0) + 10, np.full(8, 10.0)
+    cens = np.zeros(8, bool)
+    cens[7] = True
+    ci = paired_outcome_interval(method, cens, baseline, None, tests=42)
+    assert isinstance(ci, CensoredInterval) and ci.censored_pairs == 1
+    assert ci == paired_censored_interval(method, cens, baseline, None, tests=42)
+    assert "no interval (n = 8 seeds" in interval_text(ci)
+    with pytest.raises(ValueError, match="one method and one baseline value per seed"):
+        paired_outcome_interval([1.0, 2.0], None, [1.0], None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=2, max_size=10),
+    st.floats(-1e3, 1e3, allow_nan=False),
+    st.integers(42, 200),
+)
+def test_the_t_interval_contains_the_mean_and_shifts_with_the_differences(d, shift, tests):
+    """Below the sign test's seeds, the interval of uncensored paired outcomes is finite, contains their mean difference, and adding c to every difference adds c to both ends."""
+    d = np.array(d)
+    ci = paired_outcome_interval(d, None, np.zeros(d.size), None, tests=tests)
+    moved = paired_outcome_interval(d + shift, None, np.zeros(d.size), None, tests=tests)
+    assert isinstance(ci, Interval) and ci.low <= ci.mean <= ci.high and math.isfinite(ci.low) and math.isfinite(ci.high)
+    tol = 1e-9 * (1 + abs(shift) + float(np.abs(d).max()))
+    assert moved.low == pytest.approx(ci.low + shift, abs=tol) and moved.high == pytest.approx(ci.high + shift, abs=tol)
+
+
+def test_sign_test_min_seeds_is_where_the_rank_first_reaches_one():
+    assert sign_test_min_seeds(0.95) == 6  # 2 / 2^6 = 0.031 <= 0.05 < 2 / 2^5
+    assert sign_test_min_seeds(1 - 0.05 / 42) == 11  # the standard ablation's 42-row table: 2 / 2^11 = 0.00098 <= 0.00119
+    for level in (0.9, 0.95, 0.99, 1 - 0.05 / 42):
+        n = sign_test_min_seeds(level)
+        assert sign_test_rank(n, level) == 1 and sign_test_rank(n - 1, level) == 0
+
+
+def test_an_interval_that_cannot_be_bounded_says_why_in_one_sentence():
+    """Before: 'median +0 [-inf, inf]' with no reason. 8 seeds, 42 rows: the sign test needs 11 seeds."""
+    ci = paired_censored_interval(np.arange(8.0), [False] * 7 + [True], np.zeros(8), None, tests=42)
+    why = "n = 8 seeds: a sign-test interval of the median at level 0.9988 needs >= 11"
+    assert unbounded_reason(ci) == why
+    assert interval_text(ci, "{:+.1f}") == f"median +3.5, no interval ({why})"
+    assert "inf" not in interval_text(ci) and relative(ci, 10.0) == " (+35.0%)"
+    one = paired_interval([2.0])
+    assert interval_text(one, "{:+.1f}") == "+2.0, no interval (n = 1 seed: a Student-t interval needs >= 2 seeds)"
+    # enough seeds, but every pair has both runs censored: the reason is the censoring, not the seed count
+    both = paired_censored_interval([151.0] * 16, [True] * 16, [151.0] * 16, [True] * 16)
+    assert unbounded_reason(both).startswith("16 of 16 pairs have a run that never reached the threshold")
+    # an interval open on one side keeps its finite end (a one-sided bound is information)
+    half = paired_censored_interval([50.0] * 8, [False] * 8, [151.0] * 8, [True] * 8)
+    assert unbounded_reason(half) == "" and interval_text(half, "{:+.0f}") == "median <=-101 [-inf, -101]"

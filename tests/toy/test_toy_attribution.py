@@ -114,7 +114,8 @@ def test_spread_sweep_reports_the_measured_spread_and_paired_effects(tmp_path, c
     summary = (out / "summary.md").read_text()
     assert "| 1 | 0.0000 |" in summary
     # 4 steps: no seed reaches kappa, so every steps value is censored and no median is printed as a number
-    assert summary.count("| median unknown (censored) [-inf, inf] |") == 2
+    assert summary.count("| median unknown (censored), no interval (n = 3 seeds: a sign-test interval of the median at level") == 2
+    assert "[-inf, inf]" not in summary
 
 
 def test_spread_refuses_an_unmatched_pair_and_a_bad_knob(tmp_path, capsys):
@@ -158,11 +159,18 @@ def test_the_prediction_table_adjusts_every_interval_for_the_checks_it_shows():
         "Intervals: 95% Student-t interval over seeds, Bonferroni-adjusted for the 6 intervals of this table (each at level 0.9917); "
         "for the censored outcomes (steps_to_kappa, tax_at_kappa) the median paired difference with its sign-test interval"
     )
+    assert "or where the seeds are too few for a sign test and every run of both sides reached kappa the same t-interval" in lines[0]
     tax = next(line for line in lines if line.startswith("| Prop. 3.1: DFPO pays less"))
     word, (mean, lo, hi) = paired_verdict(diff, -1, 10.0, tests=6)
     assert word == "inconclusive" and tax.endswith("| inconclusive |") and f"{mean:+.3g} [{lo:+.3g}, {hi:+.3g}]" in tax
     steps = next(line for line in lines if line.startswith("| Prediction 1"))
-    assert "| median -1 [-inf, inf] " in steps  # 5 seeds: no sign-test interval reaches level 0.9917 (P(all 5 below) = 1/32)
+    # every run reached kappa: the steps are numbers, so they get the t-interval of the mean (a sign test of 5 seeds would
+    # bound nothing at level 0.9917: P(all 5 below) = 1/32)
+    assert f"| {mean:+.3g} [{lo:+.3g}, {hi:+.3g}] " in steps and "median" not in steps
+    reached = {"reached": np.array([True, True, True, True, False])}  # one seed of dfpo_min never reached kappa
+    censored_summary = {"gspo": summary["gspo"], "dfpo_min": {**summary["dfpo_min"], **reached}}
+    steps = next(line for line in prediction_checks(censored_summary, ToyConfig()) if line.startswith("| Prediction 1"))
+    assert "| median -1, no interval (n = 5 seeds: a sign-test interval of the median at level 0.9917 needs >= 8) " in steps
 
 
 def _toy(argv, tmp_path, name):
