@@ -47,22 +47,35 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "probe",
-        help="parameter-space drift of shared tokens and equivalent answers: direct vs cross vs measured, per objective, on one "
-        "batch from one starting point (common random numbers); table and PNG",
-        description="Each objective takes one real optimiser step from the same point on the same batch; dfpo.core.probe splits "
-        "how it moves each shared (context, token) event and each pair of equivalent answers into the part its own coefficients "
-        "cause (direct) and the part the rest of the batch causes through shared parameters (cross), beside the measured change. "
-        "Writes OUT/probe.json, OUT/probe.md and OUT/probe.png.",
+        help="how one optimiser step moves shared tokens and equivalent answers, split into its causes, per objective "
+        "(one batch, one starting point); writes a table and a PNG",
+        description="Builds a small policy (by default the 'tiny' model: a character-level transformer warmed up on "
+        "single-digit additions such as '3+4=' and trained here in memory, nothing downloaded), samples one batch of "
+        "answers from it, and lets each objective take one real optimiser step from that same point on that same batch. "
+        "dfpo.core.probe then splits how the step moves each shared (context, token) event (every answer of a group "
+        "has the same token after the same prefix) and each pair of equivalent correct answers into four parts that "
+        "add up to the first-order prediction: direct (the event's own loss coefficients), cross (the rest of this "
+        "batch's gradient, through shared parameters), momentum (the optimiser's state from the --move-steps before) "
+        "and decay (weight decay), beside the measured change; shares are of the first-order prediction, and a "
+        "first-order error above half the measured change is flagged. Writes OUT/probe.json, OUT/probe.md and "
+        "OUT/probe.png (docs/probe.md).",
     )
     p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated objective labels (default {DEFAULT_OBJECTIVES})")
-    p.add_argument("--seeds", type=int, default=4, help="seeds, each a policy (tiny preset) and a batch (default 4)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=4,
+        help="how many seeds; each gives its own policy and batch, and the tables average over them (default 4)",
+    )
     p.add_argument(
         "--first-seed", type=int, default=0, help="first seed (default 0); a set that confirms a finding must not overlap the first"
     )
     p.add_argument(
         "--config",
         default=None,
-        help="TOML config of the policy and its batch (default: the tiny preset, add task; --set data.task=equiv --set model.sft_steps=300 for equivalent answers)",
+        help="TOML config of the policy and its batch (default: the 'tiny' model warmed up on the addition task, 16 "
+        "prompts of 8 answers; its groups share tokens but it has only one correct answer form, so for equivalent "
+        "answers add --set data.task=equiv --set model.sft_steps=300)",
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument(
@@ -72,7 +85,8 @@ def register(subparsers) -> None:
         "--move-steps",
         type=int,
         default=2,
-        help="optimiser steps of the first objective on the batch before the probed step, so the ratios are off 1 (default 2)",
+        help="optimiser steps of the first objective on the batch before the probed step, so the policy is off-policy (ratios "
+        "off 1) and AdamW carries momentum into the probed step, as on a rollout batch's later steps (default 2)",
     )
     p.add_argument(
         "--max-events", type=int, default=32, help="at most this many shared events, and as many pairs, per objective and seed (default 32)"

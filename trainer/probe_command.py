@@ -8,12 +8,15 @@ checksummed tensors-only loader), one rollout batch sampled from it (``rollout.p
 from it, ``--move-steps`` optimiser steps of the FIRST objective on the batch (so the policy is off-policy, as on the
 later optimiser steps of a rollout batch, where the ratios, clipping and DFPO's transforms act), then every
 objective's own optimiser step from that one point, split by ``dfpo.core.probe.probe_step`` into direct + cross
-beside the measured change, and put back before the next objective. One batch, one starting point, one optimiser
+(the rest of the batch's gradient) + momentum (the AdamW state the move steps left) + decay (weight decay) beside the
+measured change, and put back before the next objective. One batch, one starting point, one optimiser
 state: only the loss differs, so each objective's figures are compared with its matched control on common random
 numbers (a matched control by construction).
 
 Outputs in ``--out``: probe.json (every seed's figures and the settings), probe.md (the tables below) and probe.png.
-Tables: per objective and event kind, the mean over seeds of each figure with a 95% Student-t interval over seeds;
+Tables: per objective and event kind, the mean over seeds of each figure with a 95% Student-t interval over seeds
+(magnitudes, then each part's share of the first-order prediction), with a generated warning under it for every
+objective and kind whose first-order error passes ``FIRST_ORDER_ERROR_LIMIT``;
 then each objective with a group transform against its matched control (the first label without a transform whose
 trust region it shares, ``unmatched_components``), paired over seeds, intervals Bonferroni-adjusted over that
 table (``dfpo.core.stats``), each cell with its verdict on "restoring cancellation lowers the drift".
@@ -62,7 +65,7 @@ from pathlib import Path
 import torch
 
 from ..core import stats
-from ..core.drift_tables import KINDS, MIN_SEEDS, comparison_table, share_table, summary_table, values
+from ..core.drift_tables import KINDS, MIN_SEEDS, SHARES, comparison_table, first_order_flags, share_table, summary_table, values
 from ..core.files import check_writable_folder, write_run_file
 from ..core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
 from ..core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
@@ -449,26 +452,42 @@ def render_markdown(doc: dict) -> str:
         f"(lr {s['lr']:g}, clip {s['max_grad_norm']:g}) from that one point; at most {doc['max_events']} events of each kind.",
         *_inputs_sentence(doc),
         "",
-        "Per event: direct = the first-order change of log pi its own coefficients cause, cross = the rest of the batch's "
-        "(through shared parameters), measured = the change after the step (a forward pass); error = abs(measured - "
-        "direct - cross), cross_share = sum abs cross / (sum abs direct + sum abs cross). Shared events: a (context, token) "
-        "every completion of a group holds; equivalent: the log-odds of two correct completions of a group with different tokens.",
+        "Per event, the first-order change of log pi (predicted = <g_e, Delta theta>, Delta theta the real update) in four "
+        "parts that add up to it: direct = what the event's own coefficients cause through its own gradient, cross = what "
+        "the rest of this batch's gradient causes through shared parameters, momentum = what the optimiser's state from "
+        "the earlier steps carries (AdamW's first moment after the move steps; 0 on a first step), decay = weight decay's "
+        "part; measured = the change after the step (a forward pass); error = abs(measured - predicted), error / abs "
+        "measured = its ratio (flagged above the first-order limit). Shares are of the first-order prediction: sum abs "
+        "part / sum over the four parts of sum abs part; 'cross of batch' = sum abs cross / (sum abs direct + sum abs "
+        "cross), the cross term's share of the batch's own gradient's part. Shared events: a (context, token) every "
+        "completion of a group holds; equivalent: the log-odds of two correct completions of a group with different tokens.",
         "",
         "## Per objective (mean over seeds [95% Student-t interval over seeds])",
         "",
         summary_table(doc),
+        *_flags(doc),
+        "",
+        "### Shares of the first-order prediction (same seeds)",
+        "",
+        summary_table(doc, SHARES),
         "",
         "## Against the matched control (paired over seeds)",
         "",
         comparison_table(doc),
         "",
-        "## How much of the drift the cross term carries",
+        "## How much of the first-order prediction the cross term carries",
         "",
         share_table(doc),
     ]
     if len(seeds) < MIN_SEEDS:
         out += ["", f"Warning: {len(seeds)} seeds (fewer than {MIN_SEEDS}): the intervals are wide and lean on near-normal differences."]
     return "\n".join(out) + "\n"
+
+
+def _flags(doc: dict) -> list[str]:
+    """probe.md's generated first-order warnings under the table (``drift_tables.first_order_flags``); [] when none."""
+    flags = first_order_flags(doc)
+    return ["", *(f"Warning: {f}" for f in flags)] if flags else []
 
 
 def _inputs_sentence(doc: dict) -> list[str]:
@@ -484,47 +503,102 @@ def _inputs_sentence(doc: dict) -> list[str]:
     return ["", " ".join(out)] if out else []
 
 
+PLOT_PARTS = (("direct", "tab:blue"), ("cross", "tab:orange"), ("momentum", "tab:purple"), ("decay", "tab:gray"), ("measured", "tab:green"))
+"""probe.png's bars per objective: the four parts of the first-order prediction and the measured change."""
+LOG_SPAN = 10.0
+"""probe.png uses a log axis when the largest bar is more than this many times the smallest non-zero one."""
+
+
+def bar_stats(doc: dict, label: str, kind: str, figure: str) -> tuple[float, float, float, int]:
+    """(mean over seeds, lower and upper whisker length, seeds) of one bar: the 95% Student-t interval over seeds,
+    its lower end cut at 0 (the figures are absolute values, never below 0); whiskers 0 for fewer than 2 seeds."""
+    vals = list(values(doc, label, kind, figure).values())
+    if not vals:
+        return 0.0, 0.0, 0.0, 0
+    iv = stats.paired_interval(vals)
+    if iv.n < 2:
+        return iv.mean, 0.0, 0.0, iv.n
+    return iv.mean, iv.mean - max(iv.low, 0.0), iv.high - iv.mean, iv.n
+
+
+def panel_layout(doc: dict, kind: str) -> dict:
+    """What one panel of probe.png draws: ``bars`` {figure: [bar_stats per objective]}, ``drawn`` [(figure, colour)],
+    ``log`` (the bars span more than ``LOG_SPAN``), ``counts`` (seeds each objective's bars hold), ``notes`` (the
+    panel's sentences: parts 0 in every seed or absent, objectives without such events, whiskers cut by the log axis)."""
+    labels = doc["objectives"]
+    bars = {figure: [bar_stats(doc, label, kind, figure) for label in labels] for figure, _ in PLOT_PARTS}
+    zero = [f for f, rows in bars.items() if any(r[3] for r in rows) and all(r[0] == 0 for r in rows)]
+    missing = [f for f, rows in bars.items() if not any(r[3] for r in rows)]
+    drawn = [(f, c) for f, c in PLOT_PARTS if f not in zero and f not in missing]
+    heights = [r[0] for f, _ in drawn for r in bars[f] if r[0] > 0]
+    log = bool(heights) and max(heights) > LOG_SPAN * min(heights)
+    counts = [max((bars[f][i][3] for f, _ in drawn), default=0) for i in range(len(labels))]
+    notes = [f"abs {f}: 0 in every seed, not drawn" for f in zero] + [f"abs {f}: not in this document" for f in missing]
+    if any(n == 0 for n in counts):
+        notes.append("0 seeds: no such event under that objective")
+    if log and any(r[0] - r[1] <= 0 for f, _ in drawn for r in bars[f] if r[3] >= 2):
+        notes.append("a whisker down to the bottom edge: its interval reaches 0")
+    return {"bars": bars, "drawn": drawn, "log": log, "counts": counts, "notes": notes}
+
+
+def empty_reason(doc: dict, kind: str) -> str:
+    """Why a panel of probe.png has no bar (shown in the panel)."""
+    seeds = len(doc["seeds"])
+    if kind == "shared":
+        return f"no group shared a token\n(every completion of a group, same prefix)\nin the batches of {seeds} seeds"
+    return f"no group held two correct answers\nwith different tokens\nin the batches of {seeds} seeds"
+
+
 def plot(doc: dict, path: Path) -> None:
-    """probe.png: per event kind, abs direct / cross / measured per objective with 95% intervals over seeds."""
+    """probe.png: per event kind, abs direct / cross / momentum / decay / measured per objective, mean over seeds
+    with its 95% interval cut at 0, the number of seeds under each objective; a log axis when the bars span more
+    than ``LOG_SPAN``; a part that is 0 in every seed is named in the panel instead of drawn; an empty panel says
+    why it is empty."""
     import matplotlib  # deferred: only this writer needs it, with the Agg backend
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = doc["objectives"]
-    parts = (("direct", "tab:blue"), ("cross", "tab:orange"), ("measured", "tab:green"))
     with plt.rc_context({"text.usetex": False, "text.parse_math": False}):  # labels are never markup
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100, layout="constrained")
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=100, layout="constrained")
         for ax, kind in zip(axes, KINDS):
             ax.set_title("shared (context, token) events" if kind == "shared" else "equivalent answers' log-odds", fontsize=10)
             if not any(values(doc, label, kind, "direct") for label in labels):
-                what = "no group shared a token" if kind == "shared" else "no group held two correct answers with different tokens"
-                ax.text(0.5, 0.5, f"{what}\nin these batches", ha="center", va="center", fontsize=9, transform=ax.transAxes)
+                ax.text(0.5, 0.5, empty_reason(doc, kind), ha="center", va="center", fontsize=9, transform=ax.transAxes)
                 ax.set_xticks([])
                 ax.set_yticks([])
                 continue
-            width = 0.8 / len(parts)
-            for j, (figure, color) in enumerate(parts):
-                means, errs = [], []
-                for label in labels:
-                    vals = list(values(doc, label, kind, figure).values())
-                    if not vals:
-                        means.append(0.0)
-                        errs.append(0.0)
-                        continue
-                    iv = stats.paired_interval(vals)
-                    means.append(iv.mean)
-                    errs.append(0.0 if iv.n < 2 else iv.high - iv.mean)
-                xs = [i + (j - 1) * width for i in range(len(labels))]
-                ax.bar(xs, means, width, yerr=errs, color=color, label=f"abs {figure}", capsize=2)
-            ax.set_xticks(range(len(labels)), [lb.replace(":", "\n") for lb in labels], fontsize=8)  # a label's overrides, one a line
-            ax.set_ylabel("mean abs change of log pi per event", fontsize=8)
+            layout = panel_layout(doc, kind)
+            bars, drawn, log, counts, notes = (layout[k] for k in ("bars", "drawn", "log", "counts", "notes"))
+            width = 0.8 / max(1, len(drawn))
+            for j, (figure, color) in enumerate(drawn):
+                rows = bars[figure]
+                xs = [i + (j - (len(drawn) - 1) / 2) * width for i in range(len(labels))]
+                err = [[r[1] for r in rows], [r[2] for r in rows]]
+                ax.bar(xs, [r[0] for r in rows], width, yerr=err, color=color, label=f"abs {figure}", capsize=2)
+            if log:
+                from matplotlib.ticker import FuncFormatter, NullFormatter
+
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # plain numbers: no mathtext
+                ax.yaxis.set_minor_formatter(NullFormatter())
+            ticks = [f"{lb.replace(':', chr(10))}\n{n} of {len(doc['seeds'])} seeds" for lb, n in zip(labels, counts)]
+            ax.set_xticks(range(len(labels)), ticks, fontsize=8)  # a label's overrides one a line, then the seeds its bars hold
+            scale = "log scale" if log else "linear scale"
+            ax.set_ylabel(f"mean abs change of log pi per event ({scale})", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
-        for ax in axes:
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8, loc="upper left")
-                break
-        fig.suptitle("one optimiser step from one point, per objective (95% interval over seeds)", fontsize=9)
+            if notes:  # headroom above the whiskers for them
+                low, high = ax.get_ylim()
+                ax.set_ylim(low, high * 6 if log else high * 1.25)
+                box = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none"}
+                ax.text(0.99, 0.98, "\n".join(notes), ha="right", va="top", fontsize=7, transform=ax.transAxes, bbox=box)
+            ax.legend(fontsize=7, loc="upper left")
+        fig.suptitle(
+            "one optimiser step from one point, per objective: bars are means over seeds, whiskers the 95% Student-t "
+            "interval over seeds (cut at 0)",
+            fontsize=9,
+        )
         tmp = path.with_name(f".{path.name}.tmp")
         try:
             fig.savefig(tmp, format="png")

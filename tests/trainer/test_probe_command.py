@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_run import TINY_MODEL_SETS
 
 from dfpo.cli import main
 from dfpo.core.drift_tables import comparisons, summary_table
 from dfpo.trainer import probe_command
-from dfpo.trainer.probe_command import make_plan, matched_controls, render_markdown
+from dfpo.trainer.probe_command import bar_stats, empty_reason, make_plan, matched_controls, panel_layout, render_markdown, write_outputs
 
 FAST = [*TINY_MODEL_SETS, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
 
@@ -198,3 +200,45 @@ def test_probe_of_a_run_folder_reads_its_checkpoint_and_writes_nothing_there(tmp
     doc = json.loads((out / "probe.json").read_text())
     assert doc["run"] == cfg.run_dir and len(doc["records"]) == 12
     assert f"pi_ref: the reference model of {cfg.run_dir}" in (out / "probe.md").read_text()
+
+
+# ----------------------------------------------------------------------------- issue 45: the split, the flag, probe.png
+
+
+def _split_doc(ratio: float) -> dict:
+    """A document after the momentum/decay split: parts spanning three orders, decay 0, one objective without pairs."""
+    doc = _doc({"gspo": [1.0, 1.1, 0.9, 1.0], "dfpo_min": [0.5, 0.6, 0.4, 0.5]})
+    for k, r in enumerate(doc["records"]):
+        r.update(direct=1e-4 * (1 + k % 3), cross=0.02 + 0.05 * (k % 2), momentum=0.03, decay=0.0, error=0.01, error_ratio=ratio)
+        r.update(direct_share=0.01, cross_share=0.45, momentum_share=0.54, decay_share=0.0, batch_cross_share=0.98)
+    return doc
+
+
+@settings(max_examples=40)
+@given(st.lists(st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=8))
+def test_a_bar_of_absolute_values_never_reaches_below_zero(vals):
+    """Invariant: mean - lower whisker >= 0 for any per-seed absolute values; the bar holds as many seeds as given."""
+    doc = _doc({"gspo": vals})
+    mean, low, high, n = bar_stats(doc, "gspo", "shared", "measured")
+    assert n == len(vals) and low >= 0 and high >= 0 and mean - low >= -1e-12 * max(1.0, mean)
+
+
+def test_probe_png_layout_logs_a_span_names_zero_parts_and_counts_seeds():
+    doc = _split_doc(0.1)
+    layout = panel_layout(doc, "shared")
+    assert layout["log"]  # 1e-4 beside 0.07: orders of magnitude apart
+    assert [f for f, _ in layout["drawn"]] == ["direct", "cross", "momentum", "measured"]
+    assert "abs decay: 0 in every seed, not drawn" in layout["notes"] and layout["counts"] == [4, 4]
+    assert not panel_layout(_doc({"gspo": [1.0, 1.1], "dfpo_min": [1.0, 1.2]}), "shared")["log"]  # bars within 10x: linear
+    assert "no group held two correct answers" in empty_reason(doc, "equivalent") and "4 seeds" in empty_reason(doc, "equivalent")
+
+
+def test_probe_md_names_shares_of_the_first_order_prediction_and_flags_a_large_error(tmp_path):
+    calm, wild = render_markdown(_split_doc(0.1)), render_markdown(_split_doc(5.1))
+    for md in (calm, wild):
+        assert "of the first-order prediction" in md and "of the drift" not in md
+        assert "| abs momentum | abs decay |" in md and "| cross of batch |" in md
+    assert "First-order error" not in calm
+    assert "Warning: First-order error: under `gspo`, for a shared token, mean abs(measured - predicted) is 5.1x" in wild
+    write_outputs(_split_doc(5.1), tmp_path)
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
