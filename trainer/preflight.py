@@ -15,6 +15,7 @@ import torch
 
 from .config import Config
 from .memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
+from .packaged_model import resolve_model_name
 from .policy import check_completion_fits, tokenizer_and_context
 from .tasks import encode_prompts, prompt_char_limit
 
@@ -53,6 +54,7 @@ def check_model_folder(name: str) -> None:
     """ValueError naming ``model.name`` when it names a folder on this machine that holds no model (a transformers
     model folder has a config.json), a file, or a path that does not exist; a hub name is left to
     ``policy.check_model_available`` (the local cache, then the hub)."""
+    name = resolve_model_name(name)  # a GGUF file or a packaged model: its converted folder
     if name == "tiny":
         return
     path = Path(name).expanduser()
@@ -90,7 +92,9 @@ def check_memory_fits(cfg: Config, lengths: PromptLengths, *, device: torch.devi
 
         try:  # the config tokenizer_and_context just read: in the local folder or cache
             shape = pretrained_shape(
-                AutoConfig.from_pretrained(cfg.model.name, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code)
+                AutoConfig.from_pretrained(
+                    resolve_model_name(cfg.model.name), local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
+                )
             )
         except (OSError, ValueError):
             shape = None
