@@ -13,9 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
+
+from .pages import PAGES, page_list, short_list
 
 RUNS_ENV = "DFPO_APP_RUNS"
 START_TIMEOUT_S = 120.0
@@ -106,8 +109,24 @@ def _cmd_app(args: argparse.Namespace) -> int:
     return 128 + received[0] if received else rc
 
 
+def description() -> str:
+    """``dfpo app --help``'s text above the options: what the explorer shows, page by page, and how to open it."""
+    opening = f"The explorer: a Streamlit app of {len(PAGES)} pages, every number computed by dfpo's own code."
+    how = (
+        "`dfpo app` starts the server and prints its address once it answers (http://127.0.0.1:8501 by default, this "
+        "machine only): open that address in a browser, or pass --browser to have it opened. Ctrl-C stops the server. "
+        "More in docs/app.md."
+    )
+    return f"{textwrap.fill(opening, 88)}\n\n{page_list()}\n\n{textwrap.fill(how, 88)}"
+
+
 def register(subparsers) -> None:
-    p = subparsers.add_parser("app", help="Streamlit explorer: cancellation by hand, atlas, toy lab, claims ledger, training runs")
+    p = subparsers.add_parser(
+        "app",
+        help=f"Streamlit explorer in the browser, {len(PAGES)} pages: {short_list()}",
+        description=description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--browser", action="store_true", help="open the explorer in this machine's web browser once it is up")

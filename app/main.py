@@ -1,8 +1,10 @@
-"""Entry script of the explorer: ``dfpo app`` runs it with Streamlit."""
+"""Entry script of the explorer: ``dfpo app`` runs it with Streamlit; its pages are ``dfpo.app.pages.PAGES``."""
 
 from pathlib import Path
 
 import streamlit as st
+
+from dfpo.app.pages import PAGES
 
 HERE = Path(__file__).resolve().parent
 
@@ -10,11 +12,7 @@ HERE = Path(__file__).resolve().parent
 # (The navigation's material icons are fine: Streamlit serves their font from this server.)
 st.set_page_config(page_title="dfpo explorer", page_icon="🧮", layout="wide")
 pages = [
-    st.Page(HERE / "page_cancel.py", title="Cancellation by hand", icon=":material/calculate:", default=True),
-    st.Page(HERE / "page_atlas.py", url_path="atlas", title="Cancellation atlas", icon=":material/grid_on:"),
-    st.Page(HERE / "page_toy.py", url_path="toy", title="Toy lab", icon=":material/science:"),
-    st.Page(HERE / "page_ledger.py", url_path="ledger", title="Claims ledger", icon=":material/fact_check:"),
-    st.Page(HERE / "page_drift.py", url_path="drift", title="Parameter-space drift", icon=":material/scatter_plot:"),
-    st.Page(HERE / "page_runs.py", url_path="runs", title="Training runs", icon=":material/monitoring:"),
+    st.Page(HERE / page.file, title=page.title, icon=page.icon, **({"url_path": page.url_path} if page.url_path else {"default": True}))
+    for page in PAGES
 ]
 st.navigation(pages).run()

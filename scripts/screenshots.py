@@ -6,10 +6,10 @@
 Starts ``dfpo app`` on a free loopback port (its caches in a fresh temporary folder, so every page
 computes what it shows), opens each page in headless Chromium (Debian's ``chromium``, driven by
 Playwright) 1400 pixels wide, waits until the page has finished running and its charts are drawn,
-and saves one PNG of each whole page: 1-cancellation, 2-atlas, 3-toy (the default comparison, the
-Asym tab), 4-ledger (eq-55 opened), 5-runs (the first two runs of ``--runs``, smoothed over 10
-steps). The test run never writes here: tests/app/test_browser.py uses these functions with a
-temporary folder.
+and saves one PNG of each whole page of ``dfpo.app.pages.PAGES``, named by its number: the cancellation
+page, the atlas, the toy lab (the default comparison, the Asym tab), the claims ledger (eq-55 opened), the
+training runs (the first two runs of ``--runs``, smoothed over 10 steps) and the drift page (its default
+inputs). The test run never writes here: tests/app/test_browser.py uses these functions with a temporary folder.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from dfpo.app.pages import PAGES, number, screenshot
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -130,41 +132,74 @@ def type_into(page, label: str, text: str) -> None:
     box.press("Enter")
 
 
-def tour(context, url: str, out: Path) -> list[Path]:
-    """Every page in its showcase state, one screenshot each (``context``: a browser context of VIEWPORT's size)."""
-    written = []
-    page = open_page(context, url, "does not cancel")
-    written.append(shot(page, out, "1-cancellation"))
-    page.close()
-    page = open_page(context, f"{url}/atlas", "cells cancel")
-    written.append(shot(page, out, "2-atlas"))
-    page.close()
+def _cancel(context, url: str):
+    return open_page(context, url, "does not cancel")
+
+
+def _atlas(context, url: str):
+    return open_page(context, f"{url}/atlas", "cells cancel")
+
+
+def _toy(context, url: str):
     page = open_page(context, f"{url}/toy", "Summary and the paper's predictions")
     page.get_by_role("tab", name="Asym (eq 23)").click()
     page.get_by_text("Asym (eq 23) (band").wait_for(timeout=30_000)
-    written.append(shot(page, out, "3-toy"))
-    page.close()
+    return page
+
+
+def _ledger(context, url: str):
     page = open_page(context, f"{url}/ledger", "claims shown")
     type_into(page, "Search (id, section, statement)", "eq-55")
     page.get_by_text("1 of").first.wait_for(timeout=30_000)
     page.get_by_text("eq-55: fails").first.click()
     page.locator("strong:has-text('Evidence'):visible").first.wait_for(timeout=30_000)
-    written.append(shot(page, out, "4-ledger"))
-    page.close()
+    return page
+
+
+def _runs(context, url: str):
     page = open_page(context, f"{url}/runs", "Resolved config")
     page.get_by_role("slider").first.focus()  # smoothing: a trailing mean over 10 steps
     for _ in range(9):
         page.keyboard.press("ArrowRight")
     page.get_by_text("(trailing mean over 10 steps)").first.wait_for(timeout=60_000)
-    written.append(shot(page, out, "5-runs"))
-    page.close()
+    return page
+
+
+def _drift(context, url: str):
+    return open_page(context, f"{url}/drift", "Parameter-space drift")  # its default inputs; shot() waits for the charts
+
+
+SHOWCASE = {
+    "page_cancel.py": _cancel,
+    "page_atlas.py": _atlas,
+    "page_toy.py": _toy,
+    "page_ledger.py": _ledger,
+    "page_runs.py": _runs,
+    "page_drift.py": _drift,
+}
+"""How each page is opened for its screenshot, by script: every page of ``dfpo.app.pages.PAGES`` has one
+(tests/app/test_pages.py checks it)."""
+
+
+def tour(context, url: str, out: Path) -> list[Path]:
+    """Every page of ``PAGES`` in its showcase state, one screenshot each, named as docs/app.md shows it
+    (``context``: a browser context of VIEWPORT's size)."""
+    written = []
+    for page_info in PAGES:
+        page = SHOWCASE[page_info.file](context, url)
+        written.append(shot(page, out, screenshot(page_info).removesuffix(".png")))
+        page.close()
     return written
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--runs", action="append", default=None, metavar="DIR", help="folder of run folders for page 5 (repeatable; default ./runs)"
+        "--runs",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help=f"folder of run folders for page {number('page_runs.py')} (repeatable; default ./runs)",
     )
     p.add_argument("--out", default=str(ROOT / "docs" / "screenshots"), help="folder for the PNGs (default docs/screenshots)")
     args = p.parse_args()

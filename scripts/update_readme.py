@@ -14,6 +14,7 @@ import pathlib
 import re
 import sys
 
+from dfpo.app.pages import screenshot_gallery
 from dfpo.commands import (
     atlas_table,
     cancellation_demo,
@@ -114,6 +115,7 @@ BLOCKS = {
     "config": _config,
     "probe_findings": _probe_findings,
     "param_atlas": param_atlas_block,
+    "app_screenshots": screenshot_gallery,
 }
 FILES = {
     README: ("findings", "ledger_count"),
@@ -123,6 +125,7 @@ FILES = {
     ROOT / "docs" / "probe.md": ("probe_findings",),
     ROOT / "docs" / "metrics.md": ("metrics",),
     ROOT / "docs" / "config.md": ("config",),
+    ROOT / "docs" / "app.md": ("app_screenshots",),
 }
 """Each generated file and the blocks it must hold."""
 WHOLE = {ROOT / "docs" / "ledger.md": _ledger_document}

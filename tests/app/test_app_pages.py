@@ -40,10 +40,13 @@ def verdict(at: AppTest) -> str:
     return metric(at, "verdict")
 
 
-def test_entry_script_lists_the_five_pages_and_fetches_no_icon_from_the_web():
+def test_entry_script_builds_every_page_of_the_table_and_fetches_no_icon_from_the_web():
+    from dfpo.app.pages import PAGES
+
     text = (APP / "main.py").read_text()
-    for name in ("cancel", "atlas", "toy", "ledger", "runs"):
-        assert f"page_{name}.py" in text and (APP / f"page_{name}.py").is_file()
+    assert "for page in PAGES" in text  # the navigation is the page table (tests/app/test_pages.py checks its lists)
+    for name in ("cancel", "atlas", "toy", "ledger", "runs", "drift"):
+        assert f"page_{name}.py" in [p.file for p in PAGES] and (APP / f"page_{name}.py").is_file()
     assert 'page_icon=":material' not in text  # a material page icon is fetched from fonts.gstatic.com
 
 
