@@ -230,7 +230,7 @@ _VERDICT_WORDS = {"reproduced": "lowers", "contradicted": "raises", "negligible"
 _FIGURE_WORDS = {
     "coef": "the logit-space coefficient (eq 2's sum, eq 5's kappa gap) of",
     "measured": "the measured one-step drift of",
-    "cross": "the cross-term drift of",
+    "cross": "the cross-term drift (the rest of the batch's gradient) of",
 }
 
 

@@ -84,14 +84,20 @@ def probed_pair(features: torch.Tensor, lr: float = 1e-3) -> tuple[float, float,
     return float(pair.coef[0]), float(pair.predicted[0]), float(pair.measured[0]), closed
 
 
+LEDGER_SHARE = "batch_cross_share"
+"""The share the ledger quotes: the cross term's of the batch's own part (direct + cross), the comparison the claim is
+about (eq 5's own term against the rest of the batch's gradient); the optimiser's momentum and weight decay are
+parts of their own (issue 45) and not in it."""
+
+
 def measured_findings(folder: Path = STORED) -> list[str]:
-    """The replicated cross-share findings of the stored probe documents ([] when none are stored)."""
+    """The replicated ``LEDGER_SHARE`` findings of the stored probe documents ([] when none are stored)."""
     out = []
     for disc, conf in PAIRS:
         if not (folder / disc).is_file() or not (folder / conf).is_file():
             continue
         found = replication(json.loads((folder / disc).read_text()), json.loads((folder / conf).read_text()))
-        out += [f.sentence for f in found if f.replicated and f.key[0] == "cross_share"]
+        out += [f.sentence for f in found if f.replicated and f.key[0] == LEDGER_SHARE]
     return out
 
 
@@ -106,7 +112,11 @@ def check_cor_3_2_params() -> Claim:
     )
     ok = residual == 0 and tabular_flat and shared_drifts and abs(shared[3]) > 1e-6
     found = measured_findings()
-    measured = " ".join(found) if found else "No cross-share finding of the stored tiny-LLM probe documents replicated on both seed sets."
+    measured = (
+        " ".join(found)
+        if found
+        else "No finding on the cross term's share of the batch's own part replicated on both seed sets of the stored tiny-LLM probe documents."
+    )
     return Claim(
         id="cor-3.2-params",
         source="sec. 3.3, Cor. 3.2, eq 5 (in parameter space; issue 28)",
@@ -132,6 +142,7 @@ def check_cor_3_2_params() -> Claim:
         notes=(
             "Unstated condition: the outputs' gradients must meet so that G_aa - G_bb = 2 (G_ac - G_bc) (e.g. orthogonal "
             "with equal norms, as a tabular softmax over outputs has); dfpo.core.probe measures the rest as the pair's "
-            f"cross term. Measured on the tiny LLM (dfpo probe, docs/probe.md): {measured}"
+            "cross term (the rest of the batch's gradient; the optimiser's momentum from earlier steps and weight decay "
+            f"are parts of their own). Measured on the tiny LLM (dfpo probe, docs/probe.md): {measured}"
         ),
     )

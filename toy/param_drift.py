@@ -116,6 +116,12 @@ def toy_shared_events(rows: Tensor, tokens: Tensor, mask: Tensor, group: Tensor,
     return torch.nonzero(shared & first[:, None])
 
 
+ROW_FIGURES = ("coef", "direct", "cross", "momentum", "decay", "measured", "error", "error_ratio", "cross_share", "momentum_share")
+"""The figures of ``core.probe.summary`` a row of ``ToyProbe.rows`` keeps (the mean over seeds). The toy's step is plain
+SGD without weight decay, so momentum and decay are 0 (its events' ``EventDrift`` leaves them at their zero default)
+and cross is the whole prediction less direct."""
+
+
 @dataclass(frozen=True)
 class ToyProbe:
     """Per objective label and seed: the shared events' and the equivalent pairs' ``EventDrift`` under one SGD step."""
@@ -130,7 +136,7 @@ class ToyProbe:
             for kind, per_seed in (("shared", self.shared[label]), ("equivalent", self.pairs[label])):
                 sums = [summary(e) for e in per_seed if len(e)]
                 row: dict[str, object] = {"objective": label, "events": kind, "seeds": len(sums)}
-                for key in ("coef", "direct", "cross", "measured", "error", "cross_share"):
+                for key in ROW_FIGURES:
                     vals = [s[key] for s in sums if key in s]
                     row[key] = sum(vals) / len(vals) if vals else None
                 out.append(row)
