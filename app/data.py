@@ -138,6 +138,14 @@ def breakdown_table(b) -> list[dict]:
     ]
 
 
+def padded_range(values: list[float], pad: float = 0.08) -> list[float]:
+    """[low, high] of a chart axis that holds every value, widened by ``pad`` of the span on each side
+    (a span of 0 by ``pad`` of the largest |value|, or by ``pad`` when every value is 0)."""
+    low, high = min(values), max(values)
+    span = high - low or max(abs(low), abs(high)) or 1.0
+    return [low - pad * span, high + pad * span]
+
+
 # ----------------------------------------------------------------------------- the atlas, one group at a time
 
 ATLAS_ASPECTS = tuple((agg, equal, clipped) for agg in AGGREGATIONS for equal in (True, False) for clipped in (False, True))

@@ -10,6 +10,9 @@ from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.core.loss import AGGREGATIONS, OBJECTIVES
 
+SUM_LABEL_MARGIN = 110
+"""Pixels right of the coefficient chart for the 'sum = ...' label (its widest, 'sum = -1.23e-02', fits)."""
+
 st.title("Cancellation by hand")
 st.caption(
     "A group of G completions whose first 3 tokens are the same context-token event ('The answer is' in the paper's 10+10 "
@@ -98,9 +101,14 @@ with right:
             marker_color=["#d62728" if a < 0 else "#2ca02c" for a in rows["advantage A_i"]],
         )
     )
-    fig.add_hline(y=residual, line_dash="dot", annotation_text=f"sum = {residual:.2e}")
+    fig.add_hline(y=residual, line_dash="dot")
+    # The sum's label sits in the right margin, level with its line: outside the plotting area, so never over a bar.
+    fig.add_annotation(text=f"sum = {residual:.2e}", xref="paper", x=1, xanchor="left", xshift=6, y=residual, yref="y", showarrow=False)
     fig.update_layout(
-        title="coefficient of each completion on the shared token (green: A > 0, red: A < 0)", height=320, margin=dict(t=50, b=20)
+        title="coefficient of each completion on the shared token (green: A > 0, red: A < 0)",
+        height=320,
+        margin=dict(t=50, b=20, r=SUM_LABEL_MARGIN),
+        yaxis_range=data.padded_range([*rows["coefficient on the shared token"], residual, 0.0]),
     )
     st.plotly_chart(fig, width="stretch")
     fig = go.Figure([

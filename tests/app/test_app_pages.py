@@ -296,6 +296,28 @@ def test_atlas_a_seed_or_group_count_out_of_range_shows_no_table():
     assert not at.dataframe
 
 
+@pytest.mark.parametrize(("rewards", "lengths"), [("0, 1, 1, 0", "5, 5, 5, 5"), ("1, 0", "5, 5"), ("1, 0, 0, 0.2, 0.9", "5, 9, 4, 12, 30")])
+def test_cancellation_by_hand_draws_the_sum_label_beside_the_plot_never_over_a_bar(rewards, lengths):
+    at = page("cancel")
+    at.text_input(key="rewards").set_value(rewards)
+    at.text_input(key="lengths").set_value(lengths).run()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    (label,) = [a for a in spec["layout"]["annotations"] if a["text"].startswith("sum = ")]
+    # Bars live inside the plotting area (paper x from 0 to 1): a label anchored by its left edge at x >= 1 is outside it.
+    assert label["xref"] == "paper" and label["x"] >= 1 and label["xanchor"] == "left" and not label["showarrow"]
+    assert spec["layout"]["margin"]["r"] >= 100  # room for 'sum = -1.23e-02' in the margin
+    low, high = spec["layout"]["yaxis"]["range"]
+    bars = _plain(spec["data"][0]["y"])
+    assert label["yref"] == "y" and low < label["y"] < high and low < min(bars) and max(bars) < high  # level with its line, in view
+    assert float(label["text"].removeprefix("sum = ")) == pytest.approx(float(metric(at, "residual")), rel=1e-2, abs=1e-300)
+
+
+def test_padded_range_holds_every_value_with_room_around_it():
+    assert data.padded_range([0.0, 1.0, -1.0]) == pytest.approx([-1.16, 1.16])
+    assert data.padded_range([2.0, 2.0]) == pytest.approx([1.84, 2.16])
+    assert data.padded_range([0.0, 0.0]) == pytest.approx([-0.08, 0.08])
+
+
 def test_cancellation_by_hand_negative_eps_is_a_message():
     at = page("cancel")
     at.number_input(key="eps_low").set_value(-0.1).run()
