@@ -191,22 +191,24 @@ def cross_shares(doc: dict, figure: str = "cross_share") -> list[Share]:
 
 
 def first_order_flags(doc: dict, limit: float = FIRST_ORDER_ERROR_LIMIT) -> list[str]:
-    """One sentence per objective and kind whose mean error_ratio over seeds exceeds ``limit``: the first-order
-    prediction misses the measured change by that much, so its parts are shares of the prediction, not of the drift."""
+    """One sentence per objective and kind with a seed whose error_ratio (mean abs(measured - predicted) / mean abs
+    measured over its events) exceeds ``limit``: on those seeds the step is too long for first order, so the parts
+    are shares of the first-order prediction, not of the measured drift. Names the seeds, the worst and the mean."""
     out = []
     for label in doc["objectives"]:
         for kind in KINDS:
-            vals = list(values(doc, label, kind, "error_ratio").values())
-            if not vals:
+            ratios = values(doc, label, kind, "error_ratio")
+            over = sorted(seed for seed, r in ratios.items() if r > limit)
+            if not over:
                 continue
-            mean = sum(vals) / len(vals)
-            if mean > limit:
-                out.append(
-                    f"First-order error: under `{label}`, for {KIND_WORDS[kind]}, mean abs(measured - predicted) is {fmt(mean)}x the "
-                    f"mean abs measured change (mean over {len(vals)} seeds, worst {fmt(max(vals))}x; flagged above {limit:g}x): "
-                    "the step is too long for first order here, so read its parts as shares of the first-order prediction, "
-                    "not of the measured drift."
-                )
+            worst = max(over, key=lambda seed: ratios[seed])
+            mean = sum(ratios.values()) / len(ratios)
+            out.append(
+                f"First-order error: under `{label}`, for {KIND_WORDS[kind]}, mean abs(measured - predicted) exceeds {limit:g}x "
+                f"the mean abs measured change on {len(over)} of {len(ratios)} seeds ({', '.join(map(str, over))}; worst "
+                f"{fmt(ratios[worst])}x on seed {worst}, mean over seeds {fmt(mean)}x): there the step is too long for first "
+                "order, so read the parts as shares of the first-order prediction, not of the measured drift."
+            )
     return out
 
 

@@ -40,7 +40,7 @@ STORED = (
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
 adds ``--set data.task=equiv --set model.sft_steps=300``; the peers' losses add ``--objectives
 topr,kimi15,dro,vapo_nll,dapo,gpg``; the reference terms are ``dfpo probe --objectives grpo,grpo:beta=0.04,online_ipo
---seeds 4`` and ``--first-seed 100``; copy each probe.json to the name above."""
+--seeds 8`` and ``--first-seed 100``; copy each probe.json to the name above."""
 
 
 def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:

@@ -113,7 +113,11 @@ def test_the_first_order_error_is_flagged_above_the_limit_only():
     assert FIRST_ORDER_ERROR_LIMIT == probe.FIRST_ORDER_ERROR_LIMIT
     assert first_order_flags(_split_doc(list(range(4)), 0.1)) == []
     (flag,) = first_order_flags(_split_doc(list(range(3)), 5.1))
-    assert flag.startswith("First-order error: under `gspo`, for a shared token, mean abs(measured - predicted) is 5.11x")
-    assert "(mean over 3 seeds, worst 5.12x" in flag and "not of the measured drift" in flag
+    assert flag.startswith("First-order error: under `gspo`, for a shared token, mean abs(measured - predicted) exceeds 0.5x")
+    assert "on 3 of 3 seeds (0, 1, 2; worst 5.12x on seed 2, mean over seeds 5.11x)" in flag and "not of the measured drift" in flag
+    one = _split_doc(list(range(8)), 0.1)
+    one["records"][3]["error_ratio"] = 5.1  # one seed past the limit is enough for a flag
+    (flag,) = first_order_flags(one)
+    assert "on 1 of 8 seeds (3; worst 5.1x on seed 3" in flag
     head = summary_table(_split_doc(list(range(4)), 0.1)).splitlines()[0]
     assert "abs momentum" in head and "error / abs measured" in head and "abs coef" not in head  # a figure no record holds is left out
