@@ -389,7 +389,9 @@ def empty_chart_sentence(table: Table, kind: str) -> str:
 
 
 def comparison_rows(doc: dict) -> list[dict[str, object]]:
-    """Each transform against its matched control (``drift_tables.comparisons``) as rows."""
+    """Each transform against its matched control (``drift_tables.comparisons``) as rows, less the kinds of event no
+    record of the document has (``doc_table``'s left-out sentence says why they are missing)."""
+    kinds = {r["kind"] for r in doc["records"]}
     return [
         {
             "method": c.method,
@@ -403,6 +405,7 @@ def comparison_rows(doc: dict) -> list[dict[str, object]]:
             "verdict": c.verdict,
         }
         for c in comparisons(doc)
+        if c.kind in kinds
     ]
 
 

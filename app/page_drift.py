@@ -34,22 +34,30 @@ def bars(rows: list[dict], parts: list[str], title: str) -> go.Figure:
     return fig
 
 
-def charts(table: drift.Table) -> None:
-    """One chart per kind of event, or the sentence that says why there is nothing to draw."""
+def charts(table: drift.Table) -> list[str]:
+    """One chart per kind of event, or the sentence that says why there is nothing to draw; the sentences shown."""
+    said = []
     for column, kind in zip(st.columns(2), ("shared", "equivalent")):
         rows, parts = drift.chart_rows(table.rows, kind)
         if rows:
             column.plotly_chart(bars(rows, parts, TITLES[kind]), width="stretch")
         else:
-            column.info(markdown_text(drift.empty_chart_sentence(table, kind)))
+            said.append(drift.empty_chart_sentence(table, kind))
+            column.info(markdown_text(said[-1]))
+    return said
 
 
-def table_with_notes(table: drift.Table) -> None:
-    """The rows (numbers to 3 significant digits), the sentences about rows left out, then the numbered notes."""
+def table_with_notes(table: drift.Table, said: list[str]) -> None:
+    """The sentences about rows left out (those not already shown in a chart's place), the rows (numbers to 3
+    significant digits), then the numbered notes."""
     for sentence in table.left_out:
-        st.markdown(markdown_text(sentence))
+        if sentence not in said:
+            st.markdown(markdown_text(sentence))
     if table.rows:
         frame = pd.DataFrame(table.rows)
+        notes = frame.pop("note")
+        if notes.any():  # beside the counts, where it is seen without scrolling the table sideways
+            frame.insert(list(frame.columns).index("seeds with events") + 1, "note", notes)
         numbers = {c: st.column_config.NumberColumn(format="%.3g") for c in frame.columns if c not in ("seeds", "seeds with events")}
         st.dataframe(
             frame, hide_index=True, width="stretch", column_config={c: v for c, v in numbers.items() if frame[c].dtype.kind == "f"}
@@ -90,8 +98,7 @@ else:
         f"change it), then each objective's own step of lr {config.lr:g}."
     )
     toy = toy_table(task, tuple(labels), int(seeds))
-    charts(toy)
-    table_with_notes(toy)
+    table_with_notes(toy, charts(toy))
 
 st.header("From a `dfpo probe` folder (tiny LLM)")
 st.markdown("Run `dfpo probe --out FOLDER` and give the folder here: its tables, with 95% intervals over seeds.")
@@ -104,11 +111,11 @@ if typed.strip():
         st.stop()
     table = drift.doc_table(doc)
     st.markdown(f"**{len(doc['seeds'])} seeds, {len(doc['objectives'])} objectives.**")
-    charts(table)
+    said = charts(table)
     st.subheader("Per objective")
     for flag in drift.error_flags(table.rows):
         st.warning(markdown_text(flag))
-    table_with_notes(table)
+    table_with_notes(table, said)
     st.subheader("Against the matched control (paired over seeds, Bonferroni-adjusted)")
     st.dataframe(pd.DataFrame(drift.comparison_rows(doc)), hide_index=True, width="stretch")
     st.subheader("The cross term's share of the first-order prediction")

@@ -70,8 +70,8 @@ def _every_blank_is_explained(at: AppTest, frame) -> None:
         cells = [v for k, v in row.items() if k not in ("objective", "events", "note")]
         blank = any(v is None or (isinstance(v, float) and math.isnan(v)) or v == 0 for v in cells)
         if blank:
-            assert row["note"], f"{row['objective']} {row['events']}: an empty or zero cell without a note"
-        for n in filter(None, str(row["note"]).split(", ")):
+            assert row.get("note"), f"{row['objective']} {row['events']}: an empty or zero cell without a note"
+        for n in filter(None, str(row.get("note", "")).split(", ")):
             assert f"\n{n}. " in "\n" + shown, f"note {n} is not shown"
 
 
@@ -146,6 +146,9 @@ def test_a_probe_folder_shows_its_tables_and_a_bad_one_one_sentence(tmp_path):
     assert not at.exception and len(at.dataframe) == 4
     verdicts = at.dataframe[2].value
     assert verdicts.loc[(verdicts["figure"] == "measured") & (verdicts["events"] == "shared"), "verdict"].item() == "reproduced"
+    assert set(verdicts["events"]) == {"shared"}  # the document has no equivalent pair: no rows of None for them
+    said = [e.value for e in [*at.info, *at.markdown] if "No equivalent pair for any objective" in e.value]
+    assert len(said) == 1  # in the chart's place, once
     at.text_input(key="drift_folder").set_value(str(tmp_path / "missing")).run()
     assert not at.exception and "no probe\\.json in" in at.warning[0].value  # escaped: shown as text, not markup
 
