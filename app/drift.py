@@ -22,7 +22,7 @@ import torch
 
 from ..core import probe as core_probe
 from ..core import stats
-from ..core.drift_tables import FIGURES, KINDS, comparisons, cross_shares, values
+from ..core.drift_tables import FIGURES, KINDS, SHARE_TESTS, SHARE_WORDS, comparisons, cross_shares, first_order_flags, lumped, values
 from ..toy.param_drift import default_probe_config, probe_toy
 from ..toy.policy import gather_tokens, init_params, log_policy, table_gradient
 from ..toy.train import loss_coefficients, make_batch, validate
@@ -48,8 +48,6 @@ ZERO_PARTS = {
 }
 """Why a part of the first-order prediction is exactly 0 in every row of a document (``dfpo.core.probe``'s definitions)."""
 DOC_KEYS = ("objectives", "controls", "seeds", "records")
-ERROR_LIMIT = getattr(core_probe, "FIRST_ORDER_ERROR_LIMIT", 0.5)
-"""error_ratio above which the first-order split is flagged (``core.probe.FIRST_ORDER_ERROR_LIMIT``)."""
 KIND_EVENTS = {"shared": "shared event", "equivalent": "equivalent pair"}
 WHAT_EVENT = {
     "shared": "a shared event is a position at which every completion of a group has the same context and token (eq 2)",
@@ -65,6 +63,8 @@ class Table:
     notes: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     """Sentences about rows left out of ``rows`` (a kind of event no seed had)."""
+    flags: list[str] = field(default_factory=list)
+    """``drift_tables.first_order_flags``: the rows with a seed whose first-order error is past the limit."""
 
     def note(self, sentence: str) -> int:
         """The number (from 1) of ``sentence`` among the notes, adding it once."""
@@ -208,6 +208,14 @@ def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> Table:
     point = probed_point(task, labels, seeds)
     why_none = {"shared": _no_shared_event, "equivalent": _no_pair}
     out, marks = Table(), []
+    per_seed_records = [
+        {"seed": s, "objective": label, "kind": kind, **core_probe.summary(e)}
+        for label in labels
+        for kind, events in (("shared", result.shared[label]), ("equivalent", result.pairs[label]))
+        for s, e in enumerate(events)
+        if len(e)
+    ]
+    out.flags = first_order_flags({"objectives": list(labels), "records": per_seed_records})
     for label in labels:
         for kind, per_seed in (("shared", result.shared[label]), ("equivalent", result.pairs[label])):
             missing = [s for s, e in enumerate(per_seed) if len(e) == 0]
@@ -273,32 +281,13 @@ def read_probe_folder(folder: Path) -> dict:
     return doc
 
 
-def records_momentum(doc: dict) -> bool:
-    """Whether the document's records carry the optimiser-state part (written after the four-way split)."""
-    return any("momentum" in r for r in doc["records"])
-
-
-def _error_ratios(doc: dict, label: str, kind: str) -> list[float]:
-    """error_ratio per seed: the record's own, or error / measured where the record predates it (the same ratio)."""
-    out = []
-    for r in doc["records"]:
-        if r["objective"] != label or r["kind"] != kind:
-            continue
-        if "error_ratio" in r:
-            out.append(r["error_ratio"])
-        elif r.get("measured", 0) > 0 and "error" in r:
-            out.append(r["error"] / r["measured"])
-    return out
-
-
 def doc_table(doc: dict) -> Table:
     """Per objective and kind: the document's seeds, the seeds with events, and each figure's mean with its 95%
     interval over seeds; figures no record has are left out (a note says which), as are kinds no seed had."""
-    out = Table()
+    doc = with_error_ratio(doc)
+    out = Table(flags=first_order_flags(doc))
     seeds = len(doc["seeds"])
     figures = [f for f in FIGURES if any(f in r for r in doc["records"])]
-    if "error_ratio" not in figures and any("error" in r and "measured" in r for r in doc["records"]):
-        figures.append("error_ratio")
     absent: dict[str, list[str]] = {kind: [] for kind in KINDS}
     for label in doc["objectives"]:
         for kind in KINDS:
@@ -309,7 +298,7 @@ def doc_table(doc: dict) -> Table:
             row: dict[str, object] = {"objective": label, "events": kind, "seeds": seeds, "seeds with events": len(have)}
             numbers = []
             for figure in figures:
-                vals = _error_ratios(doc, label, kind) if figure == "error_ratio" else list(values(doc, label, kind, figure).values())
+                vals = list(values(doc, label, kind, figure).values())
                 iv = stats.paired_interval(vals) if vals else None
                 row[figure] = None if iv is None else iv.mean
                 row[f"{figure} low"] = None if iv is None or iv.n < 2 else iv.low
@@ -338,7 +327,7 @@ def doc_table(doc: dict) -> Table:
                 f"No {KIND_EVENTS[kind]} for {whose} in any of the document's {seeds} seeds: {WHAT_EVENT[kind]}; "
                 f"so the {kind} rows are left out of the table and chart."
             )
-    if not records_momentum(doc):
+    if lumped(doc):
         out.notes.append(not_recorded_sentence())
     for part, why in ZERO_PARTS.items():
         if out.rows and all(r.get(part) == 0.0 for r in out.rows):
@@ -356,19 +345,14 @@ def not_recorded_sentence() -> str:
     )
 
 
-def error_flags(rows: list[dict[str, object]]) -> list[str]:
-    """One sentence per row whose error_ratio exceeds ``ERROR_LIMIT``: its parts are shares of a first-order prediction
-    that misses the measured change."""
-    out = []
-    for r in rows:
-        ratio = r.get("error_ratio")
-        if ratio is not None and not _blank(ratio) and ratio > ERROR_LIMIT:
-            out.append(
-                f"{r['objective']}, {r['events']}: the first-order error mean |measured - predicted| is {ratio:.3g} x mean |measured| "
-                f"(above the limit {ERROR_LIMIT:g}, core.probe.FIRST_ORDER_ERROR_LIMIT): its parts are shares of a prediction that "
-                "misses the change the step made (a step too long for first order: probe with a smaller lr)."
-            )
-    return out
+def with_error_ratio(doc: dict) -> dict:
+    """``doc`` with each record's error_ratio, computed as error / measured where a record predates it (the same
+    ratio ``core.probe.summary`` writes), so ``drift_tables.first_order_flags`` can read every document."""
+    records = [
+        r if "error_ratio" in r or not r.get("measured") or "error" not in r else {**r, "error_ratio": r["error"] / r["measured"]}
+        for r in doc["records"]
+    ]
+    return {**doc, "records": records}
 
 
 def chart_rows(rows: list[dict[str, object]], kind: str) -> tuple[list[dict[str, object]], list[str]]:
@@ -410,15 +394,18 @@ def comparison_rows(doc: dict) -> list[dict[str, object]]:
 
 
 def share_rows(doc: dict) -> list[dict[str, object]]:
-    """The cross term's share per objective and kind (``drift_tables.cross_shares``) as rows."""
+    """The cross term's share per objective and kind, of the first-order prediction and of the batch's own part
+    (``drift_tables.cross_shares``, each of ``SHARE_TESTS``), as rows."""
     return [
         {
             "objective": s.objective,
             "events": s.kind,
+            "share of": SHARE_WORDS[s.figure],
             "cross share": s.interval.mean,
             "low": s.interval.low,
             "high": s.interval.high,
             "side": s.side,
         }
-        for s in cross_shares(doc)
+        for figure in SHARE_TESTS
+        for s in cross_shares(doc, figure)
     ]

@@ -48,8 +48,10 @@ def charts(table: drift.Table) -> list[str]:
 
 
 def table_with_notes(table: drift.Table, said: list[str]) -> None:
-    """The sentences about rows left out (those not already shown in a chart's place), the rows (numbers to 3
-    significant digits), then the numbered notes."""
+    """The first-order error flags, the sentences about rows left out (those not already shown in a chart's place),
+    the rows (numbers to 3 significant digits), then the numbered notes."""
+    for flag in table.flags:
+        st.warning(markdown_text(flag))
     for sentence in table.left_out:
         if sentence not in said:
             st.markdown(markdown_text(sentence))
@@ -113,12 +115,10 @@ if typed.strip():
     st.markdown(f"**{len(doc['seeds'])} seeds, {len(doc['objectives'])} objectives.**")
     said = charts(table)
     st.subheader("Per objective")
-    for flag in drift.error_flags(table.rows):
-        st.warning(markdown_text(flag))
     table_with_notes(table, said)
     st.subheader("Against the matched control (paired over seeds, Bonferroni-adjusted)")
     st.dataframe(pd.DataFrame(drift.comparison_rows(doc)), hide_index=True, width="stretch")
-    st.subheader("The cross term's share of the first-order prediction")
+    st.subheader("The cross term's share (of the first-order prediction, and of the batch's own part)")
     st.dataframe(pd.DataFrame(drift.share_rows(doc)), hide_index=True, width="stretch")
 st.caption(
     "A training run with `log.param_drift = true` logs the same figures as `drift/*` every few steps: plot them on the "

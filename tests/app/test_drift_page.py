@@ -178,15 +178,18 @@ def test_a_first_order_error_above_the_limit_is_flagged_next_to_the_table(tmp_pa
     at.text_input(key="drift_folder").set_value(str(tmp_path)).run()
     assert not at.exception
     flags = [w.value.replace("\\", "") for w in at.warning]
-    assert len(flags) == 2 and all("is 5.1 x mean |measured|" in f and f"limit {drift.ERROR_LIMIT:g}" in f for f in flags)
-    assert drift.error_flags([{"objective": "a", "events": "shared", "error_ratio": drift.ERROR_LIMIT}]) == []  # at the limit: no flag
+    assert len(flags) == 2 and all("exceeds 0.5x the mean abs measured change on 3 of 3 seeds" in f for f in flags)
+    assert flags[0].startswith("First-order error: under `gspo`")
 
 
 def test_a_document_before_error_ratio_gets_it_from_error_and_measured():
     doc = _doc()
-    rows = drift.doc_table(doc).rows
-    gspo = next(r for r in rows if r["objective"] == "gspo")
-    assert gspo["error_ratio"] == pytest.approx(np.mean([0.01 / v for v in (1.0, 1.2, 0.9)]))
+    table = drift.doc_table(doc)
+    gspo = next(r for r in table.rows if r["objective"] == "gspo")
+    assert gspo["error_ratio"] == pytest.approx(np.mean([0.01 / v for v in (1.0, 1.2, 0.9)])) and table.flags == []
+    for r in doc["records"]:
+        r["error"] = 0.6 * r["measured"]  # past the limit on every seed: flagged from error / measured
+    assert len(drift.doc_table(doc).flags) == 2
 
 
 def test_a_kind_no_seed_had_is_left_out_with_a_sentence_and_a_missing_seed_is_named():
