@@ -135,7 +135,7 @@ class ToyProbe:
         for label in self.shared:
             for kind, per_seed in (("shared", self.shared[label]), ("equivalent", self.pairs[label])):
                 sums = [summary(e) for e in per_seed if len(e)]
-                row: dict[str, object] = {"objective": label, "events": kind, "seeds": len(sums)}
+                row: dict[str, object] = {"objective": label, "events": kind, "seeds": len(per_seed), "seeds with events": len(sums)}
                 for key in ROW_FIGURES:
                     vals = [s[key] for s in sums if key in s]
                     row[key] = sum(vals) / len(vals) if vals else None

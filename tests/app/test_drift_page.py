@@ -103,6 +103,13 @@ def test_the_seeds_shown_are_the_seeds_chosen_and_a_seed_without_events_is_named
     assert "differ at their first token" in at.info[0].value
 
 
+def test_probe_toys_own_rows_count_the_seeds_chosen_apart_from_the_seeds_with_events():
+    """The 7-of-8 of issue 45: ``ToyProbe.rows`` put the seeds with events under "seeds"."""
+    rows = probe_toy(default_probe_config(task="tenplusten", seeds=8, objectives=("gspo_noclip",))).rows()
+    equivalent = next(r for r in rows if r["events"] == "equivalent")
+    assert (equivalent["seeds"], equivalent["seeds with events"]) == (8, 7)
+
+
 def test_the_toy_task_changes_the_cross_term_across_prompts():
     at = _page()
     family = at.dataframe[0].value
