@@ -314,3 +314,12 @@ def test_the_packaged_smollm2_converts_and_matches_its_gguf(tmp_path, monkeypatc
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert tok.eos_token_id == im_end and im_end in model.generation_config.eos_token_id
     assert tok.pad_token is not None
+
+
+def test_a_conversion_whose_logits_disagree_with_the_gguf_writes_nothing(tiny_gguf, tmp_path, monkeypatch):
+    """The bit-for-bit logits check guards the folder: when it fails, the conversion raises and no folder is left."""
+    path, _ = tiny_gguf
+    monkeypatch.setattr(pm.torch, "equal", lambda a, b: False)
+    with pytest.raises(RuntimeError, match="logits differ"):
+        pm.converted_folder(path, root=tmp_path / "cache", say=lambda _: None)
+    assert list((tmp_path / "cache").iterdir()) == []
