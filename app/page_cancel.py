@@ -10,8 +10,7 @@ from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.core.loss import AGGREGATIONS, OBJECTIVES
 
-SUM_LABEL_MARGIN = 110
-"""Pixels right of the coefficient chart for the 'sum = ...' label (its widest, 'sum = -1.23e-02', fits)."""
+SUM_LABEL_MARGIN = 110  # pixels right of the coefficient chart for the 'sum = ...' label ('sum = -1.23e-02' fits)
 
 st.title("Cancellation by hand")
 st.caption(

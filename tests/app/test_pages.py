@@ -56,6 +56,15 @@ def test_each_page_docstring_starts_with_its_number_in_the_navigation(page):
     assert f'st.title("{page.title}")' in (APP / page.file).read_text()  # the page's own heading is its title in the table
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.file)
+def test_no_page_holds_a_bare_string_that_streamlit_would_show(page):
+    # Streamlit's "magic" writes every bare expression of a page script to the page: a string after a constant
+    # (an attribute docstring) shows up as text above the title. The module docstring is the one it leaves out.
+    tree = ast.parse((APP / page.file).read_text())
+    bare = [n.lineno for n in tree.body[1:] if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)]
+    assert not bare, f"{page.file} lines {bare}: write a comment instead"
+
+
 def test_docs_app_md_counts_lists_and_shows_every_page_in_order():
     word = re.search(r"^(\w+) pages, every number", DOCS, re.M).group(1)
     assert word.lower() == NUMBER_WORDS[len(PAGES)]
