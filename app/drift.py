@@ -23,7 +23,7 @@ import torch
 from ..core import probe as core_probe
 from ..core import stats
 from ..core.drift_tables import FIGURES, KINDS, SHARE_TESTS, SHARE_WORDS, comparisons, cross_shares, first_order_flags, lumped, values
-from ..toy.param_drift import default_probe_config, probe_toy
+from ..toy.param_drift import ROW_FIGURES, default_probe_config, probe_toy
 from ..toy.policy import gather_tokens, init_params, log_policy, table_gradient
 from ..toy.train import loss_coefficients, make_batch, validate
 
@@ -31,17 +31,14 @@ TOY_TASKS = ("family", "tenplusten")
 """family (the page's default): template rows tied across prompts, so groups share tokens; tenplusten (paper App. A):
 one prompt, no row tied across prompts."""
 DEFAULT_OBJECTIVES = ("gspo_noclip", "dfpo_min:stopgrad=score", "grpo")
-"""The page's default: objectives whose probed step moves both kinds of event on ``family`` (a test checks it).
-gspo and dfpo_min keep GSPO's clip range of 3e-4 / 4e-4, which the K - 1 earlier steps leave every sequence outside:
-their step is exactly 0 (the page says why, from the data), so they are offered, not chosen."""
+"""The page's default: objectives whose probed step moves both kinds of event on ``family`` (a test checks it). With
+gspo or dfpo_min first (the page's earlier default), the K - 1 earlier steps are that objective's own, which carry every
+sequence ratio past GSPO's clip range of 3e-4 / 4e-4 on its advantage's side, so gspo's and dfpo_min's probed step is
+exactly 0 (the page says why, from the data); they are offered, not chosen."""
 MORE_OBJECTIVES = ("gspo", "dfpo_min", "dapo")
-PARTS = ("direct", "cross", "momentum", "decay")
-"""The first-order prediction's parts (``dfpo.core.probe``), in table order."""
+PARTS = core_probe.PARTS
+"""The first-order prediction's parts (direct, cross, momentum, decay), in table order."""
 BARS = (*PARTS, "measured")
-TOY_FIGURES = ("coef", *PARTS, "measured", "error", "error_ratio", "cross_share", "momentum_share")
-"""The figures of ``core.probe.summary`` the toy table shows, where the summary has them."""
-NOT_RECORDED = ("momentum", "decay", "momentum_share", "decay_share")
-"""Figures a probe document written before the four-way split does not have."""
 ZERO_PARTS = {
     "momentum": "no optimiser state from earlier steps reached the probed events (a first step, or SGD without momentum)",
     "decay": "no weight decay reached them (the probe's decay part is lr x weight_decay x the parameters, 0 when weight_decay is 0)",
@@ -202,7 +199,7 @@ def _all_zero(point: ProbedPoint, label: str) -> str:
 
 
 def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> Table:
-    """Per objective and kind: the seeds chosen, the seeds with events, and each ``TOY_FIGURES`` figure of
+    """Per objective and kind: the seeds chosen, the seeds with events, and each ``toy.param_drift.ROW_FIGURES`` figure of
     ``core.probe.summary`` averaged over the seeds with events; with a note for each empty or zero cell."""
     result = probe_toy(default_probe_config(task=task, objectives=labels, seeds=seeds))
     point = probed_point(task, labels, seeds)
@@ -225,7 +222,7 @@ def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> Table:
                 continue
             sums = [core_probe.summary(e) for e in per_seed if len(e)]
             row: dict[str, object] = {"objective": label, "events": kind, "seeds": seeds, "seeds with events": len(sums)}
-            for figure in TOY_FIGURES:
+            for figure in ROW_FIGURES:
                 vals = [s[figure] for s in sums if figure in s]
                 row[figure] = sum(vals) / len(vals) if vals else None
             numbers = [out.note(why_none[kind](point, missing))] if missing else []
@@ -242,24 +239,16 @@ def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> Table:
 
 
 def _toy_optimiser_state(table: Table, optimizer: str) -> None:
-    """The toy's momentum and decay columns: left out with one sentence, whether the summary has them (0 on plain
-    SGD) or not (a probe from before the four-way split); figures no row has are left out too."""
-    recorded = any(r.get("momentum") is not None for r in table.rows)
-    zero = all(r.get(k) in (0.0, None) for r in table.rows for k in ("momentum", "decay"))
-    if recorded and not zero:
+    """The toy's momentum and decay columns: exactly 0 on its plain SGD step, so left out with one sentence (kept,
+    should a row ever hold a non-zero one)."""
+    if any(r.get(k) not in (0.0, None) for r in table.rows for k in ("momentum", "decay")):
         return
     for r in table.rows:
         for key in ("momentum", "decay", "momentum_share"):
             r.pop(key, None)
-    for key in [k for k in TOY_FIGURES if table.rows and all(r.get(k, None) is None for r in table.rows)]:
-        for r in table.rows:
-            r.pop(key, None)
     table.notes.append(
         f"momentum and decay are exactly 0 in every row, so their columns are left out: the toy's step is plain {optimizer.upper()} "
         "from the probed point, with no optimiser state from earlier steps and no weight decay."
-        if recorded
-        else "momentum and decay: not recorded by this probe (its summary has no optimiser-state part); the toy's step is plain "
-        f"{optimizer.upper()} with no momentum and no weight decay, so cross is the whole prediction less direct."
     )
 
 
