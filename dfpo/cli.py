@@ -3,7 +3,7 @@
 Each part registers its own subcommand from a light module (heavy imports stay inside the
 handler), so `dfpo --help` and `dfpo objectives` start fast:
 
-    dfpo objectives            table of every objective preset (dfpo.core.loss)
+    dfpo objectives            table of every objective preset (dfpo.core.loss); --long, NAME: the detail
     dfpo demo                  shared-prefix cancellation on a hand-made group
     dfpo theory ...            claims ledger (dfpo.theory.cli)
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
@@ -25,9 +25,13 @@ import argparse
 import contextlib
 import importlib
 import sys
+import time
 
 from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
 from dfpo.trainer.exit_signals import decided, exit_on_signal
+
+IMPORTED_AT = time.monotonic()
+"""When this module was imported: the start of a ``dfpo`` process where the OS does not say (``runlog.process_age_s``)."""
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
 PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe_cli", "dfpo.app.cli")
@@ -35,14 +39,19 @@ PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.tra
 
 def _cmd_objectives(args: argparse.Namespace) -> int:
     # deferred (here and in _cmd_demo): dfpo.commands imports torch and the loss core; dfpo --help stays free of them
-    from dfpo.commands import atlas_table, objectives_table
+    from dfpo.commands import atlas_table, objectives_summary, objectives_table
 
     if args.atlas:
         if args.name:
             raise SystemExit(f"dfpo objectives: --atlas shows every objective; drop the name {args.name!r}")
+        if args.long:
+            raise SystemExit("dfpo objectives: --long is the long form of the presets' table, not of --atlas; drop one of them")
         print(atlas_table(markdown=args.markdown, own_aggregation=args.own_aggregation))
         return 0
-    print(objectives_table(markdown=args.markdown, objective=args.name))
+    if args.long or args.name:
+        print(objectives_table(markdown=args.markdown, objective=args.name))
+    else:
+        print(objectives_summary(markdown=args.markdown))
     return 0
 
 
@@ -74,8 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("objectives", help="table of every objective with its components, defaults and sources")
-    p.add_argument("name", nargs="?", default=None, help="show one objective only")
+    p = sub.add_parser(
+        "objectives",
+        help="table of every objective preset and what each is (NAME or --long: its components' values and sources)",
+        description="Every objective preset: a table of the components that tell them apart and one line on each. "
+        "NAME: one preset's every component, its value, whether the loss reads it and its source. --long: every "
+        "preset's sources, every component's declaration and the advantage estimators.",
+    )
+    p.add_argument("name", nargs="?", default=None, help="show one objective only: every component, its value and source")
+    p.add_argument(
+        "--long",
+        action="store_true",
+        help="the long form: every preset's sources, every component's declaration, the advantage estimators",
+    )
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
     p.add_argument(
         "--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core"

@@ -57,6 +57,30 @@ def estimators_table(markdown: bool = False) -> str:
     return _table(list(_ESTIMATOR_COLUMNS), rows, markdown)
 
 
+def objectives_summary(markdown: bool = False) -> str:
+    """``dfpo objectives``: the table of presets (one row each, the components that tell them apart), then one line
+    per preset saying what it is (wrapped to the table's width) and who registered it when not dfpo, then where the
+    long form is. ``objectives_table`` is the long form."""
+    import textwrap
+
+    table = objectives_table(markdown=markdown).split("\n\n")[0]  # the long form's first block: the same table
+    width = max(len(line) for line in table.splitlines())
+    lines = []
+    for name in OBJECTIVES:
+        lines += textwrap.wrap(f"{name}: {OBJECTIVES[name].description}", width=width, subsequent_indent="    ")
+        if OBJECTIVES.origin(name) != BUILTIN:
+            lines.append(f"    registered by {OBJECTIVES.origin(name)}")
+    hint = textwrap.wrap(
+        f"{len(OBJECTIVES)} objectives. `dfpo objectives NAME`: every component of one, its value and the source of each; "
+        "`dfpo objectives --long`: every preset's sources, every component's declaration and the advantage estimators; "
+        "`dfpo objectives --atlas`: the cancellation verdicts.",
+        width=width,
+    )
+    if markdown:
+        lines = [f"- {line}" if not line.startswith(" ") else f"  {line.strip()}" for line in lines]
+    return "\n".join([table, "", *lines, "", *hint])
+
+
 def objectives_table(markdown: bool = False, objective: str | None = None) -> str:
     """Every preset with its components, defaults and sources, then every component's declaration."""
     if objective is not None and objective not in OBJECTIVES:

@@ -65,7 +65,7 @@ def test_cli_version():
 def test_cli_objectives_lists_every_preset_with_its_sources():
     import dfpo
 
-    out = _dfpo("objectives")
+    out = _dfpo("objectives", "--long")  # the default is the compact table (tests/test_cli_objectives.py)
     assert out.returncode == 0
     for name, spec in dfpo.OBJECTIVES.items():
         assert name in out.stdout
