@@ -244,7 +244,8 @@ def _rel_text(v: Verdict) -> str:
     if rel is None:
         return stats.interval_text(v.interval, "{:+.3g}")
     c, lo, hi = rel
-    return f"{_pct(c)} [{_pct(lo)}, {_pct(hi)}]"
+    why = stats.unbounded_reason(v.interval)
+    return f"{_pct(c)}, no interval ({why})" if why else f"{_pct(c)} [{_pct(lo)}, {_pct(hi)}]"
 
 
 def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:

@@ -121,3 +121,10 @@ def test_a_seed_set_too_small_for_the_median_reads_the_mean_and_says_so():
     mixed = Summary("t", [Finding("f", "T", (row,))], {"x": _steps_evidence({"discovery": 5, "confirmation": 16})})
     assert isinstance(mixed.verdicts[row.key()][1].interval, stats.CensoredInterval)
     assert "(mean on the discovery set, median on the confirmation set)" in render_findings(mixed)
+
+
+def test_a_row_it_cannot_bound_says_why_instead_of_inf():
+    """8 censored pairs at 95% / 42 rows: no sign-test interval; the phrase names the seeds it would need."""
+    pair = (Verdict("lower", stats.paired_censored_interval([50.0] * 8, [False] * 7 + [True], [60.0] * 8, None, tests=42), 60.0),) * 2
+    text = phrase("steps", (pair[0], pair[1]))
+    assert "inf" not in text and "no interval (n = 8 seeds: a sign-test interval of the median at level 0.9988 needs >= 11)" in text
