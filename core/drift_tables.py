@@ -192,7 +192,7 @@ def cross_shares(doc: dict, figure: str = "cross_share") -> list[Share]:
 
 def first_order_flags(doc: dict, limit: float = FIRST_ORDER_ERROR_LIMIT) -> list[str]:
     """One sentence per objective and kind with a seed whose error_ratio (mean abs(measured - predicted) / mean abs
-    measured over its events) exceeds ``limit``: on those seeds the step is too long for first order, so the parts
+    measured over its events) exceeds ``limit``: on those seeds the second-order remainder is that large, so the parts
     are shares of the first-order prediction, not of the measured drift. Names the seeds, the worst and the mean."""
     out = []
     for label in doc["objectives"]:
@@ -206,8 +206,9 @@ def first_order_flags(doc: dict, limit: float = FIRST_ORDER_ERROR_LIMIT) -> list
             out.append(
                 f"First-order error: under `{label}`, for {KIND_WORDS[kind]}, mean abs(measured - predicted) exceeds {limit:g}x "
                 f"the mean abs measured change on {len(over)} of {len(ratios)} seeds ({', '.join(map(str, over))}; worst "
-                f"{fmt(ratios[worst])}x on seed {worst}, mean over seeds {fmt(mean)}x): there the step is too long for first "
-                "order, so read the parts as shares of the first-order prediction, not of the measured drift."
+                f"{fmt(ratios[worst])}x on seed {worst}, mean over seeds {fmt(mean)}x): on those seeds the "
+                "second-order remainder is that large, so read the parts as shares of the first-order prediction, not of the "
+                "measured drift."
             )
     return out
 

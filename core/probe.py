@@ -75,9 +75,11 @@ MAX_EVENTS = 16
 """Default bound on the shared events (and, separately, on the equivalent pairs) one step probes."""
 FIRST_ORDER_ERROR_LIMIT = 0.5
 """``summary``'s error_ratio (mean |measured - predicted| / mean |measured|) above which the first-order split is
-flagged: past 0.5 the prediction misses the measured change by more than half its size on average, so the four
-parts are shares of a prediction that is not the change the step made (a step too long for first order), and
-``dfpo probe`` says so next to its table."""
+flagged: past 0.5 the prediction misses the measured change by more than half its size on average (the second-order
+remainder is that large: a long step, or a change that nearly cancels to first order), so the four parts are shares
+of a prediction that is not the change the step made, and ``dfpo probe`` says so next to its table. 0.5 because below
+it the prediction has the measured change's sign and size to within a factor 2 on average, which is what reading
+its parts as "where the drift comes from" needs."""
 PARTS = ("direct", "cross", "momentum", "decay")
 """The four parts of the first-order prediction, in table order (module docstring)."""
 
