@@ -436,7 +436,7 @@ def unbounded_reason(ci) -> str:
     if isinstance(ci, CensoredInterval):
         need = sign_test_min_seeds(per)
         if ci.n < need:
-            return f"n = {ci.n} seeds: a sign-test interval of the median at level {per:.4g} needs >= {need}"
+            return f"n = {ci.n} seed{'s' if ci.n != 1 else ''}: a sign-test interval of the median at level {per:.4g} needs >= {need}"
         return (
             f"{ci.censored_pairs} of {ci.n} pairs have a run that never reached the threshold, and a censored pair bounds its "
             "difference on one side only: too few bounded pairs on either side for the sign test"

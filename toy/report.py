@@ -118,16 +118,24 @@ def level_cell(row: dict, key: str, fmt: str, bounds: stats.Bounds) -> str:
     median with its interval and how many seeds reached kappa ('>=' where censoring leaves a value open)."""
     if key in CENSORED:
         return stats.km_median(row[key], censored(row)).text(fmt)
+    if stats.unbounded_reason(stats.paired_interval(row[key])):  # one seed: the clipped interval would be the whole support
+        return f"{fmt.format(float(np.mean(row[key])))} (no interval)"
     ci = stats.mean_interval(row[key], bounds=bounds)
     return f"{fmt.format(ci.mean)} [{fmt.format(ci.low)}, {fmt.format(ci.high)}]"
 
 
 def summary_table(summary: dict[str, dict[str, object]]) -> str:
-    """Markdown table: one row per objective, each level over seeds (descriptive, not tests)."""
+    """Markdown table: one row per objective, each level over seeds (descriptive, not tests); where a level has no
+    interval, a sentence under the table says why."""
     cols = [c for c in COLUMNS if all(c[0] in s for s in summary.values())]
     lines = ["| objective | " + " | ".join(c[1] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    reasons = set()
     for name, s in summary.items():
         lines.append(f"| {name} | " + " | ".join(level_cell(s, key, fmt, bounds) for key, _, fmt, bounds in cols) + " |")
+        reasons |= {stats.unbounded_reason(stats.paired_interval(s[key])) for key, *_ in cols if key not in CENSORED}
+    reasons.discard("")
+    if reasons:
+        lines += ["", f"A level marked '(no interval)' has none ({'; '.join(sorted(reasons))})."]
     return "\n".join(lines)
 
 
