@@ -536,6 +536,8 @@ def panel_layout(doc: dict, kind: str) -> dict:
     notes = [f"abs {f}: 0 in every seed, not drawn" for f in zero] + [f"abs {f}: not in this document" for f in missing]
     if any(n == 0 for n in counts):
         notes.append("0 seeds: no such event under that objective")
+    if any(n == 1 for n in counts):
+        notes.append("1 seed: no whisker (an interval needs 2 seeds)")
     if log and any(r[0] - r[1] <= 0 for f, _ in drawn for r in bars[f] if r[3] >= 2):
         notes.append("a whisker down to the bottom edge: its interval reaches 0")
     return {"bars": bars, "drawn": drawn, "log": log, "counts": counts, "notes": notes}

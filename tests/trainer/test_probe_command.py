@@ -230,6 +230,7 @@ def test_probe_png_layout_logs_a_span_names_zero_parts_and_counts_seeds():
     assert [f for f, _ in layout["drawn"]] == ["direct", "cross", "momentum", "measured"]
     assert "abs decay: 0 in every seed, not drawn" in layout["notes"] and layout["counts"] == [4, 4]
     assert not panel_layout(_doc({"gspo": [1.0, 1.1], "dfpo_min": [1.0, 1.2]}), "shared")["log"]  # bars within 10x: linear
+    assert "1 seed: no whisker (an interval needs 2 seeds)" in panel_layout(_doc({"gspo": [1.0]}), "shared")["notes"]
     assert "no group held two correct answers" in empty_reason(doc, "equivalent") and "4 seeds" in empty_reason(doc, "equivalent")
 
 
