@@ -12,7 +12,7 @@ from dfpo.core.loss import OBJECTIVES
 MAX_GROUPS = 16  # most random groups per cell (each cell of every objective is computed live)
 
 
-@st.cache_data(show_spinner=False, max_entries=20_000)  # 16 floats each: about 40 seeds of 30 objectives x 16 groups
+@st.cache_data(show_spinner=False, max_entries=20_000)  # an entry: 16 floats, one objective on one group of one seed
 def group_residuals(objective: str, seed: int, index: int) -> tuple[float, ...]:
     """One objective on one random group of the atlas, computed once for all sessions: a new seed computes only
     the objectives shown, more groups only the groups added, and fewer groups or a filter nothing at all."""
