@@ -21,6 +21,7 @@ optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -128,7 +129,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_to_toml(cfg), end="")
         return 0
-    if args.config is None and args.resume is None and not args.quiet and dp.launched_rank() == 0:
+    if args.config is None and args.resume is None and not args.silent and dp.launched_rank() == 0:
         print(
             f"dfpo: no --config: training the built-in defaults (the tiny offline model on 'a+b=', into {cfg.run_dir}); "
             "dfpo train --print-config shows every key",
@@ -164,8 +165,6 @@ def _cmd_curves(args: argparse.Namespace) -> int:
 
 def _train(cfg: Config, args: argparse.Namespace) -> int:
     """One process of a run: construct, train, and answer every way it can end with a message and an exit status."""
-    import json
-
     from ..core.files import WriteFailed
 
     # deferred: torch (see the module docstring)
@@ -180,7 +179,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
         stop.last_words = lambda signum: say(stopped_at_once_message(signum, trainer, cfg.run_dir, resume))
         try:
             try:
-                trainer = Trainer(cfg, resume=resume, quiet=args.quiet)
+                trainer = Trainer(cfg, resume=resume, quiet=args.quiet, silent=args.silent)
                 summary = trainer.run(stop)
                 dp.barrier()  # every process done before any leaves the group
             except (NonFiniteLossError, WriteFailed) as err:
@@ -193,6 +192,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
                 dp.shutdown()
             if rank == 0:
                 _write_curves(cfg.folder.path, say)
+                summary = _record_process_time(cfg.folder.path, summary, say)
         except (StoppedAtOnce, Exception) as err:
             stopped = stop_beneath(err)  # the stop itself, or one Python wrapped on its way up (stop_beneath)
             if stopped is None:
@@ -220,6 +220,22 @@ def _write_curves(run_dir: Path, say) -> None:
         write_curves(run_dir)
     except Exception as err:  # noqa: BLE001 - a picture of finished logs never fails the run that wrote them
         say(f"warning: {run_dir / 'curves.png'} not written ({err}); dfpo train --curves {run_dir} tries again")
+
+
+def _record_process_time(run_dir: Path, summary: dict, say) -> dict:
+    """``summary`` with ``wall_s_process`` (this process's seconds from its start to now, curves.png drawn), written
+    back to RUN_DIR/summary.json; a failure is a warning: the summary without it is written."""
+    from ..core.files import WriteFailed, write_run_file
+
+    # deferred: torch (see the module docstring)
+    from .runlog import process_age_s
+
+    summary = {**summary, "wall_s_process": process_age_s()}
+    try:
+        write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))  # atomic: old or new file
+    except WriteFailed as err:
+        say(f"warning: wall_s_process not recorded ({err})")
+    return summary
 
 
 def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) -> str:
@@ -251,6 +267,8 @@ def relaunch_command(args: argparse.Namespace) -> list[str]:
         cmd += ["--set", s]
     if args.quiet:
         cmd.append("--quiet")
+    if args.silent:
+        cmd.append("--silent")
     return cmd
 
 
@@ -274,12 +292,26 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+SUMMARY_HELP = (
+    "summary.json, also printed on stdout: steps (the last step logged) and steps_missing_from_log; reward/first and "
+    "reward/last (the first and the last step's mean train reward); reward/jitter2 (eq 20); reward/steps_to_kappa and "
+    "reward/steps_to_kappa_ma10 (eq 19: the first step whose mean reward, or its 10-step trailing mean, reaches kappa; "
+    "null if none); kappa; final_eval (avg@k and pass@k after the last step); wall_s_start_up (seconds from the "
+    "trainer's construction to its first step: checks, model, warm-up, step-0 checkpoint), wall_s_training_loop "
+    "(seconds of this session's steps, evals and checkpoints) and wall_s_process (seconds from this process's start "
+    "to the end of the run, curves.png drawn: /usr/bin/time's elapsed time less the interpreter's exit); with "
+    "log.param_drift, the probe's cumulative drift (drift/*)."
+)
+"""What ``dfpo train --help`` says summary.json holds (tests/trainer/test_llm_train_cli.py checks every key is named)."""
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
         help="RL fine-tuning of a transformers model with any objective (without --config: the built-in defaults, the tiny offline model)",
         description="Group-relative RL fine-tuning with every objective of dfpo.OBJECTIVES. "
-        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt, curves.png).",
+        "Writes a run folder (config.toml, metrics.jsonl, eval.jsonl, samples.jsonl, tb/, checkpoint.pt, curves.png) and, at "
+        f"the end, {SUMMARY_HELP}",
     )
     p.add_argument(
         "--config",
@@ -293,7 +325,17 @@ def register(subparsers) -> None:
         action="store_true",
         help="with --resume: write RUN_DIR/config.toml back from the config kept with the checkpoint",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar or status lines")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no per-step lines; the start-up phases, the warm-up's result, a progress line at most "
+        "every 30 s and a last line still print (on stderr)",
+    )
+    p.add_argument(
+        "--silent",
+        action="store_true",
+        help="no progress output at all: only warnings, errors and summary.json on stdout",
+    )
     p.add_argument(
         "--print-config",
         action="store_true",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import runlog
 from .layout import RunDir
 from .packaged_model import resolve_model_name
 from .run_folder import write_init_model
@@ -126,11 +127,23 @@ def build_tiny_model(mcfg, tokenizer, seed: int, max_positions: int = TINY_CONTE
     return model.float()
 
 
-def sft_warm_start(model, tokenizer, examples, *, target_fn, steps: int, batch_size: int, lr: float, seed: int, device) -> list[float]:
+def sft_warm_start(
+    model,
+    tokenizer,
+    examples,
+    *,
+    target_fn,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    device,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Supervised steps on prompt -> target<eos> (loss on target tokens only). Returns the losses.
 
     ``target_fn(example, rng) -> str`` gives the supervised target (the answer, or one of the
-    equivalent surface forms for the equiv task).
+    equivalent surface forms for the equiv task). ``on_step(steps_done, loss)`` after each step (progress lines).
     """
     if steps <= 0:
         return []
@@ -162,6 +175,8 @@ def sft_warm_start(model, tokenizer, examples, *, target_fn, steps: int, batch_s
             opt.step()
             opt.zero_grad(set_to_none=True)
             losses.append(float(out.loss.detach()))
+            if on_step is not None:
+                on_step(len(losses), losses[-1])
     return losses
 
 
@@ -295,7 +310,12 @@ def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: P
     steps on the task's ``sft_target``; model and tokenizer saved to ``init_dir``."""
     tok = build_char_tokenizer()
     model = build_tiny_model(mcfg, tok, seed).to(device)
-    t0 = time.time()
+    t0, lines = time.time(), runlog.Every(runlog.PROGRESS_EVERY_S)
+
+    def progress(done: int, loss: float) -> None:  # a long warm-up is not silent (the last step has its own line)
+        if done < mcfg.sft_steps and lines.due():
+            say(f"tiny preset: SFT step {done}/{mcfg.sft_steps}, loss {loss:.3f}, {time.time() - t0:.0f} s in the warm-up")
+
     losses = sft_warm_start(
         model,
         tok,
@@ -306,6 +326,7 @@ def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: P
         lr=mcfg.sft_lr,
         seed=seed,
         device=device,
+        on_step=progress,
     )
     if losses:
         say(f"tiny preset: {mcfg.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -137,6 +137,43 @@ def missing_steps(rows: list[dict], last: int) -> list[int]:
     return [s for s in range(1, last + 1) if s not in have]
 
 
+PROGRESS_EVERY_S = 30.0
+"""Without a progress bar (``--quiet``, or ``log.progress = false``): at most one progress line this often, during
+the training steps and the tiny preset's warm-up."""
+
+
+class Every:
+    """``due()`` is True at most once per ``seconds`` of ``clock`` (monotonic), counted from construction: the rate
+    of the progress lines printed without a bar."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self.last = clock()
+
+    def due(self) -> bool:
+        now = self.clock()
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+
+def process_age_s() -> float:
+    """Seconds since this process started, as the operating system records it (Linux: the start time in
+    /proc/self/stat against /proc/uptime, both in 10 ms ticks since boot), so the interpreter's start and every
+    import count, as in ``/usr/bin/time``'s elapsed time. Without /proc: since ``dfpo.cli`` was imported."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime; the name may hold spaces
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        from ..cli import IMPORTED_AT
+
+        return time.monotonic() - IMPORTED_AT
+
+
 class TrainingInterrupted(Exception):
     """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was written."""
 

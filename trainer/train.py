@@ -45,7 +45,7 @@ import torch
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
-from . import entropy_control, parallel
+from . import entropy_control, parallel, runlog
 from .checkpoint import seed_everything
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
@@ -65,7 +65,7 @@ from .rewards import RewardComputer, reward_spec
 from .rollout import HFGenerateEngine
 from .run_folder import NullLock, prepare_run_folder
 from .run_state import Checkpointer, RunLogs, RunState
-from .runlog import StopSignals, TrainingInterrupted
+from .runlog import Every, StopSignals, TrainingInterrupted
 from .stage_advantages import advantages
 from .stage_drift import DriftStage, check_drift_settings
 from .stage_metrics import Stopwatch, run_summary, step_metrics, write_samples
@@ -125,15 +125,22 @@ class Trainer:
     optimiser, step-0 checkpoint and logs), so the initial parameters are there to read before ``run``.
 
     The run folder is locked from construction until ``run`` returns (or ``close`` is called).
+
+    What it prints on stderr (rank 0 speaks for the run; warnings that need the user are printed in every mode):
+    by default the start-up phases, a progress bar (``log.progress``) and per-step lines (a skipped optimiser step,
+    dropped non-finite metrics); ``quiet``: the start-up phases and the warm-up's result, a progress line at most
+    every ``runlog.PROGRESS_EVERY_S`` seconds and a last line, no bar and no per-step lines; ``silent``: none of them.
     """
 
-    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False):
+    def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False):
+        self.built_at = time.monotonic()  # the start-up's clock (summary.json's wall_s_start_up)
         self.cfg = cfg
         parallel.check_launch(cfg)  # before any work, before joining the group
         device = resolve_device(cfg.device)
         self.parallel = parallel.join(cfg, device.type)
         self.device = self.parallel.local_device(device)
-        self.quiet = quiet or not self.parallel.is_main  # rank 0 speaks for the run
+        self.silent = silent or not self.parallel.is_main  # rank 0 speaks for the run
+        self.quiet = quiet or self.silent
         self.state = RunState(seed_per_group=self.parallel.seed_per_group(cfg.rollout))
         # checked and locked first, by rank 0 (the others wait for its verdict)
         run_dir = cfg.folder.path
@@ -157,7 +164,7 @@ class Trainer:
         self.state.entropy_control = entropy_control.initial_state(self.spec)  # a resume reads it from the checkpoint
         split = split_settings(cfg, self.parallel.world)
         if self.spec.batch_coupled and split:
-            self._say(
+            self._tell(
                 f"warning: objective {self.spec.name!r} is coupled across a mini-batch ({'; '.join(self.spec.batch_coupling())}), "
                 f"and {', '.join(split)} splits each mini-batch over several loss calls: their summed gradient is not the "
                 "mini-batch loss's. Set optim.microbatch_groups = 0 and optim.max_tokens_per_microbatch = 0 on one process "
@@ -215,7 +222,7 @@ class Trainer:
             with_ref=self.spec.needs_ref_logp,
             train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
-            say=self._say,
+            say=self._tell,
         )
         self.parallel.shard(self.policy.model)  # FSDP2: the decoder layers are sharded, the rest stays whole
         self._phase(
@@ -278,7 +285,7 @@ class Trainer:
             optimizer=self.update_stage.optimizer,
             scheduler=self.update_stage.scheduler,
             prompts=self.rollout_stage.prompts,
-            say=self._say,
+            say=self._tell,
         )
         if resume:
             self.checkpointer.restore(self.state)
@@ -307,14 +314,20 @@ class Trainer:
         return self.old_logp_stage.from_sampler
 
     def _say(self, msg: str) -> None:
+        """A per-step line (a skipped optimiser step, dropped metrics): printed unless quiet or silent."""
         if not self.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def _tell(self, msg: str) -> None:
+        """A start-up or progress line: printed unless silent (with --quiet too)."""
+        if not self.silent:
             print(msg, file=sys.stderr, flush=True)
 
     START_UP_PHASES = 3
 
     def _phase(self, n: int, what: str) -> None:
-        """One line as each phase of the start-up begins (the training steps have their progress bar)."""
-        self._say(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
+        """One line as each phase of the start-up begins (the training steps have their progress bar or lines)."""
+        self._tell(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
 
     def _model_phase(self, resume: bool) -> str:
         m = self.cfg.model
@@ -420,12 +433,13 @@ class Trainer:
 
     def _run(self) -> dict:
         cfg, start = self.cfg, self.state.start_step
-        bar = None
+        bar, lines = None, Every(runlog.PROGRESS_EVERY_S)  # without a bar: a progress line when one is due
         if cfg.log.progress and not self.quiet:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.train.steps, initial=start, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
-        t_start = time.time()
+        t_start = time.monotonic()
+        start_up_s = t_start - self.built_at
         try:
             self._stop_if_asked(start)  # a signal during start-up: the step-0 (or resumed) checkpoint is there
             for s in range(start, cfg.train.steps):
@@ -439,6 +453,8 @@ class Trainer:
                 if bar is not None:
                     bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
                     bar.update(1)
+                elif lines.due():
+                    self._tell(progress_line(s + 1, cfg.train.steps, m["reward/mean"], time.monotonic() - t_start))
                 self._stop_if_asked(s + 1)
             final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
         finally:
@@ -448,12 +464,22 @@ class Trainer:
         if not self.parallel.is_main:  # rank 0 reads the log and writes the summary
             return {}
         run_dir = cfg.folder.path
+        loop_s = time.monotonic() - t_start
         summary = run_summary(run_dir, cfg.eval.kappa)
-        summary.update({"final_eval": final_eval, "wall_s_this_session": time.time() - t_start})
+        summary.update({"final_eval": final_eval, "wall_s_start_up": start_up_s, "wall_s_training_loop": loop_s})
         write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))
+        self._tell(
+            f"dfpo train: done, {cfg.train.steps - start} steps in {loop_s:.1f} s ({start_up_s:.1f} s before the first); "
+            f"{RunDir(run_dir).summary} written"
+        )
         return summary
 
 
-def train(cfg: Config, *, resume: bool = False, quiet: bool = False) -> dict:
+def progress_line(step: int, steps: int, reward: float, loop_s: float) -> str:
+    """The progress line printed without a bar: the step, the step's mean train reward, the loop's seconds so far."""
+    return f"dfpo train: step {step}/{steps}, reward {reward:.3f} (mean of the step's rollouts), {loop_s:.0f} s in the training loop"
+
+
+def train(cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False) -> dict:
     """Run (or resume) a training run; returns the run summary."""
-    return Trainer(cfg, resume=resume, quiet=quiet).run()
+    return Trainer(cfg, resume=resume, quiet=quiet, silent=silent).run()

@@ -3,6 +3,7 @@ the end of a run, and the command-line mistakes that used to name the wrong thin
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -64,9 +65,119 @@ def test_train_without_a_config_trains_the_built_in_defaults_and_draws_its_curve
     assert (run / RunDir.CURVES).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_quiet_prints_no_start_up_lines(tmp_path, capsys):
-    assert main(["train", "--quiet", *_sets(*QUICK, "train.steps=1", "eval.every=0", f"run_dir={tmp_path / 'run'}")]) == 0
-    assert capsys.readouterr().err == ""
+def _with_a_per_step_line(step_metrics):
+    """``step_metrics`` that first says one per-step line through the ``say`` it is given (as a dropped metric does)."""
+
+    def wrapped(step, *args, **kwargs):
+        kwargs["say"](f"per-step line {step}")
+        return step_metrics(step, *args, **kwargs)
+
+    return wrapped
+
+
+def _lines(err: str) -> list[str]:
+    """stderr's lines with their numbers of seconds and losses blanked, the start-up's long phase text cut."""
+    import re
+
+    return [re.sub(r"\d+\.\d+|\d+ s\b", "#", line).split(": start-up")[0] for line in err.splitlines()]
+
+
+@pytest.mark.parametrize("flag", ["", "--quiet", "--silent"])
+def test_what_each_mode_prints_on_stderr(tmp_path, capsys, monkeypatch, flag):
+    """The two tiny runs of the README printed nothing for 106 s and 50 s with --quiet. Default: start-up phases,
+    per-step lines, progress lines (no bar here: log.progress = false), a last line; --quiet: the same without the
+    per-step lines; --silent: nothing on stderr, and summary.json still on stdout. A progress line is due after
+    every step and every warm-up step here (PROGRESS_EVERY_S = 0)."""
+    from dfpo.trainer import runlog
+    from dfpo.trainer import train as train_mod
+
+    monkeypatch.setattr(runlog, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(train_mod, "step_metrics", _with_a_per_step_line(train_mod.step_metrics))
+    run = tmp_path / "run"
+    assert main(["train", *([flag] if flag else []), *_sets(*QUICK, f"run_dir={run}")]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads((run / RunDir.SUMMARY).read_text())
+    if flag == "--silent":
+        assert err == ""
+        return
+    expected = [
+        "dfpo: no --config: training the built-in defaults (the tiny offline model on 'a+b=', into "
+        f"{run}); dfpo train --print-config shows every key",
+        "dfpo train",  # start-up 1/3
+        "dfpo train",  # start-up 2/3: the warm-up, 3 steps
+        "tiny preset: SFT step 1/3, loss #, # in the warm-up",
+        "tiny preset: SFT step 2/3, loss #, # in the warm-up",
+        "tiny preset: 3 SFT steps in #s, loss # -> #",
+        "dfpo train",  # start-up 3/3
+        *(["per-step line 1"] if not flag else []),
+        "dfpo train: step 1/2, reward # (mean of the step's rollouts), # in the training loop",
+        *(["per-step line 2"] if not flag else []),
+        "dfpo train: step 2/2, reward # (mean of the step's rollouts), # in the training loop",
+        f"dfpo train: done, 2 steps in # s (# s before the first); {run / RunDir.SUMMARY} written",
+    ]
+    assert _lines(err) == expected, err
+
+
+def test_quiet_draws_no_progress_bar(tmp_path, capsys):
+    """log.progress draws tqdm's bar by default; --quiet leaves it out (its progress lines stand in for it)."""
+    sets = _sets(*QUICK, "log.progress=true", "eval.every=0")
+    assert main(["train", *sets, f"--set=run_dir={tmp_path / 'a'}"]) == 0
+    assert "2/2 [" in capsys.readouterr().err  # tqdm's "n/total [elapsed<remaining" on stderr
+    assert main(["train", "--quiet", *sets, f"--set=run_dir={tmp_path / 'b'}"]) == 0
+    assert "2/2 [" not in capsys.readouterr().err
+
+
+def test_a_progress_line_is_due_once_per_period():
+    """Every(s).due() is True at most once per s seconds of its clock, counted from construction."""
+    from dfpo.trainer.runlog import Every
+
+    now = [100.0]
+    every = Every(30.0, clock=lambda: now[0])
+    seen = []
+    for t in (100.0, 110.0, 129.9, 130.0, 130.5, 159.9, 160.0, 300.0):
+        now[0] = t
+        seen.append(every.due())
+    assert seen == [False, False, False, True, False, False, True, True]
+
+
+def test_the_help_says_the_progress_period_the_code_uses():
+    from dfpo.trainer.runlog import PROGRESS_EVERY_S
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert f"every {PROGRESS_EVERY_S:.0f} s" in " ".join(train.split())
+
+
+def test_summary_json_holds_the_process_wall_time_and_the_help_names_every_key(tmp_path):
+    """A `dfpo train --silent` process timed from outside: wall_s_process is at most what an outside clock shows (less
+    the interpreter's exit: 2 to 6 s on a loaded 2-core machine) and holds the start-up and the training loop; `dfpo
+    train --help` names every key summary.json holds."""
+    import subprocess
+    import time
+
+    from tiny_run import train_command
+
+    cmd = [arg if arg != "--quiet" else "--silent" for arg in train_command(tmp_path / "run", [*QUICK, "eval.every=0"])]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    outside = time.monotonic() - t0
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary == json.loads((tmp_path / "run" / RunDir.SUMMARY).read_text())
+    assert 0 < summary["wall_s_start_up"] + summary["wall_s_training_loop"] < summary["wall_s_process"] <= outside
+    train = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    assert "summary.json" in train
+    assert [key for key in summary if key not in train] == []
+
+
+def test_the_process_age_counts_from_the_process_start_not_from_an_import():
+    """A process that sleeps 1 s before importing runlog: process_age_s counts that second too."""
+    import subprocess
+    import time
+
+    code = "import time; time.sleep(1.0); from dfpo.trainer.runlog import process_age_s; print(process_age_s())"
+    t0 = time.monotonic()
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 1.0 <= age <= time.monotonic() - t0
 
 
 @pytest.mark.parametrize(
@@ -103,7 +214,7 @@ def test_a_model_name_that_names_no_model_folder_names_the_key(tmp_path, capsys,
     file.write_text("")
     name = name.format(file=file)
     run = tmp_path / "run"
-    assert main(["train", "--quiet", *_sets(*QUICK, f"model.name={name}", f"run_dir={run}")]) == 2
+    assert main(["train", "--silent", *_sets(*QUICK, f"model.name={name}", f"run_dir={run}")]) == 2  # no start-up line
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"dfpo: error: model.name {name!r}")
