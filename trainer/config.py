@@ -269,7 +269,8 @@ class LogConfig:
     param_drift: bool = setting(
         False,
         "Log drift/*: how a trial optimiser step on the step's first mini-batch moves shared tokens and equivalent answers in "
-        "parameter space (direct, cross, measured; dfpo.core.probe). Off: no extra work.",
+        "parameter space (direct; cross, the rest of the batch; momentum and decay, the optimiser's state and weight decay; measured; "
+        "dfpo.core.probe). Off: no extra work.",
     )
     param_drift_every: int = setting(10, "With param_drift: probe every this many training steps (and at step 1).", bounds=Bounds(1))
     param_drift_events: int = setting(
