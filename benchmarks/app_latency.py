@@ -106,7 +106,7 @@ def atlas_latency(repeats: int, before: str | None, tmp: Path) -> float:
                 times[label].append(_timed(apps[label].run))
                 assert not apps[label].exception, [e.value for e in apps[label].exception]
         row = "".join(f" {statistics.median(times[label]):22.2f} {max(times[label]):7.2f}" for label in pages)
-        print(f"{kind:28s}{row}", flush=True)
+        print(f"{kind:28s}{row}   {'ok' if statistics.median(times['today']) < 2 else 'SLOW'}", flush=True)
         for label in pages:
             every[label] += times[label]
     today = statistics.median(every["today"])
