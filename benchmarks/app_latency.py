@@ -84,7 +84,7 @@ def atlas_latency(repeats: int, before: str | None, tmp: Path) -> float:
             )
         except (OSError, subprocess.CalledProcessError) as err:
             raise SystemExit(
-                f"--before {before!r}: git cannot show app/page_atlas.py at that revision ({getattr(err, 'stderr', err)!s})"
+                f"--before {before!r}: git cannot show app/page_atlas.py at that revision ({str(getattr(err, 'stderr', None) or err).strip()})"
             ) from None
         old.write_text(source.stdout)
         pages = {f"before {before}": old, **pages}
