@@ -21,8 +21,18 @@ from pathlib import Path
 import torch
 
 from ..core import probe as core_probe
-from ..core import stats
-from ..core.drift_tables import FIGURES, KINDS, SHARE_TESTS, SHARE_WORDS, comparisons, cross_shares, first_order_flags, lumped, values
+from ..core.drift_tables import (
+    FIGURES,
+    KINDS,
+    SHARE_TESTS,
+    SHARE_WORDS,
+    comparisons,
+    cross_shares,
+    figure_interval,
+    first_order_flags,
+    lumped,
+    values,
+)
 from ..toy.param_drift import ROW_FIGURES, default_probe_config, probe_toy
 from ..toy.policy import gather_tokens, init_params, log_policy, table_gradient
 from ..toy.train import loss_coefficients, make_batch, validate
@@ -288,7 +298,7 @@ def doc_table(doc: dict) -> Table:
             numbers = []
             for figure in figures:
                 vals = list(values(doc, label, kind, figure).values())
-                iv = stats.paired_interval(vals) if vals else None
+                iv = figure_interval(vals, figure) if vals else None
                 row[figure] = None if iv is None else iv.mean
                 row[f"{figure} low"] = None if iv is None or iv.n < 2 else iv.low
                 row[f"{figure} high"] = None if iv is None or iv.n < 2 else iv.high

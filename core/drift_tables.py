@@ -21,6 +21,7 @@ Rules (``dfpo.core.stats``'s, as ``dfpo compare`` and the toy's attribution use 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,15 @@ KIND_WORDS = {"shared": "a shared token", "equivalent": "an equivalent pair's lo
 def values(doc: dict, label: str, kind: str, figure: str) -> dict[int, float]:
     """{seed: value} of one figure (seeds without events of that kind left out)."""
     return {r["seed"]: r[figure] for r in doc["records"] if r["objective"] == label and r["kind"] == kind and figure in r}
+
+
+def figure_interval(vals: list[float], figure: str, *, tests: int = 1) -> stats.Interval:
+    """The Student-t interval of ``figure``'s mean over seeds, cut to the values the figure can take: a mean of
+    absolute values is >= 0 and a share lies in [0, 1] (``FIGURES``), so the cut interval covers the mean at least as
+    often as the uncut one and never shows an impossible end (a t-interval of 2 seeds' shares reached -476%)."""
+    iv = stats.paired_interval(vals, tests=tests)
+    high = min(iv.high, 1.0) if figure in SHARES else iv.high
+    return dataclasses.replace(iv, low=max(iv.low, 0.0), high=high)
 
 
 def fmt(x: float) -> str:
@@ -89,7 +99,7 @@ def summary_table(doc: dict, figures: tuple[str, ...] = MAGNITUDES) -> str:
                 if not vals:
                     cells.append("-")
                     continue
-                iv = stats.paired_interval(vals)
+                iv = figure_interval(vals, figure)
                 cells.append(fmt(iv.mean) + ("" if iv.n < 2 else f" [{fmt(iv.low)}, {fmt(iv.high)}]"))
             seeds = len(values(doc, label, kind, "direct"))
             mean_events = sum(counts.values()) / max(1, len(counts))
@@ -184,7 +194,7 @@ def cross_shares(doc: dict, figure: str = "cross_share") -> list[Share]:
     for label, kind, vals in cells[figure]:
         if len(vals) < 2:
             continue
-        iv = stats.paired_interval(vals, tests=tests)
+        iv = figure_interval(vals, figure, tests=tests)
         side = "more than half" if iv.low > 0.5 else "less than half" if iv.high < 0.5 else "inconclusive"
         out.append(Share(label, kind, iv, side, figure))
     return out

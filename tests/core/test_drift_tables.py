@@ -4,8 +4,11 @@ seed sets give the same decisive verdict, and its sentence is generated from the
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from dfpo.core.drift_tables import cross_shares, findings_markdown, replication, share_table
+from dfpo.core import stats
+from dfpo.core.drift_tables import cross_shares, figure_interval, findings_markdown, replication, share_table
 
 
 def _doc(seeds: list[int], measured: dict[str, list[float]], share: dict[str, list[float]]) -> dict:
@@ -121,3 +124,17 @@ def test_the_first_order_error_is_flagged_above_the_limit_only():
     assert "on 1 of 8 seeds (3; worst 5.1x on seed 3" in flag
     head = summary_table(_split_doc(list(range(4)), 0.1)).splitlines()[0]
     assert "abs momentum" in head and "error / abs measured" in head and "abs coef" not in head  # a figure no record holds is left out
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=12), st.sampled_from(["cross_share", "momentum_share", "batch_cross_share"]))
+def test_a_share_interval_stays_in_0_1_and_still_holds_the_mean(vals, figure):
+    """A share's interval never leaves [0, 1], and the mean over seeds stays inside it."""
+    iv = figure_interval(vals, figure)
+    assert 0.0 <= iv.low <= iv.mean + 1e-12 and iv.mean - 1e-12 <= iv.high <= 1.0
+
+
+def test_a_magnitude_interval_is_cut_at_0_only_where_the_t_interval_crosses_it():
+    wide = figure_interval([0.001, 0.1], "cross")  # the t-interval of 2 seeds reaches far below 0
+    assert wide.low == 0.0 and wide.high == stats.paired_interval([0.001, 0.1]).high
+    tight = figure_interval([1.0, 1.1, 0.9], "measured")
+    assert tight.as_tuple() == stats.paired_interval([1.0, 1.1, 0.9]).as_tuple()
