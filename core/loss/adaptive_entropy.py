@@ -29,9 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..settings import Bounds
 from .fields import NONNEG, Component, component_field
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,12 @@ class EntropyControl:
         return self.coef if self.enabled else 0.0
 
 
-def initial_entropy_control(spec) -> EntropyControl:
+def initial_entropy_control(spec: ObjectiveSpec) -> EntropyControl:
     """The state before the first step: coef = ``entropy_coef`` (EntController's init_ent_coef), the bonus on."""
     return EntropyControl(coef=float(spec.entropy_coef), enabled=True)
 
 
-def next_entropy_control(state: EntropyControl, measured: float, spec) -> EntropyControl:
+def next_entropy_control(state: EntropyControl, measured: float, spec: ObjectiveSpec) -> EntropyControl:
     """EntController.update: one step of ``entropy_coef_delta`` toward the target, clipped to [min, max] (float64)."""
     if not math.isfinite(measured):
         raise ValueError(f"the measured entropy must be finite to move the adaptive entropy coefficient, got {measured!r}")
@@ -75,7 +79,7 @@ ENTROPY_TARGET = component_field(
     "entropy_control",
     "optional_number",
     f"None: a fixed entropy_coef (Skywork-OR1's ppo_trainer.yaml adaptive_entropy.enabled=False; {_SKYWORK}: TGT_ENTROPY=0.2)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Skywork-OR1's adaptive entropy coefficient: the target of the policy's entropy (mean -log pi_old over real "
     "tokens); entropy_coef is the first step's coefficient, then the trainer (dfpo train, or TRL's DFPOGRPOTrainer per "
@@ -87,7 +91,7 @@ ENTROPY_COEF_DELTA = component_field(
     "entropy_control",
     "number",
     f"{_SKYWORK}: DELTA_ENT_COEF=0.0001 (the fork's ppo_trainer.yaml default is 0.001)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Adaptive entropy: the step of the coefficient per training step.",
 )
@@ -96,7 +100,7 @@ ENTROPY_COEF_MIN = component_field(
     "entropy_control",
     "number",
     f"{_SKYWORK}: MIN_ENT_COEF=0 (also the fork's ppo_trainer.yaml default)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Adaptive entropy: the smallest coefficient.",
 )
@@ -105,13 +109,13 @@ ENTROPY_COEF_MAX = component_field(
     "entropy_control",
     "number",
     f"{_SKYWORK}: MAX_ENT_COEF=0.005 (the fork's ppo_trainer.yaml default is 0.5)",
-    True,
+    trust_region=True,
     bounds=Bounds(0.0, math.inf),
     doc="Adaptive entropy: the largest coefficient.",
 )
 
 
-def _check_control(spec) -> None:
+def _check_control(spec: ObjectiveSpec) -> None:
     if spec.entropy_target is not None and spec.entropy_coef_min > spec.entropy_coef_max:
         raise ValueError(
             f"entropy_coef_min={spec.entropy_coef_min!r} must be at most entropy_coef_max={spec.entropy_coef_max!r} "
@@ -119,13 +123,13 @@ def _check_control(spec) -> None:
         )
 
 
-def _control_inputs(spec) -> dict[str, str]:
+def _control_inputs(spec: ObjectiveSpec) -> dict[str, str]:
     if spec.entropy_target is None:
         return {}
     return {"entropy": f"entropy_target={spec.entropy_target!r} (the adaptive entropy bonus, with its gradient)"}
 
 
-def _control_coupling(spec) -> list[str]:
+def _control_coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.entropy_target is not None and (spec.aggregation != "token_mean" or spec.token_mask != "none"):
         return ["the adaptive entropy bonus is a mean over kept tokens, weighted unlike the aggregation's micro-batches"]
     return []

@@ -20,11 +20,16 @@ energies are equal, so the advantages at a shared position sum to zero (up to it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, Component, When, component_field
 from .groups import group_amax, group_amin, group_count, group_index, group_mean, group_sum
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 ADVANTAGE_SCALES = (
     "group",
@@ -360,7 +365,7 @@ ADV_SCALE = component_field(
     "advantage",
     "choice",
     "group mean and std (paper eq 43; TRL scale_rewards='group')",
-    True,
+    trust_region=True,
     choices=ADVANTAGE_SCALES,
     doc="Advantage estimator the trainer passes to ``group_advantages``: group / batch / none / rloo / reinforce_pp / "
     "reinforce_pp_baseline / opo (these two weigh completions by their lengths) / grpo_passk / gdpo (one column per "
@@ -374,7 +379,7 @@ ADV_EPS = component_field(
     "advantage",
     "number",
     "DeepSeekMath eq 3 / TRL: (R - mean) / (std + 1e-4)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=When("adv_scale", ("group", "batch", "reinforce_pp", "grpo_passk", "gdpo")),
     doc="Epsilon added to the std of the rewards in the advantage scales that divide by it (group, batch, reinforce_pp, "
@@ -382,7 +387,7 @@ ADV_EPS = component_field(
 )
 
 
-def _check_token_level(spec) -> None:
+def _check_token_level(spec: ObjectiveSpec) -> None:
     """A per-token estimator needs a spec whose every component reads advantages token by token."""
     reasons = spec.completion_advantage_reasons() if spec.adv_scale in TOKEN_LEVEL else []
     if reasons:

@@ -63,7 +63,7 @@ AGGREGATION = component_field(
     "aggregation",
     "choice",
     "per-sequence token mean (DeepSeekMath GRPO; TRL loss_type='grpo')",
-    True,
+    trust_region=True,
     choices=AGGREGATIONS,
     doc="seq_mean_token_mean / token_mean / constant / seq_mean_token_sum.",
 )
@@ -72,7 +72,7 @@ MAX_COMPLETION_LENGTH = component_field(
     "aggregation",
     "count",
     "None: the batch's T (TRL: max_completion_length)",
-    True,
+    trust_region=True,
     active_when=When("aggregation", ("constant",)),
     doc="T_max of the ``constant`` aggregation (None: the batch's T).",
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -21,6 +22,9 @@ from torch import Tensor
 from ..settings import Bounds
 from .fields import NONNEG, POSITIVE, UNIT, Component, When, component_field
 from .m2po import m2po_coupling, m2po_flags, m2po_weight
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 Flags = tuple[Tensor, Tensor]
 
@@ -43,7 +47,7 @@ def symmetric_clip(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     return ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
 
 
-def _ppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _ppo_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """Eq (47), with dual-clip (Ye et al. 2020; verl clip_ratio_c, TRL delta) when ``dual_clip_c`` is set:
     for A < 0 the weight is also capped at c, so min(r A, clip(r) A) never falls below c A."""
     weight = sign_aware_clip(ratio, adv, spec.eps_low, spec.eps_high)
@@ -52,7 +56,7 @@ def _ppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Te
     return torch.where(adv < 0, weight.clamp(max=spec.dual_clip_c), weight)
 
 
-def _ppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _ppo_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     """PPO (as TRL logs it): low when A < 0 and r < 1-eps_low, high when A > 0 and r > 1+eps_high;
     dual-clip adds A < 0 and r > c to the high side (its gradient is zero there too)."""
     low = (adv < 0) & (ratio < 1.0 - spec.eps_low)
@@ -62,22 +66,22 @@ def _ppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Fla
     return low, high
 
 
-def _symmetric_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _symmetric_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     """Symmetric: r below / above the clip range whatever the sign of A."""
     return ratio < 1.0 - spec.eps_low, ratio > 1.0 + spec.eps_high
 
 
-def _cispo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _cispo_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """CISPO (MiniMax-M1; TRL loss_type='cispo'): the detached cap sg(min(r, eps_high))."""
     return ratio.clamp(max=spec.eps_high).detach()
 
 
-def _cispo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _cispo_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     """CISPO: the cap binds where r > eps_high."""
     return torch.zeros_like(ratio, dtype=torch.bool), ratio > spec.eps_high
 
 
-def _no_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _no_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     no = torch.zeros_like(ratio, dtype=torch.bool)
     return no, no
 
@@ -89,7 +93,7 @@ def _by_sign(condition: Tensor, if_true: float, if_false: float, like: Tensor) -
     )
 
 
-def _sapo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _sapo_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """SAPO (arXiv 2511.20347) soft gate f(r) = sigmoid(tau (r - 1)) * 4 / tau, tau by the sign of A.
 
     Its gradient in log pi is 4 sigmoid (1 - sigmoid) r: 1 at r = 1 whatever tau, decaying smoothly
@@ -99,7 +103,7 @@ def _sapo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> T
     return torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
 
 
-def _vespo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _vespo_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """VESPO (arXiv 2602.10693) Gamma weight phi(w) = e^lambda w^k e^(-lambda w), detached (phi(1) = 1).
 
     log w is clamped to [log 1e-8, 20] as in TRL; k and lambda by the sign of A (A >= 0: the positive pair).
@@ -111,12 +115,12 @@ def _vespo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> 
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _pg_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _pg_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """GPG / REINFORCE (verl 'gpg'): weight 1, so the surrogate is A * log pi."""
     return torch.ones_like(ratio)
 
 
-def _dppo_inside(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor) -> Tensor:
+def _dppo_inside(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor) -> Tensor:
     """DPPO (arXiv 2602.04879): True where the token's probability change stays inside the divergence bound.
 
     ``dppo_tv``: p - p_old <= eps_high for A > 0, >= -eps_low otherwise. ``dppo_kl``: the binary KL
@@ -131,26 +135,26 @@ def _dppo_inside(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor) -> Tensor:
     return torch.where(adv > 0, (binary_kl <= spec.eps_high) | (p <= p_old), (binary_kl <= spec.eps_low) | (p >= p_old))
 
 
-def _dppo_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _dppo_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """DPPO: sg(min(r, c)) where the divergence bound holds, 0 elsewhere (multiplies A * log pi)."""
     cap = 20.0 if spec.dual_clip_c is None else spec.dual_clip_c
     return torch.where(_dppo_inside(ratio, adv, spec, old_logp), ratio.clamp(max=cap), 0.0).detach()
 
 
-def _dppo_ratio_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _dppo_ratio_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """prime-rl's DPPO-Binary-TV (``src/prime_rl/trainer/rl/loss.py``: ``default_loss_fn``): the ratio r itself, with its
     gradient, where the TV bound holds, 0 elsewhere (surrogate A * r). Its gradient is DPPO's sg(r) A grad log pi without
     the cap at 20, and its value A * r rather than sg(r) A log pi."""
     return torch.where(_dppo_inside(ratio, adv, spec, old_logp), ratio, 0.0)
 
 
-def _dppo_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _dppo_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     """DPPO: outside the bound, on the side where the probability fell (low) or rose (high)."""
     outside = ~_dppo_inside(ratio, adv, spec, old_logp)
     return outside & (ratio < 1), outside & (ratio >= 1)
 
 
-def _topr_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def _topr_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """TOPR (Tapered Off-Policy REINFORCE, arXiv 2503.14286 eq 8; ROLL ``pg_variant='topr'``, ``_compute_topr_loss`` in
     roll/pipeline/rlvr/actor_pg_worker.py): weight 1 for a positive sample (an SFT-like update, no ratio), the detached
     truncated ratio sg(clamp(r, 0, 1)) for the others; it multiplies A * log pi.
@@ -161,7 +165,7 @@ def _topr_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> T
     return torch.where(adv > 0, torch.ones_like(ratio), ratio.clamp(0.0, 1.0)).detach()
 
 
-def _topr_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Flags:
+def _topr_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Flags:
     """TOPR: the taper binds on a non-positive sample whose ratio is above 1 (ROLL topr_negative_upper_clipfrac)."""
     return torch.zeros_like(ratio, dtype=torch.bool), (adv <= 0) & (ratio > 1.0)
 
@@ -252,7 +256,7 @@ CLIP = component_field(
     "clip",
     "choice",
     "PPO clipped surrogate min(rA, clip(r)A) (paper eq 77)",
-    True,
+    trust_region=True,
     choices=CLIP_RULES,
     doc="How the ratio becomes a weight (``CLIP_RULES``): ``ppo`` sign-aware min form (eq 47/77); ``symmetric`` clip(r, 1-el, 1+eh) (eq 79); ``cispo``; ``none``; ``sapo`` soft gate; ``vespo`` Gamma weight; ``pg`` weight 1 (GPG); ``dppo_tv`` / ``dppo_kl`` divergence masks; ``topr`` weight 1 for A > 0, sg(clamp(r, 0, 1)) otherwise (TOPR); ``dppo_tv_ratio`` prime-rl's ratio form of the TV mask; ``m2po`` PPO at M2PO's batch second-moment bound.",
 )
@@ -261,7 +265,7 @@ EPS_LOW = component_field(
     "clip",
     "number",
     "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-    True,
+    trust_region=True,
     bounds=UNIT,
     bounds_when=((_CISPO, None),),
     active_when=_READS_EPS_LOW,
@@ -272,7 +276,7 @@ EPS_HIGH = component_field(
     "clip",
     "number",
     "PPO/GRPO clip range 0.2 (TRL GRPOConfig epsilon)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     bounds_when=((_CISPO, POSITIVE),),
     active_when=_READS_EPS_HIGH,
@@ -283,7 +287,7 @@ DUAL_CLIP_C = component_field(
     "clip",
     "optional_number",
     "None: no dual-clip (TRL GRPOConfig delta=None; verl's clip_ratio_c=3 applies only when set)",
-    True,
+    trust_region=True,
     bounds=Bounds(1.0, math.inf, low_open=True),
     active_when=_READS_DUAL_CLIP,
     doc="Dual-clip: for A < 0 the weight is capped at c > 1 (verl clip_ratio_c, TRL delta); DPPO's ratio cap. None: off.",
@@ -293,7 +297,7 @@ SAPO_TAU_POS = component_field(
     "clip",
     "number",
     "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_pos=1.0",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=When("clip", ("sapo",)),
     doc="SAPO gate temperature for A > 0.",
@@ -303,7 +307,7 @@ SAPO_TAU_NEG = component_field(
     "clip",
     "number",
     "SAPO (arXiv 2511.20347); TRL GRPOConfig sapo_temperature_neg=1.05",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=When("clip", ("sapo",)),
     doc="SAPO gate temperature for A <= 0.",
@@ -313,7 +317,7 @@ VESPO_K_POS = component_field(
     "clip",
     "number",
     "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_pos=2.0",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=When("clip", ("vespo",)),
     doc="VESPO Gamma power k for A >= 0.",
@@ -323,7 +327,7 @@ VESPO_LAMBDA_POS = component_field(
     "clip",
     "number",
     "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_pos=3.0",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=When("clip", ("vespo",)),
     doc="VESPO Gamma decay lambda for A >= 0.",
@@ -333,7 +337,7 @@ VESPO_K_NEG = component_field(
     "clip",
     "number",
     "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_k_neg=3.0",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=When("clip", ("vespo",)),
     doc="VESPO Gamma power k for A < 0.",
@@ -343,14 +347,14 @@ VESPO_LAMBDA_NEG = component_field(
     "clip",
     "number",
     "VESPO (arXiv 2602.10693); TRL GRPOConfig vespo_lambda_neg=2.0",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=When("clip", ("vespo",)),
     doc="VESPO Gamma decay lambda for A < 0.",
 )
 
 
-def _check_clip(spec) -> None:
+def _check_clip(spec: ObjectiveSpec) -> None:
     """A DFPO transform reweights A_i * w_i, which a score-function rule does not have; a token-probability rule
     has no sequence-level form."""
     if spec.transform != "none" and CLIP_RULES[spec.clip].score_function:

@@ -43,6 +43,7 @@ processed, truncated one), so the trainer refuses a correction or rejection unde
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -51,6 +52,9 @@ from ..settings import Bounds
 from .fields import UNIT, Component, When, component_field
 from .ratios import LOG_RATIO_BOUND, level_log_ratio
 from .rejection import rejection_coupling, rejection_filter
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 LEVELS = ("token", "sequence", "geometric", "segment")
 TREATMENTS = ("truncate", "mask")
@@ -64,7 +68,7 @@ def correction_level(mode: str) -> tuple[str, str]:
     return level, treatment
 
 
-def token_log_rho(spec, ctx) -> Tensor:
+def token_log_rho(spec: ObjectiveSpec, ctx) -> Tensor:
     """log rho_t (B, T), detached, padding 0: log pi_old - log pi_rollout, or in bypass mode sg(log pi_theta) - log pi_old."""
     x = ctx.x
     ref = x.logp.detach() if spec.rollout_bypass else x.old_logp
@@ -72,7 +76,7 @@ def token_log_rho(spec, ctx) -> Tensor:
     return torch.where(x.mask, (ref - base).detach(), 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B, T)
 
 
-def rollout_weights(log_rho: Tensor, mask: Tensor, spec) -> Tensor:
+def rollout_weights(log_rho: Tensor, mask: Tensor, spec: ObjectiveSpec) -> Tensor:
     """The detached correction weight (B, T) of ``spec.rollout_correction`` (1 on padding and for ``none``)."""
     mode = spec.rollout_correction
     if mode == "none":
@@ -118,7 +122,7 @@ def correction_metrics(log_rho: Tensor, mask: Tensor, weight: Tensor, cap: float
     return out
 
 
-def correction_step(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def correction_step(spec: ObjectiveSpec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """The policy term times the detached correction weight, and the correction's metrics (nothing for ``none``)."""
     if spec.rollout_correction == "none":
         return per_token, {}
@@ -127,7 +131,7 @@ def correction_step(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Ten
     return per_token * weight, correction_metrics(log_rho, ctx.x.mask, weight, spec.rollout_cap)
 
 
-def correction_filter(spec, ctx) -> tuple[Tensor | None, bool, dict[str, Tensor]]:
+def correction_filter(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, bool, dict[str, Tensor]]:
     """The tokens the rejection drops (``rejection``), read off the same rho_t as the weight."""
     if spec.rollout_rejection == "none":
         return None, False, {}
@@ -143,7 +147,7 @@ ROLLOUT_CORRECTION = component_field(
     "choice",
     "none, as verl's rollout_is (null by default); TRL 1.16 turns vllm_importance_sampling_correction on under vLLM as "
     "sequence_mask with clip_max 3.0 and no clip_min",
-    True,
+    trust_region=True,
     choices=CORRECTIONS,
     doc="Detached pi_old / pi_rollout weight on the policy term (needs ``rollout_logp`` unless ``rollout_bypass``): "
     "LEVEL_TREATMENT with level token / sequence / geometric / segment and treatment truncate / mask (token_mask is IcePop); "
@@ -155,7 +159,7 @@ ROLLOUT_LOW = component_field(
     "number",
     "verl rollout_is mask lower bound 0.5 (TRL 1.16 vllm_importance_sampling_clip_min: None, no lower bound; OpenRLHF "
     "is_correction_threshold [0.5, 5.0])",
-    True,
+    trust_region=True,
     bounds=UNIT,
     active_when=When("rollout_correction", tuple(m for m in CORRECTIONS if m.endswith("_mask"))),
     doc="Lower bound of the mask modes' kept interval [low, cap].",
@@ -165,7 +169,7 @@ ROLLOUT_CAP = component_field(
     "correction",
     "number",
     "verl rollout_is_threshold 2.0 (TRL 1.16 vllm_importance_sampling_clip_max 3.0)",
-    True,
+    trust_region=True,
     bounds=Bounds(1.0, math.inf),
     active_when=_CORRECTED,
     doc="Truncation cap of the truncate modes, upper bound of the mask modes.",
@@ -175,7 +179,7 @@ ROLLOUT_FLOOR = component_field(
     "correction",
     "number",
     "0: no lower clamp (TRL, verl); OpenRLHF's 'tis' clamps at its lower threshold 0.5, ROLL's at 0",
-    True,
+    trust_region=True,
     bounds=UNIT,
     active_when=When("rollout_correction", tuple(m for m in CORRECTIONS if m.endswith("_truncate"))),
     doc="Lower clamp of the truncate modes' weight (OpenRLHF 'tis': 0.5).",
@@ -185,7 +189,7 @@ ROLLOUT_IS_BATCH_NORMALISE = component_field(
     "correction",
     "bool",
     "False, as verl's rollout_is_batch_normalize",
-    True,
+    trust_region=True,
     active_when=_CORRECTED,
     doc="Divide the correction weights by their batch mean (verl rollout_is_batch_normalize): over real tokens at token and "
     "segment level, over non-empty completions at sequence and geometric level.",
@@ -195,13 +199,13 @@ ROLLOUT_BYPASS = component_field(
     "correction",
     "bool",
     "False: decoupled, three policies (verl bypass_mode=false)",
-    True,
+    trust_region=True,
     doc="verl's bypass mode: ``old_logp`` is the sampler's log-prob (two policies, no old-log-prob pass) and the correction "
     "and rejection read rho_t = sg(pi_theta) / pi_old, with no ``rollout_logp``.",
 )
 
 
-def _correction_inputs(spec) -> dict[str, str]:
+def _correction_inputs(spec: ObjectiveSpec) -> dict[str, str]:
     if spec.rollout_bypass:
         return {}
     for name in ("rollout_correction", "rollout_rejection"):
@@ -210,7 +214,7 @@ def _correction_inputs(spec) -> dict[str, str]:
     return {}
 
 
-def _correction_coupling(spec) -> list[str]:
+def _correction_coupling(spec: ObjectiveSpec) -> list[str]:
     reasons = []
     if spec.rollout_correction != "none" and spec.rollout_is_batch_normalise:
         reasons.append("rollout_is_batch_normalise=True divides the correction weights by their mean over the whole batch")

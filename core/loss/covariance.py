@@ -15,6 +15,7 @@ with the largest covariance in that band are taken, so the loss stays a function
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -22,6 +23,9 @@ from torch import Tensor
 from ..settings import Bounds
 from .fields import NONNEG, UNIT_OPEN, Component, When, component_field
 from .ratios import token_log_ratio
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 COV_CONTROLS = ("none", "clip_cov", "kl_cov")
 
@@ -60,7 +64,7 @@ def kl_cov_tokens(logp: Tensor, adv: Tensor, mask: Tensor, *, ratio: float) -> T
     return _top_tokens(token_covariance(logp, adv, mask), mask, max(int(ratio * int(mask.sum())), 1))
 
 
-def covariance_tokens(spec, ctx) -> Tensor:
+def covariance_tokens(spec: ObjectiveSpec, ctx) -> Tensor:
     """The tokens the spec's covariance control acts on (B, T) bool; none without one."""
     x, kept = ctx.x, ctx.kept
     if spec.cov_control == "clip_cov":
@@ -71,7 +75,7 @@ def covariance_tokens(spec, ctx) -> Tensor:
     return torch.zeros_like(kept)
 
 
-def covariance_step(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def covariance_step(spec: ObjectiveSpec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov drops its tokens from the gradient (still counted by the aggregation, as verl's loss * 0); KL-Cov adds
     coef * |log r| on its tokens. ``cov/frac``: the share of real tokens acted on (0 without a control)."""
     tokens = covariance_tokens(spec, ctx)  # (B, T) bool
@@ -92,7 +96,7 @@ COV_CONTROL = component_field(
     "cov_control",
     "choice",
     "none: no covariance control",
-    True,
+    trust_region=True,
     choices=COV_CONTROLS,
     doc="Covariance token control (arXiv 2505.22617): ``none``, ``clip_cov`` (drop high-covariance tokens from the gradient) or ``kl_cov`` (a |log r| penalty on the top-covariance tokens). Token level only.",
 )
@@ -101,7 +105,7 @@ COV_RATIO = component_field(
     "cov_control",
     "number",
     "verl clip_cov_ratio / kl_cov_ratio default 0.0002 (arXiv 2505.22617)",
-    True,
+    trust_region=True,
     bounds=UNIT_OPEN,
     active_when=When("cov_control", ("none",), negate=True),
     doc="Share of real tokens Clip-Cov drops / KL-Cov penalises (at least one token).",
@@ -111,7 +115,7 @@ COV_CLIP_LOW = component_field(
     "cov_control",
     "number",
     "verl clip_cov_lb default 1.0",
-    True,
+    trust_region=True,
     bounds=Bounds(-math.inf, math.inf),
     active_when=When("cov_control", ("clip_cov",)),
     doc="Clip-Cov: lower bound of the covariance band it picks from.",
@@ -121,7 +125,7 @@ COV_CLIP_HIGH = component_field(
     "cov_control",
     "number",
     "verl clip_cov_ub default 5.0",
-    True,
+    trust_region=True,
     bounds=Bounds("cov_clip_low", math.inf),
     active_when=When("cov_control", ("clip_cov",)),
     doc="Clip-Cov: upper bound of the covariance band it picks from.",
@@ -131,21 +135,21 @@ KL_COV_COEF = component_field(
     "cov_control",
     "number",
     "verl compute_policy_loss_kl_cov's fallback 1.0 (verl's PolicyLossConfig default is 0.1)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=When("cov_control", ("kl_cov",)),
     doc="KL-Cov: weight of the |log r| penalty.",
 )
 
 
-def _check_cov(spec) -> None:
+def _check_cov(spec: ObjectiveSpec) -> None:
     if spec.cov_control != "none" and spec.ratio_level != "token":
         raise ValueError(
             f"cov_control={spec.cov_control!r} selects tokens and needs ratio_level='token', got ratio_level={spec.ratio_level!r}"
         )
 
 
-def _cov_coupling(spec) -> list[str]:
+def _cov_coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.cov_control == "none":
         return []
     return [f"cov_control={spec.cov_control!r} centres on batch means and picks a share of the whole batch's tokens"]

@@ -6,13 +6,18 @@ it), so it is read with its gradient: ``policy_loss`` needs ``entropy`` from the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, Component, component_field
 
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
-def entropy_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
+
+def entropy_term(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """-coef * (token mean of the entropy over kept tokens) and ``entropy/bonus`` (nothing when coef = 0)."""
     if spec.entropy_coef <= 0:
         return None, {}
@@ -27,17 +32,17 @@ ENTROPY_COEF = component_field(
     "entropy",
     "number",
     "0: no entropy bonus (TRL GRPOConfig entropy_coef=0.0)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Entropy bonus: the loss minus entropy_coef times the mean entropy over the tokens the policy term keeps.",
 )
 
 
-def _entropy_inputs(spec) -> dict[str, str]:
+def _entropy_inputs(spec: ObjectiveSpec) -> dict[str, str]:
     return {"entropy": f"entropy_coef={spec.entropy_coef!r} (entropy with its gradient)"} if spec.entropy_coef > 0 else {}
 
 
-def _entropy_coupling(spec) -> list[str]:
+def _entropy_coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.entropy_coef > 0 and (spec.aggregation != "token_mean" or spec.token_mask != "none"):
         return ["the entropy bonus is a mean over kept tokens, weighted unlike the aggregation's micro-batches"]
     return []

@@ -131,9 +131,10 @@ def spec_field(default: object, info: FieldInfo, **kwargs: object) -> dataclasse
     return dataclasses.field(default=default, metadata={META_KEY: info}, **kwargs)
 
 
-def component_field(default: object, owner: str, kind: str, source: str, trust_region: bool, **more: object) -> dataclasses.Field:
+def component_field(default: object, owner: str, kind: str, source: str, *, trust_region: bool, **more: object) -> dataclasses.Field:
     """The declaration of one component field of ``ObjectiveSpec``, made in its component's module: its default and
-    its ``FieldInfo`` (``more``: choices, bounds, bounds_when, active_when, doc)."""
+    its ``FieldInfo``. The flags are keywords (``trust_region=True`` says what it is at every declaration; ``more``:
+    choices, bounds, bounds_when, active_when, doc)."""
     return spec_field(default, FieldInfo(owner=owner, kind=kind, source=source, trust_region=trust_region, **more))
 
 

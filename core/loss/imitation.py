@@ -22,10 +22,15 @@ the residual is -mu * (its positive copies) / N_+ whatever the policy term does 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, Component, component_field
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 
 def positive_tokens(ctx) -> Tensor:
@@ -33,7 +38,7 @@ def positive_tokens(ctx) -> Tensor:
     return ctx.kept & (ctx.x.token_adv > 0)
 
 
-def nll_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
+def nll_term(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """mu * (token mean of -log pi over the positive completions' kept tokens) and ``nll/positive`` (that mean, detached),
     ``nll/positive_frac`` (the positive share of kept tokens); nothing when mu = 0, 0 when no completion is positive."""
     if spec.nll_coef <= 0:
@@ -52,14 +57,14 @@ NLL_COEF = component_field(
     "imitation",
     "number",
     "0: no NLL term (VAPO's mu = 0.1 applies with its positive-example LM loss; cosmos-rl positive_nll_coef=None)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="VAPO's positive-example LM loss: the loss plus nll_coef times the token mean of -log pi over the kept tokens of "
     "the completions with a positive advantage (arXiv 2504.05118 eq 9).",
 )
 
 
-def _nll_coupling(spec) -> list[str]:
+def _nll_coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.nll_coef > 0:
         return ["the NLL on positive samples is a mean over the batch's positive tokens, not a sum of micro-batch terms"]
     return []

@@ -22,12 +22,17 @@ k); a sequence-level one does not: its gradient at the shared token carries each
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .aggregation import aggregate
 from .fields import NONNEG, Component, component_field
 from .ratios import LOG_RATIO_BOUND, level_log_ratio
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 KL_ESTIMATORS = ("k3", "k2", "k1")
 KL_RATIO_WEIGHTS = ("none", "token", "sequence")
@@ -55,7 +60,7 @@ def kl_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor
 
 
 def penalty_term(
-    coef: float, estimate: Tensor, agg_mask: Tensor, agg_lengths: Tensor, spec, x, key: str
+    coef: float, estimate: Tensor, agg_mask: Tensor, agg_lengths: Tensor, spec: ObjectiveSpec, x, key: str
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``coef * aggregate(estimate)`` over ``agg_mask`` with the objective's aggregation, and ``{key: the estimate's
     token mean over the real tokens}`` (the KL to pi_ref here, the penalty to pi_old in ``old_kl``). ``estimate`` (B, T)."""
@@ -64,7 +69,7 @@ def penalty_term(
     return term, {key: torch.where(x.mask, estimate.detach(), 0.0).sum() / n_real}
 
 
-def kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
+def kl_term(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """beta * aggregate(weighted estimator) and ``kl/ref``, its token mean over real tokens (nothing when beta = 0)."""
     if spec.beta <= 0:
         return None, {}
@@ -82,7 +87,7 @@ BETA = component_field(
     "kl",
     "number",
     "0: no KL term (TRL GRPOConfig default; DAPO, Dr. GRPO and GSPO drop it)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Weight of the KL estimate to ``ref_logp`` (``kl_estimator``).",
 )
@@ -91,7 +96,7 @@ KL_ESTIMATOR = component_field(
     "kl",
     "choice",
     "k3: DeepSeekMath eq 4 and TRL's per_token_kl (verl kl_loss_type 'low_var_kl')",
-    True,
+    trust_region=True,
     choices=KL_ESTIMATORS,
     doc="Per-token estimator of KL(pi || pi_ref), read when beta > 0: k3 exp(-d) + d - 1, k2 d^2 / 2 (verl 'mse'), k1 d (verl 'kl'), d = log pi - log pi_ref.",
 )
@@ -100,14 +105,14 @@ KL_RATIO_WEIGHT = component_field(
     "kl",
     "choice",
     "none: DeepSeekMath's k3 has no ratio (TRL's default use_bias_correction_kl=True is 'token')",
-    True,
+    trust_region=True,
     choices=KL_RATIO_WEIGHTS,
     doc="Read when beta > 0: multiply the KL estimate by pi_theta / pi_old with its gradient (TRL use_bias_correction_kl): token, or the "
     "completion's geometric mean (TRL with importance_sampling_level='sequence').",
 )
 
 
-def _kl_inputs(spec) -> dict[str, str]:
+def _kl_inputs(spec: ObjectiveSpec) -> dict[str, str]:
     return {"ref_logp": f"beta={spec.beta!r} (the {spec.kl_estimator} KL to the reference policy)"} if spec.beta > 0 else {}
 
 

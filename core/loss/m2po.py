@@ -29,11 +29,15 @@ one device sync per call).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, POSITIVE, UNIT, When, component_field
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 NO_BOUND_HIGH = 100000.0
 """The upper ratio bound when no harmful token exceeds the budget (the code's ``clip_high = 100000``)."""
@@ -66,7 +70,7 @@ def m2po_tau(delta_sq: Tensor, harmful: Tensor, budget: float) -> tuple[Tensor, 
     return torch.where(applies, tau, math.inf), applies
 
 
-def m2po_bounds(ratio: Tensor, adv: Tensor, spec) -> tuple[Tensor, Tensor]:
+def m2po_bounds(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec) -> tuple[Tensor, Tensor]:
     """(low, high) 0-d ratio bounds of step 4 in ``ratio``'s dtype: [exp(-tau), exp(tau)] widened by the optional
     minimum ranges, or [0, 1e5] when the budget does not bind."""
     log_r = torch.log(ratio.detach())  # (B, T) the core's clamped log-ratio, 0 at padding
@@ -80,20 +84,20 @@ def m2po_bounds(ratio: Tensor, adv: Tensor, spec) -> tuple[Tensor, Tensor]:
     return low.to(ratio.dtype), high.to(ratio.dtype)
 
 
-def m2po_weight(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> Tensor:
+def m2po_weight(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> Tensor:
     """PPO's sign-aware clip (eq 47) at M2PO's batch bounds: min(r, high) for A >= 0, max(r, low) for A < 0 (B, T)."""
     low, high = m2po_bounds(ratio, adv, spec)
     inf = torch.full_like(low, math.inf)
     return torch.clamp(ratio, min=torch.where(adv >= 0, -inf, low), max=torch.where(adv >= 0, high, inf))
 
 
-def m2po_flags(ratio: Tensor, adv: Tensor, spec, old_logp: Tensor | None) -> tuple[Tensor, Tensor]:
+def m2po_flags(ratio: Tensor, adv: Tensor, spec: ObjectiveSpec, old_logp: Tensor | None) -> tuple[Tensor, Tensor]:
     """Where M2PO's bound zeroes the gradient: A < 0 and r < low (low), A > 0 and r > high (high)."""
     low, high = m2po_bounds(ratio, adv, spec)
     return (adv < 0) & (ratio < low), (adv > 0) & (ratio > high)
 
 
-def m2po_coupling(spec) -> list[str]:
+def m2po_coupling(spec: ObjectiveSpec) -> list[str]:
     """The clip component's batch coupling: M2PO's bound is a statistic of every harmful token of the batch."""
     if spec.clip == "m2po":
         return ["clip='m2po' chooses its clip range from the second moment of the log-ratio over the whole batch"]
@@ -109,7 +113,7 @@ M2PO_BUDGET = component_field(
     "number",
     "M2PO (arXiv 2510.01161): M2_budget=0.04 in the authors' train-scripts/m2po-qwen-math-7b-s*.sh "
     "(Infini-AI-Lab/M2PO, read by verl/workers/actor/dp_actor.py update_policy)",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=_M2PO,
     doc="M2PO: the largest second moment of the log-ratio over harmful tokens (A > 0 and r > 1, or A < 0 and r < 1); "
@@ -121,7 +125,7 @@ M2PO_MIN_EPS_LOW = component_field(
     "optional_number",
     "None: M2PO's dp_actor reads miniclip_low with default None and the authors' scripts do not set it "
     "(compute_m2po_policy_loss's own default 0.3 is never used there)",
-    True,
+    trust_region=True,
     bounds=UNIT,
     active_when=_M2PO,
     doc="M2PO: the lower clip range is at least this (the code's miniclip_low); None: the budget's range alone.",
@@ -131,7 +135,7 @@ M2PO_MIN_EPS_HIGH = component_field(
     "clip",
     "optional_number",
     "None: M2PO's dp_actor reads miniclip_high with default None (compute_m2po_policy_loss's own default 0.5 unused)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=_M2PO,
     doc="M2PO: the upper clip range is at least this (the code's miniclip_high); None: the budget's range alone.",

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, UNIT, UNIT_OPEN, Component, When, component_field
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 
 def stapo_spurious_mask(logp: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, *, tau_p: float, q: float) -> Tensor:
@@ -49,7 +54,7 @@ def off_policy_sequence_mask(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: 
     return drop[:, None] & mask
 
 
-def _no_tokens_dropped(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+def _no_tokens_dropped(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
     return torch.zeros_like(mask)
 
 
@@ -67,7 +72,7 @@ ENTROPY_MASKS = ("stapo", "top_entropy")
 """The token masks that read the policy's entropy."""
 
 
-def dropped_tokens(spec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
+def dropped_tokens(spec: ObjectiveSpec, logp: Tensor, old_logp: Tensor, entropy: Tensor | None, adv: Tensor, mask: Tensor) -> Tensor:
     """Real tokens the spec's token mask drops from the policy gradient (B, T) bool."""
     if spec.token_mask in ENTROPY_MASKS and entropy is None:
         raise ValueError(f"entropy is required for token_mask={spec.token_mask!r}, got entropy=None")
@@ -81,7 +86,7 @@ TOKEN_MASK = component_field(
     "token_mask",
     "choice",
     "none: every real token gets a gradient",
-    True,
+    trust_region=True,
     choices=TOKEN_MASK_FUNCTIONS,
     doc="Tokens dropped from the gradient: ``none``, ``stapo`` (spurious tokens), ``top_entropy``, ``opsm``.",
 )
@@ -90,7 +95,7 @@ MASK_RENORMALISE = component_field(
     "token_mask",
     "bool",
     "STAPO: the loss is divided by the number of kept tokens",
-    True,
+    trust_region=True,
     active_when=When("token_mask", ("none",), negate=True),
     doc="Aggregate over kept tokens only (STAPO) rather than over all real tokens (TRL top-entropy).",
 )
@@ -99,7 +104,7 @@ STAPO_TAU_P = component_field(
     "token_mask",
     "number",
     "STAPO (arXiv 2602.15620) latest version: tau_p = 0.002",
-    True,
+    trust_region=True,
     bounds=UNIT_OPEN,
     active_when=When("token_mask", ("stapo",)),
     doc="STAPO probability threshold tau_p.",
@@ -109,7 +114,7 @@ STAPO_Q = component_field(
     "token_mask",
     "number",
     "STAPO (arXiv 2602.15620) latest version: q = 0.75",
-    True,
+    trust_region=True,
     bounds=UNIT,
     active_when=When("token_mask", ("stapo",)),
     doc="STAPO entropy quantile q.",
@@ -119,7 +124,7 @@ TOP_ENTROPY_FRAC = component_field(
     "token_mask",
     "number",
     "Wang et al. 2025 ('80/20'): keep the top 20% highest-entropy tokens",
-    True,
+    trust_region=True,
     bounds=UNIT_OPEN,
     active_when=When("token_mask", ("top_entropy",)),
     doc='Fraction of highest-entropy tokens kept by ``token_mask="top_entropy"``.',
@@ -129,18 +134,18 @@ OPSM_DELTA = component_field(
     "token_mask",
     "number",
     "DeepSeek-V3.2 (arXiv 2512.02556) eq 9 names delta without a value; TRL's docs suggest 0.5",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     active_when=When("token_mask", ("opsm",)),
     doc="Off-policy sequence mask: a sequence with A < 0 whose mean log(pi_old / pi) exceeds delta is dropped.",
 )
 
 
-def _mask_inputs(spec) -> dict[str, str]:
+def _mask_inputs(spec: ObjectiveSpec) -> dict[str, str]:
     return {"entropy": f"token_mask={spec.token_mask!r}"} if spec.token_mask in ENTROPY_MASKS else {}
 
 
-def _mask_coupling(spec) -> list[str]:
+def _mask_coupling(spec: ObjectiveSpec) -> list[str]:
     reasons = []
     if spec.token_mask in ("stapo", "top_entropy"):
         reasons.append(f"token_mask={spec.token_mask!r} thresholds at a quantile over the whole batch")
@@ -149,7 +154,7 @@ def _mask_coupling(spec) -> list[str]:
     return reasons
 
 
-def token_mask_filter(spec, ctx) -> tuple[Tensor, bool, dict[str, Tensor]]:
+def token_mask_filter(spec: ObjectiveSpec, ctx) -> tuple[Tensor, bool, dict[str, Tensor]]:
     """The token mask's dropped tokens, whether they leave the count (``mask_renormalise``) and ``mask/frac``."""
     x = ctx.x
     adv = x.adv if spec.token_mask == "opsm" else x.token_adv  # OPSM: a completion's sign; the others: a token's
@@ -159,7 +164,7 @@ def token_mask_filter(spec, ctx) -> tuple[Tensor, bool, dict[str, Tensor]]:
     return dropped, renormalise, {"mask/frac": (dropped.sum() / n_real).to(x.logp.dtype)}
 
 
-def _opsm_advantage(spec) -> str | None:
+def _opsm_advantage(spec: ObjectiveSpec) -> str | None:
     if spec.token_mask == "opsm":
         return "token_mask='opsm' drops a whole completion by the sign of its advantage"
     return None

@@ -23,13 +23,18 @@ removes it (``tests/core/test_cancellation.py``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
 from .fields import NONNEG, Component, component_field
 from .kl import KL_ESTIMATORS, kl_estimate, penalty_term
 
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
-def old_kl_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
+
+def old_kl_term(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """coef * aggregate(k(log pi - log pi_old)) over every real token, and ``kl/old``, its token mean (nothing at coef 0)."""
     if spec.old_kl_coef <= 0:
         return None, {}
@@ -45,7 +50,7 @@ OLD_KL_COEF = component_field(
     "old_kl",
     "number",
     "0: no penalty to pi_old (TRL, verl and OpenRLHF have none; prime-rl's default_loss_fn: kl_tau=1e-3 on d^2, i.e. 2e-3 on k2)",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Weight of a penalty on KL(pi || pi_old) at every real token (prime-rl's 'KL' term, Kimi K2.5): the old policy, "
     "not a reference model, so it needs no ``ref_logp``.",
@@ -55,7 +60,7 @@ OLD_KL_ESTIMATOR = component_field(
     "old_kl",
     "choice",
     "k2: prime-rl's log_importance_ratio**2 is 2 k2 (src/prime_rl/trainer/rl/loss.py default_loss_fn)",
-    True,
+    trust_region=True,
     choices=KL_ESTIMATORS,
     doc="Per-token estimator of KL(pi || pi_old), read when old_kl_coef > 0: k2 d^2 / 2 (prime-rl), k3, k1; d = log pi - log pi_old.",
 )

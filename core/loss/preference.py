@@ -25,10 +25,15 @@ cancels exactly, at any lengths, ratios and aggregation; its copies in the group
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .fields import NONNEG, Component, component_field
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 REFUSED_BESIDE_IPO = (
     ("transform", "none"),
@@ -70,14 +75,14 @@ def ipo_loss(h: Tensor, has_pair: Tensor, beta: float) -> Tensor:
     return torch.where(has_pair, losses, 0.0).sum() / has_pair.sum().clamp(min=1)
 
 
-def zero_policy_term(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def zero_policy_term(spec: ObjectiveSpec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """The per-token policy loss (B, T), zeroed when the IPO loss replaces it (ipo_beta > 0)."""
     if spec.ipo_beta <= 0:
         return per_token, {}
     return torch.zeros_like(per_token), {}
 
 
-def ipo_term(spec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
+def ipo_term(spec: ObjectiveSpec, ctx) -> tuple[Tensor | None, dict[str, Tensor]]:
     """The online IPO loss on each group's (y_w, y_l) and ``ipo/margin`` (the mean h over pairs), ``ipo/pair_frac``
     (the share of groups with a pair); nothing when ipo_beta = 0."""
     if spec.ipo_beta <= 0:
@@ -99,7 +104,7 @@ IPO_BETA = component_field(
     "preference",
     "number",
     "0: no IPO loss (TRL OnlineDPOConfig.beta = 0.1 applies with loss_type='ipo')",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Online IPO's beta (Azar et al.'s tau; TRL OnlineDPOConfig.beta with loss_type='ipo'): > 0 replaces the policy "
     "term by the mean over groups of (h - 1/(2 beta))^2, h the log-ratio to ref_logp of each group's best completion "
@@ -107,7 +112,7 @@ IPO_BETA = component_field(
 )
 
 
-def _validate(spec) -> None:
+def _validate(spec: ObjectiveSpec) -> None:
     if spec.ipo_beta <= 0:
         return
     for name, neutral in REFUSED_BESIDE_IPO:
@@ -118,11 +123,11 @@ def _validate(spec) -> None:
             )
 
 
-def _inputs(spec) -> dict[str, str]:
+def _inputs(spec: ObjectiveSpec) -> dict[str, str]:
     return {"ref_logp": f"ipo_beta={spec.ipo_beta!r} (online IPO's log-ratio to the reference policy)"} if spec.ipo_beta > 0 else {}
 
 
-def _coupling(spec) -> list[str]:
+def _coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.ipo_beta > 0:
         return [
             "the IPO loss is a mean over the batch's preference pairs (one per group with unequal advantages), not a sum of micro-batch terms"
@@ -130,7 +135,7 @@ def _coupling(spec) -> list[str]:
     return []
 
 
-def _pair_advantage(spec) -> str | None:
+def _pair_advantage(spec: ObjectiveSpec) -> str | None:
     if spec.ipo_beta > 0:
         return f"ipo_beta={spec.ipo_beta!r} pairs each group's best and worst completion by their advantages"
     return None

@@ -23,13 +23,18 @@ whatever the policy term leaves: zero on the first inner step (pi = pi_old, d = 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor
 
 from .fields import NONNEG, Component, component_field
 from .ratios import token_log_ratio
 
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
-def proximal_step(spec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+
+def proximal_step(spec: ObjectiveSpec, ctx, per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """per_token + tau/2 * (log pi - log pi_old)^2 at the kept tokens (B, T), and ``proximal/penalty``, the penalty's
     token mean over kept tokens (unchanged when tau = 0)."""
     if spec.proximal_coef <= 0:
@@ -48,7 +53,7 @@ PROXIMAL_COEF = component_field(
     "proximal",
     "number",
     "0: no penalty (ROLL's kimi15_tau = 0.1 applies only with pg_variant='kimi15')",
-    True,
+    trust_region=True,
     bounds=NONNEG,
     doc="Kimi k1.5's tau: each kept token's loss plus tau/2 (log pi - log pi_old)^2, the squared log-ratio to the policy "
     "that sampled the batch (ROLL pg_variant='kimi15').",

@@ -25,6 +25,7 @@ rollout_rs_high = 1/a`` (the same band when a = 1/b, verl's default for a single
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -32,6 +33,9 @@ from torch import Tensor
 from ..settings import Bounds
 from .fields import POSITIVE, UNIT, When, component_field
 from .ratios import LOG_RATIO_BOUND, level_log_ratio
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 ESTIMATORS = ("k1", "k2", "k3")
 LEVELS = ("token", "seq_sum", "seq_mean", "seq_max", "segment_mean")
@@ -85,7 +89,7 @@ def rejected_tokens(log_rho: Tensor, mask: Tensor, mode: str, low: float, high: 
     return mask & ~keep
 
 
-def rejection_filter(spec, log_rho: Tensor, mask: Tensor) -> tuple[Tensor, bool, dict[str, Tensor]]:
+def rejection_filter(spec: ObjectiveSpec, log_rho: Tensor, mask: Tensor) -> tuple[Tensor, bool, dict[str, Tensor]]:
     """(rejected tokens (B, T), whether they leave the aggregation's count, metrics): ``rollout/rejected_frac`` (share of
     real tokens) and ``rollout/rejected_seq_frac`` (share of non-empty completions with a rejected token)."""
     clamped = log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
@@ -99,7 +103,7 @@ def rejection_filter(spec, log_rho: Tensor, mask: Tensor) -> tuple[Tensor, bool,
     return rejected, spec.rollout_rs_renormalise, metrics
 
 
-def rejection_coupling(spec) -> list[str]:
+def rejection_coupling(spec: ObjectiveSpec) -> list[str]:
     if spec.rollout_rejection != "none" and spec.rollout_rs_renormalise and spec.aggregation != "constant":
         return [
             "rollout_rs_renormalise=True divides by the tokens the rejection keeps, not by the real tokens micro-batches are weighted by"
@@ -115,7 +119,7 @@ ROLLOUT_REJECTION = component_field(
     "correction",
     "choice",
     "none, as verl's rollout_rs (null by default)",
-    True,
+    trust_region=True,
     choices=REJECTIONS,
     doc="Reject tokens or completions whose mismatch rho = pi_old / pi_rollout is too large (needs ``rollout_logp`` unless "
     "``rollout_bypass``): LEVEL_ESTIMATOR, level token / seq_sum / seq_mean / seq_max / segment_mean, estimator k1 / k2 / k3 "
@@ -127,7 +131,7 @@ ROLLOUT_RS_LOW = component_field(
     "number",
     "verl RolloutCorrectionConfig.decoupled_seq_is_rs: rollout_rs_threshold '0.5_2.0' (verl's geo-RS presets use "
     "'0.999_1.001', OpenRLHF seq-mask-tis [0.5, 5.0])",
-    True,
+    trust_region=True,
     bounds=UNIT,
     active_when=When("rollout_rejection", _K1),
     doc="k1 rejections: the lower end of the kept band of the ratio (token rho, prod rho, or geometric mean).",
@@ -137,7 +141,7 @@ ROLLOUT_RS_HIGH = component_field(
     "correction",
     "number",
     "verl RolloutCorrectionConfig.decoupled_seq_is_rs: rollout_rs_threshold '0.5_2.0'",
-    True,
+    trust_region=True,
     bounds=Bounds(1.0, math.inf),
     active_when=When("rollout_rejection", _K1),
     doc="k1 rejections: the upper end of the kept band of the ratio.",
@@ -147,7 +151,7 @@ ROLLOUT_RS_MAX = component_field(
     "correction",
     "number",
     "verl RolloutCorrectionConfig.bypass_ppo_clip_k3_rs: rollout_rs_threshold 0.01",
-    True,
+    trust_region=True,
     bounds=POSITIVE,
     active_when=When("rollout_rejection", tuple(m for m in REJECTIONS if m[-2:] in ("k2", "k3"))),
     doc="k2 / k3 rejections: the largest divergence estimate kept.",
@@ -157,7 +161,7 @@ ROLLOUT_RS_RENORMALISE = component_field(
     "correction",
     "bool",
     "True: verl's rejection rewrites the response mask (OpenRLHF's seq-mask-tis multiplies the loss by 0: False)",
-    True,
+    trust_region=True,
     active_when=When("rollout_rejection", ("none",), negate=True),
     doc="Rejected tokens also leave the aggregation's count (verl); False keeps them counted with a zero loss (OpenRLHF).",
 )

@@ -17,6 +17,7 @@ level, so a new objective with a new ratio shape is one new function here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -26,6 +27,9 @@ from .clipping import clip_rule
 from .fields import Component, component_field
 from .ratios import LOG_RATIO_BOUND, sequence_log_ratio, sequence_product_log_ratio, sequence_token_ratio, token_log_ratio
 from .transforms import sequence_surrogate
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 RatioShape = Callable[[object, LossBatch], PolicyTerms]
 RATIO_SHAPES: dict[str, RatioShape] = {}
@@ -56,20 +60,20 @@ def _row_mean(values: Tensor, mask: Tensor, lengths: Tensor) -> Tensor:
 
 
 @register_ratio_shape("token")
-def token_shape(spec, x: LossBatch) -> PolicyTerms:
+def token_shape(spec: ObjectiveSpec, x: LossBatch) -> PolicyTerms:
     """Token ratio r_it (eq 7) clipped per token (eq 47, 79; CISPO's cap)."""
     ratio = torch.exp(token_log_ratio(x.logp, x.old_logp, x.mask))  # (B, T)
     return _token_terms(spec, ratio, x)
 
 
 @register_ratio_shape("sequence_token")
-def sequence_token_shape(spec, x: LossBatch) -> PolicyTerms:
+def sequence_token_shape(spec: ObjectiveSpec, x: LossBatch) -> PolicyTerms:
     """GSPO-token: s_it = sg(s_i) pi/sg(pi), value s_i (eq 44) and a token-wise gradient, clipped per token."""
     seq_ratio = torch.exp(sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))  # (B,)
     return _token_terms(spec, sequence_token_ratio(x.logp, seq_ratio), x)
 
 
-def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
+def _token_terms(spec: ObjectiveSpec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
     rule = clip_rule(spec.clip)
     adv = x.token_adv  # (B, T): one per completion broadcast along its row, or one per token
     weight = rule.weight(ratio, adv, spec, x.old_logp)  # (B, T)
@@ -87,19 +91,19 @@ def _token_terms(spec, ratio: Tensor, x: LossBatch) -> PolicyTerms:
 
 
 @register_ratio_shape("sequence", sequence_weight=True)
-def sequence_shape(spec, x: LossBatch) -> PolicyTerms:
+def sequence_shape(spec: ObjectiveSpec, x: LossBatch) -> PolicyTerms:
     """GSPO: s_i = exp((1/L_i) sum_t log r_it) (eq 44), clipped per sequence (eq 47), then DFPO's transform."""
     return _sequence_terms(spec, x, sequence_log_ratio(x.logp, x.old_logp, x.mask, x.lengths))
 
 
 @register_ratio_shape("sequence_product", sequence_weight=True)
-def sequence_product_shape(spec, x: LossBatch) -> PolicyTerms:
+def sequence_product_shape(spec: ObjectiveSpec, x: LossBatch) -> PolicyTerms:
     """The un-normalised sequence ratio prod_t r_it (eq 11), as VESPO weighs it; log clamped to +-LOG_RATIO_BOUND."""
     log_s = sequence_product_log_ratio(x.logp, x.old_logp, x.mask).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # (B,)
     return _sequence_terms(spec, x, log_s)
 
 
-def _sequence_terms(spec, x: LossBatch, log_s: Tensor) -> PolicyTerms:
+def _sequence_terms(spec: ObjectiveSpec, x: LossBatch, log_s: Tensor) -> PolicyTerms:
     """One weight per sequence from its log-ratio (B,): clipped (eq 47) or gated, then transformed.
 
     A score-function rule (VESPO) multiplies A_i log pi(y_it) by its detached weight instead.
@@ -124,7 +128,7 @@ def _sequence_terms(spec, x: LossBatch, log_s: Tensor) -> PolicyTerms:
 
 
 @register_ratio_shape("geometric", sequence_weight=True)
-def geometric_shape(spec, x: LossBatch) -> PolicyTerms:
+def geometric_shape(spec: ObjectiveSpec, x: LossBatch) -> PolicyTerms:
     """GMPO (arXiv 2507.20673): w_i = exp((1/L_i) sum_t log clip(r_it)), each token clipped first.
 
     The clip is the sign-aware PPO clip (eq 47) per token, so a clipped token drops out of the
@@ -156,13 +160,13 @@ RATIO_LEVEL = component_field(
     "ratio",
     "choice",
     "token ratio r_it (paper eq 7; PPO, GRPO)",
-    True,
+    trust_region=True,
     choices=RATIO_SHAPES,
     doc="``token`` r_it (eq 7); ``sequence`` s_i (eq 44, GSPO); ``sequence_token`` (GSPO-token); ``geometric`` (GMPO).",
 )
 
 
-def _check_ratio_level(spec) -> None:
+def _check_ratio_level(spec: ObjectiveSpec) -> None:
     """DFPO's transforms act on one weight per sequence; GMPO takes the log of clipped token ratios."""
     if spec.transform != "none" and spec.ratio_level not in SEQUENCE_WEIGHT_LEVELS:
         raise ValueError(
@@ -175,7 +179,7 @@ def _check_ratio_level(spec) -> None:
         )
 
 
-def _sequence_advantage(spec) -> str | None:
+def _sequence_advantage(spec: ObjectiveSpec) -> str | None:
     """A sequence-weight level multiplies one weight per completion by that completion's advantage."""
     if spec.ratio_level in SEQUENCE_WEIGHT_LEVELS:
         return f"ratio_level={spec.ratio_level!r} weighs each completion by one ratio times its advantage"

@@ -17,6 +17,7 @@ Where this departs from the paper:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -24,6 +25,9 @@ from torch import Tensor
 from .batch import LossBatch
 from .fields import POSITIVE, Component, When, component_field
 from .groups import Groups, group_amax, group_amin, group_dense, group_sum
+
+if TYPE_CHECKING:  # spec imports this module
+    from .spec import ObjectiveSpec
 
 
 def _effective_adv(adv: Tensor, lengths: Tensor | None, groups: Groups) -> Tensor:
@@ -211,13 +215,13 @@ def group_transform(
 # ----------------------------------------------------------------------------- stop-gradient forms
 
 
-def _transform_in_graph(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _transform_in_graph(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
     """``stopgrad="none"`` (Table 3 ablation): the transform stays in the graph; surrogate A_i stilde_i."""
     stilde = stilde_of(sbar)  # (B,)
     return (x.adv * stilde)[:, None].expand_as(x.logp), stilde.detach()
 
 
-def _ratio_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _ratio_form(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
     """Eqs 59-62: sg(stilde / sbar) * sbar(theta), so a sequence the clip holds gets no gradient."""
     with torch.no_grad():
         stilde = stilde_of(sbar.detach())  # (B,)
@@ -226,7 +230,7 @@ def _ratio_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: Lo
     return (x.adv * factor * sbar)[:, None].expand_as(x.logp), stilde
 
 
-def _score_form(spec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _score_form(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
     """Eq 68/85: value stilde_i A_i, gradient stilde_i A_i grad log pi(y_it) at every token (no trust region)."""
     with torch.no_grad():
         stilde = stilde_of(sbar.detach())  # (B,)
@@ -239,7 +243,7 @@ STOPGRAD_FUNCTIONS = {"ratio": _ratio_form, "score": _score_form, "none": _trans
 STOPGRAD_FORMS = tuple(STOPGRAD_FUNCTIONS)
 
 
-def sequence_surrogate(spec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
+def sequence_surrogate(spec: ObjectiveSpec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
     """Per-token surrogate (B, T) and detached weight (B,) from post-clip sequence weights sbar (B,).
 
     Without a transform: A_i sbar_i at every token (eq 49). With one: DFPO's group transform
@@ -267,7 +271,7 @@ TRANSFORM = component_field(
     "transform",
     "choice",
     "none: no in-group transform (the baselines)",
-    False,
+    trust_region=False,
     choices=TRANSFORM_FUNCTIONS,
     doc="DFPO in-group transform of the post-clip sequence weights: none/min/orth/orth_pos/orth_tr.",
 )
@@ -276,7 +280,7 @@ TR_FLOOR = component_field(
     "transform",
     "number",
     "paper eq 52 names a small floor without a value; 1e-6 chosen here",
-    False,
+    trust_region=False,
     bounds=POSITIVE,
     active_when=When("transform", ("orth_tr",)),
     doc="Truncation floor of truncate-and-rebalance (eq 52).",
@@ -287,7 +291,7 @@ STOPGRAD = component_field(
     "choice",
     "ratio form (paper eqs 59-62: only the factor stilde/sbar is detached, so GSPO's clipping stays, App. B, K.3, K.5); "
     "only read when a transform is set",
-    False,
+    trust_region=False,
     choices=STOPGRAD_FUNCTIONS,
     active_when=When("transform", ("none",), negate=True),
     doc="How stilde enters the gradient: ``ratio`` (eq 59-62, keeps GSPO's trust region), ``score`` (eq 68/85: no trust region on clipped sequences), ``none`` (Table 3 ablation).",
@@ -297,7 +301,7 @@ LENGTH_AWARE = component_field(
     "transform",
     "bool",
     "False: the paper's transforms (length-aware is this project's extension)",
-    False,
+    trust_region=False,
     active_when=When("transform", ("none",), negate=True),
     doc="Use a_i = A_i / L_i in the transforms so shared tokens cancel at unequal lengths (this project's extension).",
 )
