@@ -31,7 +31,7 @@ import numpy as np
 
 from ..toy import layout as toy_layout
 from ..toy.metric_names import RENAMED as TOY_RENAMED
-from ..trainer.layout import RunDir
+from ..trainer.run.layout import RunDir
 
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20

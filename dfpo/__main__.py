@@ -1,4 +1,4 @@
 from dfpo.cli import main
-from dfpo.trainer.exit_signals import end_of_program
+from dfpo.trainer.run.signals import end_of_program
 
 end_of_program(main())

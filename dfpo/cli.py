@@ -16,7 +16,7 @@ A part's module exposes ``register(subparsers) -> None``; it adds one parser and
 ``func=<callable(args) -> int>`` on it with ``set_defaults``.
 
 ``dfpo train`` answers SIGINT and SIGTERM from its first moment: ``main`` installs
-``dfpo.trainer.exit_signals`` before it imports the parts (see that module).
+``dfpo.trainer.run.signals`` before it imports the parts (see that module).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import sys
 import time
 
 from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
-from dfpo.trainer.exit_signals import decided, exit_on_signal
+from dfpo.trainer.run.signals import decided, exit_on_signal
 
 IMPORTED_AT = time.monotonic()
-"""When this module was imported: the start of a ``dfpo`` process where the OS does not say (``runlog.process_age_s``)."""
+"""When this module was imported: the start of a ``dfpo`` process where the OS does not say (``dfpo.trainer.run.logs.process_age_s``)."""
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
 PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe_cli", "dfpo.app.cli")

@@ -350,7 +350,7 @@ def resume_for_one_step(run_dir: Path, steps: int) -> list[str]:
 
 def discard_checkpoint(run_dir: Path) -> None:
     """Remove the checkpoint this script's run wrote into the run folder it created (and its record)."""
-    from dfpo.trainer.layout import RunDir
+    from dfpo.trainer.run.layout import RunDir
 
     for name in (RunDir.CHECKPOINT, RunDir.CHECKPOINT_META):
         (run_dir / name).unlink(missing_ok=True)

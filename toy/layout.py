@@ -1,7 +1,7 @@
 """The files of a toy run folder (``dfpo toy run / ablate / spread / sweep-g --out DIR``), named once.
 
 Standard library only, so the explorer reads toy folders without torch. (An LLM run folder is
-``dfpo.trainer.layout.RunDir``.)
+``dfpo.trainer.run.layout.RunDir``.)
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ dfpo train --curves RUN_DIR               (RUN_DIR/curves.png from its logs; wri
 
 Without --config the run takes every key's default (docs/config.md), as verl's trainer runs its built-in config
 when given none: the tiny offline model on "a+b=", into runs/default. A signal at any moment ends the command
-with one line and the shell's status (``exit_signals`` before the trainer's own handling, ``runlog.StopSignals``
+with one line and the shell's status (``run.signals``: ``ExitOnSignal`` before the trainer's own handling, ``StopSignals``
 during it).
 
 Every ``dfpo`` command imports this module to register its subcommands, so its top imports only the standard
-library, ``dfpo.core.files`` and ``exit_signals`` (standard library only). The handlers import the trainer's modules when they run (deferred imports, each
-marked): config, checkpoint, runlog, distributed, train and compare import torch (config also tomli_w, an
+library, ``dfpo.core.files`` and ``run.signals`` (standard library only). The handlers import the trainer's modules when they run (deferred imports, each
+marked): config, run.checkpoint, run.logs, distributed, train and compare import torch (config also tomli_w, an
 optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``, curves imports matplotlib.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.files import check_input_file
-from . import exit_signals
-from .layout import RunDir
+from .run import signals
+from .run.layout import RunDir
 
 if TYPE_CHECKING:
     from .config import Config
@@ -41,11 +41,11 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
     import tomllib
 
     from ..core.files import write_run_file
+    from .config import apply_overrides, config_from_dict, config_text, dict_to_toml
 
     # deferred: torch (see the module docstring)
-    from .checkpoint import read_meta
-    from .config import apply_overrides, config_from_dict, config_text, dict_to_toml
-    from .resume import RESUME_SETTABLE, check_same_config
+    from .run.checkpoint import read_meta
+    from .run.resume import RESUME_SETTABLE, check_same_config
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"--resume {run_dir} is a file, not a run folder")
@@ -57,7 +57,7 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
     if restore:
         if saved is None:
             raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
-        with exit_signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
+        with signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
             write_run_file(cfg_path, dict_to_toml(saved))
     bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
     if bad:
@@ -108,7 +108,7 @@ def _config_of(args: argparse.Namespace) -> Config:
 def _preflight(cfg: Config, resume: bool) -> None:
     """What the ranks would refuse, checked once before they are started: the run folder, the prompts' lengths."""
     # deferred: torch (see the module docstring)
-    from .run_folder import check_run_folder
+    from .run.folder import check_run_folder
     from .tasks import load_splits
     from .train import check_lengths
 
@@ -141,7 +141,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.nproc > 1:
             _preflight(cfg, args.resume is not None)
             status = Launcher(relaunch_command(args), args.nproc).run()
-            exit_signals.decided(status)
+            signals.decided(status)
             return status
     return _train(cfg, args)
 
@@ -169,7 +169,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
 
     # deferred: torch (see the module docstring)
     from . import distributed as dp
-    from .runlog import StoppedAtOnce, StopSignals, TrainingInterrupted, stop_beneath
+    from .run.signals import StoppedAtOnce, StopSignals, TrainingInterrupted, stop_beneath
     from .train import NonFiniteLossError, Trainer
 
     trainer, rank, resume = None, dp.launched_rank(), args.resume is not None
@@ -197,10 +197,10 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
             stopped = stop_beneath(err)  # the stop itself, or one Python wrapped on its way up (stop_beneath)
             if stopped is None:
                 raise
-            exit_signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
+            signals.decided(stopped.exit_code)  # first: a further signal must not interrupt the message
             say(stopped_at_once_message(stopped.signum, trainer, cfg.run_dir, resume))
             return stopped.exit_code
-        exit_signals.decided(0)
+        signals.decided(0)
     if rank == 0:
         print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
@@ -208,7 +208,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
 
 def _decided(status: int) -> int:
     """``status``, once the exit signals know it (a later signal ends the program with it)."""
-    exit_signals.decided(status)
+    signals.decided(status)
     return status
 
 
@@ -228,7 +228,7 @@ def _record_process_time(run_dir: Path, summary: dict, say) -> dict:
     from ..core.files import WriteFailed, write_run_file
 
     # deferred: torch (see the module docstring)
-    from .runlog import process_age_s
+    from .run.logs import process_age_s
 
     summary = {**summary, "wall_s_process": process_age_s()}
     try:

@@ -34,7 +34,7 @@ checkpoint.pt is continued with ``dfpo train --resume`` and any other is started
 Nothing is deleted here.
 
 Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
-that label and seed under this comparison's config: its identity (``run_folder.run_identity``, kept in the mark
+that label and seed under this comparison's config: its identity (``run.folder.run_identity``, kept in the mark
 dfpo train writes) is checked, and a folder holding another run, or one whose identity is unknown, is refused
 naming both, so no run is resumed or reported under a label it does not have. A run that fails, and a run whose
 files cannot be read (a torn metrics line: FILE:LINE), stop the comparison with one line.
@@ -60,8 +60,8 @@ from ..core.loss import objective_from_label, parse_objective_label, unmatched_c
 from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_to_dict, load_config
-from .layout import RunDir
-from .run_folder import folder_identity, run_identity
+from .run.folder import folder_identity, run_identity
+from .run.layout import RunDir
 
 __all__ = ["CENSORED", "MIN_SEEDS", "OUTCOMES", "Plan", "compare", "make_plan", "read_run", "render_compare", "run_dir"]
 

@@ -21,8 +21,8 @@ import tomllib
 from pathlib import Path
 
 from ..core.files import _file_mode
-from .layout import RunDir
-from .runlog import JsonlLog
+from .run.layout import RunDir
+from .run.logs import JsonlLog
 
 PANELS = (
     ("reward/mean", "train reward (mean over the rollout batch)"),

@@ -30,12 +30,9 @@ import subprocess
 import sys
 import time
 
-LAUNCHER_PID_ENV = "DFPO_LAUNCHER_PID"
+from .run.signals import LAUNCHER_PID_ENV, PARENT_DEATH
+
 PR_SET_PDEATHSIG = 1
-PARENT_DEATH = signal.SIGHUP
-"""The signal a rank of ``dfpo train --nproc`` asks the kernel for when its launcher dies (``PR_SET_PDEATHSIG``).
-Not SIGTERM: the kernel sends it again each time the rank is handed to another thread of the dying launcher, and
-repeated SIGTERMs mean "stop at once"; repeated SIGHUPs count as one "stop after the step"."""
 
 
 def free_port() -> int:

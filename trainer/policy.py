@@ -7,7 +7,7 @@ The tiny preset (no network, no downloaded weights):
 2. a small ``Qwen2Config`` model initialised from scratch with the run's seed;
 3. a short supervised warm-start on the task's train split (prompt -> the task's ``sft_target``<eos>), so
    that group-relative RL starts with some reward signal.
-The result is saved under ``RUN_DIR/init_model`` (``run_folder.write_init_model``: with a record of its files, a
+The result is saved under ``RUN_DIR/init_model`` (``run.folder.write_init_model``: with a record of its files, a
 full disk one message) so resume and the reference model reload it. It is read back as data only: safetensors
 weights, never a pickled ``pytorch_model.bin``, and no code of its own whatever ``model.trust_remote_code`` says.
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from . import runlog
-from .layout import RunDir
 from .packaged_model import resolve_model_name
-from .run_folder import write_init_model
+from .run import logs
+from .run.folder import write_init_model
+from .run.layout import RunDir
 from .tasks import hub_reachable, sft_target
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -310,7 +310,7 @@ def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: P
     steps on the task's ``sft_target``; model and tokenizer saved to ``init_dir``."""
     tok = build_char_tokenizer()
     model = build_tiny_model(mcfg, tok, seed).to(device)
-    t0, lines = time.time(), runlog.Every(runlog.PROGRESS_EVERY_S)
+    t0, lines = time.time(), logs.Every(logs.PROGRESS_EVERY_S)
 
     def progress(done: int, loss: float) -> None:  # a long warm-up is not silent (the last step has its own line)
         if done < mcfg.sft_steps and lines.due():

@@ -192,8 +192,8 @@ def make_plan(
 def run_config(run_dir: Path) -> Config:
     """The config of a run folder with a checkpoint, read without writing anything (``--run``); ValueError naming the
     folder for anything else."""
-    from .checkpoint import check_checkpoint
     from .cli import resume_config
+    from .run.checkpoint import check_checkpoint
 
     cfg = resume_config(run_dir, [])  # its config.toml, checked against the checkpoint's record
     check_checkpoint(run_dir)  # checksum and contents, before any work
@@ -224,7 +224,6 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
     """The policy of one seed: the tiny preset warmed up in memory with ``cfg.seed``, a pretrained model, or ``--run``'s
     checkpoint; AdamW as the trainer builds it (``--run``: with the checkpoint's state); the reference policy when
     ``with_ref`` (choice 4)."""
-    from .checkpoint import load_checkpoint
     from .policy import (
         build_char_tokenizer,
         build_tiny_model,
@@ -236,6 +235,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
         resolve_dtype,
         sft_warm_start,
     )
+    from .run.checkpoint import load_checkpoint
     from .tasks import sft_target
 
     device = resolve_device(cfg.device)

@@ -19,8 +19,8 @@ from ..core.metric_registry import reduce_records
 from ..core.metrics import jitter2, steps_to_threshold, trailing_mean
 from . import diagnostics as diag
 from .diagnostics import StepDiagnostics
-from .layout import RunDir
-from .runlog import JsonlLog, finite_only, missing_steps
+from .run.layout import RunDir
+from .run.logs import JsonlLog, finite_only, missing_steps
 from .stage_drift import drift_summary
 from .stage_old_logp import OldLogProbs, mismatch_metrics
 from .stage_rollout import Rollout

@@ -34,7 +34,7 @@ from .forward import TokenScores, completion_logprobs, fused_completion_loss, vo
 from .minibatches import MicroBatch, micro_batch, optimiser_step_plan
 from .parallel import OneProcess
 from .rollout import RolloutBatch
-from .run_state import RunState
+from .run.state import RunState
 from .stage_old_logp import FirstPass, OldLogProbs, OldLogpStage
 from .stage_rollout import Rollout
 

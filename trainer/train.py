@@ -12,7 +12,7 @@ One training step (``Trainer.train_step``), one module per stage:
 5. ``stage_metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
    samples; with ``log.param_drift``, ``stage_drift``'s trial step first (parameter-space drift, ``drift/*``).
 
-Around the steps: ``run_state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
+Around the steps: ``run.state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
 FSDP2) every stage asks whatever depends on the number of processes. All loss maths is ``dfpo.policy_loss``;
 no file of the trainer writes an objective formula.
 
@@ -45,11 +45,9 @@ import torch
 from ..core.files import write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
-from . import entropy_control, parallel, runlog
-from .checkpoint import seed_everything
+from . import entropy_control, parallel
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
-from .layout import RunDir
 from .minibatches import MicroBatch, micro_batch, split_settings
 from .policy import (
     Model,
@@ -63,9 +61,13 @@ from .preflight import check_lengths, check_memory_fits, check_model_folder, che
 from .reward_pool import default_workers
 from .rewards import RewardComputer, reward_spec
 from .rollout import HFGenerateEngine
-from .run_folder import NullLock, prepare_run_folder
-from .run_state import Checkpointer, RunLogs, RunState
-from .runlog import Every, StopSignals, TrainingInterrupted
+from .run import logs
+from .run.checkpoint import seed_everything
+from .run.folder import NullLock, prepare_run_folder
+from .run.layout import RunDir
+from .run.logs import Every
+from .run.signals import StopSignals, TrainingInterrupted
+from .run.state import Checkpointer, RunLogs, RunState
 from .stage_advantages import advantages
 from .stage_drift import DriftStage, check_drift_settings
 from .stage_metrics import Stopwatch, run_summary, step_metrics, write_samples
@@ -129,7 +131,7 @@ class Trainer:
     What it prints on stderr (rank 0 speaks for the run; warnings that need the user are printed in every mode):
     by default the start-up phases, a progress bar (``log.progress``) and per-step lines (a skipped optimiser step,
     dropped non-finite metrics); ``quiet``: the start-up phases and the warm-up's result, a progress line at most
-    every ``runlog.PROGRESS_EVERY_S`` seconds and a last line, no bar and no per-step lines; ``silent``: none of them.
+    every ``logs.PROGRESS_EVERY_S`` seconds and a last line, no bar and no per-step lines; ``silent``: none of them.
     """
 
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False):
@@ -433,7 +435,7 @@ class Trainer:
 
     def _run(self) -> dict:
         cfg, start = self.cfg, self.state.start_step
-        bar, lines = None, Every(runlog.PROGRESS_EVERY_S)  # without a bar: a progress line when one is due
+        bar, lines = None, Every(logs.PROGRESS_EVERY_S)  # without a bar: a progress line when one is due
         if cfg.log.progress and not self.quiet:
             from tqdm import tqdm
 

@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from dfpo.app import data  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
 from dfpo.app.text import markdown_text, plotly_text  # noqa: E402
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 APP = Path(__file__).resolve().parents[2] / "app"
 SMALL_TOY = data.ToySettings(steps=5, seeds=2)

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import pytest
 from script_modules import load_script
 
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
 shots = load_script("scripts/screenshots.py", "dfpo_screenshots")

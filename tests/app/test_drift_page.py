@@ -19,7 +19,7 @@ from dfpo.app import drift  # noqa: E402
 from dfpo.app.cli import RUNS_ENV  # noqa: E402
 from dfpo.app.runs import drift_notes  # noqa: E402
 from dfpo.toy.param_drift import default_probe_config, probe_toy  # noqa: E402
-from dfpo.trainer.layout import RunDir  # noqa: E402
+from dfpo.trainer.run.layout import RunDir  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
 

@@ -12,7 +12,7 @@ import pytest
 
 from dfpo.app import runs as R
 from dfpo.toy import layout as toy_layout
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 
 def trainer_run(folder: Path, lines: list[str], config: str = "seed = 0\n[optim]\nlr = 0.001\n") -> Path:

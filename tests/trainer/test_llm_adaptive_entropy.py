@@ -8,7 +8,7 @@ import torch
 from test_llm_e2e import tiny_config
 from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records
 
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import Trainer
 
 RISING = [  # a target no tiny model reaches: the coefficient rises by delta every step and the bonus stays on

@@ -18,8 +18,8 @@ from dfpo.trainer import compare as C
 from dfpo.trainer.compare import make_plan, read_run, run_dir, train_command
 from dfpo.trainer.compare_report import pair_intervals, paired_table
 from dfpo.trainer.config import config_to_dict
-from dfpo.trainer.layout import RunDir
-from dfpo.trainer.run_folder import run_identity, write_mark
+from dfpo.trainer.run.folder import run_identity, write_mark
+from dfpo.trainer.run.layout import RunDir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_resume import SETS  # noqa: E402

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from dfpo.trainer.curves import PANELS, rolling_mean, series, write_curves
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

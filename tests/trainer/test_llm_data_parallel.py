@@ -20,7 +20,7 @@ from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS
 
 from dfpo.trainer.cli import relaunch_command
 from dfpo.trainer.config import apply_overrides, config_from_dict
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import Trainer
 
 SETS = [

@@ -10,7 +10,7 @@ from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
 
 from dfpo import OBJECTIVES
 from dfpo.trainer.config import apply_overrides, config_from_dict
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import NonFiniteLossError, Trainer
 
 # A reward with variance from the first step: the format reward pays completions that start

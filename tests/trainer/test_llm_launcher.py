@@ -15,7 +15,7 @@ import pytest
 from test_llm_data_parallel import ENV, _cmd, children
 
 from dfpo.trainer.launch import Launcher, rank_environment
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 LONG = ("train.steps=400", "train.save_every=50")
 
@@ -133,7 +133,7 @@ def test_the_launchers_exit_status(codes, signals, status):
 
 _END = """
 import atexit, sys
-from dfpo.trainer.exit_signals import end_of_program
+from dfpo.trainer.run.signals import end_of_program
 
 class Teardown:
     def __del__(self):

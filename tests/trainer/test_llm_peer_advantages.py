@@ -8,9 +8,9 @@ import torch
 from test_llm_e2e import tiny_config
 
 from dfpo.trainer import stage_advantages
-from dfpo.trainer.layout import RunDir
 from dfpo.trainer.rewards import REWARD_FUNCTIONS, RewardBatch, reward_matrix, reward_weights
 from dfpo.trainer.rollout import HFGenerateEngine, greedy_params
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import Trainer
 
 

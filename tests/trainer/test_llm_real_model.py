@@ -9,8 +9,8 @@ import torch
 from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS
 
 from dfpo.trainer.config import apply_overrides, config_from_dict
-from dfpo.trainer.layout import RunDir
 from dfpo.trainer.policy import build_char_tokenizer
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import Trainer
 
 PADDED_ROWS = 200

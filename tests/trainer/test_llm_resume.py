@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tiny_run import FORMAT_REWARD_SETS, LOG_EVERY_STEP_SETS, TINY_MODEL_SETS, sigkill_then_resume, timeless_records, train_command
 
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 STEPS = 6
 SETS = [

@@ -26,15 +26,14 @@ from safetensors import SafetensorError
 
 from dfpo.cli import main
 from dfpo.core.files import WriteFailed
-from dfpo.trainer import checkpoint as checkpoint_module
-from dfpo.trainer import run_state as run_state_module
-from dfpo.trainer import runlog as runlog_module
-from dfpo.trainer.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from dfpo.trainer.config import config_to_dict
-from dfpo.trainer.launch import PARENT_DEATH
-from dfpo.trainer.layout import RunDir
-from dfpo.trainer.run_folder import RunFolderLock
-from dfpo.trainer.runlog import StoppedAtOnce, StopSignals
+from dfpo.trainer.run import checkpoint as checkpoint_module
+from dfpo.trainer.run import logs as logs_module
+from dfpo.trainer.run import state as state_module
+from dfpo.trainer.run.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from dfpo.trainer.run.folder import RunFolderLock
+from dfpo.trainer.run.layout import RunDir
+from dfpo.trainer.run.signals import PARENT_DEATH, StoppedAtOnce, StopSignals
 from dfpo.trainer.train import Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -632,7 +631,7 @@ def test_the_mark_records_the_runs_identity_when_it_starts(finished_template):
 
 
 def test_the_identity_ignores_what_a_resume_may_change_and_nothing_else():
-    from dfpo.trainer.run_folder import run_identity
+    from dfpo.trainer.run.folder import run_identity
 
     base = config_to_dict(tiny_config(Path("/a")))
     same = config_to_dict(tiny_config(Path("/b"), "train.steps=9", "train.save_every=3", "eval.every=0"))
@@ -651,7 +650,7 @@ def _killed_after_the_warm_up(tmp_path: Path, monkeypatch) -> Path:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(run_state_module, "save_checkpoint", killed)
+        m.setattr(state_module, "save_checkpoint", killed)
         with pytest.raises(KeyboardInterrupt):
             Trainer(tiny_config(tmp_path), quiet=True)
     run = tmp_path / "run"
@@ -806,7 +805,7 @@ def test_a_full_disk_while_resume_trims_the_logs_is_one_message(tmp_path, monkey
     def disk_full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(runlog_module, "write_text_atomic", disk_full)
+    monkeypatch.setattr(logs_module, "write_text_atomic", disk_full)
     with pytest.raises(WriteFailed, match=r"metrics.jsonl: no space left on the device"):
         Trainer(tiny_config(tmp_path, "train.steps=3"), resume=True, quiet=True)
     assert (run / RunDir.METRICS).read_text() == lines + '{"step": 3}\n'

@@ -7,9 +7,9 @@ import torch
 
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs
-from dfpo.trainer.layout import RunDir
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, log_kept_mass, sampler_logp
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.stage_old_logp import mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")

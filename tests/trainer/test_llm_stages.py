@@ -53,7 +53,7 @@ def test_no_stage_asks_the_world_size_or_fsdp_itself():
         "stage_old_logp.py",
         "stage_update.py",
         "stage_metrics.py",
-        "run_state.py",
+        "run/state.py",
     ):
         hits = [line.strip() for line in (LLM / name).read_text().splitlines() if asks.search(line) and not line.lstrip().startswith("#")]
         assert not hits, (name, hits)

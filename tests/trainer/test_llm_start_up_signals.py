@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.exit_signals import start_up_message
+from dfpo.trainer.run.signals import start_up_message
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.toml"
 WARM_UP_FOR_MINUTES = ("--set", "model.sft_steps=100000")
@@ -91,7 +91,7 @@ def test_a_stop_that_python_wrapped_on_its_way_up_still_ends_with_one_line_and_t
     transformers made a dataclass (CI, the slow test at 1.5 s) ended in that RuntimeError's traceback and status 1."""
     from dfpo.cli import main
     from dfpo.trainer import train
-    from dfpo.trainer.runlog import StoppedAtOnce
+    from dfpo.trainer.run.signals import StoppedAtOnce
 
     def made_a_class(*args, **kwargs):
         try:

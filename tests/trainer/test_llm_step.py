@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from dfpo import resolve_objective
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs, plain_lm_head
-from dfpo.trainer.layout import RunDir
 from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.stage_old_logp import FirstPass, batch_logp
 from dfpo.trainer.stage_update import accumulate_gradients
 

@@ -16,7 +16,7 @@ CHILD = textwrap.dedent(
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
-    from dfpo.trainer.runlog import StoppedAtOnce, StopSignals
+    from dfpo.trainer.run.signals import StoppedAtOnce, StopSignals
 
     # a matmul size whose single call lasts >= 30 s here: t(n) ~ n^3, measured at n = 512
     a = torch.randn(512, 512)

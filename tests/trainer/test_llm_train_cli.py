@@ -12,7 +12,7 @@ import pytest
 
 from dfpo.cli import build_parser, main
 from dfpo.trainer.config import Config, apply_overrides, config_from_dict, config_to_toml
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import TINY  # noqa: E402
@@ -88,8 +88,8 @@ def test_what_each_mode_prints_on_stderr(tmp_path, capsys, monkeypatch, flag):
     per-step lines, progress lines (no bar here: log.progress = false), a last line; --quiet: the same without the
     per-step lines; --silent: nothing on stderr, and summary.json still on stdout. A progress line is due after
     every step and every warm-up step here (PROGRESS_EVERY_S = 0)."""
-    from dfpo.trainer import runlog
     from dfpo.trainer import train as train_mod
+    from dfpo.trainer.run import logs as runlog
 
     monkeypatch.setattr(runlog, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(train_mod, "step_metrics", _with_a_per_step_line(train_mod.step_metrics))
@@ -129,7 +129,7 @@ def test_quiet_draws_no_progress_bar(tmp_path, capsys):
 
 def test_a_progress_line_is_due_once_per_period():
     """Every(s).due() is True at most once per s seconds of its clock, counted from construction."""
-    from dfpo.trainer.runlog import Every
+    from dfpo.trainer.run.logs import Every
 
     now = [100.0]
     every = Every(30.0, clock=lambda: now[0])
@@ -141,7 +141,7 @@ def test_a_progress_line_is_due_once_per_period():
 
 
 def test_the_help_says_the_progress_period_the_code_uses():
-    from dfpo.trainer.runlog import PROGRESS_EVERY_S
+    from dfpo.trainer.run.logs import PROGRESS_EVERY_S
 
     train = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     assert f"every {PROGRESS_EVERY_S:.0f} s" in " ".join(train.split())
@@ -170,11 +170,11 @@ def test_summary_json_holds_the_process_wall_time_and_the_help_names_every_key(t
 
 
 def test_the_process_age_counts_from_the_process_start_not_from_an_import():
-    """A process that sleeps 1 s before importing runlog: process_age_s counts that second too."""
+    """A process that sleeps 1 s before importing run.logs: process_age_s counts that second too."""
     import subprocess
     import time
 
-    code = "import time; time.sleep(1.0); from dfpo.trainer.runlog import process_age_s; print(process_age_s())"
+    code = "import time; time.sleep(1.0); from dfpo.trainer.run.logs import process_age_s; print(process_age_s())"
     t0 = time.monotonic()
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 1.0 <= age <= time.monotonic() - t0

@@ -149,7 +149,7 @@ def test_the_trainer_logs_its_schedule_at_the_boundaries(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer.layout import RunDir
+    from dfpo.trainer.run.layout import RunDir
     from dfpo.trainer.train import Trainer
 
     sets = ["train.steps=8", "eval.every=0", "optim.epochs=1", "optim.minibatch_groups=2", "optim.warmup_ratio=0.375"]

@@ -13,7 +13,7 @@ import torch
 
 from dfpo.core.loss import OBJECTIVES, policy_loss, resolve_objective
 from dfpo.core.metric_registry import METRICS, lookup, markdown_table, reduce_records, reduce_values
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402

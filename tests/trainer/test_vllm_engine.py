@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.layout import RunDir
 from dfpo.trainer.rollout import SamplingParams
+from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.vllm_engine import check_vllm_available, vllm_sampling_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from dfpo.trainer.layout import RunDir
+from dfpo.trainer.run.layout import RunDir
 
 TINY_MODEL_SETS = [
     "model.tiny_hidden=32",

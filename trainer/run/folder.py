@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
+from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
 from .layout import RunDir
 from .resume import RESUME_IGNORED, flat_items

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import Config, config_to_dict
+from ..config import Config, config_to_dict
 from .layout import RunDir
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..core.files import WriteFailed, describe_write_error, write_error, write_text_atomic
+from ...core.files import WriteFailed, describe_write_error, write_error, write_text_atomic
 from .layout import RunDir
 
 FORMAT = 3

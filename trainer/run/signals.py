@@ -1,177 +1,177 @@
-"""The logs of a run folder (JSONL flushed per line, TensorBoard, wandb) and how a run stops on a signal.
+"""SIGINT and SIGTERM to ``dfpo train``, all of it: before the trainer's own handling, that handling, and after it.
 
-The folder's layout and its checks are in ``run_folder``; checkpoints in ``checkpoint``. On several processes
-rank 0 alone writes the folder.
+The trainer's handling (``StopSignals``, below: stop at once during start-up, after the step once training) is
+installed once torch and the config are loaded, a second or more after the program starts. ``dfpo.cli.main``
+installs this module's handler as the first thing ``dfpo train`` does, before any heavy import, and it answers
+every signal outside ``StopSignals``:
+
+1. Before the trainer's handling: nothing exists yet (no file written, no process started), so the program
+   prints one line and exits at once with the shell's status (130 for SIGINT, 143 for SIGTERM), without
+   unwinding: an exception raised in the middle of importing torch or transformers can be swallowed, or turned
+   into another error by the library being imported, and would end in a traceback.
+2. While ``held()`` (a file being written before the trainer's handling starts: ``--resume --restore-config``)
+   a signal waits for the end of the block, so no temporary file is left behind.
+3. After the trainer's handling (the run's outcome ``decided``, its message printed): a further signal ends the
+   program at once with that outcome's status, so two SIGTERMs 100 ms apart still exit 143; in the interpreter's
+   last teardown, where Python would put the default action back (exit -15), the signals are ignored instead.
+
+What no program can answer: a signal in the interpreter's own start (Python and its site-packages, about 40 ms
+on an idle machine), before any code of dfpo runs, has the operating system's default effect.
+
+Only the main thread can install handlers; in any other thread this module does nothing. On several processes
+(``--nproc``) only rank 0 prints. Standard library only: it is imported before anything else, which is why the
+two names a rank of ``--nproc`` shares with the launcher (``LAUNCHER_PID_ENV``, ``PARENT_DEATH``) are defined here
+and ``launch`` imports them.
 """
 
 from __future__ import annotations
 
 import _thread
-import json
-import math
+import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
-from ..core.files import WriteFailed, describe_write_error, write_text_atomic
-from .launch import PARENT_DEATH
-from .layout import RunDir
+LAUNCHER_PID_ENV = "DFPO_LAUNCHER_PID"
+"""Set to the launcher's PID in every rank that ``dfpo train --nproc`` starts (``launch.rank_environment``)."""
+PARENT_DEATH = signal.SIGHUP
+"""The signal a rank of ``dfpo train --nproc`` asks the kernel for when its launcher dies (``PR_SET_PDEATHSIG``).
+Not SIGTERM: the kernel sends it again each time the rank is handed to another thread of the dying launcher, and
+repeated SIGTERMs mean "stop at once"; repeated SIGHUPs count as one "stop after the step"."""
 
-
-def finite_only(metrics: dict) -> tuple[dict, list[str]]:
-    """Drop non-finite numbers (NaN never reaches a log); return (clean, dropped keys)."""
-    clean, dropped = {}, []
-    for k, v in metrics.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            dropped.append(k)
-        else:
-            clean[k] = v
-    return clean, dropped
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class JsonlLog:
-    """Append-only JSONL, one flushed line per record; ``truncate`` keeps records with key <= limit."""
+def start_up_message(signum: int) -> str:
+    """What a signal that ends the program before its first step says (the trainer's handling says the same)."""
+    name = signal.Signals(signum).name
+    return f"{name} during start-up: stopped before the first training step; start it again with the same command"
 
-    def __init__(self, path: Path):
-        self.path = path
+
+class ExitOnSignal:
+    """The handler of SIGINT and SIGTERM outside the trainer's own handling (see the module docstring)."""
+
+    def __init__(self, *, speak: bool = True):
+        self.speak = speak
+        """Whether this process prints the start-up line (rank 0 only)."""
+        self.status: int | None = None
+        """The exit status once the run's outcome is decided; None during start-up."""
+        self.held_signal: int | None = None
+        self._holding = False
+        self._old: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in SIGNALS:
+            self._old.setdefault(sig, signal.signal(sig, self.handle))
+
+    def uninstall(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
+
+    def decided(self, status: int) -> None:
+        """The run's outcome is decided (its message printed): from now on a signal exits with ``status``, and this
+        handler takes the signals back at once (a second signal must not interrupt the way out)."""
+        self.status = status
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                signal.signal(sig, self.handle)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Inside the block a signal only waits; it ends the program when the block is left."""
+        self._holding = True
         try:
-            self._fh = open(path, "a", encoding="utf-8")
-        except OSError as err:
-            raise WriteFailed(f"cannot open {describe_write_error(path, err)}") from None
+            yield
+        finally:
+            self._holding = False
+        if self.held_signal is not None:
+            self.exit(self.held_signal)
 
-    def write(self, record: dict) -> None:
-        try:
-            self._fh.write(json.dumps(record, sort_keys=True) + "\n")
-            self._fh.flush()
-        except OSError as err:  # a full disk: a torn last line at worst, which every reader skips
-            raise WriteFailed(
-                f"writing {describe_write_error(self.path, err)}; the last checkpoint is kept. Free space, then continue with: "
-                f"dfpo train --resume {self.path.parent}"
-            ) from None
-
-    def close(self) -> None:
-        self._fh.close()
-
-    @staticmethod
-    def truncate(path: Path, keep) -> None:
-        """Rewrite ``path`` atomically with only the records for which ``keep(record)`` holds."""
-        if not path.exists():
+    def handle(self, signum: int, frame) -> None:
+        if self._holding:
+            self.held_signal = self.held_signal or signum
             return
-        kept = [json.dumps(rec, sort_keys=True) for rec in JsonlLog.read(path) if keep(rec)]
-        write_text_atomic(path, "".join(line + "\n" for line in kept))
+        self.exit(signum)
 
-    @staticmethod
-    def read(path: Path) -> list[dict]:
-        """The records of a JSONL file; lines that are not a JSON object (cut by a kill) are skipped. Lines end at
-        "\\n" only: U+2028 or NEL inside a string is text, not a line break."""
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+    def exit(self, signum: int) -> None:
+        """End the process now: the start-up line (before the outcome is decided), the output flushed, the status."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a stream the handler interrupted may refuse a reentrant call
+                stream.flush()
+        if self.status is None and self.speak:  # written to the descriptor: no buffer the signal may have interrupted
+            with contextlib.suppress(OSError):
+                os.write(2, f"dfpo: {start_up_message(signum)}\n".encode())
+        os._exit(self.status if self.status is not None else 128 + signum)
 
 
-class NullLog:
-    """A JsonlLog that writes nothing (the logs of every process but rank 0)."""
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+_active: ExitOnSignal | None = None
 
 
-class Scalars:
-    """TensorBoard (and wandb when asked and installed) scalar sink."""
-
-    def __init__(self, run_dir: Path, tensorboard: bool, wandb_project: str, purge_step: int | None, config: dict):
-        self.tb = None
-        self.wandb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard), purge_step=purge_step)
-            except ImportError:
-                raise ValueError(
-                    "log.tensorboard = true needs the tensorboard package (pip install tensorboard), or set it false"
-                ) from None
-        if wandb_project:
-            try:
-                import wandb
-            except ImportError:
-                raise ValueError(
-                    f'log.wandb_project = {wandb_project!r} but wandb is not installed; pip install wandb or set it to ""'
-                ) from None
-            self.wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=config, resume="allow", id=run_dir.name)
-
-    def log(self, metrics: dict, step: int) -> None:
-        nums = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if self.tb is not None:
-            for k, v in nums.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(nums, step=step)
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def missing_steps(rows: list[dict], last: int) -> list[int]:
-    """Steps 1..last that have no line in a metrics log (lost to a crash)."""
-    have = {r.get("step") for r in rows}
-    return [s for s in range(1, last + 1) if s not in have]
-
-
-PROGRESS_EVERY_S = 30.0
-"""Without a progress bar (``--quiet``, or ``log.progress = false``): at most one progress line this often, during
-the training steps and the tiny preset's warm-up."""
-
-
-class Every:
-    """``due()`` is True at most once per ``seconds`` of ``clock`` (monotonic), counted from construction: the rate
-    of the progress lines printed without a bar."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.seconds, self.clock = seconds, clock
-        self.last = clock()
-
-    def due(self) -> bool:
-        now = self.clock()
-        if now - self.last < self.seconds:
-            return False
-        self.last = now
-        return True
-
-
-def process_age_s() -> float:
-    """Seconds since this process started, as the operating system records it (Linux: the start time in
-    /proc/self/stat against /proc/uptime, both in 10 ms ticks since boot), so the interpreter's start and every
-    import count, as in ``/usr/bin/time``'s elapsed time. Without /proc: since ``dfpo.cli`` was imported."""
+@contextlib.contextmanager
+def exit_on_signal(*, for_the_process: bool = False) -> Iterator[ExitOnSignal | None]:
+    """The handler installed for the block; None outside the main thread. ``for_the_process`` (the ``dfpo`` program
+    itself): it stays installed after the block, through the interpreter's shutdown, so that a signal then still
+    exits with the run's status; else the previous handlers are back after the block (a call from Python)."""
+    global _active
+    if threading.current_thread() is not threading.main_thread() or _active is not None:
+        yield _active
+        return
+    _active = ExitOnSignal(speak=_is_rank0())
+    _active.install()
+    if for_the_process:
+        atexit.register(_ignore_in_the_last_teardown)  # registered first, so it runs after every other exit function
     try:
-        with open("/proc/self/stat", encoding="ascii") as fh:
-            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime; the name may hold spaces
-        with open("/proc/uptime", encoding="ascii") as fh:
-            uptime = float(fh.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        from ..cli import IMPORTED_AT
+        yield _active
+    finally:
+        if not for_the_process:
+            _active.uninstall()
+            _active = None
 
-        return time.monotonic() - IMPORTED_AT
+
+def _ignore_in_the_last_teardown() -> None:
+    """The interpreter's last teardown (after the exit functions) puts every Python-handled signal back to the
+    operating system's default, which would end the process with -15 instead of its status; an ignored signal is
+    left as it is. Nothing of dfpo runs any more, so a signal then has nothing to stop."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def end_of_program(status: int) -> NoReturn:
+    """End the ``dfpo`` program with ``status``. A rank of ``dfpo train --nproc`` ends as multiprocessing's children
+    do: its exit functions run, its output is flushed, and the process exits at once, without the interpreter's and
+    the C++ libraries' teardown. Its run is complete by then (checkpoint, logs and message written, the process group
+    left), and that teardown can only end it otherwise: on CI a rank whose run had finished was once aborted there
+    ("terminate called without an active exception", exit 134), a C++ thread of the collectives destroyed while
+    still joinable. Any other process raises SystemExit as usual."""
+    if not os.environ.get(LAUNCHER_PID_ENV):
+        raise SystemExit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def decided(status: int) -> None:
+    """``ExitOnSignal.decided`` of the installed handler (nothing when none is installed)."""
+    if _active is not None:
+        _active.decided(status)
+
+
+def held() -> contextlib.AbstractContextManager:
+    """``ExitOnSignal.held`` of the installed handler (a plain block when none is installed)."""
+    return _active.held() if _active is not None else contextlib.nullcontext()
 
 
 class TrainingInterrupted(Exception):

@@ -15,15 +15,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.files import WriteFailed, describe_write_error
-from . import entropy_control
+from ...core.files import WriteFailed, describe_write_error
+from .. import entropy_control
+from ..config import Config, config_to_dict
+from ..parallel import OneProcess
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import Config, config_to_dict
+from .folder import run_identity, write_mark
 from .layout import RunDir
-from .parallel import OneProcess
+from .logs import JsonlLog, NullLog, Scalars, missing_steps
 from .resume import check_same_config
-from .run_folder import run_identity, write_mark
-from .runlog import JsonlLog, NullLog, Scalars, missing_steps
 
 
 @dataclass
