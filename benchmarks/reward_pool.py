@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"))  # reward_fixtures, for the user kind
 
-from dfpo.trainer.reward_pool import RewardPool, default_workers  # noqa: E402
-from dfpo.trainer.rewards import LOCAL_FUNCTIONS, RewardComputer, RewardSpec, math_verify_match  # noqa: E402
+from dfpo.trainer.rewards.compute import LOCAL_FUNCTIONS, RewardComputer, RewardSpec, math_verify_match  # noqa: E402
+from dfpo.trainer.rewards.pool import RewardPool, default_workers  # noqa: E402
 from dfpo.trainer.tasks import Example  # noqa: E402
 
 N = 64

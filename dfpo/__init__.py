@@ -10,7 +10,7 @@ settings, statistics), ``dfpo.theory`` (claims ledger), ``dfpo.toy`` (tabular so
 ``dfpo.trainer`` (LLM trainer), ``dfpo.app`` (Streamlit explorer), ``dfpo.integrations`` (TRL, verl).
 
 The names are resolved on first use (PEP 562 ``__getattr__``): ``import dfpo.core.files`` or the reward
-workers' ``import dfpo.trainer.rewards`` do not import torch, and ``dfpo --help`` starts without it.
+workers' ``import dfpo.trainer.rewards.compute`` do not import torch, and ``dfpo --help`` starts without it.
 """
 
 from __future__ import annotations

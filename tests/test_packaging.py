@@ -120,7 +120,7 @@ def test_the_python_floor_in_pyproject_is_the_one_the_code_needs():
 
 
 PARTS = {name.split(".", 1)[1]: folder for name, folder in MAPPING.items() if name.count(".") == 1 and name != "dfpo.integrations"}
-SCRIPTS = {"app/main.py", "trainer/reward_worker.py"}
+SCRIPTS = {"app/main.py", "trainer/rewards/worker.py"}
 """Files run as scripts (Streamlit runs app/main.py and the pages by path; the reward worker runs as ``python -P``):
 a relative import cannot run there, so they import ``dfpo.*`` absolutely."""
 

@@ -37,8 +37,8 @@ from ..core.loss import OBJECTIVES, resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
-from .reward_worker import parse_user_fn
-from .rewards import function_weights
+from .rewards.compute import function_weights
+from .rewards.worker import parse_user_fn
 from .run.layout import RunDir
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -32,7 +32,7 @@ import torch
 from . import distributed as dp
 from .diagnostics import StepDiagnostics
 from .minibatches import accumulation_weights
-from .rewards import RewardBatch
+from .rewards.compute import RewardBatch
 from .rollout import Samples
 
 

@@ -292,8 +292,8 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
     """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed`` (its
     ``sampler_logp`` is the sampler's log-probs, pi_rollout), and pi_old as the trainer takes it (choice 5)."""
     from .parallel import OneProcess
-    from .reward_pool import default_workers
-    from .rewards import RewardComputer, reward_spec
+    from .rewards.compute import RewardComputer, reward_spec
+    from .rewards.pool import default_workers
     from .rollout import HFGenerateEngine
     from .stage_old_logp import batch_logp, old_logp_from_sampler
     from .stage_rollout import RolloutStage

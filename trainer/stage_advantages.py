@@ -26,7 +26,7 @@ import torch
 
 from ..core.loss import ObjectiveSpec, group_advantages
 from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL, optimal_token_baseline
-from .rewards import reward_matrix, reward_weights
+from .rewards.compute import reward_matrix, reward_weights
 from .stage_rollout import Rollout
 
 

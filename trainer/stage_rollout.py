@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .parallel import OneProcess
-from .rewards import RewardBatch
+from .rewards.compute import RewardBatch
 from .rollout import (
     RolloutBatch,
     Samples,

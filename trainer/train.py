@@ -58,8 +58,8 @@ from .policy import (
     resolve_dtype,
 )
 from .preflight import check_lengths, check_memory_fits, check_model_folder, check_prompts_per_step, measure_prompts
-from .reward_pool import default_workers
-from .rewards import RewardComputer, reward_spec
+from .rewards.compute import RewardComputer, reward_spec
+from .rewards.pool import default_workers
 from .rollout import HFGenerateEngine
 from .run import logs
 from .run.checkpoint import seed_everything

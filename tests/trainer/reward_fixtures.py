@@ -23,7 +23,7 @@ import time
 
 def spec(name: str):
     """The RewardSpec of the function NAME of this module."""
-    from dfpo.trainer.rewards import RewardSpec
+    from dfpo.trainer.rewards.compute import RewardSpec
 
     return RewardSpec("user", f"{__name__}:{name}")
 

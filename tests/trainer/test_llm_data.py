@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dfpo.trainer.rewards import RewardComputer, correctness_fn, equiv_match, exact_match, math_verify_match
+from dfpo.trainer.rewards.compute import RewardComputer, correctness_fn, equiv_match, exact_match, math_verify_match
 from dfpo.trainer.tasks import Example, PromptSampler, load_jsonl, make_add_examples, sum_value, surface_form
 
 
@@ -71,7 +71,7 @@ def test_slow_reward_times_out_to_zero_and_is_counted():
 
 
 def test_format_reward_adds_weighted_regex_match():
-    from dfpo.trainer.rewards import RewardSpec
+    from dfpo.trainer.rewards.compute import RewardSpec
 
     rc = RewardComputer(RewardSpec("exact"), format_weight=0.5, format_regex=r"^\d+$")
     out = rc(["p"] * 3, ["5", "x", "6"], [Example("p", "5")] * 3)
@@ -79,7 +79,7 @@ def test_format_reward_adds_weighted_regex_match():
 
 
 def test_user_reward_callable_is_imported_and_bad_spec_rejected():
-    from dfpo.trainer.rewards import RewardSpec, reward_spec
+    from dfpo.trainer.rewards.compute import RewardSpec, reward_spec
 
     fn = correctness_fn("user", "add", "json:dumps")
     assert callable(fn)

@@ -49,7 +49,7 @@ def _stage_inputs():
     from dfpo.core.loss import group_advantages
     from dfpo.trainer.config import ModelConfig
     from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.rewards import RewardBatch
+    from dfpo.trainer.rewards.compute import RewardBatch
     from dfpo.trainer.rollout import build_batch
     from dfpo.trainer.stage_old_logp import FirstPass, OldLogProbs
     from dfpo.trainer.stage_rollout import Rollout

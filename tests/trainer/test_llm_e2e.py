@@ -202,7 +202,7 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one():
 
 def test_reasoning_gym_problems_load_offline_and_score():
     from dfpo.trainer.config import DataConfig
-    from dfpo.trainer.rewards import correctness_fn
+    from dfpo.trainer.rewards.compute import correctness_fn
     from dfpo.trainer.tasks import load_splits
 
     train, evals = load_splits(DataConfig(task="reasoning_gym", name="gsm_symbolic", train_size=3, eval_size=2), seed=0)

@@ -8,7 +8,7 @@ import torch
 from test_llm_e2e import tiny_config
 
 from dfpo.trainer import stage_advantages
-from dfpo.trainer.rewards import REWARD_FUNCTIONS, RewardBatch, reward_matrix, reward_weights
+from dfpo.trainer.rewards.compute import REWARD_FUNCTIONS, RewardBatch, reward_matrix, reward_weights
 from dfpo.trainer.rollout import HFGenerateEngine, greedy_params
 from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.train import Trainer
@@ -190,7 +190,7 @@ def test_gathering_the_groups_of_several_processes_keeps_each_functions_values()
 
 
 def test_a_further_reward_function_that_cannot_be_imported_is_named(tmp_path):
-    from dfpo.trainer.rewards import RewardComputer, RewardSpec
+    from dfpo.trainer.rewards.compute import RewardComputer, RewardSpec
 
     with pytest.raises(ValueError, match=r"reward.functions entry 'no_such_module_xyz:score': cannot import module"):
         RewardComputer(RewardSpec("exact"), functions=["no_such_module_xyz:score"], workers=1)

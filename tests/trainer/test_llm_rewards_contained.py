@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from reward_fixtures import spec
 from tiny_run import TINY_MODEL_SETS
 
-from dfpo.trainer import reward_pool
-from dfpo.trainer.reward_pool import RewardPool
-from dfpo.trainer.reward_worker import as_reward
-from dfpo.trainer.rewards import RewardComputer, RewardSpec, correctness_fn, reward_spec
+from dfpo.trainer.rewards import pool as reward_pool
+from dfpo.trainer.rewards.compute import RewardComputer, RewardSpec, correctness_fn, reward_spec
+from dfpo.trainer.rewards.pool import RewardPool
+from dfpo.trainer.rewards.worker import as_reward
 from dfpo.trainer.tasks import Example
 
 EX = Example("1+1=", "2")
@@ -253,7 +253,7 @@ def test_hundreds_of_calls_whose_worker_is_killed_leak_no_process_or_thread():
 _SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, {here!r})
-from dfpo.trainer import reward_pool
+from dfpo.trainer.rewards import pool as reward_pool
 assert "torch" not in sys.modules
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started under a shell's background job: SIGINT as Python's own start
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -332,7 +332,7 @@ import signal, sys
 sys.path.insert(0, {str(HERE)!r})
 from reward_fixtures import spec
 from tiny_run import TINY_MODEL_SETS
-from dfpo.trainer.rewards import RewardComputer
+from dfpo.trainer.rewards.compute import RewardComputer
 from dfpo.trainer.tasks import Example
 def handler(signum, frame):
     print("handler ran", flush=True)
@@ -419,7 +419,7 @@ def test_pool_rejects_an_unknown_kind():
 
 
 def test_a_function_from_correctness_fn_is_run_by_its_name():
-    from dfpo.trainer.rewards import correctness_fn, exact_match
+    from dfpo.trainer.rewards.compute import correctness_fn, exact_match
 
     with RewardComputer(correctness_fn("user", "add", "reward_fixtures:os_exit"), workers=1) as rc:
         assert rc.spec == spec("os_exit") and rc(["p"], ["c"], [EX]).errors == 1  # in a worker: the process survives
@@ -432,7 +432,7 @@ def test_a_function_from_correctness_fn_is_run_by_its_name():
 @pytest.mark.slow
 def test_reasoning_gym_scores_in_workers_equal_the_in_process_scores():
     from dfpo.trainer.config import DataConfig
-    from dfpo.trainer.rewards import correctness_fn, reward_spec
+    from dfpo.trainer.rewards.compute import correctness_fn, reward_spec
     from dfpo.trainer.tasks import load_splits
 
     train, _ = load_splits(DataConfig(task="reasoning_gym", name="gsm_symbolic", train_size=3, eval_size=2), seed=0)

@@ -1,9 +1,9 @@
-"""One reward worker: a fresh interpreter that computes one reward, a call at a time, for ``reward_pool.RewardPool``.
+"""One reward worker: a fresh interpreter that computes one reward, a call at a time, for ``pool.RewardPool``.
 
-Run as a script (``python -P reward_worker.py``) it is a worker; imported (by the pool, and by ``rewards`` for
+Run as a script (``python -P worker.py``) it is a worker; imported (by the pool, and by ``compute`` for
 ``as_reward`` / ``score``) it is the part of the protocol both sides share. Everything at module level is the
 standard library, so a worker for a user reward starts in a fraction of a second with ~15 MiB and imports
-nothing of dfpo but what the user's module does. A built-in kind's worker imports ``dfpo.trainer.rewards``,
+nothing of dfpo but what the user's module does. A built-in kind's worker imports ``dfpo.trainer.rewards.compute``,
 which stays free of torch: ~0.2 s and ~17 MiB, plus math-verify's own imports for that kind.
 
 Protocol, one frame = 4-byte big-endian length + body:
@@ -13,7 +13,7 @@ Protocol, one frame = 4-byte big-endian length + body:
         ["ready"] or ["failed", message] once, then ["done", call_id, value, status, detail, recycle] per task;
         recycle is "" to keep the worker, else why it must be replaced.
     Each of these frames is at most PIPE_BUF bytes (written atomically); the parent checks each one
-    (``reward_pool.parse_frame``): JSON with no NaN, the shape and types above, the call id of the call it gave.
+    (``pool.parse_frame``): JSON with no NaN, the shape and types above, the call id of the call it gave.
     The reward's return value is converted to a float in the worker (``score``); only numbers and short
     strings cross. The worker's original stdout carries its frames; its fd 1 then points at stderr, so a
     reward's ``print`` cannot corrupt them, and its stdin is /dev/null. A reward can still write on the
@@ -51,7 +51,7 @@ from collections.abc import Callable
 MAX_ABS_REWARD = 1e6
 """A reward outside +-MAX_ABS_REWARD (e.g. 1e308) is treated as invalid: it would swamp the group's advantages."""
 
-BUILTIN_MODULE = "dfpo.trainer.rewards"
+BUILTIN_MODULE = "dfpo.trainer.rewards.compute"
 BUILTIN_FUNCTIONS = {
     "exact": "exact_match",
     "equiv": "equiv_match",

@@ -1,6 +1,6 @@
 """Reward calls in worker processes that can be killed: a bounded pool, started once and reused.
 
-This is the parent's side (``RewardPool``); each worker is a fresh interpreter running ``reward_worker.py``,
+This is the parent's side (``RewardPool``); each worker is a fresh interpreter running ``worker.py``,
 whose docstring describes the protocol and what a worker does for itself (a subreaper, its memory cap, why it
 asks to be replaced). Standard library only, like the worker.
 
@@ -12,7 +12,7 @@ Choices:
 2. A worker is killed with everything its reward started, whatever session that made (``process_tree``):
    the worker is stopped, its descendants (kept in its tree by the subreaper) killed until none is left, then
    the worker. A worker that died on its own left orphans to init: they are found by the environment marker
-   every worker's process inherits (``reward_worker.MARKER_VARIABLE``, one value per worker) and killed when
+   every worker's process inherits (``worker.MARKER_VARIABLE``, one value per worker) and killed when
    its death is noticed; ``close()`` and the exit hook kill every process marked for the pool.
 3. Two deadlines per call. The worker's interval timer interrupts a call at ``SOFT_DEADLINE_SHARE * timeout_s``
    (sleeps, waits, Python loops and sympy stop there and the worker is kept: a math-verify worker's restart
@@ -54,8 +54,9 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import process_tree, reward_worker
-from .reward_worker import (
+from . import process_tree
+from . import worker as worker_module
+from .worker import (
     DETAIL_CHARS,
     EXIT_PIPES_CLOSED,
     KINDS,
@@ -325,7 +326,7 @@ class RewardPool:
         self._spawned += 1
         marker = f"{self._marker}{self._spawned}"
         proc = subprocess.Popen(
-            [sys.executable, "-P", reward_worker.__file__],
+            [sys.executable, "-P", worker_module.__file__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,

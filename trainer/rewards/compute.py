@@ -20,7 +20,7 @@ that raises or calls ``sys.exit`` at import) is a ValueError of one sentence nam
 
 Departures / choices:
 1. What runs where. User rewards, math-verify and reasoning-gym run in worker processes that can be killed
-   (``reward_pool.RewardPool``: bounded, started with the RewardComputer, reused for every batch). User code
+   (``pool.RewardPool``: bounded, started with the RewardComputer, reused for every batch). User code
    can do anything; the other two parse the policy's own output with sympy or generator code, which can run
    for minutes (math-verify on ``\\boxed{9^{9^{9^{9}}}}`` had not returned after 50 s). A call still running
    at its deadline has its worker killed, with every process its reward started, and a new worker started.
@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from .reward_pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
-from .reward_worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
-from .tasks import Example, sum_value
+from ..tasks import Example, sum_value
+from .pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
+from .worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
 
 if TYPE_CHECKING:
     import torch
@@ -282,7 +282,7 @@ class RewardComputer:
     """Correctness + format_weight * format of a batch. Kinds other than exact and equiv run in up to
     ``workers`` worker processes (0 = min(8, CPU count)), each call with a deadline of ``timeout_s``; a worker
     is replaced after ``max_tasks_per_worker`` calls (0 = never) and its memory is capped at ``memory_limit_mb``
-    (0 = no cap; see ``reward_worker``). ``close()`` (or leaving a ``with`` block) kills the workers and what
+    (0 = no cap; see ``worker``). ``close()`` (or leaving a ``with`` block) kills the workers and what
     their rewards started; interpreter exit does too."""
 
     def __init__(

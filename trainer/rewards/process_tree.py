@@ -1,10 +1,10 @@
 """Finding and killing the processes a reward worker started, whatever session they made (Linux /proc).
 
-A worker is a child subreaper (``reward_worker``): what its reward forks stays its descendant, through setsid
+A worker is a child subreaper (``worker``): what its reward forks stays its descendant, through setsid
 and double forks, while it lives. ``kill_tree`` stops the worker, kills its descendants until none is left
 (an orphan of a killed one is handed to the stopped worker, so it is found in the next round), then the worker.
 A worker that died on its own has handed its orphans to init: ``marked_processes`` finds them by the
-environment variable every worker's process inherits (``reward_worker.MARKER_VARIABLE``), and the pool kills
+environment variable every worker's process inherits (``worker.MARKER_VARIABLE``), and the pool kills
 those too. Only processes with that marker, or below a worker, are ever signalled.
 
 Standard library only. Where /proc is missing (not Linux) the lists are empty and only the worker's process
