@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from dfpo.trainer.policy import build_char_tokenizer
-from dfpo.trainer.rollout import SamplingParams
+from dfpo.trainer.sampler import SamplingParams
 from dfpo.trainer.vllm_engine import VLLMEngine
 
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..core.fused import FusedHead, fused_head_loss
 from ..core.logprobs import token_logprobs
-from .rollout import RolloutBatch, autocast, completion_logits, token_logp, token_stats
+from .sampler import RolloutBatch, autocast, completion_logits, token_logp, token_stats
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes of models whose logits are not W h (the chunked path would be wrong for them)."""

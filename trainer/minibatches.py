@@ -20,7 +20,7 @@ import torch
 
 from ..core.loss import aggregation_count
 from .config import Config
-from .rollout import RolloutBatch
+from .sampler import RolloutBatch
 
 
 def group_minibatches(group_ids: torch.Tensor, groups_per_batch: int, generator: torch.Generator) -> list[torch.Tensor]:

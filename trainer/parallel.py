@@ -33,7 +33,7 @@ from . import distributed as dp
 from .diagnostics import StepDiagnostics
 from .minibatches import accumulation_weights
 from .rewards.compute import RewardBatch
-from .rollout import Samples
+from .sampler import Samples
 
 
 def gather_groups(parts: list[tuple], n_groups: int, G: int) -> tuple[Samples, list[str], RewardBatch]:

@@ -294,9 +294,9 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
     from .parallel import OneProcess
     from .rewards.compute import RewardComputer, reward_spec
     from .rewards.pool import default_workers
-    from .rollout import HFGenerateEngine
-    from .stage_old_logp import batch_logp, old_logp_from_sampler
-    from .stage_rollout import RolloutStage
+    from .sampler import HFGenerateEngine
+    from .stages.old_logp import batch_logp, old_logp_from_sampler
+    from .stages.rollout import RolloutStage
 
     rewards = RewardComputer(
         reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
@@ -340,7 +340,7 @@ def reference_logp(start: Start, cfg: Config, spec: ObjectiveSpec, batch) -> tor
     reference model, or the policy with its LoRA adapters off) on ``start.ref``, before any step (choice 4).
     ``spec``: a label that reads ``ref_logp``."""
     from .parallel import OneProcess
-    from .stage_old_logp import OldLogpStage
+    from .stages.old_logp import OldLogpStage
 
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     stage = OldLogpStage(

@@ -32,8 +32,8 @@ from ..core.loss import ObjectiveSpec
 from ..core.probe import PARTS, DriftBatch, DriftReport, EventDrift, probe_step, summary
 from .forward import completion_logprobs
 from .minibatches import micro_batch
-from .stage_old_logp import OldLogProbs
-from .stage_rollout import Rollout
+from .stages.old_logp import OldLogProbs
+from .stages.rollout import Rollout
 
 KINDS = (("shared", "shared"), ("pairs", "equiv_logodds"))
 """(attribute of ``DriftReport``, the middle of its ``drift/*`` keys)."""

@@ -1,15 +1,15 @@
 """The LLM trainer: rollouts -> rewards -> group advantages -> K off-policy optimiser steps.
 
-One training step (``Trainer.train_step``), one module per stage:
+One training step (``Trainer.train_step``), one module of ``stages/`` per stage:
 
-1. ``stage_rollout``: ``prompts_per_step`` prompts (seeded, resumable order), G completions each, scored
+1. ``stages.rollout``: ``prompts_per_step`` prompts (seeded, resumable order), G completions each, scored
    (timeouts and errors give 0 and are counted); DAPO's dynamic sampling when configured;
-2. ``stage_advantages``: group advantages (eq 43, the scale the objective names);
-3. ``stage_old_logp``: pi_old of the rows the first optimiser step does not score itself, pi_ref with a KL term;
-4. ``stage_update``: ``epochs`` passes over mini-batches of ``minibatch_groups`` whole groups (K = epochs *
+2. ``stages.advantages``: group advantages (eq 43, the scale the objective names);
+3. ``stages.old_logp``: pi_old of the rows the first optimiser step does not score itself, pi_ref with a KL term;
+4. ``stages.update``: ``epochs`` passes over mini-batches of ``minibatch_groups`` whole groups (K = epochs *
    prompts_per_step / minibatch_groups optimiser steps), each accumulated over micro-batches weighted so the
    summed gradient is the mini-batch loss's (``minibatches``); grad-norm clipping, AdamW, cosine schedule;
-5. ``stage_metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
+5. ``stages.metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
    samples; with ``log.param_drift``, ``stage_drift``'s trial step first (parameter-space drift, ``drift/*``).
 
 Around the steps: ``run.state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
@@ -60,7 +60,6 @@ from .policy import (
 from .preflight import check_lengths, check_memory_fits, check_model_folder, check_prompts_per_step, measure_prompts
 from .rewards.compute import RewardComputer, reward_spec
 from .rewards.pool import default_workers
-from .rollout import HFGenerateEngine
 from .run import logs
 from .run.checkpoint import seed_everything
 from .run.folder import NullLock, prepare_run_folder
@@ -68,12 +67,13 @@ from .run.layout import RunDir
 from .run.logs import Every
 from .run.signals import StopSignals, TrainingInterrupted
 from .run.state import Checkpointer, RunLogs, RunState
-from .stage_advantages import advantages
+from .sampler import HFGenerateEngine
 from .stage_drift import DriftStage, check_drift_settings
-from .stage_metrics import Stopwatch, run_summary, step_metrics, write_samples
-from .stage_old_logp import OldLogpStage, old_logp_from_sampler
-from .stage_rollout import RolloutStage
-from .stage_update import NonFiniteLossError, UpdateStage, accumulate_gradients
+from .stages.advantages import advantages
+from .stages.metrics import Stopwatch, run_summary, step_metrics, write_samples
+from .stages.old_logp import OldLogpStage, old_logp_from_sampler
+from .stages.rollout import RolloutStage
+from .stages.update import NonFiniteLossError, UpdateStage, accumulate_gradients
 from .tasks import clip_long_prompts, duplicate_prompts, load_splits
 from .vllm_engine import VLLMEngine, check_vllm_available
 

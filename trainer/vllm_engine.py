@@ -32,7 +32,7 @@ import tempfile
 
 import torch
 
-from .rollout import Samples, SamplingParams, cut_at_eos
+from .sampler import Samples, SamplingParams, cut_at_eos
 
 CPU_KV_CACHE_GIB = 1.0  # KV cache of the CPU engine: ample for the tiny models a CPU trains
 

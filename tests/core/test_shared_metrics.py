@@ -49,7 +49,7 @@ def test_trainers_energy_is_the_logit_gradient_norm_autograd_gives():
     from dfpo import resolve_objective
     from dfpo.trainer.config import ModelConfig
     from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
+    from dfpo.trainer.sampler import build_batch, completion_logits, token_logp
     from dfpo.trainer.train import MicroBatch, StepDiagnostics, accumulate_gradients
 
     torch.manual_seed(0)

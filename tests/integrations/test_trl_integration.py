@@ -16,8 +16,8 @@ from dfpo.trainer.config import ModelConfig  # noqa: E402
 from dfpo.trainer.forward import completion_logprobs  # noqa: E402
 from dfpo.trainer.minibatches import micro_batch  # noqa: E402
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model  # noqa: E402
-from dfpo.trainer.rollout import build_batch  # noqa: E402
-from dfpo.trainer.stage_update import accumulate_gradients  # noqa: E402
+from dfpo.trainer.sampler import build_batch  # noqa: E402
+from dfpo.trainer.stages.update import accumulate_gradients  # noqa: E402
 
 G = 4
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import dfpo.trainer.stage_update as update_mod
+import dfpo.trainer.stages.update as update_mod
 import dfpo.trainer.train as train_mod
 from dfpo.core.files import WriteFailed
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
 from dfpo.trainer.run.checkpoint import load_checkpoint, save_checkpoint
 from dfpo.trainer.run.layout import RunDir
+from dfpo.trainer.sampler import build_batch, completion_logits, token_logp
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_llm_e2e import tiny_config  # noqa: E402

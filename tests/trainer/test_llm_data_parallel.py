@@ -199,7 +199,7 @@ def test_a_two_rank_run_killed_with_sigkill_resumes_on_one_process_exactly(tmp_p
 def test_group_seeds_make_completions_independent_of_their_batch():
     from dfpo.trainer.config import ModelConfig
     from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams
+    from dfpo.trainer.sampler import HFGenerateEngine, SamplingParams
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)

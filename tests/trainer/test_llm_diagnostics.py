@@ -8,8 +8,8 @@ from dfpo.core import metrics
 from dfpo.trainer import diagnostics as diag
 from dfpo.trainer.diagnostics import StepDiagnostics
 from dfpo.trainer.minibatches import MicroBatch
-from dfpo.trainer.rollout import build_batch
-from dfpo.trainer.stage_update import accumulate_gradients
+from dfpo.trainer.sampler import build_batch
+from dfpo.trainer.stages.update import accumulate_gradients
 
 
 def test_closed_form_logit_gradient_norm_matches_autograd():
@@ -72,7 +72,7 @@ def test_shared_prefix_residual_is_zero_exactly_when_the_objective_cancels(objec
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)
     batch = _shared_prefix_batch(tok)
-    from dfpo.trainer.rollout import completion_logits, token_logp
+    from dfpo.trainer.sampler import completion_logits, token_logp
 
     with torch.no_grad():
         logp = token_logp(completion_logits(model, batch, "cpu"), batch.completion_ids)  # (4, 4)

@@ -17,8 +17,8 @@ from dfpo.trainer.distributed import (
 )
 from dfpo.trainer.minibatches import micro_batch, split_groups
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import build_batch
-from dfpo.trainer.stage_update import accumulate_gradients
+from dfpo.trainer.sampler import build_batch
+from dfpo.trainer.stages.update import accumulate_gradients
 
 CASES = [("grpo", {}), ("dapo", {}), ("dr_grpo", {"max_completion_length": 6}), ("dfpo_min", {"eps_low": 0.05, "eps_high": 0.05})]
 

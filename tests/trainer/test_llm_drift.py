@@ -50,9 +50,9 @@ def _stage_inputs():
     from dfpo.trainer.config import ModelConfig
     from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
     from dfpo.trainer.rewards.compute import RewardBatch
-    from dfpo.trainer.rollout import build_batch
-    from dfpo.trainer.stage_old_logp import FirstPass, OldLogProbs
-    from dfpo.trainer.stage_rollout import Rollout
+    from dfpo.trainer.sampler import build_batch
+    from dfpo.trainer.stages.old_logp import FirstPass, OldLogProbs
+    from dfpo.trainer.stages.rollout import Rollout
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0).double()

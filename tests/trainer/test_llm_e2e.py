@@ -89,7 +89,7 @@ def test_existing_run_dir_is_refused_before_any_work(tmp_path):
 
 
 def test_nonfinite_losses_skip_steps_then_stop_keeping_last_good_checkpoint(tmp_path, monkeypatch):
-    import dfpo.trainer.stage_update as update_mod
+    import dfpo.trainer.stages.update as update_mod
 
     real = update_mod.micro_loss  # every micro-batch's loss, fused head or not
     calls = {"n": 0}

@@ -12,9 +12,9 @@ from dfpo.trainer.config import ModelConfig, apply_overrides, config_from_dict
 from dfpo.trainer.diagnostics import StepDiagnostics
 from dfpo.trainer.minibatches import accumulation_weights, micro_batch
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import build_batch
-from dfpo.trainer.stage_old_logp import FirstPass
-from dfpo.trainer.stage_update import accumulate_gradients
+from dfpo.trainer.sampler import build_batch
+from dfpo.trainer.stages.old_logp import FirstPass
+from dfpo.trainer.stages.update import accumulate_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_llm_e2e import tiny_config
 
-from dfpo.trainer import stage_advantages
 from dfpo.trainer.rewards.compute import REWARD_FUNCTIONS, RewardBatch, reward_matrix, reward_weights
-from dfpo.trainer.rollout import HFGenerateEngine, greedy_params
 from dfpo.trainer.run.layout import RunDir
+from dfpo.trainer.sampler import HFGenerateEngine, greedy_params
+from dfpo.trainer.stages import advantages as stage_advantages
 from dfpo.trainer.train import Trainer
 
 
@@ -177,7 +177,7 @@ def test_bad_further_reward_functions_are_refused_before_any_work(tmp_path, sets
 def test_gathering_the_groups_of_several_processes_keeps_each_functions_values():
     """parallel.gather_groups lays every process's rows out in group order, reward.functions' values with them."""
     from dfpo.trainer.parallel import gather_groups
-    from dfpo.trainer.rollout import Samples
+    from dfpo.trainer.sampler import Samples
 
     def part(groups, base):
         rows = [base + k for k in range(2 * len(groups))]  # 2 completions a group

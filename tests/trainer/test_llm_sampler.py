@@ -8,9 +8,9 @@ import torch
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import HFGenerateEngine, SamplingParams, build_batch, log_kept_mass, sampler_logp
 from dfpo.trainer.run.layout import RunDir
-from dfpo.trainer.stage_old_logp import mismatch_metrics
+from dfpo.trainer.sampler import HFGenerateEngine, SamplingParams, build_batch, log_kept_mass, sampler_logp
+from dfpo.trainer.stages.old_logp import mismatch_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,7 +67,7 @@ def test_top_k_one_is_greedy_with_log_prob_zero():
     assert samples.tokens[0] == samples.tokens[1]
     assert all(lp == 0.0 for lp in samples.logprobs[0])
     batch = build_batch(_prompts(tok)[:1], samples.tokens[:1], 1, pad_id=tok.pad_token_id, eos_ids={tok.eos_token_id}, max_new_tokens=5)
-    from dfpo.trainer.rollout import completion_logits
+    from dfpo.trainer.sampler import completion_logits
 
     with torch.no_grad():
         greedy = completion_logits(model, batch, "cpu").argmax(-1)[0, : len(samples.tokens[0])]
@@ -247,7 +247,7 @@ def test_a_lora_model_is_sampled_with_its_base_models_cache_keyword():
     """peft's forward takes the cache through **kwargs: the keyword is the base model's, and no warning is raised."""
     from peft import LoraConfig, get_peft_model
 
-    from dfpo.trainer.rollout import cache_keyword
+    from dfpo.trainer.sampler import cache_keyword
 
     model, tok = _stopping_model()
     lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
@@ -257,7 +257,7 @@ def test_a_lora_model_is_sampled_with_its_base_models_cache_keyword():
 
 def test_the_cache_keyword_is_the_one_the_forward_names():
     """`cache` where forward names it (transformers >= 5.24), else `past_key_values` (4.56 to 5.23)."""
-    from dfpo.trainer.rollout import cache_keyword
+    from dfpo.trainer.sampler import cache_keyword
 
     class New(torch.nn.Module):
         def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...

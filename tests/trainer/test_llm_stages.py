@@ -11,7 +11,7 @@ import torch
 from dfpo.trainer import parallel
 from dfpo.trainer.diagnostics import StepDiagnostics
 from dfpo.trainer.minibatches import accumulation_weights
-from dfpo.trainer.stage_old_logp import FirstPass
+from dfpo.trainer.stages.old_logp import FirstPass
 from dfpo.trainer.tasks import Example, sft_target, surface_form_shares
 
 LLM = Path(__file__).resolve().parents[2] / "trainer"
@@ -48,11 +48,11 @@ def test_no_stage_asks_the_world_size_or_fsdp_itself():
     asks = re.compile(r"world\s*[>=!]=?\s*1|fsdp|is_sharded|dp\.\w+\(|import distributed")
     for name in (
         "train.py",
-        "stage_rollout.py",
-        "stage_advantages.py",
-        "stage_old_logp.py",
-        "stage_update.py",
-        "stage_metrics.py",
+        "stages/rollout.py",
+        "stages/advantages.py",
+        "stages/old_logp.py",
+        "stages/update.py",
+        "stages/metrics.py",
         "run/state.py",
     ):
         hits = [line.strip() for line in (LLM / name).read_text().splitlines() if asks.search(line) and not line.lstrip().startswith("#")]

@@ -13,10 +13,10 @@ from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.forward import completion_logprobs, plain_lm_head
 from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, micro_batch, split_groups_by_tokens
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import build_batch, completion_logits, token_logp
 from dfpo.trainer.run.layout import RunDir
-from dfpo.trainer.stage_old_logp import FirstPass, batch_logp
-from dfpo.trainer.stage_update import accumulate_gradients
+from dfpo.trainer.sampler import build_batch, completion_logits, token_logp
+from dfpo.trainer.stages.old_logp import FirstPass, batch_logp
+from dfpo.trainer.stages.update import accumulate_gradients
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -162,8 +162,8 @@ def test_a_training_step_recomputes_old_log_probs_only_for_rows_after_the_first_
     sampling at temperature 1) never runs it."""
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer import stage_old_logp
     from dfpo.trainer import train as train_mod
+    from dfpo.trainer.stages import old_logp as stage_old_logp
 
     calls = []
     real = stage_old_logp.batch_logp
@@ -203,8 +203,8 @@ def test_dynamic_sampling_keeps_only_groups_with_reward_variance(tmp_path, monke
 
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer import stage_advantages
     from dfpo.trainer import train as train_mod
+    from dfpo.trainer.stages import advantages as stage_advantages
 
     seen = []  # per step: the reward range of every group it trains on
     real = stage_advantages.group_advantages
@@ -241,8 +241,8 @@ def test_length_weighted_advantages_get_each_completions_length(tmp_path, monkey
     trains on the result."""
     from test_llm_e2e import tiny_config
 
-    from dfpo.trainer import stage_advantages
     from dfpo.trainer import train as train_mod
+    from dfpo.trainer.stages import advantages as stage_advantages
 
     seen = []
     real = stage_advantages.group_advantages

@@ -11,8 +11,8 @@ from dfpo import resolve_objective
 from dfpo.trainer.config import ModelConfig
 from dfpo.trainer.minibatches import MicroBatch, accumulation_weights, group_minibatches, split_groups
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-from dfpo.trainer.rollout import build_batch
-from dfpo.trainer.stage_update import accumulate_gradients, lr_factor, lr_schedule
+from dfpo.trainer.sampler import build_batch
+from dfpo.trainer.stages.update import accumulate_gradients, lr_factor, lr_schedule
 
 
 @settings(max_examples=40, deadline=None)
@@ -166,7 +166,7 @@ def test_the_trainer_logs_its_schedule_at_the_boundaries(tmp_path):
 
 @pytest.mark.parametrize("objective", ["grpo", "gspo", "dfpo_min"])
 def test_a_small_step_raises_positive_advantage_completions_relative_to_negative(objective):
-    from dfpo.trainer.rollout import completion_logits, token_logp
+    from dfpo.trainer.sampler import completion_logits, token_logp
 
     torch.manual_seed(1)
     model, tok = _tiny()

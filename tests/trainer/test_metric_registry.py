@@ -98,8 +98,8 @@ def test_micro_batches_keep_a_minimum_and_a_maximum(tmp_path):
     from dfpo.trainer.config import ModelConfig
     from dfpo.trainer.minibatches import MicroBatch
     from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
-    from dfpo.trainer.rollout import build_batch
-    from dfpo.trainer.stage_update import accumulate_gradients
+    from dfpo.trainer.sampler import build_batch
+    from dfpo.trainer.stages.update import accumulate_gradients
 
     tok = build_char_tokenizer()
     model = build_tiny_model(ModelConfig(tiny_hidden=32, tiny_layers=1, tiny_heads=2, tiny_intermediate=64), tok, seed=0)

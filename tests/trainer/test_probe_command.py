@@ -148,7 +148,7 @@ def test_labels_reading_the_reference_or_the_sampler_give_finite_figures(tmp_pat
 
 def test_the_reference_is_the_starting_policy_and_pi_old_the_sampler(tmp_path, monkeypatch):
     from dfpo.trainer.config import config_from_dict, config_to_dict
-    from dfpo.trainer.stage_old_logp import batch_logp
+    from dfpo.trainer.stages.old_logp import batch_logp
     from dfpo.trainer.tasks import load_splits
 
     seen = {}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.rollout import SamplingParams
 from dfpo.trainer.run.layout import RunDir
+from dfpo.trainer.sampler import SamplingParams
 from dfpo.trainer.vllm_engine import check_vllm_available, vllm_sampling_kwargs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_sampling_parameters_map_one_to_one():
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed in this environment")
 def test_greedy_decoding_is_vllms_temperature_zero():
     """ReMax's baseline completion (SamplingParams.greedy) asks vLLM for temperature 0 and no truncation."""
-    from dfpo.trainer.rollout import greedy_params
+    from dfpo.trainer.sampler import greedy_params
 
     kw = vllm_sampling_kwargs(greedy_params(6), 1, {2}, seed=None)
     assert (kw["temperature"], kw["top_p"], kw["top_k"], kw["max_tokens"], kw["n"]) == (0.0, 1.0, -1, 6, 1)

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.loss import ObjectiveSpec
-from .forward import completion_logprobs, vocab_stats
-from .minibatches import rows_in
-from .parallel import OneProcess
-from .rollout import RolloutBatch
-from .stage_rollout import Rollout
+from ...core.loss import ObjectiveSpec
+from ..forward import completion_logprobs, vocab_stats
+from ..minibatches import rows_in
+from ..parallel import OneProcess
+from ..sampler import RolloutBatch
+from .rollout import Rollout
 
 
 @dataclass

@@ -15,17 +15,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..core.metric_registry import reduce_records
-from ..core.metrics import jitter2, steps_to_threshold, trailing_mean
-from . import diagnostics as diag
-from .diagnostics import StepDiagnostics
-from .run.layout import RunDir
-from .run.logs import JsonlLog, finite_only, missing_steps
-from .stage_drift import drift_summary
-from .stage_old_logp import OldLogProbs, mismatch_metrics
-from .stage_rollout import Rollout
-from .stage_update import UpdateStats
-from .tasks import surface_form_shares
+from ...core.metric_registry import reduce_records
+from ...core.metrics import jitter2, steps_to_threshold, trailing_mean
+from .. import diagnostics as diag
+from ..diagnostics import StepDiagnostics
+from ..run.layout import RunDir
+from ..run.logs import JsonlLog, finite_only, missing_steps
+from ..stage_drift import drift_summary
+from ..tasks import surface_form_shares
+from .old_logp import OldLogProbs, mismatch_metrics
+from .rollout import Rollout
+from .update import UpdateStats
 
 
 class Stopwatch:

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.loss import ObjectiveSpec, group_advantages
-from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL, optimal_token_baseline
-from .rewards.compute import reward_matrix, reward_weights
-from .stage_rollout import Rollout
+from ...core.loss import ObjectiveSpec, group_advantages
+from ...core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD, TOKEN_LEVEL, optimal_token_baseline
+from ..rewards.compute import reward_matrix, reward_weights
+from .rollout import Rollout
 
 
 def advantages(

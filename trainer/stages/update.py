@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.loss import ObjectiveSpec, policy_loss
-from ..core.metric_registry import reduce_records
-from ..core.metrics import frequency_buckets
-from .diagnostics import StepDiagnostics
-from .forward import TokenScores, completion_logprobs, fused_completion_loss, vocab_stats
-from .minibatches import MicroBatch, micro_batch, optimiser_step_plan
-from .parallel import OneProcess
-from .rollout import RolloutBatch
-from .run.state import RunState
-from .stage_old_logp import FirstPass, OldLogProbs, OldLogpStage
-from .stage_rollout import Rollout
+from ...core.loss import ObjectiveSpec, policy_loss
+from ...core.metric_registry import reduce_records
+from ...core.metrics import frequency_buckets
+from ..diagnostics import StepDiagnostics
+from ..forward import TokenScores, completion_logprobs, fused_completion_loss, vocab_stats
+from ..minibatches import MicroBatch, micro_batch, optimiser_step_plan
+from ..parallel import OneProcess
+from ..run.state import RunState
+from ..sampler import RolloutBatch
+from .old_logp import FirstPass, OldLogProbs, OldLogpStage
+from .rollout import Rollout
 
 
 class NonFiniteLossError(RuntimeError):

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .parallel import OneProcess
-from .rewards.compute import RewardBatch
-from .rollout import (
+from ..parallel import OneProcess
+from ..rewards.compute import RewardBatch
+from ..sampler import (
     RolloutBatch,
     Samples,
     SamplingParams,
@@ -36,7 +36,7 @@ from .rollout import (
     sampler_logp,
     truncates,
 )
-from .tasks import PromptSampler, encode_prompts
+from ..tasks import PromptSampler, encode_prompts
 
 
 @dataclass(frozen=True)
