@@ -215,39 +215,37 @@ def group_transform(
 # ----------------------------------------------------------------------------- stop-gradient forms
 
 
-def _transform_in_graph(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _transform_in_graph(sbar: Tensor, stilde: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
     """``stopgrad="none"`` (Table 3 ablation): the transform stays in the graph; surrogate A_i stilde_i."""
-    stilde = stilde_of(sbar)  # (B,)
     return (x.adv * stilde)[:, None].expand_as(x.logp), stilde.detach()
 
 
-def _ratio_form(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _ratio_form(sbar: Tensor, stilde: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
     """Eqs 59-62: sg(stilde / sbar) * sbar(theta), so a sequence the clip holds gets no gradient."""
-    with torch.no_grad():
-        stilde = stilde_of(sbar.detach())  # (B,)
     positive = sbar.detach() > 0
     factor = torch.where(positive, stilde / torch.where(positive, sbar.detach(), 1.0), 0.0)  # (B,)
     return (x.adv * factor * sbar)[:, None].expand_as(x.logp), stilde
 
 
-def _score_form(spec: ObjectiveSpec, sbar: Tensor, stilde_of: Callable[[Tensor], Tensor], x: LossBatch) -> tuple[Tensor, Tensor]:
+def _score_form(sbar: Tensor, stilde: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
     """Eq 68/85: value stilde_i A_i, gradient stilde_i A_i grad log pi(y_it) at every token (no trust region)."""
-    with torch.no_grad():
-        stilde = stilde_of(sbar.detach())  # (B,)
     score = torch.exp(x.logp - x.logp.detach())  # (B, T), value 1
     return (x.adv * stilde)[:, None] * score, stilde
 
 
 STOPGRAD_FUNCTIONS = {"ratio": _ratio_form, "score": _score_form, "none": _transform_in_graph}
-"""How the transformed weight stilde enters the gradient, keyed by the ``stopgrad`` component."""
+"""How the transformed weight stilde enters the gradient, keyed by the ``stopgrad`` component:
+(sbar (B,) with its graph, stilde (B,), batch) -> (per-token surrogate (B, T), detached weight (B,))."""
 STOPGRAD_FORMS = tuple(STOPGRAD_FUNCTIONS)
+IN_GRAPH_FORMS = ("none",)
+"""The stop-gradient forms that differentiate through the transform; the others compute stilde without a graph."""
 
 
 def sequence_surrogate(spec: ObjectiveSpec, sbar: Tensor, x: LossBatch) -> tuple[Tensor, Tensor]:
     """Per-token surrogate (B, T) and detached weight (B,) from post-clip sequence weights sbar (B,).
 
     Without a transform: A_i sbar_i at every token (eq 49). With one: DFPO's group transform
-    (eqs 18, 50-55) through the spec's stop-gradient form. Empty rows take no part in a group
+    (eqs 18, 50-55) of sbar, then the spec's stop-gradient form. Empty rows take no part in a group
     transform: each is a group of its own.
     """
     if spec.transform == "none":
@@ -257,11 +255,13 @@ def sequence_surrogate(spec: ObjectiveSpec, sbar: Tensor, x: LossBatch) -> tuple
         solo = groups.n + torch.arange(x.lengths.numel(), device=x.lengths.device)
         groups = Groups(torch.where(empty, solo, groups.index), groups.n + x.lengths.numel())
     lengths = x.lengths if spec.length_aware else None
-
-    def stilde_of(weights: Tensor) -> Tensor:
-        return group_transform(spec.transform, weights, x.adv, groups, lengths, spec.tr_floor)
-
-    return STOPGRAD_FUNCTIONS[spec.stopgrad](spec, sbar, stilde_of, x)
+    transform = TRANSFORM_FUNCTIONS[spec.transform]
+    if spec.stopgrad in IN_GRAPH_FORMS:
+        stilde = transform(sbar, x.adv, groups, lengths, spec.tr_floor)  # (B,)
+    else:
+        with torch.no_grad():
+            stilde = transform(sbar.detach(), x.adv, groups, lengths, spec.tr_floor)  # (B,)
+    return STOPGRAD_FUNCTIONS[spec.stopgrad](sbar, stilde, x)
 
 
 # ----------------------------------------------------------------------------- the transform component's settings
