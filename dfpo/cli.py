@@ -9,7 +9,7 @@ handler), so `dfpo --help` and `dfpo objectives` start fast:
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
     dfpo train ...             LLM trainer (dfpo.trainer.cli)
     dfpo compare ...           objectives on the LLM trainer over paired seeds (dfpo.trainer.cli)
-    dfpo probe ...             parameter-space drift per objective (dfpo.trainer.probe_cli)
+    dfpo probe ...             parameter-space drift per objective (dfpo.trainer.probe.cli)
     dfpo app ...               the Streamlit explorer and its pages (dfpo.app.cli)
 
 A part's module exposes ``register(subparsers) -> None``; it adds one parser and sets
@@ -34,13 +34,20 @@ IMPORTED_AT = time.monotonic()
 """When this module was imported: the start of a ``dfpo`` process where the OS does not say (``dfpo.trainer.run.logs.process_age_s``)."""
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
-PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe_cli", "dfpo.app.cli")
+PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe.cli", "dfpo.app.cli")
 
 
 def _cmd_objectives(args: argparse.Namespace) -> int:
     # deferred (here and in _cmd_demo): dfpo.commands imports torch and the loss core; dfpo --help stays free of them
-    from dfpo.commands import atlas_table, objectives_summary, objectives_table
+    from dfpo.commands import atlas_table, objective_trace, objectives_summary, objectives_table
 
+    if args.trace:
+        if not args.name or args.atlas or args.long or args.markdown:
+            raise SystemExit(
+                "dfpo objectives: --trace follows one objective alone; name it and nothing else, e.g. dfpo objectives dfpo_min --trace"
+            )
+        print(objective_trace(args.name))
+        return 0
     if args.atlas:
         if args.name:
             raise SystemExit(f"dfpo objectives: --atlas shows every objective; drop the name {args.name!r}")
@@ -97,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the long form: every preset's sources, every component's declaration, the advantage estimators",
     )
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with NAME: every stage of its loss in order (function file:line, paper equation, values on a small batch)",
+    )
     p.add_argument(
         "--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core"
     )

@@ -73,6 +73,7 @@ def objectives_summary(markdown: bool = False) -> str:
     hint = textwrap.wrap(
         f"{len(OBJECTIVES)} objectives. `dfpo objectives NAME`: every component of one, its value and the source of each; "
         "`dfpo objectives --long`: every preset's sources, every component's declaration and the advantage estimators; "
+        "`dfpo objectives NAME --trace`: one objective followed from its preset to its gradient on a small batch; "
         "`dfpo objectives --atlas`: the cancellation verdicts.",
         width=width,
     )
@@ -113,6 +114,16 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
         estimators_table(markdown),
     ]
     return "\n".join(out)
+
+
+def objective_trace(objective: str) -> str:
+    """``dfpo objectives NAME --trace``: the objective followed from its preset to its gradient on a small fixed batch,
+    one stage of ``policy_loss`` a line (function, file:line, paper equation, values), ``dfpo.core.loss.trace``."""
+    from dfpo.core.loss.trace import trace_lines, trace_objective
+
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
+    return "\n".join(trace_lines(trace_objective(objective)))
 
 
 DEMO_VARIANTS: dict[str, tuple[dict[str, object], ...]] = {
