@@ -23,7 +23,7 @@ from pathlib import Path
 from dfpo.commands import cancellation_demo
 from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
-from dfpo.trainer.probe_findings import findings_block
+from dfpo.trainer.probe.findings import findings_block
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "scripts" / "attribution.tmpl.md"

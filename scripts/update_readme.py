@@ -29,7 +29,7 @@ from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
-from dfpo.trainer.probe_findings import findings_block
+from dfpo.trainer.probe.findings import findings_block
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -10,7 +10,7 @@ One training step (``Trainer.train_step``), one module of ``stages/`` per stage:
    prompts_per_step / minibatch_groups optimiser steps), each accumulated over micro-batches weighted so the
    summed gradient is the mini-batch loss's (``minibatches``); grad-norm clipping, AdamW, cosine schedule;
 5. ``stages.metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
-   samples; with ``log.param_drift``, ``stage_drift``'s trial step first (parameter-space drift, ``drift/*``).
+   samples; with ``log.param_drift``, ``probe.stage``'s trial step first (parameter-space drift, ``drift/*``).
 
 Around the steps: ``run.state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
 FSDP2) every stage asks whatever depends on the number of processes. All loss maths is ``dfpo.policy_loss``;
@@ -58,6 +58,7 @@ from .policy import (
     resolve_dtype,
 )
 from .preflight import check_lengths, check_memory_fits, check_model_folder, check_prompts_per_step, measure_prompts
+from .probe.stage import DriftStage, check_drift_settings
 from .rewards.compute import RewardComputer, reward_spec
 from .rewards.pool import default_workers
 from .run import logs
@@ -68,7 +69,6 @@ from .run.logs import Every
 from .run.signals import StopSignals, TrainingInterrupted
 from .run.state import Checkpointer, RunLogs, RunState
 from .sampler import HFGenerateEngine
-from .stage_drift import DriftStage, check_drift_settings
 from .stages.advantages import advantages
 from .stages.metrics import Stopwatch, run_summary, step_metrics, write_samples
 from .stages.old_logp import OldLogpStage, old_logp_from_sampler

@@ -12,8 +12,8 @@ import torch
 from test_llm_e2e import tiny_config
 
 from dfpo.core.metric_registry import lookup
+from dfpo.trainer.probe.stage import DriftStage, check_drift_settings, drift_summary
 from dfpo.trainer.run.layout import RunDir
-from dfpo.trainer.stage_drift import DriftStage, check_drift_settings, drift_summary
 from dfpo.trainer.train import Trainer
 
 

@@ -17,8 +17,8 @@ from tiny_run import TINY_MODEL_SETS
 
 from dfpo.cli import main
 from dfpo.core.drift_tables import comparisons, summary_table
-from dfpo.trainer import probe_command
-from dfpo.trainer.probe_command import bar_stats, empty_reason, make_plan, matched_controls, panel_layout, render_markdown, write_outputs
+from dfpo.trainer.probe import command as probe_command
+from dfpo.trainer.probe.command import bar_stats, empty_reason, make_plan, matched_controls, panel_layout, render_markdown, write_outputs
 
 FAST = [*TINY_MODEL_SETS, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dfpo.trainer.probe_findings import STORED, findings_block, load_stored
+from dfpo.trainer.probe.findings import STORED, findings_block, load_stored
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "probe"
 

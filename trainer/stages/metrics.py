@@ -7,7 +7,7 @@ and steps, the loss metrics of the optimiser steps (each key by its declared red
 and the shared-prefix residual, the task's ``forms/*`` (``tasks.surface_form_shares``), dynamic sampling's
 counts, the sampler/trainer mismatch (``rollout/logp_gap_*``, ``rollout/k3_kl``) and the stage times. A
 non-finite value is not logged (``log/dropped_nonfinite`` counts them). Per run (``summary.json``): Jitter2
-(eq 20), Steps(reward >= kappa) (eq 19) and, with ``log.param_drift``, the cumulative drift (``stage_drift``).
+(eq 20), Steps(reward >= kappa) (eq 19) and, with ``log.param_drift``, the cumulative drift (``probe.stage``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from ...core.metric_registry import reduce_records
 from ...core.metrics import jitter2, steps_to_threshold, trailing_mean
 from .. import diagnostics as diag
 from ..diagnostics import StepDiagnostics
+from ..probe.stage import drift_summary
 from ..run.layout import RunDir
 from ..run.logs import JsonlLog, finite_only, missing_steps
-from ..stage_drift import drift_summary
 from ..tasks import surface_form_shares
 from .old_logp import OldLogProbs, mismatch_metrics
 from .rollout import Rollout
@@ -137,7 +137,7 @@ def write_samples(log, step: int, rollout: Rollout, log_cfg, group_size: int, to
 def run_summary(run_dir: Path, kappa: float) -> dict:
     """Run-level metrics from metrics.jsonl: Jitter2 (eq 20) and Steps(reward >= kappa) (eq 19),
     the latter also on the 10-step trailing mean (one noisy step should not count as reaching kappa); with
-    ``log.param_drift`` the cumulative drift of the probed steps (``stage_drift.drift_summary``)."""
+    ``log.param_drift`` the cumulative drift of the probed steps (``probe.stage.drift_summary``)."""
     rows = JsonlLog.read(RunDir(run_dir).metrics)
     steps = [r["step"] for r in rows]
     reward = [r["reward/mean"] for r in rows]

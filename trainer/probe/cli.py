@@ -1,5 +1,5 @@
 """`dfpo probe`: parameter-space drift of several objectives on one batch from one starting point (imports stay
-light here; the work is ``dfpo.trainer.probe_command``, which imports torch and transformers when it runs).
+light here; the work is ``dfpo.trainer.probe.command``, which imports torch and transformers when it runs).
 
 dfpo probe [--objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score] [--seeds 4] [--first-seed 0]
            [--config FILE] [--set KEY=VALUE ...] | [--run RUN_DIR]   [--out runs/probe]
@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-DEFAULT_OBJECTIVES = "gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score"
-"""The README's matched pairs: GSPO and DFPO Min-Replace at GSPO's clip range, unclipped GSPO and score-form DFPO."""
+from . import DEFAULT_OBJECTIVES
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -26,7 +25,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
-    from .probe_command import make_plan, probe_command  # deferred: torch (see the module docstring)
+    from .command import make_plan, probe_command  # deferred: torch (see the module docstring)
 
     plan = make_plan(
         objectives=args.objectives,

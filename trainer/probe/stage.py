@@ -28,12 +28,12 @@ import math
 
 import torch
 
-from ..core.loss import ObjectiveSpec
-from ..core.probe import PARTS, DriftBatch, DriftReport, EventDrift, probe_step, summary
-from .forward import completion_logprobs
-from .minibatches import micro_batch
-from .stages.old_logp import OldLogProbs
-from .stages.rollout import Rollout
+from ...core.loss import ObjectiveSpec
+from ...core.probe import PARTS, DriftBatch, DriftReport, EventDrift, probe_step, summary
+from ..forward import completion_logprobs
+from ..minibatches import micro_batch
+from ..stages.old_logp import OldLogProbs
+from ..stages.rollout import Rollout
 
 KINDS = (("shared", "shared"), ("pairs", "equiv_logodds"))
 """(attribute of ``DriftReport``, the middle of its ``drift/*`` keys)."""

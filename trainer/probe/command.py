@@ -64,14 +64,14 @@ from pathlib import Path
 
 import torch
 
-from ..core import stats
-from ..core.drift_tables import KINDS, MIN_SEEDS, SHARES, comparison_table, first_order_flags, share_table, summary_table, values
-from ..core.files import check_writable_folder, write_run_file
-from ..core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
-from ..core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
-from ..core.probe import DriftBatch, probe_step, summary
-from .config import Config, config_from_dict, load_config
-from .probe_cli import DEFAULT_OBJECTIVES
+from ...core import stats
+from ...core.drift_tables import KINDS, MIN_SEEDS, SHARES, comparison_table, first_order_flags, share_table, summary_table, values
+from ...core.files import check_writable_folder, write_run_file
+from ...core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
+from ...core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
+from ...core.probe import DriftBatch, probe_step, summary
+from ..config import Config, config_from_dict, load_config
+from . import DEFAULT_OBJECTIVES
 
 PROBE_DEFAULTS = (
     "model.sft_steps=100",
@@ -192,8 +192,8 @@ def make_plan(
 def run_config(run_dir: Path) -> Config:
     """The config of a run folder with a checkpoint, read without writing anything (``--run``); ValueError naming the
     folder for anything else."""
-    from .cli import resume_config
-    from .run.checkpoint import check_checkpoint
+    from ..cli import resume_config
+    from ..run.checkpoint import check_checkpoint
 
     cfg = resume_config(run_dir, [])  # its config.toml, checked against the checkpoint's record
     check_checkpoint(run_dir)  # checksum and contents, before any work
@@ -224,7 +224,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
     """The policy of one seed: the tiny preset warmed up in memory with ``cfg.seed``, a pretrained model, or ``--run``'s
     checkpoint; AdamW as the trainer builds it (``--run``: with the checkpoint's state); the reference policy when
     ``with_ref`` (choice 4)."""
-    from .policy import (
+    from ..policy import (
         build_char_tokenizer,
         build_tiny_model,
         check_pad_token,
@@ -235,8 +235,8 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
         resolve_dtype,
         sft_warm_start,
     )
-    from .run.checkpoint import load_checkpoint
-    from .tasks import sft_target
+    from ..run.checkpoint import load_checkpoint
+    from ..tasks import sft_target
 
     device = resolve_device(cfg.device)
     dtype, amp = resolve_dtype(cfg.model.dtype, device), resolve_amp(cfg.model.amp, device)
@@ -291,12 +291,12 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
 def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_examples: list):
     """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed`` (its
     ``sampler_logp`` is the sampler's log-probs, pi_rollout), and pi_old as the trainer takes it (choice 5)."""
-    from .parallel import OneProcess
-    from .rewards.compute import RewardComputer, reward_spec
-    from .rewards.pool import default_workers
-    from .sampler import HFGenerateEngine
-    from .stages.old_logp import batch_logp, old_logp_from_sampler
-    from .stages.rollout import RolloutStage
+    from ..parallel import OneProcess
+    from ..rewards.compute import RewardComputer, reward_spec
+    from ..rewards.pool import default_workers
+    from ..sampler import HFGenerateEngine
+    from ..stages.old_logp import batch_logp, old_logp_from_sampler
+    from ..stages.rollout import RolloutStage
 
     rewards = RewardComputer(
         reward_spec(cfg.reward.kind, cfg.data.task, cfg.reward.user_fn),
@@ -339,8 +339,8 @@ def reference_logp(start: Start, cfg: Config, spec: ObjectiveSpec, batch) -> tor
     """pi_ref (B, T) of every row of ``batch``: the trainer's reference pass (``OldLogpStage.reference_logp``, on the
     reference model, or the policy with its LoRA adapters off) on ``start.ref``, before any step (choice 4).
     ``spec``: a label that reads ``ref_logp``."""
-    from .parallel import OneProcess
-    from .stages.old_logp import OldLogpStage
+    from ..parallel import OneProcess
+    from ..stages.old_logp import OldLogpStage
 
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     stage = OldLogpStage(
@@ -353,8 +353,8 @@ def reference_logp(start: Start, cfg: Config, spec: ObjectiveSpec, batch) -> tor
 
 def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[dict]:
     """Every label's figures on seed ``seed``: one record per label and event kind."""
-    from .forward import completion_logprobs
-    from .tasks import load_splits
+    from ..forward import completion_logprobs
+    from ..tasks import load_splits
 
     cfg = config_from_dict({**_config_dict(plan.config), "seed": seed})
     if cfg.threads:
@@ -399,7 +399,7 @@ def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[d
 
 
 def _config_dict(cfg: Config) -> dict:
-    from .config import config_to_dict
+    from ..config import config_to_dict
 
     return config_to_dict(cfg)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.drift_tables import findings_markdown
+from ...core.drift_tables import findings_markdown
 
 STORED = (
     (
@@ -51,7 +51,7 @@ def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
         for name in (disc, conf):
             path = folder / name
             if not path.is_file():
-                raise ValueError(f"no stored probe document {path}: re-make it with the command in dfpo.trainer.probe_findings.STORED")
+                raise ValueError(f"no stored probe document {path}: re-make it with the command in dfpo.trainer.probe.findings.STORED")
             docs.append(json.loads(path.read_text()))
         shared = sorted(set(docs[0]["seeds"]) & set(docs[1]["seeds"]))
         if shared:
