@@ -92,20 +92,6 @@ def example_batch(spec: ObjectiveSpec) -> ExampleBatch:
     return ExampleBatch(rewards, advantages, logp, old_logp, mask, group_ids, optional)
 
 
-ROOT = -1
-"""The profiler's mark of a ``policy_loss`` frame."""
-
-
-@dataclass
-class Call:
-    """One call into ``dfpo.core.loss`` made by ``policy_loss``."""
-
-    code: CodeType
-    parent: int | None
-    """Index of the calling ``Call`` (None: made by ``policy_loss`` itself)."""
-    returned: object = None
-
-
 @dataclass(frozen=True)
 class Stage:
     """One stage of the trace."""
@@ -140,6 +126,20 @@ class Trace:
     """The functions of the calls that are not stages, each once, in the order first called."""
     idle: tuple[str, ...]
     """The components whose pipeline hooks ran with the spec at their shared defaults (they change nothing)."""
+
+
+ROOT = -1
+"""The profiler's mark of a ``policy_loss`` frame."""
+
+
+@dataclass
+class Call:
+    """One call into ``dfpo.core.loss`` made by ``policy_loss``."""
+
+    code: CodeType
+    parent: int | None
+    """Index of the calling ``Call`` (None: made by ``policy_loss`` itself)."""
+    returned: object = None
 
 
 def _record(spec: ObjectiveSpec, batch: ExampleBatch) -> tuple[list[Call], Tensor]:
