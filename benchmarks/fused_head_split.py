@@ -2,6 +2,7 @@
 
     python benchmarks/fused_head_split.py                         # B x T = 16 x 128, V = 32k, H = 512, 5 rounds
     python benchmarks/fused_head_split.py --before c3d175c        # and today's fused step against its code at c3d175c
+                                                                  # (core/fused/ there, or core/fused.py before the split)
 
 Each round runs the floor (the three LM-head matmuls alone, benchmarks/fused_head.py's ``floor``), the floor with a
 softmax over each block (``floor_softmax``, whose "reach" line says whether the goal is within reach of a path that
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         "--before",
         metavar="REV",
         default=None,
-        help="also time core/fused.py as it was at git revision REV (read with git show from this checkout), objective by "
+        help="also time the fused path as it was at git revision REV (core/fused/, or core/fused.py before the split; read "
+        "with git show from this checkout), objective by "
         "objective in the same rounds, and read the current step against it",
     )
     args = p.parse_args(argv)
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(verdicts))
     for objective in args.objectives if before else []:
         now, then = seconds[("fused", objective)], seconds[(BEFORE, objective)]
-        print(before_line(objective, args.before, bench.paired_ratios(now, then)))
+        print(before_line(objective, args.before, bench.paired_ratios(now, then), before.__dfpo_source__))
     return 0
 
 
@@ -160,44 +162,73 @@ BEFORE = "fused_before"
 
 
 def _module_at(rev: str):
-    """core/fused.py as it was at git revision ``rev`` of this checkout, imported as ``dfpo.core._fused_before`` (its
-    relative imports reach today's package: a revision whose fused.py needs helpers since changed fails at import);
-    SystemExit with one sentence where git cannot show it."""
+    """The fused path as it was at git revision ``rev`` of this checkout, imported as ``dfpo.core._fused_before``, and
+    what it was read from: the package core/fused/ (every file ``git ls-tree`` lists under it, written out with
+    ``git show`` into a temporary folder) where ``rev`` has one, else the single file core/fused.py (before the split).
+    Its relative imports reach today's package; SystemExit with one sentence where git cannot show it or where it does
+    not import against today's package (a revision whose code needs helpers since changed)."""
     import importlib.util
     import subprocess
     import tempfile
 
     root = Path(__file__).resolve().parent.parent
-    shown = subprocess.run(["git", "show", f"{rev}:core/fused.py"], cwd=root, capture_output=True, text=True)
-    if shown.returncode != 0:
-        raise SystemExit(
-            f"--before {rev!r}: git cannot show core/fused.py at that revision ({shown.stderr.strip()}); name a commit of this checkout"
-        )
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+    listed = git("ls-tree", "-r", "--name-only", rev, "--", PACKAGE)
+    files = [f for f in listed.stdout.splitlines() if f.endswith(".py")] if listed.returncode == 0 else []
+    source = PACKAGE if files else "core/fused.py"
+    shown = {f: git("show", f"{rev}:{f}") for f in files or [source]}
+    for f, out in shown.items():
+        if out.returncode != 0:
+            raise SystemExit(
+                f"--before {rev!r}: git cannot show {f} at that revision ({out.stderr.strip()}); name a commit of this checkout"
+            )
     import dfpo.core
 
     name = "dfpo.core._fused_before"
+    for loaded in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[loaded]  # an earlier --before's files: the parts of a package are looked up by name
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "fused.py"
-        path.write_text(shown.stdout)
-        spec = importlib.util.spec_from_file_location(name, path)
+        for f, out in shown.items():
+            path = Path(folder) / Path(f).relative_to(Path(source).parent if files else "core")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(out.stdout)
+        if files:
+            package = Path(folder) / Path(PACKAGE).name
+            spec = importlib.util.spec_from_file_location(name, package / "__init__.py", submodule_search_locations=[str(package)])
+        else:
+            spec = importlib.util.spec_from_file_location(name, Path(folder) / "fused.py")
         module = importlib.util.module_from_spec(spec)
-        module.__package__ = dfpo.core.__name__
+        module.__package__ = name if files else dfpo.core.__name__
         sys.modules[name] = module  # dataclasses look their module up while it loads
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001 -- any failure of old code against today's package: one sentence
+            del sys.modules[name]
+            raise SystemExit(
+                f"--before {rev!r}: {source} at that revision does not import against today's package "
+                f"({type(err).__name__}: {err}); name a later commit"
+            ) from None
+    module.__dfpo_source__ = source
     return module
 
 
-def before_line(objective: str, rev: str, rounds: list[float]) -> str:
-    """The current fused step of ``objective`` against its code at ``rev``, read off the paired rounds like a goal:
-    faster or slower where the median's interval lies wholly on one side of 1, else not shown either way."""
+PACKAGE = "core/fused/"
+"""Where the fused path lives since it was split into files of one concern (before: the single file core/fused.py)."""
+
+
+def before_line(objective: str, rev: str, rounds: list[float], source: str = "core/fused.py") -> str:
+    """The current fused step of ``objective`` against its code at ``rev`` (read from ``source``: core/fused.py, or the
+    package core/fused/), read off the paired rounds like a goal: faster or slower where the median's interval lies
+    wholly on one side of 1, else not shown either way."""
     import fused_head as bench
 
     low, high, _ = bench.median_interval(rounds)
     said = "faster" if high < 1.0 else "slower" if low > 1.0 else "not shown either way"
     x = statistics.median(rounds)
-    return (
-        f"now against before fused {objective} (core/fused.py at {rev}), in one process: {x:.3f}x, {said} ({bench.interval_note(rounds)})"
-    )
+    return f"now against before fused {objective} ({source} at {rev}), in one process: {x:.3f}x, {said} ({bench.interval_note(rounds)})"
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ GOAL = re.compile(
     rf"{INTERVAL}(?:; .*)?$"
 )
 BEFORE = re.compile(
-    rf"^now against before fused (\w+) \(core/fused\.py at (\S+)\){re.escape(WHERE)}: ([\d.]+)x, "
+    rf"^now against before fused (\w+) \(core/fused(?:\.py|/) at (\S+)\){re.escape(WHERE)}: ([\d.]+)x, "
     rf"(faster|slower|not shown either way) {INTERVAL}$"
 )
 DECIDED = ("met", "missed", "faster", "slower")

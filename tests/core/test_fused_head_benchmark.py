@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import statistics
+import subprocess
 import sys
 
 import pytest
@@ -261,17 +262,38 @@ def test_the_split_timing_reads_the_issues_floor_only_where_asked_and_where_its_
 
 
 def test_the_split_timing_reads_the_current_step_against_an_earlier_revision_in_the_same_rounds(capsys):
-    """--before REV times core/fused.py as git shows it at REV beside today's, objective by objective, and reads today's
-    against it off the paired rounds; a revision git cannot show is refused in one sentence before any timing."""
+    """--before REV times the fused path as git shows it at REV (the package core/fused/, materialised file by file)
+    beside today's, objective by objective, and reads today's against it off the paired rounds; a revision git cannot
+    show is refused in one sentence before any timing."""
     split = load_script(PATH.with_name("fused_head_split.py"))
     split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "2", "--objectives", "grpo", "--before", "HEAD"])
     lines = capsys.readouterr().out.splitlines()
     row = next(line for line in lines if line.startswith("fused_before"))
     assert row.split()[1] == "grpo" and row.split()[-5:] == ["-"] * 5
-    assert lines[-1].startswith("now against before fused grpo (core/fused.py at HEAD), in one process: ")
-    assert sys.modules["dfpo.core._fused_before"].fused_policy_loss is not dfpo.core.fused.fused_policy_loss
+    assert lines[-1].startswith("now against before fused grpo (core/fused/ at HEAD), in one process: ")
+    before = sys.modules["dfpo.core._fused_before"]
+    assert before.fused_policy_loss is not dfpo.core.fused.fused_policy_loss and hasattr(before, "__path__")  # a package
+    assert sys.modules["dfpo.core._fused_before.head"].fused_head_loss is before.fused_head_loss  # its own parts, not today's
     with pytest.raises(SystemExit, match="--before 'no-such-rev': git cannot show core/fused.py at that revision .*name a commit"):
         split.main(["--before", "no-such-rev"])
+
+
+def test_the_split_timing_reads_a_revision_from_before_the_package_from_its_single_file(capsys):
+    """A revision from before core/fused/ was a package (the parent of the commit that removed core/fused.py) is read
+    from the single file core/fused.py, named so in the verdict line; a revision whose fused path does not import
+    against today's package would be refused in one sentence, not a traceback."""
+    root = PATH.parents[1]
+    last = subprocess.run(["git", "rev-list", "-1", "HEAD", "--", "core/fused.py"], cwd=root, capture_output=True, text=True)
+    if last.returncode != 0 or not last.stdout.strip():
+        pytest.skip(f"no git history with core/fused.py here ({last.stderr.strip() or 'no such commit'})")
+    rev = last.stdout.strip()[:12] + "^"  # the split removed core/fused.py: its parent has the single file
+    split = load_script(PATH.with_name("fused_head_split.py"))
+    split.main(["--size", "2x8", "--vocab", "64", "--hidden", "16", "--rounds", "2", "--objectives", "grpo", "--before", rev])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith(f"now against before fused grpo (core/fused.py at {rev}), in one process: ")
+    before = sys.modules["dfpo.core._fused_before"]
+    assert not hasattr(before, "__path__") and before.fused_policy_loss is not dfpo.core.fused.fused_policy_loss
+    assert not [name for name in sys.modules if name.startswith("dfpo.core._fused_before.")]  # no part of an earlier load left
 
 
 @pytest.mark.parametrize(
@@ -344,13 +366,14 @@ def test_the_verdicts_of_two_input_sets_agree_or_show_nothing_either_way_and_one
 
 
 def test_the_verdicts_read_the_before_lines_and_call_them_faster_or_slower_only_where_every_input_set_agrees():
-    """The split's --before lines, as it prints them, are rows against ``before REV``: faster (or slower) together only
-    where every input set says so, a slower reading beside one not shown is not shown either way."""
+    """The split's --before lines, as it prints them (of core/fused.py or, since the split, of core/fused/), are rows
+    against ``before REV``: faster (or slower) together only where every input set says so, a slower reading beside one
+    not shown is not shown either way."""
     verdicts = load_script(PATH.with_name("fused_head_verdicts.py"))
     split = load_script(PATH.with_name("fused_head_split.py"))
     faster, slower, unclear = [0.97, 0.98, 0.99] * 3, [1.01, 1.02, 1.03] * 3, [0.98, 1.0, 1.02] * 3
     lines = _split_log(0, [split.before_line("grpo", "abc123", faster), split.before_line("gspo", "abc123", slower)])
-    lines += _split_log(1, [split.before_line("grpo", "abc123", faster), split.before_line("gspo", "abc123", unclear)])
+    lines += _split_log(1, [split.before_line("grpo", "abc123", faster), split.before_line("gspo", "abc123", unclear, "core/fused/")])
     found = verdicts.readings(lines)
     assert list(found) == [("2 x 8", 64, "grpo", "before abc123"), ("2 x 8", 64, "gspo", "before abc123")]
     assert found[("2 x 8", 64, "gspo", "before abc123")][0].cell() == "1.020x slower [1.010, 1.030], 9 rounds"
