@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.files import check_input_file
 from .run import signals
 from .run.layout import RunDir
 
@@ -34,59 +33,10 @@ if TYPE_CHECKING:
     from .config import Config
 
 
-def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> Config:
-    """The config of ``--resume RUN_DIR``: RUN_DIR/config.toml with the --set changes a resume allows, checked
-    against the config the checkpoint was made with (checkpoint.json) before any work. ``restore`` first writes
-    config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
-    import tomllib
-
-    from ..core.files import write_run_file
-    from .config import apply_overrides, config_from_dict, config_text, dict_to_toml
-
-    # deferred: torch (see the module docstring)
-    from .run.checkpoint import read_meta
-    from .run.resume import RESUME_SETTABLE, check_same_config
-
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"--resume {run_dir} is a file, not a run folder")
-    if not run_dir.is_dir():
-        raise ValueError(f"--resume {run_dir}: no such folder")
-    cfg_path, meta = RunDir(run_dir).config, read_meta(run_dir)
-    saved = None if meta is None else meta.config
-    hint = f" (dfpo train --resume {run_dir} --restore-config writes it back from the checkpoint)" if saved is not None else ""
-    if restore:
-        if saved is None:
-            raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
-        with signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
-            write_run_file(cfg_path, dict_to_toml(saved))
-    bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
-    if bad:
-        raise ValueError(
-            f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
-        )
-    if not cfg_path.exists():
-        raise ValueError(f"--resume {run_dir}: no config.toml in it; is it a dfpo run folder?{hint}")
-    check_input_file("--resume", cfg_path)
-    text = config_text(cfg_path)
-    if not text.strip():
-        raise ValueError(f"{cfg_path} is empty: a resume never falls back to built-in defaults{hint}")
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{cfg_path} is not valid TOML ({err}){hint}") from None
-    raw = apply_overrides(raw, sets)
-    raw["run_dir"] = str(run_dir)
-    try:
-        cfg = config_from_dict(raw)
-    except ValueError as err:
-        raise ValueError(f"{cfg_path}: {err}") from None
-    check_same_config(run_dir, saved, cfg)
-    return cfg
-
-
 def _config_of(args: argparse.Namespace) -> Config:
     """The run's config: --resume RUN_DIR's, --config FILE's, or the built-in defaults, each with --set applied."""
     from .config import load_config  # deferred: torch, tomli_w (see the module docstring)
+    from .run.resume import resume_config
 
     if args.restore_config and args.resume is None:
         raise ValueError("--restore-config goes with --resume RUN_DIR")

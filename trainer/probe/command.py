@@ -192,8 +192,8 @@ def make_plan(
 def run_config(run_dir: Path) -> Config:
     """The config of a run folder with a checkpoint, read without writing anything (``--run``); ValueError naming the
     folder for anything else."""
-    from ..cli import resume_config
     from ..run.checkpoint import check_checkpoint
+    from ..run.resume import resume_config
 
     cfg = resume_config(run_dir, [])  # its config.toml, checked against the checkpoint's record
     check_checkpoint(run_dir)  # checksum and contents, before any work

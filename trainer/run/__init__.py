@@ -4,7 +4,8 @@ Modules:
     layout.py      ``RunDir``: the file names of a run folder, in one place
     folder.py      the run folder: checked, locked, marked as dfpo's own; never cleared unless it is
     checkpoint.py  checkpoint.pt and checkpoint.json: atomic writes, SHA-256, the config the run was made with
-    resume.py      what a resume may change: the checkpoint's config compared key by key
+    resume.py      what a resume may change: the checkpoint's config compared key by key; ``resume_config``, the
+                   config of ``--resume RUN_DIR`` (``dfpo train``) and ``--run RUN_DIR`` (``dfpo probe``)
     state.py       the run's counters, checkpoints (save/restore) and logs
     logs.py        JSONL logs, TensorBoard/wandb, the rate of the progress lines
     signals.py     SIGINT/SIGTERM from the program's first moment to its last: one line, the shell's status

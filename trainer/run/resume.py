@@ -1,7 +1,8 @@
 """What a resume may change and what it may not: the config a checkpoint was made with, compared key by key.
 
 A resume continues a run exactly; ``RESUME_SETTABLE`` are the keys ``--set`` may change with ``--resume`` without
-breaking that, and ``check_same_config`` names every other key that differs, with both values.
+breaking that, and ``check_same_config`` names every other key that differs, with both values. ``resume_config`` is
+the config of ``dfpo train --resume RUN_DIR`` (and ``dfpo probe --run RUN_DIR``) with those checks applied.
 """
 
 from __future__ import annotations
@@ -60,3 +61,51 @@ def config_mismatch_message(run_dir: str | Path, keys: list[str], saved: dict, c
         "A resume continues that run exactly: put config.toml back as it was (dfpo train --resume RUN --restore-config "
         "writes it from the checkpoint), or start a new run with --config"
     )
+
+
+def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> Config:
+    """The config of ``--resume RUN_DIR``: RUN_DIR/config.toml with the --set changes a resume allows, checked
+    against the config the checkpoint was made with (checkpoint.json) before any work. ``restore`` first writes
+    config.toml back from the checkpoint's record. ValueError naming the file and the key for everything else."""
+    import tomllib
+
+    from ...core.files import check_input_file, write_run_file
+    from ..config import apply_overrides, config_from_dict, config_text, dict_to_toml
+    from . import signals
+    from .checkpoint import read_meta
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir} is a file, not a run folder")
+    if not run_dir.is_dir():
+        raise ValueError(f"--resume {run_dir}: no such folder")
+    cfg_path, meta = RunDir(run_dir).config, read_meta(run_dir)
+    saved = None if meta is None else meta.config
+    hint = f" (dfpo train --resume {run_dir} --restore-config writes it back from the checkpoint)" if saved is not None else ""
+    if restore:
+        if saved is None:
+            raise ValueError(f"--restore-config: {run_dir / 'checkpoint.json'} holds no config (no checkpoint, or one of an older dfpo)")
+        with signals.held():  # a signal waits for the rename: no temporary file is left in the run folder
+            write_run_file(cfg_path, dict_to_toml(saved))
+    bad = [s for s in sets if s.split("=", 1)[0].strip() not in RESUME_SETTABLE]
+    if bad:
+        raise ValueError(
+            f"--set {bad[0]!r} is not allowed with --resume (it would break exact continuation); allowed: {', '.join(RESUME_SETTABLE)}"
+        )
+    if not cfg_path.exists():
+        raise ValueError(f"--resume {run_dir}: no config.toml in it; is it a dfpo run folder?{hint}")
+    check_input_file("--resume", cfg_path)
+    text = config_text(cfg_path)
+    if not text.strip():
+        raise ValueError(f"{cfg_path} is empty: a resume never falls back to built-in defaults{hint}")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{cfg_path} is not valid TOML ({err}){hint}") from None
+    raw = apply_overrides(raw, sets)
+    raw["run_dir"] = str(run_dir)
+    try:
+        cfg = config_from_dict(raw)
+    except ValueError as err:
+        raise ValueError(f"{cfg_path}: {err}") from None
+    check_same_config(run_dir, saved, cfg)
+    return cfg
