@@ -124,3 +124,20 @@ def test_trace_of_an_unknown_objective_is_one_sentence(capsys):
     assert main(["objectives", "no_such_objective", "--trace"]) != 0
     err = capsys.readouterr().err
     assert "unknown objective='no_such_objective'" in err and "Traceback" not in err
+
+
+def test_the_trace_gives_a_running_profiler_its_hook_back():
+    """A profile hook set before the trace (a debugger's, a coverage tool's) is the hook set after it."""
+    import sys
+
+    from dfpo.core.loss.trace import trace_objective
+
+    def hook(frame, event, arg):
+        return None
+
+    sys.setprofile(hook)
+    try:
+        trace_objective("gspo")
+        assert sys.getprofile() is hook
+    finally:
+        sys.setprofile(None)

@@ -168,12 +168,13 @@ def _record(spec: ObjectiveSpec, batch: ExampleBatch) -> tuple[list[Call], Tenso
             elif index is not None:
                 calls[index].returned = arg
 
+    inputs, before = batch.loss_inputs(), sys.getprofile()
     sys.setprofile(profile)
     try:
-        loss, _ = policy_loss(spec, **batch.loss_inputs())
+        loss, _ = policy_loss(spec, **inputs)
         loss.backward()
     finally:
-        sys.setprofile(None)
+        sys.setprofile(before)  # a profiler the caller had running (a debugger, a coverage tool) gets its hook back
     return calls, loss
 
 
