@@ -25,13 +25,10 @@ import argparse
 import contextlib
 import importlib
 import sys
-import time
 
 from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
+from dfpo.trainer.run.logs import IMPORTED_AT  # noqa: F401  imported first, so process_age_s's fallback clock starts with the process
 from dfpo.trainer.run.signals import decided, exit_on_signal
-
-IMPORTED_AT = time.monotonic()
-"""When this module was imported: the start of a ``dfpo`` process where the OS does not say (``dfpo.trainer.run.logs.process_age_s``)."""
 
 # Parts that register their own subcommands; a part that is not built yet is skipped.
 PART_MODULES = ("dfpo.theory.cli", "dfpo.toy.cli", "dfpo.trainer.cli", "dfpo.trainer.probe.cli", "dfpo.app.cli")

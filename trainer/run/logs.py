@@ -133,6 +133,9 @@ def missing_steps(rows: list[dict], last: int) -> list[int]:
     return [s for s in range(1, last + 1) if s not in have]
 
 
+IMPORTED_AT = time.monotonic()
+"""When this module was imported (``dfpo.cli`` imports it first thing, so: the start of a ``dfpo`` process), the
+clock ``process_age_s`` falls back on where the OS does not say when the process started."""
 PROGRESS_EVERY_S = 30.0
 """Without a progress bar (``--quiet``, or ``log.progress = false``): at most one progress line this often, during
 the training steps and the tiny preset's warm-up."""
@@ -165,6 +168,4 @@ def process_age_s() -> float:
             uptime = float(fh.read().split()[0])
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
-        from ...cli import IMPORTED_AT
-
         return time.monotonic() - IMPORTED_AT
