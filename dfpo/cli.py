@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
+import signal
 import sys
 
 from dfpo.core.files import WRITE_ERRNOS, WriteFailed, describe_write_error
@@ -147,6 +149,9 @@ def _run(argv: list[str]) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # piped into head, which closed: stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush does not fail too
+        return 128 + signal.SIGPIPE
     except ValueError as err:  # bad input: one clear line, no traceback
         if not getattr(err, "already_reported", False):  # another process (rank 0) printed it
             print(f"dfpo: error: {err}", file=sys.stderr)
