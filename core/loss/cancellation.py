@@ -93,6 +93,7 @@ def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides:
         entropy=entropy,
         rollout_logp=group.rollout_logp,
         ref_logp=group.old_logp,  # the reference is the policy that sampled (read by online IPO and a KL term only)
+        batch_metrics=False,  # the gradient alone is read
         **overrides,
     )
     (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)

@@ -225,6 +225,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     ref_logp: Tensor | None = None,
     rollout_logp: Tensor | None = None,
+    batch_metrics: bool = True,
     **overrides: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss (to minimise) of one objective on a batch of completions, and its metrics.
@@ -237,7 +238,9 @@ def policy_loss(
     name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
     Computed in ``logp``'s dtype, at least float32 (``compute_dtype``): the loss and metrics come back in it.
     A missing ``entropy`` / ``ref_logp`` / ``rollout_logp`` the spec needs (``spec.required_inputs()``) is
-    refused before any other work.
+    refused before any other work. ``batch_metrics=False`` leaves out the metrics of the whole batch that the loss
+    does not read (loss/policy, clip/*, ratio/*, weights/asym): the same loss, for a caller that reads only it or
+    its gradient (the atlas page calls this ~2,000 times per seed).
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
     _check_required(spec, {"entropy": entropy, "ref_logp": ref_logp, "rollout_logp": rollout_logp})
@@ -250,8 +253,6 @@ def policy_loss(
     x = LossBatch.of(logp, _sanitise(old_logp, mask), advantages, mask, group_ids)  # advantages (B,) or (B, T)
     lengths = x.lengths  # (B,)
     terms = RATIO_SHAPES[spec.ratio_level](spec, x)
-    n_real = lengths.sum().clamp(min=1).to(logp.dtype)
-    valid_rows = lengths > 0  # (B,)
 
     ctx = LossContext(
         x=x,
@@ -292,6 +293,10 @@ def policy_loss(
             loss = loss if term is None else loss + term
             metrics.update(term_metrics)
 
+    if not batch_metrics:
+        return loss, metrics
+    n_real = lengths.sum().clamp(min=1).to(logp.dtype)
+    valid_rows = lengths > 0  # (B,)
     clip_low, clip_high = _clip_shares(terms, kept, valid_rows, logp.dtype)
     metrics.update(
         {
