@@ -35,7 +35,7 @@ renormalised, truncated distribution, so its log-prob of a kept token is log pi(
 untruncated pi_old, rho carries the factor Z_kept <= 1 at every token (and its product over a completion). The
 correction corrects the mismatch of two computations of one distribution, so ``rollout_logp`` must be the sampler's
 log-prob under the *untruncated* distribution (tempered as sampled, over the whole vocabulary). dfpo's HF engine returns
-both (``dfpo.trainer.rollout.Samples.logprobs_untruncated``), the trainer passes the untruncated one and logs the
+both (``dfpo.trainer.sampler.Samples.logprobs_untruncated``), the trainer passes the untruncated one and logs the
 truncation's own bias, the mean log kept mass, as ``rollout/log_kept_mass``; vLLM returns one logprobs_mode (the
 processed, truncated one), so the trainer refuses a correction or rejection under vLLM with top-k / top-p.
 """
