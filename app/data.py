@@ -21,6 +21,7 @@ from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the c
     AtlasCell,
     SharedPrefixGroup,
     atlas,
+    atlas_draws,
     atlas_rows,
     group_breakdown,
     make_shared_prefix_group,
@@ -150,21 +151,6 @@ def padded_range(values: list[float], pad: float = 0.08) -> list[float]:
 
 ATLAS_ASPECTS = tuple((agg, equal, clipped) for agg in AGGREGATIONS for equal in (True, False) for clipped in (False, True))
 """(aggregation, equal lengths, shared ratio clipped) of an objective's atlas cells, in ``cancellation.atlas``'s order."""
-
-
-def atlas_draws(groups: int, seed: int) -> list[tuple[list[float], list[int], list[int], int]]:
-    """The random groups of ``cancellation.atlas(groups=groups, seed=seed)``, drawn exactly as it draws them:
-    (rewards, equal lengths, unequal lengths, the group's own seed) each. One generator draws them in turn, so the
-    first k draws for any ``groups`` >= k are the draws for ``groups=k`` (the page reuses them when the count grows)."""
-    gen = torch.Generator().manual_seed(seed)
-    cases = []
-    for _ in range(groups):
-        rewards = [1.0, 0.0] + torch.randint(0, 2, (2,), generator=gen).double().tolist()
-        unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
-        while len(set(unequal)) == 1:
-            unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
-        cases.append((rewards, [8] * 4, unequal, int(torch.randint(0, 2**16, (1,), generator=gen))))
-    return cases
 
 
 @functools.lru_cache(maxsize=256)

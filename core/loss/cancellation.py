@@ -180,10 +180,10 @@ class AtlasCell:
         return "cancels" if self.residual < CANCEL_TOL else f"{self.residual:.1e}"
 
 
-def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]:
-    """For every objective: the largest shared-token residual over ``groups`` random groups (G = 4,
-    both reward signs), per aggregation x equal/unequal lengths x shared ratio inside (1) or
-    outside (e^0.5) the clip range. The same cells the cancellation tests state verdicts for."""
+def atlas_draws(groups: int, seed: int) -> list[tuple[list[float], list[int], list[int], int]]:
+    """The atlas's random groups for ``seed``: (rewards, equal lengths, unequal lengths, the group's own seed) each.
+    One generator draws them in turn, so the first k draws for any ``groups`` >= k are the draws for ``groups=k``
+    (the explorer's atlas page reuses them when the count grows)."""
     gen = torch.Generator().manual_seed(seed)
     cases = []
     for _ in range(groups):
@@ -192,6 +192,14 @@ def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]
         while len(set(unequal)) == 1:
             unequal = torch.randint(4, 12, (4,), generator=gen).tolist()
         cases.append((rewards, [8] * 4, unequal, int(torch.randint(0, 2**16, (1,), generator=gen))))
+    return cases
+
+
+def atlas(objectives=None, *, groups: int = 4, seed: int = 0) -> list[AtlasCell]:
+    """For every objective: the largest shared-token residual over ``groups`` random groups (G = 4,
+    both reward signs), per aggregation x equal/unequal lengths x shared ratio inside (1) or
+    outside (e^0.5) the clip range. The same cells the cancellation tests state verdicts for."""
+    cases = atlas_draws(groups, seed)
     out = []
     for name in objectives or OBJECTIVES:
         for agg in AGGREGATIONS:
