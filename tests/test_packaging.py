@@ -186,3 +186,50 @@ def test_the_parts_depend_on_each_other_in_one_direction():
             if target != part and target not in LAYERS[part] | {"dfpo"}:
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {part} imports {target}")
     assert not wrong, "\n".join(wrong)
+
+
+def _runtime_import_targets(path: pathlib.Path) -> set[pathlib.Path]:
+    """The files of the tree that importing ``path`` runs at once: its module-level relative imports (inside a
+    top-level ``if``/``try`` too), not those under ``if TYPE_CHECKING:`` nor those deferred into a function."""
+    import ast
+
+    def top_level(body):
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                yield from top_level(node.body + node.orelse + [n for h in getattr(node, "handlers", []) for n in h.body])
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                yield node
+
+    found = set()
+    for node in top_level(ast.parse(path.read_text()).body):
+        base = path.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        target = base.joinpath(*(node.module or "").split(".")) if node.module else base
+        for candidate in [target, *(target / a.name for a in node.names)]:
+            for file in (candidate.with_suffix(".py"), candidate / "__init__.py"):
+                if file.is_file() and file != path:
+                    found.add(file)
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle_when_it_loads():
+    """Loading any module of a part never comes back to a module still loading (annotation-only imports aside)."""
+    graph = {p: _runtime_import_targets(p) for folder in PARTS.values() for p in (ROOT / folder).rglob("*.py")}
+    state: dict[pathlib.Path, int] = {}  # 1: on the current path, 2: done
+
+    def circle_from(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state and (found := circle_from(nxt, [*path, node])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := circle_from(start, [])):
+            raise AssertionError(" -> ".join(str(p.relative_to(ROOT)) for p in found))
