@@ -7,7 +7,7 @@ Three ways to get d(sum_t g_t logp_t)/d(hidden, W) for T completion positions:
 - floor:   the bare LM-head matmul h @ W^T and its backward (no softmax at all): the least any
            log-prob path can cost;
 - naive:   full float32 (T, V) logits, log_softmax, gather, entropy (what a trainer does by default);
-- chunked: ``dfpo.trainer.token_logprobs`` (chunks of positions, logits recomputed in backward).
+- chunked: ``dfpo.core.logprobs.token_logprobs`` (chunks of positions, logits recomputed in backward).
 Each measurement runs in a fresh process, so peak memory (ru_maxrss above the inputs) is its own.
 Times are the median of ``--repeats`` runs after one warm-up. A case whose naive path would need
 more than ``--max-gib`` of logits is skipped and says so.
