@@ -33,9 +33,7 @@ from ..core.drift_tables import (
     lumped,
     values,
 )
-from ..toy.param_drift import ROW_FIGURES, default_probe_config, probe_toy
-from ..toy.policy import gather_tokens, init_params, log_policy, table_gradient
-from ..toy.train import loss_coefficients, make_batch, validate
+from ..toy.param_drift import ROW_FIGURES, default_probe_config, probe_start, probe_toy
 
 TOY_TASKS = ("family", "tenplusten")
 """family (the page's default): template rows tied across prompts, so groups share tokens; tenplusten (paper App. A):
@@ -116,28 +114,15 @@ def probed_point(task: str, labels: tuple[str, ...], seeds: int) -> ProbedPoint:
     """The batch and each objective's coefficients at the point ``probe_toy`` steps from: the initial policy, then
     K - 1 SGD steps of the first objective on the batch (``dfpo.toy.param_drift``'s docstring)."""
     config = default_probe_config(task=task, objectives=labels, seeds=seeds)
-    toy, specs = validate(config)
-    theta = init_params(toy, seeds, noise=config.init_noise, generator=torch.Generator().manual_seed(config.seed))  # (S, R, V)
-    logpi_old = log_policy(theta, toy.legal)
-    batch = {n: make_batch(toy, specs[n], logpi_old, config, 0, None, torch.Generator().manual_seed(config.seed + 1)) for n in labels}
-    roll = batch[labels[0]].roll
-
-    def coefficients(name: str, logpi: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        b = batch[name]
-        lp = torch.where(roll.mask, gather_tokens(logpi, roll.rows, roll.tokens), torch.zeros(()))  # (S, B, T)
-        return loss_coefficients(specs[name], lp, b.old_logp, b.adv, roll.mask, roll.group, b.entropy, b.n_groups, toy.max_len)
-
-    for _ in range(config.inner_steps - 1):
-        logpi = log_policy(theta, toy.legal)
-        theta = theta - config.lr * table_gradient(coefficients(labels[0], logpi)[0], logpi, roll.rows, roll.tokens, roll.mask)
-    logpi = log_policy(theta, toy.legal)
+    start = probe_start(config)
+    toy, specs, roll, logpi = start.task, start.specs, start.roll, start.logpi
     coef, clip, bounds = {}, {}, {}
     for name in labels:
-        c, m = coefficients(name, logpi)
+        c, m = start.coefficients(name, logpi)
         coef[name] = c.detach()
         clip[name] = (float(m.get("clip/frac_low", 0.0)), float(m.get("clip/frac_high", 0.0)))
         bounds[name] = (float(specs[name].eps_low), float(specs[name].eps_high))
-    n_groups = batch[labels[0]].n_groups
+    n_groups = start.batch_of[labels[0]].n_groups
     return ProbedPoint(toy, config, roll.tokens, roll.mask, roll.group, roll.form, n_groups, coef, clip, bounds)
 
 

@@ -31,6 +31,7 @@ the first objective, as the K optimiser steps of a rollout batch would) and meas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,46 @@ class ToyProbe:
         return out
 
 
+@dataclass(frozen=True)
+class ProbeStart:
+    """The point ``probe_toy`` steps from: the batch drawn at the initial policy (the same rollouts for every label,
+    one generator state), then ``config.inner_steps - 1`` SGD steps of the first objective on it."""
+
+    task: object
+    specs: dict
+    labels: tuple[str, ...]
+    batch_of: dict
+    theta: Tensor  # (S, R, V)
+    logpi: Tensor  # (S, R, V) log pi at theta
+
+    @property
+    def roll(self):
+        return self.batch_of[self.labels[0]].roll
+
+    def coefficients(self, name: str, logpi: Tensor) -> tuple[Tensor, dict]:
+        """(d loss / d log pi (S, B, T), the loss core's metrics) of objective ``name`` on the batch at ``logpi``."""
+        b, roll = self.batch_of[name], self.roll
+        lp = torch.where(roll.mask, gather_tokens(logpi, roll.rows, roll.tokens), torch.zeros(()))  # (S, B, T)
+        return loss_coefficients(self.specs[name], lp, b.old_logp, b.adv, roll.mask, roll.group, b.entropy, b.n_groups, self.task.max_len)
+
+
+def probe_start(config: ToyConfig) -> ProbeStart:
+    """``ProbeStart`` of ``config`` (read by ``probe_toy`` and by the explorer's notes on its zero cells)."""
+    task, specs = validate(config)
+    labels = tuple(config.objectives)
+    theta = init_params(task, config.seeds, noise=config.init_noise, generator=torch.Generator().manual_seed(config.seed))  # (S, R, V)
+    logpi_old = log_policy(theta, task.legal)
+    batch_of = {
+        name: make_batch(task, specs[name], logpi_old, config, 0, None, torch.Generator().manual_seed(config.seed + 1)) for name in labels
+    }
+    start = ProbeStart(task, specs, labels, batch_of, theta, logpi_old)
+    roll = start.roll
+    for _ in range(config.inner_steps - 1):  # off-policy, as step k of a rollout batch: the first objective moves theta
+        logpi = log_policy(theta, task.legal)
+        theta = theta - config.lr * table_gradient(start.coefficients(labels[0], logpi)[0], logpi, roll.rows, roll.tokens, roll.mask)
+    return dataclasses.replace(start, theta=theta, logpi=log_policy(theta, task.legal))
+
+
 def probe_toy(config: ToyConfig, *, max_events: int = 64) -> ToyProbe:
     """Every objective of ``config`` from one starting point on one sampled batch per seed (sampled mode, SGD):
     the batch drawn at the initial policy, ``config.inner_steps - 1`` SGD steps of the first objective on it, then
@@ -152,26 +193,14 @@ def probe_toy(config: ToyConfig, *, max_events: int = 64) -> ToyProbe:
         raise ValueError(f"the toy drift probe needs mode='sampled' (groups of G completions), got mode={config.mode!r}")
     if config.optimizer != "sgd":
         raise ValueError(f"the toy drift probe's closed form is SGD's update, got optimizer={config.optimizer!r}; use optimizer='sgd'")
-    task, specs = validate(config)
-    labels = list(config.objectives)
+    start = probe_start(config)
+    task, labels, roll, theta, logpi = start.task, start.labels, start.roll, start.theta, start.logpi
     S, V = config.seeds, len(task.vocab)
-    theta = init_params(task, S, noise=config.init_noise, generator=torch.Generator().manual_seed(config.seed))  # (S, R, V)
-    logpi_old = log_policy(theta, task.legal)
-    batch_of = {
-        name: make_batch(task, specs[name], logpi_old, config, 0, None, torch.Generator().manual_seed(config.seed + 1)) for name in labels
-    }
-    roll = batch_of[labels[0]].roll  # the same rollouts for every label (same generator state)
     rows, toks, mask, group = roll.rows, roll.tokens, roll.mask, roll.group
 
     def coefficients(name: str, logpi: Tensor) -> Tensor:
-        b = batch_of[name]
-        lp = torch.where(mask, gather_tokens(logpi, rows, toks), torch.zeros(()))  # (S, B, T)
-        return loss_coefficients(specs[name], lp, b.old_logp, b.adv, mask, group, b.entropy, b.n_groups, task.max_len)[0]
+        return start.coefficients(name, logpi)[0]
 
-    for _ in range(config.inner_steps - 1):  # off-policy, as step k of a rollout batch: the first objective moves theta
-        logpi = log_policy(theta, task.legal)
-        theta = theta - config.lr * table_gradient(coefficients(labels[0], logpi), logpi, rows, toks, mask)
-    logpi = log_policy(theta, task.legal)
     correct = roll.form >= 0  # (S, B) completions with a correct answer form
     shared_out: dict[str, list[EventDrift]] = {}
     pairs_out: dict[str, list[EventDrift]] = {}
