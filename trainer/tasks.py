@@ -8,6 +8,10 @@ Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
   10+10-style task of several equivalent correct solutions (paper sec. 3, Prop. 3.1: drift
   between equivalent correct answers); ``surface_form`` names the form of a completion so
   the trainer can log how the policy spreads its mass over them.
+- ``sum``: a chat model's task, "What is 12 + 7 + 30? Answer with just the number." (data.operands numbers in
+  data.min_operand..data.max_operand) -> "49", scored by the last integer of the completion (``reward.kind =
+  "last_int"``). A correct answer still has several surface forms ("49", "12 + 7 + 30 = 49", "The answer is
+  49."): ``sum_surface_form`` names them for the same drift diagnostics.
 
 What the trainer asks of a task, besides its examples: ``encode_prompts`` (the prompt template and the
 tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target) and ``surface_form_shares``
@@ -18,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from ..core.files import check_input_file, read_utf8
@@ -38,35 +44,103 @@ class Example:
     """Where the example comes from, e.g. 'data.jsonl:12' (named in errors about it)."""
 
 
-def make_add_examples(n: int, max_operand: int, seed: int, exclude: set[tuple[int, int]] = frozenset()) -> list[Example]:
-    """n problems "a+b=" with operands in 0..max_operand, from a seeded generator, avoiding the
+def operand_space(operands: int, min_operand: int, max_operand: int) -> int:
+    """How many distinct operand tuples the built-in tasks can draw: (max - min + 1) ** operands."""
+    return (max_operand - min_operand + 1) ** operands
+
+
+def check_operand_range(min_operand: int, max_operand: int) -> None:
+    """ValueError of one sentence when data.min_operand is above data.max_operand."""
+    if min_operand > max_operand:
+        raise ValueError(
+            f"data.min_operand={min_operand} is above data.max_operand={max_operand}; lower data.min_operand or raise data.max_operand"
+        )
+
+
+def _draw(rng: random.Random, operands: int, min_operand: int, max_operand: int) -> tuple[int, ...]:
+    """One operand tuple, each operand ``rng.randint(min_operand, max_operand)`` in turn (with min_operand 0 and two
+    operands: the draws ``add`` always made)."""
+    return tuple(rng.randint(min_operand, max_operand) for _ in range(operands))
+
+
+def _range_text(operands: int, min_operand: int, max_operand: int) -> str:
+    """How the error messages name the operand settings: only the ones a task reads or the user changed."""
+    parts = [f"data.operands={operands}"] if operands != 2 else []
+    parts += [f"data.min_operand={min_operand}"] if min_operand else []
+    return " and ".join([*parts, f"data.max_operand={max_operand}"])
+
+
+def make_add_examples(
+    n: int, max_operand: int, seed: int, exclude: set[tuple[int, int]] = frozenset(), min_operand: int = 0
+) -> list[Example]:
+    """n problems "a+b=" with operands in min_operand..max_operand, from a seeded generator, avoiding the
     (a, b) pairs in ``exclude`` (so an eval split can be held out)."""
-    if len(exclude) >= (max_operand + 1) ** 2:
-        raise ValueError(f"data.eval_size leaves no train problems with data.max_operand={max_operand}; lower data.eval_size")
+    if len(exclude) >= operand_space(2, min_operand, max_operand):
+        raise ValueError(f"data.eval_size leaves no train problems with {_range_text(2, min_operand, max_operand)}; lower data.eval_size")
     rng = random.Random(seed)
     out = []
     while len(out) < n:
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        a, b = _draw(rng, 2, min_operand, max_operand)
         if (a, b) in exclude:
             continue
-        out.append(Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}))
+        out.append(add_example(a, b))
     return out
 
 
-def held_out_pairs(n: int, max_operand: int, seed: int) -> list[tuple[int, int]]:
-    """n distinct (a, b) pairs for the eval split of the built-in tasks."""
-    space = (max_operand + 1) ** 2
+def add_example(a: int, b: int) -> Example:
+    """The add/equiv problem "a+b=" -> "a+b's value"."""
+    return Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b})
+
+
+def held_out_tuples(n: int, operands: int, min_operand: int, max_operand: int, seed: int) -> list[tuple[int, ...]]:
+    """n distinct operand tuples for the eval split of the built-in tasks, from a seeded generator."""
+    space = operand_space(operands, min_operand, max_operand)
     if n >= space:
-        raise ValueError(f"data.eval_size={n} must be below the {space} distinct problems of data.max_operand={max_operand}")
+        raise ValueError(
+            f"data.eval_size={n} must be below the {space} distinct problems of {_range_text(operands, min_operand, max_operand)}"
+        )
     rng = random.Random(seed)
-    pairs: list[tuple[int, int]] = []
+    tuples: list[tuple[int, ...]] = []
     seen = set()
-    while len(pairs) < n:
-        p = (rng.randint(0, max_operand), rng.randint(0, max_operand))
-        if p not in seen:
-            seen.add(p)
-            pairs.append(p)
-    return pairs
+    while len(tuples) < n:
+        t = _draw(rng, operands, min_operand, max_operand)
+        if t not in seen:
+            seen.add(t)
+            tuples.append(t)
+    return tuples
+
+
+def held_out_pairs(n: int, max_operand: int, seed: int, min_operand: int = 0) -> list[tuple[int, int]]:
+    """n distinct (a, b) pairs for the eval split of add and equiv."""
+    return held_out_tuples(n, 2, min_operand, max_operand, seed)  # type: ignore[return-value]
+
+
+SUM_PROMPT = "What is {terms}? Answer with just the number."
+"""The ``sum`` task's prompt; {terms} is the operands joined by " + "."""
+
+
+def sum_example(operands: tuple[int, ...] | list[int]) -> Example:
+    """The sum problem of ``operands``: "What is 12 + 7 + 30? Answer with just the number." -> "49"."""
+    terms = " + ".join(str(x) for x in operands)
+    return Example(prompt=SUM_PROMPT.format(terms=terms), answer=str(sum(operands)), meta={"operands": list(operands)})
+
+
+def make_sum_examples(
+    n: int, operands: int, min_operand: int, max_operand: int, seed: int, exclude: set[tuple[int, ...]] = frozenset()
+) -> list[Example]:
+    """n ``sum`` problems of ``operands`` numbers in min_operand..max_operand, from a seeded generator, avoiding the
+    operand tuples in ``exclude`` (the eval split's; order counts: 3 + 4 and 4 + 3 are two problems)."""
+    if len(exclude) >= operand_space(operands, min_operand, max_operand):
+        raise ValueError(
+            f"data.eval_size leaves no train problems with {_range_text(operands, min_operand, max_operand)}; lower data.eval_size"
+        )
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        t = _draw(rng, operands, min_operand, max_operand)
+        if t not in exclude:
+            out.append(sum_example(t))
+    return out
 
 
 def equiv_targets(a: int, b: int, rng: random.Random) -> str:
@@ -91,8 +165,51 @@ def sum_value(text: str) -> int | None:
     return sum(int(x) for x in text.split("+"))
 
 
+_NUMBER = re.compile(
+    r"(?P<sign>(?<![0-9A-Za-z_)\]])[-\u2212])?(?<![0-9])(?P<int>[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?P<frac>\.[0-9]+)?"
+)
+"""A number written in text: ASCII digits, with thousands separators when every group after the first has exactly three
+digits ("1,014" is 1014; "1,2,3" is three numbers, "10,4" two), a decimal part, and a minus sign ("-" or U+2212) when the
+sign does not follow a letter, digit or closing bracket ("x = -6" holds -6, "10-4" holds 10 and 4). Digits glued to
+words count ("is14", "14th": 14)."""
+
+
+def _number_value(match: re.Match) -> Decimal:
+    sign = "-" if match["sign"] else ""
+    return Decimal(sign + match["int"].replace(",", "") + (match["frac"] or ""))
+
+
+def last_number(text: str) -> Decimal | None:
+    """The value of the last number written in ``text`` (``_NUMBER``'s rules), None when it holds none."""
+    last = None
+    for last in _NUMBER.finditer(text):  # noqa: B007 - the last match is the point
+        pass
+    return None if last is None else _number_value(last)
+
+
+def integer_answer(answer: str) -> Decimal:
+    """The value of an answer that is one integer ("14", " -3 ", "1,014", "14.0"); ValueError of one sentence otherwise."""
+    text = answer.strip().removeprefix("+")
+    match = _NUMBER.fullmatch(text)
+    value = None if match is None else _number_value(match)
+    if value is None or value != value.to_integral_value():
+        raise ValueError(f"the answer {answer!r} is not an integer; reward.kind = 'last_int' needs integer answers")
+    return value
+
+
+def last_int_correct(completion: str, answer: str) -> bool:
+    """Whether the last number written in ``completion`` equals the integer ``answer`` (what ``reward.kind = "last_int"``
+    scores 1): "To find 10 + 4, we simply add" ends in 4, not 14; "The answer is "14"." and "10 + 4 = 14" end in 14; a
+    last number with a non-zero decimal part ("14.5") equals no integer."""
+    value = last_number(completion)
+    return value is not None and value == integer_answer(answer)
+
+
 def surface_form(completion: str, example: Example) -> str:
-    """Name of the surface form of a completion of an arithmetic prompt (equiv diagnostics)."""
+    """Name of the surface form of a completion of an arithmetic prompt (equiv diagnostics); a ``sum`` problem's
+    (meta "operands") is ``sum_surface_form``'s."""
+    if "operands" in example.meta:
+        return sum_surface_form(completion, example)
     text = completion.strip()
     if sum_value(text) is None:
         return "invalid"
@@ -110,14 +227,57 @@ def surface_form(completion: str, example: Example) -> str:
 SURFACE_FORMS = ("number", "swap", "split", "echo", "invalid")
 """The surface forms ``surface_form`` names, in the order the ``forms/*`` metrics are logged."""
 
+SUM_FORMS = ("number", "equation", "sentence", "wrong")
+"""The surface forms ``sum_surface_form`` names, in the order the ``forms/*`` metrics of task sum are logged."""
+
+_TERM = r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+"
+_JUST_NUMBER = re.compile(rf"\s*-?(?:{_TERM})\s*\.?\s*")
+_EQUATION = re.compile(rf"\s*((?:{_TERM})(?:\s*\+\s*(?:{_TERM}))+)\s*=\s*(-?(?:{_TERM}))\s*\.?\s*")
+
+
+def sum_surface_form(completion: str, example: Example) -> str:
+    """The surface form of a completion of a ``sum`` problem: 'wrong' when ``last_int_correct`` says it is not correct;
+    else 'number' when it is just the integer (surrounding whitespace and one final period allowed: "19", " 19."),
+    'equation' when it is just an equation of a sum equal to the answer ("12 + 7 = 19", "7 + 12 = 19.", "10 + 9 = 19":
+    the terms need not be the problem's operands, but they must add up to the answer), 'sentence' for every other
+    correct completion ("The answer is 19.", "12 + 7 = 19, so 19")."""
+    if not last_int_correct(completion, example.answer):
+        return "wrong"
+    if _JUST_NUMBER.fullmatch(completion):
+        return "number"
+    equation = _EQUATION.fullmatch(completion)
+    if equation and sum(int(t.replace(",", "")) for t in equation[1].split("+")) == int(equation[2].replace(",", "")):
+        return "equation"
+    return "sentence"
+
+
+def form_entropy(forms: list[str]) -> float:
+    """Entropy in nats of the distribution of ``forms`` (-sum_f p_f ln p_f over the forms present); 0 for fewer than two."""
+    if len(forms) < 2:
+        return 0.0
+    shares = [forms.count(name) / len(forms) for name in set(forms)]
+    return float(-sum(p * math.log(p) for p in shares))
+
 
 def surface_form_shares(task: str, completions: list[str], examples: list[Example]) -> dict[str, float]:
-    """``forms/<form>``: the share of ``completions`` (one per entry of ``examples``) in each surface form, for the
-    arithmetic tasks (add, equiv: how the policy spreads its mass over equivalent correct answers); {} for others."""
-    if task not in ("equiv", "add"):
-        return {}
-    forms = [surface_form(text, ex) for text, ex in zip(completions, examples)]
-    return {f"forms/{name}": forms.count(name) / len(forms) for name in SURFACE_FORMS}
+    """The ``forms/*`` metrics of a step's ``completions`` (one per entry of ``examples``); {} for tasks other than
+    add, equiv and sum.
+
+    add, equiv: ``forms/<form>``, the share of the completions in each of SURFACE_FORMS (how the policy spreads its
+    mass over equivalent correct answers).
+    sum: ``forms/<form>``, the share of the completions in each of SUM_FORMS (``sum_surface_form``; they add up to 1),
+    and ``forms/equiv_entropy``: the entropy in nats of the distribution of the forms number / equation / sentence
+    among the step's CORRECT completions only (the 'wrong' ones left out; 0 when fewer than 2 are correct; at most
+    ln 3 = 1.0986): the drift between equivalent correct answers (paper sec. 3, Prop. 3.1) as one number, which
+    falls as the policy settles on one form."""
+    if task in ("equiv", "add"):
+        forms = [surface_form(text, ex) for text, ex in zip(completions, examples)]
+        return {f"forms/{name}": forms.count(name) / len(forms) for name in SURFACE_FORMS}
+    if task == "sum":
+        forms = [sum_surface_form(text, ex) for text, ex in zip(completions, examples)]
+        shares = {f"forms/{name}": forms.count(name) / len(forms) for name in SUM_FORMS}
+        return shares | {"forms/equiv_entropy": form_entropy([f for f in forms if f != "wrong"])}
+    return {}
 
 
 def sft_target(task: str) -> Callable[[Example, random.Random], str]:
@@ -318,10 +478,16 @@ def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples of a DataConfig. Cheap for built-in tasks; raises ValueError on bad input."""
     task = data.task
     if task in ("add", "equiv"):  # eval problems are held out: no train problem has their (a, b)
-        pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007)
-        evals = [Example(prompt=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b}) for a, b in pairs]
-        train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs))
+        check_operand_range(data.min_operand, data.max_operand)
+        pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007, data.min_operand)
+        evals = [add_example(a, b) for a, b in pairs]
+        train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs), min_operand=data.min_operand)
         return train, evals
+    if task == "sum":  # the same: no train problem has an eval problem's operand tuple
+        check_operand_range(data.min_operand, data.max_operand)
+        held = held_out_tuples(data.eval_size, data.operands, data.min_operand, data.max_operand, seed + 10_007)
+        train = make_sum_examples(data.train_size, data.operands, data.min_operand, data.max_operand, seed, exclude=set(held))
+        return train, [sum_example(t) for t in held]
     if task == "jsonl":
         train = load_jsonl(data.path)
         if data.eval_path:

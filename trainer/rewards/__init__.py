@@ -1,8 +1,8 @@
 """Rewards: what scores a completion, and the sandbox its calls run in.
 
 Modules:
-    compute.py       exact / math-verify / equiv / reasoning-gym / user rewards, format reward; ``RewardComputer``
-                     scores a batch (exact and equiv here, the others in the pool)
+    compute.py       exact / last_int / math-verify / equiv / reasoning-gym / user rewards, format reward;
+                     ``RewardComputer`` scores a batch (exact, last_int and equiv here, the others in the pool)
     pool.py          the worker processes that run rewards with a deadline, killed and replaced when they hang or die
     worker.py        one such worker (started by path: a fresh interpreter, standard library only) and the protocol
                      both sides share

@@ -1,4 +1,4 @@
-"""Reward functions: correctness (exact, math-verify, equiv, reasoning-gym, user) + format.
+"""Reward functions: correctness (exact, last_int, math-verify, equiv, reasoning-gym, user) + format.
 
 A reward function has the signature ``fn(prompt: str, completion: str, example) -> float``; a user function
 (``reward.kind = "user"``) is called as ``fn(prompt=, completion=, answer=) -> float``. ``RewardComputer``
@@ -24,9 +24,10 @@ Departures / choices:
    can do anything; the other two parse the policy's own output with sympy or generator code, which can run
    for minutes (math-verify on ``\\boxed{9^{9^{9^{9}}}}`` had not returned after 50 s). A call still running
    at its deadline has its worker killed, with every process its reward started, and a new worker started.
-   exact and equiv run in this process: a string comparison and a sum of at most 64 characters, 0.01-0.15 ms
+   exact, last_int and equiv run in this process: a string comparison, a sum of at most 64 characters, 0.01-0.15 ms
    per batch of 64 against 9-21 ms through two workers (a pipe round trip of ~0.15-0.3 ms a call;
-   benchmarks/reward_pool.py).
+   benchmarks/reward_pool.py); last_int's one regex scan of each completion took ~0.9 ms per batch of 64
+   completions of 144 characters here (a loaded 2-core machine).
    math-verify costs about the same either way (0.19-0.43 s per batch of 64 here, 0.29-0.33 s through two
    workers on a shared 2-core machine); a built-in worker starts in ~0.2 s (math-verify's in ~1 s: sympy),
    once per run, a user-reward worker in ~0.3 s. The format regex runs here (it is the run's own configuration).
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..tasks import Example, sum_value
+from ..tasks import Example, last_int_correct, sum_value
 from .pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
 from .worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
 
@@ -85,6 +86,16 @@ def equiv_match(prompt: str, completion: str, example: Example) -> float:
     """1 when the completion is a sum n(+m...) of integers whose value is the answer."""
     value = sum_value(completion)
     return float(value is not None and str(value) == example.answer.strip())
+
+
+def last_int_match(prompt: str, completion: str, example: Example) -> float:
+    """1 when the last number written in the completion is the integer answer (``tasks.last_int_correct``), else 0.
+
+    A restatement of the problem cannot earn it ("To find 10 + 4, we simply add" ends in 4, not 14), unlike
+    math-verify, which scored that 1 on the sum task; quotes and words around the answer do not cost it ("The answer
+    is "14"." scores 1). "1,014" is 1014 (thousands separators), "-6" after a space or "=" is negative, "10-4" holds 4;
+    digits glued to words count ("is14"). An answer that is not one integer raises (counted in reward/errors)."""
+    return float(last_int_correct(completion, example.answer))
 
 
 def _gold_text(answer: str) -> str:
@@ -163,7 +174,7 @@ def import_callable(spec: str) -> RewardFn:
     return user
 
 
-LOCAL_FUNCTIONS: dict[str, RewardFn] = {"exact": exact_match, "equiv": equiv_match}
+LOCAL_FUNCTIONS: dict[str, RewardFn] = {"exact": exact_match, "last_int": last_int_match, "equiv": equiv_match}
 """Kinds computed in this process (trusted, about a microsecond a call); every other kind runs in worker processes."""
 
 
@@ -179,7 +190,7 @@ class RewardSpec:
 def reward_spec(kind: str, task: str, user_fn: str = "") -> RewardSpec:
     """The RewardSpec of a RewardConfig.kind ('auto' picks by task); ValueError on an unknown kind or a bad pairing."""
     if kind == "auto":
-        kind = {"add": "exact", "equiv": "equiv", "reasoning_gym": "reasoning_gym"}.get(task, "math_verify")
+        kind = {"add": "exact", "equiv": "equiv", "sum": "last_int", "reasoning_gym": "reasoning_gym"}.get(task, "math_verify")
     if kind not in KINDS:
         raise ValueError(f"reward.kind {kind!r} unknown")
     if kind == "reasoning_gym" and task != "reasoning_gym":
@@ -279,7 +290,7 @@ def _local_outcome(fn: RewardFn, prompt: str, completion: str, example: Example)
 
 
 class RewardComputer:
-    """Correctness + format_weight * format of a batch. Kinds other than exact and equiv run in up to
+    """Correctness + format_weight * format of a batch. Kinds other than exact, last_int and equiv run in up to
     ``workers`` worker processes (0 = min(8, CPU count)), each call with a deadline of ``timeout_s``; a worker
     is replaced after ``max_tasks_per_worker`` calls (0 = never) and its memory is capped at ``memory_limit_mb``
     (0 = no cap; see ``worker``). ``close()`` (or leaving a ``with`` block) kills the workers and what

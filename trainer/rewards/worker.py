@@ -54,6 +54,7 @@ MAX_ABS_REWARD = 1e6
 BUILTIN_MODULE = "dfpo.trainer.rewards.compute"
 BUILTIN_FUNCTIONS = {
     "exact": "exact_match",
+    "last_int": "last_int_match",
     "equiv": "equiv_match",
     "math_verify": "math_verify_match",
     "reasoning_gym": "reasoning_gym_match",
