@@ -192,14 +192,47 @@ METRICS: tuple[Metric, ...] = (
         _TRAINER,
     ),
     Metric(
-        "diag/shared_residual",
-        "mean",
-        "eq 2 check on the shared positions, with c_it = d loss / d log pi_it: sum_t abs(sum_i c_it) / sum_t sum_i abs(c_it) "
-        "(0 = they cancel, 1 = one sign per position; dfpo.core.metrics.shared_residual)",
+        "diag/shared_events",
+        "sum",
+        "eq 2's shared events: (group, position) pairs where two or more completions of the group hold the same prefix and "
+        "token, counted per distinct prefix-and-token (summed over the step's micro-batches: once per optim.epochs pass)",
         _TRAINER,
     ),
     Metric(
-        "forms/{name}", "mean", "add/equiv tasks: share of completions of each surface form (number, swap, split, echo, invalid)", _TRAINER
+        "diag/shared_residual",
+        "mean",
+        "eq 2 check on every shared event S (two or more members, same prefix and token), with c_it = d loss / d log pi_it: "
+        "sum_S abs(sum_(i in S) c_it) / sum_S sum_(i in S) abs(c_it) (0 = they cancel, 1 = one sign per event; "
+        "dfpo.core.metrics.event_residual)",
+        _TRAINER,
+    ),
+    Metric(
+        "diag/shared_residual_length",
+        "mean",
+        "the length part of diag/shared_residual (eq 67's 1/|y_i|): its numerator minus the same numerator with each "
+        "member's aggregation weight replaced by its group's mean, over the same denominator; 0 at equal lengths and "
+        "for aggregations without a per-sequence weight (dfpo.core.metrics.equal_weight_coef)",
+        _TRAINER,
+    ),
+    Metric(
+        "diag/shared_residual_whole",
+        "mean",
+        "diag/shared_residual over the events a whole group holds (every completion of the group shares the prefix and "
+        "token; the positions of diag/shared_positions; dfpo.core.metrics.shared_residual)",
+        _TRAINER,
+    ),
+    Metric(
+        "forms/equiv_entropy",
+        "mean",
+        "sum task: entropy of the surface forms of the step's correct completions (equivalent correct answers; dfpo.trainer.tasks defines it)",
+        _TRAINER,
+    ),
+    Metric(
+        "forms/{name}",
+        "mean",
+        "arithmetic tasks: share of completions of each surface form (add/equiv: number, swap, split, echo, invalid; "
+        "sum: number, equation, sentence, wrong, invalid)",
+        _TRAINER,
     ),
     *(
         Metric(f"drift/{kind}_{part}", reduction, f"log.param_drift, {what}: {meaning}", _TRAINER)
@@ -232,10 +265,24 @@ METRICS: tuple[Metric, ...] = (
     Metric("time/rollout_s", "mean", "seconds spent sampling and scoring the step's rollout", _TRAINER),
     Metric("time/old_logp_s", "mean", "seconds spent computing old log-probs (pi_old) by a forward pass", _TRAINER),
     Metric("time/update_s", "mean", "seconds spent in the optimiser steps", _TRAINER),
-    Metric("time/step_s", "mean", "seconds of the whole training step", _TRAINER),
+    Metric(
+        "time/probe_s",
+        "mean",
+        "seconds of log.param_drift's trial step on a probed step (logged on probed steps only; not in time/step_s)",
+        _TRAINER,
+    ),
+    Metric("time/step_s", "mean", "seconds of the training step (rollout to metrics), the probe's time/probe_s left out", _TRAINER),
     # evaluation (eval.jsonl)
     Metric("eval/avg@{k}", "mean", "mean correctness over k samples of each eval prompt", _EVAL),
     Metric("eval/pass@{k}", "mean", "share of eval prompts with at least one correct sample of k", _EVAL),
+    Metric(
+        "eval/tax_kl",
+        "mean",
+        "learning tax (Prop. 3.1): KL(pi_init || pi_now) of the next-token distribution at the eval prompts' own positions "
+        "(tokens never generated nor scored), mean over positions; pi_init coarsened to its top-k tokens and one bin for "
+        "the rest (a lower bound of the full KL, exact when k >= vocab; dfpo.trainer.stages.tax)",
+        _EVAL,
+    ),
 )
 
 

@@ -5,7 +5,9 @@
     Asym                eq 23   ``asymmetry`` (computed by the loss core, re-exported here)
     Energy(B)           eq 24   ``frequency_buckets`` + ``energy_sums`` (+ ``frequent_energy``)
     |d l_t / d logits|          ``logit_grad_norm`` (STAPO's closed form)
-    shared residual     eq 2    ``shared_mask`` + ``shared_residual``
+    shared residual     eq 2    ``shared_mask`` + ``shared_residual`` (pairs a whole group holds);
+                                ``shared_events`` + ``event_residual`` (pairs two or more members hold)
+    its length part     eq 67   ``sequence_weights`` + ``equal_weight_coef`` (the 1/|y_i| of the aggregation)
 
 Definitions where the paper leaves a choice:
 1. Jitter2 divides by T - 2 (eq 20): it is undefined for fewer than 3 points, and ``jitter2`` returns
@@ -25,6 +27,18 @@ Definitions where the paper leaves a choice:
    leaving it out keeps the quantity the paper's. "Shared" is given as a mask; ``shared_mask`` builds
    it by prefix agreement (a sequence model: the context is the prefix) or by agreement at t alone
    (the tabular toy, whose key at t is the state row and the token: the row IS the context).
+5. Eq 2 sums over every shared context-token pair (h*, v), not only those a whole group holds: an "event" is
+   one (group, t, h*, v) that a subset S of two or more members holds (``shared_events``: identical keys at
+   0..t with ``prefix``), and its residual is |sum_{i in S} c_it| against sum_{i in S} |c_it|. The events a
+   whole group holds are ``shared_mask``'s positions (a property test pins the two equal). Under GRPO a partial
+   event does not cancel even on-policy (sum_{i in S} A_i != 0 in general): that residual is eq 2's too.
+6. The length part of the residual (eq 67's 1/|y_i| factor, the aggregation's per-sequence weight w_i):
+   c'_it = c_it * wbar_g / w_i, the same coefficients with each member's weight replaced by the mean weight of
+   its group (``equal_weight_coef``), and length part = sum_e |sum_S c_it| - sum_e |sum_S c'_it|, over the same
+   normaliser sum_e sum_S |c_it|. It is 0 exactly at equal lengths (c' = c) and for aggregations whose weight is
+   the same for every sequence (token_mean, constant, seq_mean_token_sum); the rest, residual - length part,
+   is the residual the coefficients leave once every member weighs alike. It can be negative (unequal weights
+   that happen to shrink a residual).
 """
 
 from __future__ import annotations
@@ -46,7 +60,12 @@ __all__ = [
     "frequent_energy",
     "jitter2",
     "logit_grad_norm",
+    "SharedEvents",
     "SharedResidual",
+    "equal_weight_coef",
+    "event_residual",
+    "sequence_weights",
+    "shared_events",
     "score_norm",
     "shared_mask",
     "shared_residual",
@@ -155,6 +174,104 @@ def shared_residual(coef: Tensor, shared: Tensor, group_ids: Tensor) -> SharedRe
     net = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c)
     gross = torch.zeros(n, T, dtype=torch.float64, device=coef.device).index_add_(0, inverse, c.abs())
     return SharedResidual(groups, net.abs().sum(-1), gross.sum(-1), whole.sum(-1))
+
+
+@dataclass(frozen=True)
+class SharedEvents:
+    """Eq 2's shared context-token pairs of a batch: every (group, t, h*, v) that two or more members hold."""
+
+    ids: Tensor
+    """(B, T) long: the event each row holds at t, in [0, E); -1 where it holds none (alone, or not a real token)."""
+    groups: Tensor
+    """(E,) the group id of each event."""
+    positions: Tensor
+    """(E,) its position t (long)."""
+    sizes: Tensor
+    """(E,) how many members hold it (>= 2, long)."""
+    group_sizes: Tensor
+    """(E,) how many members its group has in the batch: an event the whole group holds has size == group size."""
+
+    @property
+    def whole(self) -> Tensor:
+        """(E,) bool: the events every member of their group holds (``shared_mask``'s positions)."""
+        return self.sizes == self.group_sizes
+
+
+def shared_events(keys: Tensor, mask: Tensor, group_ids: Tensor, *, prefix: bool = True) -> SharedEvents:
+    """The shared context-token events of eq 2 (definition 5 above): every subset of two or more members of a group
+    that holds the same key at t and, with ``prefix`` (a sequence model), the same keys at 0..t as well (the same
+    context h*, the group's common prompt followed by the same completion prefix, and the same token v).
+
+    keys (B, T): what must agree (token ids; in the tabular toy, row * V + token); mask (B, T): real tokens;
+    group_ids (B,). Exact (no hashing): position by position, each row's class is the unique pair (its class at
+    t - 1, its key at t) among the rows of its group (``torch.unique`` over B pairs per position); a row that is
+    alone in its class, or not real at t, holds no event at t and (with ``prefix``) none after.
+    """
+    mask = mask.bool()
+    B, T = keys.shape
+    dev = keys.device
+    group_list, g, g_count = torch.unique(group_ids, return_inverse=True, return_counts=True)  # g (B,)
+    rows = torch.arange(B, device=dev)
+    cls, alive = g, torch.ones(B, dtype=torch.bool, device=dev)  # the context before t = 0: the group's prompt
+    held_cls = torch.full((B, T), -1, dtype=torch.long, device=dev)  # (B, T) class at t, in [0, B), where held
+    for t in range(T):
+        real = mask[:, t] & alive if prefix else mask[:, t]  # (B,)
+        base = cls if prefix else g
+        _, new = torch.unique(torch.stack([base, keys[:, t].long()], 1), dim=0, return_inverse=True)  # (B,) in [0, B)
+        new = torch.where(real, new, B + rows)  # a row that is not real at t is alone in its class
+        counts = torch.bincount(new, minlength=2 * B)  # (2B,)
+        held = real & (counts.index_select(0, new) >= 2)  # (B,)
+        held_cls[:, t] = torch.where(held, new, torch.full_like(new, -1))
+        if prefix:
+            cls, alive = new, held  # a prefix no other member holds is never shared at a later position
+            if not bool(alive.any()):
+                break
+    sel = held_cls >= 0  # (B, T)
+    t_idx = torch.arange(T, device=dev).expand(B, T)  # (B, T)
+    key = t_idx[sel] * (2 * B) + held_cls[sel]  # (N,) one value per (t, class)
+    uniq, inverse = torch.unique(key, return_inverse=True)  # (E,), (N,)
+    ids = torch.full((B, T), -1, dtype=torch.long, device=dev)
+    ids[sel] = inverse
+    E = uniq.numel()
+    sizes = torch.bincount(inverse, minlength=E)  # (E,)
+    event_g = torch.zeros(E, dtype=torch.long, device=dev).scatter_(0, inverse, g[:, None].expand(B, T)[sel])  # (E,)
+    return SharedEvents(ids, group_list.index_select(0, event_g), uniq // (2 * B), sizes, g_count.index_select(0, event_g))
+
+
+def event_residual(coef: Tensor, events: SharedEvents) -> tuple[Tensor, Tensor]:
+    """Eq 2's residual of each shared event (definition 5): (net, gross), (E,) float64 each.
+
+    coef (B, T): c_it = d L / d log pi_it. An event's gradient is (sum_{i in S} c_it) grad log pi(v | h*), so
+    net = |sum_{i in S} c_it| (0 exactly when the objective cancels there) and gross = sum_{i in S} |c_it|.
+    """
+    sel = events.ids >= 0  # (B, T)
+    E = events.sizes.numel()
+    idx, c = events.ids[sel], coef[sel].double()  # (N,) each
+    net = torch.zeros(E, dtype=torch.float64, device=coef.device).index_add_(0, idx, c).abs()
+    gross = torch.zeros(E, dtype=torch.float64, device=coef.device).index_add_(0, idx, c.abs())
+    return net, gross
+
+
+def sequence_weights(mask: Tensor, aggregation: str) -> Tensor:
+    """(B,) float64: the aggregation's per-sequence weight w_i (eq 67's 1/|y_i|): 1 / (number of real tokens) under
+    ``seq_mean_token_mean``, 1 under every other aggregation (their weight is the same for every sequence)."""
+    if aggregation == "seq_mean_token_mean":
+        return 1.0 / mask.bool().sum(-1).clamp(min=1).double()
+    return torch.ones(mask.shape[0], dtype=torch.float64, device=mask.device)
+
+
+def equal_weight_coef(coef: Tensor, weights: Tensor, group_ids: Tensor) -> Tensor:
+    """(B, T) float64: c'_it = c_it * wbar_g / w_i, the coefficients with each member's sequence weight w_i (B,)
+    replaced by the mean weight of its group (definition 6); equal to c where the group's weights are equal."""
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    w, n = weights.double(), counts.numel()
+    mean = torch.zeros(n, dtype=torch.float64, device=w.device).index_add_(0, inverse, w) / counts  # (n,)
+    lo = torch.full((n,), math.inf, dtype=torch.float64, device=w.device).scatter_reduce(0, inverse, w, reduce="amin")  # (n,)
+    hi = torch.full((n,), -math.inf, dtype=torch.float64, device=w.device).scatter_reduce(0, inverse, w, reduce="amax")  # (n,)
+    ratio = torch.where(
+        (lo == hi).index_select(0, inverse), torch.ones_like(w), mean.index_select(0, inverse) / w
+    )  # (B,) exactly 1 when equal
+    return coef.double() * ratio[:, None]
 
 
 def jitter2(curve) -> np.ndarray | None:

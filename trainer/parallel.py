@@ -229,10 +229,8 @@ class DataParallel(OneProcess):
 
     def reduce_diagnostics(self, d: StepDiagnostics) -> StepDiagnostics:
         out = StepDiagnostics()
-        for energy, num, den, n in self.gather_objects((d.energy, d.shared_num, d.shared_den, d.shared_positions)):
-            if energy is not None:
-                out.add_energy(energy)
-            out.shared_num, out.shared_den, out.shared_positions = out.shared_num + num, out.shared_den + den, out.shared_positions + n
+        for part in self.gather_objects(d):  # every process's sums (StepDiagnostics.merge adds each field)
+            out.merge(part)
         return out
 
     @property

@@ -174,7 +174,7 @@ def accumulate_gradients(
         coef = part.logp_coef() if diagnostics is not None else None  # (b, T) = d loss_minibatch / d logp, weight included
         if coef is not None:
             prob, coll = vocab_stats(model, part.scores, b, device)  # (b, T) each, no grad
-            diagnostics.add(coef, prob, coll, b.completion_ids.to(device), mask, b.group_ids.to(device), buckets)
+            diagnostics.add(coef, prob, coll, b.completion_ids.to(device), mask, b.group_ids.to(device), buckets, spec.aggregation)
     return reduce_records(records, weights), finite
 
 
