@@ -38,7 +38,7 @@ from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
 from ..core.loss.objectives import override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
 from .rewards.compute import function_weights
-from .rewards.worker import parse_user_fn
+from .rewards.worker import is_file_spec, parse_user_fn
 from .run.layout import RunDir
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -486,8 +486,12 @@ def validate(cfg: Config) -> None:
     for fn in cfg.reward.functions:
         try:
             parse_user_fn(fn)
-        except ValueError:
-            raise ValueError(f"reward.functions entries must look like 'package.module:function', got {fn!r}") from None
+        except ValueError as err:
+            if is_file_spec(fn):  # e.g. not a .py file: parse_user_fn's sentence, for this setting
+                raise ValueError(str(err).replace("reward.user_fn", "reward.functions entry", 1)) from None
+            raise ValueError(
+                f"reward.functions entries must look like 'package.module:function', got {fn!r} (or name a file as 'path/to/file.py:function')"
+            ) from None
     if cfg.reward.kind == "user" and ":" not in cfg.reward.user_fn:
         raise ValueError(f'reward.kind = "user" needs reward.user_fn = "module:function", got {cfg.reward.user_fn!r}')
     buckets = cfg.log.energy_buckets

@@ -662,11 +662,13 @@ def test_memory_and_recycling_settings_are_checked_before_any_worker_starts(sett
 # -- naming the user's function ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("user_fn", ["../pkg/mod:fn", "pkg/mod.py:fn", ".mod:fn", "mod.:fn", "mod:fn.x", "mod", ":fn", "mod:"])
+@pytest.mark.parametrize("user_fn", [".mod:fn", "mod.:fn", "mod:fn.x", "mod", ":fn", "mod:", "pkg/mod.py:fn.x"])
 def test_a_user_fn_that_is_not_module_colon_function_is_one_sentence_naming_it(user_fn):
+    """(A file path such as 'pkg/mod.py:fn' is a form of its own since issue 47: tests/trainer/test_reward_file.py.)"""
     message = (
-        "reward.user_fn must look like 'module:function' (or 'package.module:function': a module importable from "
-        f"sys.path, not a file path), got {user_fn!r}"
+        "reward.user_fn must look like 'module:function' or 'package.module:function' (a module importable from sys.path) "
+        "or 'path/to/file.py:function' (a Python file, loaded by path; a relative path is relative to the current "
+        f"directory), got {user_fn!r}"
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         reward_spec("user", "add", user_fn)

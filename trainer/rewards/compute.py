@@ -15,8 +15,10 @@ computes a whole batch. Every failure scores 0 and is counted:
 A broken reward never stops, hangs or poisons training, and SIGINT/SIGTERM keep working during a batch. When
 more than half of a batch's calls fail, a warning naming the reward with the first failure of each kind is
 printed (once per kind per run), with or without --quiet; so is a worker replaced for its memory (once per run).
-A user reward that cannot be named or imported (``reward.user_fn`` not ``package.module:function``, a module
-that raises or calls ``sys.exit`` at import) is a ValueError of one sentence naming it, before any batch.
+A user reward that cannot be named or imported (``reward.user_fn`` not ``package.module:function`` or
+``path/to/file.py:function``, a missing file or one that is not .py, a missing or non-callable function, a module or
+file that raises or calls ``sys.exit`` at import) is a ValueError of one sentence naming it, before any batch (the
+trainer builds its RewardComputer before any model loads; the first worker must be ready for it to return).
 
 Departures / choices:
 1. What runs where. User rewards, math-verify and reasoning-gym run in worker processes that can be killed
@@ -32,7 +34,8 @@ Departures / choices:
    workers on a shared 2-core machine); a built-in worker starts in ~0.2 s (math-verify's in ~1 s: sympy),
    once per run, a user-reward worker in ~0.3 s. The format regex runs here (it is the run's own configuration).
 2. A worker rebuilds the reward from its name (a built-in kind, or kind=user's ``'package.module:function'``,
-   imported with this process's ``sys.path``), never from a pickled closure. The value is converted to a float in
+   imported with this process's ``sys.path``, or ``'path/to/file.py:function'``, the file loaded by its path made
+   absolute in this process: no PYTHONPATH needed), never from a pickled closure. The value is converted to a float in
    the worker: only numbers and short strings come back.
 3. math-verify runs with its own signal-based timeouts off (``parsing_timeout=None``,
    ``timeout_seconds=None``). In a worker the pool's deadlines replace them: its interval timer interrupts
@@ -164,7 +167,8 @@ def warm_up(kind: str) -> None:
 
 
 def import_callable(spec: str) -> RewardFn:
-    """'package.module:function' -> an in-process reward calling it as fn(prompt=, completion=, answer=); ValueError naming what is wrong."""
+    """'package.module:function' or 'path/to/file.py:function' -> an in-process reward calling it as fn(prompt=,
+    completion=, answer=); ValueError naming what is wrong."""
     fn = load_user_fn(spec)
 
     def user(prompt: str, completion: str, example: Example) -> float:
@@ -311,7 +315,10 @@ class RewardComputer:
     ):
         self.function_weights = function_weights(functions, weights)
         for fn in functions:
-            parse_user_fn(fn)
+            try:
+                parse_user_fn(fn)
+            except ValueError as err:  # the sentence names reward.user_fn, the setting of kind=user
+                raise ValueError(str(err).replace("reward.user_fn", "reward.functions entry", 1)) from None
         correctness = as_spec(correctness)
         check_pool_settings(timeout_s, workers, max_tasks_per_worker, memory_limit_mb)
         self.spec = correctness

@@ -66,8 +66,8 @@ from .worker import (
     SOFT_DEADLINE_SHARE,
     STATUSES,
     Outcome,
+    check_user_fn,
     clip,
-    parse_user_fn,
     write_frame,
 )
 
@@ -244,9 +244,12 @@ class RewardPool:
         if kind not in KINDS:
             raise ValueError(f"reward kind {kind!r} unknown; known: {', '.join(KINDS)}")
         if kind == "user":
-            parse_user_fn(user_fn)
+            check_user_fn(user_fn)  # a file that is missing is named here, before any worker starts
         check_pool_settings(timeout_s, workers, max_tasks_per_worker, memory_limit_mb)
         self.kind, self.user_fn, self.timeout_s = kind, user_fn, float(timeout_s)
+        self._base_dir = os.getcwd()
+        """Where each worker reads a reward file's relative path from: the current directory when the pool was made,
+        so that a worker started later (a replacement) loads the same file."""
         self.name = user_fn if kind == "user" else kind
         self.size = workers or default_workers()
         self.max_tasks_per_worker, self.memory_limit_mb = max_tasks_per_worker, memory_limit_mb
@@ -335,7 +338,7 @@ class RewardPool:
         )
         worker = _Worker(proc, marker, time.monotonic())
         init = {"sys_path": list(sys.path), "parent_pid": os.getpid(), "kind": self.kind, "user_fn": self.user_fn}
-        init |= {"soft_s": SOFT_DEADLINE_SHARE * self.timeout_s, "memory_limit_mb": self.memory_limit_mb}
+        init |= {"soft_s": SOFT_DEADLINE_SHARE * self.timeout_s, "memory_limit_mb": self.memory_limit_mb, "base_dir": self._base_dir}
         try:
             write_frame(proc.stdin.fileno(), pickle.dumps(init))
         except OSError:

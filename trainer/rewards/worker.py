@@ -8,7 +8,7 @@ which stays free of torch: ~0.2 s and ~17 MiB, plus math-verify's own imports fo
 
 Protocol, one frame = 4-byte big-endian length + body:
     parent -> worker stdin, pickled (the worker trusts its parent): an init dict (sys.path, parent pid, kind,
-        user_fn, soft deadline, memory cap), then one task at a time: (call_id, prompt, completion, answer, meta).
+        user_fn, the directory a reward file's relative path is read from, soft deadline, memory cap), then one task at a time: (call_id, prompt, completion, answer, meta).
     worker -> parent, JSON (the parent unpickles nothing that a process running user code wrote):
         ["ready"] or ["failed", message] once, then ["done", call_id, value, status, detail, recycle] per task;
         recycle is "" to keep the worker, else why it must be replaced.
@@ -137,15 +137,58 @@ def score(raw: object) -> Outcome:
 # -- naming and building the reward --------------------------------------------------------------------
 
 
+USER_FN_FORMS = (
+    "'module:function' or 'package.module:function' (a module importable from sys.path) or 'path/to/file.py:function' "
+    "(a Python file, loaded by path; a relative path is relative to the current directory)"
+)
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether a reward.user_fn names a file ('path/to/file.py:function', 'reward.py:score', '../r.txt:f'): the part
+    before its last ':' holds a '/' (or the platform's separator) or ends in '.py'. Else it names a module."""
+    target = spec.rpartition(":")[0] if isinstance(spec, str) else ""
+    return "/" in target or os.sep in target or target.endswith(".py")
+
+
 def parse_user_fn(spec: str) -> tuple[str, str]:
-    """'package.module:function' -> (module name, function name); ValueError naming the value and the form."""
+    """'package.module:function' -> (module name, function name); 'path/to/file.py:function' -> (path, function name).
+    ValueError of one sentence naming the value and the forms (or, for a file, that it is not a .py file)."""
+    if isinstance(spec, str) and is_file_spec(spec):
+        path, _, attr = spec.rpartition(":")
+        if not attr.isidentifier():
+            raise ValueError(f"reward.user_fn must look like {USER_FN_FORMS}, got {spec!r}")
+        if not path.endswith(".py"):
+            raise ValueError(
+                f"reward.user_fn {spec!r} names {path!r}, which is not a .py file; name a Python file as 'path/to/file.py:function'"
+            )
+        return path, attr
     module_name, colon, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
     if not (colon and attr.isidentifier() and all(part.isidentifier() for part in module_name.split("."))):
-        raise ValueError(
-            f"reward.user_fn must look like 'module:function' (or 'package.module:function': a module importable from "
-            f"sys.path, not a file path), got {spec!r}"
-        )
+        raise ValueError(f"reward.user_fn must look like {USER_FN_FORMS}, got {spec!r}")
     return module_name, attr
+
+
+def user_file(spec: str, base_dir: str = "") -> str:
+    """The absolute path of the file a 'path/to/file.py:function' names (a relative one from ``base_dir``, by default
+    the current directory); ValueError of one sentence when it is not a readable regular file."""
+    path, _ = parse_user_fn(spec)
+    base_dir = base_dir or os.getcwd()
+    full = os.path.normpath(os.path.join(base_dir, path))
+    if not os.path.exists(full):
+        raise ValueError(f"reward.user_fn {spec!r}: no file {full} (a relative path is read from the current directory, {base_dir})")
+    if not os.path.isfile(full):
+        raise ValueError(f"reward.user_fn {spec!r}: {full} is not a regular file; name a Python file as 'path/to/file.py:function'")
+    if not os.access(full, os.R_OK):
+        raise ValueError(f"reward.user_fn {spec!r}: {full} is not readable")
+    return full
+
+
+def check_user_fn(spec: str) -> None:
+    """parse_user_fn, and for a file, that it exists (``user_file``): what a parent checks before it starts a worker."""
+    if is_file_spec(spec):
+        user_file(spec)
+    else:
+        parse_user_fn(spec)
 
 
 def _import_failure(err: BaseException) -> str:
@@ -155,9 +198,39 @@ def _import_failure(err: BaseException) -> str:
     return describe_error(err)
 
 
-def load_user_fn(spec: str) -> Callable:
-    """'package.module:function' -> the function; ValueError naming what is wrong, whatever the import raised."""
+def _load_file(spec: str, base_dir: str = "") -> object:
+    """The module a 'path/to/file.py:function' names, run from its file (under a name of its own, so two files both
+    called reward.py do not clash; its folder is not added to sys.path)."""
+    import hashlib
+    import importlib.util
+
+    full = user_file(spec, base_dir)
+    name = "dfpo_reward_file_" + hashlib.sha256(full.encode()).hexdigest()[:16]
+    module_spec = importlib.util.spec_from_file_location(name, full)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"reward.user_fn {spec!r}: {full} cannot be loaded as a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # as an import does: dataclasses and pickling in the file find their module
+    try:
+        module_spec.loader.exec_module(module)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - user code runs at load; Ctrl-C still stops the caller
+        sys.modules.pop(name, None)
+        raise ValueError(f"reward.user_fn {spec!r}: running file {full} raised {_import_failure(err)}") from None
+    return module
+
+
+def load_user_fn(spec: str, base_dir: str = "") -> Callable:
+    """'package.module:function' or 'path/to/file.py:function' (a relative path from ``base_dir``, by default the
+    current directory) -> the function; ValueError naming what is wrong, whatever the import raised."""
     module_name, attr = parse_user_fn(spec)
+    if is_file_spec(spec):
+        module = _load_file(spec, base_dir)
+        if not hasattr(module, attr):
+            raise ValueError(f"reward.user_fn {spec!r}: file {module.__file__} defines no {attr!r}")
+        fn = getattr(module, attr)
+        if not callable(fn):
+            raise ValueError(f"reward.user_fn {spec!r}: {attr!r} in file {module.__file__} is a {type(fn).__name__}, not a function")
+        return fn
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -170,10 +243,11 @@ def load_user_fn(spec: str) -> Callable:
     return fn
 
 
-def build_call(kind: str, user_fn: str = "") -> Callable[[str, str, str, dict | None], object]:
-    """The reward of ``kind`` as call(prompt, completion, answer, meta) -> raw value (imports what it needs)."""
+def build_call(kind: str, user_fn: str = "", base_dir: str = "") -> Callable[[str, str, str, dict | None], object]:
+    """The reward of ``kind`` as call(prompt, completion, answer, meta) -> raw value (imports what it needs; a reward
+    file's relative path is read from ``base_dir``)."""
     if kind == "user":
-        fn = load_user_fn(user_fn)
+        fn = load_user_fn(user_fn, base_dir)
         return lambda prompt, completion, answer, meta: fn(prompt=prompt, completion=completion, answer=answer)
     if kind not in BUILTIN_FUNCTIONS:
         raise ValueError(f"reward kind {kind!r} unknown; known: {', '.join(KINDS)}")
@@ -378,7 +452,7 @@ def worker_main() -> None:
     sys.path[:] = init["sys_path"]
     try:
         _cap_memory(init["memory_limit_mb"])
-        call = build_call(init["kind"], init["user_fn"])
+        call = build_call(init["kind"], init["user_fn"], init.get("base_dir", ""))
     except BaseException as err:  # noqa: BLE001 - whatever importing the reward raises is reported, not printed
         message = clip(str(err)) if isinstance(err, ValueError) else describe_error(err)
         if isinstance(err, MemoryError):
