@@ -208,3 +208,32 @@ def test_add_and_equiv_form_keys_are_unchanged():
     shares = surface_form_shares("equiv", ["82", "45+37", "x"], [ex] * 3)
     assert list(shares) == ["forms/number", "forms/swap", "forms/split", "forms/echo", "forms/invalid"]
     assert surface_form_shares("jsonl", ["82"], [ex]) == {}
+
+
+# -- through the trainer ---------------------------------------------------------------------------------
+
+
+def test_a_tiny_run_on_the_sum_task_logs_its_forms_and_the_last_int_reward(tmp_path):
+    """The tiny offline model on task sum (reward auto = last_int): every step logs the four form shares, adding up
+    to 1, forms/equiv_entropy within [0, ln 3], and reward/correct equal to 1 - forms/wrong (both from last_int)."""
+    import json
+
+    from tiny_run import TINY_MODEL_SETS
+
+    from dfpo.trainer.config import apply_overrides, config_from_dict
+    from dfpo.trainer.run.layout import RunDir
+    from dfpo.trainer.train import Trainer
+
+    sets = [
+        *TINY_MODEL_SETS,
+        *("data.task=sum", "data.operands=3", "data.min_operand=1", "data.train_size=50", "data.eval_size=4"),
+        *("rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=3", "train.steps=2", "threads=1"),
+        *("log.tensorboard=false", "log.progress=false", "train.save_final=false", f'run_dir="{tmp_path / "run"}"'),
+    ]
+    Trainer(config_from_dict(apply_overrides({}, sets)), quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert sum(row[f"forms/{f}"] for f in ("number", "equation", "sentence", "wrong")) == pytest.approx(1.0)
+        assert 0.0 <= row["forms/equiv_entropy"] <= math.log(3) + 1e-9
+        assert row["reward/correct"] == pytest.approx(1.0 - row["forms/wrong"])
