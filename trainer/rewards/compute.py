@@ -184,7 +184,7 @@ LOCAL_FUNCTIONS: dict[str, RewardFn] = {"exact": exact_match, "last_int": last_i
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """Which correctness reward: a built-in kind by name, or kind 'user' with its 'module:function'.
+    """Which correctness reward: a built-in kind by name, or kind 'user' with its 'module:function' or 'file.py:function'.
     A worker process rebuilds the reward from this."""
 
     kind: str

@@ -225,9 +225,10 @@ def _kill_all(workers: list[_Worker], owner_pid: int, pool_marker: str) -> None:
 
 class RewardPool:
     """Up to ``workers`` processes computing one reward ``kind`` (built-in by name, or 'user' with its
-    'package.module:function'); each call has ``timeout_s``. The first worker is ready when the constructor returns
-    (ValueError when the reward cannot be built, e.g. a user module that does not import); the others start
-    meanwhile. ``close()`` (or leaving a ``with`` block, or interpreter exit) kills every worker.
+    'package.module:function' or 'path/to/file.py:function', a relative path read from the current directory when the
+    pool is made); each call has ``timeout_s``. The first worker is ready when the constructor returns (ValueError
+    when the reward cannot be built, e.g. a user module that does not import; a missing reward file is named before
+    any worker starts); the others start meanwhile. ``close()`` (or leaving a ``with`` block, or interpreter exit) kills every worker.
     One batch at a time: ``run`` is not meant to be called from several threads at once."""
 
     def __init__(
