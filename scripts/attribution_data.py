@@ -32,7 +32,7 @@ FIGURES = ROOT / "docs" / "attribution"
 
 RESIDUAL = "gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score,dfpo_min:stopgrad=score:length_aware=true"
 LLM = "gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score"
-LLM_SETS = "--set eval.k=16 --set eval.every=50 --jobs 1"
+LLM_SETS = "--config configs/tiny-cpu.toml --set eval.k=16 --set eval.every=50 --jobs 1"
 
 
 @dataclass(frozen=True)

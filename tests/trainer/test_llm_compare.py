@@ -128,6 +128,8 @@ def test_end_to_end_two_seeds_write_the_table_and_the_plot_and_resume(tmp_path, 
     out = tmp_path / "cmp"
     argv = [
         "compare",
+        "--config",
+        "configs/tiny-cpu.toml",
         "--objectives",
         "gspo,dfpo_min",
         "--seeds",
@@ -258,7 +260,19 @@ def test_a_torn_metrics_line_is_named_by_file_and_line(tmp_path, capsys):
     lines = metrics.read_text().splitlines()
     lines[2] = lines[2][:12]
     metrics.write_text("\n".join(lines) + "\n")
-    argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--out", str(plan.out)]
+    argv = [
+        "compare",
+        "--config",
+        "configs/tiny-cpu.toml",
+        "--objectives",
+        "gspo,dfpo_min",
+        "--seeds",
+        "2",
+        "--first-seed",
+        "10",
+        "--out",
+        str(plan.out),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"dfpo: error: {metrics}:3: not a JSON object" in err, err

@@ -54,6 +54,7 @@ Choices made here (the issue leaves them open; what a TRL / verl user would expe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -623,9 +624,12 @@ def write_outputs(doc: dict, out: Path) -> list[Path]:
 def probe_command(plan: ProbePlan, *, quiet: bool = False) -> str:
     """Run the probe, write its outputs, return probe.md's text."""
     say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    from ..packaged_model import quiet_loading
+
     threads = torch.get_num_threads()
     try:
-        doc = run_probe(plan, say)
+        with quiet_loading() if quiet else contextlib.nullcontext():  # no conversion line, no loading bars
+            doc = run_probe(plan, say)
     finally:
         torch.set_num_threads(threads)
     write_outputs(doc, plan.out)

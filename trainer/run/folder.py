@@ -16,8 +16,9 @@ Layout of RUN_DIR::
                       size of every file written there, written last
 
 A fresh start clears a folder only when all of these hold: it carries the mark, the mark says no checkpoint was
-ever written in it, and everything in it is a file dfpo train writes before its first checkpoint (a run killed
-during start-up): in init_model/ only the files its .dfpo-files.json names (or, when a kill cut the save short
+ever written in it, it holds no summary.json, and everything in it is a file dfpo train writes before its first
+checkpoint (a run killed during start-up, or a run with train.save_every = 0 killed before its end: its logs and
+tb/'s event files too): in init_model/ only the files its .dfpo-files.json names (or, when a kill cut the save short
 before that record, only files save_pretrained writes), never a subfolder or a link. Anything else that is not
 empty is refused, naming what is in the way, and nothing is deleted: a project folder that happens to hold a
 ``config.toml``, a finished run whose checkpoint was pruned, a folder of an older dfpo without the mark, a run
@@ -172,6 +173,24 @@ def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
         ) from None
 
 
+UNCHECKPOINTED_FILES = RunDir.STARTUP_FILES | set(RunDir.LOGS)
+"""What a run that never wrote a checkpoint may leave (besides init_model/ and tb/): its start-up files, and the logs
+of a run with train.save_every = 0 that died before its end."""
+TENSORBOARD_PREFIX = "events.out.tfevents."
+"""The name of every file TensorBoard's SummaryWriter writes into tb/."""
+
+
+def _tensorboard_leftovers(folder: Path) -> tuple[list[Path], list[str]]:
+    """(the event files of tb/, the names of everything else in it: a subfolder, a link, any other file)."""
+    files, foreign = [], []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(TENSORBOARD_PREFIX) and p.is_file() and not p.is_symlink():
+            files.append(p)
+        else:
+            foreign.append(f"{RunDir.TENSORBOARD}/{p.name}")
+    return files, foreign
+
+
 def _init_model_leftovers(folder: Path) -> tuple[list[Path], list[str]]:
     """(the files of a start-up leftover's init_model/ dfpo train wrote, the names of everything else in it)."""
     record = _init_model_record(folder)
@@ -226,13 +245,22 @@ def startup_leftovers(run_dir: Path) -> list[Path]:
             f"run_dir {str(run_dir)!r} holds a dfpo run whose {RunDir.CHECKPOINT} is gone ({names}); its files are kept and nothing "
             f"was deleted. Put {RunDir.CHECKPOINT} back to --resume it, or choose another folder (--set run_dir=...)"
         )
+    if (run_dir / RunDir.SUMMARY).is_file():
+        raise ValueError(
+            f"run_dir {str(run_dir)!r} holds a finished dfpo run that kept no checkpoint (train.save_final = false); nothing "
+            "was deleted. Choose another folder (--set run_dir=...)"
+        )
     clear, foreign = [], []
     for p in contents:
         if p.name == RunDir.INIT_MODEL and p.is_dir() and not p.is_symlink():
             files, others = _init_model_leftovers(p)
             clear += [*files, p]
             foreign += others
-        elif (p.name in RunDir.STARTUP_FILES or _is_own_temp_file(p.name)) and p.is_file() and not p.is_symlink():
+        elif p.name == RunDir.TENSORBOARD and p.is_dir() and not p.is_symlink():  # a run without checkpoints (save_every = 0)
+            files, others = _tensorboard_leftovers(p)
+            clear += [*files, p]
+            foreign += others
+        elif (p.name in UNCHECKPOINTED_FILES or _is_own_temp_file(p.name)) and p.is_file() and not p.is_symlink():
             clear.append(p)
         else:
             foreign.append(p.name)

@@ -35,7 +35,15 @@ def config_differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> lis
 
 _MISSING = object()
 
-RESUME_SETTABLE = ("train.steps", "train.save_every", "log.progress", "log.samples_every", "eval.every", "train.parallel")
+RESUME_SETTABLE = (
+    "train.steps",
+    "train.save_every",
+    "train.save_final",
+    "log.progress",
+    "log.samples_every",
+    "eval.every",
+    "train.parallel",
+)
 """Keys that --set may change when resuming without breaking exact continuation."""
 RESUME_IGNORED = (*RESUME_SETTABLE, "run_dir")
 """Config keys a resume may change: those --set may change with --resume, and where the folder now is."""
@@ -107,5 +115,22 @@ def resume_config(run_dir: Path, sets: list[str], *, restore: bool = False) -> C
         cfg = config_from_dict(raw)
     except ValueError as err:
         raise ValueError(f"{cfg_path}: {err}") from None
+    if meta is None and not RunDir(run_dir).checkpoint.exists():
+        raise ValueError(no_checkpoint_message(run_dir, cfg))
     check_same_config(run_dir, saved, cfg)
     return cfg
+
+
+def no_checkpoint_message(run_dir: Path, cfg: Config) -> str:
+    """Why ``--resume RUN_DIR`` has nothing to continue from when the folder holds no checkpoint, and what to do."""
+    if cfg.train.save_every == 0:
+        finished = RunDir(run_dir).summary.is_file()
+        why = (
+            "it finished without one (train.save_every = 0, train.save_final = false), so it cannot be extended; start a new run in another folder"
+            if finished
+            else "the run writes none during training (train.save_every = 0), so it cannot be continued; start it again with "
+            "dfpo train and its config (the same folder starts from step 0)"
+        )
+    else:
+        why = "the run stopped before its first checkpoint; start it again"
+    return f"--resume {run_dir}: no {RunDir.CHECKPOINT} in it: {why}"

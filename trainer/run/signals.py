@@ -175,12 +175,19 @@ def held() -> contextlib.AbstractContextManager:
 
 
 class TrainingInterrupted(Exception):
-    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was written."""
+    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was written (``checkpointed``), or
+    none for a run that writes none during training (train.save_every = 0)."""
 
-    def __init__(self, signum: int, step: int, run_dir: Path):
+    def __init__(self, signum: int, step: int, run_dir: Path, *, checkpointed: bool = True):
         self.signum, self.step, self.run_dir = signum, step, run_dir
         name = signal.Signals(signum).name
-        super().__init__(f"{name}: stopped after step {step}, checkpoint written; resume with: dfpo train --resume {run_dir}")
+        if checkpointed:
+            super().__init__(f"{name}: stopped after step {step}, checkpoint written; resume with: dfpo train --resume {run_dir}")
+        else:
+            super().__init__(
+                f"{name}: stopped after step {step}; the run writes no checkpoint (train.save_every = 0), so it cannot be "
+                "resumed: start it again with the same command (it starts from step 0 in the same folder)"
+            )
 
     @property
     def exit_code(self) -> int:

@@ -86,6 +86,8 @@ class Checkpointer:
         self.cfg, self.parallel, self.say = cfg, parallel, say
         self.run_dir = cfg.folder.path
         self.model, self.optimizer, self.scheduler, self.prompts = model, optimizer, scheduler, prompts
+        self.marked = False
+        """Whether this session's first checkpoint has written the folder's mark (checkpointed, with the identity)."""
 
     @property
     def path(self) -> Path:
@@ -115,11 +117,18 @@ class Checkpointer:
         def write() -> Path:
             config = config_to_dict(self.cfg)
             path = save_checkpoint(self.run_dir, content, config=config)
-            if step == state.start_step:  # the folder holds a checkpoint, never a start-up leftover, of this run
+            if not self.marked:  # the folder holds a checkpoint, never a start-up leftover, of this run (step 0, or the
+                # first one of a run with train.save_every = 0: its last)
                 write_mark(self.run_dir, checkpointed=True, identity=run_identity(config))
+                self.marked = True
             return path
 
         return self.parallel.on_rank0(write) or self.path
+
+    def claim(self) -> None:
+        """Write the run's identity into the folder's mark without a checkpoint (a run with train.save_every = 0), as
+        its first checkpoint would: ``dfpo compare`` checks a finished folder's run by it."""
+        self.parallel.on_rank0(lambda: write_mark(self.run_dir, checkpointed=False, identity=run_identity(config_to_dict(self.cfg))))
 
     def restore(self, state: RunState) -> None:
         """Load the run folder's checkpoint into the model, optimiser, schedule, prompt order, RNGs and ``state``
