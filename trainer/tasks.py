@@ -14,7 +14,7 @@ Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
   49."): ``sum_surface_form`` names them for the same drift diagnostics.
 
 What the trainer asks of a task, besides its examples: ``encode_prompts`` (the prompt template and the
-tokenizer's chat template), ``sft_target`` (the tiny preset's warm-start target) and ``surface_form_shares``
+tokenizer's chat template with data.system_prompt's system turn), ``sft_target`` (the tiny preset's warm-start target) and ``surface_form_shares``
 (the ``forms/*`` metrics of the arithmetic tasks).
 """
 
@@ -588,6 +588,8 @@ def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
     task = data.task
     if task in ("add", "equiv"):  # eval problems are held out: no train problem has their (a, b)
         check_operand_range(data.min_operand, data.max_operand)
+        if data.operands != 2:
+            raise ValueError(f'data.operands={data.operands} applies to data.task = "sum"; "{task}" adds two numbers, so leave it at 2')
         pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007, data.min_operand)
         evals = [add_example(a, b) for a, b in pairs]
         train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs), min_operand=data.min_operand)

@@ -73,6 +73,12 @@ def test_min_operand_above_max_operand_is_one_sentence_naming_both(task):
         load_splits(DataConfig(task=task, min_operand=20, max_operand=10), seed=0)
 
 
+@pytest.mark.parametrize("task", ["add", "equiv"])
+def test_operands_other_than_two_for_add_or_equiv_is_one_sentence(task):
+    with pytest.raises(ValueError, match=rf'^data.operands=3 applies to data.task = "sum"; "{task}" adds two numbers, so leave it at 2$'):
+        load_splits(DataConfig(task=task, operands=3), seed=0)
+
+
 def test_add_and_equiv_honour_min_operand_and_keep_their_draws_at_min_operand_0():
     """With min_operand 0 the add problems are the draws the task always made (randint(0, max) twice per problem);
     with min_operand 10 every operand is two-digit."""
