@@ -224,7 +224,8 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "forms/equiv_entropy",
         "mean",
-        "sum task: entropy of the surface forms of the step's correct completions (equivalent correct answers; dfpo.trainer.tasks defines it)",
+        "sum task: entropy in nats of the forms number / equation / sentence among the step's correct completions "
+        "(0 when fewer than 2 are correct; at most ln 3): the drift between equivalent correct answers (dfpo.trainer.tasks)",
         _TRAINER,
     ),
     Metric(

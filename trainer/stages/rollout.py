@@ -13,7 +13,9 @@ errors give 0 and are counted) and lays them out with ``build_batch``. Choices:
    groups remain or ``rollout.max_extra_batches`` extra draws were made (then the step trains on the groups it
    has; with none at all, on the last draw as it is).
 3. Evaluation (``evaluate``) samples k completions of every eval prompt with its own forked RNG, so that it
-   changes nothing the training draws.
+   changes nothing the training draws, and measures the learning tax on the eval prompts' own positions
+   (``eval/tax_kl``, ``tax.TaxMeter``: against pi_init, scored at the step-0 evaluation and kept in the run folder).
+   It needs the policy itself: the HF engine's model, or ``policy_model`` (with vLLM); without one it is not logged.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..sampler import (
     truncates,
 )
 from ..tasks import PromptSampler, encode_prompts
+from .tax import TAX_REFERENCE, TaxMeter
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class RolloutStage:
         eval_examples: list,
         max_prompt_tokens: int | None,
         greedy_baseline: bool = False,
+        policy_model=None,
     ):
         self.greedy_baseline = greedy_baseline
         """Generate and score one greedy completion per prompt with every rollout (ReMax's baseline)."""
@@ -98,6 +102,11 @@ class RolloutStage:
         self.prompts = PromptSampler(len(train_examples), cfg.seed, cfg.data.shuffle)
         """The seeded, resumable order of the train prompts (its state is checkpointed)."""
         self.eval_examples, self.eval_prompt_ids = eval_examples, self.encode(eval_examples)
+        model = policy_model if policy_model is not None else getattr(engine, "model", None)
+        self.tax = None
+        """``eval/tax_kl``'s meter (None without the policy model: a vLLM engine and no ``policy_model``)."""
+        if model is not None:
+            self.tax = TaxMeter(model, self.eval_prompt_ids, cfg.folder / TAX_REFERENCE, device, writes=parallel.is_main)
 
     def encode(self, examples: list) -> list[list[int]]:
         """The prompts' token ids (template, chat template, length limit: ``tasks.encode_prompts``)."""
@@ -254,6 +263,7 @@ class RolloutStage:
                 completions = self.engine.sample(mine_ids, k, params, seeds=[row_seed(cfg.seed, 7919, step, i) for i in mine]).tokens
             elif mine_ids:
                 completions = self.engine.generate(mine_ids, k, params)
+            tax = {} if self.tax is None else self.tax.measure(step)  # every process scores every eval prompt: no gather
         texts = self.tok.batch_decode(completions, skip_special_tokens=True)
         exs = [examples[i] for i in mine for _ in range(k)]
         rew = self.rewards([e.prompt for e in exs], texts, exs) if exs else None
@@ -262,4 +272,4 @@ class RolloutStage:
             for j, i in enumerate(part_mine):
                 rows[i] = part_correct[j * k : (j + 1) * k]
         correct = torch.tensor(rows, dtype=torch.float32).view(n, k)
-        return {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}
+        return {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())} | tax
