@@ -5,6 +5,8 @@
     dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --match-step steps --match-methods dfpo_min:stopgrad=score
     dfpo compare ... --first-seed 3000 --calibration-from runs/discovery/compare.json   # the same controls on a second set
 
+Without ``--config`` the runs train configs/smollm2-cpu.toml (the packaged SmolLM2-135M-Instruct on the sum task).
+
 Every label (a preset, optionally with ``:key=value`` overrides and ``@lr=VALUE``, the run's learning rate) trains once per seed
 with everything else equal (same config, same seed: same warm start, same prompts, same held-out
 eval problems). Each method is compared with the baseline on the same seed. The paired
@@ -229,19 +231,36 @@ def _read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def _logged(rows: list[dict], key: str) -> list[float]:
+    """The values of ``key`` in ``rows`` where it was logged as a number."""
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
 def read_run(path: Path) -> dict[str, float]:
     """The outcomes of one finished run from its summary.json and metrics.jsonl.
 
     ``kappa_reached`` is 1.0 when the 10-step mean train reward reached eval.kappa, else 0.0: then
-    ``steps_to_kappa`` is the run's length + 1, a lower bound (censored). An outcome the logs do not hold is NaN
-    (its cells read n/a).
+    ``steps_to_kappa`` is the run's length + 1, a lower bound (censored). ``tax_kl`` is the final eval's
+    ``eval/tax_kl``; ``equiv_entropy`` the mean of ``forms/equiv_entropy`` over those of the last 10 steps that logged it;
+    ``shared_events``, ``residual`` and ``residual_length`` the means over the steps that logged
+    ``diag/shared_events``, ``diag/shared_residual`` and ``diag/shared_residual_length``; ``cpu_s`` the summary's
+    ``cpu_s_process`` (CPU seconds of the run's last ``dfpo train`` process: a resumed run's last session). An
+    outcome the logs do not hold is NaN (its cells read n/a).
     """
     summary = _read_summary(RunDir(path).summary)
     rows = _read_metrics(RunDir(path).metrics)
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")
-    residual = [r["diag/shared_residual"] for r in rows if isinstance(r.get("diag/shared_residual"), (int, float))]
+    residual = _logged(rows, "diag/shared_residual")
     entropy = [r["entropy/rollout"] for r in rows[-10:] if isinstance(r.get("entropy/rollout"), (int, float))]
     jitter = summary.get("reward/jitter2")
     return {
@@ -254,6 +273,11 @@ def read_run(path: Path) -> dict[str, float]:
         "residual": float(np.mean(residual)) if residual else math.nan,
         "clip_frac": float(np.mean([r.get("clip/frac_low", 0.0) + r.get("clip/frac_high", 0.0) for r in rows])),
         "asym": float(np.mean([r.get("weights/asym", 0.0) for r in rows])),
+        "tax_kl": _number(final.get("eval/tax_kl")),
+        "equiv_entropy": _mean(_logged(rows[-10:], "forms/equiv_entropy")),
+        "shared_events": _mean(_logged(rows, "diag/shared_events")),
+        "residual_length": _mean(_logged(rows, "diag/shared_residual_length")),
+        "cpu_s": _number(summary.get("cpu_s_process")),
     }
 
 

@@ -31,6 +31,11 @@ OUTCOMES = (
     ("residual", "shared-token residual eq 2 (mean over steps)", "{:+.3f}"),
     ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
     ("asym", "Asym eq 23 (mean over steps, post-transform weights)", "{:+.2e}"),
+    ("tax_kl", "learning tax: KL(pi_init || pi) at the eval prompts' positions, final eval (Prop. 3.1)", "{:+.2e}"),
+    ("equiv_entropy", "entropy over equivalent correct answers, last 10 steps", "{:+.3f}"),
+    ("shared_events", "shared events eq 2 per step (mean over steps)", "{:+.1f}"),
+    ("residual_length", "length part of the residual, eq 67's 1/|y_i| (mean over steps)", "{:+.3f}"),
+    ("cpu_s", "CPU seconds of the run's last dfpo train process", "{:+.0f}"),
 )
 VALUE_FORMATS = {
     "eval": "{:.4f}",
@@ -41,6 +46,11 @@ VALUE_FORMATS = {
     "residual": "{:.4f}",
     "clip_frac": "{:.4f}",
     "asym": "{:.4g}",
+    "tax_kl": "{:.4g}",
+    "equiv_entropy": "{:.4f}",
+    "shared_events": "{:.1f}",
+    "residual_length": "{:.4f}",
+    "cpu_s": "{:.0f}",
 }
 """How a per-seed value is printed."""
 CENSORED = ("steps_to_kappa",)

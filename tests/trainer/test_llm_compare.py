@@ -46,7 +46,30 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     nan = float("nan")
     expected = {"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 16.0, "kappa_reached": 0.0, "clip_frac": 0.35, "asym": 0.5}
     expected |= {"jitter2": nan, "entropy_last10": nan, "residual": nan}  # not in these logs: n/a, never 0
+    expected |= {"tax_kl": nan, "equiv_entropy": nan, "shared_events": nan, "residual_length": nan, "cpu_s": nan}
     assert rec == pytest.approx(expected, nan_ok=True)  # censored: the run's 15 steps + 1, a lower bound
+
+
+def test_read_run_takes_the_tax_the_equivalent_answers_entropy_the_events_the_length_part_and_cpu_time(tmp_path):
+    """The final eval's tax_kl; forms/equiv_entropy over the last 10 steps that logged it; diag/shared_events and
+    diag/shared_residual_length over the steps that logged them; the summary's cpu_s_process."""
+    _write_run(tmp_path / "a", 0.5, [0.5] * 12, 3)
+    summary = json.loads((tmp_path / "a" / RunDir.SUMMARY).read_text())
+    summary["final_eval"]["eval/tax_kl"] = 0.0125
+    summary["cpu_s_process"] = 321.5
+    (tmp_path / "a" / RunDir.SUMMARY).write_text(json.dumps(summary))
+    rows = [json.loads(line) for line in (tmp_path / "a" / RunDir.METRICS).read_text().splitlines()]
+    for i, r in enumerate(rows):  # steps 1..12: equiv entropy i on every step but the 12th; events on odd steps
+        if i < 11:
+            r["forms/equiv_entropy"] = float(i)
+        if i % 2 == 0:
+            r["diag/shared_events"] = i
+            r["diag/shared_residual_length"] = 0.01 * i
+    (tmp_path / "a" / RunDir.METRICS).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rec = read_run(tmp_path / "a")
+    assert rec["tax_kl"] == 0.0125 and rec["cpu_s"] == 321.5
+    assert rec["equiv_entropy"] == pytest.approx(sum(range(2, 11)) / 9)  # steps 3..11 of the last ten (3..12)
+    assert rec["shared_events"] == pytest.approx(5.0) and rec["residual_length"] == pytest.approx(0.05)  # i = 0, 2, .., 10
 
 
 def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_interval():
@@ -60,7 +83,7 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
     # 5 intervals (the outcomes these records hold): each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 0.0477
     assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
-    assert line.count("| n/a ") == 3  # jitter2, entropy, residual: not in these records
+    assert line.count("| n/a ") == 8  # jitter2, entropy, residual, tax, equivalent answers' entropy, events, length part, CPU
     assert pair_intervals(records, pairs)[("dfpo_min", "gspo", "eval")].tests == 5
     # steps: a sign test of 4 pairs reaches no level 0.99, and the cell says so instead of printing [-inf, inf]
     assert "| median +0.0, no interval (n = 4 seeds: a sign-test interval of the median at level 0.99 needs >= 8) |" in line
@@ -184,8 +207,11 @@ def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_
     assert "| 13 | 0.3300 | 0.3500 | +0.020 |" in text  # seed 13: its own values and its paired difference
     assert text.count("| 17 |") == len(C.OUTCOMES)  # one per-seed table per outcome
     rows = (plan.out / "per_seed.csv").read_text().splitlines()
-    assert rows[0] == "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,kappa_reached"
-    assert rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,1" and len(rows) == 1 + 2 * 8
+    assert rows[0] == (
+        "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,"
+        "tax_kl,equiv_entropy,shared_events,residual_length,cpu_s,kappa_reached"
+    )
+    assert rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,1" and len(rows) == 1 + 2 * 8
     doc = json.loads((plan.out / "compare.json").read_text())  # what the page re-renders the tables from
     assert C.render_compare(doc) == text.splitlines()[: len(C.render_compare(doc))]
 
