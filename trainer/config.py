@@ -137,11 +137,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    kind: str = setting("auto", "Correctness reward: auto (by task), exact, math_verify, equiv, reasoning_gym, user.", choices=REWARD_KINDS)
+    kind: str = setting(
+        "auto",
+        "Correctness reward: auto (by task: last_int for sum), exact, last_int (the last number written equals the integer answer), "
+        "math_verify, equiv, reasoning_gym, user.",
+        choices=REWARD_KINDS,
+    )
     user_fn: str = setting(
         "",
         "kind=user: 'package.module:function' (importable from sys.path) or 'path/to/file.py:function' (a file, loaded by "
-        "path), called as fn(prompt=, completion=, answer=) -> float.",
+        "path; a relative path from the current directory), called as fn(prompt=, completion=, answer=) -> float.",
     )
     format_weight: float = setting(0.0, "Weight of the format reward added to correctness (0 = off).", bounds=Bounds(0))
     format_regex: str = setting(r"\\boxed\{.+\}", "A completion earns the format reward when this regex is found in it.")
