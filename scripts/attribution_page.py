@@ -37,6 +37,7 @@ FIGURES = {
     "toy-spread-k-family-adam": "toy-spread-k-family-adam.png",
     "toy-spread-k": "toy-spread-k-tenplusten.png",
     "llm": "llm.png",
+    "smollm2": "smollm2.png",
 }
 """The figure of each experiment under docs/attribution/ (copied from its confirmation run)."""
 
