@@ -132,6 +132,9 @@ def save_reference(ref: TaxReference, path: Path) -> None:
         with naming_write_errors(path):
             fd, tmp = tempfile.mkstemp(dir=path.parent.resolve(), prefix=f".{path.name}.", suffix=".tmp")
             try:
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600: the mode open() would give, as the run's other files
                 with os.fdopen(fd, "wb") as fh:
                     torch.save(data, fh)
                     fh.flush()
