@@ -232,7 +232,7 @@ METRICS: tuple[Metric, ...] = (
         "forms/{name}",
         "mean",
         "arithmetic tasks: share of completions of each surface form (add/equiv: number, swap, split, echo, invalid; "
-        "sum: number, equation, sentence, wrong, invalid)",
+        "sum: number, equation, sentence, wrong)",
         _TRAINER,
     ),
     *(
