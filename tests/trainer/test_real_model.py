@@ -73,7 +73,7 @@ def test_smollm2_converts_trains_two_steps_and_probes_one(tmp_path, monkeypatch)
     train(cfg, quiet=True)
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         bad = {k: v for k, v in numbers(row).items() if not math.isfinite(v)}
         assert not bad, f"non-finite figures logged: {bad}"
