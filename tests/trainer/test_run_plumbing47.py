@@ -199,6 +199,63 @@ def test_a_no_checkpoint_folder_with_anything_else_is_refused_and_nothing_is_del
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
+def test_a_no_checkpoint_run_killed_after_its_step_0_eval_starts_again_with_dfpo_train_and_scores_pi_init_again(tmp_path, capsys):
+    """A save_every = 0 run that died after its step-0 eval leaves tax_reference.pt (and maybe the temporary file of a
+    cut-off write): ``dfpo train`` in the same folder clears both with the logs, trains from step 0, and scores pi_init
+    again (the damaged reference left behind is replaced; eval/tax_kl is 0 at step 0 and logged after)."""
+    from dfpo.trainer.run.folder import UNCHECKPOINTED_FILES, startup_leftovers
+    from dfpo.trainer.stages import tax
+
+    run = tmp_path / "run"
+    sets = _sets(*QUICK, "train.steps=1", "train.save_every=0", "train.save_final=false", f"run_dir={run}")
+    assert main(["train", "--silent", *sets]) == 0
+    RunDir(run).summary.unlink()  # as a kill before the end leaves it (curves.png is drawn after summary.json)
+    (run / "curves.png").unlink()
+    assert tax.TAX_REFERENCE in UNCHECKPOINTED_FILES and not RunDir(run).checkpoint.exists()
+    (run / tax.TAX_REFERENCE).write_bytes(b"cut short")
+    temp = run / f".{tax.TAX_REFERENCE}.x1y2.tmp"
+    temp.write_bytes(b"")
+    assert {tax.TAX_REFERENCE, temp.name, RunDir.EVALS} <= {p.name for p in startup_leftovers(run)}
+    assert main(["train", "--silent", *sets]) == 0
+    assert capsys.readouterr().err == ""
+    assert not temp.exists() and isinstance(tax.load_reference(run / tax.TAX_REFERENCE), tax.TaxReference)
+    evals = [json.loads(line) for line in RunDir(run).evals.read_text().splitlines()]
+    assert [(e["step"], e["eval/tax_kl"] == 0.0) for e in evals] == [(0, True), (1, False)]
+
+
+def test_a_simulated_no_checkpoint_leftover_with_a_tax_reference_is_cleared_but_a_look_alike_folder_is_not(tmp_path):
+    """A folder as the kill leaves it (mark of a run that never checkpointed, metrics.jsonl, tax_reference.pt, no
+    checkpoint) is cleared file by file; a tax_reference.pt that is a folder is foreign and nothing is deleted."""
+    from dfpo.trainer.run.folder import startup_leftovers, write_mark
+    from dfpo.trainer.stages.tax import TAX_REFERENCE
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_mark(run, checkpointed=False)
+    (run / RunDir.METRICS).write_text('{"step": 1}\n')
+    (run / TAX_REFERENCE).write_bytes(b"x")
+    assert sorted(p.name for p in startup_leftovers(run)) == sorted([RunDir.METRICS, TAX_REFERENCE])
+    (run / TAX_REFERENCE).unlink()
+    (run / TAX_REFERENCE).mkdir()
+    with pytest.raises(ValueError, match="files dfpo train did not write"):
+        startup_leftovers(run)
+    assert (run / TAX_REFERENCE).is_dir() and (run / RunDir.METRICS).is_file()
+
+
+def test_a_resume_from_a_checkpoint_keeps_the_tax_reference_it_started_with(tmp_path):
+    """--resume reads pi_init back (a resumed run does not start from the initial weights): the file is not cleared
+    or rewritten, byte for byte."""
+    run = tmp_path / "run"
+    from dfpo.trainer.stages.tax import TAX_REFERENCE
+
+    assert main(["train", "--silent", *_sets(*QUICK, "train.steps=1", "train.save_every=1", f"run_dir={run}")]) == 0
+    before = (run / TAX_REFERENCE).read_bytes()
+    assert main(["train", "--silent", "--resume", str(run), "--set", "train.steps=2"]) == 0
+    assert (run / TAX_REFERENCE).read_bytes() == before
+    evals = [json.loads(line) for line in RunDir(run).evals.read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 1, 2] and evals[-1]["eval/tax_kl"] > 0
+
+
 def test_compare_trains_again_a_run_that_kept_no_checkpoint_and_died(tmp_path):
     """``dfpo compare`` on a folder whose run (save_every = 0) died after its first step: no checkpoint.pt, so
     compare.run_one runs ``dfpo train`` again (not --resume), which clears the dead run's files and trains it to its

@@ -11,14 +11,16 @@ Layout of RUN_DIR::
     eval.jsonl        one object per evaluation
     samples.jsonl     sample completions
     summary.json      run-level metrics (Jitter2, Steps(reward >= kappa), final eval)
+    tax_reference.pt  pi_init at the eval prompts' positions, scored at the step-0 eval (eval/tax_kl; ``stages.tax``):
+                      a resume measures against it, a start from step 0 scores it again
     tb/               TensorBoard events
     init_model/       the tiny preset after its warm-start (model + tokenizer), and .dfpo-files.json: the name and
                       size of every file written there, written last
 
 A fresh start clears a folder only when all of these hold: it carries the mark, the mark says no checkpoint was
 ever written in it, it holds no summary.json, and everything in it is a file dfpo train writes before its first
-checkpoint (a run killed during start-up, or a run with train.save_every = 0 killed before its end: its logs and
-tb/'s event files too): in init_model/ only the files its .dfpo-files.json names (or, when a kill cut the save short
+checkpoint (a run killed during start-up, or a run with train.save_every = 0 killed before its end: its logs,
+tb/'s event files and tax_reference.pt too): in init_model/ only the files its .dfpo-files.json names (or, when a kill cut the save short
 before that record, only files save_pretrained writes), never a subfolder or a link. Anything else that is not
 empty is refused, naming what is in the way, and nothing is deleted: a project folder that happens to hold a
 ``config.toml``, a finished run whose checkpoint was pruned, a folder of an older dfpo without the mark, a run
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
+from ..stages.tax import TAX_REFERENCE
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
 from .layout import RunDir
 from .resume import RESUME_IGNORED, flat_items
@@ -62,9 +65,15 @@ SAVE_PRETRAINED_FILES = frozenset(
 init_model/ whose save was cut off before its record may hold."""
 
 
+ATOMIC_FILES = RunDir.STARTUP_FILES | {TAX_REFERENCE}
+"""The files written before a first checkpoint through a temporary ``.NAME.*.tmp`` beside them (``write_text_atomic``,
+``tax.save_reference``), which a kill may leave behind."""
+
+
 def _is_own_temp_file(name: str) -> bool:
-    """A temp file of ``write_text_atomic`` for one of the start-up files (``.config.toml.x1y2.tmp``)."""
-    return name.startswith(".") and name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in RunDir.STARTUP_FILES)
+    """A temp file of ``write_text_atomic`` or ``tax.save_reference`` for one of ``ATOMIC_FILES``
+    (``.config.toml.x1y2.tmp``, ``.tax_reference.pt.x1y2.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp") and any(name.startswith(f".{f}.") for f in ATOMIC_FILES)
 
 
 def read_mark(run_dir: Path) -> dict | None:
@@ -173,9 +182,11 @@ def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
         ) from None
 
 
-UNCHECKPOINTED_FILES = RunDir.STARTUP_FILES | set(RunDir.LOGS)
-"""What a run that never wrote a checkpoint may leave (besides init_model/ and tb/): its start-up files, and the logs
-of a run with train.save_every = 0 that died before its end."""
+UNCHECKPOINTED_FILES = RunDir.STARTUP_FILES | set(RunDir.LOGS) | {TAX_REFERENCE}
+"""What a run that never wrote a checkpoint may leave (besides init_model/ and tb/, and the temporary files of
+``_is_own_temp_file``): its start-up files, and of a run with train.save_every = 0 that died before its end, its logs
+and the learning tax's pi_init (``stages.tax.TAX_REFERENCE``, written at the step-0 eval). Clearing that one is right:
+the run starts again from the initial weights and its step-0 eval scores pi_init again."""
 TENSORBOARD_PREFIX = "events.out.tfevents."
 """The name of every file TensorBoard's SummaryWriter writes into tb/."""
 
