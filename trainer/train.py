@@ -150,6 +150,7 @@ class Trainer:
         run_dir = cfg.folder.path
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
+        self._tax_warned = False  # eval/tax_kl's missing reference said (``_warn_tax_unavailable``)
         try:
             with quiet_loading() if self.quiet else contextlib.nullcontext():  # no conversion line, no loading bars
                 inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
@@ -282,6 +283,7 @@ class Trainer:
             eval_examples=inputs.eval_examples,
             max_prompt_tokens=inputs.max_prompt_tokens,
             greedy_baseline=self.spec.adv_scale in GREEDY_BASELINE,
+            policy_model=self.policy.model,  # eval/tax_kl scores the policy itself, whichever engine samples (vLLM has no .model)
         )
         self.checkpointer = Checkpointer(
             cfg,
@@ -398,9 +400,20 @@ class Trainer:
     def evaluate(self, step: int) -> dict:
         """avg@k and pass@k on the eval prompts (``RolloutStage.evaluate``), logged to eval.jsonl."""
         out = self.rollout_stage.evaluate(step, seed_per_group=self.state.seed_per_group)
+        self._warn_tax_unavailable()
         self.logs.eval.write(out)
         self.logs.scalars.log(out, step)
         return out
+
+    def _warn_tax_unavailable(self) -> None:
+        """Say once why eval/tax_kl is left out (a resumed run without its pi_init: ``TaxMeter.unavailable``), as a
+        ``dfpo: warning:`` line: the user needs it to read eval.jsonl, so it is printed with --quiet too, not with --silent."""
+        meter = self.rollout_stage.tax
+        if meter is None or meter.unavailable is None or self._tax_warned:
+            return
+        self._tax_warned = True
+        if not self.silent:
+            print(f"dfpo: warning: {meter.unavailable}", file=sys.stderr, flush=True)
 
     # -- run -----------------------------------------------------------------------------------
 

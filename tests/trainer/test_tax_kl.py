@@ -127,3 +127,77 @@ def test_a_resumed_run_without_its_reference_leaves_tax_kl_out(tmp_path):
     _train(["--resume", str(run), "--set", "train.steps=2"])
     rows = _tax(run)
     assert rows[0] == 0.0 and rows[2] is None
+
+
+# -- the trainer's side: either engine, and a missing reference said once --------------------------------------------
+
+
+class _VLLMStandIn:
+    """Stands in for ``VLLMEngine`` (vLLM is not installed here): started from the model folder, as vLLM is, it samples
+    from its own copy of the weights (the HF engine on a model loaded from that folder) and holds no ``.model``, so
+    the rollout stage cannot find the policy through it."""
+
+    def __init__(self, folder, *, eos_ids, device, seed, max_model_len):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from dfpo.trainer.sampler import HFGenerateEngine
+
+        self._hf = HFGenerateEngine(
+            AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder).pad_token_id, eos_ids
+        )
+
+    def sample(self, prompt_ids, n, params, seeds=None):
+        return self._hf.sample(prompt_ids, n, params)
+
+    def generate(self, prompt_ids, n, params):
+        return self.sample(prompt_ids, n, params).tokens
+
+    def sync_weights(self, model) -> None:
+        self._hf.model.load_state_dict(model.state_dict())
+
+
+def test_with_the_vllm_engine_the_rollout_stage_scores_the_policy_and_logs_tax_kl(tmp_path, monkeypatch):
+    """rollout.engine = 'vllm' (a stand-in with no .model): the trainer hands RolloutStage the policy itself, so the
+    meter scores the trained model and eval/tax_kl is logged at every eval (0 at step 0)."""
+    from dfpo.trainer import train as train_mod
+    from dfpo.trainer.config import apply_overrides, config_from_dict
+
+    monkeypatch.setattr(train_mod, "check_vllm_available", lambda device: None)
+    monkeypatch.setattr(train_mod, "VLLMEngine", _VLLMStandIn)
+    run = tmp_path / "run"
+    cfg = config_from_dict(apply_overrides({}, [*SETS, "rollout.engine=vllm", "train.steps=1", f'run_dir="{run}"']))
+    trainer = train_mod.Trainer(cfg, quiet=True)
+    assert isinstance(trainer.rollout_stage.engine, _VLLMStandIn) and not hasattr(trainer.rollout_stage.engine, "model")
+    assert trainer.rollout_stage.tax is not None and trainer.rollout_stage.tax.model is trainer.model
+    trainer.run()
+    got = _tax(run)
+    assert sorted(got) == [0, 1] and got[0] == 0.0 and math.isfinite(got[1])
+
+
+def test_a_resumed_run_without_its_reference_says_why_once_on_stderr(tmp_path, capsys):
+    """The reason eval/tax_kl is left out is one ``dfpo: warning:`` line, printed once however many evals follow
+    (with --quiet too)."""
+    run = tmp_path / "run"
+    _start(tmp_path, run, 1)
+    (run / tax.TAX_REFERENCE).unlink()
+    capsys.readouterr()
+    _train(["--resume", str(run), "--set", "train.steps=3"])  # evals at steps 2 and 3
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "tax_kl" in line]
+    assert warnings == [
+        f"dfpo: warning: eval/tax_kl is not logged: {run / tax.TAX_REFERENCE} is missing (the run began before eval/tax_kl was logged, or the file was removed)"
+    ]
+    assert _tax(run)[3] is None
+
+
+@pytest.mark.parametrize("silent, printed", [(False, True), (True, False)])
+def test_the_missing_reference_warning_is_not_printed_with_silent(capsys, silent, printed):
+    from types import SimpleNamespace
+
+    from dfpo.trainer.train import Trainer
+
+    meter = SimpleNamespace(unavailable="eval/tax_kl is not logged: x is missing")
+    fake = SimpleNamespace(rollout_stage=SimpleNamespace(tax=meter), silent=silent, _tax_warned=False)
+    Trainer._warn_tax_unavailable(fake)
+    Trainer._warn_tax_unavailable(fake)
+    err = capsys.readouterr().err
+    assert err == ("dfpo: warning: eval/tax_kl is not logged: x is missing\n" if printed else "")

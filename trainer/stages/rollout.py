@@ -15,7 +15,8 @@ errors give 0 and are counted) and lays them out with ``build_batch``. Choices:
 3. Evaluation (``evaluate``) samples k completions of every eval prompt with its own forked RNG, so that it
    changes nothing the training draws, and measures the learning tax on the eval prompts' own positions
    (``eval/tax_kl``, ``tax.TaxMeter``: against pi_init, scored at the step-0 evaluation and kept in the run folder).
-   It needs the policy itself: the HF engine's model, or ``policy_model`` (with vLLM); without one it is not logged.
+   It needs the policy itself: ``policy_model``, which the trainer always passes (a vLLM engine holds no ``.model``),
+   else the HF engine's model; without either it is not logged.
 """
 
 from __future__ import annotations
