@@ -10,8 +10,9 @@ The claims ledger (``dfpo.theory``) checks the paper's claims; this one checks o
   tables) and words that claim "no change" need every row negligible on both sets (``conclusion_problems``).
 
 A row's verdict is read off the interval of its paired difference (``dfpo.core.stats``; the censoring-aware
-median interval for steps to a threshold), Bonferroni-adjusted over every row the summary reads on that seed set
-(``Summary.family``: multiplicity across everything one summary draws on), against a margin of 2% of the
+median interval for steps to a threshold; a mean's interval cut to the values the metric can take, ``BOUNDS``),
+Bonferroni-adjusted over every row the summary reads on that seed set (``Summary.family``: multiplicity across
+everything one summary draws on), against a margin of 2% of the
 control's level: ``negligible`` (the interval lies within the margin), ``lower`` / ``higher`` (it excludes 0),
 ``inconclusive`` (neither). Each verdict pair maps to one fixed phrasing (``phrase``):
 
@@ -29,6 +30,7 @@ Another kind of table (a probe of drift per objective) adds an adapter in ``pair
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -66,8 +68,26 @@ METRICS: dict[str, str] = {
     "jitter2": "train-reward jitter (Jitter2, eq 20)",
     "entropy_last10": "rollout entropy (last 10 steps)",
     "residual": "shared-token residual (eq 2)",
+    "tax_kl": "learning tax (KL of pi_init to the policy at the eval prompts' own positions, pi_init's top 256 tokens and one bin "
+    "for the rest, final eval; Prop. 3.1)",
+    "equiv_entropy": "entropy over the surface forms of equivalent correct answers (last 10 steps)",
+    "shared_events": "shared events per step (eq 2, mean over steps)",
+    "residual_length": "length part of the shared-token residual (eq 2's residual due to the 1/length aggregation weight, mean over steps)",
+    "cpu_s": "CPU seconds of the run's last dfpo train process",
 }
 """What each metric is called in a sentence."""
+BOUNDS: dict[str, stats.Bounds] = {
+    "eval": (0.0, 1.0),  # a share of correct completions
+    "entropy_last10": (0.0, None),
+    "residual": (0.0, 1.0),  # sum_S abs(sum c) / sum_S sum abs(c)
+    "tax_kl": (0.0, None),  # a KL (the coarsened one too)
+    "equiv_entropy": (0.0, math.log(3)),  # entropy in nats of three forms
+    "shared_events": (0.0, None),  # a count
+    "residual_length": (None, 1.0),  # the residual (<= 1) less a non-negative part; negative when unequal weights shrink it
+    "cpu_s": (0.0, None),
+}
+"""The values a dfpo compare outcome can take: a row's interval is cut to them (``cut_interval``), which keeps its coverage
+(the true mean lies inside) and never shows an impossible end."""
 CAVEATS = {("compare", "asym"): "computed on the weights after the transform, which Min-Replace equalises: lower by construction"}
 """A caveat a metric's phrase carries in a kind of evidence."""
 CENSORED = ("steps_to_kappa", "tax_at_kappa")
@@ -169,14 +189,29 @@ def paired_values(evidence: Mapping, which: str, row: Row) -> tuple[np.ndarray, 
             records = data["doc"]["records"]
             seeds = sorted(records[row.method], key=int)
             out = []
-            for label in (row.method, row.control):
+            for label in (row.method, row.control) if row.control else (row.method,):
                 values = np.array([records[label][s].get(row.metric, math.nan) for s in seeds], float)
                 reached = np.array([bool(records[label][s].get("kappa_reached", 1.0)) for s in seeds])
                 out += [values, ~reached if row.metric in CENSORED else np.zeros(values.size, bool)]
+            if not row.control:  # against 0, as for the toy tables
+                out += [np.zeros_like(out[0]), np.zeros_like(out[1])]
             return tuple(out)
     except (KeyError, ValueError) as err:
         raise ValueError(f"{evidence.get('name')} ({which}) has no row {row.key()}: {err}") from None
     raise ValueError(f"{evidence.get('name')}: unknown kind of evidence {kind!r}")
+
+
+def cut_interval(ci: stats.Interval, bounds: stats.Bounds, *, paired: bool) -> stats.Interval:
+    """``ci`` cut to what its mean can be: a metric's own ``bounds`` (a row against 0), or for a difference of two values
+    in [lo, hi] the range [lo - hi, hi - lo] (a side unbounded: no cut)."""
+    low, high = bounds
+    if paired:
+        low, high = (low - high, high - low) if low is not None and high is not None else (None, None)
+
+    def clip(v: float) -> float:
+        return min(max(v, -math.inf if low is None else low), math.inf if high is None else high)
+
+    return dataclasses.replace(ci, low=clip(ci.low), high=clip(ci.high))
 
 
 def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdict:
@@ -188,7 +223,7 @@ def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdi
         ci = stats.paired_outcome_interval(m, mc, b, bc, tests=tests)
         level = None if not row.control else float(np.mean(b)) if isinstance(ci, stats.Interval) else stats.km_median(b, bc).median
     else:
-        ci = stats.paired_interval(m - b, tests=tests)
+        ci = cut_interval(stats.paired_interval(m - b, tests=tests), BOUNDS.get(row.metric, (None, None)), paired=bool(row.control))
         level = float(np.mean(b)) if row.control else None
     bound = MARGIN * abs(level) if level is not None else 0.0
     if -bound <= ci.low and ci.high <= bound:

@@ -3,6 +3,7 @@ every record's verdicts are what its stored tables give (docs/attribution/findin
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -123,3 +124,86 @@ def test_the_lint_catches_the_sentences_the_critic_found():
         "reaches the threshold in about 75% fewer steps",
     ):
         assert any(p.search(typed) for p in EXPERIMENT_SENTENCE), typed
+
+
+# ----- the dfpo compare outcomes of issue 47: their phrases and the cut of their intervals ---------------------------
+
+
+def _compare_evidence(values: dict[str, dict[str, list[float]]]) -> dict:
+    """Stored ``dfpo compare`` evidence: {label: {metric: per-seed values}}, the same on both seed sets (seeds 0.. on the
+    discovery set, 100.. on the confirmation set), every run reaching the threshold."""
+
+    def records(offset: int) -> dict:
+        return {
+            label: {
+                str(offset + i): {"kappa_reached": 1.0, **{m: v[i] for m, v in metrics.items()}}
+                for i in range(len(next(iter(metrics.values()))))
+            }
+            for label, metrics in values.items()
+        }
+
+    return {
+        "name": "synthetic",
+        "title": "Synthetic comparison",
+        "kind": "compare",
+        "sets": {which: {"doc": {"records": records(offset)}, "controls": {}} for which, offset in zip(SETS, (0, 100))},
+    }
+
+
+NEW_OUTCOMES = ("tax_kl", "equiv_entropy", "shared_events", "residual_length", "cpu_s")
+
+
+@pytest.mark.parametrize("metric", NEW_OUTCOMES)
+def test_every_new_compare_outcome_has_a_phrase_and_a_row_reads_it(metric):
+    from dfpo.core.findings import METRICS, Finding, Row, finding_sentences
+
+    ev = _compare_evidence({"dfpo_min": {metric: [2.0, 2.2, 2.1, 2.3]}, "gspo": {metric: [1.0, 1.1, 0.9, 1.0]}})
+    finding = Finding("f", "a topic", (Row("synthetic", "dfpo_min", "gspo", metric, ("higher", "higher")),))
+    summary = Summary("attribution", [finding], {"synthetic": ev})
+    assert summary.mismatches() == []
+    (sentence,) = finding_sentences(summary, finding)
+    assert sentence.startswith(f"Synthetic comparison, `dfpo_min` against gspo: {METRICS[metric]} higher: +")
+
+
+def test_the_learning_tax_and_cpu_seconds_say_what_they_contain():
+    from dfpo.core.findings import METRICS
+
+    assert "Prop. 3.1" in METRICS["tax_kl"] and "top 256" in METRICS["tax_kl"] and "eval prompts" in METRICS["tax_kl"]
+    assert "equivalent correct answers" in METRICS["equiv_entropy"] and "last 10 steps" in METRICS["equiv_entropy"]
+    assert "1/length" in METRICS["residual_length"] and "CPU seconds" in METRICS["cpu_s"]
+    assert not any("|" in METRICS[m] for m in NEW_OUTCOMES)  # a name never breaks the markdown it is written into
+
+
+@pytest.mark.parametrize(
+    "metric, values, low, high",
+    [
+        ("tax_kl", [1e-4, 5e-3, 2e-5], 0.0, None),  # a KL against 0: its interval's lower end is cut at 0
+        ("equiv_entropy", [1.0, 1.09, 0.2], 0.0, math.log(3)),
+        ("shared_events", [0.0, 12.0, 1.0], 0.0, None),
+        ("residual_length", [0.99, 0.2, 0.98], None, 1.0),
+        ("cpu_s", [5.0, 900.0, 40.0], 0.0, None),
+    ],
+)
+def test_a_rows_interval_against_0_is_cut_to_the_values_the_metric_can_take(metric, values, low, high):
+    """Invariant: the cut interval lies inside the metric's support and inside the uncut t-interval, around the same mean."""
+    from dfpo.core import stats
+    from dfpo.core.findings import BOUNDS, Row, row_verdict
+
+    assert BOUNDS[metric] == (low, high)
+    ev = _compare_evidence({"m": {metric: values}, "c": {metric: [0.0] * len(values)}})
+    v = row_verdict(ev, "confirmation", Row("synthetic", "m", "", metric, ("inconclusive", "inconclusive")), tests=3)
+    raw = stats.paired_interval(values, tests=3)
+    assert v.interval.mean == raw.mean and raw.low <= v.interval.low <= v.interval.high <= raw.high
+    assert (low is None or v.interval.low >= low) and (high is None or v.interval.high <= high)
+    assert (low is not None and raw.low < low) or (high is not None and raw.high > high)  # these values need the cut
+
+
+def test_a_difference_of_two_bounded_values_is_cut_to_their_range_and_an_unbounded_one_is_not():
+    from dfpo.core import stats
+    from dfpo.core.findings import cut_interval
+
+    wide = stats.Interval(0.5, -3.0, 4.0, 3, 0.95, 1)
+    assert cut_interval(wide, (0.0, math.log(3)), paired=True).as_tuple() == (0.5, -math.log(3), math.log(3))
+    assert cut_interval(wide, (0.0, None), paired=True).as_tuple() == (0.5, -3.0, 4.0)
+    assert cut_interval(wide, (0.0, None), paired=False).as_tuple() == (0.5, 0.0, 4.0)
+    assert cut_interval(wide, (None, None), paired=False) == wide
