@@ -33,7 +33,14 @@ Runs go to OUT/<label>/seed<k>/ and are skipped when their summary.json exists, 
 comparison can be interrupted and started again with the same command: a run with a
 checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
 ``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
-Nothing is deleted here.
+Nothing is deleted here. A run with ``train.save_every = 0`` (the experiments that keep no checkpoint) that
+died before its end left its logs (metrics.jsonl, eval.jsonl, samples.jsonl, tb/'s events),
+config.toml, the learning tax's tax_reference.pt and the mark, but no checkpoint.pt and no summary.json, so it
+is started again by ``dfpo train`` in its folder; that process clears exactly those files
+(``run.folder.startup_leftovers``: the mark must say no checkpoint was ever written, and anything it does not
+recognise is refused with nothing deleted) and trains the run from step 0, its step-0 eval scoring pi_init again.
+Such a run's steps are lost, not resumed (``dfpo train --resume`` on it is refused in one sentence). A folder whose
+``train.save_final = false`` run finished holds summary.json and is skipped as done.
 
 Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
 that label and seed under this comparison's config: its identity (``run.folder.run_identity``, kept in the mark
