@@ -270,6 +270,7 @@ def doc_table(doc: dict) -> Table:
     interval over seeds; figures no record has are left out (a note says which), as are kinds no seed had."""
     doc = with_error_ratio(doc)
     out = Table(flags=first_order_flags(doc))
+    what = {**WHAT_EVENT, "shared": f"a shared event is {core_probe.RULE_WORDS[core_probe.document_rule(doc)]}"}
     seeds = len(doc["seeds"])
     figures = [f for f in FIGURES if any(f in r for r in doc["records"])]
     absent: dict[str, list[str]] = {kind: [] for kind in KINDS}
@@ -291,7 +292,7 @@ def doc_table(doc: dict) -> Table:
             if missing:
                 numbers.append(
                     out.note(
-                        f"{label}, {kind}: no {KIND_EVENTS[kind]} in {_seed_list(missing, seeds)} ({WHAT_EVENT[kind]}); its figures are means over the other seeds."
+                        f"{label}, {kind}: no {KIND_EVENTS[kind]} in {_seed_list(missing, seeds)} ({what[kind]}); its figures are means over the other seeds."
                     )
                 )
             if len(have) < 2:
@@ -308,11 +309,16 @@ def doc_table(doc: dict) -> Table:
         if labels:
             whose = "any objective" if len(labels) == len(doc["objectives"]) else ", ".join(labels)
             out.left_out.append(
-                f"No {KIND_EVENTS[kind]} for {whose} in any of the document's {seeds} seeds: {WHAT_EVENT[kind]}; "
+                f"No {KIND_EVENTS[kind]} for {whose} in any of the document's {seeds} seeds: {what[kind]}; "
                 f"so the {kind} rows are left out of the table and chart."
             )
     if lumped(doc):
         out.notes.append(not_recorded_sentence())
+    if core_probe.document_rule(doc) == core_probe.OLD_RULE and out.rows:
+        out.notes.append(
+            "shared events: the whole-group rule (this document has no shared_events field: it was made before the probe took "
+            "every (context, token) two or more completions of a group hold, eq 2), so it probes fewer events than a new one."
+        )
     for part, why in ZERO_PARTS.items():
         if out.rows and all(r.get(part) == 0.0 for r in out.rows):
             number = out.note(f"{part} is exactly 0 in every row: {why}.")

@@ -245,6 +245,14 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("drift/shared_events", "sum", "log.param_drift: shared events probed (at most log.param_drift_events)", _TRAINER),
     Metric(
+        "drift/shared_found",
+        "sum",
+        "log.param_drift: shared events found before the log.param_drift_events cap (every (context, token) two or more "
+        "members of a group hold, eq 2)",
+        _TRAINER,
+    ),
+    Metric("drift/shared_found_whole", "sum", "log.param_drift: of drift/shared_found, those every member of the group holds", _TRAINER),
+    Metric(
         "drift/equiv_pairs",
         "sum",
         "log.param_drift: equivalent pairs probed (two correct completions of a group, different tokens)",

@@ -13,7 +13,8 @@ first-order change (``predicted`` = <g_e, Delta theta>, Delta theta the paramete
 that add up to it exactly (to float error):
 
 - **direct**: the part the event's own coefficients put there through its own gradient,
-  shared event (h*, v) of a group:  direct = -s (sum_i c_i,t*) <g_e, P g_e>  (the eq 2 coefficient sum, C_e),
+  shared event (h*, v) held by members S of a group:  direct = -s (sum_{i in S} c_i,t*) <g_e, P g_e>  (eq 2's
+  coefficient sum C_e over the members that hold the event),
   equivalent pair (y_a, y_b):       direct = -s (<g_a, P u_a> - <g_b, P u_b>),  u_a = sum_t c_a,t grad log pi_a,t,
   the log-odds log pi(y_a) - log pi(y_b) of eq 5 (Cor. 3.2; eq 5's eta c(x) (kappa_a - kappa_b));
 - **cross**: the rest of THIS batch's gradient overlapping with g_e, cross = <g_e, -P s grad L> - direct: the
@@ -36,6 +37,13 @@ update torch takes; 0 for a parameter without a gradient this step (torch's opti
 decay, whatever state it holds). So for AdamW "direct" is the event's own coefficients through the same
 per-coordinate scale the whole update went through, and the first Adam steps (where v_t ~ g^2, an update ~ lr
 sign(g)) put the non-linearity of that scale in "cross" too.
+
+Which shared events (``EVENT_RULES``): "subset" (the default) takes eq 2's events as the paper sums them, every
+(h*, v) that two or more members of a group hold: a subset S of the group with the same tokens at 0..t
+(``dfpo.core.metrics.shared_events``); its log pi(v | h*) is one value for every member of S (one context), read at
+a representative row (S's first). "whole" takes only the events every member of the group holds (S = the group,
+``dfpo.core.metrics.shared_mask``), the rule of the probe documents stored before the subset rule; whole-group events
+are the subset rule's events with S = the group, and give the same figures under either rule.
 
 Where this departs from the paper: the paper's Delta theta is eta g_t* for one event alone (Prop. 3.1) or a sum
 of per-output updates eta kappa(y) g(y) (Cor. 3.2), whose overlap eq 5 leaves out (its c(x) assumes the outputs'
@@ -65,6 +73,7 @@ import torch
 from torch import Tensor
 
 from .loss import ObjectiveSpec, policy_loss, resolve_objective
+from .metrics import shared_events as subset_shared_events
 from .metrics import shared_mask
 
 Score = Callable[[Tensor], tuple[Tensor, Tensor | None]]
@@ -80,6 +89,23 @@ remainder is that large: a long step, or a change that nearly cancels to first o
 of a prediction that is not the change the step made, and ``dfpo probe`` says so next to its table. 0.5 because below
 it the prediction has the measured change's sign and size to within a factor 2 on average, which is what reading
 its parts as "where the drift comes from" needs."""
+EVENT_RULES = ("subset", "whole")
+"""How ``probe_step`` picks its shared events (module docstring): "subset", every (context, token) that two or more
+members of a group hold (eq 2); "whole", only those every member holds (the rule before the subset one)."""
+RULE_WORDS = {
+    "subset": "a (context, token) that two or more completions of a group hold after the same prefix (eq 2)",
+    "whole": "a (context, token) that every completion of a group holds after the same prefix",
+}
+"""What a shared event is under each rule, in words (for the documents' readers)."""
+OLD_RULE = "whole"
+"""The rule of a ``dfpo probe`` document without ``shared_events`` (one stored before the subset rule)."""
+
+
+def document_rule(doc: dict) -> str:
+    """The rule that picked a ``dfpo probe`` document's shared events: its ``shared_events``, else ``OLD_RULE``."""
+    return str(doc.get("shared_events", OLD_RULE))
+
+
 PARTS = ("direct", "cross", "momentum", "decay")
 """The four parts of the first-order prediction, in table order (module docstring)."""
 
@@ -109,12 +135,13 @@ class DriftBatch:
 
 @dataclass(frozen=True)
 class EventDrift:
-    """Per probed event (n of them), float64 (n,) each; ``where`` (n, 2): (row, t) of a shared event's first member,
-    or the rows (a, b) of an equivalent pair."""
+    """Per probed event (n of them), float64 (n,) each; ``where`` (n, 2): (row, t) of a shared event's first member
+    (the first row of its member set S), or the rows (a, b) of an equivalent pair."""
 
     where: Tensor
     coef: Tensor
-    """Logit-space coefficient: a shared event's sum_i c_i,t (eq 2's residual, 0 when it cancels); a pair's
+    """Logit-space coefficient: a shared event's sum_{i in S} c_i,t over its members S (eq 2's residual, 0 when it
+    cancels); a pair's
     mean c over a's real tokens minus b's (eq 5's kappa gap, c = d L / d log pi: an increase of log pi lowers L
     where c < 0)."""
     direct: Tensor
@@ -131,6 +158,10 @@ class EventDrift:
     decay: Tensor | None = None
     """Weight decay's part: <g_e, -lr wd theta_0> (AdamW), <g_e, -P wd theta_0> (Adam's, SGD's coupled decay). None
     given: zeros."""
+    members: Tensor | None = None
+    """(n,) long: |S|, how many members hold a shared event (None: not recorded, e.g. pairs)."""
+    whole: Tensor | None = None
+    """(n,) bool: the event is held by its whole group (S = the group; None: not recorded)."""
 
     def __post_init__(self) -> None:
         for name in ("momentum", "decay"):
@@ -155,17 +186,58 @@ class DriftReport:
     loss_metrics: dict[str, Tensor]
     grad_scale: float
     """s: the factor gradient clipping put on the gradient (1 when it did not clip)."""
+    rule: str = "subset"
+    """Which shared events (``EVENT_RULES``)."""
+    found: int = 0
+    """Shared events the rule found in the batch, before the ``max_events`` cap."""
+    found_whole: int = 0
+    """Of those, the ones every member of their group holds (S = the group)."""
 
 
 # ----------------------------------------------------------------------------- events
 
 
 def shared_events(tokens: Tensor, mask: Tensor, group_ids: Tensor) -> Tensor:
-    """(n, 2) long: (first member's row, t) of every shared (context, token) event, i.e. every position t at which
-    every completion of a group of two or more has the same token after the same prefix (``shared_mask``)."""
+    """(n, 2) long: (first member's row, t) of every whole-group shared (context, token) event, i.e. every position t
+    at which every completion of a group of two or more has the same token after the same prefix (``shared_mask``;
+    the "whole" rule, the probe's before the subset rule of ``probe_events``)."""
     shared = shared_mask(tokens, mask, group_ids, prefix=True)  # (B, T)
     _, first = _first_rows(group_ids)  # (B,) whether the row is its group's first
     return torch.nonzero(shared & first[:, None])  # (n, 2), row-major: groups in row order, t ascending
+
+
+@dataclass(frozen=True)
+class ProbeEvents:
+    """The shared events a rule finds in a batch (n of them), in (representative row, t) order."""
+
+    where: Tensor
+    """(n, 2) long: (first row of the member set S, t)."""
+    members: Tensor
+    """(n, B) bool: the member set S of each event (>= 2 rows of one group, the same tokens at 0..t)."""
+    whole: Tensor
+    """(n,) bool: S is the whole group."""
+
+
+def probe_events(tokens: Tensor, mask: Tensor, group_ids: Tensor, rule: str = "subset") -> ProbeEvents:
+    """The shared (context, token) events of eq 2 under ``rule`` (``EVENT_RULES``): "subset", every (h*, v) that a
+    subset S of two or more members of a group holds (``dfpo.core.metrics.shared_events``); "whole", those with S =
+    the whole group (``shared_mask``'s positions). tokens, mask (B, T); group_ids (B,). ValueError naming the rule."""
+    if rule not in EVENT_RULES:
+        raise ValueError(f"the shared-event rule must be one of {', '.join(EVENT_RULES)}, got {rule!r}")
+    B, T = tokens.shape
+    ev = subset_shared_events(tokens, mask, group_ids, prefix=True)
+    E = int(ev.sizes.numel())
+    sel = ev.ids >= 0  # (B, T)
+    row_idx = torch.arange(B).unsqueeze(1).expand(B, T)[sel]  # (N,)
+    eid = ev.ids[sel]  # (N,)
+    members = torch.zeros(E, B, dtype=torch.bool)
+    members[eid, row_idx] = True  # (E, B)
+    rep = torch.full((E,), B, dtype=torch.long).scatter_reduce(0, eid, row_idx, reduce="amin")  # (E,) S's first row
+    keep = ev.whole if rule == "whole" else torch.ones(E, dtype=torch.bool)  # (E,)
+    order = torch.argsort(rep * (T + 1) + ev.positions)  # row-major, t ascending
+    order = order[keep[order]]
+    where = torch.stack([rep[order], ev.positions[order]], 1).reshape(-1, 2)  # (n, 2)
+    return ProbeEvents(where, members[order].reshape(-1, B), ev.whole[order].reshape(-1))
 
 
 def equivalent_pairs(tokens: Tensor, mask: Tensor, group_ids: Tensor, correct: Tensor) -> Tensor:
@@ -344,6 +416,7 @@ def probe_step(
     max_events: int = MAX_EVENTS,
     max_grad_norm: float = math.inf,
     keep_step: bool = False,
+    events: str = "subset",
 ) -> DriftReport:
     """Take one real optimiser step on ``batch`` with ``objective`` and split each probed event's change of log pi
     into direct + cross + momentum + decay (first order) beside the measured change (module docstring).
@@ -351,7 +424,9 @@ def probe_step(
     ``score(rows)`` scores rows of the batch with the model whose trainable parameters ``optimizer`` holds;
     ``max_grad_norm`` clips the gradient's global norm as the trainer does; ``keep_step`` keeps the step (else the
     parameters and the optimiser's state are put back as they were, so several objectives can be probed from one
-    starting point). ValueError naming the setting for ``max_events < 0`` or an optimiser the probe cannot read.
+    starting point); ``events`` picks the shared events (``EVENT_RULES``; at most ``max_events`` of them, spread
+    round-robin over the groups). ValueError naming the setting for ``max_events < 0``, an unknown rule or an
+    optimiser the probe cannot read.
     """
     if max_events < 0:
         raise ValueError(f"max_events must be >= 0, got max_events={max_events}")
@@ -361,7 +436,9 @@ def probe_step(
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     mask = batch.mask.bool()
     tokens_cpu, mask_cpu, groups_cpu = batch.tokens.cpu(), mask.cpu(), batch.group_ids.cpu()  # the events' bookkeeping
-    shared = spread((ev := shared_events(tokens_cpu, mask_cpu, groups_cpu)), groups_cpu[ev[:, 0]], max_events)
+    found = probe_events(tokens_cpu, mask_cpu, groups_cpu, events)
+    picked = spread(torch.arange(found.where.shape[0])[:, None], groups_cpu[found.where[:, 0]], max_events)[:, 0]  # (n,)
+    shared, members, whole = found.where[picked], found.members[picked], found.whole[picked]  # (n, 2), (n, B), (n,)
     pairs = torch.zeros(0, 2, dtype=torch.long)
     if batch.correct is not None:
         pairs = equivalent_pairs(tokens_cpu, mask_cpu, groups_cpu, batch.correct.cpu())
@@ -404,11 +481,10 @@ def probe_step(
     def shared_drift() -> EventDrift:
         if shared.shape[0] == 0:
             return _empty()
-        _, members_of = torch.unique(groups_cpu, return_inverse=True)  # (B,)
         out = {key: [] for key in _FIELDS}
-        for row, t in shared.tolist():
+        for e, (row, t) in enumerate(shared.tolist()):
             k = local[row]
-            c_sum = coef_cpu[members_of == members_of[row], t].sum()  # eq 2's sum_i c_i,t*
+            c_sum = coef_cpu[members[e], t].sum()  # eq 2's sum over the event's members S of c_i,t*
             g = _grads(before[k, t], params)
             predicted, batch_part, decay_part = _dot(g, delta), _dot(g, own), _dot(g, decay)
             direct = -grad_scale * c_sum * _weighted_dot(g, precond, g)
@@ -417,7 +493,7 @@ def probe_step(
             parts.update(momentum=predicted - batch_part - decay_part, decay=decay_part)
             for key in _FIELDS:
                 out[key].append(parts[key])
-        return EventDrift(shared, *(torch.stack(out[key]) for key in _FIELDS))
+        return EventDrift(shared, *(torch.stack(out[key]) for key in _FIELDS), members=members.sum(-1), whole=whole)
 
     def row_terms(row: int) -> dict[str, Tensor]:
         """<g_row, .> of Delta theta, of the batch's and decay's update and of P u_row; log pi(y_row) before and after."""
@@ -451,7 +527,15 @@ def probe_step(
         return EventDrift(pairs, *(torch.stack(out[key]) for key in _FIELDS))
 
     try:
-        report = DriftReport(shared_drift(), pair_drift(), {k: v.detach() for k, v in metrics.items()}, float(grad_scale))
+        report = DriftReport(
+            shared_drift(),
+            pair_drift(),
+            {k: v.detach() for k, v in metrics.items()},
+            float(grad_scale),
+            rule=events,
+            found=int(found.where.shape[0]),
+            found_whole=int(found.whole.sum()),
+        )
     finally:
         with torch.no_grad():
             for p, t in zip(params, theta1 if keep_step else theta0):

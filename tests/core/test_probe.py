@@ -101,13 +101,17 @@ def test_keep_step_keeps_the_update():
 
 
 def test_the_shared_coefficient_is_eq_2s_residual():
-    """A shared event's coefficient is sum_i d L / d log pi_i,t over the group, as dfpo.core.metrics reads it."""
+    """A shared event's coefficient is sum_i d L / d log pi_i,t over its members, as dfpo.core.metrics reads it: over
+    the whole group under the "whole" rule (shared_residual), over the subset S under the "subset" rule
+    (event_residual)."""
     from dfpo.core.loss import policy_loss
-    from dfpo.core.metrics import shared_mask, shared_residual
+    from dfpo.core.metrics import event_residual, shared_mask, shared_residual
+    from dfpo.core.metrics import shared_events as subset_events
 
     model = TinyLM()
     batch = grouped_batch(model, 5)
-    report = probe_step(scorer(model, batch), torch.optim.SGD(model.parameters(), lr=0.01), batch, "gspo_noclip")
+    report = probe_step(scorer(model, batch), torch.optim.SGD(model.parameters(), lr=0.01), batch, "gspo_noclip", events="whole")
+    subset = probe_step(scorer(model, batch), torch.optim.SGD(model.parameters(), lr=0.01), batch, "gspo_noclip", max_events=64)
     logp = torch.where(batch.mask, model(batch.tokens), 0.0).detach().requires_grad_()
     loss, _ = policy_loss(
         "gspo_noclip", logp=logp, old_logp=batch.old_logp, advantages=batch.advantages, mask=batch.mask, group_ids=batch.group_ids
@@ -115,6 +119,9 @@ def test_the_shared_coefficient_is_eq_2s_residual():
     (coef,) = torch.autograd.grad(loss, logp)
     res = shared_residual(coef, shared_mask(batch.tokens, batch.mask, batch.group_ids), batch.group_ids)
     assert math.isclose(float(report.shared.coef.abs().sum()), float(res.net.sum()), rel_tol=1e-9)
+    net, _ = event_residual(coef, subset_events(batch.tokens, batch.mask, batch.group_ids))
+    assert len(subset.shared) == net.numel() > len(report.shared)
+    assert math.isclose(float(subset.shared.coef.abs().sum()), float(net.sum()), rel_tol=1e-9)
 
 
 # ----------------------------------------------------------------------------- property
@@ -366,7 +373,14 @@ def test_clipping_scales_the_direct_term():
     e = report.shared
     assert len(e) > 0
     for k, (row, t) in enumerate(e.where.tolist()):
-        c_sum = float(coef[batch.group_ids == batch.group_ids[row], t].sum())
+        holds = [  # the event's members S: the row's group-mates with its tokens at 0..t, all real
+            i
+            for i in range(batch.tokens.shape[0])
+            if batch.group_ids[i] == batch.group_ids[row]
+            and bool(batch.mask[i, : t + 1].all())
+            and torch.equal(batch.tokens[i, : t + 1], batch.tokens[row, : t + 1])
+        ]
+        c_sum = float(coef[holds, t].sum())
         g = _event_grad(model, batch, row, t)
         sq = sum(float((x * x).sum()) for x in g)
         batch_part = -lr * s * sum(float((x * y).sum()) for x, y in zip(g, grads))

@@ -30,7 +30,10 @@ Choices made here (the issue leaves them open; what a TRL / verl user would expe
    often (the "1" of a two-digit sum, followed by digits that differ) but its task has one correct form, so it
    holds no equivalent pairs; ``--set data.task=equiv --set model.sft_steps=300`` (``EQUIV_SETS``) gives a task with
    several correct forms ("12", "3+9", "9+3") and a policy that finds two of them in a group, and no shared events
-   (its groups rarely agree on a first character). A shared event needs every completion of a group (eq 2, Prop. 3.1).
+   (its groups rarely agree on a first character). A shared event is a (context, token) that two or more
+   completions of a group hold (eq 2, Prop. 3.1; ``dfpo.core.probe.probe_events``'s "subset" rule, probe.json's
+   ``shared_events``); a document without that field (the ones stored before it) used the "whole" rule: only what
+   every completion of a group holds.
 3. A seed sets the policy (tiny preset: its initialisation and warm start) and the batch; with ``--run`` the
    policy is the checkpoint's and a seed sets the batch only.
 4. The reference pi_ref (a KL term ``beta > 0``, online IPO's log-ratio, anything that reads ``ref_logp``) is the
@@ -57,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -70,7 +74,7 @@ from ...core.drift_tables import KINDS, MIN_SEEDS, SHARES, comparison_table, fir
 from ...core.files import check_writable_folder, write_run_file
 from ...core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
 from ...core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
-from ...core.probe import DriftBatch, probe_step, summary
+from ...core.probe import OLD_RULE, RULE_WORDS, DriftBatch, document_rule, probe_step, summary
 from ..config import Config, config_from_dict, load_config
 from . import DEFAULT_OBJECTIVES
 
@@ -395,7 +399,10 @@ def probe_seed(plan: ProbePlan, seed: int, say: Callable[[str], None]) -> list[d
     for label, spec in specs.items():
         report = probe_step(score, start.optimizer, batch_for(spec), spec, max_events=plan.max_events, max_grad_norm=clip)
         for kind, events in (("shared", report.shared), ("equivalent", report.pairs)):
-            records.append({"seed": seed, "objective": label, "kind": kind, "events": len(events), **summary(events)})
+            record = {"seed": seed, "objective": label, "kind": kind, "events": len(events), **summary(events)}
+            if kind == "shared":  # before the --max-events cap, and the whole-group ones among them
+                record.update(found=report.found, found_whole=report.found_whole)
+            records.append(record)
     return records
 
 
@@ -424,6 +431,7 @@ def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) ->
         "run": None if plan.run is None else str(plan.run),
         "move_steps": plan.move_steps,
         "max_events": plan.max_events,
+        "shared_events": SHARED_RULE,
         "settings": {
             "model": cfg.model.name,
             "task": cfg.data.task,
@@ -436,6 +444,34 @@ def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) ->
         "records": records,
         "wall_s": time.time() - t0,
     }
+
+
+SHARED_RULE = "subset"
+"""probe.json's ``shared_events``: the rule that picked the shared events (``dfpo.core.probe.EVENT_RULES``); a
+document without it used ``dfpo.core.probe.OLD_RULE``."""
+
+
+def events_sentence(doc: dict) -> str:
+    """probe.md's line on which shared events were probed, and how many the rule found before the cap per seed."""
+    if document_rule(doc) == OLD_RULE:
+        return (
+            f"Shared events: the whole-group rule ({RULE_WORDS[OLD_RULE]}): this document has no shared_events field, so "
+            "it was made before the subset rule; how many were found before the cap is not recorded."
+        )
+    found: dict[int, tuple[int, int]] = {}
+    for r in doc["records"]:
+        if r["kind"] == "shared" and "found" in r:
+            found[r["seed"]] = (int(r["found"]), int(r.get("found_whole", 0)))
+    counts = [n for n, _ in found.values()]
+    whole = [w for _, w in found.values()]
+    if not counts:
+        return f"Shared events: the subset rule ({RULE_WORDS['subset']})."
+    return (
+        f"Shared events: the subset rule ({RULE_WORDS['subset']}); "
+        f"found in a seed's batch before the cap of {doc['max_events']}: median {statistics.median(counts):g} "
+        f"(min {min(counts)}, max {max(counts)}, {len(counts)} seeds), of which held by the whole group: median "
+        f"{statistics.median(whole):g} (min {min(whole)}, max {max(whole)})."
+    )
 
 
 def render_markdown(doc: dict) -> str:
@@ -453,6 +489,8 @@ def render_markdown(doc: dict) -> str:
         f"(lr {s['lr']:g}, clip {s['max_grad_norm']:g}) from that one point; at most {doc['max_events']} events of each kind.",
         *_inputs_sentence(doc),
         "",
+        events_sentence(doc),
+        "",
         "Per event, the first-order change of log pi (predicted = <g_e, Delta theta>, Delta theta the real update) in four "
         "parts that add up to it: direct = what the event's own coefficients cause through its own gradient, cross = what "
         "the rest of this batch's gradient causes through shared parameters, momentum = what the optimiser's state from "
@@ -460,8 +498,7 @@ def render_markdown(doc: dict) -> str:
         "part; measured = the change after the step (a forward pass); error = abs(measured - predicted), error / abs "
         "measured = its ratio (flagged above the first-order limit). Shares are of the first-order prediction: sum abs "
         "part / sum over the four parts of sum abs part; 'cross of batch' = sum abs cross / (sum abs direct + sum abs "
-        "cross), the cross term's share of the batch's own gradient's part. Shared events: a (context, token) every "
-        "completion of a group holds; equivalent: the log-odds of two correct completions of a group with different tokens.",
+        "cross), the cross term's share of the batch's own gradient's part. Shared events: as the line above says; equivalent: the log-odds of two correct completions of a group with different tokens.",
         "",
         "## Per objective (mean over seeds [95% Student-t interval over seeds])",
         "",
@@ -548,7 +585,8 @@ def empty_reason(doc: dict, kind: str) -> str:
     """Why a panel of probe.png has no bar (shown in the panel)."""
     seeds = len(doc["seeds"])
     if kind == "shared":
-        return f"no group shared a token\n(every completion of a group, same prefix)\nin the batches of {seeds} seeds"
+        who = "every completion of a group" if document_rule(doc) == OLD_RULE else "two or more completions of a group"
+        return f"no group shared a token\n({who}, same prefix)\nin the batches of {seeds} seeds"
     return f"no group held two correct answers\nwith different tokens\nin the batches of {seeds} seeds"
 
 

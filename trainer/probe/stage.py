@@ -112,12 +112,16 @@ def real_step_change(events: EventDrift, old_logp: torch.Tensor, mask: torch.Ten
 
 def drift_metrics(report: DriftReport, old_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """``drift/<kind>_<part>`` from a probe report: each figure of ``core.probe.summary`` (``SUMMARY_PARTS``) and the
-    real step's change; a kind with no event gives its count only, and a share or ratio whose denominator is 0 is left
+    real step's change; ``drift/shared_found`` and ``drift/shared_found_whole``, the shared events the probe's rule
+    found before the ``log.param_drift_events`` cap and how many of them their whole group holds; a kind with no event gives its count only, and a share or ratio whose denominator is 0 is left
     out (no value is made up)."""
     out: dict[str, float] = {}
     for attr, kind in KINDS:
         events: EventDrift = getattr(report, attr)
         out["drift/shared_events" if attr == "shared" else "drift/equiv_pairs"] = float(len(events))
+        if attr == "shared":  # eq 2's events (``core.probe.probe_events``, subset rule) before the cap, whole-group among them
+            out["drift/shared_found"] = float(report.found)
+            out["drift/shared_found_whole"] = float(report.found_whole)
         if len(events) == 0:
             continue
         parts = summary(events)
