@@ -60,3 +60,12 @@ def test_param_drift_logs_the_events_found_before_the_cap():
     assert out["drift/shared_events"] == 3 < out["drift/shared_found"] == report.found
     assert out["drift/shared_found_whole"] == report.found_whole <= report.found
     assert all(lookup(key) is not None for key in out)
+
+
+def test_the_stored_findings_name_the_whole_group_rule():
+    from dfpo.trainer.probe.findings import findings_block, titled
+
+    block = findings_block(STORED.parent)
+    assert block.count("whole-group shared events, as stored before the probe took eq 2's subset events") >= 3
+    doc = json.loads(STORED.read_text())
+    assert titled("t", {**doc, "shared_events": "subset"}, {**doc, "shared_events": "subset"}) == "t"

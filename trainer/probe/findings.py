@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from ...core.drift_tables import findings_markdown
+from ...core.probe import OLD_RULE, document_rule
 
 STORED = (
     (
@@ -40,7 +41,9 @@ STORED = (
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
 adds ``--set data.task=equiv --set model.sft_steps=300``; the peers' losses add ``--objectives
 topr,kimi15,dro,vapo_nll,dapo,gpg``; the reference terms are ``dfpo probe --objectives grpo,grpo:beta=0.04,online_ipo
---seeds 8`` and ``--first-seed 100``; copy each probe.json to the name above."""
+--seeds 8`` and ``--first-seed 100``; copy each probe.json to the name above. The stored ones predate the subset
+rule (``dfpo.core.probe.EVENT_RULES``): their shared events are the whole-group ones (``titled`` says so), and a
+re-made one would probe eq 2's subset events instead (on the add task's seed 0: 58 found, 11 of them whole-group)."""
 
 
 def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
@@ -60,6 +63,17 @@ def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
     return out
 
 
+def titled(title: str, discovery: dict, confirmation: dict) -> str:
+    """A pair's title, with the shared-event rule named where its documents hold shared events picked by the old
+    whole-group rule (no ``shared_events`` field: ``dfpo.core.probe.OLD_RULE``), so a reader knows they are not the
+    subset events a new ``dfpo probe`` takes."""
+    docs = (discovery, confirmation)
+    holds = any(r["kind"] == "shared" and r.get("events", 0) > 0 for d in docs for r in d["records"])
+    if holds and all(document_rule(d) == OLD_RULE for d in docs):
+        return f"{title}; whole-group shared events, as stored before the probe took eq 2's subset events"
+    return title
+
+
 def findings_block(folder: Path) -> str:
     """The replicated findings of every stored pair, as markdown."""
-    return findings_markdown(load_stored(folder))
+    return findings_markdown([(titled(*pair), pair[1], pair[2]) for pair in load_stored(folder)])
