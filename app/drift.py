@@ -250,6 +250,17 @@ def _toy_optimiser_state(table: Table, optimizer: str) -> None:
 # ----------------------------------------------------------------------------- a dfpo probe folder
 
 
+def probe_folders(roots: list[Path], depth: int = 2) -> list[Path]:
+    """The ``dfpo probe`` output folders (holding a probe.json) at most ``depth`` levels under ``roots``, sorted, so the
+    page offers the probes of the runs it was started on (the tiny model's and a real model's alike)."""
+    found: set[Path] = set()
+    for root in roots:
+        for level in range(depth + 1):
+            pattern = "/".join(["*"] * level + ["probe.json"])
+            found.update(p.parent for p in root.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
 def read_probe_folder(folder: Path) -> dict:
     """The probe.json of a ``dfpo probe`` output folder; ValueError (one sentence) when it is missing or not one."""
     path = folder / "probe.json"

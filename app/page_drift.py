@@ -2,11 +2,14 @@
 ``dfpo probe`` folder. Every empty or zero cell is explained by a generated sentence (``dfpo.app.drift``); a chart
 with nothing to draw is replaced by the sentence that says why."""
 
+import os
+
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from dfpo.app import drift
+from dfpo.app.cli import RUNS_ENV
 from dfpo.app.runs import resolve_folder
 from dfpo.app.text import markdown_text, plotly_text
 from dfpo.app.widgets import KEEP, whole_number_input
@@ -102,9 +105,17 @@ else:
     toy = toy_table(task, tuple(labels), int(seeds))
     table_with_notes(toy, charts(toy))
 
-st.header("From a `dfpo probe` folder (tiny LLM)")
-st.markdown("Run `dfpo probe --out FOLDER` and give the folder here: its tables, with 95% intervals over seeds.")
+st.header("From a `dfpo probe` folder (the tiny model or a real one)")
+st.markdown(
+    "Run `dfpo probe --out FOLDER` (add `--config configs/smollm2-cpu.toml` for SmolLM2-135M-Instruct) and pick the "
+    "folder or give its path: its tables, with 95% intervals over seeds."
+)
+roots = [resolve_folder(p) for p in os.environ.get(RUNS_ENV, "runs").split(os.pathsep) if p.strip()]
+found = [str(f) for f in drift.probe_folders(roots)]
+picked = st.selectbox("Probe folders found under the runs folders", ["(none)", *found], key="drift_found", persist_state=KEEP)
 typed = st.text_input("Probe folder", "", key="drift_folder", persist_state=KEEP, placeholder="runs/probe")
+if not typed.strip() and picked != "(none)":
+    typed = picked
 if typed.strip():
     try:
         doc = drift.read_probe_folder(resolve_folder(typed.strip()))

@@ -253,3 +253,18 @@ def test_the_explorer_navigates_to_the_drift_page():
     at.switch_page("page_drift.py").run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Parameter-space drift"
+
+
+def test_probe_folders_under_the_runs_folders_are_offered_and_open(tmp_path, monkeypatch):
+    """Every folder holding a probe.json up to two levels under the app's runs folders is offered, and picking one
+    shows its tables as typing its path does."""
+    for name in ("probe-smollm2", "nested/probe-tiny"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "probe.json").write_text(json.dumps(_doc()))
+    (tmp_path / "not-a-probe").mkdir()
+    assert drift.probe_folders([tmp_path]) == [tmp_path / "nested" / "probe-tiny", tmp_path / "probe-smollm2"]
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path))
+    at = _page()
+    assert at.selectbox(key="drift_found").options == ["(none)", str(tmp_path / "nested" / "probe-tiny"), str(tmp_path / "probe-smollm2")]
+    at.selectbox(key="drift_found").set_value(str(tmp_path / "probe-smollm2")).run()
+    assert not at.exception and len(at.dataframe) == 4
