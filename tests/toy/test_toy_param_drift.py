@@ -41,7 +41,8 @@ def tabular_setup(seed: int):
 @pytest.mark.parametrize("objective", ["gspo_noclip", "dfpo_min:stopgrad=score", "grpo"])
 def test_tabular_split_equals_the_closed_form(objective):
     """On a tabular softmax the probe's direct and cross terms are the toy's closed form (cross: the softmax coupling
-    of the event's own row, zero across rows)."""
+    of the event's own row, zero across rows). The closed form sums an event's coefficient over its whole group, as
+    the toy's own probe does, so the core probe takes the whole-group events here (events="whole")."""
     from dfpo.core.loss import objective_from_label, policy_loss
     from dfpo.toy.param_drift import pair_terms, shared_event_terms
     from dfpo.toy.policy import log_policy
@@ -53,7 +54,7 @@ def test_tabular_split_equals_the_closed_form(objective):
     logp = score(torch.arange(rows.shape[0]))[0].detach().requires_grad_()
     loss, _ = policy_loss(spec, logp=logp, old_logp=batch.old_logp, advantages=batch.advantages, mask=mask, group_ids=group)
     (coef,) = torch.autograd.grad(loss, logp)
-    report = probe_step(score, torch.optim.SGD([theta], lr=lr), batch, spec)
+    report = probe_step(score, torch.optim.SGD([theta], lr=lr), batch, spec, events="whole")
     assert len(report.shared) > 0 and len(report.pairs) > 0
     c_e, direct, cross = shared_event_terms(coef, logpi, rows, toks, mask, group, report.shared.where, lr)
     torch.testing.assert_close(report.shared.coef, c_e)
