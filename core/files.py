@@ -7,8 +7,9 @@ import errno
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 WRITE_ERRNOS = (*DISK_FULL_ERRNOS, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -93,23 +94,28 @@ def naming_write_errors(path: str | os.PathLike) -> Iterator[None]:
         raise
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a reader
-    (or a crash half-way) sees the old file or the new one, never a torn one. A ``path`` that is a symbolic link
-    is replaced by the new file (its target is left as it was)."""
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call ``write`` on a temporary binary file beside ``path`` and rename it over ``path``: a reader (or a crash
+    half-way) sees the old file or the new one, never a torn one. A ``path`` that is a symbolic link is replaced by
+    the new file (its target is left as it was)."""
     path = Path(path)
     with naming_write_errors(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent.resolve(), prefix=f".{path.name}.", suffix=".tmp")
         try:
             os.fchmod(fd, _file_mode(path))  # mkstemp makes 0600; keep the old file's mode, or the umask's default
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``write_atomic``)."""
+    write_atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def _file_mode(path: Path) -> int:

@@ -15,12 +15,10 @@ figure, so a run folder or objective named ``$\\frac{a}{b}$`` is drawn as writte
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import tomllib
 from pathlib import Path
 
-from ..core.files import _file_mode
+from ..core.files import write_atomic
 from .run.layout import RunDir
 from .run.logs import JsonlLog
 
@@ -110,15 +108,8 @@ def write_curves(run_dir: Path) -> Path:
         fig.suptitle(f"{run_dir.name}" + (f" ({objective})" if objective else ""), fontsize=11)
         fig.tight_layout()
         path = RunDir(run_dir).curves
-        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{RunDir.CURVES}.", suffix=".tmp")
         try:
-            os.fchmod(fd, _file_mode(path))  # as write_text_atomic: the old file's mode, else the umask's default
-            with os.fdopen(fd, "wb") as fh:
-                fig.savefig(fh, format="png")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            write_atomic(path, lambda fh: fig.savefig(fh, format="png"))
         finally:
             plt.close(fig)
     return path

@@ -23,15 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ...core.files import WriteFailed, describe_write_error, naming_write_errors
+from ...core.files import WriteFailed, describe_write_error, write_atomic
 
 TAX_REFERENCE = "tax_reference.pt"
 """The run folder's file holding pi_init at the eval prompts' positions (a dict of tensors, read with weights_only)."""
@@ -124,25 +122,12 @@ def tax_kl(model, prompt_ids: list[list[int]], ref: TaxReference, device) -> flo
 
 
 def save_reference(ref: TaxReference, path: Path) -> None:
-    """Write ``ref`` to ``path`` atomically, as ``write_text_atomic`` writes text (a temporary ``.NAME.*.tmp`` beside it,
+    """Write ``ref`` to ``path`` atomically (``core.files.write_atomic``: a temporary ``.NAME.*.tmp`` beside it,
     renamed over it); a full disk or a permission error is ``WriteFailed`` naming the file."""
     path = Path(path)
     data = {"top_ids": ref.top_ids, "top_logp": ref.top_logp, "rest_logp": ref.rest_logp, "prompts_sha256": ref.prompts_sha256}
     try:
-        with naming_write_errors(path):
-            fd, tmp = tempfile.mkstemp(dir=path.parent.resolve(), prefix=f".{path.name}.", suffix=".tmp")
-            try:
-                umask = os.umask(0)
-                os.umask(umask)
-                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600: the mode open() would give, as the run's other files
-                with os.fdopen(fd, "wb") as fh:
-                    torch.save(data, fh)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_atomic(path, lambda fh: torch.save(data, fh))
     except OSError as err:
         raise WriteFailed(f"writing {describe_write_error(path, err)}; eval/tax_kl needs it to go on after a resume") from None
 
