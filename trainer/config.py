@@ -214,6 +214,21 @@ class RolloutConfig:
         "Where pi_old comes from: 'sampler' takes the log-probs the rollout engine sampled with (no extra forward pass); 'recompute' runs the trainer's model on the rollout (the first optimiser step's own forward serves its rows); 'auto' = 'sampler' when sampling is the policy itself (temperature 1, no top-k/top-p, float32, no autocast), else 'recompute'.",
         choices=("auto", "sampler", "recompute"),
     )
+    sync_every: int = setting(
+        0,
+        "hf engine: decode steps between the sampler's reads back to the host, where it stops once every row has ended and, with a dynamic KV cache, drops the ended rows; between them a row that ended is masked, not removed. 0 = auto (1 on a CPU, where dropping rows at once saves their compute; 16 on an accelerator, where each read stalls the device).",
+        bounds=Bounds(0),
+    )
+    kv_cache: str = setting(
+        "auto",
+        "hf engine: the decode loop's KV cache: 'dynamic' grows a step at a time and drops ended rows; 'static' is preallocated for prompt + max_new_tokens (no allocation per step; what a CUDA graph needs); 'auto' = static on CUDA, dynamic elsewhere.",
+        choices=("auto", "dynamic", "static"),
+    )
+    decode_graph: str = setting(
+        "auto",
+        "hf engine: run the decode step through torch.compile(mode='reduce-overhead'), which captures it as a CUDA graph (needs the static cache; the first rollout compiles); 'auto' = on where CUDA and a static cache are used, 'off' = eager.",
+        choices=("auto", "on", "off"),
+    )
 
 
 @dataclass(frozen=True)
@@ -250,6 +265,11 @@ class OptimConfig:
         "eager",
         "The update's LM head and loss in one pass (dfpo.fused_policy_loss: the loss's gradient taken inside the forward, three matmuls over the logits, not four, on the CPU; on a GPU four, with one coefficient call per batch: docs/throughput.md): eager (PyTorch's own row kernels), compile (the elementwise work through torch.compile for an objective that reads entropies, eager otherwise; its first step compiles), off (log-probs from dfpo.token_logprobs, then policy_loss). Same loss and gradients either way; a head that is not a plain linear layer always takes the full-logits path.",
         choices=FUSED_HEAD,
+    )
+    head_dtype: str = setting(
+        "autocast",
+        "The LM head's matmul in the update and in recomputed log-probs under autocast: 'autocast' runs it in the autocast dtype (bf16 or fp16 operands) with float32 accumulation and float32 softmax statistics, as TRL and Liger do; 'float32' keeps the weight's dtype (float32 master weights) for exactness studies. Without autocast (CPU float32) both are the weight's dtype.",
+        choices=("autocast", "float32"),
     )
 
 
