@@ -17,7 +17,7 @@ from .config import Config
 from .memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
 from .packaged_model import resolve_model_name
 from .policy import check_completion_fits, tokenizer_and_context
-from .tasks import encode_prompts, prompt_char_limit
+from .prompts import encode_prompts, prompt_char_limit
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PromptLengths:
     vocab: int
     """The tokenizer's size."""
     char_limit: int | None
-    """The most characters a prompt within ``limit`` can have (``tasks.prompt_char_limit``; None: no limit known)."""
+    """The most characters a prompt within ``limit`` can have (``prompts.prompt_char_limit``; None: no limit known)."""
 
 
 def measure_prompts(cfg: Config, train_examples: list, eval_examples: list) -> PromptLengths:

@@ -61,6 +61,7 @@ from .policy import (
 )
 from .preflight import check_lengths, check_memory_fits, check_model_folder, check_prompts_per_step, measure_prompts
 from .probe.stage import DriftStage, check_drift_settings
+from .prompts import clip_long_prompts
 from .rewards.compute import RewardComputer, reward_spec
 from .rewards.pool import default_workers
 from .run import logs
@@ -76,7 +77,7 @@ from .stages.metrics import Stopwatch, run_summary, step_metrics, write_samples
 from .stages.old_logp import OldLogpStage, old_logp_from_sampler
 from .stages.rollout import RolloutStage
 from .stages.update import NonFiniteLossError, UpdateStage, accumulate_gradients
-from .tasks import clip_long_prompts, duplicate_prompts, load_splits
+from .tasks import duplicate_prompts, load_splits
 from .vllm_engine import VLLMEngine, check_vllm_available
 
 __all__ = [

@@ -238,7 +238,7 @@ def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenised():
     the tokenizer. More characters than the limit's tokens x the longest token (5 characters here: '<pad>') cannot fit."""
     from dfpo.trainer.config import DataConfig
     from dfpo.trainer.policy import build_char_tokenizer
-    from dfpo.trainer.tasks import encode_prompts, prompt_char_limit
+    from dfpo.trainer.prompts import encode_prompts, prompt_char_limit
 
     tok = _TokenizerSpy(build_char_tokenizer())
     assert prompt_char_limit(tok, 253) == 253 * 5
@@ -255,7 +255,7 @@ def test_a_prompt_too_long_in_characters_is_cut_before_tokenising_when_truncatio
     kept lie far from the cut and are the ones a whole tokenisation would keep."""
     from dfpo.trainer.config import DataConfig
     from dfpo.trainer.policy import build_char_tokenizer
-    from dfpo.trainer.tasks import encode_prompts
+    from dfpo.trainer.prompts import encode_prompts
 
     tok = _TokenizerSpy(build_char_tokenizer())
     prompt = "".join(str(i % 10) for i in range(1_000_000)) + "+1="

@@ -187,7 +187,8 @@ def test_full_finetune_with_reference_model_logs_kl(tmp_path):
 def test_chat_template_is_applied_when_the_tokenizer_has_one():
     from dfpo.trainer.config import DataConfig
     from dfpo.trainer.policy import build_char_tokenizer
-    from dfpo.trainer.tasks import Example, encode_prompts
+    from dfpo.trainer.prompts import encode_prompts
+    from dfpo.trainer.tasks import Example
 
     tok = build_char_tokenizer()
     ex = [Example("1+2=", "3")]

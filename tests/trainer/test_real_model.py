@@ -41,7 +41,8 @@ def test_smollm2_converts_trains_two_steps_and_probes_one(tmp_path, monkeypatch)
     from transformers import AutoTokenizer
 
     from dfpo.trainer.packaged_model import resolve_model_name
-    from dfpo.trainer.tasks import encode_prompts, load_splits
+    from dfpo.trainer.prompts import encode_prompts
+    from dfpo.trainer.tasks import load_splits
     from dfpo.trainer.train import train
 
     monkeypatch.setenv("DFPO_CACHE", str(tmp_path / "cache"))

@@ -12,7 +12,8 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from dfpo.trainer.config import DataConfig
-from dfpo.trainer.tasks import Example, encode_prompts, sum_example, system_turn_cut
+from dfpo.trainer.prompts import encode_prompts, system_turn_cut
+from dfpo.trainer.tasks import Example, sum_example
 
 SMOLLM2_LIKE = (  # SmolLM2-135M-Instruct's template: a default system turn when the messages have none
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..parallel import OneProcess
+from ..prompts import encode_prompts
 from ..rewards.compute import RewardBatch
 from ..sampler import (
     RolloutBatch,
@@ -39,7 +40,7 @@ from ..sampler import (
     sampler_logp,
     truncates,
 )
-from ..tasks import PromptSampler, encode_prompts
+from ..tasks import PromptSampler
 from .tax import TAX_REFERENCE, TaxMeter
 
 
@@ -110,7 +111,7 @@ class RolloutStage:
             self.tax = TaxMeter(model, self.eval_prompt_ids, cfg.folder / TAX_REFERENCE, device, writes=parallel.is_main)
 
     def encode(self, examples: list) -> list[list[int]]:
-        """The prompts' token ids (template, chat template, length limit: ``tasks.encode_prompts``)."""
+        """The prompts' token ids (template, chat template, length limit: ``prompts.encode_prompts``)."""
         return encode_prompts(self.tok, examples, self.cfg.data, self.max_prompt_tokens)
 
     def run(self, step: int, *, seed_per_group: bool) -> Rollout:
