@@ -499,6 +499,7 @@ def validate(cfg: Config) -> None:
             f"optim.microbatch_groups={micro} must divide optim.minibatch_groups={cfg.optim.minibatch_groups} "
             "(micro-batches hold whole groups); 0 = no accumulation"
         )
+    check_decode(cfg)
     if cfg.rollout.seed_per_group and cfg.rollout.engine != "hf":
         raise ValueError(f"rollout.seed_per_group = true needs rollout.engine = 'hf'; got rollout.engine = {cfg.rollout.engine!r}")
     if cfg.data.task == "jsonl" and not cfg.data.path:
@@ -524,6 +525,20 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
         raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+
+
+def check_decode(cfg: Config) -> None:
+    """A decode graph the configured device or cache cannot run is refused before the model loads (the engine checks
+    the device again once it is resolved: ``dfpo.trainer.decode.DecodeOptions.resolve``)."""
+    r = cfg.rollout
+    if r.decode_graph != "on":
+        return
+    if r.kv_cache == "dynamic" or cfg.device == "cpu":
+        why = "rollout.kv_cache = 'dynamic'" if r.kv_cache == "dynamic" else "device = 'cpu'"
+        raise ValueError(
+            f"rollout.decode_graph = 'on' captures the decode step as a CUDA graph, which needs CUDA and a static KV cache, "
+            f"but {why}; set rollout.decode_graph = 'auto' or 'off'"
+        )
 
 
 def check_advantage_inputs(spec, cfg: Config) -> None:

@@ -15,11 +15,12 @@ so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from .decode import CACHE_BUCKET, DecodeOptions, StepOut, decode_loop, read_back, round_up, row_uniforms, score_step
 
 
 @dataclass(frozen=True)
@@ -120,15 +121,27 @@ def truncates(params: SamplingParams) -> bool:
 class HFGenerateEngine:
     """Sampling with the trainer's own transformers model and a KV cache; stops each row at EOS.
 
-    The loop is ``generate``'s (a prefill, then one token a step, transformers' temperature / top-k / top-p
-    warpers, multinomial sampling) with two differences: a row that has produced EOS leaves the batch (its
-    cache rows are dropped, so finished completions cost nothing), and every sampled token's log-prob and
-    the entropy of its distribution are returned, so the trainer knows pi_rollout.
+    The loop is ``generate``'s (a prefill, then one token a step, transformers' temperature / top-k / top-p warpers)
+    run by ``dfpo.trainer.decode``, which keeps a step on the device: outputs go to preallocated buffers, a finished
+    row is masked (and, with a dynamic cache, dropped at the next read back), tokens are drawn by inverse CDF from
+    one uniform per (row, step), and every sampled token's log-prob and the entropy of its distribution are returned,
+    so the trainer knows pi_rollout. ``decode`` chooses the cache, the read-back interval and the CUDA graph.
     """
 
-    def __init__(self, model, pad_id: int, eos_ids: set[int], batch_size: int = 0, amp_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        pad_id: int,
+        eos_ids: set[int],
+        batch_size: int = 0,
+        amp_dtype: torch.dtype | None = None,
+        decode: DecodeOptions | None = None,
+    ):
         self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
-        self.amp_dtype = amp_dtype
+        self.amp_dtype, self.decode = amp_dtype, decode or DecodeOptions()
+        self.resolved = self.decode.resolve(next(model.parameters()).device)  # a choice the device cannot run fails here
+        self._static_caches: dict[tuple, object] = {}  # (rows, width, amp dtype) -> a StaticCache reused across rollouts
+        self._graphs: dict[tuple, object] = {}  # (sampling params, cache key) -> the compiled decode step
 
     def sync_weights(self, model) -> None:
         """Nothing to copy: the engine samples from the trainer's model object itself."""
@@ -142,7 +155,7 @@ class HFGenerateEngine:
     def sample(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, seeds: list[int] | None = None) -> Samples:
         """``n`` completions of every prompt with their sampler log-probs and entropies.
 
-        ``seeds`` (one per prompt): completion j of prompt p draws its tokens from its own generator seeded by
+        ``seeds`` (one per prompt): completion j of prompt p draws its tokens from uniforms seeded by
         ``row_seed(seeds[p], j)``, so it does not depend on the other prompts sampled with it (None: the global RNG).
         """
         expanded = [p for p in prompt_ids for _ in range(n)]
@@ -164,52 +177,62 @@ class HFGenerateEngine:
         return out
 
     def _sample_chunk(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Samples:
-        from transformers import DynamicCache
-
         device = next(self.model.parameters()).device
         ids, att = left_pad(prompts, self.pad_id)  # (N, W)
         ids, att = ids.to(device), att.to(device)
+        N, W, T = ids.shape[0], ids.shape[1], params.max_new_tokens
+        uniforms = torch.zeros(N, T, dtype=torch.float64, device=device) if params.greedy else row_uniforms(N, T, seeds, device)
         tempering, truncating = temperature_warpers(params), truncation_warpers(params)
-        eos = torch.tensor(sorted(self.eos_ids), device=device)
-        N = ids.shape[0]
-        gens = None if seeds is None else [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        tokens, logprobs, entropies, untruncated = ([[] for _ in range(N)] for _ in range(4))
-        active = torch.arange(N, device=device)  # rows still sampling
-        cache = DynamicCache(config=self.model.config)
+        static_width = round_up(W + T, CACHE_BUCKET) if self.resolved.static_cache else None
+        cache = self._static_cache(N, static_width) if static_width else self._dynamic_cache()
         cache_kw = {cache_keyword(self.model): cache}  # the KV cache, by the name this transformers takes it
-        step_ids, positions = ids, (att.cumsum(-1) - 1).clamp(min=0)  # (N, W)
-        for step in range(params.max_new_tokens):
+
+        def forward(step_ids, mask, positions):  # (n, w) -> the last position's logits (n, V)
             with autocast(device, self.amp_dtype):
-                logits = self.model(
-                    input_ids=step_ids, attention_mask=att, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
-                ).logits[:, -1]  # (n, V)
-            scores = logits.float()
-            history = None
-            for warp in tempering:
-                scores = warp(history, scores)
-            tempered = scores  # (n, V) before top-k / top-p
-            for warp in truncating:
-                scores = warp(history, scores)
-            logp_all = torch.log_softmax(scores, dim=-1)  # (n, V); -inf where a warper removed a token
-            next_ids = logp_all.argmax(-1) if params.greedy else draw(logp_all.exp(), active, gens)  # (n,) no RNG when greedy
-            chosen = logp_all.gather(-1, next_ids[:, None]).squeeze(-1)  # (n,)
-            full = torch.log_softmax(tempered, dim=-1).gather(-1, next_ids[:, None]).squeeze(-1) if truncating else chosen  # (n,)
-            entropy = -torch.where(logp_all > -math.inf, logp_all.exp() * logp_all, 0.0).sum(-1)  # (n,)
-            for row, tok, lp, lf, h in zip(active.tolist(), next_ids.tolist(), chosen.tolist(), full.tolist(), entropy.tolist()):
-                tokens[row].append(tok)
-                logprobs[row].append(lp)
-                untruncated[row].append(lf)
-                entropies[row].append(h)
-            keep = ~torch.isin(next_ids, eos)  # (n,)
-            if step + 1 == params.max_new_tokens or not bool(keep.any()):
-                break
-            if not bool(keep.all()):  # finished rows leave the batch and the cache
-                index = keep.nonzero().flatten()
-                cache.batch_select_indices(index)
-                active, next_ids, att = active[index], next_ids[index], att[index]
-            att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)  # (n, W + step + 1)
-            step_ids, positions = next_ids[:, None], att.sum(-1, keepdim=True) - 1  # (n, 1)
+                return self.model(
+                    input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
+                ).logits[:, -1]
+
+        def step(step_ids, mask, positions, u) -> StepOut:
+            return score_step(forward(step_ids, mask, positions), u, tempering, truncating, params.greedy)
+
+        buffers, steps = decode_loop(
+            step, self._graph_step(step, (params, N, static_width)) if self.resolved.graph else step, ids, att, uniforms, eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
+            sync_every=self.resolved.sync_every, static_width=static_width,
+            drop_rows=None if static_width else cache.batch_select_indices,
+        )  # fmt: skip
+        tokens, logprobs, entropies, untruncated = read_back(buffers, steps, self.eos_ids)
         return Samples(tokens, logprobs, entropies, untruncated)
+
+    def _dynamic_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def _static_cache(self, rows: int, width: int):
+        """A StaticCache of ``width`` columns for ``rows`` rows, reset and reused for the same shape (a compiled decode
+        step replays its graph on the same cache tensors)."""
+        from transformers import StaticCache
+
+        key = (rows, width, self.amp_dtype)
+        if key in self._static_caches:
+            self._static_caches[key].reset()
+        else:
+            self._static_caches[key] = StaticCache(config=self.model.config, max_cache_len=width)
+        return self._static_caches[key]
+
+    def _graph_step(self, step, key: tuple):
+        """The decode step through torch.compile(mode="reduce-overhead"), captured as a CUDA graph and replayed: one per
+        (sampling parameters, batch rows, cache width), whose closure holds that shape's reused static cache."""
+        if key not in self._graphs:
+            self._graphs[key] = torch.compile(step, mode="reduce-overhead", dynamic=False)
+        compiled = self._graphs[key]
+
+        def replay(*args):
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's outputs were copied out: its buffers may be reused
+            return compiled(*args)
+
+        return replay
 
 
 def cache_keyword(model) -> str:
@@ -227,13 +250,6 @@ def row_seed(*parts: int) -> int:
 
     digest = hashlib.blake2b("/".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
-
-
-def draw(probs: torch.Tensor, active: torch.Tensor, gens: list[torch.Generator] | None) -> torch.Tensor:
-    """One token per row from ``probs`` (n, V): with the global RNG, or row i from ``gens[active[i]]``. -> (n,)"""
-    if gens is None:
-        return torch.multinomial(probs, 1).squeeze(-1)
-    return torch.cat([torch.multinomial(probs[i], 1, generator=gens[row]) for i, row in enumerate(active.tolist())])
 
 
 def sampler_logp(samples: Samples, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,6 +48,7 @@ from ..core.loss import ObjectiveSpec, resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from . import entropy_control, parallel
 from .config import Config, check_tiny_shape, config_to_toml
+from .decode import DecodeOptions
 from .diagnostics import StepDiagnostics
 from .minibatches import MicroBatch, micro_batch, split_settings
 from .packaged_model import quiet_loading, resolve_model_name
@@ -106,7 +107,9 @@ def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.
     """The HF engine on the trainer's own model, or vLLM started from the model's folder (the trainer syncs it with
     the checkpoint's weights on a resume)."""
     if cfg.rollout.engine == "hf":
-        return HFGenerateEngine(policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp)
+        return HFGenerateEngine(
+            policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp, DecodeOptions.from_config(cfg.rollout)
+        )
     folder = str(cfg.folder.init_model) if cfg.model.name == "tiny" else resolve_model_name(cfg.model.name)  # a GGUF: its folder
     context = getattr(policy.model.config, "max_position_embeddings", 2048)
     return VLLMEngine(folder, eos_ids=policy.eos_ids, device=device, seed=cfg.seed, max_model_len=context)

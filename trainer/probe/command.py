@@ -296,6 +296,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
 def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_examples: list):
     """One rollout batch of ``rollout.prompts_per_step`` groups from the policy, seeded by ``cfg.seed`` (its
     ``sampler_logp`` is the sampler's log-probs, pi_rollout), and pi_old as the trainer takes it (choice 5)."""
+    from ..decode import DecodeOptions
     from ..parallel import OneProcess
     from ..rewards.compute import RewardComputer, reward_spec
     from ..rewards.pool import default_workers
@@ -315,7 +316,9 @@ def sample_rollout(start: Start, cfg: Config, train_examples: list, eval_example
         weights=cfg.reward.weights,
     )
     try:
-        engine = HFGenerateEngine(start.model, start.tok.pad_token_id, start.eos_ids, cfg.rollout.batch_size, start.amp)
+        engine = HFGenerateEngine(
+            start.model, start.tok.pad_token_id, start.eos_ids, cfg.rollout.batch_size, start.amp, DecodeOptions.from_config(cfg.rollout)
+        )
         stage = RolloutStage(
             cfg,
             device=start.device,
