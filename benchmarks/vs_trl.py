@@ -1,34 +1,54 @@
-"""dfpo train against TRL's GRPOTrainer at equal work, alternating A B A B in one invocation.
+"""dfpo train against TRL's GRPOTrainer at equal work, alternating the sides in one invocation.
 
-    python benchmarks/vs_trl.py                 # grpo and gspo, 3 pairs each, 3 training steps per trial
-    python benchmarks/vs_trl.py --quick         # grpo only, 2 pairs, 2 steps (a few minutes on 2 cores)
+    python benchmarks/vs_trl.py                 # CPU: grpo and gspo, 3 pairs each, 3 training steps per trial
+    python benchmarks/vs_trl.py --quick         # CPU: grpo only, 2 pairs, 2 steps (a few minutes on 2 cores)
+    python benchmarks/vs_trl.py --device cuda   # GPU: issue 48's measurement at Qwen3-0.6B's shape (about 4 minutes on an H200)
+    python benchmarks/vs_trl.py --device cpu --shape tiny --max-new 16 --steps 2 --trials 3   # the GPU protocol rehearsed
 
-Both sides get the same model (a Qwen2-style config with a 32k vocabulary, built from a config and saved
-to a temp folder: no download), the same tokenizer (word-level, 32k entries), the same 16 prompts x G = 8,
-temperature 1 sampling with up to 32 new tokens (the EOS row of the LM head is set so completions end at
-varying lengths), AdamW, 4 optimiser steps per rollout batch (one epoch of 4 mini-batches of 4 groups),
-the same objective (TRL loss_type 'grpo'; GSPO = TRL importance_sampling_level='sequence'), no KL,
-gradient checkpointing off on both sides, float32 on CPU. Old log-probs are needed on both sides (K = 4):
-TRL recomputes them for the whole rollout batch. dfpo takes the sampler's own log-probs (rollout.old_logp
-'auto': exact for float32 sampling at temperature 1); ``--dfpo-old-logp recompute`` makes it recompute them
-as TRL does (for the rows after the first optimiser step: the first step's forward serves its own rows).
-dfpo's update scores the LM head and the loss in one pass (optim.fused_head 'eager', the trainer's default);
-``--dfpo-fused-head off`` runs token_logprobs then policy_loss instead.
+The CPU comparison (no ``--shape``, ``--device cpu``): both sides get the same model (a Qwen2-style config with a 32k
+vocabulary, built from a config and saved to a temp folder: no download), the same tokenizer (word-level, 32k
+entries), the same 16 prompts x G = 8, temperature 1 sampling with up to 32 new tokens (the EOS row of the LM head is
+set so completions end at varying lengths), AdamW, 4 optimiser steps per rollout batch (one epoch of 4 mini-batches of
+4 groups), the same objective (TRL loss_type 'grpo'; GSPO = TRL importance_sampling_level='sequence'), no KL, gradient
+checkpointing off on both sides, float32 on CPU. Old log-probs are needed on both sides (K = 4): TRL recomputes them
+for the whole rollout batch. dfpo takes the sampler's own log-probs (rollout.old_logp 'auto': exact for float32
+sampling at temperature 1); ``--dfpo-old-logp recompute`` makes it recompute them as TRL does (for the rows after the
+first optimiser step: the first step's forward serves its own rows). dfpo's update scores the LM head and the loss in
+one pass (optim.fused_head 'eager', the trainer's default); ``--dfpo-fused-head off`` runs token_logprobs then
+policy_loss instead. Every trial runs in a fresh process (so its peak RSS is its own) and trains ``--steps`` rollout
+batches; the first is a warm-up and is left out of the times. Printed per trial: seconds per rollout batch split into
+rollout (generation and rewards), old log-probs, update; completion tokens per second; peak RSS. Then, per objective,
+the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
 
-Every trial runs in a fresh process (so its peak RSS is its own) and trains ``--steps`` rollout batches;
-the first is a warm-up and is left out of the times. Printed per trial: seconds per rollout batch split into
-rollout (generation and rewards), old log-probs, update; completion tokens per second; peak RSS. Then,
-per objective, the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
+The GPU protocol (``--device cuda``, or any ``--shape``), issue 48's measurement as one command: a Qwen3-0.6B-shaped
+model (``--shape qwen3-0.6b``, the default: QWEN3_06B of scripts/real_size.py, random init, saved in bfloat16 as the
+real checkpoint is, loaded as float32 by both sides) with a word-level tokenizer covering all 151,936 rows, full
+fine-tuning with gradient checkpointing, float32 master weights under bf16 autocast (dfpo model.dtype=float32
+model.amp=bf16; TRL model_init_kwargs dtype float32 and bf16=True), 8 prompts x G = 8, ``--max-new`` (256) new
+tokens (a random model draws EOS about once in 152k tokens, so completions run to the limit), grpo, 4 optimiser steps
+per rollout batch, no KL. Three sides: dfpo with the sampler's log-probs (``rollout.old_logp=sampler``: under autocast
+'auto' resolves to 'recompute', see trainer/stages/old_logp.py), dfpo recomputing them (``recompute``: TRL's work),
+and TRL's GRPOTrainer (HF generate). ``--trials`` trials in the order A B C C B A (repeated), each in a fresh process;
+on CUDA, trials that would not finish before ``--deadline-s`` (from the command's start) are not started and one
+still running at it is stopped, so the command ends in time and prints what it measured. Printed: the card and the
+versions, each trial's completion tok/s, step, rollout, old log-prob and update seconds (means over the timed steps)
+and peak memory (CUDA: torch.cuda.max_memory_allocated of the trial's process; CPU: its peak RSS), a table per side,
+then the issue's goals read off it, each with PASS or MISS. ``--shape tiny`` on the CPU rehearses the same protocol at
+a tiny shape in seconds; dfpo's model.amp needs CUDA, so on the CPU both sides run float32 without autocast (said in
+the header).
 
 Imports are deferred into the functions on purpose: a trial's process imports only its own side's stack (dfpo's
 trainer or TRL's; the TRL side takes dfpo's prompt generator and nothing else of it), so that neither side's peak
-RSS carries the other's modules.
+memory carries the other's modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -37,25 +57,85 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 32_000
 PROMPTS, G, MAX_NEW, MINIBATCHES = 16, 8, 32, 4
+
+SHAPES = ("tiny", "qwen3-0.6b")
+TINY = dict(
+    vocab_size=4096, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, max_position_embeddings=1024, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    attention_bias=False, hidden_act="silu",
+)  # fmt: skip
+"""A Qwen3-style model small enough to rehearse the GPU protocol on a CPU in seconds."""
+SIDES = ("dfpo-sampler", "dfpo-recompute", "trl")
+"""The GPU protocol's sides, in the order of a trial sequence's first half (A B C, then C B A)."""
+DFPO_OLD_LOGP = {"dfpo-sampler": "sampler", "dfpo-recompute": "recompute"}
+PROTOCOL_PROMPTS = 8
+CUDA_DEADLINE_S = 210.0
+"""--device cuda's default --deadline-s: scripts/gpu_checks.sh gives the command 235 s; the deadline counts from its start, model build included."""
+GOALS = (
+    ("tokens_per_s", "dfpo-recompute", ">=", 2.0, "dfpo / TRL completion tok/s at equal work"),
+    ("tokens_per_s", "dfpo-sampler", ">=", 2.5, "dfpo / TRL completion tok/s with the sampler's log-probs"),
+    ("update_s", "dfpo-sampler", "<=", 0.6, "dfpo's update / TRL's"),
+    ("update_s", "dfpo-recompute", "<=", 0.6, "dfpo's update / TRL's"),
+    ("peak_gib", "dfpo-sampler", "<=", 1.0, "dfpo's peak memory / TRL's"),
+    ("peak_gib", "dfpo-recompute", "<=", 1.0, "dfpo's peak memory / TRL's"),
+)
+"""Issue 48's goals: (figure, dfpo side, direction, goal, what the ratio is); each ratio is dfpo's figure over TRL's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What both sides do per rollout batch; the defaults are the CPU comparison's."""
+
+    prompts: int = PROMPTS
+    group: int = G
+    max_new: int = MAX_NEW
+    minibatches: int = MINIBATCHES
+    device: str = "cpu"
+    bf16: bool = False  # float32 master weights under bf16 autocast (CUDA only: dfpo's model.amp needs it)
+    checkpointing: bool = False
+    protocol: bool = False  # the GPU protocol: device, dtype and autocast named, no checkpoints written, TRL loads by path
+
+
+def qwen3_06b() -> dict:
+    """Qwen3-0.6B's shape: QWEN3_06B of scripts/real_size.py, read from that file (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("_real_size_for_vs_trl", ROOT / "scripts" / "real_size.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return dict(module.QWEN3_06B)
+
+
+def shape_config(shape: str) -> dict:
+    """The Qwen3 config fields of ``shape`` (one of SHAPES)."""
+    return dict(TINY) if shape == "tiny" else qwen3_06b()
+
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer of ``vocab`` entries (dfpo's special tokens and characters, then ``<wN>`` words), so
+    that every row of the LM head decodes to text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dfpo.trainer.policy import CHARS, SPECIAL_TOKENS
+
+    words = list(SPECIAL_TOKENS) + list(CHARS)
+    words += [f"<w{i}>" for i in range(vocab - len(words))]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
 def build_model(folder: Path, hidden: int, layers: int) -> None:
     """A Qwen2-style model with a 32k word-level vocabulary, its EOS logit raised so lengths vary."""
     # deferred: this runs in the parent only (see the module docstring)
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from dfpo.trainer.policy import CHARS, SPECIAL_TOKENS
-
-    words = list(SPECIAL_TOKENS) + list(CHARS)
-    words += [f"<w{i}>" for i in range(VOCAB - len(words))]
-    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok = word_tokenizer(VOCAB)
     config = Qwen2Config(
         vocab_size=VOCAB, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -71,6 +151,26 @@ def build_model(folder: Path, hidden: int, layers: int) -> None:
     tok.save_pretrained(folder)
 
 
+def build_shaped_model(folder: Path, fields: dict) -> int:
+    """A randomly initialised Qwen3 model of ``fields`` (a config's shape) with a word-level tokenizer covering its
+    whole vocabulary, saved in bfloat16 as Qwen3's checkpoints are; returns its parameter count. Nothing is done to
+    the EOS row: a random model draws EOS about once in vocab_size tokens, so completions run to the limit."""
+    # deferred: this runs in the parent only (see the module docstring)
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    tok = word_tokenizer(fields["vocab_size"])
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # the shard writer's bar: one trial's log stays one table
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(**fields, **ids)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
 def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     """The prompts dfpo's built-in 'add' task makes (seeded), formatted as dfpo formats them."""
     # deferred: the TRL trial calls this too and needs no more of dfpo (see the module docstring)
@@ -82,51 +182,80 @@ def prompts_and_answers(n: int) -> list[tuple[str, str]]:
     return [(data.prompt_template.replace("{prompt}", ex.prompt), ex.answer) for ex in train[:n]]
 
 
-def run_dfpo(folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto", fused_head: str = "eager") -> dict:
+def dfpo_settings(
+    folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str, fused_head: str, work: Work, extra: list[str]
+) -> list[str]:
+    """The ``--set`` list of a dfpo trial: the CPU comparison's as it always was, the protocol's device, dtype,
+    autocast and no checkpoint after it, then ``extra`` (--dfpo-set)."""
+    sets = [
+        f'model.name="{folder}"', f"model.gradient_checkpointing={str(work.checkpointing).lower()}", f"data.train_size={work.prompts}",
+        "data.eval_size=1", f"rollout.prompts_per_step={work.prompts}", f"rollout.group_size={work.group}",
+        f"rollout.max_new_tokens={work.max_new}", "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
+        f"optim.minibatch_groups={work.prompts // work.minibatches}", "optim.epochs=1", "optim.lr=1e-5", f"objective.name={objective}",
+        "eval.every=0", f"train.steps={steps}", "log.progress=false", "log.samples_every=0", "log.diagnostics=false",
+        f"threads={threads}", f'run_dir="{out}"', f"rollout.old_logp={old_logp}", f"optim.fused_head={fused_head}",
+    ]  # fmt: skip
+    if work.protocol:
+        amp = "bf16" if work.bf16 else "none"
+        sets += [f"device={work.device}", "model.dtype=float32", f"model.amp={amp}", "train.save_every=0", "train.save_final=false"]
+        sets += ["log.tensorboard=false"]
+    return sets + list(extra)
+
+
+def run_dfpo(
+    folder: str, objective: str, steps: int, threads: int, out: Path, old_logp: str = "auto", fused_head: str = "eager",
+    work: Work = Work(), extra: tuple[str, ...] = (),
+) -> dict:  # fmt: skip
     # deferred: a trial imports only its own side's stack (see the module docstring)
     from dfpo.trainer.config import apply_overrides, config_from_dict
     from dfpo.trainer.train import Trainer
 
-    sets = [
-        f'model.name="{folder}"', "model.gradient_checkpointing=false", f"data.train_size={PROMPTS}", "data.eval_size=1",
-        f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={G}", f"rollout.max_new_tokens={MAX_NEW}",
-        "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0", f"optim.minibatch_groups={PROMPTS // MINIBATCHES}",
-        "optim.epochs=1", "optim.lr=1e-5", f"objective.name={objective}", "eval.every=0", f"train.steps={steps}",
-        "log.progress=false", "log.samples_every=0", "log.diagnostics=false", f"threads={threads}", f'run_dir="{out}"',
-        f"rollout.old_logp={old_logp}", f"optim.fused_head={fused_head}",
-    ]  # fmt: skip
-    Trainer(config_from_dict(apply_overrides({}, sets)), quiet=True).run()
+    sets = dfpo_settings(folder, objective, steps, threads, out, old_logp, fused_head, work, list(extra))
+    trainer = Trainer(config_from_dict(apply_overrides({}, sets)), quiet=True)
+    trainer.run()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]  # warm-up left out
-    return {
-        "rollout_s": statistics.mean(r["time/rollout_s"] for r in rows),
-        "old_logp_s": statistics.mean(r["time/old_logp_s"] for r in rows),
-        "update_s": statistics.mean(r["time/update_s"] for r in rows),
-        "step_s": statistics.mean(r["time/step_s"] for r in rows),
-        "tokens": statistics.mean(r["completion/length"] * PROMPTS * G for r in rows),
+    per_step = {
+        "rollout_s": [r["time/rollout_s"] for r in rows],
+        "old_logp_s": [r["time/old_logp_s"] for r in rows],
+        "update_s": [r["time/update_s"] for r in rows],
+        "step_s": [r["time/step_s"] for r in rows],
+        "tokens": [r["completion/length"] * work.prompts * work.group for r in rows],
     }
+    result = {k: statistics.mean(v) for k, v in per_step.items()}
+    return result | {"per_step": per_step, "pi_old": "sampler" if trainer.old_logp_from_sampler() else "recompute"}
 
 
-def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path) -> dict:
+def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path, work: Work = Work()) -> dict:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.set_num_threads(threads)
-    pairs = prompts_and_answers(PROMPTS)
+    if threads:
+        torch.set_num_threads(threads)
+    cuda = work.device == "cuda"
+
+    def sync():  # a phase's clock stops once the GPU has done its work
+        if cuda:
+            torch.cuda.synchronize()
+
+    pairs = prompts_and_answers(work.prompts)
     data = Dataset.from_dict({"prompt": [p for p, _ in pairs], "answer": [a for _, a in pairs]})
 
     def correct(completions, answer, **kwargs):
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 
     extra = {"importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4} if objective == "gspo" else {"epsilon": 0.2}
+    if work.protocol:  # the issue's: TRL loads the model itself, float32 master weights
+        extra["model_init_kwargs"] = {"dtype": torch.float32}
+    k = work.minibatches
     args = GRPOConfig(
-        output_dir=str(out), use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1, learning_rate=1e-5,
-        per_device_train_batch_size=PROMPTS * G // MINIBATCHES, gradient_accumulation_steps=1, steps_per_generation=MINIBATCHES,
-        num_generations=G, num_iterations=1, max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
-        loss_type="grpo", gradient_checkpointing=False, max_steps=steps * MINIBATCHES, seed=0, disable_tqdm=True, **extra,
+        output_dir=str(out), use_cpu=not cuda, bf16=work.bf16, report_to=[], save_strategy="no", logging_steps=1, learning_rate=1e-5,
+        per_device_train_batch_size=work.prompts * work.group // k, gradient_accumulation_steps=1, steps_per_generation=k,
+        num_generations=work.group, num_iterations=1, max_completion_length=work.max_new, temperature=1.0, top_p=1.0, top_k=0,
+        beta=0.0, loss_type="grpo", gradient_checkpointing=work.checkpointing, max_steps=steps * k, seed=0, disable_tqdm=True, **extra,
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = folder if work.protocol else AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     trainer = GRPOTrainer(
         model=model, reward_funcs=correct, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(folder)
     )
@@ -134,75 +263,221 @@ def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path) ->
     gen_real, logps_real = trainer._generate_and_score_completions, trainer._get_per_token_logps_and_entropies
 
     def gen_timed(*a, **k):
+        sync()
         t0 = time.perf_counter()
         out = gen_real(*a, **k)
+        sync()
         phases["gen_and_score"].append(time.perf_counter() - t0)
         phases["lengths"].append(float(out["completion_mask"].sum()))
         return out
 
     def logps_timed(*a, **k):
+        sync()
         t0 = time.perf_counter()
         out = logps_real(*a, **k)
         if not torch.is_grad_enabled():  # the old-log-prob recompute inside _generate_and_score_completions
+            sync()
             phases["old_logp"].append(time.perf_counter() - t0)
         return out
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
+            sync()
             phases["step_end"].append(time.perf_counter())
 
     trainer._generate_and_score_completions, trainer._get_per_token_logps_and_entropies = gen_timed, logps_timed
     trainer.add_callback(StepClock())
     t_start = time.perf_counter()
     trainer.train()
-    ends = [t_start] + phases["step_end"][MINIBATCHES - 1 :: MINIBATCHES]  # the end of each rollout batch's last optimiser step
+    ends = [t_start] + phases["step_end"][k - 1 :: k]  # the end of each rollout batch's last optimiser step
     cycle = [b - a for a, b in zip(ends, ends[1:])][1:]
     old = phases["old_logp"][1:steps]  # one recompute call per rollout batch (chunked inside TRL)
     gen = [g - o for g, o in zip(phases["gen_and_score"][1:], old)]
-    return {
-        "rollout_s": statistics.mean(gen),
-        "old_logp_s": statistics.mean(old),
-        "update_s": statistics.mean(c - g - o for c, g, o in zip(cycle, gen, old)),
-        "step_s": statistics.mean(cycle),
-        "tokens": statistics.mean(phases["lengths"][1:]),
+    per_step = {
+        "rollout_s": gen,
+        "old_logp_s": old,
+        "update_s": [c - g - o for c, g, o in zip(cycle, gen, old)],
+        "step_s": cycle,
+        "tokens": phases["lengths"][1:],
     }
+    return {k: statistics.mean(v) for k, v in per_step.items()} | {"per_step": per_step, "pi_old": "recompute"}
 
 
 def worker(args) -> None:
     out = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.side}_"))
+    work = Work(**json.loads(args.work)) if args.work else Work()
     if args.side == "dfpo":
-        result = run_dfpo(args.model_dir, args.objective, args.steps, args.threads, out / "run", args.dfpo_old_logp, args.dfpo_fused_head)
+        old_logp, fused_head, extra = args.dfpo_old_logp, args.dfpo_fused_head, args.dfpo_set or ()
+        result = run_dfpo(args.model_dir, args.objective, args.steps, args.threads, out / "run", old_logp, fused_head, work, extra)
     else:
-        result = run_trl(args.model_dir, args.objective, args.steps, args.threads, out / "run")
+        result = run_trl(args.model_dir, args.objective, args.steps, args.threads, out / "run", work)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_gib"] = peak_gib(work.device)
     result["tokens_per_s"] = result["tokens"] / result["step_s"]
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--objectives", nargs="+", default=["grpo", "gspo"], choices=["grpo", "gspo"])
-    p.add_argument("--pairs", type=int, default=3, help="A B pairs per objective (default 3)")
-    p.add_argument("--steps", type=int, default=3, help="rollout batches per trial, the first a warm-up (default 3)")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="grpo only, 2 pairs, 2 steps")
+def peak_gib(device: str) -> float:
+    """This process's peak memory in GiB: CUDA's peak allocated bytes on a GPU, the peak resident set on a CPU."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# -- the GPU protocol: pure parts ---------------------------------------------------------------------------------------
+
+
+def trial_order(trials: int) -> list[str]:
+    """The sides of ``trials`` trials: A B C C B A, repeated (each side as often early as late)."""
+    cycle = list(SIDES) + list(reversed(SIDES))
+    return [cycle[i % len(cycle)] for i in range(trials)]
+
+
+def side_summary(trials: list[dict]) -> dict:
+    """One side's figures from its trials' results: completion tok/s the median of the trials' (each its tokens over
+    its step seconds, means of its timed steps); update seconds the median of every timed step's; peak GiB the largest
+    trial's; and each phase's range over every timed step."""
+    steps = {k: [x for t in trials for x in t["per_step"][k]] for k in ("step_s", "rollout_s", "old_logp_s", "update_s")}
+    return {
+        "trials": len(trials),
+        "tokens_per_s": statistics.median(t["tokens_per_s"] for t in trials),
+        "update_s": statistics.median(steps["update_s"]),
+        "peak_gib": max(t["peak_gib"] for t in trials),
+        "ranges": {k: (min(v), max(v)) for k, v in steps.items()},
+    }
+
+
+def goal_lines(sides: dict[str, dict]) -> list[str]:
+    """Issue 48's goals read off the side summaries (``side_summary``; a side absent: not measured): each line the
+    ratio dfpo / TRL of one figure, the two figures, and PASS where the ratio meets the goal, else MISS."""
+    units = {"tokens_per_s": ("{:.0f}", " tok/s"), "update_s": ("{:.2f}", " s"), "peak_gib": ("{:.2f}", " GiB")}
+    lines = []
+    for figure, side, direction, goal, what in GOALS:
+        head = f"goal {what} ({side}) {direction} {goal:.1f}:"
+        missing = [s for s in (side, "trl") if s not in sides]
+        if missing:
+            lines.append(f"{head} not measured (no {' or '.join(missing)} trial finished)")
+            continue
+        ours, theirs = sides[side][figure], sides["trl"][figure]
+        ratio = ours / theirs if theirs > 0 else math.inf
+        met = ratio >= goal if direction == ">=" else ratio <= goal
+        fmt, unit = units[figure]
+        lines.append(f"{head} {ratio:.2f} ({fmt.format(ours)}{unit} / {fmt.format(theirs)}{unit}) {'PASS' if met else 'MISS'}")
+    return lines
+
+
+def summary_table(sides: dict[str, dict]) -> list[str]:
+    """The per-side table in the issue's layout (markdown): medians, and ranges over every timed step."""
+
+    def span(pair: tuple[float, float]) -> str:
+        return f"{pair[0]:.2f}-{pair[1]:.2f}"
+
+    lines = [
+        "| side | completion tok/s (median of trials) | step s | rollout s | old log-probs s | update s (median) | peak GiB | trials |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for side in SIDES:
+        if side in sides:
+            s, r = sides[side], sides[side]["ranges"]
+            lines.append(
+                f"| {side} | {s['tokens_per_s']:.0f} | {span(r['step_s'])} | {span(r['rollout_s'])} | {span(r['old_logp_s'])} | "
+                f"{s['update_s']:.2f} ({span(r['update_s'])}) | {s['peak_gib']:.2f} | {s['trials']} |"
+            )
+    return lines
+
+
+# -- the command ---------------------------------------------------------------------------------------------------------
+
+LEGACY_ONLY = ("objectives", "pairs", "hidden", "layers", "dfpo_old_logp")
+PROTOCOL_ONLY = ("trials", "max_new", "deadline_s", "dfpo_set")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vs_trl.py", description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu (default: the CPU comparison) or cuda (the GPU protocol)")
     p.add_argument(
-        "--dfpo-old-logp", default="auto", choices=["auto", "recompute"],
-        help="dfpo's rollout.old_logp: 'recompute' runs an old-log-prob forward as TRL does (the ablation of the sampler's log-probs)",
+        "--shape", choices=SHAPES,
+        help="run the GPU protocol at this model shape (default with --device cuda: qwen3-0.6b); on the CPU, tiny rehearses it",
+    )  # fmt: skip
+    p.add_argument("--objectives", nargs="+", choices=["grpo", "gspo"], help="CPU comparison: objectives (default grpo gspo)")
+    p.add_argument("--pairs", type=int, help="CPU comparison: A B pairs per objective (default 3)")
+    p.add_argument("--steps", type=int, default=3, help="rollout batches per trial, the first a warm-up (default 3)")
+    p.add_argument("--hidden", type=int, help="CPU comparison: hidden size (default 128)")
+    p.add_argument("--layers", type=int, help="CPU comparison: layers (default 2)")
+    p.add_argument("--threads", type=int, help="torch threads per trial (default 2 on the CPU; 0 = torch's default, on CUDA)")
+    p.add_argument("--quick", action="store_true", help="CPU comparison: grpo only, 2 pairs, 2 steps")
+    p.add_argument(
+        "--dfpo-old-logp", choices=["auto", "sampler", "recompute"],
+        help="CPU comparison: dfpo's rollout.old_logp (default auto): 'recompute' runs an old-log-prob forward as TRL does (the ablation of the sampler's log-probs)",
     )  # fmt: skip
     p.add_argument(
         "--dfpo-fused-head", default="eager", choices=["eager", "compile", "off"],
         help="dfpo's optim.fused_head: the LM head and the loss in one pass (eager, the default; compile) or off (token_logprobs, then policy_loss)",
     )  # fmt: skip
+    p.add_argument("--trials", type=int, help="GPU protocol: trials in all, in the order A B C C B A (default 6)")
+    p.add_argument("--max-new", type=int, help="GPU protocol: new tokens per completion (default 256; 16 at --shape tiny)")
+    p.add_argument(
+        "--deadline-s", type=float,
+        help=f"GPU protocol: seconds from the start after which no trial runs (default {CUDA_DEADLINE_S:g} on CUDA, 0 = none on the CPU)",
+    )  # fmt: skip
+    p.add_argument("--dfpo-set", action="append", metavar="KEY=VALUE", help="GPU protocol: a dfpo setting for both dfpo sides (repeatable)")
     p.add_argument("--side", choices=["dfpo", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--objective", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.side:
+        return args
+    args.protocol = args.shape is not None or args.device == "cuda"
+    stray = [n for n in (LEGACY_ONLY if args.protocol else PROTOCOL_ONLY) if getattr(args, n) is not None]
+    if args.protocol and args.quick:
+        stray.insert(0, "quick")
+    if stray:
+        flag = "--" + stray[0].replace("_", "-")
+        if args.protocol:
+            p.error(
+                f"{flag} belongs to the CPU comparison (--device cpu, no --shape); the GPU protocol takes --trials, --steps and --max-new"
+            )
+        p.error(f"{flag} belongs to the GPU protocol: add --device cuda, or --shape tiny to rehearse it on the CPU")
+    if args.protocol:
+        args.shape = args.shape or "qwen3-0.6b"
+        args.trials = 6 if args.trials is None else args.trials
+        args.max_new = (16 if args.shape == "tiny" else 256) if args.max_new is None else args.max_new
+        args.deadline_s = (CUDA_DEADLINE_S if args.device == "cuda" else 0.0) if args.deadline_s is None else args.deadline_s
+        args.threads = (0 if args.device == "cuda" else 2) if args.threads is None else args.threads
+        args.dfpo_set = args.dfpo_set or []
+        for name, value, least in (("--steps", args.steps, 2), ("--trials", args.trials, 1), ("--max-new", args.max_new, 1)):
+            if value < least:
+                p.error(f"{name} must be at least {least}{' (one warm-up, then timed steps)' if name == '--steps' else ''}, got {value}")
+        if args.deadline_s < 0:
+            p.error(f"--deadline-s must be 0 (none) or positive, got {args.deadline_s:g}")
+        bad = [s for s in args.dfpo_set if "=" not in s]
+        if bad:
+            p.error(f"--dfpo-set takes KEY=VALUE (a dfpo setting, as dfpo train --set), got {bad[0]!r}")
+    else:
+        args.objectives = args.objectives or ["grpo", "gspo"]
+        args.pairs = 3 if args.pairs is None else args.pairs
+        args.hidden = 128 if args.hidden is None else args.hidden
+        args.layers = 2 if args.layers is None else args.layers
+        args.threads = 2 if args.threads is None else args.threads
+        args.dfpo_old_logp = args.dfpo_old_logp or "auto"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.side:
         worker(args)
         return 0
+    if args.protocol:
+        return protocol_main(args)
+    return legacy_main(args)
+
+
+def legacy_main(args) -> int:
+    """The CPU comparison: dfpo and TRL alternated A B, B A per objective (unchanged since before the GPU protocol)."""
     if args.quick:
         args.objectives, args.pairs, args.steps = ["grpo"], 2, 2
     if args.steps < 2 or args.pairs < 1:
@@ -234,6 +509,109 @@ def main() -> int:
         print(f"{objective}: dfpo / TRL tokens per second, per pair: {', '.join(f'{r:.2f}' for r in rs)}; "
               f"median {statistics.median(rs):.2f}, range [{min(rs):.2f}, {max(rs):.2f}]")  # fmt: skip
     return 0
+
+
+def no_cuda_line() -> str | None:
+    """None where CUDA is usable, else the one line that says it is not."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return (
+        f"no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
+        "run --device cpu (with --shape tiny to rehearse the GPU protocol) or on a machine with a CUDA GPU"
+    )
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"torch {v('torch')}, transformers {v('transformers')}, trl {v('trl')}"
+
+
+def protocol_main(args) -> int:
+    """Issue 48's measurement: three sides in fresh processes, A B C C B A, then the per-side table and the goals."""
+    start = time.monotonic()
+    cuda = args.device == "cuda"
+    if cuda and (line := no_cuda_line()):
+        print(line, file=sys.stderr)
+        return 2
+    import torch
+
+    card = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"vs_trl --device {args.device} --shape {args.shape}: {card} ({versions()})", flush=True)
+    fields = shape_config(args.shape)
+    folder = Path(tempfile.mkdtemp(prefix="vs_trl_model_"))
+    built = time.monotonic()
+    params = build_shaped_model(folder, fields)
+    built = time.monotonic() - built
+    work = Work(
+        prompts=PROTOCOL_PROMPTS, max_new=args.max_new, device=args.device, bf16=cuda, checkpointing=True, protocol=True
+    )  # fmt: skip
+    f = fields
+    precision = (
+        "float32 master weights under bf16 autocast (dfpo model.dtype=float32 model.amp=bf16; TRL model_init_kwargs dtype float32, bf16=True)"
+        if work.bf16
+        else "float32 without autocast on both sides (dfpo's model.amp needs CUDA; TRL bf16=False), the CPU rehearsal"
+    )
+    memory = "torch.cuda.max_memory_allocated of the trial's process" if cuda else "the trial process's peak RSS (ru_maxrss)"
+    print(
+        f"model: Qwen3, shape {args.shape} (hidden {f['hidden_size']}, {f['num_hidden_layers']} layers, {f['num_attention_heads']}/"
+        f"{f['num_key_value_heads']} heads of {f['head_dim']}, MLP {f['intermediate_size']}, vocab {f['vocab_size']}, tied head: "
+        f"{params / 1e6:.1f}M parameters), random init, saved in bfloat16, loaded float32 by both sides; a word-level tokenizer of "
+        f"{f['vocab_size']} entries; built in {built:.0f} s\n"
+        f"work: {work.prompts} prompts x G={work.group}, {work.max_new} new tokens at temperature 1, grpo, {work.minibatches} optimiser "
+        f"steps per rollout batch, no KL, full fine-tuning, gradient checkpointing, {precision}; {args.steps} rollout batches "
+        f"per trial, the first a warm-up left out; {args.threads or 'default'} torch threads\n"
+        f"sides: dfpo-sampler (rollout.old_logp=sampler), dfpo-recompute (rollout.old_logp=recompute, TRL's work), trl "
+        f"(GRPOTrainer, HF generate); dfpo optim.fused_head={args.dfpo_fused_head}"
+        f"{''.join(' ' + s for s in args.dfpo_set)}; {args.trials} trials, A B C C B A, each in a fresh process"
+        f"{f', none started after {args.deadline_s:g} s' if args.deadline_s else ''}; peak GiB = {memory}",
+        flush=True,
+    )
+    print(
+        f"{'trial':>5s} {'side':14s} {'pi_old':9s} {'tok/s':>7s} {'step s':>7s} {'rollout s':>9s} {'old-logp s':>10s} "
+        f"{'update s':>9s} {'peak GiB':>8s}",
+        flush=True,
+    )
+    results: dict[str, list[dict]] = {}
+    order, longest, failed = trial_order(args.trials), 0.0, False
+    for i, side in enumerate(order, 1):
+        left = args.deadline_s - (time.monotonic() - start) if args.deadline_s else None
+        if left is not None and left < max(longest, 1.0):
+            print(f"trials {i}-{len(order)} not started: {max(left, 0):.0f} s left of --deadline-s {args.deadline_s:g}, "
+                  f"the longest trial took {longest:.0f} s", flush=True)  # fmt: skip
+            break
+        cmd = [sys.executable, __file__, "--side", side.split("-")[0], "--objective", "grpo", "--model-dir", str(folder),
+               "--steps", str(args.steps), "--threads", str(args.threads), "--dfpo-old-logp", DFPO_OLD_LOGP.get(side, "auto"),
+               "--dfpo-fused-head", args.dfpo_fused_head, "--work", json.dumps(dataclasses.asdict(work))]  # fmt: skip
+        cmd += [f"--dfpo-set={s}" for s in args.dfpo_set]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            print(f"{i:5d} {side:14s} stopped at --deadline-s {args.deadline_s:g} after {time.monotonic() - t0:.0f} s", flush=True)
+            break
+        longest = max(longest, time.monotonic() - t0)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if proc.returncode or line is None:
+            failed = True
+            print(f"{i:5d} {side:14s} failed (exit {proc.returncode}); the end of its stderr:\n{proc.stderr[-2500:]}", flush=True)
+            continue
+        r = json.loads(line[len("RESULT ") :])
+        results.setdefault(side, []).append(r)
+        print(f"{i:5d} {side:14s} {r['pi_old']:9s} {r['tokens_per_s']:7.0f} {r['step_s']:7.2f} {r['rollout_s']:9.2f} "
+              f"{r['old_logp_s']:10.2f} {r['update_s']:9.2f} {r['peak_gib']:8.2f}", flush=True)  # fmt: skip
+    sides = {side: side_summary(trials) for side, trials in results.items()}
+    print("\n".join(summary_table(sides) + goal_lines(sides)))
+    print(f"vs_trl: {time.monotonic() - start:.0f} s in all", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

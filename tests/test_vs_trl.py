@@ -1,0 +1,192 @@
+"""benchmarks/vs_trl.py: the CPU comparison's defaults and settings as they were, the GPU protocol's arguments refused
+in one sentence each, its trial order, its per-side figures and its goal lines; the CPU rehearsal end to end (slow)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from script_modules import ROOT, load_script
+
+PATH = ROOT / "benchmarks" / "vs_trl.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(PATH, "vs_trl_bench")
+
+
+def refusal(bench, capsys, argv: list[str]) -> str:
+    """The message argparse prints when it refuses ``argv`` (the line after the usage)."""
+    with pytest.raises(SystemExit) as stop:
+        bench.parse(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_the_cpu_comparison_keeps_its_defaults(bench):
+    args = bench.parse([])
+    assert not args.protocol
+    assert (args.objectives, args.pairs, args.steps, args.hidden, args.layers, args.threads) == (["grpo", "gspo"], 3, 3, 128, 2, 2)
+    assert (args.dfpo_old_logp, args.dfpo_fused_head, args.quick) == ("auto", "eager", False)
+
+
+def test_the_cpu_comparisons_dfpo_settings_are_the_ones_it_always_ran(bench, tmp_path):
+    sets = bench.dfpo_settings("M", "grpo", 3, 2, tmp_path, "auto", "eager", bench.Work(), [])
+    assert sets == [
+        'model.name="M"', "model.gradient_checkpointing=false", "data.train_size=16", "data.eval_size=1",
+        "rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new_tokens=32", "rollout.temperature=1.0",
+        "rollout.top_p=1.0", "rollout.top_k=0", "optim.minibatch_groups=4", "optim.epochs=1", "optim.lr=1e-5",
+        "objective.name=grpo", "eval.every=0", "train.steps=3", "log.progress=false", "log.samples_every=0",
+        "log.diagnostics=false", "threads=2", f'run_dir="{tmp_path}"', "rollout.old_logp=auto", "optim.fused_head=eager",
+    ]  # fmt: skip
+
+
+def test_the_protocol_runs_the_issues_work_on_the_dfpo_side(bench, tmp_path):
+    work = bench.Work(prompts=8, max_new=256, device="cuda", bf16=True, checkpointing=True, protocol=True)
+    sets = bench.dfpo_settings("M", "grpo", 3, 0, tmp_path, "sampler", "eager", work, ["optim.head_dtype=float32"])
+    for wanted in (
+        "model.gradient_checkpointing=true", "rollout.prompts_per_step=8", "rollout.group_size=8", "rollout.max_new_tokens=256",
+        "optim.minibatch_groups=2", "rollout.old_logp=sampler", "device=cuda", "model.dtype=float32", "model.amp=bf16",
+        "train.save_every=0", "train.save_final=false",
+    ):  # fmt: skip
+        assert wanted in sets
+    assert sets[-1] == "optim.head_dtype=float32"  # --dfpo-set comes last, so it wins
+    cpu = bench.dfpo_settings("M", "grpo", 3, 2, tmp_path, "sampler", "eager", bench.Work(prompts=8, checkpointing=True, protocol=True), [])
+    assert "model.amp=none" in cpu and "device=cpu" in cpu  # dfpo's model.amp needs CUDA: the CPU rehearsal runs float32
+
+
+def test_the_protocol_is_chosen_by_cuda_or_a_shape_with_its_own_defaults(bench):
+    gpu = bench.parse(["--device", "cuda"])
+    assert gpu.protocol and (gpu.shape, gpu.trials, gpu.steps, gpu.max_new, gpu.threads) == ("qwen3-0.6b", 6, 3, 256, 0)
+    assert gpu.deadline_s == bench.CUDA_DEADLINE_S <= 235 - 20  # scripts/gpu_checks.sh's limit, less the summary's margin
+    rehearsal = bench.parse(["--shape", "tiny"])
+    assert rehearsal.protocol and (rehearsal.device, rehearsal.max_new, rehearsal.deadline_s, rehearsal.threads) == ("cpu", 16, 0.0, 2)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--shape", "huge"], "argument --shape: invalid choice: 'huge' (choose from"),
+        (["--device", "tpu"], "argument --device: invalid choice: 'tpu' (choose from"),
+        (["--shape", "tiny", "--pairs", "2"], "--pairs belongs to the CPU comparison (--device cpu, no --shape); the GPU protocol takes --trials, --steps and --max-new"),
+        (["--device", "cuda", "--quick"], "--quick belongs to the CPU comparison (--device cpu, no --shape); the GPU protocol takes --trials, --steps and --max-new"),
+        (["--trials", "3"], "--trials belongs to the GPU protocol: add --device cuda, or --shape tiny to rehearse it on the CPU"),
+        (["--shape", "tiny", "--steps", "1"], "--steps must be at least 2 (one warm-up, then timed steps), got 1"),
+        (["--shape", "tiny", "--trials", "0"], "--trials must be at least 1, got 0"),
+        (["--shape", "tiny", "--deadline-s", "-5"], "--deadline-s must be 0 (none) or positive, got -5"),
+        (["--shape", "tiny", "--dfpo-set", "optim.lr"], "--dfpo-set takes KEY=VALUE (a dfpo setting, as dfpo train --set), got 'optim.lr'"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_is_one_sentence(bench, capsys, argv, message):
+    """argparse's own sentence for a bad choice (its quoting of the choices differs between Python versions)."""
+    line = refusal(bench, capsys, argv)
+    assert line == f"vs_trl.py: error: {message}" or (message.endswith("(choose from") and line.startswith(f"vs_trl.py: error: {message}"))
+
+
+def test_cuda_without_a_device_is_one_line_and_exit_2(bench, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert bench.main(["--device", "cuda"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("no CUDA device: torch.cuda.is_available() is False")
+
+
+def test_trials_alternate_a_b_c_c_b_a(bench):
+    assert bench.trial_order(6) == ["dfpo-sampler", "dfpo-recompute", "trl", "trl", "dfpo-recompute", "dfpo-sampler"]
+    assert bench.trial_order(3) == list(bench.SIDES)  # a short run still measures every side once
+    assert bench.trial_order(8)[6:] == ["dfpo-sampler", "dfpo-recompute"]
+    # each side's mean position is the same over a whole cycle: no side is favoured by coming first or last
+    order = bench.trial_order(12)
+    means = {s: sum(i for i, x in enumerate(order) if x == s) / order.count(s) for s in bench.SIDES}
+    assert len(set(means.values())) == 1
+
+
+def trial(tok_s: float, update: list[float], peak: float, step: list[float] | None = None) -> dict:
+    step = step or [2.0] * len(update)
+    return {
+        "tokens_per_s": tok_s,
+        "peak_gib": peak,
+        "per_step": {"step_s": step, "rollout_s": [1.0] * len(update), "old_logp_s": [0.1] * len(update), "update_s": update},
+    }
+
+
+def test_a_sides_figures_are_medians_of_its_trials_and_the_largest_peak(bench):
+    s = bench.side_summary([trial(100.0, [1.0, 3.0], 5.0, [2.0, 4.0]), trial(300.0, [2.0], 7.0), trial(200.0, [9.0], 6.0)])
+    assert (s["trials"], s["tokens_per_s"], s["update_s"], s["peak_gib"]) == (3, 200.0, 2.5, 7.0)
+    assert s["ranges"]["step_s"] == (2.0, 4.0) and s["ranges"]["update_s"] == (1.0, 9.0)
+
+
+def test_goal_lines_read_each_ratio_against_the_issues_goal(bench):
+    sides = {
+        "trl": {"tokens_per_s": 1000.0, "update_s": 2.0, "peak_gib": 10.0},
+        "dfpo-recompute": {"tokens_per_s": 2000.0, "update_s": 1.3, "peak_gib": 10.0},  # exactly at 2.0x: met
+        "dfpo-sampler": {"tokens_per_s": 2400.0, "update_s": 1.0, "peak_gib": 10.5},
+    }
+    assert bench.goal_lines(sides) == [
+        "goal dfpo / TRL completion tok/s at equal work (dfpo-recompute) >= 2.0: 2.00 (2000 tok/s / 1000 tok/s) PASS",
+        "goal dfpo / TRL completion tok/s with the sampler's log-probs (dfpo-sampler) >= 2.5: 2.40 (2400 tok/s / 1000 tok/s) MISS",
+        "goal dfpo's update / TRL's (dfpo-sampler) <= 0.6: 0.50 (1.00 s / 2.00 s) PASS",
+        "goal dfpo's update / TRL's (dfpo-recompute) <= 0.6: 0.65 (1.30 s / 2.00 s) MISS",
+        "goal dfpo's peak memory / TRL's (dfpo-sampler) <= 1.0: 1.05 (10.50 GiB / 10.00 GiB) MISS",
+        "goal dfpo's peak memory / TRL's (dfpo-recompute) <= 1.0: 1.00 (10.00 GiB / 10.00 GiB) PASS",
+    ]
+
+
+def test_a_goal_without_both_sides_is_not_measured(bench):
+    lines = bench.goal_lines({"dfpo-sampler": {"tokens_per_s": 1.0, "update_s": 1.0, "peak_gib": 1.0}})
+    assert len(lines) == len(bench.GOALS) and not any("PASS" in x or "MISS" in x for x in lines)
+    assert lines[0].endswith("not measured (no dfpo-recompute or trl trial finished)")
+    assert lines[1].endswith("not measured (no trl trial finished)")
+
+
+def test_the_gpu_shape_is_real_size_qwen3_06b(bench):
+    real = load_script("scripts/real_size.py", "real_size_for_test_vs_trl")
+    assert bench.shape_config("qwen3-0.6b") == real.QWEN3_06B
+    assert bench.shape_config("tiny")["tie_word_embeddings"] is True  # the same kind of head as Qwen3's
+
+
+def test_gpu_checks_without_cuda_says_so_in_one_line_and_exits_2():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    env = dict(os.environ, PYTHON=sys.executable)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_checks.sh"), "/nonexistent-never-made"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("no CUDA device: ")
+
+
+def test_gpu_checks_time_limits_add_up_to_the_eight_minutes():
+    """Every step has its own `timeout`, and their sum (the fused_head loop's twice) is the one the comment states, <= 470 s."""
+    text = (ROOT / "scripts" / "gpu_checks.sh").read_text()
+    limits = [int(line.split()[1]) for line in map(str.strip, text.splitlines()) if line.startswith("timeout ")]
+    total = sum(limits) + next(
+        int(x.split()[1]) for x in map(str.strip, text.splitlines()) if "fused_head.py" in x and x.startswith("timeout")
+    )
+    assert total <= 470 and f"add up to {total} s" in text
+    commands = [x for x in map(str.strip, text.splitlines()) if x.startswith(("$py ", "nvidia-smi"))]
+    assert commands == []  # nothing runs without its own limit
+    assert (
+        text.index("benchmarks/vs_trl.py --device cuda") < text.index("benchmarks/decode_step.py --device cuda") < text.index("-m pytest")
+    )
+
+
+@pytest.mark.slow
+def test_the_gpu_protocol_rehearsed_on_the_cpu(tmp_path):
+    argv = ["--device", "cpu", "--shape", "tiny", "--max-new", "8", "--steps", "2", "--trials", "3", "--threads", "1"]
+    proc = subprocess.run([sys.executable, str(PATH), *argv], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "peak GiB = the trial process's peak RSS" in proc.stdout and "float32 without autocast" in proc.stdout
+    for side, pi_old in (("dfpo-sampler", "sampler"), ("dfpo-recompute", "recompute"), ("trl", "recompute")):
+        assert any(x.split()[1:3] == [side, pi_old] for x in lines if x[:5].strip().isdigit()), side
+        assert any(x.startswith(f"| {side} |") for x in lines), side
+    goals = [x for x in lines if x.startswith("goal ")]
+    assert len(goals) == 6 and all(x.endswith((" PASS", " MISS")) for x in goals)
