@@ -35,9 +35,13 @@ def default_chunk_size(hidden_size: int, *, half_precision_off_cpu: bool = False
     return block
 
 
-def _half_precision_off_cpu(lm_head_weight: object) -> bool:
-    """Whether ``lm_head_weight`` is a half-precision tensor off the CPU (``default_chunk_size``'s second case)."""
-    return isinstance(lm_head_weight, Tensor) and lm_head_weight.dtype.itemsize == 2 and lm_head_weight.device.type != "cpu"
+def _half_precision_off_cpu(lm_head_weight: object, matmul_dtype: object = None) -> bool:
+    """Whether the head's matmuls run in half precision off the CPU (``default_chunk_size``'s second case):
+    ``lm_head_weight`` a tensor off the CPU, and ``matmul_dtype`` (None: the weight's own dtype) 2 bytes."""
+    if not isinstance(lm_head_weight, Tensor) or lm_head_weight.device.type == "cpu":
+        return False
+    dtype = lm_head_weight.dtype if matmul_dtype is None else matmul_dtype
+    return getattr(dtype, "itemsize", 0) == 2
 
 
 HALVED_BLOCK_MIB = 128.0

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..cast_in_place import CastsOf
-from ..logprobs import check_head_inputs
+from ..logprobs import check_head_inputs, check_matmul_dtype, matmul_weight, no_autocast
 from ..loss import ObjectiveSpec, resolve_objective
 from ..loss.core import LOGP_FLOOR
 from .blocks import _half_precision_off_cpu, chunk_plan, default_chunk_size, scaled_block_size
@@ -78,6 +78,7 @@ def fused_head_loss(
     compile: bool = False,
     with_entropy: bool = False,
     solve_once: bool | None = None,
+    matmul_dtype: torch.dtype | None = None,
     **overrides: object,
 ) -> FusedHead:
     """The LM head, the log-probs (and entropies) and the objective's loss with its gradients in one pass (package doc).
@@ -89,13 +90,20 @@ def fused_head_loss(
     solve on a GPU"); None: where the hidden states are not on the CPU. Inputs are
     checked (with ``policy_loss``'s own checks) before the LM head runs. A non-finite log-prob at a real position stops
     the work and returns ``finite=False`` (loss NaN, zero gradients), so a trainer can skip the step.
+    ``matmul_dtype``: the dtype of the head's matmuls (None: the weight's), e.g. torch.bfloat16 for a float32 master
+    weight under bf16 autocast: one bf16 copy of W for the call (V H 2 bytes), every statistic in float32 and W's
+    gradient summed in float32 and returned in W's dtype (``dfpo.core.logprobs``, "Precision"); an ambient
+    torch.autocast is ignored.
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
+    check_matmul_dtype(matmul_dtype)
     if chunk_size is None:
-        chunk_size = default_chunk_size(hidden.shape[-1], half_precision_off_cpu=_half_precision_off_cpu(lm_head_weight))
+        half = _half_precision_off_cpu(lm_head_weight, matmul_dtype)
+        chunk_size = default_chunk_size(hidden.shape[-1], half_precision_off_cpu=half)
     _check_options(hidden, lm_head_weight, targets, temperature, chunk_size, max_logits_mib, solve_once)
     solve_once = _syncs_are_dear(hidden.device) if solve_once is None else solve_once
-    dtype = torch.promote_types(lm_head_weight.dtype, torch.float32)  # the compute dtype
+    mm_weight = matmul_weight(lm_head_weight.detach(), matmul_dtype)  # (V, H) in the matmuls' dtype
+    dtype = torch.promote_types(torch.promote_types(lm_head_weight.dtype, mm_weight.dtype), torch.float32)  # the compute dtype
     keep_entropy = spec.needs_entropy or with_entropy
     x, logp_buf, entropy_buf = _loss_inputs(
         spec, dtype, hidden.device, targets, keep_entropy,
@@ -109,8 +117,9 @@ def fused_head_loss(
         paths = [(0, n_pos, "two")] if n_pos else []
     else:
         paths = [(s, e, path_of(layout, s, e, two)) for s, e, two in plan]
-    call = _call(layout, x, hidden, lm_head_weight, paths, logp_buf, entropy_buf, compile=compile)
-    two_pass_tokens, scaled_tokens, finite = _run(call, paths)
+    call = _call(layout, x, hidden, mm_weight, paths, logp_buf, entropy_buf, compile=compile)
+    with no_autocast(hidden.device):
+        two_pass_tokens, scaled_tokens, finite = _run(call, paths)
     return _result(call, hidden, lm_head_weight, finite, two_pass_tokens, scaled_tokens)
 
 
@@ -211,7 +220,8 @@ def _call(
     compile: bool,
 ) -> FusedCall:
     """The call's state: the one logits block as long as the longest of ``paths``' blocks, the kernels, the casts, the
-    hidden rows and the gradients' buffers."""
+    hidden rows and the gradients' buffers; ``lm_head_weight`` is the (detached) weight in the matmuls' dtype, the
+    gradients' buffers are in the compute dtype."""
     n_pos = int(layout.rows.numel())
     block_of = {"one": n_pos, "two": layout.chunk_size, "scaled": layout.scaled_block}  # positions per block, by path
     longest = max((min(block_of[how], e - s) for s, e, how in paths), default=0)
