@@ -15,6 +15,13 @@ plain linear head on the last hidden state: a head with a bias, a logit soft-cap
 gradient inside the forward (three matmuls over the logits where ``completion_logprobs`` then ``policy_loss`` take
 four). ``completion_logprobs`` stays for the log-probs alone (old and reference log-probs, ``optim.fused_head=off``).
 
+The head's matmuls run in ``head_matmul_dtype(amp_dtype, head_dtype)`` (``optim.head_dtype``): under autocast with
+``head_dtype = "autocast"`` (the default) in the autocast dtype (bf16 or fp16 operands, float32 accumulation where
+the matmul gives it), as TRL's and Liger's heads run, with the softmax statistics in float32 and the float32 master
+weight's gradient summed in float32; with ``"float32"``, or without autocast, in the weight's dtype. One copy of the
+weight in the autocast dtype is made per call (V H 2 bytes: 297 MiB at V = 152k, H = 1024), as autocast's own cast
+is; the full-logits fallback runs under autocast itself.
+
 Vocabulary statistics that only the diagnostics need (pi(y) and sum_v pi_v^2, for Energy's closed-form
 norm) are computed by ``vocab_stats`` under no_grad, and only when asked.
 """
@@ -32,6 +39,17 @@ from .sampler import RolloutBatch, autocast, completion_logits, token_logp, toke
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes of models whose logits are not W h (the chunked path would be wrong for them)."""
+
+HEAD_DTYPES = ("autocast", "float32")
+"""``optim.head_dtype``'s values (``head_matmul_dtype``)."""
+
+
+def head_matmul_dtype(amp_dtype: torch.dtype | None, head_dtype: str) -> torch.dtype | None:
+    """The dtype the LM head's matmuls run in: the autocast dtype ``amp_dtype`` where ``head_dtype`` is "autocast",
+    None (the weight's own dtype) where it is "float32" or where no autocast runs (``amp_dtype`` None)."""
+    if head_dtype not in HEAD_DTYPES:
+        raise ValueError(f"head_dtype must be one of {', '.join(HEAD_DTYPES)}, got head_dtype={head_dtype!r}")
+    return amp_dtype if head_dtype == "autocast" else None
 
 
 def _base_model(model):
@@ -83,8 +101,11 @@ def completion_logprobs(
     with_entropy: bool = True,
     keep_hidden: bool = False,
     chunk_size: int = 1024,
+    head_dtype: str = "autocast",
 ) -> TokenScores:
-    """Per-token log-probs (and entropy) of the batch's completion tokens under ``model``."""
+    """Per-token log-probs (and entropy) of the batch's completion tokens under ``model``; the head's matmuls in
+    ``head_matmul_dtype(amp_dtype, head_dtype)``."""
+    matmul_dtype = head_matmul_dtype(amp_dtype, head_dtype)
     targets = batch.completion_ids.to(device)  # (B, T)
     mask = batch.mask.to(device)  # (B, T)
     weight = plain_lm_head(model)
@@ -98,9 +119,9 @@ def completion_logprobs(
         return TokenScores(logp, entropy, logits.detach() if keep_hidden else None)
     hidden = completion_hidden(model, batch, device, amp_dtype)  # (B, T, H)
     real = mask.nonzero(as_tuple=True)
-    # The head runs in the weight's dtype (float32 master weights under bf16 autocast: exact, and chunked).
+    # The head's matmuls in matmul_dtype (None: the weight's); hidden's gradient comes back in the weight's dtype.
     lp_real, ent_real = token_logprobs(
-        hidden[real].to(weight.dtype), weight, targets[real], chunk_size=chunk_size, with_entropy=with_entropy
+        hidden[real].to(weight.dtype), weight, targets[real], chunk_size=chunk_size, with_entropy=with_entropy, matmul_dtype=matmul_dtype
     )  # (N,)
     logp = torch.zeros(mask.shape, dtype=lp_real.dtype, device=lp_real.device).index_put(real, lp_real)  # (B, T)
     entropy = None if ent_real is None else torch.zeros_like(logp).index_put(real, ent_real)
@@ -121,12 +142,15 @@ def fused_completion_loss(
     with_entropy: bool,
     keep_hidden: bool = False,
     compile: bool = False,
+    head_dtype: str = "autocast",
 ) -> tuple[FusedHead, TokenScores] | None:
     """The objective's loss of the batch's completions with the LM head fused in (``fused_head_loss``), and its
-    log-probs (and entropies) as ``TokenScores``; None for a model whose head is not ``plain_lm_head``.
+    log-probs (and entropies) as ``TokenScores``; None for a model whose head is not ``plain_lm_head``. The head's
+    matmuls run in ``head_matmul_dtype(amp_dtype, head_dtype)``.
 
     ``old_logp`` None: the policy's own log-probs, detached (the first optimiser step of a rollout batch).
     """
+    matmul_dtype = head_matmul_dtype(amp_dtype, head_dtype)
     weight = plain_lm_head(model)
     if weight is None:
         return None
@@ -144,6 +168,7 @@ def fused_completion_loss(
         rollout_logp=rollout_logp,
         with_entropy=with_entropy,
         compile=compile,
+        matmul_dtype=matmul_dtype,
     )
     return out, TokenScores(out.logp, out.entropy, hidden.detach() if keep_hidden else None)
 

@@ -251,6 +251,7 @@ class Trainer:
             amp=inputs.amp,
             from_sampler=old_logp_from_sampler(cfg.rollout, inputs.amp, inputs.dtype),
             rows_per_forward=(cfg.optim.microbatch_groups or cfg.optim.minibatch_groups) * cfg.rollout.group_size,
+            head_dtype=cfg.optim.head_dtype,
         )
         self.update_stage = UpdateStage(
             self.policy.model,

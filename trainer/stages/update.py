@@ -82,10 +82,12 @@ class MicroLoss:
     """After the backward of ``loss * weight``: d (loss * weight) / d logp (b, T), what the diagnostics read."""
 
 
-def micro_loss(model, mb: MicroBatch, spec: ObjectiveSpec, device, amp_dtype, *, fused_head: str, keep_hidden: bool) -> MicroLoss | None:
+def micro_loss(
+    model, mb: MicroBatch, spec: ObjectiveSpec, device, amp_dtype, *, fused_head: str, keep_hidden: bool, head_dtype: str = "autocast"
+) -> MicroLoss | None:
     """Score micro-batch ``mb`` with the policy and take the objective's loss: the LM head fused with the loss
     (``fused_completion_loss``, ``fused_head`` eager or compile) or log-probs first, then ``policy_loss`` (``off``,
-    and a head that is not plain). Entropy is computed when the objective reads it, or for the first pass's record
+    and a head that is not plain); the head's matmuls in ``forward.head_matmul_dtype(amp_dtype, head_dtype)``. Entropy is computed when the objective reads it, or for the first pass's record
     (a micro-batch without old log-probs takes its own, detached). None: a non-finite log-prob and no loss to take."""
     b = mb.batch
     mask = b.mask.to(device)  # (b, T)
@@ -98,12 +100,13 @@ def micro_loss(model, mb: MicroBatch, spec: ObjectiveSpec, device, amp_dtype, *,
         fused = fused_completion_loss(
             model, b, device, amp_dtype, spec, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
             rollout_logp=rollout_logp, with_entropy=with_entropy, keep_hidden=keep_hidden, compile=fused_head == "compile",
+            head_dtype=head_dtype,
         )  # fmt: skip
         if fused is not None:
             out, scores = fused
             coef = (lambda: None) if out.logp_grad is None else (lambda: out.logp_grad * mb.weight)
             return MicroLoss(out.loss, out.metrics, scores, out.finite, coef)
-    scores = completion_logprobs(model, b, device, amp_dtype, with_entropy=with_entropy, keep_hidden=keep_hidden)
+    scores = completion_logprobs(model, b, device, amp_dtype, with_entropy=with_entropy, keep_hidden=keep_hidden, head_dtype=head_dtype)
     logp, entropy = scores.logp, scores.entropy  # (b, T)
     if not bool(torch.isfinite(logp.detach())[mask].all()):
         nan_loss = torch.where(mask, logp, 0.0).sum() * 0.0 + math.nan  # kept on the graph: sharded ranks still run backward
@@ -136,6 +139,7 @@ def accumulate_gradients(
     first_pass: FirstPass | None = None,
     stop_early: bool = True,
     fused_head: str = "eager",
+    head_dtype: str = "autocast",
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
@@ -143,7 +147,8 @@ def accumulate_gradients(
     (metrics, False) returned (the caller zeroes the gradients); with ``stop_early`` False they still run (sharded
     training: every rank must take part in every forward and backward). A micro-batch without old log-probs takes
     its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
-    ``first_pass``. ``fused_head`` (``optim.fused_head``): how each micro-batch is scored (``micro_loss``).
+    ``first_pass``. ``fused_head`` (``optim.fused_head``): how each micro-batch is scored (``micro_loss``);
+    ``head_dtype`` (``optim.head_dtype``): the dtype of its LM head's matmuls under autocast.
     """
     records: list[dict[str, float]] = []  # one per micro-batch, combined by each key's reduction at the end
     weights: list[float] = []
@@ -151,7 +156,9 @@ def accumulate_gradients(
     for mb in micro_batches:
         b = mb.batch
         mask = b.mask.to(device)  # (b, T)
-        part = micro_loss(model, mb, spec, device, amp_dtype, fused_head=fused_head, keep_hidden=diagnostics is not None)
+        part = micro_loss(
+            model, mb, spec, device, amp_dtype, fused_head=fused_head, keep_hidden=diagnostics is not None, head_dtype=head_dtype
+        )
         if not part.finite:
             if stop_early:
                 return {}, False
@@ -269,6 +276,7 @@ class UpdateStage:
                 first_pass=first,
                 stop_early=self.parallel.stop_early,
                 fused_head=cfg.optim.fused_head,
+                head_dtype=cfg.optim.head_dtype,
             )
             finite, metrics = self.parallel.combine_gradients(finite, metrics, weights, self.params)
             norm = None
