@@ -188,19 +188,21 @@ class HFGenerateEngine:
         cache_kw = {cache_keyword(self.model): cache}  # the KV cache, by the name this transformers takes it
 
         def forward(step_ids, mask, positions):  # (n, w) -> the last position's logits (n, V)
-            with autocast(device, self.amp_dtype):
-                return self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
-                ).logits[:, -1]
+            return self.model(
+                input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
+            ).logits[:, -1]
 
         def step(step_ids, mask, positions, u) -> StepOut:
             return score_step(forward(step_ids, mask, positions), u, tempering, truncating, params.greedy)
 
-        buffers, steps = decode_loop(
-            step, self._graph_step(step, (params, N, static_width)) if self.resolved.graph else step, ids, att, uniforms, eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
-            sync_every=self.resolved.sync_every, static_width=static_width,
-            drop_rows=None if static_width else cache.batch_select_indices,
-        )  # fmt: skip
+        # One autocast region around the whole loop: eager autocast caches its casts of the float32 master weights
+        # until the region ends, so each weight is cast once a rollout, not once a step.
+        with autocast(device, self.amp_dtype):
+            buffers, steps = decode_loop(
+                step, self._graph_step(step, (params, N, static_width)) if self.resolved.graph else step, ids, att, uniforms, eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
+                sync_every=self.resolved.sync_every, static_width=static_width,
+                drop_rows=None if static_width else cache.batch_select_indices,
+            )  # fmt: skip
         tokens, logprobs, entropies, untruncated = read_back(buffers, steps, self.eos_ids)
         return Samples(tokens, logprobs, entropies, untruncated)
 
