@@ -132,7 +132,14 @@ STEP_KEYS = (
     "time/update_s",
 )
 """What is stored of each line of the run's metrics.jsonl, besides its step (docs/metrics.md says what each holds)."""
-SUMMARY_KEYS = ("kappa", "reward/steps_to_kappa_ma10", "wall_s_start_up", "wall_s_process", "cpu_s_process")
+SUMMARY_KEYS = (
+    "kappa",
+    "reward/steps_to_kappa",
+    "reward/steps_to_kappa_ma10",
+    "wall_s_start_up",
+    "wall_s_process",
+    "cpu_s_process",
+)
 """What is stored of the run's summary.json (``dfpo train --help`` says what each holds)."""
 MAIN_JOB_S = 180
 """The main job's budget in seconds (README: "10 steps ... in the main job's 3 minutes")."""
@@ -141,6 +148,11 @@ _PROSE = re.compile(r"[A-Za-z0-9 ,.;:()+/%-]{1,200}")
 _CODE = re.compile(r"[A-Za-z0-9 ,.:/=_@'+-]{1,600}")
 """Text rendered inside a code span (the command, the run folder): no backtick, bar, angle bracket or newline."""
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}[+-]\d{4}")
+
+
+def _shown(path: pathlib.Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    return (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()
 
 
 def _jsonl(path: pathlib.Path) -> list[dict]:
@@ -196,7 +208,7 @@ def store_run(folder: pathlib.Path, idle_steps: tuple[int, int], note: str) -> d
     k = config["eval"]["k"]
     summary = json.loads((folder / "summary.json").read_text())
     metrics, evals = folder / "metrics.jsonl", folder / "eval.jsonl"
-    run = folder.resolve().relative_to(ROOT).as_posix() if folder.resolve().is_relative_to(ROOT) else folder.as_posix()
+    run = _shown(folder.resolve())
     return {
         "about": "One dfpo train run, read from its run folder by the command in stored_by; README.md's SmolLM2 "
         "paragraph and docs/trainer.md's table of it are generated from this file (scripts/update_readme.py).",
@@ -217,9 +229,7 @@ def store_run(folder: pathlib.Path, idle_steps: tuple[int, int], note: str) -> d
 
 
 def _bad(where: str, value, what: str) -> ValueError:
-    return ValueError(
-        f"{RUN_TABLE.relative_to(ROOT)}: {where} = {value!r:.60} is not {what}; re-make the file with the command in its stored_by"
-    )
+    return ValueError(f"{_shown(RUN_TABLE)}: {where} = {value!r:.60} is not {what}; re-make the file with the command in its stored_by")
 
 
 def _number(where: str, value, none: bool = False):
@@ -240,7 +250,7 @@ def _text(where: str, value, pattern: re.Pattern) -> str:
 def load_run_table(text: str) -> dict:
     """The stored run table, every figure checked to be a finite number and every text to be plain (``_PROSE``,
     ``_CODE``), so that nothing read from it renders as markup; ValueError of one sentence naming the bad field."""
-    raw = json.loads(text, parse_constant=lambda name: _number("a number", name))
+    raw = json.loads(text)  # NaN and Infinity parse as floats and are refused by _number under their field's name
     if not isinstance(raw, dict):
         raise _bad("the file", raw, "a JSON object")
     k = _number("eval_k", raw.get("eval_k"))
@@ -259,7 +269,7 @@ def load_run_table(text: str) -> dict:
         "eval_k": k,
         "idle_steps": [_number(f"idle_steps[{i}]", v) for i, v in enumerate(idle)],
         "summary": {
-            key: _number(f"summary[{key!r}]", (raw.get("summary") or {}).get(key), none=key == "reward/steps_to_kappa_ma10")
+            key: _number(f"summary[{key!r}]", (raw.get("summary") or {}).get(key), none=key.startswith("reward/steps_to_kappa"))
             for key in SUMMARY_KEYS
         },
         "steps": [{key: _number(f"steps[{i}][{key!r}]", row.get(key)) for key in ("step", *STEP_KEYS)} for i, row in enumerate(steps)],
@@ -383,7 +393,7 @@ def smollm2_run(path: pathlib.Path = RUN_TABLE) -> str:
         f"{f['tail']}). A step took {f['step_s']} s with the cores otherwise idle (median of steps {f['idle']}), after "
         f"{f['start_up']} s of start-up, so 10 steps and their evaluations {f['fit']} in the main job's 3 minutes. "
         "[docs/trainer.md](docs/trainer.md#a-real-model-offline) has memory, LoRA and the conversion; these figures "
-        f"are generated from the run's stored table, [{RUN_TABLE.relative_to(ROOT).as_posix()}]({RUN_TABLE.relative_to(ROOT).as_posix()})."
+        f"are generated from the run's stored table, [{_shown(RUN_TABLE)}]({_shown(RUN_TABLE)})."
     )
 
 
@@ -424,7 +434,7 @@ def smollm2_table(path: pathlib.Path = RUN_TABLE) -> str:
     return "\n".join(
         [
             f"Measured here ({t['machine']}; `{t['run']}`, seed {f['seed']}, {t['date']}; stored in "
-            "[trainer/smollm2-grpo-seed0.json](trainer/smollm2-grpo-seed0.json), from which `scripts/update_readme.py` "
+            f"[trainer/{RUN_TABLE.name}](trainer/{RUN_TABLE.name}), from which `scripts/update_readme.py` "
             "generates this table):",
             "",
             "| | figure |",
@@ -484,7 +494,7 @@ def render(text: str, names=tuple(BLOCKS)) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
-    parser.add_argument("--store-run", metavar="RUN_DIR", help=f"first store this finished run's table in {RUN_TABLE.relative_to(ROOT)}")
+    parser.add_argument("--store-run", metavar="RUN_DIR", help=f"first store this finished run's table in {_shown(RUN_TABLE)}")
     parser.add_argument(
         "--idle-steps", metavar="FIRST-LAST", help="with --store-run: the steps that ran with the machine otherwise idle (e.g. 21-50)"
     )
@@ -505,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         if fresh == current:
             continue
         if args.check:
-            stale.append(str(path.relative_to(ROOT)))
+            stale.append(_shown(path))
         else:
             write_text_atomic(path, fresh)
     if stale:
