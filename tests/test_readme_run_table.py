@@ -48,7 +48,14 @@ def _fake_run(folder, steps: int = 8, note_steps: tuple[int, int] = (5, 8)):
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [{"eval/avg@2": e / 10, "eval/pass@2": 1.0, "eval/tax_kl": e / 1000, "step": e} for e in (0, 4, 8)]
     (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
-    summary = {"kappa": 0.8, "reward/steps_to_kappa_ma10": None, "wall_s_start_up": 50.0, "wall_s_process": 400.4, "cpu_s_process": 300.6}
+    summary = {
+        "kappa": 0.8,
+        "reward/steps_to_kappa": None,
+        "reward/steps_to_kappa_ma10": None,
+        "wall_s_start_up": 50.0,
+        "wall_s_process": 400.4,
+        "cpu_s_process": 300.6,
+    }
     (folder / "summary.json").write_text(json.dumps(summary))
     (folder / ".dfpo-run.json").write_text(json.dumps({"created": "2026-01-02T03:04:05+0000", "written_by": "dfpo train"}))
     return rows, evals
