@@ -352,7 +352,21 @@ def run_case(mode: str, objective: str | None, chunk: int, B: int, T: int, args)
 
 
 FLOOR_GOAL = 1.05
-"""The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``."""
+"""The issue's target: fused forward + backward at most this many times the floor's time, for ``GOAL_OBJECTIVES``
+(the goal on the CPU, and on a GPU in float32; ``floor_goal``)."""
+GPU_BF16_GOALS = ((4096, 1.10), (1024, 1.35))
+"""Issue 48's goals on a GPU in bf16 (V = 152k, 8 x 2048): fused forward + backward at most 1.10x the floor at
+H = 4096 and 1.35x at H = 1024, as (H, goal), largest H first (``floor_goal``)."""
+
+
+def floor_goal(device: str, dtype: str, hidden: int) -> float:
+    """The time goal the goal lines read against: on a GPU in bfloat16, issue 48's goal at the largest H it names that
+    is at most ``hidden`` (below H = 1024, H = 1024's: it names none smaller); otherwise ``FLOOR_GOAL``."""
+    if device != "cuda" or dtype != "bfloat16":
+        return FLOOR_GOAL
+    return next((goal for h, goal in GPU_BF16_GOALS if hidden >= h), GPU_BF16_GOALS[-1][1])
+
+
 GOAL_OBJECTIVES = ("grpo", "gspo", "dfpo_min")
 FLOORS = {
     "floor": "floor",
@@ -398,14 +412,14 @@ def median_interval(rounds: Sequence[float]) -> tuple[float, float, float]:
     return xs[k - 1], xs[n - k], median_coverage(n, k)
 
 
-def floor_verdict(x_floor: float, rounds: list[float]) -> str:
+def floor_verdict(x_floor: float, rounds: list[float], goal: float = FLOOR_GOAL) -> str:
     """The time goal read off the rounds' paired ratios (``median_interval``): met where the whole interval is within
-    ``FLOOR_GOAL``, missed where none of it is, inconclusive where it straddles the goal (the median alone would call
-    noise a result). With no paired round (a failed floor), ``x_floor`` decides, as with one round."""
+    ``goal`` (``floor_goal``), missed where none of it is, inconclusive where it straddles the goal (the median alone
+    would call noise a result). With no paired round (a failed floor), ``x_floor`` decides, as with one round."""
     if not rounds:
-        return "met" if x_floor <= FLOOR_GOAL else "missed"
+        return "met" if x_floor <= goal else "missed"
     low, high, _ = median_interval(rounds)
-    verdict = "met" if high <= FLOOR_GOAL else "missed" if low > FLOOR_GOAL else "inconclusive"
+    verdict = "met" if high <= goal else "missed" if low > goal else "inconclusive"
     return f"{verdict} ({interval_note(rounds)})"
 
 
@@ -416,49 +430,59 @@ def interval_note(rounds: Sequence[float]) -> str:
 
 
 def goal_line(
-    subject: str, floor: str, x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2, means: dict[str, str] | None = None
+    subject: str,
+    floor: str,
+    x_floor: float,
+    rounds: list[float],
+    *,
+    where: str = "",
+    digits: int = 2,
+    means: dict[str, str] | None = None,
+    goal: float = FLOOR_GOAL,
 ) -> str:
     """One time-goal line: ``subject`` (e.g. ``goal fused grpo``) against the floor named by ``floor`` (a key of
     ``FLOORS``), read off ``rounds``, each round's ratio to that floor (``floor_verdict``). Its figure is the median of
     those ratios, the centre of the interval the verdict reads (the tables' ``x floor``, the ratio of the medians, can
     lie outside it); ``x_floor`` where no round paired. ``where``: how it was timed (the split timing's ", in one
-    process"); ``means``: a sentence to add by the verdict's first word (``REACH_MEANS``), none for the others."""
+    process"); ``means``: a sentence to add by the verdict's first word (``REACH_MEANS``), none for the others;
+    ``goal``: the time goal (``floor_goal``)."""
     x = statistics.median(rounds) if rounds else x_floor
-    verdict = floor_verdict(x, rounds)
-    line = f"{subject} <= {FLOOR_GOAL}x {FLOORS[floor]}{where}: {x:.{digits}f}x, {verdict}"
+    verdict = floor_verdict(x, rounds, goal)
+    line = f"{subject} <= {goal:.2f}x {FLOORS[floor]}{where}: {x:.{digits}f}x, {verdict}"
     said = (means or {}).get(verdict.split()[0])
     return f"{line}; {said}" if said else line
 
 
-def reach_line(x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2) -> str:
+def reach_line(x_floor: float, rounds: list[float], *, where: str = "", digits: int = 2, goal: float = FLOOR_GOAL) -> str:
     """The ``REACH`` row's own time goal (``goal_line``), with what its verdict says of the goal for every path that
     writes the logits (``REACH_MEANS``)."""
-    return goal_line(f"reach {REACH}", "floor", x_floor, rounds, where=where, digits=digits, means=REACH_MEANS)
+    return goal_line(f"reach {REACH}", "floor", x_floor, rounds, where=where, digits=digits, means=REACH_MEANS, goal=goal)
 
 
-def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled")) -> list[str]:
+def goal_lines(rows: dict, modes: Sequence[str] = ("fused", "fused_compiled"), goal: float = FLOOR_GOAL) -> list[str]:
     """The issue's goals read off one size's table: ``rows`` maps (mode, objective) to its medians
     (``x_floor``, ``extra_mib``), its per-round ratios to the floor (``rounds``, optional) and its seconds by round
     (``by_round``, None where a round failed; optional), from which the goal against ``floor_autograd`` is read where
     that row ran, and, first, where the ``REACH`` row ran, whether the goal is within reach of a path that writes the
     logits (``reach_line``). ``modes``: the modes
     the run asked for; a goal of one of them whose row is missing (a failed case) says so instead of passing, and the
-    fused modes it did not ask for are left out (the A/B rows ``fused_once``, ``fused_per_unit`` whenever absent)."""
+    fused modes it did not ask for are left out (the A/B rows ``fused_once``, ``fused_per_unit`` whenever absent).
+    ``goal``: the time goal every line reads against (``floor_goal``)."""
     reach = rows.get((REACH, None))
-    out = [reach_line(reach["x_floor"], reach.get("rounds", []))] if reach is not None else []
+    out = [reach_line(reach["x_floor"], reach.get("rounds", []), goal=goal)] if reach is not None else []
     for mode in ("fused", "fused_compiled", *SOLVE_ONCE):
         for objective in GOAL_OBJECTIVES:
             row = rows.get((mode, objective))
             if row is None:
                 if mode in modes and mode not in SOLVE_ONCE:
-                    out.append(f"goal {mode} {objective} <= {FLOOR_GOAL}x floor: not measured")
+                    out.append(f"goal {mode} {objective} <= {goal:.2f}x floor: not measured")
                 continue
             subject = f"goal {mode} {objective}"
-            out.append(goal_line(subject, "floor", row["x_floor"], row.get("rounds", [])))
+            out.append(goal_line(subject, "floor", row["x_floor"], row.get("rounds", []), goal=goal))
             issue = rows.get(("floor_autograd", None))
             if issue is not None:  # each round against the autograd floor's time in the same round
                 rounds = paired_ratios(row.get("by_round", []), issue.get("by_round", []))
-                out.append(goal_line(subject, "floor_autograd", row["x_floor"] / issue["x_floor"], rounds))
+                out.append(goal_line(subject, "floor_autograd", row["x_floor"] / issue["x_floor"], rounds, goal=goal))
             liger = rows.get(("liger_compiled", objective))
             if objective not in OBJECTIVE_ROWS["liger_compiled"]:
                 out.append(f"goal {mode} {objective} faster than liger_compiled, in less memory: Liger has no {objective}")
@@ -595,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                 if len(args.chunk) > 1:
                     print(f"blocks of {chunk} positions:")
                 at_chunk = {(m, o): row for (m, o, c), row in rows.items() if m not in BLOCK_MODES or c == chunk}
-                print("\n".join(goal_lines(at_chunk, args.modes)), flush=True)
+                print("\n".join(goal_lines(at_chunk, args.modes, floor_goal(args.device, args.dtype, args.hidden))), flush=True)
     return 0
 
 
