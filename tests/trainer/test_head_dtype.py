@@ -170,6 +170,25 @@ def test_the_fused_head_runs_its_three_matmuls_in_bf16_and_agrees_with_float32(o
     assert (g16 - w.grad).norm() <= 0.1 * w.grad.norm() and (gh16 - h.grad).norm() <= 0.1 * h.grad.norm()
 
 
+@pytest.mark.parametrize("objective", ["gspo", "dfpo_min"])
+@pytest.mark.parametrize("max_logits_mib", [2048.0, 0.0], ids=["held", "over the budget"])
+def test_row_scaled_and_two_pass_units_run_in_bf16_too(objective, max_logits_mib):
+    """Completions longer than a block (blocks of 4 positions) and units over the logits budget
+    (two passes; DFPO's Min-Replace groups folded) take the same bf16 matmuls and float32 sums."""
+    h, w, y = _head(N=160)  # completions of 40 positions: more than a block (4) + H (16), so scaled once
+    with MatmulDtypes() as seen:
+        out16 = _fused(h, w, y, torch.bfloat16, objective, chunk_size=4, max_logits_mib=max_logits_mib, solve_once=False)
+    assert seen.head(96) and set(seen.head(96)) == {(torch.bfloat16, torch.bfloat16)}
+    g16 = w.grad.clone()
+    w.grad = h.grad = None
+    out32 = _fused(h, w, y, None, objective, chunk_size=4, max_logits_mib=max_logits_mib, solve_once=False)
+    scaled = out16.metrics["fused/row_scaled"]
+    assert scaled == out32.metrics["fused/row_scaled"]
+    assert scaled > 0 or (objective == "dfpo_min" and max_logits_mib > 0)  # a group held in one pass is not scaled
+    assert ((out16.logp - out32.logp).abs().flatten() <= logp_bound(h.detach(), w.detach())).all()
+    assert w.grad.dtype == torch.float32 and (g16 - w.grad).norm() <= 0.1 * w.grad.norm()
+
+
 def test_matmul_dtype_of_the_weights_own_dtype_is_todays_head_bit_for_bit():
     h, w, y = _head()
     a = _fused(h, w, y, torch.float32)
