@@ -427,7 +427,7 @@ def smollm2_table(path: pathlib.Path = RUN_TABLE) -> str:
         (f"step {f['first_step']}", f["step1"]),
         (
             "whole run",
-            f"{f['wall']} s wall, {f['cpu']} s CPU, {f['start_up']} s of it start-up (`summary.json`: `wall_s_process`, "
+            f"{f['wall']} s wall ({f['start_up']} s of it start-up), {f['cpu']} s CPU (`summary.json`: `wall_s_process`, "
             "`cpu_s_process`, `wall_s_start_up`)",
         ),
     ]

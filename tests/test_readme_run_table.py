@@ -131,7 +131,7 @@ def test_store_run_keeps_a_run_folders_figures(tmp_path):
     assert "its 10-step mean did not reach 0.8" in table
     assert "steps 1-4 ran beside other work, 101 to 104 s" in table
     assert "0% on 7 of 8 steps, at most 3%" in table and "0 on 3 of 8 steps" in table
-    assert "400 s wall, 301 s CPU, 50 s of it start-up" in table
+    assert "400 s wall (50 s of it start-up), 301 s CPU" in table
     assert "2026-01-02" in table
     readme = UPDATE.smollm2_run(path)
     assert "A step took 16.5 s with the cores otherwise idle (median of steps 5-8), after 50 s of start-up" in readme
