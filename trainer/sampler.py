@@ -14,6 +14,7 @@ so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Protocol
@@ -195,14 +196,25 @@ class HFGenerateEngine:
         def step(step_ids, mask, positions, u) -> StepOut:
             return score_step(forward(step_ids, mask, positions), u, tempering, truncating, params.greedy)
 
-        # One autocast region around the whole loop: eager autocast caches its casts of the float32 master weights
-        # until the region ends, so each weight is cast once a rollout, not once a step.
-        with autocast(device, self.amp_dtype):
-            buffers, steps = decode_loop(
-                step, self._graph_step(step, (params, N, static_width)) if self.resolved.graph else step, ids, att, uniforms, eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
-                sync_every=self.resolved.sync_every, static_width=static_width,
-                drop_rows=None if static_width else cache.batch_select_indices,
-            )  # fmt: skip
+        def run(graph: bool):
+            # One autocast region around the whole loop: eager autocast caches its casts of the float32 master weights
+            # until the region ends, so each weight is cast once a rollout, not once a step.
+            with autocast(device, self.amp_dtype):
+                return decode_loop(
+                    step, self._graph_step(step, (params, N, static_width)) if graph else step, ids, att, uniforms,
+                    eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
+                    sync_every=self.resolved.sync_every, static_width=static_width,
+                    drop_rows=None if static_width else cache.batch_select_indices,
+                )  # fmt: skip
+
+        try:
+            buffers, steps = run(self.resolved.graph)
+        except Exception as err:  # noqa: BLE001 - whatever the compiler raised: decode eagerly instead, once
+            if not self.resolved.graph:
+                raise
+            self._graph_failed(err)
+            cache.reset()
+            buffers, steps = run(False)
         tokens, logprobs, entropies, untruncated = read_back(buffers, steps, self.eos_ids)
         return Samples(tokens, logprobs, entropies, untruncated)
 
@@ -222,6 +234,21 @@ class HFGenerateEngine:
         else:
             self._static_caches[key] = StaticCache(config=self.model.config, max_cache_len=width)
         return self._static_caches[key]
+
+    def _graph_failed(self, err: Exception) -> None:
+        """The compiled decode step failed: say so in one line and decode eagerly from now on (same samples, slower)."""
+        import warnings
+
+        first_line = (str(err).strip().splitlines() or [""])[0][:200]
+        warnings.warn(
+            f"rollout.decode_graph: the compiled decode step failed ({type(err).__name__}: {first_line}); this rollout "
+            "and the next ones decode eagerly (the same samples, without the CUDA graph); set rollout.decode_graph = 'off' "
+            "to skip the attempt",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.resolved = dataclasses.replace(self.resolved, graph=False)
+        self._graphs.clear()
 
     def _graph_step(self, step, key: tuple):
         """The decode step through torch.compile(mode="reduce-overhead"), captured as a CUDA graph and replayed: one per

@@ -165,3 +165,30 @@ def test_the_decode_step_traces_as_one_graph_and_is_not_recompiled_across_rollou
     assert compile_calls == [dict(mode="reduce-overhead", dynamic=False)]
     assert first.tokens == second.tokens == eager.tokens
     torch.testing.assert_close(torch.tensor(sum(first.logprobs, [])), torch.tensor(sum(eager.logprobs, [])), rtol=0, atol=1e-5)
+
+
+def test_a_decode_graph_that_fails_to_compile_is_one_warning_and_the_rollout_decodes_eagerly(monkeypatch):
+    """If torch.compile raises (an op the compiler cannot take, a driver problem), the rollout is redone eagerly with the
+    same uniforms, a one-line RuntimeWarning says so, and later rollouts do not try again."""
+    model, tok = _model()
+    params = SamplingParams(max_new_tokens=8)
+    eager = _engine(model, tok, kv_cache="static", sync_every=4).sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
+    attempts = []
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args):
+            attempts.append(1)
+            raise RuntimeError("backend 'inductor' failed\nlong compiler log")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    engine = _engine(model, tok, kv_cache="static", sync_every=4)
+    engine.resolved = type(engine.resolved)(sync_every=4, static_cache=True, graph=True)
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"^rollout.decode_graph: the compiled decode step failed \(RuntimeError: backend 'inductor' failed\); this rollout",
+    ):
+        got = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
+    again = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
+    assert got.tokens == again.tokens == eager.tokens and len(attempts) == 1 and engine.resolved.graph is False
