@@ -36,14 +36,17 @@ LLM_SETS = "--config configs/tiny-cpu.toml --set eval.k=16 --set eval.every=50 -
 SMOLLM2 = "grpo,gspo,gspo_noclip,dfpo_min,dfpo_min:stopgrad=score,dfpo_min:stopgrad=score:length_aware=true"
 SMOLLM2_SETS = (
     "--config configs/smollm2-cpu.toml --baseline gspo --seeds 8 --set train.steps=12 --set optim.lr=1e-5 "
-    "--set rollout.max_new_tokens=16 --set eval.every=12 --set train.save_every=0 --set train.save_final=false"
+    "--set rollout.max_new_tokens=16 --set eval.every=12 --set train.save_every=0 --set train.save_final=false --set threads=1"
 )
 """The real model's experiment: every cell (label, seed) trains configs/smollm2-cpu.toml once, shortened to fit about
 6 hours of the 2-core machine (12 steps at lr 1e-5 with 16 new tokens: one such grpo run, seed 5000, went from 0.19
 train reward at step 1 to 0.81-0.88 at steps 11-16 at 11-14 s a step on idle cores, so a cell is about 3 minutes and
 the 120 cells about 6 hours), and keeps no checkpoint (dfpo compare skips a cell whose summary.json exists, so the
 experiment can be spread over several days); the step-size-matched controls are calibrated on 2 calibration seeds
-of the discovery set and reused on the confirmation set."""
+of the discovery set and reused on the confirmation set. One torch thread a cell: with two, a cell on the shared 2-core
+machine slowed 10 to 15 times whenever anything else ran there (OpenMP threads spinning against another process's;
+a 32 x 32-token rollout of this model took 24 to 119 CPU seconds beside one other 2-thread process, 5.6 s alone), so
+one thread keeps a cell near its own pace and leaves the other core to other work."""
 
 
 @dataclass(frozen=True)
