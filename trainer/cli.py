@@ -270,6 +270,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
 
     config = compare_config(args.config)
+    if not args.allow_mixed_code:
+        check_one_code(Path(args.out))
     plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, config, args.set, args.out)
     if args.calibration_from:
         from .compare import calibrated_plan
@@ -285,6 +287,31 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         plan = step_matched_plan(plan, methods, seeds=tuple(range(first, first + args.calibration_seeds)), jobs=args.jobs)
     print(compare(plan, jobs=args.jobs).read_text())
     return 0
+
+
+def check_one_code(out: Path) -> None:
+    """Refuse, before anything trains, to add cells to an experiment whose runs other code trained."""
+    from .run.code import foreign_code, source_sha256
+
+    foreign, total = foreign_code(out)
+    if foreign:
+        raise ValueError(
+            f"--out {out}: {len(foreign)} of its {total} runs were trained by other dfpo code than this one (source "
+            f"{source_sha256()[:12]}; e.g. {foreign[0]}, whose .dfpo-run.json records {describe_sources(foreign[0])}): one "
+            "experiment's cells must come from one code, so run this command with the code that started it (e.g. a git "
+            "worktree at its commit), choose a new --out, or pass --allow-mixed-code to go on"
+        )
+
+
+def describe_sources(run_dir: Path) -> str:
+    """The source fingerprints a run folder's mark records, in words."""
+    from .run.code import recorded_sources
+
+    try:
+        sources = recorded_sources(json.loads((run_dir / ".dfpo-run.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        sources = []
+    return "source " + ", ".join(s[:12] for s in sources) if sources else "no source (made before dfpo recorded it)"
 
 
 SUMMARY_HELP = (
@@ -398,5 +425,11 @@ def register(subparsers) -> None:
         default=None,
         metavar="COMPARE_JSON",
         help="reuse the step-size-matched controls of an earlier comparison (its compare.json) instead of calibrating",
+    )
+    p.add_argument(
+        "--allow-mixed-code",
+        action="store_true",
+        help="add cells to an --out whose runs other dfpo code trained (each run's .dfpo-run.json records its code's "
+        "source fingerprint; by default such an --out is refused before anything trains)",
     )
     p.set_defaults(func=_cmd_compare)

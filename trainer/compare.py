@@ -30,7 +30,8 @@ controls (its compare.json), so a confirmation set runs the same experiment. com
 tables are rendered from (``dfpo.trainer.compare_report``).
 
 Runs go to OUT/<label>/seed<k>/ and are skipped when their summary.json exists, so a long
-comparison can be interrupted and started again with the same command: a run with a
+comparison can be interrupted and started again with the same command (by the same code: the CLI refuses an OUT that
+other code trained, ``dfpo.trainer.run.code``): a run with a
 checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
 ``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
 Nothing is deleted here. A run with ``train.save_every = 0`` (the experiments that keep no checkpoint) that

@@ -44,6 +44,7 @@ from pathlib import Path
 from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
 from ..stages.tax import TAX_REFERENCE
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
+from .code import code_record
 from .layout import RunDir
 from .resume import RESUME_IGNORED, flat_items
 
@@ -97,6 +98,8 @@ def write_mark(run_dir: Path, *, checkpointed: bool, identity: dict | None = Non
     identity = identity or previous.get("identity")
     if identity:
         mark["identity"] = identity
+    codes = [c for c in previous.get("code", []) if isinstance(c, dict)] if isinstance(previous.get("code"), list) else []
+    mark["code"] = codes if code_record() in codes else [*codes, code_record()]  # every code that trained part of the run
     write_run_file(RunDir(run_dir).mark, json.dumps(mark, sort_keys=True) + "\n")
 
 
