@@ -28,9 +28,6 @@ CACHE_BUCKET = 64
 """A static cache's length is prompt width + max_new_tokens rounded up to this, so that rollouts whose prompts differ
 a little in length reuse one compiled step."""
 
-KV_CACHES = ("auto", "dynamic", "static")
-DECODE_GRAPHS = ("auto", "on", "off")
-
 
 @dataclass(frozen=True)
 class DecodeOptions:
@@ -189,11 +186,12 @@ def decode_loop(
         next_tokens = out.tokens  # (n,)
         live = ~state.ended[state.rows]  # (n,) rows that had not ended before this step
         buffers.write(state.rows, step, live, out, pad_id)
-        state.ended[state.rows] = state.ended[state.rows] | torch.isin(next_tokens, eos)
+        ended = ~live | torch.isin(next_tokens, eos)  # (n,) rows that have ended by now
+        state.ended[state.rows] = ended
         if step + 1 == T:
             return buffers, T
         if (step + 1) % sync_every == 0:
-            sampling = ~state.ended[state.rows]  # (n,)
+            sampling = ~ended  # (n,)
             still = int(sampling.sum())  # the one read back of this step
             if still == 0:
                 return buffers, step + 1
@@ -202,10 +200,9 @@ def decode_loop(
                 drop_rows(keep)
                 rows = keep if isinstance(state.rows, slice) else state.rows[keep]  # (n',)
                 state = DecodeState(rows, state.ended, state.att[keep], state.prompt_len[keep])
-                next_tokens = next_tokens[keep]
+                next_tokens, ended = next_tokens[keep], ended[keep]
         state.att[:, W + step] = 1  # the column of the token fed next
-        still_sampling = ~state.ended[state.rows]  # (n,)
-        step_ids = torch.where(still_sampling, next_tokens, pad_id)[:, None]  # (n, 1) an ended row is fed pad
+        step_ids = torch.where(ended, pad_id, next_tokens)[:, None]  # (n, 1) an ended row is fed pad
         positions = (state.prompt_len + step)[:, None]  # (n, 1)
     return buffers, T
 
@@ -216,11 +213,14 @@ def read_back(buffers: DecodeBuffers, steps: int, eos_ids: set[int]) -> tuple[li
     logp = buffers.logp[:, :steps].tolist()
     full = buffers.logp_full[:, :steps].tolist()
     entropy = buffers.entropy[:, :steps].tolist()
-    lengths = [first_eos_end(row, eos_ids) for row in tokens]
+    lengths = [len(cut_at_eos(row, eos_ids)[0]) for row in tokens]
     cut = lambda rows: [r[:n] for r, n in zip(rows, lengths)]  # noqa: E731
     return cut(tokens), cut(logp), cut(entropy), cut(full)
 
 
-def first_eos_end(tokens: list[int], eos_ids: set[int]) -> int:
-    """The length of a completion: through its first EOS, or all of it."""
-    return next((j + 1 for j, t in enumerate(tokens) if t in eos_ids), len(tokens))
+def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Tokens up to and including the first EOS; (tokens, ended_with_eos)."""
+    for j, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: j + 1], True
+    return ids, False

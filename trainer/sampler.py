@@ -66,14 +66,6 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, att
 
 
-def cut_at_eos(ids: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Tokens up to and including the first EOS; (tokens, ended_with_eos)."""
-    for j, t in enumerate(ids):
-        if t in eos_ids:
-            return ids[: j + 1], True
-    return ids, False
-
-
 @dataclass
 class Samples:
     """Sampled completions (prompt-major) and, per token, its log-prob and the entropy under the distribution
@@ -139,8 +131,8 @@ class HFGenerateEngine:
         decode: DecodeOptions | None = None,
     ):
         self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
-        self.amp_dtype, self.decode = amp_dtype, decode or DecodeOptions()
-        self.resolved = self.decode.resolve(next(model.parameters()).device)  # a choice the device cannot run fails here
+        self.amp_dtype = amp_dtype
+        self.resolved = (decode or DecodeOptions()).resolve(next(model.parameters()).device)  # a choice the device cannot run fails here
         self._static_caches: dict[tuple, object] = {}  # (rows, width, amp dtype) -> a StaticCache reused across rollouts
         self._graphs: dict[tuple, object] = {}  # (sampling params, cache key) -> the compiled decode step
 

@@ -32,7 +32,8 @@ import tempfile
 
 import torch
 
-from .sampler import Samples, SamplingParams, cut_at_eos
+from .decode import cut_at_eos
+from .sampler import Samples, SamplingParams
 
 CPU_KV_CACHE_GIB = 1.0  # KV cache of the CPU engine: ample for the tiny models a CPU trains
 
