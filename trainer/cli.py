@@ -306,11 +306,9 @@ def check_one_code(out: Path) -> None:
 def describe_sources(run_dir: Path) -> str:
     """The source fingerprints a run folder's mark records, in words."""
     from .run.code import recorded_sources
+    from .run.folder import read_mark
 
-    try:
-        sources = recorded_sources(json.loads((run_dir / ".dfpo-run.json").read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        sources = []
+    sources = recorded_sources(read_mark(run_dir) or {})
     return "source " + ", ".join(s[:12] for s in sources) if sources else "no source (made before dfpo recorded it)"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 
 TRAINING_PACKAGES = ("dfpo.core", "dfpo.trainer")
@@ -55,13 +54,13 @@ def recorded_sources(mark: dict) -> list[str]:
 def foreign_code(out: Path) -> tuple[list[Path], int]:
     """The run folders under ``out`` (any depth) not trained by this code alone (another fingerprint, or none
     recorded), and how many run folders there are."""
+    from .folder import read_mark  # deferred: folder imports this module for code_record
+    from .layout import RunDir
+
     current, foreign, total = source_sha256(), [], 0
-    for mark_path in sorted(Path(out).rglob(".dfpo-run.json")):
-        try:
-            mark = json.loads(mark_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            mark = {}
-        if not isinstance(mark, dict) or mark.get("written_by") != "dfpo train":
+    for mark_path in sorted(Path(out).rglob(RunDir.MARK)):
+        mark = read_mark(mark_path.parent)
+        if mark is None:
             continue
         total += 1
         if recorded_sources(mark) != [current]:

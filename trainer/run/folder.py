@@ -98,8 +98,9 @@ def write_mark(run_dir: Path, *, checkpointed: bool, identity: dict | None = Non
     identity = identity or previous.get("identity")
     if identity:
         mark["identity"] = identity
-    codes = [c for c in previous.get("code", []) if isinstance(c, dict)] if isinstance(previous.get("code"), list) else []
-    mark["code"] = codes if code_record() in codes else [*codes, code_record()]  # every code that trained part of the run
+    record, earlier = code_record(), previous.get("code")
+    codes = [c for c in earlier if isinstance(c, dict)] if isinstance(earlier, list) else []
+    mark["code"] = codes if record in codes else [*codes, record]  # every code that trained part of the run
     write_run_file(RunDir(run_dir).mark, json.dumps(mark, sort_keys=True) + "\n")
 
 
