@@ -74,6 +74,7 @@ METRICS: dict[str, str] = {
     "shared_events": "shared events per step (eq 2, mean over steps)",
     "residual_length": "length part of the shared-token residual (eq 2's residual due to the 1/length aggregation weight, mean over steps)",
     "cpu_s": "CPU seconds of the run's last dfpo train process",
+    "reward_rise5": "train-reward rise (mean of the last 5 steps minus that of the first 5)",
 }
 """What each metric is called in a sentence."""
 BOUNDS: dict[str, stats.Bounds] = {
@@ -85,6 +86,8 @@ BOUNDS: dict[str, stats.Bounds] = {
     "shared_events": (0.0, None),  # a count
     "residual_length": (None, 1.0),  # the residual (<= 1) less a non-negative part; negative when unequal weights shrink it
     "cpu_s": (0.0, None),
+    "update_norm": (0.0, None),  # a norm
+    "reward_rise5": (-1.0, 1.0),  # a difference of two mean rewards in [0, 1]
 }
 """The values a dfpo compare outcome can take: a row's interval is cut to them (``cut_interval``), which keeps its coverage
 (the true mean lies inside) and never shows an impossible end."""

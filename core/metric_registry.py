@@ -184,6 +184,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("optim/updates", "last", "optimiser steps taken since the start of the run", _TRAINER),
     Metric("optim/skipped_nonfinite", "sum", "optimiser steps skipped for a non-finite loss or gradient", _TRAINER),
     Metric("grad/norm", "mean", "global gradient norm before clipping, mean over the step's optimiser steps", _TRAINER),
+    Metric(
+        "optim/update_norm",
+        "last",
+        "with log.update_norm: L2 norm of the trainable parameters' change over the step's optimiser steps (its step size)",
+        _TRAINER,
+    ),
     Metric("energy/bucket{b}", "mean", "eq 24: share of the logit-gradient energy on frequency bucket b (0 = most frequent)", _TRAINER),
     Metric(
         "diag/shared_positions",

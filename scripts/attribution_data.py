@@ -40,10 +40,13 @@ SMOLLM2_SETS = (
 )
 """The real model's experiment: every cell (label, seed) trains configs/smollm2-cpu.toml once, shortened to fit about
 6 hours of the 2-core machine (12 steps at lr 1e-5 with 16 new tokens: one such grpo run, seed 5000, went from 0.19
-train reward at step 1 to 0.81-0.88 at steps 11-16 at 11-14 s a step on idle cores, so a cell is about 3 minutes and
-the 120 cells about 6 hours), and keeps no checkpoint (dfpo compare skips a cell whose summary.json exists, so the
-experiment can be spread over several days); the step-size-matched controls are calibrated on 2 calibration seeds
-of the discovery set and reused on the confirmation set. One torch thread a cell: with two, a cell on the shared 2-core
+train reward at step 1 to 0.81-0.88 at steps 11-16 at 11-14 s a step on idle cores; at one thread beside other work
+the first attempt's 22 cells took 250 to 316 s each, so about 100 cells (two sets of 6 labels x 8 seeds and the
+calibration) take about 7 hours, more for each step-matched control that the calibration adds), and keeps no checkpoint (dfpo compare skips a cell whose summary.json exists, so the
+experiment can be spread over several days); the step-size-matched controls of the two Min-Replace forms without a
+trust region are calibrated on 2 calibration seeds of the discovery set and reused on the confirmation set, on the
+update norm per step: in 12 steps no run's 10-step mean reward reaches kappa, so steps to kappa would match a
+censored value to a censored value (the first attempt did: none of its 22 cells reached it, and it "matched" at the control's own learning rate). One torch thread a cell: with two, a cell on the shared 2-core
 machine slowed 10 to 15 times whenever anything else ran there (OpenMP threads spinning against another process's;
 a 32 x 32-token rollout of this model took 24 to 119 CPU seconds beside one other 2-thread process, 5.6 s alone), so
 one thread keeps a cell near its own pace and leaves the other core to other work."""
@@ -120,13 +123,13 @@ EXPERIMENTS: dict[str, Experiment] = {
         "On SmolLM2-135M-Instruct (sum task, CPU)",
         (
             "smollm2-discovery",
-            f"dfpo compare --objectives {SMOLLM2} {SMOLLM2_SETS} --first-seed 5000 --match-step steps --calibration-seeds 2 "
-            "--match-methods dfpo_min:stopgrad=score --out runs/smollm2-discovery",
+            f"dfpo compare --objectives {SMOLLM2} {SMOLLM2_SETS} --first-seed 5000 --match-step update --calibration-seeds 2 "
+            "--match-methods dfpo_min:stopgrad=score,dfpo_min:stopgrad=score:length_aware=true --out runs/smollm2-discovery",
         ),
         (
             "smollm2-confirmation",
             f"dfpo compare --objectives {SMOLLM2} {SMOLLM2_SETS} --first-seed 6000 "
-            "--calibration-from runs/smollm2-discovery/compare.json --out runs/smollm2-confirmation",
+            "--calibration-from runs/smollm2-discovery/calibration.json --out runs/smollm2-confirmation",
         ),
         ("smollm2-confirmation/compare.png", "smollm2.png"),
     ),

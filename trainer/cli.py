@@ -284,7 +284,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if args.calibration_seeds < 2:
             raise ValueError(f"--calibration-seeds must be >= 2, got --calibration-seeds {args.calibration_seeds}")
         first = args.calibration_first_seed if args.calibration_first_seed is not None else args.first_seed + 100_000
-        plan = step_matched_plan(plan, methods, seeds=tuple(range(first, first + args.calibration_seeds)), jobs=args.jobs)
+        seeds = tuple(range(first, first + args.calibration_seeds))
+        plan = step_matched_plan(plan, methods, seeds=seeds, criterion=args.match_step, jobs=args.jobs)
     print(compare(plan, jobs=args.jobs).read_text())
     return 0
 
@@ -409,9 +410,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--match-step",
         default="none",
-        choices=("none", "steps"),
+        choices=("none", "steps", "update"),
         help="add a step-size-matched control for each method: its trust-region-matched control at the learning rate where its "
-        "steps to kappa equal the method's, calibrated on a disjoint seed set (runs under OUT/calibration/)",
+        "steps to kappa (steps; refused when every calibration run stops short of kappa) or its update norm per step (update: "
+        "every run then logs optim/update_norm) equal the method's, calibrated on a disjoint seed set (runs under OUT/calibration/)",
     )
     p.add_argument("--match-methods", default=None, help="labels to step-match (default: every DFPO label with a matched control)")
     p.add_argument("--calibration-seeds", type=int, default=8, help="seeds of the calibration set (default 8)")
@@ -422,7 +424,8 @@ def register(subparsers) -> None:
         "--calibration-from",
         default=None,
         metavar="COMPARE_JSON",
-        help="reuse the step-size-matched controls of an earlier comparison (its compare.json) instead of calibrating",
+        help="reuse the step-size-matched controls of an earlier comparison (its compare.json, or OUT/calibration.json, written "
+        "as soon as they are calibrated) instead of calibrating",
     )
     p.add_argument(
         "--allow-mixed-code",

@@ -2,7 +2,7 @@
 
     dfpo compare --objectives gspo,dfpo_min --seeds 32 --out runs/compare
     dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --baseline gspo_noclip --seeds 32 --first-seed 1000
-    dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --match-step steps --match-methods dfpo_min:stopgrad=score
+    dfpo compare --objectives gspo_noclip,dfpo_min:stopgrad=score --match-step update --match-methods dfpo_min:stopgrad=score
     dfpo compare ... --first-seed 3000 --calibration-from runs/discovery/compare.json   # the same controls on a second set
 
 Without ``--config`` the runs train configs/smollm2-cpu.toml (the packaged SmolLM2-135M-Instruct on the sum task).
@@ -20,12 +20,15 @@ comparison whose two sides differ in the trust region (clip range, stop-gradient
 scale, ...; see ``dfpo.core.loss.unmatched_components``) or in the learning rate is flagged in the table: a
 difference it shows may come from the trust region or the step, not from the in-group transform.
 
-Step-size-matched controls (``--match-step steps``): for each method of ``--match-methods`` (default: every
-label with an in-group transform and a trust-region-matched control), that control at the learning rate where
-its steps to kappa (restricted mean over the calibration seeds, a censored run counting its length + 1) equal
-the method's, found by ``dfpo.core.calibration``'s secant search on ``--calibration-seeds`` seeds from
-``--calibration-first-seed`` (disjoint from the reported ones; the calibration's runs go to OUT/calibration/).
-The table then shows each method against both controls. ``--calibration-from`` reuses an earlier comparison's
+Step-size-matched controls (``--match-step steps`` or ``update``): for each method of ``--match-methods`` (default:
+every label with an in-group transform and a trust-region-matched control), that control at the learning rate where
+its steps to kappa (restricted mean over the calibration seeds, a censored run counting its length + 1; refused when
+every calibration run of a label is censored, since the mean is then the run length whatever the step) or its update
+norm per step (``optim/update_norm``, which every run then logs) equals the method's, found by
+``dfpo.core.calibration``'s secant search on ``--calibration-seeds`` seeds from ``--calibration-first-seed``
+(disjoint from the reported ones; the calibration's runs go to OUT/calibration/). The table then shows each method
+against both controls; a control whose own learning rate already matches is its own step-size-matched control (no
+second label trains its runs again). ``--calibration-from`` reuses an earlier comparison's
 controls (its compare.json), so a confirmation set runs the same experiment. compare.json holds everything the
 tables are rendered from (``dfpo.trainer.compare_report``).
 
@@ -63,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.calibration import Calibration, calibrate
+from ..core.calibration import DESCRIBE, Calibration, calibrate
 from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
@@ -259,7 +262,9 @@ def read_run(path: Path) -> dict[str, float]:
     ``steps_to_kappa`` is the run's length + 1, a lower bound (censored). ``tax_kl`` is the final eval's
     ``eval/tax_kl``; ``equiv_entropy`` the mean of ``forms/equiv_entropy`` over those of the last 10 steps that logged it;
     ``shared_events``, ``residual`` and ``residual_length`` the means over the steps that logged
-    ``diag/shared_events``, ``diag/shared_residual`` and ``diag/shared_residual_length``; ``cpu_s`` the summary's
+    ``diag/shared_events``, ``diag/shared_residual`` and ``diag/shared_residual_length``; ``update_norm`` the mean of
+    ``optim/update_norm`` (log.update_norm); ``reward_rise5`` the mean train reward of the last 5 steps minus that of
+    the first 5 (NaN under 10 steps); ``cpu_s`` the summary's
     ``cpu_s_process`` (CPU seconds of the run's last ``dfpo train`` process: a resumed run's last session). An
     outcome the logs do not hold is NaN (its cells read n/a).
     """
@@ -285,8 +290,18 @@ def read_run(path: Path) -> dict[str, float]:
         "equiv_entropy": _mean(_logged(rows[-10:], "forms/equiv_entropy")),
         "shared_events": _mean(_logged(rows, "diag/shared_events")),
         "residual_length": _mean(_logged(rows, "diag/shared_residual_length")),
+        "update_norm": _mean(_logged(rows, "optim/update_norm")),
+        "reward_rise5": reward_rise(rows, 5),
         "cpu_s": _number(summary.get("cpu_s_process")),
     }
+
+
+def reward_rise(rows: list[dict], k: int) -> float:
+    """The mean train reward (``reward/mean``) of the last ``k`` steps minus that of the first ``k``; NaN when the
+    run has fewer than 2k steps (the two windows would overlap)."""
+    if len(rows) < 2 * k:
+        return math.nan
+    return float(np.mean([r["reward/mean"] for r in rows[-k:]]) - np.mean([r["reward/mean"] for r in rows[:k]]))
 
 
 def differs(plan: Plan, method: str, control: str) -> list[str]:
@@ -335,6 +350,17 @@ def control_kinds(plan: Plan) -> dict[str, list[str]]:
     return {f"{m} - {b}": differs(plan, m, b) for m in plan.labels for b in plan.labels if m != b}
 
 
+def calibration_sentence(plan: Plan, cal: Calibration) -> str:
+    """How a control was calibrated, in one sentence; a control whose own learning rate matched trains no second label."""
+    if cal.label in plan.labels:
+        return cal.sentence()
+    tried = ", ".join(f"lr {lr:.4g}: {v:.4g}" for lr, v in cal.trace)
+    return (
+        f"- {cal.control} at its own lr {cal.lr:.4g} is also step-size-matched to {cal.method}: on the calibration seed set "
+        f"({cal.seed_set}) {cal.method} has {DESCRIBE[cal.criterion]} {cal.target:.4g}, {cal.control} {cal.value:.4g} (tried {tried})."
+    )
+
+
 def document(plan: Plan, records: Records) -> dict:
     """Everything compare.md is rendered from (written as compare.json; the attribution page stores it as evidence)."""
     return {
@@ -347,7 +373,7 @@ def document(plan: Plan, records: Records) -> dict:
         "matched": matched_components(plan),
         "controls": control_kinds(plan),
         "step_matched": dict(plan.step_matched),
-        "calibrations": [{**dataclasses.asdict(c), "sentence": c.sentence()} for c in plan.calibrations],
+        "calibrations": [{**dataclasses.asdict(c), "sentence": calibration_sentence(plan, c)} for c in plan.calibrations],
         "records": {k: {str(s): r for s, r in v.items()} for k, v in records.items()},
     }
 
@@ -364,12 +390,52 @@ def run_all(plan: Plan, *, jobs: int, progress) -> Records:
     return {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
 
 
-def step_matched_plan(plan: Plan, methods: list[str], *, seeds: tuple[int, ...], jobs: int = 1, progress=print) -> Plan:
-    """``plan`` with, for each method, its trust-region-matched control at the learning rate where its steps to kappa
-    equal the method's on the calibration seeds (``dfpo.core.calibration``; runs under OUT/calibration/)."""
+CALIBRATION_FILE = "calibration.json"
+"""OUT/calibration.json: the step-size-matched controls as soon as they are calibrated (compare.json repeats them at the
+end), so a confirmation set can start with ``--calibration-from`` before the discovery set has finished."""
+UPDATE_NORM_SET = "log.update_norm=true"
+"""The --set every run of a comparison matched on the update norm carries: each logs ``optim/update_norm``."""
+
+
+def with_update_norm(plan: Plan, criterion: str) -> Plan:
+    """``plan`` whose runs log their update norm when ``criterion`` needs it (and the table's update-norm row then
+    compares every label's step size)."""
+    if criterion != "update" or UPDATE_NORM_SET in plan.sets:
+        return plan
+    return dataclasses.replace(plan, sets=(*plan.sets, UPDATE_NORM_SET))
+
+
+def calibration_value(label: str, records: dict[int, dict[str, float]], criterion: str, kappa: float) -> float:
+    """The calibration criterion of ``label`` over its calibration runs: the restricted mean of steps to kappa
+    (a run that never reached it counts its length + 1) or the mean update norm per step. ValueError when every
+    run is censored (the restricted mean is then the run length whatever the step size: it measures nothing) or a
+    run logged no update norm."""
+    if criterion == "steps":
+        if not any(r["kappa_reached"] for r in records.values()):
+            raise ValueError(
+                f"cannot calibrate the step size on steps to kappa: no calibration run of {label} reached its 10-step mean "
+                f"train reward of kappa {kappa:g} within train.steps, so every value is the run length + 1 whatever the step: "
+                "use --match-step update, more train.steps or a lower eval.kappa"
+            )
+        return float(np.mean([r["steps_to_kappa"] for r in records.values()]))
+    values = [r["update_norm"] for r in records.values()]
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"cannot calibrate on the update norm: a calibration run of {label} logged no optim/update_norm")
+    return float(np.mean(values))
+
+
+def step_matched_plan(
+    plan: Plan, methods: list[str], *, seeds: tuple[int, ...], criterion: str = "steps", jobs: int = 1, progress=print
+) -> Plan:
+    """``plan`` with, for each method, its trust-region-matched control at the learning rate where the control's
+    ``criterion`` (steps to kappa, or the update norm per step) equals the method's on the calibration seeds
+    (``dfpo.core.calibration``; runs under OUT/calibration/). A control whose own learning rate already matches
+    (within the tolerance) is its own step-size-matched control: no second label trains the same runs again."""
     if set(seeds) & set(plan.seeds):
         raise ValueError(f"the calibration seeds {seeds[0]}..{seeds[-1]} overlap the comparison's seeds: calibrate on a disjoint set")
-    lr0 = float(run_config(plan, plan.labels[0], plan.seeds[0]).optim.lr)
+    plan = with_update_norm(plan, criterion)
+    base = run_config(plan, plan.labels[0], plan.seeds[0])
+    lr0, kappa = float(base.optim.lr), float(base.eval.kappa)
     labels, matched, calibrations = list(plan.labels), {}, []
     for method in methods:
         control = trust_region_control(plan, method)
@@ -379,31 +445,37 @@ def step_matched_plan(plan: Plan, methods: list[str], *, seeds: tuple[int, ...],
 
         def evaluate(label: str, probe=probe) -> float:
             probe = dataclasses.replace(probe, labels=(label,), baseline=label)
-            records = run_all(probe, jobs=jobs, progress=progress)
-            return float(np.mean([r["steps_to_kappa"] for r in records[label].values()]))  # censored: length + 1
+            return calibration_value(label, run_all(probe, jobs=jobs, progress=progress)[label], criterion, kappa)
 
-        cal = calibrate(
-            method, control, "steps", lr0=lr0, evaluate=evaluate, seed_set=f"seeds {seeds[0]}..{seeds[-1]}", max_evals=5, rtol=0.02
-        )
+        seed_set = f"seeds {seeds[0]}..{seeds[-1]}"
+        cal = calibrate(method, control, criterion, lr0=lr0, evaluate=evaluate, seed_set=seed_set, max_evals=5, rtol=0.02)
         calibrations.append(cal)
+        if cal.lr == (parse_run_label(control).lr or lr0):
+            continue  # the control itself takes the method's step: its trust-region pair is also the step-matched one
         matched[cal.label] = ",".join([*filter(None, matched.get(cal.label, "").split(",")), method])
         if cal.label not in labels:
             labels.append(cal.label)
-    return dataclasses.replace(plan, labels=tuple(labels), step_matched=tuple(matched.items()), calibrations=tuple(calibrations))
+    plan = dataclasses.replace(plan, labels=tuple(labels), step_matched=tuple(matched.items()), calibrations=tuple(calibrations))
+    doc = {k: v for k, v in document(plan, {}).items() if k in ("step_matched", "calibrations")}
+    plan.out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(plan.out / CALIBRATION_FILE, json.dumps(doc, indent=2) + "\n")
+    return plan
 
 
 def calibrated_plan(plan: Plan, path: Path) -> Plan:
-    """``plan`` with the step-size-matched controls of an earlier comparison (its compare.json): the same controls
-    on a second seed set, so the two sets compare the same experiment."""
+    """``plan`` with the step-size-matched controls of an earlier comparison (its compare.json, or its calibration.json
+    as soon as they were calibrated): the same controls on a second seed set, so the two sets compare the same
+    experiment."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
         cals = tuple(Calibration.from_dict({k: v for k, v in c.items() if k != "sentence"}) for c in doc["calibrations"])
         step_matched = tuple((str(k), str(v)) for k, v in doc["step_matched"].items())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise ValueError(f"--calibration-from {path}: not the compare.json of a comparison with --match-step ({err})") from None
-    if not step_matched:
-        raise ValueError(f"--calibration-from {path}: that comparison has no step-size-matched control")
+    if not cals:
+        raise ValueError(f"--calibration-from {path}: that comparison calibrated no step-size-matched control")
     labels = tuple(dict.fromkeys([*plan.labels, *(c for c, _ in step_matched)]))
+    plan = with_update_norm(plan, cals[0].criterion if cals else "steps")
     return dataclasses.replace(plan, labels=labels, step_matched=step_matched, calibrations=cals)
 
 

@@ -35,6 +35,8 @@ OUTCOMES = (
     ("equiv_entropy", "entropy over equivalent correct answers, last 10 steps", "{:+.3f}"),
     ("shared_events", "shared events eq 2 per step (mean over steps)", "{:+.1f}"),
     ("residual_length", "length part of the residual, eq 67's 1/|y_i| (mean over steps)", "{:+.3f}"),
+    ("update_norm", "update norm per step (log.update_norm; mean over steps)", "{:+.2e}"),
+    ("reward_rise5", "train reward rise: last 5 steps minus first 5", "{:+.3f}"),
     ("cpu_s", "CPU seconds of the run's last dfpo train process", "{:+.0f}"),
 )
 VALUE_FORMATS = {
@@ -50,6 +52,8 @@ VALUE_FORMATS = {
     "equiv_entropy": "{:.4f}",
     "shared_events": "{:.1f}",
     "residual_length": "{:.4f}",
+    "update_norm": "{:.4g}",
+    "reward_rise5": "{:.4f}",
     "cpu_s": "{:.0f}",
 }
 """How a per-seed value is printed."""

@@ -311,6 +311,11 @@ class LogConfig:
         factory=lambda: [0.5, 0.8], doc="Energy (eq 24) buckets: cumulative token-occurrence shares splitting frequent/mid/rare tokens."
     )
     diagnostics: bool = setting(True, "Compute Energy and shared-prefix residual (costs one softmax over the vocab per token).")
+    update_norm: bool = setting(
+        False,
+        "Log optim/update_norm: the L2 norm of the trainable parameters' change over the step's optimiser steps (the step size "
+        "that dfpo compare --match-step update matches; costs one copy of the trainable parameters).",
+    )
     param_drift: bool = setting(
         False,
         "Log drift/*: how a trial optimiser step on the step's first mini-batch moves shared tokens and equivalent answers in "

@@ -298,18 +298,24 @@ def sync_gradients(params, world: int) -> None:
                 p.grad.mul_(world)
 
 
+def global_norm(tensors) -> float:
+    """The L2 norm of all ``tensors`` together over sharded and whole ones (each shard counted once; a collective
+    when any is sharded: every rank calls it), summed in float64."""
+    local = torch.zeros((), dtype=torch.float64)
+    whole = torch.zeros((), dtype=torch.float64)
+    for t in tensors:
+        if is_sharded(t):
+            local += t.to_local().detach().double().pow(2).sum().cpu()
+        else:
+            whole += t.detach().double().pow(2).sum().cpu()
+    return math.sqrt(float(sum_tensor(local) + whole))
+
+
 def clip_grad_norm(params, max_norm: float) -> float:
     """``torch.nn.utils.clip_grad_norm_`` over sharded and whole parameters together: the global L2 norm of
     all gradients (each shard counted once), and every gradient scaled by min(1, max_norm / (norm + 1e-6))."""
     grads = [p.grad for p in params if p.grad is not None]
-    local = torch.zeros((), dtype=torch.float64)
-    whole = torch.zeros((), dtype=torch.float64)
-    for g in grads:
-        if is_sharded(g):
-            local += g.to_local().detach().double().pow(2).sum().cpu()
-        else:
-            whole += g.detach().double().pow(2).sum().cpu()
-    norm = math.sqrt(float(sum_tensor(local) + whole))
+    norm = global_norm(grads)
     coef = min(1.0, max_norm / (norm + 1e-6)) if math.isfinite(norm) else 1.0
     if coef < 1.0:
         with torch.no_grad():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 import torch
 
@@ -153,6 +154,13 @@ class OneProcess:
         """The step's diagnostic sums over all processes."""
         return d
 
+    def update_norm(self, params: list, start: list) -> float:
+        """The L2 norm of the parameters' change since ``start`` (their copies), summed in float64 on their device: one read."""
+        total = torch.zeros((), dtype=torch.float64, device=params[0].device if params else None)
+        for p, s in zip(params, start):
+            total += torch.linalg.vector_norm(p.detach() - s, dtype=torch.float64).square()
+        return math.sqrt(float(total))
+
     # -- checkpoint ---------------------------------------------------------------------------
 
     @property
@@ -261,6 +269,9 @@ class ShardedDataParallel(DataParallel):
 
     def clip_grad_norm(self, params, max_norm):
         return dp.clip_grad_norm(params, max_norm)
+
+    def update_norm(self, params, start):
+        return dp.global_norm(p.detach() - s for p, s in zip(params, start))
 
     @property
     def builds_checkpoint(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shlex
 import sys
@@ -46,8 +47,14 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     nan = float("nan")
     expected = {"eval": 0.375, "reward_last10": 0.45, "steps_to_kappa": 16.0, "kappa_reached": 0.0, "clip_frac": 0.35, "asym": 0.5}
     expected |= {"jitter2": nan, "entropy_last10": nan, "residual": nan}  # not in these logs: n/a, never 0
-    expected |= {"tax_kl": nan, "equiv_entropy": nan, "shared_events": nan, "residual_length": nan, "cpu_s": nan}
+    expected |= {"tax_kl": nan, "equiv_entropy": nan, "shared_events": nan, "residual_length": nan, "cpu_s": nan, "update_norm": nan}
+    expected |= {"reward_rise5": 0.7}  # last five 0.5 .. 0.9 (mean 0.7) minus the first five 0.0
     assert rec == pytest.approx(expected, nan_ok=True)  # censored: the run's 15 steps + 1, a lower bound
+
+
+def test_the_reward_rise_needs_two_windows_that_do_not_overlap():
+    rows = [{"reward/mean": r} for r in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)]
+    assert C.reward_rise(rows, 3) == pytest.approx(0.6) and math.isnan(C.reward_rise(rows[:5], 3))
 
 
 def test_read_run_takes_the_tax_the_equivalent_answers_entropy_the_events_the_length_part_and_cpu_time(tmp_path):
@@ -83,7 +90,7 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
     # 5 intervals (the outcomes these records hold): each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 0.0477
     assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
-    assert line.count("| n/a ") == 8  # jitter2, entropy, residual, tax, equivalent answers' entropy, events, length part, CPU
+    assert line.count("| n/a ") == 10  # jitter2, entropy, residual, tax, equiv. entropy, events, length part, update, rise, CPU
     assert pair_intervals(records, pairs)[("dfpo_min", "gspo", "eval")].tests == 5
     # steps: a sign test of 4 pairs reaches no level 0.99, and the cell says so instead of printing [-inf, inf]
     assert "| median +0.0, no interval (n = 4 seeds: a sign-test interval of the median at level 0.99 needs >= 8) |" in line
@@ -209,9 +216,11 @@ def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_
     rows = (plan.out / "per_seed.csv").read_text().splitlines()
     assert rows[0] == (
         "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,"
-        "tax_kl,equiv_entropy,shared_events,residual_length,cpu_s,kappa_reached"
+        "tax_kl,equiv_entropy,shared_events,residual_length,update_norm,reward_rise5,cpu_s,kappa_reached"
     )
-    assert rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,1" and len(rows) == 1 + 2 * 8
+    assert (
+        rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,0,nan,1" and len(rows) == 1 + 2 * 8
+    )  # rise 0: flat rewards
     doc = json.loads((plan.out / "compare.json").read_text())  # what the page re-renders the tables from
     assert C.render_compare(doc) == text.splitlines()[: len(C.render_compare(doc))]
 
@@ -391,3 +400,59 @@ def test_match_step_calibrates_the_control_on_disjoint_seeds_and_the_table_shows
     assert again.labels == matched.labels and again.step_matched == matched.step_matched and again.calibrations == matched.calibrations
     with pytest.raises(ValueError, match="--calibration-from .*not the compare.json"):
         C.calibrated_plan(plan, tmp_path / "missing.json")
+
+
+def _fake_calibration_runs(monkeypatch, record):
+    """Training replaced by ``record(label, lr)``: every seed of a label gets the same outcomes."""
+
+    def fake_run_all(plan, *, jobs, progress):
+        return {label: {s: record(label, C.parse_run_label(label).lr or 3e-4) for s in plan.seeds} for label in plan.labels}
+
+    monkeypatch.setattr(C, "run_all", fake_run_all)
+
+
+def test_steps_to_kappa_that_every_calibration_run_censors_is_refused_not_matched(tmp_path, monkeypatch):
+    """A run that never reaches kappa counts its length + 1 whatever its step: matching on that matches nothing."""
+    method = "dfpo_min:stopgrad=score"
+    plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+    _fake_calibration_runs(monkeypatch, lambda label, lr: {"steps_to_kappa": 13.0, "kappa_reached": 0.0})
+    with pytest.raises(ValueError, match=r"no calibration run of dfpo_min:stopgrad=score reached .* use --match-step update"):
+        C.step_matched_plan(plan, [method], seeds=(100, 101), progress=lambda _: None)
+
+
+def test_match_step_update_calibrates_on_the_update_norm_and_every_run_logs_it(tmp_path, monkeypatch):
+    """Stand-in: the control's update norm is 2000 * lr, the method's 0.5 (at lr 3e-4 the control's is 0.6)."""
+    method = "dfpo_min:stopgrad=score"
+    plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+    _fake_calibration_runs(monkeypatch, lambda label, lr: {"update_norm": 0.5 if label == method else 2000 * lr})
+    matched = C.step_matched_plan(plan, [method], seeds=(100, 101), criterion="update", progress=lambda _: None)
+    (cal,) = matched.calibrations
+    assert cal.criterion == "update" and abs(2000 * cal.lr - 0.5) <= 0.02 * 0.5 and cal.label in matched.labels
+    assert C.UPDATE_NORM_SET in matched.sets and C.run_config(matched, method, 10).log.update_norm
+    _fake_calibration_runs(monkeypatch, lambda label, lr: {"update_norm": math.nan})
+    with pytest.raises(ValueError, match="logged no optim/update_norm"):
+        C.step_matched_plan(plan, [method], seeds=(100, 101), criterion="update", progress=lambda _: None)
+
+
+def test_a_control_that_already_takes_the_method_s_step_is_not_trained_twice(tmp_path, monkeypatch):
+    """Within the tolerance at its own learning rate: no CONTROL@lr= label repeats the control's runs."""
+    method = "dfpo_min:stopgrad=score"
+    plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+    _fake_calibration_runs(monkeypatch, lambda label, lr: {"update_norm": 0.6 if label == method else 2000 * lr})
+    matched = C.step_matched_plan(plan, [method], seeds=(100, 101), criterion="update", progress=lambda _: None)
+    (cal,) = matched.calibrations
+    assert matched.labels == plan.labels and matched.step_matched == () and cal.lr == 3e-4
+    assert C.calibration_sentence(matched, cal).startswith(f"- gspo_noclip at its own lr 0.0003 is also step-size-matched to {method}")
+    out = tmp_path / "cmp" / C.CALIBRATION_FILE
+    again = C.calibrated_plan(make_plan(f"gspo_noclip,{method}", None, 8, 30, "configs/tiny-cpu.toml", [], str(tmp_path / "b")), out)
+    assert again.labels == plan.labels and again.calibrations == matched.calibrations and C.UPDATE_NORM_SET in again.sets
+
+
+def test_the_calibration_is_written_before_any_reported_run_so_a_second_set_can_start(tmp_path, monkeypatch):
+    method = "dfpo_min:stopgrad=score"
+    plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
+    _fake_calibration_runs(monkeypatch, lambda label, lr: {"update_norm": 0.5 if label == method else 2000 * lr})
+    matched = C.step_matched_plan(plan, [method], seeds=(100, 101), criterion="update", progress=lambda _: None)
+    second = make_plan(f"gspo_noclip,{method}", None, 8, 30, "configs/tiny-cpu.toml", [], str(tmp_path / "b"))
+    again = C.calibrated_plan(second, plan.out / C.CALIBRATION_FILE)
+    assert again.labels == matched.labels and again.step_matched == matched.step_matched and again.calibrations == matched.calibrations

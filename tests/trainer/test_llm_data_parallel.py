@@ -117,6 +117,9 @@ def _assert_same_run(a: Path, b: Path, steps: int) -> None:
         for key in ("reward/mean", "reward/correct", "reward/format", "completion/length", "optim/updates"):
             assert ra[key] == rb[key], (key, ra["step"], ra[key], rb[key])
         assert ra["grad/norm"] == pytest.approx(rb["grad/norm"], rel=1e-4)
+        assert ("optim/update_norm" in ra) == ("optim/update_norm" in rb)
+        if "optim/update_norm" in ra:
+            assert ra["optim/update_norm"] == pytest.approx(rb["optim/update_norm"], rel=1e-4) and ra["optim/update_norm"] > 0
     ea, eb = _records(a / RunDir.EVALS), _records(b / RunDir.EVALS)
     tax_a, tax_b = [r.pop("eval/tax_kl") for r in ea], [r.pop("eval/tax_kl") for r in eb]
     assert tax_a == pytest.approx(tax_b, rel=1e-4, abs=1e-12)  # a function of the parameters, which agree to 1e-4
@@ -127,11 +130,11 @@ def _assert_same_run(a: Path, b: Path, steps: int) -> None:
 @pytest.mark.parametrize(
     "objective, parallel, more",
     [
-        ("grpo", "ddp", ()),
+        ("grpo", "ddp", ("log.update_norm=true",)),  # the step's parameter change: rank 0's whole parameters
         ("dfpo_min", "ddp", ()),
         # pi_old recomputed by the trainer, a reference model, micro-batches, a batch-wide advantage scale
         ("dfpo_min", "fsdp2", ("rollout.old_logp=recompute", "optim.microbatch_groups=1", "objective.overrides.beta=0.04",
-                               'objective.overrides.adv_scale="reinforce_pp"')),
+                               'objective.overrides.adv_scale="reinforce_pp"', "log.update_norm=true")),  # over the shards
         # issue 30: each rank decodes its share of ReMax's greedy completions; GDPO's further reward functions gathered
         ("grpo", "ddp", ('objective.overrides.adv_scale="remax"',)),
         ("grpo", "ddp", ('objective.overrides.adv_scale="gdpo"', 'reward.functions=["reward_fixtures:half_informative_reward"]')),
@@ -143,6 +146,8 @@ def test_two_gloo_ranks_train_like_one_process(tmp_path, objective, parallel, mo
     _one_process(tmp_path / "one", *extra)
     _run(_cmd(tmp_path / "two", *extra, nproc=2))
     _assert_same_run(tmp_path / "one", tmp_path / "two", steps=2)
+    logged = {"optim/update_norm" in r for r in _records(tmp_path / "two" / RunDir.METRICS)}
+    assert logged == {"log.update_norm=true" in more}
     record = json.loads((tmp_path / "two" / RunDir.CHECKPOINT_META).read_text())
     assert (record["step"], record["world_size"]) == (2, 2)
 

@@ -252,3 +252,22 @@ def test_identical_runs_write_identical_random_states(tmp_path):
     assert states[0]["python"] == states[1]["python"]
     assert all((x == y).all() if hasattr(x, "all") else x == y for x, y in zip(states[0]["numpy"], states[1]["numpy"]))
     assert torch.equal(states[0]["torch"], states[1]["torch"])
+
+
+def test_the_logged_update_norm_is_the_norm_of_the_step_s_parameter_change(tmp_path):
+    """optim/update_norm = ||theta_after - theta_before|| over the step's optimiser steps (here two epochs of one batch)."""
+    cfg = tiny_config(tmp_path, "train.steps=1", "log.update_norm=true", "eval.every=0")
+    trainer = Trainer(cfg, quiet=True)
+    initial = _params(trainer.model)
+    trainer.run()
+    after = _params(trainer.model)
+    expected = math.sqrt(sum(float((after[n].double() - initial[n].double()).square().sum()) for n in after))
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
+    assert row["optim/updates"] >= 1 and expected > 0
+    assert row["optim/update_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_without_log_update_norm_no_update_norm_is_logged(tmp_path):
+    Trainer(tiny_config(tmp_path, "train.steps=1", "eval.every=0"), quiet=True).run()
+    (row,) = [json.loads(line) for line in (tmp_path / "run" / RunDir.METRICS).read_text().splitlines()]
+    assert "optim/update_norm" not in row

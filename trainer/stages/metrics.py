@@ -98,6 +98,8 @@ def step_metrics(
         m[f"reward/fn{i}"] = sum(values) / len(values)
     if upd.grad_norms:
         m["grad/norm"] = sum(upd.grad_norms) / len(upd.grad_norms)
+    if upd.update_norm is not None:
+        m["optim/update_norm"] = upd.update_norm
     m.update(reduce_records(upd.loss_metrics))  # over the optimiser steps, each key by its declared reduction
     m.update(diagnostic_metrics(upd.diagnostics))
     m.update(surface_form_shares(task, texts, [e for e in rollout.examples for _ in range(group_size)]))

@@ -197,6 +197,8 @@ class UpdateStats:
     """Seconds spent recomputing old log-probs that a skipped first step left unscored."""
     diagnostics: StepDiagnostics = field(default_factory=StepDiagnostics)
     """The step's diagnostic sums over its optimiser steps and processes."""
+    update_norm: float | None = None
+    """With log.update_norm: the L2 norm of the trainable parameters' change over the step's optimiser steps."""
 
 
 class UpdateStage:
@@ -255,6 +257,7 @@ class UpdateStage:
         if cfg.log.diagnostics:
             buckets = frequency_buckets(batch.completion_ids, batch.mask, list(cfg.log.energy_buckets), self.vocab_size)
         upd = UpdateStats()
+        start = [p.detach().clone() for p in self.params] if cfg.log.update_norm else None  # one copy of the trainable parameters
         for k, micro_rows in enumerate(plan):
             if k > 0:
                 upd.recompute_s += self.old_logp.fill_unscored(batch, first)
@@ -294,6 +297,8 @@ class UpdateStage:
             upd.loss_metrics.append(metrics)
             upd.grad_norms.append(norm)
         upd.diagnostics = self.parallel.reduce_diagnostics(upd.diagnostics)
+        if start is not None:
+            upd.update_norm = self.parallel.update_norm(self.params, start)
         return upd
 
     def _skip(self, step: int, upd: UpdateStats, state: RunState) -> None:
