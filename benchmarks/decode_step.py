@@ -23,13 +23,14 @@ No row ever ends (the EOS id is outside the vocabulary), so every row decodes ev
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from dfpo.trainer.model_shapes import QWEN3_06B
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_GOAL = 4.0
@@ -49,13 +50,10 @@ MODES = {
 
 
 def qwen3_shape(shape: str) -> dict:
-    """The config of ``shape``: 'qwen3-0.6b' (scripts/real_size.py's QWEN3_06B) or 'tiny'."""
+    """The config of ``shape``: 'qwen3-0.6b' (``dfpo.trainer.model_shapes.QWEN3_06B``) or 'tiny'."""
     if shape == "tiny":
         return dict(TINY, max_position_embeddings=4096, tie_word_embeddings=True)
-    spec = importlib.util.spec_from_file_location("real_size", ROOT / "scripts" / "real_size.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the repository's own script, for its constant
-    return dict(module.QWEN3_06B)
+    return dict(QWEN3_06B)
 
 
 def build(shape: str, device: str):

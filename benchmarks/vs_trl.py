@@ -21,7 +21,7 @@ rollout (generation and rewards), old log-probs, update; completion tokens per s
 the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
 
 The GPU protocol (``--device cuda``, or any ``--shape``), issue 48's measurement as one command: a Qwen3-0.6B-shaped
-model (``--shape qwen3-0.6b``, the default: QWEN3_06B of scripts/real_size.py, random init, saved in bfloat16 as the
+model (``--shape qwen3-0.6b``, the default: dfpo.trainer.model_shapes.QWEN3_06B, random init, saved in bfloat16 as the
 real checkpoint is, loaded as float32 by both sides) with a word-level tokenizer covering all 151,936 rows, full
 fine-tuning with gradient checkpointing, float32 master weights under bf16 autocast (dfpo model.dtype=float32
 model.amp=bf16; TRL model_init_kwargs dtype float32 and bf16=True), 8 prompts x G = 8, ``--max-new`` (256) new
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import resource
@@ -56,6 +55,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from dfpo.trainer.model_shapes import QWEN3_06B
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 32_000
@@ -100,12 +101,8 @@ class Work:
 
 
 def qwen3_06b() -> dict:
-    """Qwen3-0.6B's shape: QWEN3_06B of scripts/real_size.py, read from that file (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("_real_size_for_vs_trl", ROOT / "scripts" / "real_size.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # where its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return dict(module.QWEN3_06B)
+    """Qwen3-0.6B's shape (``dfpo.trainer.model_shapes.QWEN3_06B``, which scripts/real_size.py builds too)."""
+    return dict(QWEN3_06B)
 
 
 def shape_config(shape: str) -> dict:

@@ -33,25 +33,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dfpo.trainer.model_shapes import QWEN3_06B
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "qwen3-0.6b-gsm8k.toml"
-
-QWEN3_06B = dict(
-    vocab_size=151936,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    attention_bias=False,
-    hidden_act="silu",
-)
-"""Qwen/Qwen3-0.6B's config.json (the shape; the weights are random)."""
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 CHAT_TEMPLATE = (

@@ -91,7 +91,11 @@ def _findings() -> str:
     findings, evidence = read_ledger(ROOT / "docs" / "attribution")
     summary = summaries(findings, evidence, "readme")
     sets = {name: (ev["sets"]["discovery"]["seed_set"], ev["sets"]["confirmation"]["seed_set"]) for name, ev in evidence.items()}
-    parts = {"toy": next((v for k, v in sets.items() if k.startswith("toy-")), None), "LLM": sets.get("llm")}
+    parts = {
+        "toy": next((v for k, v in sets.items() if k.startswith("toy-")), None),
+        "tiny LLM": sets.get("llm"),
+        "SmolLM2-135M-Instruct": sets.get("smollm2"),
+    }
     where = "; ".join(
         f"{what}: discovery {pair[0]}, confirmation {pair[1]}" if pair else f"{what}: none stored in this version"
         for what, pair in parts.items()

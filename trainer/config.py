@@ -61,6 +61,8 @@ AMPS = ("auto", "bf16", "fp16", "none")
 ENGINES = ("hf", "vllm")
 PARALLEL = ("ddp", "fsdp2")
 FUSED_HEAD = ("eager", "compile", "off")
+HEAD_DTYPES = ("autocast", "float32")
+"""``optim.head_dtype``'s values (``dfpo.trainer.forward.head_matmul_dtype``)."""
 MIN_TEMPERATURE = 0.01
 """The lowest sampling temperature: vLLM clamps lower ones to it, and logits divided by much less overflow."""
 
@@ -269,7 +271,7 @@ class OptimConfig:
     head_dtype: str = setting(
         "autocast",
         "The LM head's matmul in the update and in recomputed log-probs under autocast: 'autocast' runs it in the autocast dtype (bf16 or fp16 operands) with float32 accumulation and float32 softmax statistics, as TRL and Liger do; 'float32' keeps the weight's dtype (float32 master weights) for exactness studies. Without autocast (CPU float32) both are the weight's dtype.",
-        choices=("autocast", "float32"),
+        choices=HEAD_DTYPES,
     )
 
 
@@ -539,11 +541,16 @@ def check_decode(cfg: Config) -> None:
     if r.decode_graph != "on":
         return
     if r.kv_cache == "dynamic" or cfg.device == "cpu":
-        why = "rollout.kv_cache = 'dynamic'" if r.kv_cache == "dynamic" else "device = 'cpu'"
-        raise ValueError(
-            f"rollout.decode_graph = 'on' captures the decode step as a CUDA graph, which needs CUDA and a static KV cache, "
-            f"but {why}; set rollout.decode_graph = 'auto' or 'off'"
-        )
+        raise decode_graph_refused("rollout.kv_cache = 'dynamic'" if r.kv_cache == "dynamic" else "device = 'cpu'")
+
+
+def decode_graph_refused(why: str) -> ValueError:
+    """The one sentence that refuses rollout.decode_graph = 'on' (here from the config, and in
+    ``dfpo.trainer.decode.DecodeOptions.resolve`` once the device is known), ``why`` naming the value that stops it."""
+    return ValueError(
+        f"rollout.decode_graph = 'on' captures the decode step as a CUDA graph, which needs CUDA and a static KV cache, "
+        f"but {why}; set rollout.decode_graph = 'auto' or 'off'"
+    )
 
 
 def check_advantage_inputs(spec, cfg: Config) -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .config import decode_graph_refused
+
 CACHE_BUCKET = 64
 """A static cache's length is prompt width + max_new_tokens rounded up to this, so that rollouts whose prompts differ
 a little in length reuse one compiled step."""
@@ -46,11 +48,7 @@ class DecodeOptions:
         on_cuda = device.type == "cuda"
         static = self.kv_cache == "static" or (self.kv_cache == "auto" and on_cuda)
         if self.decode_graph == "on" and not (on_cuda and static):
-            why = f"the rollout runs on {device.type}" if not on_cuda else "rollout.kv_cache = 'dynamic'"
-            raise ValueError(
-                f"rollout.decode_graph = 'on' captures the decode step as a CUDA graph, which needs CUDA and a static KV cache, "
-                f"but {why}; set rollout.decode_graph = 'auto' or 'off'"
-            )
+            raise decode_graph_refused(f"the rollout runs on {device.type}" if not on_cuda else "rollout.kv_cache = 'dynamic'")
         graph = self.decode_graph == "on" or (self.decode_graph == "auto" and on_cuda and static)
         sync_every = self.sync_every or (1 if device.type == "cpu" else 16)
         return ResolvedDecode(sync_every=sync_every, static_cache=static, graph=graph)

@@ -35,13 +35,11 @@ from torch import Tensor
 
 from ..core.fused import FusedHead, fused_head_loss
 from ..core.logprobs import token_logprobs
+from .config import HEAD_DTYPES
 from .sampler import RolloutBatch, autocast, completion_logits, token_logp, token_stats
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes of models whose logits are not W h (the chunked path would be wrong for them)."""
-
-HEAD_DTYPES = ("autocast", "float32")
-"""``optim.head_dtype``'s values (``head_matmul_dtype``)."""
 
 
 def head_matmul_dtype(amp_dtype: torch.dtype | None, head_dtype: str) -> torch.dtype | None:
