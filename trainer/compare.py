@@ -215,7 +215,7 @@ def _read_summary(path: Path) -> dict:
     return summary
 
 
-def _read_metrics(path: Path) -> list[dict]:
+def read_metrics_rows(path: Path) -> list[dict]:
     """The lines of a finished run's metrics.jsonl; ValueError naming FILE:LINE of one that is not a JSON object."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -269,7 +269,7 @@ def read_run(path: Path) -> dict[str, float]:
     outcome the logs do not hold is NaN (its cells read n/a).
     """
     summary = _read_summary(RunDir(path).summary)
-    rows = _read_metrics(RunDir(path).metrics)
+    rows = read_metrics_rows(RunDir(path).metrics)
     final = summary.get("final_eval") or {}
     avg = [v for k, v in final.items() if k.startswith("eval/avg@")]
     steps = summary.get("reward/steps_to_kappa_ma10")
