@@ -46,9 +46,16 @@ class Calibration:
     def label(self) -> str:
         return with_lr(self.control, self.lr)
 
-    def sentence(self) -> str:
-        """How the control was calibrated, in one sentence for a run's notes."""
+    def sentence(self, *, own_lr: bool = False) -> str:
+        """How the control was calibrated, in one sentence for a run's notes; ``own_lr``: the control at its own
+        learning rate matched, so no CONTROL@lr= label trains (``dfpo compare``)."""
         tried = ", ".join(f"lr {lr:.4g}: {v:.4g}" for lr, v in self.trace)
+        if own_lr:
+            return (
+                f"- {self.control} at its own lr {self.lr:.4g} is also step-size-matched to {self.method}: on the calibration seed set "
+                f"({self.seed_set}) {self.method} has {DESCRIBE[self.criterion]} {self.target:.4g}, {self.control} {self.value:.4g} "
+                f"(tried {tried})."
+            )
         return (
             f"- {self.label} is {self.control} step-size-matched to {self.method}: on the calibration seed set ({self.seed_set}) "
             f"{self.method} has {DESCRIBE[self.criterion]} {self.target:.4g}, {self.control} at lr {self.lr:.4g} has {self.value:.4g} "

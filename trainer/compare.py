@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.calibration import DESCRIBE, Calibration, calibrate
+from ..core.calibration import Calibration, calibrate
 from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
@@ -352,13 +352,7 @@ def control_kinds(plan: Plan) -> dict[str, list[str]]:
 
 def calibration_sentence(plan: Plan, cal: Calibration) -> str:
     """How a control was calibrated, in one sentence; a control whose own learning rate matched trains no second label."""
-    if cal.label in plan.labels:
-        return cal.sentence()
-    tried = ", ".join(f"lr {lr:.4g}: {v:.4g}" for lr, v in cal.trace)
-    return (
-        f"- {cal.control} at its own lr {cal.lr:.4g} is also step-size-matched to {cal.method}: on the calibration seed set "
-        f"({cal.seed_set}) {cal.method} has {DESCRIBE[cal.criterion]} {cal.target:.4g}, {cal.control} {cal.value:.4g} (tried {tried})."
-    )
+    return cal.sentence(own_lr=cal.label not in plan.labels)
 
 
 def document(plan: Plan, records: Records) -> dict:
