@@ -18,7 +18,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import pathlib
 import re
 import shlex
@@ -43,6 +42,7 @@ from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.config import config_to_dict, load_config
 from dfpo.trainer.probe.findings import findings_block
+from dfpo.trainer.run.machine import machine_line
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -191,21 +191,17 @@ def run_command(run_config: pathlib.Path, base: str = BASE_CONFIG) -> str:
     return " ".join(["dfpo train --config", base, *sets])
 
 
-def this_machine(note: str) -> str:
-    """'2-core AMD EPYC, 23.5 GiB' for the machine this runs on (/proc/cpuinfo's model name, the cores this process
-    may use, /proc/meminfo's MemTotal), then ``note``; a run folder does not record its machine."""
-    cpuinfo = pathlib.Path("/proc/cpuinfo").read_text() if pathlib.Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-    meminfo = pathlib.Path("/proc/meminfo").read_text() if pathlib.Path("/proc/meminfo").exists() else ""
-    total = re.search(r"^MemTotal:\s*(\d+) kB", meminfo, re.M)
-    parts = [f"{len(os.sched_getaffinity(0))}-core {model[1].strip() if model else 'CPU'}"]
-    parts += [f"{int(total[1]) / 2**20:.1f} GiB"] if total else []
-    return ", ".join(parts + ([note] if note else []))
+def this_machine(note: str, summary: dict) -> str:
+    """The machine the run recorded in its summary.json (``dfpo.trainer.run.machine.machine_line``; a run older than
+    that record: the machine this runs on), then ``note``."""
+    recorded = summary.get("machine")
+    line = recorded if isinstance(recorded, str) and recorded else machine_line()
+    return ", ".join([line] + ([note] if note else []))
 
 
 def store_run(folder: pathlib.Path, idle_steps: tuple[int, int], note: str) -> dict:
     """The stored table of one finished run folder: its per-step ``STEP_KEYS``, its evaluations (held-out avg@k and
-    ``eval/tax_kl``), ``SUMMARY_KEYS``, when it started (.dfpo-run.json), a command that gives its config, this
+    ``eval/tax_kl``), ``SUMMARY_KEYS``, when it started (.dfpo-run.json), a command that gives its config, its
     machine (``this_machine``) and ``idle_steps``: the steps the person storing it knows ran with the machine
     otherwise idle (a run folder cannot tell)."""
     config = tomllib.loads((folder / "config.toml").read_text())
@@ -221,7 +217,7 @@ def store_run(folder: pathlib.Path, idle_steps: tuple[int, int], note: str) -> d
         "run": run,
         "created": json.loads((folder / ".dfpo-run.json").read_text())["created"],
         "command": run_command(folder / "config.toml"),
-        "machine": this_machine(note),
+        "machine": this_machine(note, summary),
         "seed": config["seed"],
         "objective": config["objective"]["name"],
         "eval_k": k,

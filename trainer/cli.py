@@ -188,19 +188,20 @@ def process_cpu_s() -> float:
 
 
 def _record_process_time(run_dir: Path, summary: dict, say) -> dict:
-    """``summary`` with ``wall_s_process`` (this process's seconds from its start to now, curves.png drawn) and
-    ``cpu_s_process`` (``process_cpu_s``), written back to RUN_DIR/summary.json; a failure is a warning: the summary
-    without them is written."""
+    """``summary`` with ``wall_s_process`` (this process's seconds from its start to now, curves.png drawn),
+    ``cpu_s_process`` (``process_cpu_s``) and ``machine`` (``machine_line``: what those seconds were spent on), written
+    back to RUN_DIR/summary.json; a failure is a warning: the summary without them is written."""
     from ..core.files import WriteFailed, write_run_file
 
     # deferred: torch (see the module docstring)
     from .run.logs import process_age_s
+    from .run.machine import machine_line
 
-    summary = {**summary, "wall_s_process": process_age_s(), "cpu_s_process": process_cpu_s()}
+    summary = {**summary, "wall_s_process": process_age_s(), "cpu_s_process": process_cpu_s(), "machine": machine_line()}
     try:
         write_run_file(RunDir(run_dir).summary, json.dumps(summary, indent=2, sort_keys=True))  # atomic: old or new file
     except WriteFailed as err:
-        say(f"warning: wall_s_process and cpu_s_process not recorded ({err})")
+        say(f"warning: wall_s_process, cpu_s_process and machine not recorded ({err})")
     return summary
 
 
@@ -323,8 +324,9 @@ SUMMARY_HELP = (
     "to the end of the run, curves.png drawn: /usr/bin/time's elapsed time less the interpreter's exit); "
     "cpu_s_training_loop (CPU seconds, user + system, of this process's threads over the training loop) and cpu_s_process "
     "(CPU seconds, user + system, of this process from its start and of its ended child processes, the reward workers: "
-    "/usr/bin/time's user + sys), which a loaded machine swells far less than the wall times; with log.param_drift, the "
-    "probe's cumulative drift (drift/*)."
+    "/usr/bin/time's user + sys), which a loaded machine swells far less than the wall times; machine (the cores "
+    "the process may use and their model, the memory, the CUDA device if any: what those seconds ran on); with "
+    "log.param_drift, the probe's cumulative drift (drift/*)."
 )
 """What ``dfpo train --help`` says summary.json holds (tests/trainer/test_llm_train_cli.py checks every key is named)."""
 

@@ -60,6 +60,7 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_to_dict, load_config
 from .run.folder import folder_identity, run_identity
 from .run.layout import RunDir
+from .run.machine import recorded_machine
 
 __all__ = ["CENSORED", "MIN_SEEDS", "OUTCOMES", "Plan", "compare", "make_plan", "read_run", "render_compare", "run_dir"]
 
@@ -355,6 +357,25 @@ def calibration_sentence(plan: Plan, cal: Calibration) -> str:
     return cal.sentence(own_lr=cal.label not in plan.labels)
 
 
+def experiment_cost(plan: Plan) -> dict:
+    """What the comparison's finished cells cost and what they ran on: the compared runs and the calibration's (under
+    OUT/calibration/), from each cell's summary.json: ``wall_s_process`` and ``cpu_s_process`` (its last ``dfpo train``
+    process) summed over the cells that recorded both, and its ``machine`` (``recorded_machine``) counted."""
+    compared = [run_dir(plan, label, s) for label in plan.labels for s in plan.seeds]
+    calibration = sorted(p for p in (plan.out / "calibration").glob("*/seed*") if p.is_dir())
+    finished = [(path, kind) for kind, paths in (("compared", compared), ("calibration", calibration)) for path in paths]
+    summaries = [(_read_summary(RunDir(path).summary), kind) for path, kind in finished if RunDir(path).summary.is_file()]
+    timed = [(_number(s.get("wall_s_process")), _number(s.get("cpu_s_process"))) for s, _ in summaries]
+    timed = [(wall, cpu) for wall, cpu in timed if math.isfinite(wall) and math.isfinite(cpu)]
+    return {
+        "cells": {kind: sum(k == kind for _, k in summaries) for kind in ("compared", "calibration")},
+        "timed_cells": len(timed),
+        "wall_s": sum(wall for wall, _ in timed),
+        "cpu_s": sum(cpu for _, cpu in timed),
+        "machines": dict(Counter(recorded_machine(s.get("machine")) for s, _ in summaries).most_common()),
+    }
+
+
 def document(plan: Plan, records: Records) -> dict:
     """Everything compare.md is rendered from (written as compare.json; the attribution page stores it as evidence)."""
     return {
@@ -478,7 +499,7 @@ def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
     records = run_all(plan, jobs=jobs, progress=progress)
-    doc = document(plan, records)
+    doc = {**document(plan, records), "cost": experiment_cost(plan)}
     plan.out.mkdir(parents=True, exist_ok=True)
     warnings = warnings_for(records)
     for text in warnings:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import stats
+from .run.machine import recorded_machine
 
 # (key in the per-run record, column title, format of a difference)
 OUTCOMES = (
@@ -209,6 +210,28 @@ def warnings_for(records: Records) -> list[str]:
     return out
 
 
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 360 else f"{seconds:.0f} s"
+
+
+def cost_lines(cost: dict | None) -> list[str]:
+    """What the comparison's cells cost and what they ran on (``experiment_cost``), as one paragraph; none for a
+    comparison stored before dfpo recorded it."""
+    if not cost:
+        return []
+    cells = cost["cells"]
+    made = f"{cells['compared']} compared" + (f", {cells['calibration']} calibration" if cells["calibration"] else "")
+    timed = cost["timed_cells"]
+    seconds = (
+        f"{_hours(cost['wall_s'])} wall and {_hours(cost['cpu_s'])} CPU summed over the {timed} cells that recorded both "
+        "(each cell's last dfpo train process)"
+        if timed
+        else "no cell recorded its wall and CPU seconds"
+    )
+    machines = "; ".join(f"{recorded_machine(line)} ({n} cell{'s' if n != 1 else ''})" for line, n in cost["machines"].items())
+    return [f"Cost: {sum(cells.values())} cells ({made}); {seconds}. Machine: {machines}.", ""]
+
+
 def render_compare(doc: dict, *, warnings: list[str] | None = None) -> list[str]:
     """The lines of compare.md (without its figure) from the comparison's document."""
     records: Records = {label: {int(s): r for s, r in by_seed.items()} for label, by_seed in doc["records"].items()}
@@ -222,6 +245,7 @@ def render_compare(doc: dict, *, warnings: list[str] | None = None) -> list[str]
         f"# {len(seeds)} paired seeds ({seeds[0]}..{seeds[-1]}), config {doc['config']}"
         + (f", --set {' '.join(doc['sets'])}" if doc["sets"] else ""),
         "",
+        *cost_lines(doc.get("cost")),
         *[f"**{text}**" for text in warnings],
         *([""] if warnings else []),
         f"Paired difference per seed (method - control), mean [{stats.interval_note(tests)}]; for steps to kappa the median paired "

@@ -236,6 +236,42 @@ def test_compare_warns_below_eight_seeds_and_on_censored_runs(tmp_path, capsys):
     assert "| dfpo_min | 0.33 | 0.5 | 12 [12, >=21] (2/3 reached) |" in text  # the Kaplan-Meier median, never a mean (was 15)
 
 
+def test_compare_says_what_its_cells_cost_and_what_they_ran_on_from_their_summaries(tmp_path):
+    """The cost paragraph sums each cell's recorded wall and CPU seconds (calibration cells included) and counts its
+    machine; a cell without the record is counted as not recorded, and a machine line that is not plain text is never
+    shown."""
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    calibration = plan.out / "calibration" / "gspo" / "seed900"
+    _write_run(calibration, 0.3, [0.5] * 20, 12)
+    lines = {"gspo": "2-core AMD EPYC 7B13, 23.5 GiB", "dfpo_min": "<img src=x onerror=alert(1)>"}
+    for label in plan.labels:
+        for s in plan.seeds:
+            path = RunDir(run_dir(plan, label, s)).summary
+            summary = json.loads(path.read_text()) | {"wall_s_process": 1800.0, "cpu_s_process": 900.0, "machine": lines[label]}
+            path.write_text(json.dumps(summary))
+    cost = C.experiment_cost(plan)
+    assert cost == {
+        "cells": {"compared": 4, "calibration": 1},
+        "timed_cells": 4,
+        "wall_s": 7200.0,
+        "cpu_s": 3600.0,
+        "machines": {
+            "2-core AMD EPYC 7B13, 23.5 GiB": 2,
+            "unreadable (the summary's machine is not a plain line of text)": 2,
+            "not recorded (trained before dfpo recorded the machine)": 1,
+        },
+    }
+    text = C.compare(plan, progress=lambda _: None, warn=lambda _: None).read_text()
+    assert (
+        "Cost: 5 cells (4 compared, 1 calibration); 2.0 h wall and 1.0 h CPU summed over the 4 cells that recorded both "
+        "(each cell's last dfpo train process). Machine: 2-core AMD EPYC 7B13, 23.5 GiB (2 cells); unreadable (the "
+        "summary's machine is not a plain line of text) (2 cells); not recorded (trained before dfpo recorded the machine) "
+        "(1 cell)." in text
+    )
+    assert "<img" not in text
+
+
 def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
     plan = _fake_plan(tmp_path, seeds=2)
     calls = []

@@ -150,11 +150,13 @@ def test_the_help_says_the_progress_period_the_code_uses():
 def test_summary_json_holds_the_process_wall_time_and_the_help_names_every_key(tmp_path):
     """A `dfpo train --silent` process timed from outside: wall_s_process is at most what an outside clock shows (less
     the interpreter's exit: 2 to 6 s on a loaded 2-core machine) and holds the start-up and the training loop; `dfpo
-    train --help` names every key summary.json holds."""
+    train --help` names every key summary.json holds, and the machine those seconds ran on is recorded beside them."""
     import subprocess
     import time
 
     from tiny_run import train_command
+
+    from dfpo.trainer.run.machine import machine_line
 
     cmd = [arg if arg != "--quiet" else "--silent" for arg in train_command(tmp_path / "run", [*QUICK, "eval.every=0"])]
     t0 = time.monotonic()
@@ -164,6 +166,7 @@ def test_summary_json_holds_the_process_wall_time_and_the_help_names_every_key(t
     summary = json.loads(proc.stdout)
     assert summary == json.loads((tmp_path / "run" / RunDir.SUMMARY).read_text())
     assert 0 < summary["wall_s_start_up"] + summary["wall_s_training_loop"] < summary["wall_s_process"] <= outside
+    assert summary["machine"] == machine_line() and "-core " in summary["machine"]
     train = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
     assert "summary.json" in train
     assert [key for key in summary if key not in train] == []

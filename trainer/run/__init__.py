@@ -8,6 +8,7 @@ Modules:
                    config of ``--resume RUN_DIR`` (``dfpo train``) and ``--run RUN_DIR`` (``dfpo probe``)
     state.py       the run's counters, checkpoints (save/restore) and logs
     logs.py        JSONL logs, TensorBoard/wandb, the rate of the progress lines
+    machine.py     the machine a run trained on, one line (summary.json's ``machine``), and its check before it is shown
     signals.py     SIGINT/SIGTERM from the program's first moment to its last: one line, the shell's status
                    before and after the trainer's own handling (``ExitOnSignal``), a checkpoint after the step
                    during it (``StopSignals``); standard library only, imported before anything else
