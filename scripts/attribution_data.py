@@ -214,6 +214,21 @@ def write_json(path: Path, doc: dict) -> None:
     write_text_atomic(path, dumps(doc) + "\n")
 
 
+def curves_figure(name: str, which: str) -> Path:
+    """Where a comparison's reward and eval curves of one seed set are drawn (docs/attribution/NAME-WHICH-curves.png)."""
+    return FIGURES / f"{name}-{which}-curves.png"
+
+
+def draw_curves(stored: dict) -> None:
+    """Each seed set's reward and eval curves of a comparison, drawn from the stored evidence (not from runs/), where
+    its compare.json kept them."""
+    from dfpo.trainer.compare_report import plot_curves
+
+    for which, data in stored["sets"].items():
+        if stored["kind"] == "compare" and data["doc"].get("curves"):
+            plot_curves(data["doc"], curves_figure(stored["name"], which))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the commands to run, in order, and exit")
@@ -237,9 +252,11 @@ def main() -> int:
     DATA.mkdir(parents=True, exist_ok=True)
     for name in names:
         exp = EXPERIMENTS[name]
-        write_json(DATA / f"{name}.json", evidence(name, exp))
+        stored = evidence(name, exp)
+        write_json(DATA / f"{name}.json", stored)
         if exp.figure and (RUNS / exp.figure[0]).is_file():
             shutil.copyfile(RUNS / exp.figure[0], FIGURES / exp.figure[1])
+        draw_curves(stored)
         print(f"wrote docs/attribution/data/{name}.json")
     return 0
 

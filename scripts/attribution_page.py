@@ -114,7 +114,9 @@ def _compare_tables(ev: dict) -> str:
                 + rest.rstrip()
                 + "\n\n</details>"
             )
-        parts.append(f"The {which} set, printed by the {name} command:\n\n" + demote(text))
+        curves = LEDGER / f"{ev['name']}-{which}-curves.png"  # scripts/attribution_data.py's curves_figure
+        drawn = f"\n\n![{ev['name']} {which} set: reward and eval curves](attribution/{curves.name})" if curves.is_file() else ""
+        parts.append(f"The {which} set, printed by the {name} command:\n\n" + demote(text) + drawn)
     return "\n\n".join(parts)
 
 

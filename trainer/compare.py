@@ -71,7 +71,7 @@ from ..core.calibration import Calibration, calibrate
 from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
-from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_differences, render_compare, warnings_for
+from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_to_dict, load_config
 from .run.folder import folder_identity, run_identity
@@ -298,6 +298,23 @@ def read_run(path: Path) -> dict[str, float]:
     }
 
 
+def read_curve(path: Path) -> dict[str, list]:
+    """One finished run's curves: ``reward``, the mean train reward (``reward/mean``) of each logged step as
+    ``[step, value]``, and ``eval``, the held-out avg@k of each evaluation (eval.jsonl, step 0 included) as
+    ``[step, value]``; a value that is not a finite number is left out."""
+    rows = read_metrics_rows(RunDir(path).metrics)
+    evals = read_metrics_rows(RunDir(path).evals) if RunDir(path).evals.is_file() else []
+
+    def points(rows: list[dict], pick) -> list[list[float]]:
+        found = [(row.get("step"), pick(row)) for row in rows]
+        return [[int(step), float(v)] for step, v in found if isinstance(step, int) and math.isfinite(_number(v))]
+
+    return {
+        "reward": points(rows, lambda row: row.get("reward/mean")),
+        "eval": points(evals, lambda row: next((v for k, v in row.items() if k.startswith("eval/avg@")), None)),
+    }
+
+
 def reward_rise(rows: list[dict], k: int) -> float:
     """The mean train reward (``reward/mean``) of the last ``k`` steps minus that of the first ``k``; NaN when the
     run has fewer than 2k steps (the two windows would overlap)."""
@@ -496,16 +513,18 @@ def calibrated_plan(plan: Plan, path: Path) -> Plan:
 
 def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
     """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.json, compare.png,
-    per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
+    curves.png, per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
     records = run_all(plan, jobs=jobs, progress=progress)
-    doc = {**document(plan, records), "cost": experiment_cost(plan)}
+    curves = {label: {str(s): read_curve(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
+    doc = {**document(plan, records), "cost": experiment_cost(plan), "curves": curves}
     plan.out.mkdir(parents=True, exist_ok=True)
     warnings = warnings_for(records)
     for text in warnings:
         warn(text)
     plot_differences(doc, plan.out / "compare.png")
-    lines = [*render_compare(doc, warnings=warnings), "![paired differences](compare.png)"]
+    plot_curves(doc, plan.out / "curves.png")
+    lines = [*render_compare(doc, warnings=warnings), "![paired differences](compare.png)", "", "![reward and eval curves](curves.png)"]
     write_text_atomic(plan.out / "per_seed.csv", per_seed_csv(records))
     write_text_atomic(plan.out / "records.json", json.dumps(doc["records"], indent=2))
     write_text_atomic(plan.out / "compare.json", json.dumps(doc, indent=2) + "\n")

@@ -305,3 +305,40 @@ def plot_differences(doc: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def mean_curve(curves: dict[str, dict], kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, standard error) over seeds of one label's ``kind`` curve ("reward" or "eval", ``read_curve``), at
+    the steps every seed logged (a step some seed lacks is not averaged over fewer seeds)."""
+    by_seed = [{int(step): value for step, value in curve[kind]} for curve in curves.values()]
+    steps = sorted(set.intersection(*(set(points) for points in by_seed))) if by_seed else []
+    values = np.array([[points[step] for step in steps] for points in by_seed], dtype=float).reshape(len(by_seed), len(steps))
+    se = values.std(axis=0, ddof=1) / np.sqrt(len(by_seed)) if len(by_seed) > 1 else np.zeros(len(steps))
+    return np.array(steps), values.mean(axis=0), se
+
+
+def plot_curves(doc: dict, path: Path) -> None:
+    """Two panels: each label's mean train reward per step and its mean held-out avg@k at each evaluation, over the
+    seeds, with a band of one standard error across seeds."""
+    import matplotlib  # deferred, as in plot_differences
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = doc["seeds"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
+    for ax, kind, title in zip(axes, ("reward", "eval"), ("train reward (reward/mean)", "held-out avg@k")):
+        for label, curves in doc["curves"].items():
+            steps, mean, se = mean_curve(curves, kind)
+            if steps.size:
+                (line,) = ax.plot(steps, mean, marker="o" if kind == "eval" else None, ms=4, label=label)
+                ax.fill_between(steps, mean - se, mean + se, alpha=0.15, color=line.get_color())
+        ax.set_xlabel("step")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"mean over {len(seeds)} seeds ({seeds[0]}..{seeds[-1]}), band: one standard error across seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

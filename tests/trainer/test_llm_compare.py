@@ -272,6 +272,55 @@ def test_compare_says_what_its_cells_cost_and_what_they_ran_on_from_their_summar
     assert "<img" not in text
 
 
+def test_compare_draws_each_labels_mean_reward_and_eval_curve_from_every_seed(tmp_path):
+    """compare.json keeps every run's reward and eval curve (a value that is not a finite number left out) and
+    curves.png draws their means over seeds; a step one seed lacks is not averaged over the others."""
+    from dfpo.trainer.compare_report import mean_curve
+
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    for label in plan.labels:
+        for s in plan.seeds:
+            evals = [{"step": 0, "eval/avg@4": 0.2, "eval/pass@4": 0.5}, {"step": 20, "eval/avg@4": 0.3 + (s - 10) / 10}]
+            evals += [{"step": 30, "eval/avg@4": "n/a"}]
+            (run_dir(plan, label, s) / RunDir.EVALS).write_text("\n".join(json.dumps(e) for e in evals) + "\n")
+    with open(RunDir(run_dir(plan, "gspo", 11)).metrics, "a") as fh:
+        fh.write(json.dumps({"step": 21, "reward/mean": 0.9}) + "\n")
+    text = C.compare(plan, progress=lambda _: None, warn=lambda _: None).read_text()
+    doc = json.loads((plan.out / "compare.json").read_text())
+    gspo = doc["curves"]["gspo"]
+    assert gspo["11"]["reward"][-1] == [21, 0.9] and len(gspo["11"]["reward"]) == 21
+    assert gspo["10"]["eval"] == [[0, 0.2], [20, 0.3]]  # step 30's "n/a" is left out
+    steps, mean, se = mean_curve(gspo, "reward")
+    assert steps.tolist() == list(range(1, 21)) and mean.tolist() == [0.5] * 20 and se.tolist() == [0.0] * 20  # no step 21
+    steps, mean, se = mean_curve(gspo, "eval")
+    assert steps.tolist() == [0, 20] and mean == pytest.approx([0.2, 0.35]) and se == pytest.approx([0.0, 0.05])
+    assert (plan.out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "![reward and eval curves](curves.png)" in text
+
+
+def test_the_attribution_page_draws_each_sets_curves_from_the_stored_evidence_and_shows_them(tmp_path, monkeypatch):
+    """scripts/attribution_data.py draws each seed set's curves from the stored compare.json (not from runs/), and
+    docs/attribution.md shows each set's figure under its table."""
+    from script_modules import load_script
+
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+    doc = json.loads((plan.out / "compare.json").read_text())
+    sets = {
+        which: {"command": "dfpo compare ...", "seed_set": "seeds 10..11, 2 seeds", "doc": doc} for which in ("discovery", "confirmation")
+    }
+    stored = {"name": "fake", "kind": "compare", "title": "fake", "sets": sets}
+    data, page = load_script("scripts/attribution_data.py"), load_script("scripts/attribution_page.py")
+    monkeypatch.setattr(data, "FIGURES", tmp_path)
+    monkeypatch.setattr(page, "LEDGER", tmp_path)
+    data.draw_curves(stored)
+    assert sorted(f.name for f in tmp_path.glob("*.png")) == ["fake-confirmation-curves.png", "fake-discovery-curves.png"]
+    text = page._compare_tables(stored)
+    assert "![fake discovery set: reward and eval curves](attribution/fake-discovery-curves.png)" in text
+    assert "![fake confirmation set: reward and eval curves](attribution/fake-confirmation-curves.png)" in text
+
+
 def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
     plan = _fake_plan(tmp_path, seeds=2)
     calls = []
@@ -414,6 +463,7 @@ def test_match_step_calibrates_the_control_on_disjoint_seeds_and_the_table_shows
         return {label: {s: record(label, s) for s in plan.seeds} for label in plan.labels}
 
     monkeypatch.setattr(C, "run_all", fake_run_all)
+    monkeypatch.setattr(C, "read_curve", lambda path: {"reward": [], "eval": []})  # no run folder: nothing logged
     with pytest.raises(ValueError, match="overlap the comparison's seeds"):
         C.step_matched_plan(plan, [method], seeds=(12, 13))
     matched = C.step_matched_plan(plan, [method], seeds=tuple(range(100, 108)), progress=lambda _: None)
