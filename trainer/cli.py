@@ -23,6 +23,7 @@ optional dependency), launch and tasks would add ~50 ms to every ``dfpo --help``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -271,9 +272,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare, make_plan  # deferred: torch, numpy (see the module docstring)
 
     config = compare_config(args.config)
-    if not args.allow_mixed_code:
-        check_one_code(Path(args.out))
+    refusal = None if args.allow_mixed_code else mixed_code_refusal(Path(args.out))
     plan = make_plan(args.objectives, args.baseline, args.seeds, args.first_seed, config, args.set, args.out)
+    plan = dataclasses.replace(plan, refuse_training=refusal or "")
     if args.calibration_from:
         from .compare import calibrated_plan
 
@@ -291,18 +292,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_one_code(out: Path) -> None:
-    """Refuse, before anything trains, to add cells to an experiment whose runs other code trained."""
+def mixed_code_refusal(out: Path) -> str | None:
+    """Why this code may not add cells to ``out`` (some of its runs other code trained), or None. ``dfpo compare``
+    refuses with it at the first cell it would train, before anything trains; an experiment whose every cell is
+    finished it still reads and reports (its cost paragraph names the code that trained each cell)."""
     from .run.code import foreign_code, source_sha256
 
     foreign, total = foreign_code(out)
-    if foreign:
-        raise ValueError(
-            f"--out {out}: {len(foreign)} of its {total} runs were trained by other dfpo code than this one (source "
-            f"{source_sha256()[:12]}; e.g. {foreign[0]}, whose .dfpo-run.json records {describe_sources(foreign[0])}): one "
-            "experiment's cells must come from one code, so run this command with the code that started it (e.g. a git "
-            "worktree at its commit), choose a new --out, or pass --allow-mixed-code to go on"
-        )
+    if not foreign:
+        return None
+    return (
+        f"--out {out}: {len(foreign)} of its {total} runs were trained by other dfpo code than this one (source "
+        f"{source_sha256()[:12]}; e.g. {foreign[0]}, whose .dfpo-run.json records {describe_sources(foreign[0])}): one "
+        "experiment's cells must come from one code, so this code trains none of its cells (it reports them once every "
+        "cell is finished); run this command with the code that started it (e.g. a git worktree at its commit), choose a "
+        "new --out, or pass --allow-mixed-code to go on"
+    )
 
 
 def describe_sources(run_dir: Path) -> str:

@@ -74,7 +74,8 @@ from ..core.loss import objective_from_label, parse_objective_label, unmatched_c
 from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_to_dict, load_config
-from .run.folder import folder_identity, run_identity
+from .run.code import recorded_sources
+from .run.folder import folder_identity, read_mark, run_identity
 from .run.layout import RunDir
 from .run.machine import recorded_machine
 
@@ -94,6 +95,9 @@ class Plan:
     out: Path
     step_matched: tuple[tuple[str, str], ...] = ()
     calibrations: tuple[Calibration, ...] = ()
+    refuse_training: str = ""
+    """Where set, the sentence that refuses to train a cell this plan has not finished (``dfpo.trainer.cli``'s
+    ``mixed_code_refusal``): a finished experiment is still read and reported."""
 
 
 def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int, config: str, sets: list[str] | None, out: str) -> Plan:
@@ -193,6 +197,8 @@ def run_one(plan: Plan, label: str, seed: int) -> str:
     path = run_dir(plan, label, seed)
     if RunDir(path).summary.is_file():
         return f"compare: {label} seed {seed}: done before, skipped"
+    if plan.refuse_training:
+        raise ValueError(plan.refuse_training)
     cmd, how = command_for(plan, label, seed)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -377,11 +383,13 @@ def calibration_sentence(plan: Plan, cal: Calibration) -> str:
 def experiment_cost(plan: Plan) -> dict:
     """What the comparison's finished cells cost and what they ran on: the compared runs and the calibration's (under
     OUT/calibration/), from each cell's summary.json: ``wall_s_process`` and ``cpu_s_process`` (its last ``dfpo train``
-    process) summed over the cells that recorded both, and its ``machine`` (``recorded_machine``) counted."""
+    process) summed over the cells that recorded both, its ``machine`` (``recorded_machine``) and the code that trained
+    it (``trained_by``) counted."""
     compared = [run_dir(plan, label, s) for label in plan.labels for s in plan.seeds]
     calibration = sorted(p for p in (plan.out / "calibration").glob("*/seed*") if p.is_dir())
     finished = [(path, kind) for kind, paths in (("compared", compared), ("calibration", calibration)) for path in paths]
-    summaries = [(_read_summary(RunDir(path).summary), kind) for path, kind in finished if RunDir(path).summary.is_file()]
+    finished = [(path, kind) for path, kind in finished if RunDir(path).summary.is_file()]
+    summaries = [(_read_summary(RunDir(path).summary), kind) for path, kind in finished]
     timed = [(_number(s.get("wall_s_process")), _number(s.get("cpu_s_process"))) for s, _ in summaries]
     timed = [(wall, cpu) for wall, cpu in timed if math.isfinite(wall) and math.isfinite(cpu)]
     return {
@@ -390,7 +398,14 @@ def experiment_cost(plan: Plan) -> dict:
         "wall_s": sum(wall for wall, _ in timed),
         "cpu_s": sum(cpu for _, cpu in timed),
         "machines": dict(Counter(recorded_machine(s.get("machine")) for s, _ in summaries).most_common()),
+        "codes": dict(Counter(trained_by(path) for path, _ in finished).most_common()),
     }
+
+
+def trained_by(path: Path) -> str:
+    """The code that trained a run, in words: the source fingerprints its .dfpo-run.json records (``run.code``)."""
+    sources = recorded_sources(read_mark(path) or {})
+    return "source " + " then ".join(s[:12] for s in sources) if sources else "no source recorded"
 
 
 def document(plan: Plan, records: Records) -> dict:

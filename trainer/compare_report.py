@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -228,8 +229,18 @@ def cost_lines(cost: dict | None) -> list[str]:
         if timed
         else "no cell recorded its wall and CPU seconds"
     )
-    machines = "; ".join(f"{recorded_machine(line)} ({n} cell{'s' if n != 1 else ''})" for line, n in cost["machines"].items())
-    return [f"Cost: {sum(cells.values())} cells ({made}); {seconds}. Machine: {machines}.", ""]
+
+    def counted(counts: dict[str, int], shown) -> str:
+        return "; ".join(f"{shown(line)} ({n} cell{'s' if n != 1 else ''})" for line, n in counts.items())
+
+    machines = counted(cost["machines"], recorded_machine)
+    codes = f" Trained by: {counted(cost['codes'], _fingerprints)}." if cost.get("codes") else ""
+    return [f"Cost: {sum(cells.values())} cells ({made}); {seconds}. Machine: {machines}.{codes}", ""]
+
+
+def _fingerprints(text: str) -> str:
+    """A stored 'source ...' line as it may be shown: its hex fingerprints and words only."""
+    return text if re.fullmatch(r"(source [0-9a-f]{12}( then [0-9a-f]{12})*|no source recorded)", text) else "an unreadable record"
 
 
 def render_compare(doc: dict, *, warnings: list[str] | None = None) -> list[str]:

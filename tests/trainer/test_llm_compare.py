@@ -240,6 +240,8 @@ def test_compare_says_what_its_cells_cost_and_what_they_ran_on_from_their_summar
     """The cost paragraph sums each cell's recorded wall and CPU seconds (calibration cells included) and counts its
     machine; a cell without the record is counted as not recorded, and a machine line that is not plain text is never
     shown."""
+    from dfpo.trainer.run.code import source_sha256
+
     plan = _fake_plan(tmp_path, seeds=2)
     _fake_runs(plan)
     calibration = plan.out / "calibration" / "gspo" / "seed900"
@@ -261,13 +263,14 @@ def test_compare_says_what_its_cells_cost_and_what_they_ran_on_from_their_summar
             "unreadable (the summary's machine is not a plain line of text)": 2,
             "not recorded (trained before dfpo recorded the machine)": 1,
         },
+        "codes": {f"source {source_sha256()[:12]}": 4, "no source recorded": 1},
     }
     text = C.compare(plan, progress=lambda _: None, warn=lambda _: None).read_text()
     assert (
         "Cost: 5 cells (4 compared, 1 calibration); 2.0 h wall and 1.0 h CPU summed over the 4 cells that recorded both "
         "(each cell's last dfpo train process). Machine: 2-core AMD EPYC 7B13, 23.5 GiB (2 cells); unreadable (the "
         "summary's machine is not a plain line of text) (2 cells); not recorded (trained before dfpo recorded the machine) "
-        "(1 cell)." in text
+        f"(1 cell). Trained by: source {source_sha256()[:12]} (4 cells); no source recorded (1 cell)." in text
     )
     assert "<img" not in text
 

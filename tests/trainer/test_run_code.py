@@ -2,10 +2,8 @@
 
 import json
 
-import pytest
-
 from dfpo.cli import main
-from dfpo.trainer.cli import check_one_code
+from dfpo.trainer.cli import mixed_code_refusal
 from dfpo.trainer.run.code import code_record, foreign_code, recorded_sources, source_sha256
 from dfpo.trainer.run.folder import read_mark, write_mark
 
@@ -56,11 +54,32 @@ def test_compare_refuses_an_out_other_code_trained_before_anything_trains(tmp_pa
 
 def test_an_out_of_this_code_alone_passes(tmp_path):
     _mark(tmp_path / "gspo" / "seed0", [code_record()])
-    check_one_code(tmp_path)
-    check_one_code(tmp_path / "does-not-exist")
+    assert mixed_code_refusal(tmp_path) is None
+    assert mixed_code_refusal(tmp_path / "does-not-exist") is None
 
 
 def test_a_run_made_before_codes_were_recorded_is_named_as_such(tmp_path):
     _mark(tmp_path / "gspo" / "seed0", None)
-    with pytest.raises(ValueError, match=r"records no source \(made before dfpo recorded it\)"):
-        check_one_code(tmp_path)
+    assert "records no source (made before dfpo recorded it)" in mixed_code_refusal(tmp_path)
+
+
+def test_an_experiment_other_code_finished_is_reported_and_names_that_code(tmp_path, capsys):
+    """Every cell finished by other code: compare trains nothing and reports them, naming the code that trained each."""
+    from test_llm_compare import _write_run
+
+    from dfpo.trainer.compare import make_plan, run_config, run_dir
+    from dfpo.trainer.config import config_to_dict
+    from dfpo.trainer.run.folder import run_identity
+
+    plan = make_plan("gspo,dfpo_min", None, 2, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "out"))
+    for label in plan.labels:
+        for seed in plan.seeds:
+            _write_run(run_dir(plan, label, seed), 0.3, [0.5] * 20, 12)
+            mark = {"written_by": "dfpo train", "created": "2026-11-28T00:00:00+0000", "checkpointed": False}
+            mark["code"] = [{"dfpo": "0.1.0", "source_sha256": "c" * 64}]
+            mark["identity"] = run_identity(config_to_dict(run_config(plan, label, seed)))
+            (run_dir(plan, label, seed) / ".dfpo-run.json").write_text(json.dumps(mark))
+    argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--config", "configs/tiny-cpu.toml"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "Trained by: source cccccccccccc (4 cells)." in out and "compare: gspo seed 10: done before, skipped" in out
