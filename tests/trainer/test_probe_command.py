@@ -128,6 +128,35 @@ def test_probe_end_to_end_writes_a_table_a_png_and_the_records(tmp_path, capsys)
     }
     assert (out / "probe.md").read_text() == text
     assert (out / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r for s in (0, 1) for r in json.loads((out / "seeds" / f"seed{s}.json").read_text())["records"]] == doc["records"]
+
+
+def test_a_probe_stopped_part_way_goes_on_at_the_next_seed_and_refuses_a_seed_of_other_settings(tmp_path, monkeypatch):
+    """Each seed is stored as it ends; the same probe again reads it instead of probing it, and a stored seed of other
+    settings, or one that is not a stored seed, is refused naming its file before anything is probed."""
+    probed = []
+
+    def fake_probe_seed(plan, seed, say):
+        probed.append(seed)
+        if seed == 1 and len(probed) == 2:
+            raise KeyboardInterrupt  # the first run dies in its second seed
+        return [{"seed": seed, "objective": "gspo", "kind": "shared", "events": 3}]
+
+    monkeypatch.setattr(probe_command, "probe_seed", fake_probe_seed)
+    plan = _plan(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        probe_command.run_probe(plan)
+    said = []
+    doc = probe_command.run_probe(plan, said.append)
+    assert probed == [0, 1, 1] and [r["seed"] for r in doc["records"]] == [0, 1]  # seed 0 once, seed 1 again
+    assert said[0].startswith("dfpo probe: seed 0 (1/2): probed before, read from") and said[1] == "dfpo probe: seed 1 (2/2)"
+    seed0 = Path(plan.out) / "seeds" / "seed0.json"
+    with pytest.raises(ValueError, match=r"seed0.json was probed with other settings or code \(max_events differ\)"):
+        probe_command.run_probe(_plan(tmp_path, max_events=5))
+    seed0.write_text('{"seed": 0, "records": []}')
+    with pytest.raises(ValueError, match=r"seed0.json is not a stored seed of dfpo probe: move it away to probe seed 0 again"):
+        probe_command.run_probe(plan)
+    assert probed == [0, 1, 1]  # nothing was probed by the refused runs
 
 
 EVENTS = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]

@@ -13,7 +13,8 @@ measured change, and put back before the next objective. One batch, one starting
 state: only the loss differs, so each objective's figures are compared with its matched control on common random
 numbers (a matched control by construction).
 
-Outputs in ``--out``: probe.json (every seed's figures and the settings), probe.md (the tables below) and probe.png.
+Outputs in ``--out``: probe.json (every seed's figures and the settings), probe.md (the tables below) and probe.png;
+seeds/seedN.json, each seed's records as soon as it ends (the same command again goes on at the next seed).
 Tables: per objective and event kind, the mean over seeds of each figure with a 95% Student-t interval over seeds
 (magnitudes, then each part's share of the first-order prediction), with a generated warning under it for every
 objective and kind whose first-order error passes ``FIRST_ORDER_ERROR_LIMIT``;
@@ -418,13 +419,80 @@ def _config_dict(cfg: Config) -> dict:
 # ----------------------------------------------------------------------------- the whole probe
 
 
+SEEDS_FOLDER = "seeds"
+"""OUT/seeds/seedN.json: one seed's records, written as soon as that seed is probed, so that a probe stopped part-way
+(a session's end kills it) goes on at the next seed when the same command runs again."""
+
+
+def seed_key(plan: ProbePlan) -> dict:
+    """Everything that decides one seed's records besides the seed (as JSON reads it back): the labels, the steps
+    before the probed one, the event cap, the config, the run folder, the shared-event rule and the code
+    (``dfpo.trainer.run.code.source_sha256``)."""
+    from ..run.code import source_sha256
+
+    key = {
+        "objectives": list(plan.labels),
+        "move_steps": plan.move_steps,
+        "max_events": plan.max_events,
+        "config": {k: v for k, v in _config_dict(plan.config).items() if k != "seed"},
+        "run": None if plan.run is None else str(plan.run),
+        "shared_events": SHARED_RULE,
+        "source_sha256": source_sha256(),
+    }
+    return json.loads(json.dumps(key))
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def seed_file(plan: ProbePlan, seed: int) -> Path:
+    return plan.out / SEEDS_FOLDER / f"seed{seed}.json"
+
+
+def stored_seeds(plan: ProbePlan) -> dict[int, dict]:
+    """The seeds of ``plan`` already probed under OUT/seeds/ ({seed: its stored document}); ValueError naming the file
+    when one cannot be read or was probed with other settings or code (nothing is probed then)."""
+    key, found = seed_key(plan), {}
+    for seed in plan.seeds:
+        path = seed_file(plan, seed)
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} cannot be read as JSON ({err}): move it away to probe seed {seed} again") from None
+        if not (isinstance(doc, dict) and doc.get("seed") == seed and isinstance(doc.get("records"), list) and _finite(doc.get("wall_s"))):
+            raise ValueError(f"{path} is not a stored seed of dfpo probe: move it away to probe seed {seed} again")
+        if doc.get("key") != key:
+            differ = sorted(k for k in key if (doc.get("key") or {}).get(k) != key[k])
+            raise ValueError(
+                f"{path} was probed with other settings or code ({', '.join(differ) or 'its key'} differ): run the command "
+                "that made it, move the folder away, or choose another --out"
+            )
+        found[seed] = doc
+    return found
+
+
 def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) -> dict:
-    """Every seed of ``plan``; the document probe.json holds (settings and per-seed records)."""
-    t0 = time.time()
-    records = []
+    """Every seed of ``plan``; the document probe.json holds (settings and per-seed records). A seed stored under
+    OUT/seeds/ by an earlier run of the same probe is read, not probed again; ``wall_s`` sums each seed's seconds."""
+    stored = stored_seeds(plan)
+    key, records, wall_s = seed_key(plan), [], 0.0
     for k, seed in enumerate(plan.seeds):
-        say(f"dfpo probe: seed {seed} ({k + 1}/{len(plan.seeds)})")
-        records += probe_seed(plan, seed, say)
+        if seed in stored:
+            say(f"dfpo probe: seed {seed} ({k + 1}/{len(plan.seeds)}): probed before, read from {seed_file(plan, seed)}")
+            seed_records, seconds = stored[seed]["records"], float(stored[seed]["wall_s"])
+        else:
+            say(f"dfpo probe: seed {seed} ({k + 1}/{len(plan.seeds)})")
+            t0 = time.time()
+            seed_records = probe_seed(plan, seed, say)
+            seconds = time.time() - t0
+            doc = {"seed": seed, "key": key, "records": seed_records, "wall_s": seconds}
+            seed_file(plan, seed).parent.mkdir(parents=True, exist_ok=True)
+            write_run_file(seed_file(plan, seed), json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        records += seed_records
+        wall_s += seconds
     cfg = plan.config
     return {
         "command": plan.command,
@@ -445,7 +513,7 @@ def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) ->
             "old_logp": cfg.rollout.old_logp,
         },
         "records": records,
-        "wall_s": time.time() - t0,
+        "wall_s": wall_s,
     }
 
 
