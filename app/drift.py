@@ -261,9 +261,63 @@ def probe_folders(roots: list[Path], depth: int = 2) -> list[Path]:
     return sorted(found)
 
 
+STORED = Path(__file__).resolve().parents[1] / "docs" / "probe"
+"""The documents the repository stores (docs/probe/: the probe's seed sets, log.param_drift across training); a
+checkout has them, an installed wheel does not (then the page offers none)."""
+ACROSS_KEYS = ("command", "runs")
+"""What a stored log.param_drift-across-training document holds (``dfpo.trainer.probe.across.store``)."""
+
+
+def _json_object(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def stored_documents(folder: Path = STORED) -> tuple[list[Path], list[Path]]:
+    """(probe documents, across-training documents) among ``folder``'s JSON files, sorted: a probe document holds
+    ``DOC_KEYS``, an across-training one ``ACROSS_KEYS``; any other file is not offered."""
+    docs = {path: _json_object(path) for path in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+    probes = [p for p, d in docs.items() if d is not None and all(k in d for k in DOC_KEYS)]
+    across = [p for p, d in docs.items() if d is not None and all(k in d for k in ACROSS_KEYS)]
+    return probes, across
+
+
+def read_across(path: Path) -> dict:
+    """A stored log.param_drift-across-training document; ValueError (one sentence) when it is not one."""
+    doc = _json_object(path)
+    runs = doc.get("runs") if doc is not None else None
+    ok = isinstance(runs, dict) and bool(runs) and isinstance(doc.get("command"), str)
+    ok = ok and all(
+        isinstance(run, dict)
+        and isinstance(run.get("steps"), list)
+        and all(
+            isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("shared_found"), (int, float))
+            for row in run["steps"]
+        )
+        for run in runs.values()
+    )
+    if not ok:
+        raise ValueError(f"{path} is not a stored log.param_drift document: re-make it with python -m dfpo.trainer.probe.across store")
+    return doc
+
+
+def across_rows(doc: dict, part: str) -> list[dict[str, object]]:
+    """One row per (objective, probed step): the shared events' mean abs ``part`` (direct, cross, momentum, decay or
+    measured) of that step, or None where the step did not log it."""
+    return [
+        {"objective": label, "step": row["step"], "value": row.get(f"shared_{part}")}
+        for label, run in doc["runs"].items()
+        for row in run["steps"]
+    ]
+
+
 def read_probe_folder(folder: Path) -> dict:
-    """The probe.json of a ``dfpo probe`` output folder; ValueError (one sentence) when it is missing or not one."""
-    path = folder / "probe.json"
+    """The probe.json of a ``dfpo probe`` output folder, or a stored probe document itself; ValueError (one sentence)
+    when it is missing or not one."""
+    path = folder if folder.is_file() else folder / "probe.json"
     if not path.is_file():
         raise ValueError(f"no probe.json in {folder}: point this at the --out folder of a dfpo probe run")
     try:

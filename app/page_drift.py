@@ -1,8 +1,10 @@
-"""Page 6: parameter-space drift, direct vs cross vs momentum vs measured per objective, on the toy and from a
-``dfpo probe`` folder. Every empty or zero cell is explained by a generated sentence (``dfpo.app.drift``); a chart
-with nothing to draw is replaced by the sentence that says why."""
+"""Page 6: parameter-space drift, direct vs cross vs momentum vs measured per objective, on the toy, from a
+``dfpo probe`` folder or stored document, and across training (a stored log.param_drift document). Every empty or zero
+cell is explained by a generated sentence (``dfpo.app.drift``); a chart with nothing to draw is replaced by the
+sentence that says why."""
 
 import os
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -14,6 +16,8 @@ from dfpo.app.runs import resolve_folder
 from dfpo.app.text import markdown_text, plotly_text
 from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.toy.param_drift import default_probe_config
+from dfpo.trainer.probe.across import PARTS as ACROSS_PARTS
+from dfpo.trainer.probe.across import summary_sentence
 
 MAX_SEEDS = 32
 COLOURS = {"direct": "#4c72b0", "cross": "#dd8452", "momentum": "#8172b3", "decay": "#937860", "measured": "#55a868"}
@@ -111,8 +115,14 @@ st.markdown(
     "folder or give its path: its tables, with 95% intervals over seeds."
 )
 roots = [resolve_folder(p) for p in os.environ.get(RUNS_ENV, "runs").split(os.pathsep) if p.strip()]
-found = [str(f) for f in drift.probe_folders(roots)]
-picked = st.selectbox("Probe folders found under the runs folders", ["(none)", *found], key="drift_found", persist_state=KEEP)
+stored_probes, stored_across = drift.stored_documents(drift.STORED)
+found = [str(f) for f in [*drift.probe_folders(roots), *stored_probes]]
+picked = st.selectbox(
+    "Probe folders found under the runs folders, and the probe documents docs/probe/ stores",
+    ["(none)", *found],
+    key="drift_found",
+    persist_state=KEEP,
+)
 typed = st.text_input("Probe folder", "", key="drift_folder", persist_state=KEEP, placeholder="runs/probe")
 if not typed.strip() and picked != "(none)":
     typed = picked
@@ -131,6 +141,41 @@ if typed.strip():
     st.dataframe(pd.DataFrame(drift.comparison_rows(doc)), hide_index=True, width="stretch")
     st.subheader("The cross term's share (of the first-order prediction, and of the batch's own part)")
     st.dataframe(pd.DataFrame(drift.share_rows(doc)), hide_index=True, width="stretch")
+
+
+def show_across(path: Path) -> None:
+    """A stored log.param_drift document: its generated sentence, the command that trained its runs, and one part of
+    the shared events' change per objective across the probed steps (zeros, which a log axis cannot draw, named)."""
+    try:
+        doc = drift.read_across(path)
+    except ValueError as err:
+        st.warning(markdown_text(err))
+        return
+    st.markdown(markdown_text(summary_sentence(doc)))
+    st.markdown(f"Trained by: {markdown_text(doc['command'])}")
+    part = st.selectbox("Part of the shared events' change", list(ACROSS_PARTS), key="drift_across_part", persist_state=KEEP)
+    rows = drift.across_rows(doc, part)
+    figure = go.Figure()
+    for label in doc["runs"]:
+        drawn = [r for r in rows if r["objective"] == label and isinstance(r["value"], (int, float)) and r["value"] > 0]
+        figure.add_trace(
+            go.Scatter(x=[r["step"] for r in drawn], y=[r["value"] for r in drawn], mode="lines+markers", name=plotly_text(label))
+        )
+    figure.update_layout(
+        xaxis_title="training step", yaxis_title=plotly_text(f"mean abs {part} of log pi, shared events"), yaxis_type="log", height=380
+    )
+    st.plotly_chart(figure, width="stretch")
+    undrawn = [f"{r['objective']} step {r['step']}" for r in rows if not (isinstance(r["value"], (int, float)) and r["value"] > 0)]
+    if undrawn:
+        st.markdown(markdown_text(f"Not drawn (0 or not logged, which a log axis cannot show): {', '.join(undrawn)}."))
+
+
+st.header("Across training (`log.param_drift`, stored)")
+if stored_across:
+    chosen = st.selectbox("Stored log.param_drift documents", [str(p) for p in stored_across], key="drift_across", persist_state=KEEP)
+    show_across(Path(chosen))
+else:
+    st.markdown(f"No stored log.param_drift document in {markdown_text(drift.STORED)} (a checkout of the repository has them).")
 st.caption(
     "A training run with `log.param_drift = true` logs the same figures as `drift/*` every few steps: plot them on the "
     "*Training runs* page. docs/probe.md explains the split."

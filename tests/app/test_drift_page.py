@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,12 @@ from dfpo.toy.param_drift import default_probe_config, probe_toy  # noqa: E402
 from dfpo.trainer.run.layout import RunDir  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app"
+
+
+@pytest.fixture(autouse=True)
+def _no_stored_documents(tmp_path_factory, monkeypatch):
+    """The page as an installed wheel shows it (no docs/probe/), unless a test stores documents itself."""
+    monkeypatch.setattr(drift, "STORED", tmp_path_factory.mktemp("no-stored"))
 
 
 def _page(seeds: float | None = 2.0) -> AppTest:
@@ -268,3 +275,40 @@ def test_probe_folders_under_the_runs_folders_are_offered_and_open(tmp_path, mon
     assert at.selectbox(key="drift_found").options == ["(none)", str(tmp_path / "nested" / "probe-tiny"), str(tmp_path / "probe-smollm2")]
     at.selectbox(key="drift_found").set_value(str(tmp_path / "probe-smollm2")).run()
     assert not at.exception and len(at.dataframe) == 4
+
+
+def _across(zero_first: bool = True) -> dict:
+    steps = [
+        {"step": 1, "shared_found": 4.0, "shared_direct": 0.0 if zero_first else 0.01, "shared_momentum": 0.0, "shared_measured": 0.0},
+        {"step": 3, "shared_found": 11.0, "shared_direct": 0.004, "shared_momentum": 0.03, "shared_measured": 0.03},
+    ]
+    return {"command": "dfpo train --config configs/smollm2-cpu.toml", "runs": {"gspo": {"seed": 7000, "steps": steps}}}
+
+
+def test_the_documents_docs_probe_stores_are_offered_and_open(tmp_path, monkeypatch):
+    """A checkout's stored probe documents open as a probe folder does, and a stored log.param_drift document shows its
+    generated sentence and one part per objective across training, with every point a log axis cannot draw named."""
+    (tmp_path / "smollm2-discovery.json").write_text(json.dumps(_doc()))
+    (tmp_path / "smollm2-drift.json").write_text(json.dumps(_across()))
+    (tmp_path / "other.json").write_text(json.dumps({"not": "a probe"}))
+    (tmp_path / "broken.json").write_text("{")
+    assert drift.stored_documents(tmp_path) == ([tmp_path / "smollm2-discovery.json"], [tmp_path / "smollm2-drift.json"])
+    monkeypatch.setattr(drift, "STORED", tmp_path)
+    monkeypatch.setenv(RUNS_ENV, str(tmp_path / "no-runs"))
+    at = _page()
+    assert at.selectbox(key="drift_found").options == ["(none)", str(tmp_path / "smollm2-discovery.json")]
+    plain = lambda: re.sub(r"\\(.)", r"\1", _notes(at))  # noqa: E731  the page's text with markdown_text's escapes undone
+    assert "found a median of 7.5 shared events a probed step" in plain() and "Trained by: dfpo train --config" in plain()
+    at.selectbox(key="drift_across_part").set_value("direct").run()
+    assert not at.exception and _ys(_charts(at)[-1]) == [0.004]
+    assert "Not drawn (0 or not logged, which a log axis cannot show): gspo step 1." in plain()
+    at.selectbox(key="drift_found").set_value(str(tmp_path / "smollm2-discovery.json")).run()
+    assert not at.exception and len(at.dataframe) == 4
+
+
+def test_a_stored_drift_document_that_is_not_one_is_one_sentence(tmp_path):
+    bad = _across()
+    bad["runs"]["gspo"]["steps"][0]["step"] = "one"
+    (tmp_path / "x.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"x\.json is not a stored log\.param_drift document"):
+        drift.read_across(tmp_path / "x.json")
