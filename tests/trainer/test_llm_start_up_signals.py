@@ -4,10 +4,12 @@ first): one line and the shell's status, never a traceback or a silent death.
 Before the fix the trainer's handlers came after torch was imported, 0.5 to 1 s after the start: SIGINT there gave a
 KeyboardInterrupt traceback (or an import error it turned into), SIGTERM killed the process silently (-15), and a
 second SIGTERM 100 ms after a first one ended with -15 instead of 143. The interpreter's own start (about 40 ms,
-before any code of dfpo runs) is outside any program's reach; the delays start at three times that."""
+before any code of dfpo runs; over 150 ms on a loaded machine) is outside any program's reach: the delays start at
+three times that, and never before dfpo's handlers are in place (``_wait_for_the_handlers``)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -46,11 +48,29 @@ def _signalled(tmp_path: Path, sig: int, delays: tuple[float, ...]) -> tuple[int
         text=True,
     )
     t0 = time.monotonic()
+    _wait_for_the_handlers(proc.pid)
     for delay in delays:
         time.sleep(max(0.0, t0 + delay - time.monotonic()))
         proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
+
+
+def _wait_for_the_handlers(pid: int, limit_s: float = 30.0) -> None:
+    """Wait until the process catches SIGTERM (Linux: /proc/PID/status's SigCgt; Python catches none by itself, so
+    that is dfpo's first line), and check torch is not loaded yet: the handlers come before the slow imports. On a
+    loaded machine the interpreter's own start can pass the first delay, and a signal there is not dfpo's to handle."""
+    status, maps = Path(f"/proc/{pid}/status"), Path(f"/proc/{pid}/maps")
+    if not status.exists():
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        caught = re.search(r"^SigCgt:\s*([0-9a-f]+)$", status.read_text(), re.M)
+        if caught and int(caught[1], 16) >> (signal.SIGTERM - 1) & 1:
+            assert "libtorch" not in maps.read_text(), "dfpo's signal handlers came after torch was loaded"
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"dfpo train did not install its signal handlers within {limit_s} s")
 
 
 def _check_one_line(code: int, err: str, sig: int) -> None:
