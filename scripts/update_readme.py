@@ -41,7 +41,7 @@ from dfpo.core.findings import family_note, read_ledger, render_findings, summar
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.config import config_to_dict, load_config
-from dfpo.trainer.probe.findings import findings_block
+from dfpo.trainer.probe.findings import REAL_MODEL, findings_block, real_model_block
 from dfpo.trainer.run.machine import machine_line
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -462,6 +462,7 @@ BLOCKS = {
     "app_screenshots": screenshot_gallery,
     "smollm2_run": smollm2_run,
     "smollm2_table": smollm2_table,
+    "smollm2_probe": lambda: real_model_block(ROOT / "docs" / "probe", f"figures/{REAL_MODEL}-drift.png"),
 }
 FILES = {
     README: ("findings", "ledger_count", "smollm2_run"),
@@ -472,7 +473,7 @@ FILES = {
     ROOT / "docs" / "metrics.md": ("metrics",),
     ROOT / "docs" / "config.md": ("config",),
     ROOT / "docs" / "app.md": ("app_screenshots",),
-    ROOT / "docs" / "trainer.md": ("smollm2_table",),
+    ROOT / "docs" / "trainer.md": ("smollm2_table", "smollm2_probe"),
 }
 """Each generated file and the blocks it must hold."""
 WHOLE = {ROOT / "docs" / "ledger.md": _ledger_document}

@@ -31,3 +31,31 @@ def test_a_missing_document_or_an_overlapping_confirmation_set_is_one_sentence(t
     with pytest.raises(ValueError, match="share seeds"):
         load_stored(tmp_path)
     assert json.loads((tmp_path / STORED[0][1]).read_text())["seeds"]
+
+
+def test_the_real_model_paragraph_is_generated_from_its_stored_documents_alone():
+    """The probe of SmolLM2 before training (two seed sets) and log.param_drift across training (one run per objective)."""
+    from dfpo.trainer.probe import across
+    from dfpo.trainer.probe.findings import REAL_MODEL, real_model_block
+
+    text = real_model_block(DOCS, "figures/x.png")
+    disc = json.loads((DOCS / f"{REAL_MODEL}-discovery.json").read_text())
+    conf = json.loads((DOCS / f"{REAL_MODEL}-confirmation.json").read_text())
+    drift = json.loads((DOCS / f"{REAL_MODEL}-drift.json").read_text())
+    assert disc["settings"]["model"] == conf["settings"]["model"] == "smollm2-135m-instruct"
+    from dfpo.trainer.probe.command import events_sentence
+    from dfpo.trainer.probe.findings import pairs_sentence
+
+    for which, doc in (("discovery", disc), ("confirmation", conf)):
+        assert f"- {which} set: {events_sentence(doc)} {pairs_sentence(doc)}" in text and "found in a seed's batch" in text
+    assert across.summary_sentence(drift) in text and text.endswith("(figures/x.png)")
+    assert len(drift["runs"]) >= 2 and all(run["steps"] for run in drift["runs"].values())
+
+
+def test_the_equivalent_pairs_sentence_counts_the_seeds_whose_batch_held_one():
+    """A seed counts once however many pairs it held; a seed with none is counted out."""
+    from dfpo.trainer.probe.findings import pairs_sentence
+
+    records = [{"seed": s, "kind": "equivalent", "events": n} for s, n in ((0, 3.0), (0, 1.0), (1, 0.0), (2, 2.0))]
+    records.append({"seed": 1, "kind": "shared", "events": 5.0})
+    assert pairs_sentence({"seeds": [0, 1, 2], "records": records}) == "Equivalent pairs: in 2 of 3 seeds' batches."

@@ -36,12 +36,20 @@ STORED = (
         "ref-terms-discovery.json",
         "ref-terms-confirmation.json",
     ),
+    (
+        "Shared tokens and equivalent answers, SmolLM2-135M-Instruct before training (sum task)",
+        "smollm2-discovery.json",
+        "smollm2-confirmation.json",
+    ),
 )
 """(title, discovery document, confirmation document) in ``docs/probe/``. Re-make them with (add task)
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
 adds ``--set data.task=equiv --set model.sft_steps=300``; the peers' losses add ``--objectives
 topr,kimi15,dro,vapo_nll,dapo,gpg``; the reference terms are ``dfpo probe --objectives grpo,grpo:beta=0.04,online_ipo
---seeds 8`` and ``--first-seed 100``; copy each probe.json to the name above. The stored ones predate the subset
+--seeds 8`` and ``--first-seed 100``; SmolLM2 is ``dfpo probe --config configs/smollm2-cpu.toml --seeds 8 --first-seed 0
+--max-events 8 --set threads=1`` and ``--first-seed 100`` (9 to 28 min a seed at one thread on the 2-core machine
+beside other work, most of it the equivalent pairs' gradients; it stores each seed and goes on after a stop);
+copy each probe.json to the name above. The tiny preset's stored ones predate the subset
 rule (``dfpo.core.probe.EVENT_RULES``): their shared events are the whole-group ones (``titled`` says so), and a
 re-made one would probe eq 2's subset events instead (on the add task's seed 0: 58 found, 11 of them whole-group)."""
 
@@ -77,3 +85,41 @@ def titled(title: str, discovery: dict, confirmation: dict) -> str:
 def findings_block(folder: Path) -> str:
     """The replicated findings of every stored pair, as markdown."""
     return findings_markdown([(titled(*pair), pair[1], pair[2]) for pair in load_stored(folder)])
+
+
+REAL_MODEL = "smollm2"
+"""The stored pair of the real model (``STORED``'s documents REAL_MODEL-discovery.json and -confirmation.json) and its
+log.param_drift runs across training (``across``: REAL_MODEL-drift.json, figure docs/figures/REAL_MODEL-drift.png)."""
+
+
+def real_model_block(folder: Path, figure: str) -> str:
+    """docs/trainer.md's paragraph on the probe of SmolLM2, generated from the stored documents: the events each
+    seed set's batches held, the replicated findings, and log.param_drift across training with its figure."""
+    from . import across  # deferred: it reads run logs through dfpo.trainer.compare (numpy)
+    from .command import events_sentence  # deferred: torch
+
+    at = [disc for _, disc, _ in STORED].index(f"{REAL_MODEL}-discovery.json")
+    title, disc, conf = load_stored(folder)[at]
+    drift = json.loads((folder / f"{REAL_MODEL}-drift.json").read_text(encoding="utf-8"))
+    minutes = f"{disc['wall_s'] / 60:.0f} and {conf['wall_s'] / 60:.0f} min"
+    return "\n".join(
+        [
+            f"Before any training step, the probe on the pretrained model ({minutes} for the two seed sets on this machine, "
+            "beside other work):",
+            "",
+            f"- discovery set: {events_sentence(disc)} {pairs_sentence(disc)}",
+            f"- confirmation set: {events_sentence(conf)} {pairs_sentence(conf)}",
+            findings_markdown([(titled(title, disc, conf), disc, conf)]),
+            "",
+            f"Across training (`{drift['command']}` for each objective): {across.summary_sentence(drift)}",
+            "",
+            f"![log.param_drift on SmolLM2-135M-Instruct: direct, cross, momentum, decay and measured change of shared events at each probed step, per objective]({figure})",
+        ]
+    )
+
+
+def pairs_sentence(doc: dict) -> str:
+    """In how many of a probe document's seeds the batch held an equivalent pair (two correct answers of a group with
+    different tokens), from its records."""
+    seeds = {r["seed"] for r in doc["records"] if r["kind"] == "equivalent" and r.get("events", 0) > 0}
+    return f"Equivalent pairs: in {len(seeds)} of {len(doc['seeds'])} seeds' batches."
