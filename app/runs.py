@@ -32,6 +32,7 @@ import numpy as np
 from ..toy import layout as toy_layout
 from ..toy.metric_names import RENAMED as TOY_RENAMED
 from ..trainer.run.layout import RunDir
+from ..trainer.run.logs import finite_number
 
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20
@@ -65,11 +66,6 @@ def discover_runs(root: Path, max_depth: int = 3) -> list[Path]:
             if run_kind(log.parent):
                 found.add(log.parent)
     return sorted(found)
-
-
-def finite_number(value) -> bool:
-    """A real number (bool excluded) that is neither NaN nor infinite."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class JsonlReader:

@@ -77,6 +77,7 @@ from ...core.loss import ObjectiveSpec, group_advantages, objective_from_label, 
 from ...core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
 from ...core.probe import OLD_RULE, RULE_WORDS, DriftBatch, document_rule, probe_step, summary
 from ..config import Config, config_from_dict, load_config
+from ..run.logs import finite_number
 from . import DEFAULT_OBJECTIVES
 
 PROBE_DEFAULTS = (
@@ -442,18 +443,15 @@ def seed_key(plan: ProbePlan) -> dict:
     return json.loads(json.dumps(key))
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def seed_file(plan: ProbePlan, seed: int) -> Path:
     return plan.out / SEEDS_FOLDER / f"seed{seed}.json"
 
 
-def stored_seeds(plan: ProbePlan) -> dict[int, dict]:
+def stored_seeds(plan: ProbePlan, key: dict) -> dict[int, dict]:
     """The seeds of ``plan`` already probed under OUT/seeds/ ({seed: its stored document}); ValueError naming the file
-    when one cannot be read or was probed with other settings or code (nothing is probed then)."""
-    key, found = seed_key(plan), {}
+    when one cannot be read or was probed with other settings or code than ``key`` (``seed_key``; nothing is probed
+    then)."""
+    found = {}
     for seed in plan.seeds:
         path = seed_file(plan, seed)
         if not path.is_file():
@@ -462,7 +460,9 @@ def stored_seeds(plan: ProbePlan) -> dict[int, dict]:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ValueError(f"{path} cannot be read as JSON ({err}): move it away to probe seed {seed} again") from None
-        if not (isinstance(doc, dict) and doc.get("seed") == seed and isinstance(doc.get("records"), list) and _finite(doc.get("wall_s"))):
+        if not (
+            isinstance(doc, dict) and doc.get("seed") == seed and isinstance(doc.get("records"), list) and finite_number(doc.get("wall_s"))
+        ):
             raise ValueError(f"{path} is not a stored seed of dfpo probe: move it away to probe seed {seed} again")
         if doc.get("key") != key:
             differ = sorted(k for k in key if (doc.get("key") or {}).get(k) != key[k])
@@ -477,8 +477,8 @@ def stored_seeds(plan: ProbePlan) -> dict[int, dict]:
 def run_probe(plan: ProbePlan, say: Callable[[str], None] = lambda msg: None) -> dict:
     """Every seed of ``plan``; the document probe.json holds (settings and per-seed records). A seed stored under
     OUT/seeds/ by an earlier run of the same probe is read, not probed again; ``wall_s`` sums each seed's seconds."""
-    stored = stored_seeds(plan)
-    key, records, wall_s = seed_key(plan), [], 0.0
+    key = seed_key(plan)
+    stored, records, wall_s = stored_seeds(plan, key), [], 0.0
     for k, seed in enumerate(plan.seeds):
         if seed in stored:
             say(f"dfpo probe: seed {seed} ({k + 1}/{len(plan.seeds)}): probed before, read from {seed_file(plan, seed)}")
