@@ -62,6 +62,9 @@ class Experiment:
     confirmation: tuple[str, str]
     figure: tuple[str, str] | None = None
     """(file under runs/, name under docs/attribution/)."""
+    machine: str = ""
+    """Where its cells ran, declared here for cells whose code predates ``dfpo train`` recording it (their cost
+    paragraph says "not recorded"); the page shows it beside that paragraph, named as declared."""
 
 
 def _toy(
@@ -132,6 +135,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "--calibration-from runs/smollm2-discovery/calibration.json --out runs/smollm2-confirmation",
         ),
         ("smollm2-confirmation/compare.png", "smollm2.png"),
+        machine="2-core AMD EPYC, 23.5 GiB (the CPU machine of this project, shared with other work; one torch thread a cell)",
     ),
 }
 
@@ -197,7 +201,8 @@ def evidence(name: str, exp: Experiment) -> dict:
     sets = {}
     for which, (folder, command) in (("discovery", exp.discovery), ("confirmation", exp.confirmation)):
         sets[which] = READERS[exp.kind](RUNS / folder, command)
-    return rounded({"name": name, "kind": exp.kind, "title": exp.title, "sets": sets})
+    declared = {"machine": exp.machine} if exp.machine else {}
+    return rounded({"name": name, "kind": exp.kind, "title": exp.title, **declared, "sets": sets})
 
 
 def dumps(value, depth: int = 0) -> str:

@@ -99,12 +99,27 @@ def _compare_doc(doc: dict) -> dict:
     return {**doc, "records": records}
 
 
+def declared_machine(ev: dict, doc: dict) -> str:
+    """A sentence naming the machine the experiment declares (scripts/attribution_data.py's ``machine``) when some of
+    its cells did not record theirs; '' when every cell recorded it or nothing is declared."""
+    from dfpo.trainer.run.machine import NOT_RECORDED, recorded_machine
+
+    unrecorded = (doc.get("cost") or {}).get("machines", {}).get(NOT_RECORDED)
+    if not unrecorded or not ev.get("machine"):
+        return ""
+    return (
+        f"The {unrecorded} cells that did not record their machine ran on, as the experiment declares in "
+        f"scripts/attribution_data.py: {recorded_machine(ev['machine'])}.\n\n"
+    )
+
+
 def _compare_tables(ev: dict) -> str:
     from dfpo.trainer.compare_report import render_compare
 
     parts = []
     for which, name in (("discovery", "first"), ("confirmation", "second")):
-        text = "\n".join(render_compare(_compare_doc(ev["sets"][which]["doc"])))
+        doc = ev["sets"][which]["doc"]
+        text = "\n".join(render_compare(_compare_doc(doc)))
         head, sep, rest = text.partition("Per seed (")
         if sep:
             text = (
@@ -116,7 +131,7 @@ def _compare_tables(ev: dict) -> str:
             )
         curves = LEDGER / f"{ev['name']}-{which}-curves.png"  # scripts/attribution_data.py's curves_figure
         drawn = f"\n\n![{ev['name']} {which} set: reward and eval curves](attribution/{curves.name})" if curves.is_file() else ""
-        parts.append(f"The {which} set, printed by the {name} command:\n\n" + demote(text) + drawn)
+        parts.append(f"The {which} set, printed by the {name} command:\n\n" + declared_machine(ev, doc) + demote(text) + drawn)
     return "\n\n".join(parts)
 
 

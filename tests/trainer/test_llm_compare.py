@@ -324,6 +324,22 @@ def test_the_attribution_page_draws_each_sets_curves_from_the_stored_evidence_an
     assert "![fake confirmation set: reward and eval curves](attribution/fake-confirmation-curves.png)" in text
 
 
+def test_the_attribution_page_names_a_declared_machine_only_beside_cells_that_did_not_record_theirs(tmp_path):
+    """A machine declared with an experiment is shown, as declared, where its cells predate the machine record, and
+    vetted as any recorded machine line is; where every cell recorded it, the declaration is not shown."""
+    from script_modules import load_script
+
+    from dfpo.trainer.run.machine import NOT_RECORDED
+
+    page = load_script("scripts/attribution_page.py")
+    unrecorded = {"cost": {"machines": {NOT_RECORDED: 3, "2-core AMD EPYC, 23.5 GiB": 1}}}
+    said = page.declared_machine({"machine": "2-core AMD EPYC, 23.5 GiB"}, unrecorded)
+    assert said.startswith("The 3 cells that did not record their machine ran on, as the experiment declares") and "2-core AMD EPYC" in said
+    assert "unreadable" in page.declared_machine({"machine": "<img src=x>"}, unrecorded)
+    assert page.declared_machine({}, unrecorded) == ""
+    assert page.declared_machine({"machine": "2-core AMD EPYC"}, {"cost": {"machines": {"2-core AMD EPYC": 4}}}) == ""
+
+
 def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
     plan = _fake_plan(tmp_path, seeds=2)
     calls = []
