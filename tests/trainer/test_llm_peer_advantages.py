@@ -208,3 +208,13 @@ def test_the_greedy_baseline_benchmark_runs_and_prints_both_settings():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sampling only" in out.stdout and "with greedy baseline" in out.stdout and "ratio with/without" in out.stdout
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), True, "1"])
+def test_a_reward_weight_that_is_not_a_finite_number_is_refused_in_one_sentence(bad):
+    """reward.weights: NaN, an infinity, a bool or a string is refused, naming the list; whole numbers are weights."""
+    from dfpo.trainer.rewards.compute import function_weights
+
+    with pytest.raises(ValueError, match=r"reward.weights must be 2 finite numbers.*got \["):
+        function_weights(["a", "b"], [1.0, bad])
+    assert function_weights(["a", "b"], [1, 2.5]) == (1.0, 2.5) and function_weights(["a"], []) == (1.0,)

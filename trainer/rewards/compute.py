@@ -48,7 +48,6 @@ Departures / choices:
 from __future__ import annotations
 
 import logging
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
+from ..run.logs import finite_number
 from ..tasks import Example, last_int_correct, sum_value
 from .pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
 from .worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score
@@ -277,9 +277,7 @@ def function_weights(functions: list[str] | tuple[str, ...], weights: list[float
     sentence when the two lists differ in length or a weight is not a finite number."""
     if not weights:
         return (1.0,) * len(functions)
-    if len(weights) != len(functions) or not all(
-        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights
-    ):
+    if len(weights) != len(functions) or not all(finite_number(w) for w in weights):
         raise ValueError(
             f"reward.weights must be {len(functions)} finite numbers, one per reward.functions entry (or empty: 1 each), got {weights!r}"
         )
