@@ -72,7 +72,8 @@ METRICS: dict[str, str] = {
     "for the rest, final eval; Prop. 3.1)",
     "equiv_entropy": "entropy over the surface forms of equivalent correct answers (last 10 steps)",
     "shared_events": "shared events per step (eq 2, mean over steps)",
-    "residual_length": "length part of the shared-token residual (eq 2's residual due to the 1/length aggregation weight, mean over steps)",
+    "residual_length": "length part of the shared-token residual (eq 2's residual due to the 1/length aggregation weight, mean over "
+    "steps; negative where the weights shrink the residual)",
     "cpu_s": "CPU seconds of the run's last dfpo train process",
     "reward_rise5": "train-reward rise (mean of the last 5 steps minus that of the first 5)",
 }
@@ -360,6 +361,41 @@ def family_note(summary: Summary) -> str:
         f"seed set (each at level {level:.4g}); the confirmation set's numbers come first, the discovery set's in brackets. "
         f"Negligible: within {MARGIN:.0%} of the control's level on both sets."
     )
+
+
+def replication_sentence(summary: Summary, experiment: str) -> str:
+    """One generated sentence on what replicated in ``experiment``: its rows with the same effect (lower or higher) on
+    both seed sets, and how many of the others are negligible on both, not shown (inconclusive on a set) or did not
+    replicate (two different conclusive words)."""
+    rows = list({r.key(): r for f in summary.findings for r in f.rows if r.experiment == experiment}.values())
+    words = [(r, tuple(v.word for v in summary.verdicts[r.key()])) for r in rows]
+    effects = [(r, d) for r, (d, c) in words if d == c and d in ("lower", "higher")]
+    others = {
+        "negligible on both sets": sum(1 for _, (d, c) in words if d == c == "negligible"),
+        "not shown either way": sum(1 for _, pair in words if "inconclusive" in pair),
+        "did not replicate": sum(1 for _, (d, c) in words if d != c and "inconclusive" not in (d, c)),
+    }
+    tail = ", ".join(f"{n} {what}" for what, n in others.items() if n)
+    where = summary.evidence[experiment].get("title", experiment)
+    if not effects:
+        return f"{where}, none of the {len(rows)} rows replicated an effect on both seed sets ({tail})."
+    named = "; ".join(f"`{r.method}` {'against ' + (r.control or '0')}: {METRICS[r.metric].split(' (')[0]} {w}" for r, w in effects)
+    return f"{where}, {len(effects)} of the {len(rows)} rows replicated an effect on both seed sets ({named})" + (
+        f"; of the others, {tail}." if tail else "."
+    )
+
+
+def replication_sentences(summary: Summary) -> str:
+    """``replication_sentence`` of every dfpo compare experiment (a language model's) the summary reads, one a line."""
+    names = sorted({r.experiment for f in summary.findings for r in f.rows if summary.evidence[r.experiment]["kind"] == "compare"})
+    return "\n".join(replication_sentence(summary, n) for n in names)
+
+
+def summary_markdown(summary: Summary) -> str:
+    """What a page shows of its findings: the multiplicity family, what replicated in each language-model experiment,
+    then every finding's generated sentences."""
+    replicated = replication_sentences(summary)
+    return "\n\n".join(part for part in (family_note(summary), replicated, render_findings(summary)) if part)
 
 
 # ----- what a conclusion may say ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Placeholders of scripts/attribution.tmpl.md: {DEMO} (``dfpo demo``), {FINDINGS} 
 its multiplicity note and one item per finding, ``dfpo.core.findings``), {EXPERIMENT:name} (the commands of an
 experiment's two seed sets and the tables they printed, re-rendered from docs/attribution/data/name.json by the
 same functions that print them: ``dfpo.toy.report.render_summary``, ``dfpo.toy.spread.render_spread``,
-``dfpo.trainer.compare_report.render_compare``), {SEEDS:name:set} (a seed set as the command names it).
+``dfpo.trainer.compare_report.render_compare``), {SEEDS:name:set} (a seed set as the command names it), {SIGN_SEEDS}
+(the fewest seeds a sign-test interval needs at the findings' Bonferroni level).
 Store new evidence first with scripts/attribution_data.py.
 """
 
@@ -21,8 +22,9 @@ import sys
 from pathlib import Path
 
 from dfpo.commands import cancellation_demo
+from dfpo.core import stats
 from dfpo.core.files import write_text_atomic
-from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
+from dfpo.core.findings import read_ledger, summaries, summary_markdown
 from dfpo.trainer.probe.findings import findings_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +179,8 @@ def render(template: str) -> str:
     summary = summaries(findings, evidence, "attribution")
     text = template.replace("{DEMO}", cancellation_demo())
     text = text.replace("{PROBE}", findings_block(ROOT / "docs" / "probe"))  # the block update_readme.py keeps fresh
-    text = text.replace("{FINDINGS}", family_note(summary) + "\n\n" + render_findings(summary))
+    text = text.replace("{FINDINGS}", summary_markdown(summary))
+    text = text.replace("{SIGN_SEEDS}", str(stats.sign_test_min_seeds(stats.bonferroni_level(0.95, summary.family))))
     text = re.sub(r"\{SEEDS:([\w-]+):(\w+)\}", lambda m: seed_set(evidence, m.group(1), m.group(2)), text)
     return re.sub(r"\{EXPERIMENT:([\w-]+)\}", lambda m: experiment(m.group(1), evidence), text)
 

@@ -37,7 +37,7 @@ from dfpo.commands import (
     param_atlas_block,
 )
 from dfpo.core.files import write_text_atomic
-from dfpo.core.findings import family_note, read_ledger, render_findings, summaries
+from dfpo.core.findings import read_ledger, summaries, summary_markdown
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.config import config_to_dict, load_config
@@ -103,7 +103,7 @@ def _findings() -> str:
     return (
         "Generated from the findings ledger ([docs/attribution/findings.toml](docs/attribution/findings.toml)) on the tables "
         f"stored in docs/attribution/data/ ({where}); the tables and the commands that printed them are in "
-        "[docs/attribution.md](docs/attribution.md). " + family_note(summary) + "\n\n" + render_findings(summary)
+        "[docs/attribution.md](docs/attribution.md). " + summary_markdown(summary)
     )
 
 

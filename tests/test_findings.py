@@ -207,3 +207,42 @@ def test_a_difference_of_two_bounded_values_is_cut_to_their_range_and_an_unbound
     assert cut_interval(wide, (0.0, None), paired=True).as_tuple() == (0.5, -3.0, 4.0)
     assert cut_interval(wide, (0.0, None), paired=False).as_tuple() == (0.5, 0.0, 4.0)
     assert cut_interval(wide, (None, None), paired=False) == wide
+
+
+def test_the_real_model_sentence_names_each_replicated_effect_and_counts_the_rest():
+    """What replicated on a language model is generated from its rows' verdicts: named when both sets agree, counted otherwise."""
+    from dfpo.core.findings import Finding, Row, replication_sentence
+
+    ev = _compare_evidence(
+        {
+            "m": {"eval": [0.9, 0.8, 0.85, 0.9], "residual": [0.5, 0.1, 0.6, 0.2]},
+            "c": {"eval": [0.2, 0.25, 0.2, 0.3], "residual": [0.3, 0.4, 0.2, 0.5]},
+        }
+    )
+    rows = (
+        Row("synthetic", "m", "c", "eval", ("higher", "higher")),
+        Row("synthetic", "m", "c", "residual", ("inconclusive", "inconclusive")),
+    )
+    summary = Summary("readme", [Finding("f", "a topic", rows)], {"synthetic": ev})
+    assert summary.mismatches() == []
+    assert replication_sentence(summary, "synthetic") == (
+        "Synthetic comparison, 1 of the 2 rows replicated an effect on both seed sets (`m` against c: final eval accuracy higher); "
+        "of the others, 1 not shown either way."
+    )
+
+
+def test_the_real_model_sentence_says_when_nothing_replicated():
+    from dfpo.core.findings import Finding, Row, replication_sentence
+
+    ev = _compare_evidence({"m": {"eval": [0.5, 0.1, 0.6, 0.2]}, "c": {"eval": [0.3, 0.4, 0.2, 0.5]}})
+    summary = Summary(
+        "readme", [Finding("f", "a topic", (Row("synthetic", "m", "c", "eval", ("inconclusive", "inconclusive")),))], {"synthetic": ev}
+    )
+    assert replication_sentence(summary, "synthetic") == (
+        "Synthetic comparison, none of the 1 rows replicated an effect on both seed sets (1 not shown either way)."
+    )
+
+
+def test_readme_says_what_replicated_on_the_real_model():
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(r"On SmolLM2-135M-Instruct \(sum task, CPU\), (\d+ of the \d+|none of the \d+) rows replicated", readme)
