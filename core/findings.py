@@ -245,7 +245,7 @@ def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdi
 class Summary:
     """Every finding one page shows, with the verdicts of all their rows on both seed sets.
 
-    ``family`` is the number of distinct rows the summary reads: each interval is adjusted for all of them."""
+    ``family`` is the number of distinct rows the summary reads: each interval is adjusted for all of them, to ``level``."""
 
     name: str
     findings: list[Finding]
@@ -255,6 +255,7 @@ class Summary:
     def __post_init__(self) -> None:
         rows = {r.key(): r for f in self.findings for r in f.rows}
         self.family = len(rows)
+        self.level = stats.bonferroni_level(0.95, self.family)  # each interval's level: 95% over the whole family
         for key, row in rows.items():
             if row.experiment not in self.evidence:
                 raise ValueError(f"no stored evidence {row.experiment!r} (docs/attribution/data/{row.experiment}.json) for row {key}")
@@ -287,17 +288,30 @@ def _rel_text(v: Verdict) -> str:
     return f"{_pct(c)}, no interval ({why})" if why else f"{_pct(c)} [{_pct(lo)}, {_pct(hi)}]"
 
 
+def agreement(discovery: str, confirmation: str) -> str:
+    """What a row's two verdict words say together: 'negligible' (on both sets), 'effect' (the same lower or higher on
+    both), 'not shown' (inconclusive on either) or 'did not replicate' (two different conclusive words)."""
+    if discovery == confirmation == "negligible":
+        return "negligible"
+    if discovery == confirmation and discovery in ("lower", "higher"):
+        return "effect"
+    if "inconclusive" in (discovery, confirmation):
+        return "not shown"
+    return "did not replicate"
+
+
 def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:
     """The fixed phrasing of a row's two verdicts (module docstring)."""
     d, c = pair
-    if d.word == c.word == "negligible":
+    kind = agreement(d.word, c.word)
+    if kind == "negligible":
         widest = max(abs(x) for v in pair if v.relative() for x in v.relative()[1:]) if all(v.relative() for v in pair) else None
         rounded_up = max(math.ceil(widest * 10) / 10, 0.1) if widest is not None else None  # never "larger than 0.0%"
         bound = f" larger than {rounded_up:.1f}% of the control" if rounded_up is not None else ""
         return f"{metric_name}: no change{bound}"
-    if d.word == c.word and d.word in ("lower", "higher"):
+    if kind == "effect":
         return f"{metric_name} {c.word}: {_rel_text(c)} (discovery set: {_rel_text(d)})"
-    if "inconclusive" in (d.word, c.word):
+    if kind == "not shown":
         other = d.word if c.word == "inconclusive" else c.word
         where = "" if other == "inconclusive" else f"; {other} on the {'discovery' if d.word == other else 'confirmation'} set only"
         return f"{metric_name}: not shown either way{where}"
@@ -355,7 +369,7 @@ def render_findings(summary: Summary, *, anchor_page: str = "") -> str:
 
 def family_note(summary: Summary) -> str:
     """One sentence naming the summary's multiplicity family."""
-    level = stats.bonferroni_level(0.95, summary.family)
+    level = summary.level
     return (
         f"Every interval is over paired seeds and Bonferroni-adjusted for all {summary.family} rows these findings read on each "
         f"seed set (each at level {level:.4g}); the confirmation set's numbers come first, the discovery set's in brackets. "
@@ -368,14 +382,11 @@ def replication_sentence(summary: Summary, experiment: str) -> str:
     both seed sets, and how many of the others are negligible on both, not shown (inconclusive on a set) or did not
     replicate (two different conclusive words)."""
     rows = list({r.key(): r for f in summary.findings for r in f.rows if r.experiment == experiment}.values())
-    words = [(r, tuple(v.word for v in summary.verdicts[r.key()])) for r in rows]
-    effects = [(r, d) for r, (d, c) in words if d == c and d in ("lower", "higher")]
-    others = {
-        "negligible on both sets": sum(1 for _, (d, c) in words if d == c == "negligible"),
-        "not shown either way": sum(1 for _, pair in words if "inconclusive" in pair),
-        "did not replicate": sum(1 for _, (d, c) in words if d != c and "inconclusive" not in (d, c)),
-    }
-    tail = ", ".join(f"{n} {what}" for what, n in others.items() if n)
+    words = {r.key(): tuple(v.word for v in summary.verdicts[r.key()]) for r in rows}
+    kinds = [agreement(*words[r.key()]) for r in rows]
+    effects = [(r, words[r.key()][0]) for r, kind in zip(rows, kinds) if kind == "effect"]
+    others = {"negligible": "negligible on both sets", "not shown": "not shown either way", "did not replicate": "did not replicate"}
+    tail = ", ".join(f"{kinds.count(kind)} {what}" for kind, what in others.items() if kinds.count(kind))
     where = summary.evidence[experiment].get("title", experiment)
     if not effects:
         return f"{where}, none of the {len(rows)} rows replicated an effect on both seed sets ({tail})."
