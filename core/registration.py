@@ -1,0 +1,285 @@
+"""Registered experiments: rows committed before the data they read (issue 58).
+
+A registration is a TOML file under ``docs/attribution/registered/``: the experiment's name, its seed sets and the
+command that trains each, and its rows (method, control, outcome, the direction the paper predicts, the direction an
+earlier look suggested, and the margin inside which a difference counts as negligible). The file is committed before
+the first cell trains; git says when (``file_history``), the run folders say when the data began, and a row is
+*registered* only if it is in the last version of the file committed before then (``row_status``). A row added
+later is *exploratory*, and every sentence about it says so.
+
+Verdicts (``registered_verdict``): the paired Student-t interval of method - control over a set's seeds, Bonferroni-
+adjusted over the experiment's own rows (each at level 1 - alpha / R: the family is one experiment, not every table
+the project has), against the row's margin (absolute, or relative to the control's mean): ``negligible`` (the interval
+lies within the margin), ``higher`` / ``lower`` (it excludes 0), ``inconclusive`` (neither). An effect counts only
+where every seed set gives the same word (``combined_word``). ``detectable_effect`` says what size of effect the seeds
+run could have seen (80% power, in the outcome's units), so "inconclusive" is never read as "no change".
+
+Nothing here executes what it reads: TOML is parsed by ``tomllib``; git is asked for history and file contents only.
+numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from . import stats
+
+DIRECTIONS = ("higher", "lower", "negligible", "none")
+MARGIN_KINDS = ("absolute", "relative")
+POWER = 0.8
+"""The power at which ``detectable_effect`` states the smallest effect the seeds could have seen."""
+
+
+@dataclass(frozen=True)
+class SeedSet:
+    name: str
+    first_seed: int
+    seeds: int
+
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+
+@dataclass(frozen=True)
+class RegisteredRow:
+    """One comparison registered before its data: method - control on one outcome."""
+
+    method: str
+    control: str
+    metric: str
+    paper: str
+    """The direction the paper's claims predict ('higher', 'lower', 'negligible' or 'none' where it says nothing)."""
+    hypothesis: str
+    """The direction an earlier look suggested (what this experiment tests)."""
+    margin: float
+    margin_kind: str
+    """'absolute': +-margin in the outcome's units; 'relative': +-margin times the control's mean."""
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.method, self.control, self.metric)
+
+
+@dataclass(frozen=True)
+class Registration:
+    experiment: str
+    title: str
+    machine: str
+    family_alpha: float
+    sets: tuple[SeedSet, ...]
+    command: str
+    rows: tuple[RegisteredRow, ...]
+
+    def commands(self) -> list[str]:
+        """The command that trains each seed set, in the order of ``sets``."""
+        return [self.command.format(name=s.name, first_seed=s.first_seed) for s in self.sets]
+
+    @property
+    def per_row_level(self) -> float:
+        """Each row's interval level: 1 - alpha / R over this experiment's R rows."""
+        return stats.bonferroni_level(1 - self.family_alpha, len(self.rows))
+
+
+def _field(item: Mapping, name: str, kind: type, where: str):
+    value = item.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{where}: {name} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _row(item: Mapping, where: str) -> RegisteredRow:
+    row = RegisteredRow(
+        method=_field(item, "method", str, where),
+        control=_field(item, "control", str, where),
+        metric=_field(item, "metric", str, where),
+        paper=_field(item, "paper", str, where),
+        hypothesis=_field(item, "hypothesis", str, where),
+        margin=float(_field(item, "margin", (int, float), where)),
+        margin_kind=_field(item, "margin_kind", str, where),
+    )
+    for name in ("paper", "hypothesis"):
+        if getattr(row, name) not in DIRECTIONS:
+            raise ValueError(f"{where}: {name}={getattr(row, name)!r} is not one of {', '.join(DIRECTIONS)}")
+    if row.margin_kind not in MARGIN_KINDS:
+        raise ValueError(f"{where}: margin_kind={row.margin_kind!r} is not one of {', '.join(MARGIN_KINDS)}")
+    if not (math.isfinite(row.margin) and row.margin > 0):
+        raise ValueError(f"{where}: margin={row.margin!r} must be a positive number")
+    if not row.control:
+        raise ValueError(f"{where}: control is empty; a registered row compares a method with a control")
+    return row
+
+
+def load_registration(raw: Mapping, where: str = "registration") -> Registration:
+    """A ``Registration`` from a parsed TOML document; ValueError naming the first bad field."""
+    sets = tuple(
+        SeedSet(
+            _field(s, "name", str, f"{where} sets[{i}]"),
+            _field(s, "first_seed", int, f"{where} sets[{i}]"),
+            _field(s, "seeds", int, f"{where} sets[{i}]"),
+        )
+        for i, s in enumerate(raw.get("sets", []))
+    )
+    if len(sets) < 2:
+        raise ValueError(
+            f"{where}: sets has {len(sets)} seed set(s); an effect counts only where two disjoint sets agree, so register at least 2"
+        )
+    seen: set[int] = set()
+    for s in sets:
+        overlap = seen & set(s.seed_list())
+        if s.seeds < 2 or overlap:
+            raise ValueError(
+                f"{where}: seed set {s.name!r} must hold >= 2 seeds disjoint from the other sets (seeds={s.seeds}, shared: {sorted(overlap)[:3]})"
+            )
+        seen |= set(s.seed_list())
+    rows = tuple(_row(item, f"{where} rows[{i}]") for i, item in enumerate(raw.get("rows", [])))
+    if not rows:
+        raise ValueError(f"{where}: no rows; register what the experiment compares before it runs")
+    keys = [r.key() for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{where}: a row is registered twice: {sorted(k for k in keys if keys.count(k) > 1)[0]}")
+    alpha = float(_field(raw, "family_alpha", (int, float), where))
+    if not 0 < alpha < 1:
+        raise ValueError(f"{where}: family_alpha={alpha!r} must lie in (0, 1)")
+    command = _field(raw, "command", str, where)
+    if "{first_seed}" not in command or "{name}" not in command:
+        raise ValueError(f"{where}: command must contain {{first_seed}} and {{name}} (each set's first seed and folder), got {command!r}")
+    return Registration(
+        experiment=_field(raw, "experiment", str, where),
+        title=_field(raw, "title", str, where),
+        machine=str(raw.get("machine", "")),
+        family_alpha=alpha,
+        sets=sets,
+        command=command,
+        rows=rows,
+    )
+
+
+def read_registration(path: Path) -> Registration:
+    return load_registration(tomllib.loads(Path(path).read_text(encoding="utf-8")), where=str(path))
+
+
+# --- when was each row registered ------------------------------------------------------------------------------------
+
+
+def file_history(path: Path, repo: Path) -> list[tuple[str, datetime]]:
+    """Every commit that changed ``path`` (relative to ``repo``), oldest first, with its commit time."""
+    done = subprocess.run(["git", "-C", str(repo), "log", "--format=%H %cI", "--", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        if "does not have any commits" in done.stderr:
+            return []
+        raise ValueError(f"git log -- {path} in {repo} failed: {done.stderr.strip() or done.returncode}")
+    out = done.stdout
+    return [(c, datetime.fromisoformat(t)) for c, t in (line.split(" ", 1) for line in reversed(out.strip().splitlines()))]
+
+
+def rows_at(commit: str, path: Path, repo: Path) -> set[tuple[str, str, str]]:
+    """The row keys of ``path`` as committed at ``commit`` (an empty set where it did not exist or does not parse)."""
+    done = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return set()
+    try:
+        raw = tomllib.loads(done.stdout)
+    except tomllib.TOMLDecodeError:
+        return set()
+    return {(str(r.get("method")), str(r.get("control")), str(r.get("metric"))) for r in raw.get("rows", [])}
+
+
+@dataclass(frozen=True)
+class RowStatus:
+    registering_commit: str
+    """The commit that added the registration file."""
+    registered_at: datetime
+    data_started: datetime
+    registered: frozenset
+    """Row keys in the last version of the file committed before the data started."""
+
+    def is_registered(self, row: RegisteredRow) -> bool:
+        return row.key() in self.registered
+
+
+def row_status(path: Path, repo: Path, data_started: datetime) -> RowStatus:
+    """Which rows of ``path`` were committed before ``data_started`` (the first cell's start)."""
+    history = file_history(path, repo)
+    if not history:
+        raise ValueError(f"{path} is not committed in {repo}; commit the registration before its first cell trains")
+    before = [(c, t) for c, t in history if t < data_started]
+    registered = rows_at(before[-1][0], path, repo) if before else set()
+    return RowStatus(history[0][0], history[0][1], data_started, frozenset(registered))
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetVerdict:
+    word: str
+    interval: stats.Interval
+    control_mean: float
+    bound: float
+    """The negligible margin in the outcome's units."""
+    detectable: float
+    """The smallest |effect| these seeds detect with probability ``POWER`` at this level (outcome's units)."""
+
+
+def margin_bound(row: RegisteredRow, control_mean: float) -> float:
+    return row.margin if row.margin_kind == "absolute" else row.margin * abs(control_mean)
+
+
+def detectable_effect(diff: np.ndarray, level: float, power: float = POWER) -> float:
+    """The smallest true mean difference that a two-sided paired t interval at ``level`` over these n seeds excludes
+    0 for with probability ``power``, at the observed spread: (t_{1-(1-level)/2} + t_{power}) sd / sqrt(n)."""
+    d = np.asarray(diff, float)
+    if d.size < 2:
+        return math.inf
+    df = d.size - 1
+    t = stats.student_t_quantile(1 - (1 - level) / 2, df) + stats.student_t_quantile(power, df)
+    return float(t * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def word_of(interval: stats.Interval, bound: float) -> str:
+    if -bound <= interval.low and interval.high <= bound:
+        return "negligible"
+    if interval.low > 0:
+        return "higher"
+    if interval.high < 0:
+        return "lower"
+    return "inconclusive"
+
+
+def registered_verdict(method: Sequence[float], control: Sequence[float], row: RegisteredRow, level: float) -> SetVerdict:
+    """The verdict of one row on one seed set: paired values (seeds,) of method and control, interval at ``level``
+    (already Bonferroni-adjusted over the experiment's rows)."""
+    m, c = np.asarray(method, float), np.asarray(control, float)
+    if m.shape != c.shape or m.size == 0:
+        raise ValueError(f"{row.key()}: needs one method and one control value per seed, got {m.size} and {c.size}")
+    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(c))):
+        raise ValueError(f"{row.key()}: a value is missing or not finite (method {m.tolist()}, control {c.tolist()})")
+    ci = stats.paired_interval(m - c, level=level, tests=1)
+    mean = float(c.mean())
+    bound = margin_bound(row, mean)
+    return SetVerdict(word_of(ci, bound), ci, mean, bound, detectable_effect(m - c, level))
+
+
+def combined_word(words: Sequence[str]) -> str:
+    """One word for a row over its seed sets: the shared word where every set agrees on an effect or on negligible;
+    'did not replicate' where two sets claim different things; else 'inconclusive'."""
+    claims = {w for w in words if w != "inconclusive"}
+    if len(claims) > 1:
+        return "did not replicate"
+    if len(claims) == 1 and all(w != "inconclusive" for w in words):
+        return claims.pop()
+    return "inconclusive"
+
+
+def against_prediction(word: str, predicted: str) -> str:
+    """'as predicted' / 'against the prediction' / '' of a combined word against a predicted direction."""
+    if predicted == "none" or word in ("inconclusive", "did not replicate"):
+        return ""
+    return "as predicted" if word == predicted else "against the prediction"

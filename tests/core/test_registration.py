@@ -1,0 +1,167 @@
+"""Registered experiments (dfpo.core.registration): rows committed before their data, one family per experiment."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dfpo.core import registration as reg
+from dfpo.core import stats
+
+ROOT = Path(__file__).resolve().parents[2]
+REGISTERED = sorted((ROOT / "docs" / "attribution" / "registered").glob("*.toml"))
+
+ROW = dict(method="m", control="c", metric="eval", paper="higher", hypothesis="higher", margin=0.02, margin_kind="absolute")
+
+
+def document(rows=None, **extra):
+    raw = {
+        "experiment": "x",
+        "title": "X",
+        "family_alpha": 0.05,
+        "sets": [{"name": "x-a", "first_seed": 0, "seeds": 4}, {"name": "x-b", "first_seed": 10, "seeds": 4}],
+        "command": "dfpo compare --first-seed {first_seed} --out runs/{name}",
+        "rows": rows if rows is not None else [ROW],
+    }
+    raw.update(extra)
+    return raw
+
+
+def test_every_stored_registration_loads_and_names_two_disjoint_sets():
+    assert REGISTERED, "docs/attribution/registered/ holds no registration"
+    for path in REGISTERED:
+        r = reg.read_registration(path)
+        assert len(r.sets) >= 2 and len(r.commands()) == len(r.sets)
+        assert all(f"--first-seed {s.first_seed}" in c for s, c in zip(r.sets, r.commands(), strict=True))
+
+
+def test_stage0_family_level_is_one_experiment_not_the_whole_ledger():
+    r = reg.read_registration(ROOT / "docs" / "attribution" / "registered" / "smollm2-stage0.toml")
+    assert len(r.rows) == 8
+    assert r.per_row_level == pytest.approx(1 - 0.05 / 8)
+
+
+@pytest.mark.parametrize(
+    "change, word",
+    [
+        (dict(sets=[{"name": "a", "first_seed": 0, "seeds": 4}]), "at least 2"),
+        (dict(sets=[{"name": "a", "first_seed": 0, "seeds": 4}, {"name": "b", "first_seed": 3, "seeds": 4}]), "disjoint"),
+        (dict(rows=[]), "no rows"),
+        (dict(rows=[ROW, ROW]), "twice"),
+        (dict(rows=[{**ROW, "paper": "up"}]), "paper='up'"),
+        (dict(rows=[{**ROW, "margin": -1}]), "margin=-1"),
+        (dict(rows=[{**ROW, "margin_kind": "pct"}]), "margin_kind='pct'"),
+        (dict(rows=[{**ROW, "control": ""}]), "control is empty"),
+        (dict(family_alpha=1.5), "family_alpha=1.5"),
+        (dict(command="dfpo compare"), "{first_seed}"),
+    ],
+)
+def test_a_bad_registration_is_one_sentence_naming_the_value(change, word):
+    with pytest.raises(ValueError, match=None) as err:
+        reg.load_registration(document(**change))
+    assert word in str(err.value) and "\n" not in str(err.value)
+
+
+def test_verdict_words_follow_the_registered_margin():
+    row = reg.load_registration(document()).rows[0]
+    control = np.array([0.5, 0.6, 0.55, 0.52, 0.58, 0.61])
+    assert reg.registered_verdict(control + 0.2 + 0.001 * np.arange(6), control, row, 0.99).word == "higher"
+    assert reg.registered_verdict(control - 0.2 + 0.001 * np.arange(6), control, row, 0.99).word == "lower"
+    assert reg.registered_verdict(control + 0.001 * np.array([1, -1, 1, -1, 1, -1]), control, row, 0.99).word == "negligible"
+    noisy = control + np.array([0.3, -0.3, 0.25, -0.2, 0.1, -0.1])
+    assert reg.registered_verdict(noisy, control, row, 0.99).word == "inconclusive"
+
+
+def test_a_relative_margin_scales_with_the_control_mean():
+    row = reg.RegisteredRow("m", "c", "tax_kl", "lower", "higher", 0.10, "relative")
+    assert reg.margin_bound(row, 2.0) == pytest.approx(0.2)
+    assert reg.margin_bound(row, -2.0) == pytest.approx(0.2)
+
+
+def test_a_missing_value_is_refused_not_averaged():
+    row = reg.load_registration(document()).rows[0]
+    with pytest.raises(ValueError, match="not finite"):
+        reg.registered_verdict([0.1, float("nan")], [0.1, 0.2], row, 0.95)
+
+
+@pytest.mark.parametrize(
+    "words, combined",
+    [
+        (("higher", "higher"), "higher"),
+        (("higher", "inconclusive"), "inconclusive"),
+        (("negligible", "negligible"), "negligible"),
+        (("higher", "lower"), "did not replicate"),
+        (("higher", "negligible"), "did not replicate"),
+        (("inconclusive", "inconclusive"), "inconclusive"),
+    ],
+)
+def test_an_effect_counts_only_where_every_set_agrees(words, combined):
+    assert reg.combined_word(words) == combined
+
+
+def test_against_prediction_never_reads_inconclusive_as_a_result():
+    assert reg.against_prediction("higher", "higher") == "as predicted"
+    assert reg.against_prediction("higher", "lower") == "against the prediction"
+    assert reg.against_prediction("inconclusive", "lower") == ""
+    assert reg.against_prediction("higher", "none") == ""
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(3, 30), st.floats(0.01, 2.0))
+def test_detectable_effect_shrinks_as_seeds_grow(n, sd):
+    """At the same spread, more seeds never make the smallest detectable effect larger."""
+
+    def at(size: int) -> float:
+        z = np.resize([1.0, -1.0], size)  # sd scaled below to exactly ``sd``
+        z = (z - z.mean()) / z.std(ddof=1) * sd
+        return reg.detectable_effect(z, 0.99)
+
+    assert at(4 * n) < at(n)
+    assert at(n) > 0
+
+
+def test_detectable_effect_is_detected_about_at_its_power():
+    rng = np.random.default_rng(0)
+    n, level = 8, 0.99
+    unit = np.resize([1.0, -1.0], n)
+    effect = reg.detectable_effect(unit / unit.std(ddof=1), level)  # n = 8 seeds of spread 1
+    hits = 0
+    for _ in range(2000):
+        d = rng.standard_normal(n) + effect
+        hits += stats.paired_interval(d, level=level).low > 0
+    assert 0.7 < hits / 2000 < 0.9  # 80% power (the t approximation of the noncentral t)
+
+
+def _commit(repo: Path, text: str, when: datetime) -> str:
+    (repo / "r.toml").write_text(text)
+    env = {"GIT_COMMITTER_DATE": when.isoformat(), "GIT_AUTHOR_DATE": when.isoformat(), "HOME": str(repo), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "-C", str(repo), "add", "r.toml"], check=True, env=env)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "r"], check=True, env=env)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_row_added_after_the_data_began_is_exploratory(tmp_path):
+    import tomli_w
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    first = _commit(tmp_path, tomli_w.dumps(document()), t0)
+    later = [ROW, {**ROW, "metric": "tax_kl"}]
+    _commit(tmp_path, tomli_w.dumps(document(rows=later)), t0 + timedelta(hours=3))
+    status = reg.row_status(Path("r.toml"), tmp_path, data_started=t0 + timedelta(hours=1))
+    rows = reg.load_registration(document(rows=later)).rows
+    assert status.registering_commit == first
+    assert [status.is_registered(r) for r in rows] == [True, False]
+    assert not any(reg.row_status(Path("r.toml"), tmp_path, t0 - timedelta(hours=1)).is_registered(r) for r in rows)
+
+
+def test_an_uncommitted_registration_is_refused(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    with pytest.raises(ValueError, match="not committed"):
+        reg.row_status(Path("r.toml"), tmp_path, datetime(2026, 12, 1, tzinfo=UTC))
