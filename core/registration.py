@@ -62,6 +62,8 @@ class RegisteredRow:
     margin: float
     margin_kind: str
     """'absolute': +-margin in the outcome's units; 'relative': +-margin times the control's mean."""
+    primary: bool = False
+    """The row the experiment exists for (its detectable effect is the one the opening sentence states)."""
 
     def key(self) -> tuple[str, str, str]:
         return (self.method, self.control, self.metric)
@@ -103,6 +105,7 @@ def _row(item: Mapping, where: str) -> RegisteredRow:
         hypothesis=_field(item, "hypothesis", str, where),
         margin=float(_field(item, "margin", (int, float), where)),
         margin_kind=_field(item, "margin_kind", str, where),
+        primary=bool(item.get("primary", False)),
     )
     for name in ("paper", "hypothesis"):
         if getattr(row, name) not in DIRECTIONS:
@@ -283,3 +286,98 @@ def against_prediction(word: str, predicted: str) -> str:
     if predicted == "none" or word in ("inconclusive", "did not replicate"):
         return ""
     return "as predicted" if word == predicted else "against the prediction"
+
+
+# --- the generated answer ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowResult:
+    row: RegisteredRow
+    per_set: tuple[SetVerdict, ...]
+    registered: bool
+
+    @property
+    def word(self) -> str:
+        return combined_word([v.word for v in self.per_set])
+
+
+def set_values(doc: Mapping, label: str, metric: str, seeds: Sequence[int]) -> np.ndarray:
+    """(seeds,) values of ``metric`` for ``label`` in a ``dfpo compare`` document (compare.json), NaN where missing."""
+    records = doc.get("records", {}).get(label, {})
+    return np.array([records.get(str(s), {}).get(metric, math.nan) for s in seeds], float)
+
+
+def evaluate(registration: Registration, docs: Mapping[str, Mapping], status: RowStatus | None) -> list[RowResult]:
+    """Every registered row's verdict on every seed set (``docs``: set name -> compare.json document)."""
+    level = registration.per_row_level
+    out = []
+    for row in registration.rows:
+        verdicts = []
+        for s in registration.sets:
+            if s.name not in docs:
+                raise ValueError(
+                    f"{registration.experiment}: seed set {s.name!r} has no stored table; run {registration.commands()[registration.sets.index(s)]!r}"
+                )
+            seeds = s.seed_list()
+            verdicts.append(
+                registered_verdict(
+                    set_values(docs[s.name], row.method, row.metric, seeds),
+                    set_values(docs[s.name], row.control, row.metric, seeds),
+                    row,
+                    level,
+                )
+            )
+        out.append(RowResult(row, tuple(verdicts), registered=status.is_registered(row) if status else False))
+    return out
+
+
+def _num(value: float) -> str:
+    return stats.format_number(value, "{:+.3g}")
+
+
+def row_sentence(result: RowResult, metric_name: str) -> str:
+    """One sentence about one row, every number from its table."""
+    row, word = result.row, result.word
+    head = f"`{row.method}` against `{row.control}`, {metric_name}"
+    if not result.registered:
+        head += " (exploratory: added after the data)"
+    intervals = "; ".join(f"{_num(v.interval.mean)} [{_num(v.interval.low)}, {_num(v.interval.high)}]" for v in result.per_set)
+    if word in ("higher", "lower"):
+        said = [f"{who}'s" for who, d in (("the paper", row.paper), ("the hypothesis", row.hypothesis)) if d != "none" and d == word]
+        against = [f"{who}'s" for who, d in (("the paper", row.paper), ("the hypothesis", row.hypothesis)) if d not in ("none", word)]
+        note = (f", as {' and '.join(said)} prediction" + ("s" if len(said) > 1 else "") if said else "") + (
+            f", against {' and '.join(against)} prediction" + ("s" if len(against) > 1 else "") if against else ""
+        )
+        return f"{head}: {word} on every set ({intervals}){note}."
+    if word == "negligible":
+        bound = max(v.bound for v in result.per_set)
+        return f"{head}: no change larger than {bound:.3g} on any set ({intervals})."
+    if word == "did not replicate":
+        return f"{head}: did not replicate ({', '.join(v.word for v in result.per_set)}; {intervals})."
+    detectable = max(v.detectable for v in result.per_set)
+    return f"{head}: not shown either way ({intervals}); these seeds could detect only an effect of about {detectable:.3g} or more."
+
+
+def stage_sentence(
+    registration: Registration, results: Sequence[RowResult], status: RowStatus | None, metric_names: Mapping[str, str]
+) -> str:
+    """The one sentence README opens with for this experiment: what it found, or that it found nothing, and what size
+    of effect its seeds could have seen."""
+    seeds = " and ".join(f"{s.seeds}" for s in registration.sets)
+    where = f"registered in {status.registering_commit[:7]} before its data" if status else "not registered before its data"
+    effects = [r for r in results if r.word in ("higher", "lower") and r.registered]
+    if effects:
+        found = "; ".join(
+            f"`{r.row.method}` against `{r.row.control}` {r.word} on {metric_names.get(r.row.metric, r.row.metric)} "
+            f"({', '.join(_num(v.interval.mean) for v in r.per_set)})"
+            for r in effects
+        )
+        rest = len(results) - len(effects)
+        return f"{registration.title} ({where}; {seeds} seeds): {len(effects)} of {len(results)} registered rows show the same effect on every set: {found}; the other {rest} do not."
+    named = next((r for r in results if r.row.primary), results[0])
+    return (
+        f"{registration.title} ({where}; {seeds} seeds): none of its {len(results)} rows shows an effect on every set; "
+        f"this is not 'no change': on {metric_names.get(named.row.metric, named.row.metric)} (`{named.row.method}` against "
+        f"`{named.row.control}`) the seeds could detect only a change of about {max(v.detectable for v in named.per_set):.3g} or more."
+    )

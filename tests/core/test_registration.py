@@ -165,3 +165,54 @@ def test_an_uncommitted_registration_is_refused(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     with pytest.raises(ValueError, match="not committed"):
         reg.row_status(Path("r.toml"), tmp_path, datetime(2026, 12, 1, tzinfo=UTC))
+
+
+def _docs(shift: float, noise: float = 0.0):
+    rng = np.random.default_rng(1)
+    out = {}
+    for name, first in (("x-a", 0), ("x-b", 10)):
+        c = 0.5 + 0.05 * rng.standard_normal(4)
+        m = c + shift + noise * rng.standard_normal(4)
+        out[name] = {
+            "records": {"c": {str(first + i): {"eval": c[i]} for i in range(4)}, "m": {str(first + i): {"eval": m[i]} for i in range(4)}}
+        }
+    return out
+
+
+def _status(registered: bool):
+    keys = frozenset({("m", "c", "eval")}) if registered else frozenset()
+    t = datetime(2026, 12, 1, tzinfo=UTC)
+    return reg.RowStatus("abcdef1234", t, t + timedelta(hours=1), keys)
+
+
+def test_the_opening_sentence_names_a_replicated_effect_with_its_numbers():
+    r = reg.load_registration(document())
+    results = reg.evaluate(r, _docs(0.3, 0.001), _status(True))
+    text = reg.stage_sentence(r, results, _status(True), {"eval": "final eval"})
+    assert results[0].word == "higher"
+    assert "registered in abcdef1" in text and "1 of 1 registered rows" in text and "final eval" in text
+    assert "as the paper's and the hypothesis's predictions" in reg.row_sentence(results[0], "final eval")
+
+
+def test_nothing_found_is_said_with_the_effect_the_seeds_could_see():
+    r = reg.load_registration(document())
+    results = reg.evaluate(r, _docs(0.0, 0.3), _status(True))
+    text = reg.stage_sentence(r, results, _status(True), {"eval": "final eval"})
+    assert results[0].word == "inconclusive"
+    assert "not 'no change'" in text and "could detect only a change of about" in text
+    assert "not shown either way" in reg.row_sentence(results[0], "final eval")
+
+
+def test_a_row_added_after_its_data_is_called_exploratory_and_never_counted():
+    r = reg.load_registration(document())
+    results = reg.evaluate(r, _docs(0.3, 0.001), _status(False))
+    assert "exploratory" in reg.row_sentence(results[0], "final eval")
+    assert "none of its 1 rows" in reg.stage_sentence(r, results, _status(False), {})
+
+
+def test_a_missing_set_names_the_command_that_makes_it():
+    r = reg.load_registration(document())
+    docs = _docs(0.3)
+    del docs["x-b"]
+    with pytest.raises(ValueError, match="--first-seed 10 --out runs/x-b"):
+        reg.evaluate(r, docs, None)
