@@ -381,3 +381,19 @@ def stage_sentence(
         f"this is not 'no change': on {metric_names.get(named.row.metric, named.row.metric)} (`{named.row.method}` against "
         f"`{named.row.control}`) the seeds could detect only a change of about {max(v.detectable for v in named.per_set):.3g} or more."
     )
+
+
+def status_from_evidence(stored: Mapping) -> RowStatus:
+    """The ``RowStatus`` a stored registered experiment (docs/attribution/data/NAME.json) recorded when it was stored."""
+    return RowStatus(
+        stored["registering_commit"],
+        datetime.fromisoformat(stored["registered_at"]),
+        datetime.fromisoformat(stored["data_started"]),
+        frozenset(tuple(k) for k in stored["registered_rows"]),
+    )
+
+
+def evaluate_stored(registration: Registration, stored: Mapping) -> list[RowResult]:
+    """``evaluate`` on a stored registered experiment's tables."""
+    docs = {name: data["doc"] for name, data in stored["sets"].items()}
+    return evaluate(registration, docs, status_from_evidence(stored))

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dfpo.core.files import read_utf8, write_text_atomic
@@ -195,6 +196,49 @@ def compare_set(folder: Path, command: str) -> dict:
 
 
 READERS = {"toy-run": toy_run_set, "toy-spread": toy_spread_set, "compare": compare_set}
+REGISTERED = ROOT / "docs" / "attribution" / "registered"
+"""Experiments registered before their data (dfpo.core.registration): NAME.toml holds the seed sets, the command and
+the rows; ``--registered NAME`` stores docs/attribution/data/NAME.json from the sets' compare.json."""
+
+
+def data_started(folders: list[Path]) -> datetime:
+    """When the first cell of these comparison folders started: the oldest run mark (.dfpo-run.json, written before a
+    cell's first step) under any of them."""
+    from dfpo.trainer.run.layout import RunDir
+
+    marks = [m.stat().st_mtime for f in folders for m in f.rglob(RunDir.MARK)]
+    if not marks:
+        raise SystemExit(f"attribution_data: no cell has started under {', '.join(map(str, folders))}")
+    return datetime.fromtimestamp(min(marks), tz=UTC)
+
+
+def registered_evidence(name: str) -> dict:
+    """A registered experiment's stored tables, naming the commit that registered it and when its data began."""
+    from dfpo.core.registration import read_registration, row_status
+
+    path = REGISTERED / f"{name}.toml"
+    reg = read_registration(path)
+    folders = [RUNS / s.name for s in reg.sets]
+    missing = [f"{c}" for f, c in zip(folders, reg.commands(), strict=True) if not (f / "compare.json").is_file()]
+    if missing:
+        raise SystemExit(f"attribution_data: {name}: run first: {' ; '.join(missing)}")
+    started = data_started(folders)
+    status = row_status(path.relative_to(ROOT), ROOT, started)
+    sets = {s.name: compare_set(f, c) for s, f, c in zip(reg.sets, folders, reg.commands(), strict=True)}
+    return rounded(
+        {
+            "name": name,
+            "kind": "registered-compare",
+            "title": reg.title,
+            "machine": reg.machine,
+            "registration": str(path.relative_to(ROOT)),
+            "registering_commit": status.registering_commit,
+            "registered_at": status.registered_at.isoformat(),
+            "data_started": started.isoformat(),
+            "registered_rows": sorted(list(k) for k in status.registered),
+            "sets": sets,
+        }
+    )
 
 
 def evidence(name: str, exp: Experiment) -> dict:
@@ -238,7 +282,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the commands to run, in order, and exit")
     parser.add_argument("--only", nargs="*", default=None, help="experiments to store (default: all)")
+    parser.add_argument("--registered", default=None, help="store one registered experiment (docs/attribution/registered/NAME.toml)")
     args = parser.parse_args()
+    if args.registered:
+        stored = registered_evidence(args.registered)
+        write_json(DATA / f"{args.registered}.json", stored)
+        for which, data in stored["sets"].items():
+            if data["doc"].get("curves"):
+                from dfpo.trainer.compare_report import plot_curves
+
+                plot_curves(data["doc"], curves_figure(args.registered, which))
+        print(f"wrote docs/attribution/data/{args.registered}.json")
+        return 0
     if args.print:
         for exp in EXPERIMENTS.values():
             print(exp.discovery[1])
