@@ -296,7 +296,8 @@ def mixed_code_refusal(out: Path) -> str | None:
     """Why this code may not add cells to ``out`` (some of its runs other code trained), or None. ``dfpo compare``
     refuses with it at the first cell it would train, before anything trains; an experiment whose every cell is
     finished it still reads and reports (its cost paragraph names the code that trained each cell)."""
-    from .run.code import foreign_code, source_sha256
+    from .run.code import source_sha256
+    from .run.folder import foreign_code
 
     foreign, total = foreign_code(out)
     if not foreign:

@@ -4,8 +4,8 @@ import json
 
 from dfpo.cli import main
 from dfpo.trainer.cli import mixed_code_refusal
-from dfpo.trainer.run.code import code_record, foreign_code, recorded_sources, source_sha256
-from dfpo.trainer.run.folder import read_mark, write_mark
+from dfpo.trainer.run.code import code_record, recorded_sources, source_sha256
+from dfpo.trainer.run.folder import foreign_code, read_mark, write_mark
 
 
 def _mark(folder, code):

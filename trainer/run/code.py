@@ -3,7 +3,7 @@
 An experiment spread over days (``dfpo compare`` skips finished cells) must not mix cells trained by different code:
 a change to the sampler or the loss between two cells changes what they measure. ``dfpo train`` records
 ``code_record()`` in ``.dfpo-run.json``; ``dfpo compare`` reads the records of every run under its --out before it
-trains anything (``foreign_code``).
+trains anything (``run.folder.foreign_code``). This module reads no run folder itself: ``run.folder`` imports it.
 """
 
 from __future__ import annotations
@@ -49,20 +49,3 @@ def recorded_sources(mark: dict) -> list[str]:
     if not isinstance(codes, list):
         return []
     return [c["source_sha256"] for c in codes if isinstance(c, dict) and isinstance(c.get("source_sha256"), str)]
-
-
-def foreign_code(out: Path) -> tuple[list[Path], int]:
-    """The run folders under ``out`` (any depth) not trained by this code alone (another fingerprint, or none
-    recorded), and how many run folders there are."""
-    from .folder import read_mark  # deferred: folder imports this module for code_record
-    from .layout import RunDir
-
-    current, foreign, total = source_sha256(), [], 0
-    for mark_path in sorted(Path(out).rglob(RunDir.MARK)):
-        mark = read_mark(mark_path.parent)
-        if mark is None:
-            continue
-        total += 1
-        if recorded_sources(mark) != [current]:
-            foreign.append(mark_path.parent)
-    return foreign, total

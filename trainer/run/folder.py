@@ -44,7 +44,7 @@ from pathlib import Path
 from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
 from ..stages.tax import TAX_REFERENCE
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
-from .code import code_record
+from .code import code_record, recorded_sources, source_sha256
 from .layout import RunDir
 from .resume import RESUME_IGNORED, flat_items
 
@@ -102,6 +102,20 @@ def write_mark(run_dir: Path, *, checkpointed: bool, identity: dict | None = Non
     codes = [c for c in earlier if isinstance(c, dict)] if isinstance(earlier, list) else []
     mark["code"] = codes if record in codes else [*codes, record]  # every code that trained part of the run
     write_run_file(RunDir(run_dir).mark, json.dumps(mark, sort_keys=True) + "\n")
+
+
+def foreign_code(out: Path) -> tuple[list[Path], int]:
+    """The run folders under ``out`` (any depth) not trained by this code alone (another fingerprint, or none
+    recorded), and how many run folders there are."""
+    current, foreign, total = source_sha256(), [], 0
+    for mark_path in sorted(Path(out).rglob(RunDir.MARK)):
+        mark = read_mark(mark_path.parent)
+        if mark is None:
+            continue
+        total += 1
+        if recorded_sources(mark) != [current]:
+            foreign.append(mark_path.parent)
+    return foreign, total
 
 
 def _resume_may_change(key: str) -> bool:
