@@ -34,7 +34,9 @@ tables are rendered from (``dfpo.trainer.compare_report``).
 
 Runs go to OUT/<label>/seed<k>/ and are skipped when their summary.json exists, so a long
 comparison can be interrupted and started again with the same command (by the same code: the CLI refuses an OUT that
-other code trained, ``dfpo.trainer.run.code``): a run with a
+other code trained, ``dfpo.trainer.run.code``). While a run trains, a line every ``PROGRESS_EVERY_S`` seconds says its
+label, seed, the last step its metrics.jsonl logged out of train.steps and the seconds since it started; a line as
+each run ends says whether it was trained, resumed or skipped. A run with a
 checkpoint.pt is continued with ``dfpo train --resume`` and any other is started with
 ``dfpo train`` (which restarts a run folder of its own that died before its first checkpoint).
 Nothing is deleted here. A run with ``train.save_every = 0`` (the experiments that keep no checkpoint) that
@@ -49,7 +51,11 @@ Such a run's steps are lost, not resumed (``dfpo train --resume`` on it is refus
 Before anything runs, every OUT/<label>/seed<k>/ that holds a run (a checkpoint or a summary) must hold the run of
 that label and seed under this comparison's config: its identity (``run.folder.run_identity``, kept in the mark
 dfpo train writes) is checked, and a folder holding another run, or one whose identity is unknown, is refused
-naming both, so no run is resumed or reported under a label it does not have. A run that fails, and a run whose
+naming both, so no run is resumed or reported under a label it does not have. Every setting of its config.toml must
+equal the one this command would train it with (``check_settings``; only run_dir, where the folder is, may differ):
+the identity leaves out what a resume may change, so a cell trained with train.steps=5 would otherwise be reported,
+or resumed, under a command asking 6. Such a cell is refused in one sentence naming the setting and both values,
+before anything trains; a cell other code finished is read under the same rule. A run that fails, and a run whose
 files cannot be read (a torn metrics line: FILE:LINE), stop the comparison with one line.
 """
 
@@ -60,6 +66,9 @@ import json
 import math
 import subprocess
 import sys
+import threading
+import time
+import tomllib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -73,11 +82,12 @@ from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
 from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
-from .config import Config, config_to_dict, load_config
+from .config import Config, config_text, config_to_dict, load_config
 from .run.code import recorded_sources
 from .run.folder import folder_identity, read_mark, run_identity
 from .run.layout import RunDir
 from .run.machine import recorded_machine
+from .run.resume import flat_items
 
 __all__ = ["CENSORED", "MIN_SEEDS", "OUTCOMES", "Plan", "compare", "make_plan", "read_run", "render_compare", "run_dir"]
 
@@ -149,29 +159,94 @@ def train_command(plan: Plan, label: str, seed: int) -> list[str]:
     return cmd
 
 
+NOTHING_RUN = "nothing was run or reported. Move that folder away, or choose another --out"
+"""The end of every sentence that refuses a cell folder before anything runs."""
+PER_CELL_SETTINGS = ("run_dir",)
+"""Config keys a cell may hold with another value than the command asks and still be reused: where the folder is
+(an OUT that was moved). Its seed and objective are the cell's own and must equal the command's for that cell."""
+
+
 def check_identity(plan: Plan, label: str, seed: int) -> None:
     """ValueError unless OUT/LABEL/seedN, when it holds a run (a checkpoint or a summary), holds the run of ``label``
-    and ``seed`` under the plan's config (``run_identity``); naming what it holds instead."""
+    and ``seed`` under the plan's config: its identity (``run_identity``) and every setting of its config.toml
+    (``check_settings``); naming what it holds instead."""
     path = run_dir(plan, label, seed)
     if not (RunDir(path).checkpoint.is_file() or RunDir(path).summary.is_file()):
         return
-    expected, found = run_identity(config_to_dict(run_config(plan, label, seed))), folder_identity(path)
-    if found == expected:
-        return
-    what_now = "nothing was run or reported. Move that folder away, or choose another --out"
+    config = run_config(plan, label, seed)
+    expected, found = run_identity(config_to_dict(config)), folder_identity(path)
     if found is None:
         raise ValueError(
             f"{path} holds a run whose identity is unknown (no identity in {RunDir.MARK} and no config in checkpoint.json: not a run "
-            f"of dfpo train, or of one older than run identities); {what_now}"
+            f"of dfpo train, or of one older than run identities); {NOTHING_RUN}"
         )
     if (found.get("objective"), found.get("seed")) != (expected["objective"], expected["seed"]):
         raise ValueError(
-            f"{path} holds the run {found.get('objective')} seed {found.get('seed')}, not {expected['objective']} seed {seed}; {what_now}"
+            f"{path} holds the run {found.get('objective')} seed {found.get('seed')}, not {expected['objective']} seed {seed}; {NOTHING_RUN}"
         )
+    check_settings(path, config)
+    if found != expected:
+        raise ValueError(
+            f"{path} holds a run of {expected['objective']} seed {seed} with another config (config "
+            f"{str(found.get('config_sha256'))[:12]}, not {expected['config_sha256'][:12]} of --config {plan.config}"
+            f"{' --set ' + ' '.join(plan.sets) if plan.sets else ''}); {NOTHING_RUN}"
+        )
+
+
+def stored_settings(path: Path) -> dict:
+    """The settings a cell was trained with: its config.toml (``dfpo train`` writes the resolved config there, and
+    again with any --set of a resume) as dotted keys. ValueError naming the file when it is missing or unreadable.
+    The file is parsed as TOML data; nothing in it runs."""
+    file = RunDir(path).config
+    if not file.is_file():
+        raise ValueError(f"{path} holds a run but no {RunDir.CONFIG}, so the settings it was trained with are unknown; {NOTHING_RUN}")
+    try:
+        return flat_items(tomllib.loads(config_text(file)))
+    except (OSError, ValueError) as err:  # tomllib.TOMLDecodeError and read_utf8's "not UTF-8" are ValueErrors
+        raise ValueError(
+            f"{file} cannot be read as TOML ({err}), so the settings its run was trained with are unknown; {NOTHING_RUN}"
+        ) from None
+
+
+def settings_differences(stored: dict, wanted: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, the cell's value, the command's value) of every setting in which a cell's config (``stored``, flat)
+    differs from the one this command would train it with (``wanted``, flat), ``PER_CELL_SETTINGS`` aside; a key
+    only one side has counts as a difference (its value on the other side: ``MISSING``)."""
+    keys = sorted((set(stored) | set(wanted)) - set(PER_CELL_SETTINGS))
+    found = [(k, stored.get(k, MISSING), wanted.get(k, MISSING)) for k in keys]
+    return [(k, a, b) for k, a, b in found if a != b]
+
+
+MISSING = "(not set)"
+"""How a setting one config lacks is shown."""
+
+
+def _setting(value: object) -> str:
+    return (
+        "true"
+        if value is True
+        else "false"
+        if value is False
+        else repr(value)
+        if isinstance(value, str) and value != MISSING
+        else str(value)
+    )
+
+
+def check_settings(path: Path, config: Config) -> None:
+    """ValueError, in one sentence naming the setting and both values, unless the run in ``path`` was trained with
+    every setting ``config`` has (``settings_differences``): a cell trained under other settings (train.steps,
+    eval.every, ... which a resume may change and the run's identity leaves out) is never reused or reported under
+    this command's settings."""
+    diffs = settings_differences(stored_settings(path), flat_items(config_to_dict(config)))
+    if not diffs:
+        return
+    (key, was, asks), rest = diffs[0], diffs[1:]
+    more = "".join(f", {k}={_setting(a)} where it asks {_setting(b)}" for k, a, b in rest[:3])
+    more += f" and {len(rest) - 3} more settings" if len(rest) > 3 else ""
     raise ValueError(
-        f"{path} holds a run of {expected['objective']} seed {seed} with another config (config "
-        f"{str(found.get('config_sha256'))[:12]}, not {expected['config_sha256'][:12]} of --config {plan.config}"
-        f"{' --set ' + ' '.join(plan.sets) if plan.sets else ''}); {what_now}"
+        f"{path} was trained with {key}={_setting(was)}, this command asks {_setting(asks)}{more}: nothing was run or reported; "
+        f"use another --out for these settings, or run this command with the settings that folder was trained with"
     )
 
 
@@ -192,18 +267,78 @@ def command_for(plan: Plan, label: str, seed: int) -> tuple[list[str], str]:
     return train_command(plan, label, seed), "trained"
 
 
-def run_one(plan: Plan, label: str, seed: int) -> str:
-    """Train (or resume) one run unless its summary.json exists; returns a status line."""
+PROGRESS_EVERY_S = 30.0
+"""While a cell trains, compare prints its progress (``progress_line``) every this many seconds."""
+
+
+def print_line(line: str) -> None:
+    """A progress line on stdout, flushed: a pipe or a log file sees each line as it comes."""
+    print(line, flush=True)
+
+
+def run_one(plan: Plan, label: str, seed: int, *, progress=None, every_s: float = PROGRESS_EVERY_S) -> str:
+    """Train (or resume) one run unless its summary.json exists; returns a status line. While it trains, ``progress``
+    (when given) gets a ``progress_line`` every ``every_s`` seconds."""
     path = run_dir(plan, label, seed)
     if RunDir(path).summary.is_file():
         return f"compare: {label} seed {seed}: done before, skipped"
     if plan.refuse_training:
         raise ValueError(plan.refuse_training)
     cmd, how = command_for(plan, label, seed)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RunFailed(f"{label} seed {seed} failed (exit {proc.returncode}): {last_error(proc.stderr)}")
+    steps, started = run_config(plan, label, seed).train.steps, time.monotonic()
+
+    def tell() -> None:
+        if progress is not None:
+            progress(progress_line(label, seed, how, last_logged_step(RunDir(path).metrics), steps, time.monotonic() - started))
+
+    code, stderr = run_watched(cmd, tell, every_s)
+    if code != 0:
+        raise RunFailed(f"{label} seed {seed} failed (exit {code}): {last_error(stderr)}")
     return f"compare: {label} seed {seed}: {how}"
+
+
+def run_watched(cmd: list[str], tell, every_s: float) -> tuple[int, str]:
+    """Run ``cmd`` to its end, calling ``tell()`` every ``every_s`` seconds while it runs; (exit status, stderr).
+    Its output is read as it comes (a child that writes much never blocks on a full pipe)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            _, stderr = proc.communicate(timeout=every_s)  # a timeout loses no output: the next call goes on reading
+            return proc.returncode, stderr
+        except subprocess.TimeoutExpired:
+            tell()
+        except BaseException:  # an interrupt: the cell's process goes with compare (its run folder resumes next time)
+            proc.kill()
+            proc.wait()
+            raise
+
+
+def last_logged_step(metrics: Path) -> int:
+    """The step of the last whole line of a metrics.jsonl that is being written (0 before the first step): only its
+    last 64 KiB is read, and a line still being written, or one that is not a JSON object with an integer step, is
+    skipped."""
+    try:
+        with open(metrics, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 65536))
+            tail = fh.read()
+    except OSError:
+        return 0
+    for line in reversed(tail.split(b"\n")[:-1]):  # after the last newline: a line not yet whole
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return 0
+
+
+def progress_line(label: str, seed: int, how: str, step: int, steps: int, elapsed_s: float) -> str:
+    """One line of a cell's progress: ``compare: gspo seed 3: training, step 4/12, 150 s elapsed``."""
+    doing = {"trained": "training", "resumed": "resuming"}.get(how, how)
+    started = "" if step else " (starting up: no step logged yet)"
+    return f"compare: {label} seed {seed}: {doing}, step {step}/{steps}{started}, {elapsed_s:.0f} s elapsed"
 
 
 def last_error(stderr: str) -> str:
@@ -425,15 +560,22 @@ def document(plan: Plan, records: Records) -> dict:
     }
 
 
-def run_all(plan: Plan, *, jobs: int, progress) -> Records:
-    """Train every (label, seed) run of ``plan`` (``jobs`` at a time) and read their outcomes."""
+def run_all(plan: Plan, *, jobs: int, progress, every_s: float = PROGRESS_EVERY_S) -> Records:
+    """Train every (label, seed) run of ``plan`` (``jobs`` at a time) and read their outcomes. ``progress`` gets a
+    line as each cell ends and, while one trains, its ``progress_line`` every ``every_s`` seconds."""
     tasks = [(label, seed) for seed in plan.seeds for label in plan.labels]  # seed-major: pairs finish together
     for label, seed in tasks:  # before anything runs: no run is resumed or reported under a label it does not have
         check_identity(plan, label, seed)
     plan.out.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for line in pool.map(lambda t: run_one(plan, *t), tasks):
+    lock = threading.Lock()
+
+    def say(line: str) -> None:  # one whole line at a time from every worker
+        with lock:
             progress(line)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for line in pool.map(lambda t: run_one(plan, *t, progress=say, every_s=every_s), tasks):
+            say(line)
     return {label: {s: read_run(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
 
 
@@ -472,12 +614,13 @@ def calibration_value(label: str, records: dict[int, dict[str, float]], criterio
 
 
 def step_matched_plan(
-    plan: Plan, methods: list[str], *, seeds: tuple[int, ...], criterion: str = "steps", jobs: int = 1, progress=print
+    plan: Plan, methods: list[str], *, seeds: tuple[int, ...], criterion: str = "steps", jobs: int = 1, progress=None
 ) -> Plan:
     """``plan`` with, for each method, its trust-region-matched control at the learning rate where the control's
     ``criterion`` (steps to kappa, or the update norm per step) equals the method's on the calibration seeds
     (``dfpo.core.calibration``; runs under OUT/calibration/). A control whose own learning rate already matches
     (within the tolerance) is its own step-size-matched control: no second label trains the same runs again."""
+    progress = progress or print_line
     if set(seeds) & set(plan.seeds):
         raise ValueError(f"the calibration seeds {seeds[0]}..{seeds[-1]} overlap the comparison's seeds: calibrate on a disjoint set")
     plan = with_update_norm(plan, criterion)
@@ -526,11 +669,13 @@ def calibrated_plan(plan: Plan, path: Path) -> Plan:
     return dataclasses.replace(plan, labels=labels, step_matched=step_matched, calibrations=cals)
 
 
-def compare(plan: Plan, *, jobs: int = 1, progress=print, warn=None) -> Path:
-    """Train every (label, seed) run (``jobs`` at a time), then write OUT/compare.md, compare.json, compare.png,
-    curves.png, per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
+def compare(plan: Plan, *, jobs: int = 1, progress=None, warn=None, every_s: float = PROGRESS_EVERY_S) -> Path:
+    """Train every (label, seed) run (``jobs`` at a time; ``progress``, default stdout, gets a line as each ends and
+    every ``every_s`` seconds while one trains), then write OUT/compare.md, compare.json, compare.png, curves.png,
+    per_seed.csv and records.json; each warning goes to ``warn`` (default: stderr) and into compare.md."""
     warn = warn or (lambda text: print(text, file=sys.stderr))
-    records = run_all(plan, jobs=jobs, progress=progress)
+    progress = progress or print_line
+    records = run_all(plan, jobs=jobs, progress=progress, every_s=every_s)
     curves = {label: {str(s): read_curve(run_dir(plan, label, s)) for s in plan.seeds} for label in plan.labels}
     doc = {**document(plan, records), "cost": experiment_cost(plan), "curves": curves}
     plan.out.mkdir(parents=True, exist_ok=True)

@@ -277,45 +277,112 @@ def render_compare(doc: dict, *, warnings: list[str] | None = None) -> list[str]
     ]
 
 
-def plot_differences(doc: dict, path: Path) -> None:
-    """One panel per outcome: each pair's paired difference with the table's adjusted interval, and the seeds."""
+def pair_differences(records: Records, method: str, baseline: str, key: str) -> np.ndarray:
+    """The per-seed differences ``method - baseline`` of one outcome that the figure draws as points: finite ones,
+    and for a censored outcome only the pairs where neither run was censored (a bound is not a difference)."""
+    seeds = sorted(records[baseline])
+    d = _values(records, method, key, seeds) - _values(records, baseline, key, seeds)
+    if key in CENSORED:
+        d = d[~(_censored(records, method, seeds) | _censored(records, baseline, seeds))]
+    return d[np.isfinite(d)]
+
+
+def _finite_interval(ci) -> bool:
+    return ci is not None and all(math.isfinite(v) for v in ci.as_tuple())
+
+
+def drawable_outcomes(records: Records, pairs, intervals: dict) -> list[tuple[str, str]]:
+    """(key, title) of each outcome of ``OUTCOMES`` that some pair has something to draw for: a finite interval or a
+    finite per-seed difference. The others (an outcome no run logged, steps to kappa where every run is censored)
+    get no panel."""
+    return [
+        (key, title)
+        for key, title, _ in OUTCOMES
+        if any(_finite_interval(intervals[(m, b, key)]) or pair_differences(records, m, b, key).size for m, b in pairs)
+    ]
+
+
+DIFFERENCE_COLUMNS = 4
+"""Panels per row of compare.png."""
+TITLE_WIDTH = 34
+"""Characters per line of a panel title in compare.png (wrapped at words: a title never runs into its neighbour's)."""
+
+
+def _pair_name(method: str, baseline: str, width: int = 30) -> str:
+    """A pair's tick label: ``method - control`` on one line when short, else the control on a second line."""
+    name = f"{method} - {baseline}"
+    return name if len(name) <= width else f"{method}\n- {baseline}"
+
+
+def difference_figure(doc: dict):
+    """The figure of compare.png (see ``plot_differences``); the caller closes it."""
+    import textwrap
+
     import matplotlib  # deferred: only the PNG writer needs it (~0.3 s), and it must get the Agg backend first
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records: Records = {label: {int(s): r for s, r in by_seed.items()} for label, by_seed in doc["records"].items()}
     pairs = [tuple(p) for p in doc["pairs"]]
     intervals = pair_intervals(records, pairs)
-    names = [f"{m} - {b}" for m, b in pairs]
-    fig, axes = plt.subplots(
-        2, math.ceil(len(OUTCOMES) / 2), figsize=(3.3 * math.ceil(len(OUTCOMES) / 2), 1.2 * len(pairs) + 4), dpi=110, squeeze=False
-    )
-    for ax, (key, title, _) in zip(axes.flat, OUTCOMES):
-        for i, (m, b) in enumerate(pairs):
-            ci = intervals[(m, b, key)]
-            if ci is None:
-                continue
-            center, low, high = ci.as_tuple()
-            if all(math.isfinite(v) for v in (center, low, high)):  # an interval censoring leaves open is not drawn
-                ax.errorbar([center], [i], xerr=[[center - low], [high - center]], fmt="o", capsize=4)
-            seeds = sorted(records[b])
-            d = _values(records, m, key, seeds) - _values(records, b, key, seeds)
-            if key in CENSORED:  # a censored pair has a bound, not a difference: not drawn as a point
-                d = d[~(_censored(records, m, seeds) | _censored(records, b, seeds))]
-            ax.scatter(d, np.full(d.size, i) + 0.18, s=8, alpha=0.5, color="gray")
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(range(len(pairs)), names if ax in axes[:, 0] else [""] * len(pairs), fontsize=7)
-        ax.set_ylim(-0.6, len(pairs) - 0.4)
-        ax.set_title(title, fontsize=8, wrap=True)
-        ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(
-        f"paired differences over {len(doc['seeds'])} seeds (dot and bar: the table's estimate and Bonferroni-adjusted 95% interval; gray: seeds)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    panels = drawable_outcomes(records, pairs, intervals)
+    names = [_pair_name(m, b) for m, b in pairs]
+    columns = max(1, min(DIFFERENCE_COLUMNS, len(panels)))
+    rows = max(1, math.ceil(len(panels) / columns))
+    with plt.rc_context({"text.usetex": False, "text.parse_math": False}):  # labels from the command line are never markup
+        fig, axes = plt.subplots(
+            rows,
+            columns,
+            figsize=(3.4 * columns + 2.6, (0.32 * len(pairs) + 1.3) * rows + 0.8),
+            dpi=110,
+            squeeze=False,
+            layout="constrained",
+        )
+        for ax in list(axes.flat)[len(panels) :]:
+            fig.delaxes(ax)  # no blank panel after the last outcome
+        for index, (ax, (key, title)) in enumerate(zip(axes.flat, panels)):
+            for i, (m, b) in enumerate(pairs):
+                ci = intervals[(m, b, key)]
+                if _finite_interval(ci):  # an interval censoring leaves open is not drawn
+                    center, low, high = ci.as_tuple()
+                    ax.errorbar([center], [i], xerr=[[center - low], [high - center]], fmt="o", ms=4, capsize=3)
+                d = pair_differences(records, m, b, key)
+                ax.scatter(d, np.full(d.size, i) + 0.2, s=7, alpha=0.5, color="gray")
+            ax.axvline(0, color="black", lw=0.8)
+            ax.set_yticks(range(len(pairs)), names if index % columns == 0 else [""] * len(pairs), fontsize=7)
+            ax.set_ylim(-0.6, len(pairs) - 0.4)
+            ax.invert_yaxis()  # the table's first pair on top
+            ax.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels such as 0.0025 apart, never touching
+            ax.grid(alpha=0.3, axis="x")
+        left_out = [title for key, title, _ in OUTCOMES if key not in dict(panels)]
+        if left_out:
+            note = "not drawn (no finite difference in any pair): " + "; ".join(left_out)
+            fig.supxlabel(textwrap.fill(note, 40 * columns), fontsize=7)
+        fig.suptitle(
+            textwrap.fill(
+                f"paired differences over {len(doc['seeds'])} seeds (dot and bar: the table's estimate and Bonferroni-adjusted "
+                "95% interval; gray: each seed's difference)",
+                40 * columns,
+            ),
+            fontsize=9,
+        )
+    return fig
+
+
+def plot_differences(doc: dict, path: Path) -> None:
+    """compare.png: one panel per outcome that has something to draw (``drawable_outcomes``; the others are named
+    under the figure), each pair's paired difference with the table's adjusted interval, and the seeds' differences."""
+    import matplotlib.pyplot as plt
+
+    fig = difference_figure(doc)
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
 
 
 def mean_curve(curves: dict[str, dict], kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

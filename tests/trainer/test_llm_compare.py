@@ -18,7 +18,7 @@ from dfpo.cli import main
 from dfpo.trainer import compare as C
 from dfpo.trainer.compare import make_plan, read_run, run_dir, train_command
 from dfpo.trainer.compare_report import pair_intervals, paired_table
-from dfpo.trainer.config import config_to_dict
+from dfpo.trainer.config import config_to_dict, config_to_toml
 from dfpo.trainer.run.folder import run_identity, write_mark
 from dfpo.trainer.run.layout import RunDir
 
@@ -191,8 +191,11 @@ def _fake_plan(tmp_path, seeds=3, labels="gspo,dfpo_min"):
 
 
 def _mark_as(plan, path, label, seed):
-    """The mark dfpo train leaves in a run folder: the identity of the run of ``label`` and ``seed`` under ``plan``."""
-    write_mark(path, checkpointed=True, identity=run_identity(config_to_dict(C.run_config(plan, label, seed))))
+    """The mark and config.toml dfpo train leaves in a run folder: the identity and the settings of the run of
+    ``label`` and ``seed`` under ``plan``."""
+    config = C.run_config(plan, label, seed)
+    write_mark(path, checkpointed=True, identity=run_identity(config_to_dict(config)))
+    (path / RunDir.CONFIG).write_text(config_to_toml(config))
 
 
 def _fake_runs(plan, reached=lambda label, seed: True):
@@ -343,7 +346,7 @@ def test_the_attribution_page_names_a_declared_machine_only_beside_cells_that_di
 def test_run_one_resumes_a_run_with_a_checkpoint_and_never_deletes_a_folder(tmp_path, monkeypatch):
     plan = _fake_plan(tmp_path, seeds=2)
     calls = []
-    monkeypatch.setattr(C.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or C.subprocess.CompletedProcess(cmd, 0, "", ""))
+    monkeypatch.setattr(C, "run_watched", lambda cmd, tell, every_s: calls.append(cmd) or (0, ""))
     with_checkpoint, without = run_dir(plan, "gspo", 10), run_dir(plan, "dfpo_min", 10)
     for path in (with_checkpoint, without):
         path.mkdir(parents=True)
@@ -378,7 +381,11 @@ def test_a_run_of_another_config_is_refused_naming_the_config(tmp_path):
     _fake_runs(plan)
     other = make_plan("gspo,dfpo_min", None, 2, 10, "configs/tiny-cpu.toml", ["optim.lr=0.5"], str(tmp_path / "elsewhere"))
     _mark_as(other, run_dir(plan, "gspo", 10), "gspo", 10)
-    with pytest.raises(
+    with pytest.raises(ValueError, match=r"gspo/seed10 was trained with optim.lr=0.5, this command asks 0.0003: nothing was run"):
+        C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+    _mark_as(plan, run_dir(plan, "gspo", 10), "gspo", 10)
+    write_mark(run_dir(plan, "gspo", 10), checkpointed=True, identity=run_identity(config_to_dict(C.run_config(other, "gspo", 10))))
+    with pytest.raises(  # config.toml as this command asks, the mark of another config: the identity still refuses it
         ValueError, match=r"gspo/seed10 holds a run of gspo seed 10 with another config \(config [0-9a-f]{12}, not [0-9a-f]{12}"
     ):
         C.compare(plan, progress=lambda _: None, warn=lambda _: None)
@@ -436,7 +443,7 @@ def test_a_planted_pickle_is_never_run_when_compare_resumes_a_run(tmp_path, caps
     plan = make_plan("gspo,dfpo_min", None, 2, 10, str(config), sets, str(tmp_path / "cmp"))
     _fake_runs(plan)
     run = run_dir(plan, "gspo", 10)
-    for name in (RunDir.SUMMARY, RunDir.METRICS, RunDir.MARK):
+    for name in (RunDir.SUMMARY, RunDir.METRICS, RunDir.MARK, RunDir.CONFIG):
         (run / name).unlink()
     assert main(train_command(plan, "gspo", 10)[3:]) == 0
     (run / RunDir.SUMMARY).unlink()  # interrupted before its end: compare resumes it
@@ -473,7 +480,7 @@ def test_match_step_calibrates_the_control_on_disjoint_seeds_and_the_table_shows
     plan = make_plan(f"gspo_noclip,{method}", None, 8, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "cmp"))
     assert C.default_match_methods(plan) == [method]
 
-    def fake_run_all(plan, *, jobs, progress):
+    def fake_run_all(plan, *, jobs, progress, **_):
         def record(label, seed):
             lr = C.parse_run_label(label).lr or 3e-4
             steps = 66.0 if label == method else 0.018 / lr
@@ -510,7 +517,7 @@ def test_match_step_calibrates_the_control_on_disjoint_seeds_and_the_table_shows
 def _fake_calibration_runs(monkeypatch, record):
     """Training replaced by ``record(label, lr)``: every seed of a label gets the same outcomes."""
 
-    def fake_run_all(plan, *, jobs, progress):
+    def fake_run_all(plan, *, jobs, progress, **_):
         return {label: {s: record(label, C.parse_run_label(label).lr or 3e-4) for s in plan.seeds} for label in plan.labels}
 
     monkeypatch.setattr(C, "run_all", fake_run_all)

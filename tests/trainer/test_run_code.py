@@ -68,7 +68,7 @@ def test_an_experiment_other_code_finished_is_reported_and_names_that_code(tmp_p
     from test_llm_compare import _write_run
 
     from dfpo.trainer.compare import make_plan, run_config, run_dir
-    from dfpo.trainer.config import config_to_dict
+    from dfpo.trainer.config import config_to_dict, config_to_toml
     from dfpo.trainer.run.folder import run_identity
 
     plan = make_plan("gspo,dfpo_min", None, 2, 10, "configs/tiny-cpu.toml", [], str(tmp_path / "out"))
@@ -79,6 +79,7 @@ def test_an_experiment_other_code_finished_is_reported_and_names_that_code(tmp_p
             mark["code"] = [{"dfpo": "0.1.0", "source_sha256": "c" * 64}]
             mark["identity"] = run_identity(config_to_dict(run_config(plan, label, seed)))
             (run_dir(plan, label, seed) / ".dfpo-run.json").write_text(json.dumps(mark))
+            (run_dir(plan, label, seed) / "config.toml").write_text(config_to_toml(run_config(plan, label, seed)))  # the settings it ran
     argv = ["compare", "--objectives", "gspo,dfpo_min", "--seeds", "2", "--first-seed", "10", "--config", "configs/tiny-cpu.toml"]
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
