@@ -3,7 +3,7 @@
 Each part registers its own subcommand from a light module (heavy imports stay inside the
 handler), so `dfpo --help` and `dfpo objectives` start fast:
 
-    dfpo objectives            table of every objective preset (dfpo.core.loss); --long, NAME: the detail
+    dfpo objectives            table of every objective preset (dfpo.core.loss); --long, NAME or LABEL: the detail
     dfpo demo                  shared-prefix cancellation on a hand-made group
     dfpo theory ...            claims ledger (dfpo.theory.cli)
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
@@ -43,7 +43,8 @@ def _cmd_objectives(args: argparse.Namespace) -> int:
     if args.trace:
         if not args.name or args.atlas or args.long or args.markdown:
             raise SystemExit(
-                "dfpo objectives: --trace follows one objective alone; name it and nothing else, e.g. dfpo objectives dfpo_min --trace"
+                "dfpo objectives: --trace follows one objective alone; name it (or its label) and nothing else, e.g. "
+                "dfpo objectives dfpo_min:stopgrad=score --trace"
             )
         print(objective_trace(args.name))
         return 0
@@ -93,10 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
         "objectives",
         help="table of every objective preset and what each is (NAME or --long: its components' values and sources)",
         description="Every objective preset: a table of the components that tell them apart and one line on each. "
-        "NAME: one preset's every component, its value, whether the loss reads it and its source. --long: every "
-        "preset's sources, every component's declaration and the advantage estimators.",
+        "NAME: one preset's every component, its value, whether the loss reads it and its source; a LABEL "
+        "(dfpo_min:stopgrad=score, a preset with some components changed) takes a name's place here and with --trace. "
+        "--long: every preset's sources, every component's declaration and the advantage estimators.",
     )
-    p.add_argument("name", nargs="?", default=None, help="show one objective only: every component, its value and source")
+    p.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        metavar="NAME",
+        help="show one objective only (a preset's name or a label such as dfpo_min:stopgrad=score): every component, its value and source",
+    )
     p.add_argument(
         "--long",
         action="store_true",
@@ -106,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trace",
         action="store_true",
-        help="with NAME: every stage of its loss in order (function file:line, paper equation, values on a small batch)",
+        help="with NAME or LABEL: every stage of its loss in order (function file:line, paper equation, values on a small batch)",
     )
     p.add_argument(
         "--atlas", action="store_true", help="the cancellation verdict matrix of every objective, computed now from the loss core"
@@ -114,7 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--own-aggregation", action="store_true", help="with --atlas: one row per objective, its preset's own aggregation")
     p.set_defaults(func=_cmd_objectives)
 
-    p = sub.add_parser("demo", help="numeric demo of shared-token cancellation (GRPO, GSPO, DFPO, GRPO-fix)")
+    p = sub.add_parser(
+        "demo",
+        help="numeric demo of shared-token cancellation (GRPO, GSPO, DFPO, GRPO-fix)",
+        description="The gradient each objective leaves on a token shared by all 4 completions of one hand-made group "
+        "(rewards 1, 0, 1, 0), at equal and unequal lengths, with the shared token inside and outside the clip range: "
+        "0 where the group's pushes cancel (paper eq 2). Every registered objective, then the study's variants of DFPO.",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the hand-made group's ratios")
     p.set_defaults(func=_cmd_demo)
 

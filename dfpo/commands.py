@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from dfpo.core import settings
-from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS
+from dfpo.core.loss import COMPONENT_FIELDS, OBJECTIVES, SPEC_FIELDS, parse_objective_label, resolve_objective
 from dfpo.core.loss.advantages import estimator_rows
 from dfpo.core.loss.cancellation import atlas, atlas_rows, correction_atlas, make_shared_prefix_group, shared_token_gradient
 from dfpo.core.loss.registry import BUILTIN
@@ -83,14 +83,10 @@ def objectives_summary(markdown: bool = False) -> str:
 
 
 def objectives_table(markdown: bool = False, objective: str | None = None) -> str:
-    """Every preset with its components, defaults and sources, then every component's declaration."""
-    if objective is not None and objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
-    if objective is not None:  # one preset: every component, its value, whether the loss reads it, its source
-        spec = OBJECTIVES[objective]
-        rows = [[c, _cell(spec, c), "yes" if spec.is_active(c) else "no", spec.source(c)] for c in COMPONENT_FIELDS]
-        origin = "" if OBJECTIVES.origin(objective) == BUILTIN else f" (registered by {OBJECTIVES.origin(objective)})"
-        return f"{objective}: {spec.description}{origin}\n\n" + _table(["component", "value", "read", "source"], rows, markdown)
+    """Every preset with its components, defaults and sources, then every component's declaration; with ``objective``
+    (a name or a label), that objective alone (``objective_detail``)."""
+    if objective is not None:
+        return objective_detail(objective, markdown)
     names = list(OBJECTIVES)
     rows = [[name, *(_cell(OBJECTIVES[name], c) for c in _COLUMNS)] for name in names]
     out = [_table(["objective", *_COLUMNS], rows, markdown), ""]
@@ -116,14 +112,38 @@ def objectives_table(markdown: bool = False, objective: str | None = None) -> st
     return "\n".join(out)
 
 
+def label_line(label: str) -> str:
+    """``label dfpo_min:stopgrad=score: the dfpo_min preset with stopgrad='score'`` for a label with overrides, "" for a
+    bare name (whose own line already says what it is)."""
+    name, overrides = parse_objective_label(label)
+    if not overrides:
+        return ""
+    return f"label {label.strip()}: the {name} preset with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}"
+
+
+def objective_detail(objective: str, markdown: bool = False) -> str:
+    """``dfpo objectives NAME`` (or LABEL): every component of one objective, its value, whether the loss reads it and
+    its source; a component the label sets has the label as its source."""
+    name, overrides = parse_objective_label(objective)
+    spec = resolve_objective(objective)
+    rows = [
+        [c, _cell(spec, c), "yes" if spec.is_active(c) else "no", "set by the label" if c in overrides else spec.source(c)]
+        for c in COMPONENT_FIELDS
+    ]
+    origin = "" if OBJECTIVES.origin(name) == BUILTIN else f" (registered by {OBJECTIVES.origin(name)})"
+    head = [f"{name}: {spec.description}{origin}", label_line(objective)]
+    return "\n".join(filter(None, head)) + "\n\n" + _table(["component", "value", "read", "source"], rows, markdown)
+
+
 def objective_trace(objective: str) -> str:
-    """``dfpo objectives NAME --trace``: the objective followed from its preset to its gradient on a small fixed batch,
-    one stage of ``policy_loss`` a line (function, file:line, paper equation, values), ``dfpo.core.loss.trace``."""
+    """``dfpo objectives NAME --trace`` (or LABEL): the objective followed from its preset to its gradient on a small
+    fixed batch, one stage of ``policy_loss`` a line (function, file:line, paper equation, values),
+    ``dfpo.core.loss.trace``."""
     from dfpo.core.loss.trace import trace_lines, trace_objective
 
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
-    return "\n".join(trace_lines(trace_objective(objective)))
+    lines = trace_lines(trace_objective(objective))  # resolve_objective: names a bad name, label or component
+    label = label_line(objective)
+    return "\n".join([lines[0], *([label] if label else []), *lines[1:]])
 
 
 DEMO_VARIANTS: dict[str, tuple[dict[str, object], ...]] = {

@@ -149,7 +149,7 @@ def _train(cfg: Config, args: argparse.Namespace) -> int:
                 dp.shutdown()
             if rank == 0:
                 _write_curves(cfg.folder.path, say)
-                summary = _record_process_time(cfg.folder.path, summary, say)
+                summary = _record_process_time(cfg.folder.path, {**summary, "objective": run_objective(cfg)}, say)
         except (StoppedAtOnce, Exception) as err:
             stopped = stop_beneath(err)  # the stop itself, or one Python wrapped on its way up (stop_beneath)
             if stopped is None:
@@ -320,8 +320,16 @@ def describe_sources(run_dir: Path) -> str:
     return "source " + ", ".join(s[:12] for s in sources) if sources else "no source (made before dfpo recorded it)"
 
 
+def run_objective(cfg: Config) -> str:
+    """The run's objective label as ``dfpo compare`` spells it (``dfpo_min:stopgrad=score``), for summary.json."""
+    from .run.folder import objective_label
+
+    return objective_label(cfg.objective.name, cfg.objective.overrides)
+
+
 SUMMARY_HELP = (
-    "summary.json, also printed on stdout: steps (the last step logged) and steps_missing_from_log; reward/first and "
+    "summary.json, also printed on stdout: objective (the run's objective label: its preset and the components its "
+    "config changed, dfpo_min:stopgrad=score); steps (the last step logged) and steps_missing_from_log; reward/first and "
     "reward/last (the first and the last step's mean train reward); reward/jitter2 (eq 20); reward/steps_to_kappa and "
     "reward/steps_to_kappa_ma10 (eq 19: the first step whose mean reward, or its 10-step trailing mean, reaches kappa; "
     "null if none); kappa; final_eval (avg@k and pass@k after the last step); wall_s_start_up (seconds from the "
@@ -392,6 +400,12 @@ def register(subparsers) -> None:
         "compare",
         help="objectives on the LLM trainer over paired seeds: per-seed values, paired differences with Student-t intervals "
         "(Bonferroni-adjusted over the table) and a matched-control check",
+        description="Trains every objective label (a preset, or a preset with components changed: dfpo_min:stopgrad=score; "
+        "@lr=VALUE sets its learning rate) once per seed with everything else equal, then compares each with the "
+        "baseline on the same seed: per-seed values, paired differences with Student-t intervals Bonferroni-adjusted "
+        "over the table, and a flag on every pair whose trust region or learning rate differ (a matched-control check). "
+        "Runs go to OUT/<label>/seed<k>/; a finished one is skipped, so the same command continues an interrupted "
+        "comparison. Writes OUT/compare.md, compare.json, compare.png, curves.png, per_seed.csv and records.json.",
     )
     p.add_argument(
         "--objectives",

@@ -33,10 +33,11 @@ from typing import Any, get_type_hints
 import tomli_w
 
 from ..core.files import check_input_file, read_utf8
-from ..core.loss import OBJECTIVES, resolve_objective
+from ..core.loss import resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, MULTI_REWARD
-from ..core.loss.objectives import override_type
+from ..core.loss.objectives import close_names, objective_parts, override_type
 from ..core.settings import Bounds, check_fields, check_type, parse_value, setting, type_hints
+from .packaged_model import PACKAGED
 from .rewards.compute import function_weights
 from .rewards.worker import is_file_spec, parse_user_fn
 from .run.layout import RunDir
@@ -235,7 +236,12 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    name: str = setting("dfpo_min", "A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...).")
+    name: str = setting(
+        "dfpo_min",
+        "A preset of dfpo.OBJECTIVES (grpo, dr_grpo, dapo, gspo, dfpo_min, dfpo_orth, ...) or a label, a preset with some "
+        "components changed ('dfpo_min:stopgrad=score'): read as the preset's name with the label's components in overrides, "
+        "beside any there (a component both set must agree).",
+    )
     overrides: dict = setting(factory=dict, doc="ObjectiveSpec fields to override (eps_low, eps_high, transform, stopgrad, beta, ...).")
 
 
@@ -412,8 +418,21 @@ def config_from_dict(raw: dict) -> Config:
             valid = sorted(hints)
             raise ValueError(f"unknown config key {key!r}; valid top-level keys and sections: {', '.join(valid)}")
     cfg = Config(**kwargs)
+    cfg = dataclasses.replace(cfg, objective=spelled_out(cfg.objective))
     validate(cfg)
     return cfg
+
+
+def spelled_out(objective: ObjectiveConfig) -> ObjectiveConfig:
+    """``objective.name`` as a preset's name and every override in ``objective.overrides``: a label's components
+    (``name = "dfpo_min:stopgrad=score"``) join the overrides beside it (``dfpo.core.loss.objectives.objective_parts``:
+    both apply, a component both set must agree), so a label and its spelled-out form are one config, one
+    config.toml and one run identity, as ``dfpo compare`` writes them. ValueError naming objective.name otherwise."""
+    try:
+        name, overrides = objective_parts(objective.name, objective.overrides, overrides_name="objective.overrides")
+    except ValueError as err:
+        raise ValueError(f"objective.name: {err}") from None
+    return ObjectiveConfig(name, overrides)
 
 
 def config_to_dict(cfg: Config) -> dict:
@@ -482,10 +501,10 @@ def load_config(path: str | Path | None, assignments: list[str] = ()) -> Config:
 def validate(cfg: Config) -> None:
     """Cross-field checks that need no model, data or network. Raises ValueError."""
     check_fields(cfg)
-    if cfg.objective.name not in OBJECTIVES:
-        raise ValueError(f"objective.name must be one of {', '.join(OBJECTIVES)}; got {cfg.objective.name!r}")
+    check_model_name(cfg.model.name)
+    objective = spelled_out(cfg.objective)  # a label read, or one sentence on a bad name or label
     try:
-        spec = resolve_objective(cfg.objective.name, **cfg.objective.overrides)
+        spec = resolve_objective(objective.name, **objective.overrides)
     except (TypeError, ValueError) as err:
         raise ValueError(f"objective.overrides {cfg.objective.overrides!r}: {err}") from None
     if spec.needs_rollout_logp and cfg.rollout.engine == "vllm" and (cfg.rollout.top_k or cfg.rollout.top_p < 1.0):
@@ -566,6 +585,28 @@ def check_advantage_inputs(spec, cfg: Config) -> None:
         raise ValueError(
             f"adv_scale={spec.adv_scale!r} subtracts the greedy completion's reward, so a group whose rewards are all equal still "
             "has a signal that rollout.dynamic_sampling would drop: set rollout.dynamic_sampling = false"
+        )
+
+
+MODEL_SHORT_NAMES = {"tiny": "the built-in offline preset"} | {
+    name: f"the GGUF of the {model.pip.split('==')[0]} package, offline" for name, model in PACKAGED.items()
+}
+"""The names ``model.name`` takes besides a path or a hub name, with what each is (for a typo's hint)."""
+
+
+def check_model_name(name: str) -> None:
+    """ValueError when ``model.name`` is a short form or a typo of a name dfpo knows ('smollm2' for
+    'smollm2-135m-instruct', 'tinny' for 'tiny'), naming it and the other forms; a path, a .gguf file, a hub name
+    (org/name) or an existing folder is left to the trainer's checks before the model loads."""
+    key = name.strip().lower()
+    if key in MODEL_SHORT_NAMES or key.endswith(".gguf") or "/" in key or "\\" in key or Path(name).expanduser().exists():
+        return
+    close = [k for k in MODEL_SHORT_NAMES if len(key) >= 3 and k.startswith(key)] or close_names(key, MODEL_SHORT_NAMES)
+    if close:
+        hint = " or ".join(f"{k!r} ({MODEL_SHORT_NAMES[k]})" for k in close)
+        raise ValueError(
+            f"model.name {name!r} names no model: did you mean {hint}? A path to a .gguf file, a model folder or a hub "
+            "name (org/name) also work"
         )
 
 

@@ -8,8 +8,9 @@ components changed. ``policy_loss`` reads only the spec.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from ..settings import parse_value, type_hints
@@ -18,16 +19,19 @@ from .spec import COMPONENT_FIELDS, ObjectiveSpec
 
 
 def resolve_objective(objective: str | ObjectiveSpec, **overrides: object) -> ObjectiveSpec:
-    """The preset named ``objective`` (or a spec) with ``overrides`` applied and validated."""
+    """The preset named ``objective``, an objective label (``"dfpo_min:stopgrad=score"``) or a spec, with ``overrides``
+    applied and validated. A label's components and ``overrides`` merge (``objective_parts``); a component both set
+    to different values is refused."""
     if isinstance(objective, ObjectiveSpec):
         spec = objective
-    elif objective in OBJECTIVES:
-        spec = OBJECTIVES[objective]
     else:
-        raise ValueError(f"unknown objective={objective!r}; known: {', '.join(OBJECTIVES)}")
+        name, overrides = objective_parts(objective, overrides)
+        spec = OBJECTIVES[name]
     unknown = sorted(set(overrides) - set(COMPONENT_FIELDS))
     if unknown:
-        raise ValueError(f"unknown override(s) {unknown} for objective {spec.name!r}; known: {', '.join(COMPONENT_FIELDS)}")
+        hint = did_you_mean(unknown[0], COMPONENT_FIELDS)
+        known = f": {hint}" if hint else f"; known: {', '.join(COMPONENT_FIELDS)}"
+        raise ValueError(f"unknown override(s) {unknown} for objective {spec.name!r}{known}")
     return dataclasses.replace(spec, **overrides) if overrides else spec
 
 
@@ -460,15 +464,37 @@ def parse_override(key: str, text: str) -> object:
     return parse_value(key, text, override_type(key))
 
 
+def close_names(word: str, known: Iterable[str]) -> list[str]:
+    """The known names within a typo or two of ``word`` (difflib's ratio >= 0.75: one letter wrong in four), closest first."""
+    return difflib.get_close_matches(word, list(known), n=3, cutoff=0.75)
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``did you mean 'gspo'?`` for a typo of a known name (``close_names``); "" when no name is close."""
+    close = close_names(word, known)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def unknown_objective(name: str, label: str | None = None) -> ValueError:
+    """The one sentence for an objective name that is not registered: the close names when there are some, else all."""
+    where = f" in {label.strip()!r}" if label is not None and label.strip() != name else ""
+    hint = did_you_mean(name, OBJECTIVES)
+    if hint:
+        return ValueError(f"unknown objective={name!r}{where}: {hint} (`dfpo objectives` lists all {len(OBJECTIVES)})")
+    return ValueError(f"unknown objective={name!r}{where}; known: {', '.join(OBJECTIVES)}")
+
+
 def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
     """``"dfpo_min:stopgrad=score:eps_low=0.2"`` -> ``("dfpo_min", {"stopgrad": "score", "eps_low": 0.2})``.
 
     A label names a preset and, after colons, component overrides of that one objective; values take
-    the type of the component (bool, number, string). Raises ValueError naming the bad part.
+    the type of the component (bool, number, string). Raises ValueError naming the bad part. This is the one
+    parser of labels: ``resolve_objective`` (so ``policy_loss``, ``dfpo objectives LABEL``, the trainer's
+    ``objective.name``) and ``objective_from_label`` (the toy, ``dfpo compare``, ``dfpo probe``) call it.
     """
-    name, *parts = [p.strip() for p in label.strip().split(":")]
+    name, *parts = [p.strip() for p in str(label).strip().split(":")]
     if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective={name!r} in {label!r}; known: {', '.join(OBJECTIVES)}")
+        raise unknown_objective(name, label)
     overrides: dict[str, object] = {}
     for part in parts:
         key, sep, text = part.partition("=")
@@ -476,12 +502,32 @@ def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
         if not sep or not key:
             raise ValueError(f"objective {label!r}: override {part!r} is not KEY=VALUE")
         if key not in COMPONENT_FIELDS:
-            raise ValueError(f"objective {label!r}: unknown component {key!r}; known: {', '.join(COMPONENT_FIELDS)}")
+            known = did_you_mean(key, COMPONENT_FIELDS) or f"known: {', '.join(COMPONENT_FIELDS)}"
+            raise ValueError(f"objective {label!r}: unknown component {key!r}; {known}")
         overrides[key] = parse_override(key, text)
     return name, overrides
 
 
+def objective_parts(
+    objective: str, overrides: Mapping[str, object] = MappingProxyType({}), *, overrides_name: str = "the overrides given with it"
+) -> tuple[str, dict[str, object]]:
+    """A name or label and further ``overrides`` of it -> (the preset's name, every override). The rule: both sets of
+    overrides apply, and a component that both set must take the same value (ValueError naming it and
+    ``overrides_name`` otherwise), so ``objective.name = "dfpo_min:stopgrad=score"`` with ``objective.overrides.eps_low =
+    0.2`` is the label ``dfpo_min:eps_low=0.2:stopgrad=score``."""
+    name, own = parse_objective_label(objective)
+    clash = sorted(k for k in own.keys() & overrides.keys() if own[k] != overrides[k])
+    if clash:
+        key = clash[0]
+        raise ValueError(
+            f"the label {objective.strip()!r} sets {key}={own[key]!r} and {overrides_name} set {key}={overrides[key]!r}: "
+            f"set {key} in one place"
+        )
+    return name, {**overrides, **own}
+
+
 def objective_from_label(label: str, **base_overrides: object) -> ObjectiveSpec:
-    """The validated spec of an objective label; the label's own overrides win over ``base_overrides``."""
+    """The validated spec of an objective label on top of ``base_overrides``, overrides shared by every label of a run
+    (the toy's ``--override``): the label's own overrides win over them."""
     name, overrides = parse_objective_label(label)
     return resolve_objective(name, **{**base_overrides, **overrides})
