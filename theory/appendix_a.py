@@ -20,7 +20,7 @@ import torch
 
 from ..core.loss import group_advantages, policy_loss
 from .claim import FAILS, HOLDS, Claim
-from .tabular import fmt, row_coefficient, trie_group
+from .tabular import equals, fmt, row_coefficient, trie_group
 
 TAU = (
     ("The", "answer", "is", "25", "."),
@@ -91,7 +91,7 @@ def check_eq_38() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"sympy residual {residual}; softmax table (rho=(1.1,0.9), lambda=(1.3,0.7)): coefficient on 'answer' {fmt(c1)}, on 'is' {fmt(c2)}, "
-            f"eq 38 / G = {fmt(paper)}; eq 44 version: sympy {geo} (/G = {fmt(geo_val)}), loss core gspo {fmt(c_geo)}"
+            f"eq 38 / G {equals(paper)}; eq 44 version: sympy {geo} (/G {equals(geo_val)}), loss core gspo {fmt(c_geo)}"
         ),
         notes="Under eq 44 the coefficient is (A/3)(rho1 rho2)^(1/3)(lambda2^(1/3) - lambda1^(1/3)): still non-zero iff lambda1 != lambda2 (equal lengths here).",
     )

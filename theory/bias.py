@@ -16,7 +16,7 @@ import torch
 
 from ..core.loss import policy_loss
 from .claim import FAILS, HOLDS, Claim
-from .tabular import fmt, log_ratios_for, tabular_group
+from .tabular import equals, log_ratios_for, tabular_group
 
 
 def _estimators(seq_log_ratios, lengths, adv, seed, clip: str = "none"):
@@ -75,8 +75,8 @@ def check_eq_92() -> Claim:
         method="symbolic+numeric",
         verdict=HOLDS if identity else FAILS,
         evidence=(
-            f"sympy residual {residual}; loss core dfpo_min - gspo vs eq 92 on 8 tables, no clipping: max |difference| = {fmt(worst)}; "
-            f"outside the linear segment, at GSPO's clip range (default ratio form, most sequences clipped): max |difference| = {fmt(worst_clipped)}"
+            f"sympy residual {residual}; loss core dfpo_min - gspo vs eq 92 on 8 tables, no clipping: max |difference| {equals(worst)}; "
+            f"outside the linear segment, at GSPO's clip range (default ratio form, most sequences clipped): max |difference| {equals(worst_clipped)}"
         ),
         notes=(
             "An identity of the two estimators on the linear segment the paper states; 'generally non-zero' since s_min - sbar_i < 0 "
@@ -104,7 +104,7 @@ def check_eq_93() -> Claim:
         conditions="Per-sample version (the expectation follows by Jensen); 12 random softmax tables, G=2..5, unequal lengths.",
         method="numeric",
         verdict=HOLDS if slack >= -1e-12 else FAILS,
-        evidence=f"min over 12 tables of (bound - ||g_min - g_base||) = {fmt(slack)} (>= 0 up to float rounding; equality when one term dominates, e.g. G=2)",
+        evidence=f"min over 12 tables of (bound - ||g_min - g_base||) {equals(slack)} (>= 0 up to float rounding; equality when one term dominates, e.g. G=2)",
         notes="Triangle inequality plus ||E X|| <= E||X||; it holds for every sample, so there is nothing to break.",
     )
 
@@ -130,7 +130,7 @@ def check_eq_96() -> Claim:
         conditions="2000 random groups, G=2..8, delta in (0, 2]; symbolic limit.",
         method="symbolic+numeric",
         verdict=HOLDS if ok else FAILS,
-        evidence=f"max (gap - bound) = {fmt(worst_gap)}, max (e^-2delta - phi) = {fmt(worst_phi)}; bounds attained at sbar = (e^delta, e^-delta); lim_(delta->0) (e^delta - e^-delta) = {lim}",
+        evidence=f"max (gap - bound) {equals(worst_gap)}, max (e^-2delta - phi) {equals(worst_phi)}; bounds attained at sbar = (e^delta, e^-delta); lim_(delta->0) (e^delta - e^-delta) = {lim}",
         notes="The premise (95) is not implied by GSPO's clipping: for A < 0 sbar = max(s, clip(s)) is unbounded above, and for A >= 0 sbar = min(s, clip(s)) can be arbitrarily small.",
     )
 
@@ -185,7 +185,7 @@ def check_sec_k_4() -> Claim:
         evidence=(
             f"exact: A=(-1,1), sbar=(1,2), G_1=x, G_2=x/2: baseline update {base}, Min-Replace update {mnr}; "
             f"loss core on a softmax table (seq 1 = shared token, seq 2 = shared token + a nearly deterministic token, sbar=(1,2), A=(-1,1)): "
-            f"||grad gspo|| = {fmt(n_base)} < ||grad dfpo_min|| = {fmt(n_min)}; on {tried} random tables Min-Replace took the larger step {larger} times"
+            f"||grad gspo|| {equals(n_base)} < ||grad dfpo_min|| {equals(n_min)}; on {tried} random tables Min-Replace took the larger step {larger} times"
         ),
         notes="Per trajectory the coefficient shrinks (phi_i <= 1, Thm. K.1), but the summed update need not: shrinking unequally removes the cancellation between trajectories that the baseline had, so the total step can grow.",
     )

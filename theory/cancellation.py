@@ -18,7 +18,7 @@ import sympy as sp
 import torch
 
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from .tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
+from .tabular import ZERO_TOL, equals, fmt, log_ratios_for, shared_gradient, tabular_group
 
 A3 = (-2.0 / 3, 1.0 / 3, 1.0 / 3)  # eq 30 (G = 3, both signs)
 A4 = (-0.75, -0.25, 0.25, 0.75)  # G = 4
@@ -103,7 +103,7 @@ def check_eq_10() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact gradient coefficients sum_i A_i phi_i'(r) r, eps=1/5, A=(-2/3,1/3,1/3): r=3/2 -> {high}, r=1/2 -> {low}, r=11/10 -> {inside}; "
-            f"loss core grpo: c(r=1.5)={fmt(got['r=1.5'])}, c(r=0.5)={fmt(got['r=0.5'])}, c(r=1.1)={fmt(got['r=1.1'])}; dapo G=4 r=1.35: c={fmt(dapo)}"
+            f"loss core grpo: c(r=1.5) {equals(got['r=1.5'])}, c(r=0.5) {equals(got['r=0.5'])}, c(r=1.1) {equals(got['r=1.1'])}; dapo G=4 r=1.35: c {equals(dapo)}"
         ),
         notes="Outside the clip range only the members on the unclipped branch keep a gradient, so the sum runs over one sign of A only.",
     )
@@ -140,8 +140,8 @@ def check_eq_13() -> Claim:
         method="symbolic+numeric",
         verdict=HOLDS if ok else FAILS,
         evidence=(
-            f"sympy residual of eq 13: {residual}; tabular product ratio: c(u1=u2)={fmt(prod_equal_u)}, c(u1!=u2)={fmt(prod_diff_u)}; "
-            f"loss core gspo (eq 44), equal lengths, u1!=u2: c={fmt(geo_equal_L)}; unequal lengths L=(2,3) on-policy (u1=u2=1): c={fmt(geo_unequal_same_u)}"
+            f"sympy residual of eq 13: {residual}; tabular product ratio: c(u1=u2) {equals(prod_equal_u)}, c(u1!=u2) {equals(prod_diff_u)}; "
+            f"loss core gspo (eq 44), equal lengths, u1!=u2: c {equals(geo_equal_L)}; unequal lengths L=(2,3) on-policy (u1=u2=1): c {equals(geo_unequal_same_u)}"
         ),
         notes=(
             "Under eq 44 (what GSPO and DFPO use) the coefficient is (1/G) sum_i A_i s_i / L_i, so the degenerate set is "
@@ -181,7 +181,7 @@ def check_cor_3_3() -> Claim:
         evidence=(
             f"G=2: A.u=0 <=> u1 = {g2[0]}; G=3: A.u=0 <=> {sol[0]} (a plane, not the diagonal); "
             f"exact counterexample A=(-2/3,1/3,1/3), u=(1,1/2,3/2): A.u = {dot} with unequal u; "
-            f"loss core gspo with s=(1,0.5,1.5): c={fmt(c_unequal_u)}; s=(1,0.6,1.5): c={fmt(c_generic)}"
+            f"loss core gspo with s=(1,0.5,1.5): c {equals(c_unequal_u)}; s=(1,0.6,1.5): c {equals(c_generic)}"
         ),
         notes=(
             "'Requires u_1=...=u_G' is right for G=2 only. For G>=3 the cancellation set is the hyperplane sum_i A_i u_i = 0 "
@@ -237,7 +237,7 @@ def check_sec_4_4_1() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact: eq 72 coefficient s_min*sum A_i/|y_i| with A=(-1,1), |y|=(2,3): {coef}; equal lengths: {coef_eq}; loss core dfpo_min: "
-            + ", ".join(f"{k}: c={fmt(v)}" for k, v in results.items())
+            + ", ".join(f"{k}: c {equals(v)}" for k, v in results.items())
         ),
         notes=(
             "Outside the stated conditions: (1) at unequal lengths the 1/|y_i| normalisation leaves s_min sum_i A_i/|y_i| (App. D's "
@@ -277,8 +277,8 @@ def check_cor_h_1() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact sum_i A_i phi'(r) r for r=1/2,1,3/2: {results}; loss core grpo_fix with a length-independent aggregation: "
-            f"max |c| over 18 cases = {fmt(max(abs(v) for v in got.values()))}; preset grpo_fix (eq 80, seq_mean_token_sum) "
-            f"at lengths (2,3,5): c={fmt(preset_unequal)}; with GRPO's per-sequence mean instead: c={fmt(grpo_mean_unequal)}"
+            f"max |c| over 18 cases {equals(max(abs(v) for v in got.values()))}; preset grpo_fix (eq 80, seq_mean_token_sum) "
+            f"at lengths (2,3,5): c {equals(preset_unequal)}; with GRPO's per-sequence mean instead: c {equals(grpo_mean_unequal)}"
         ),
         notes=(
             "Holds for eq 80 as printed, which the loss core's grpo_fix preset follows (seq_mean_token_sum). With GRPO's "

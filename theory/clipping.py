@@ -18,7 +18,7 @@ import torch
 
 from ..core.loss import policy_loss, sequence_log_ratio
 from .claim import FAILS, HOLDS, Claim
-from .tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
+from .tabular import ZERO_TOL, equals, fmt, shared_gradient, tabular_group
 
 A3 = (-2.0 / 3, 1.0 / 3, 1.0 / 3)
 
@@ -97,7 +97,7 @@ def check_eq_49() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact: max |min(sA,cA) - A*sbar| over {n} rational cases = {worst}; naive A*min(s,c) at s=3/2, A=-1 is off by {naive}; "
-            f"loss core gspo vs eq 48 on 40 random batches: max |loss diff| = {fmt(max_val)}, max |grad diff| = {fmt(max_grad)}"
+            f"loss core gspo vs eq 48 on 40 random batches: max |loss diff| {equals(max_val)}, max |grad diff| {equals(max_grad)}"
         ),
         notes="The rewrite is exact in value and in gradient (off the measure-zero branch boundaries).",
     )
@@ -115,7 +115,7 @@ def check_cor_f_1() -> Claim:
             inside = 0.8 <= w <= 1.2
             ok &= (abs(c) < ZERO_TOL) if inside else (abs(c) > 1e-6)
             if G == 3:
-                rows.append(f"w={w}: c={fmt(c)}")
+                rows.append(f"w={w}: c {equals(c)}")
     return Claim(
         id="cor-F.1",
         source="App. F, Cor. F.1 (GRPO clipping breaks cancellation outside the clip range)",
@@ -158,7 +158,7 @@ def check_eq_75_76() -> Claim:
             f"as surrogate VALUES eqs 75-76 are right (sympy residuals {value_high}, {value_low}); as GRADIENT coefficients they are not: "
             f"the clipped branch is constant in theta, so the coefficient is -A*w (w>1+eps) and +A*w (w<1-eps). Exact counterexample "
             f"A=1, eps=1/5, w=6/5+10^-6: eq 75 gives {paper}, the gradient coefficient is {real}; loss core grpo (G=2, token_mean) "
-            f"sum of per-token coefficients = {fmt(core_sum)}"
+            f"sum of per-token coefficients {equals(core_sum)}"
         ),
         notes="The drift is discontinuous at the clip boundary: it jumps to about A(1+eps) as soon as w leaves the range, instead of growing from 0. Cor. F.1's conclusion is unaffected (and stronger).",
     )
@@ -181,7 +181,7 @@ def check_eq_81() -> Claim:
         verdict=FAILS if ok else HOLDS,
         evidence=(
             f"inside the range the true coefficient equals A*phi(r) (residual {inside}); above it the true coefficient is {above_true} "
-            f"while eq 81 gives {above_eq81}; loss core grpo_fix: d loss/d logp at (r=1.5, A=1) = {coefs[0]}, at (r=0.5, A=-1) = {fmt(coefs[1])}"
+            f"while eq 81 gives {above_eq81}; loss core grpo_fix: d loss/d logp at (r=1.5, A=1) = {coefs[0]}, at (r=0.5, A=-1) {equals(coefs[1])}"
         ),
         notes=(
             "Eq 81 is the gradient of the score-form surrogate sg(phi(r)) A log pi (a CISPO-like weight), not of eq 80: "

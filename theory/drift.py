@@ -17,7 +17,7 @@ import torch
 
 from ..core.loss import group_transform, policy_loss, sequence_log_ratio, sign_aware_clip
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from .tabular import ZERO_TOL, fmt, log_ratios_for, shared_gradient, tabular_group
+from .tabular import ZERO_TOL, equals, fmt, log_ratios_for, shared_gradient, tabular_group
 
 
 def check_prop_3_1() -> Claim:
@@ -70,7 +70,7 @@ def check_prop_3_1() -> Claim:
         evidence=(
             f"sympy: dKL/deta at 0 = {d1}; d2KL/deta2 at 0 - g^T F g = {residual}; loss core: g^T F g = {quad:.4g} > 0; "
             + "; ".join(rows)
-            + f"; max |KL - 1/2 eta^2 gFg| / eta^3 = {fmt(worst)} (bounded)"
+            + f"; max |KL - 1/2 eta^2 gFg| / eta^3 {equals(worst)} (bounded)"
         ),
         notes="On a softmax F = diag(pi) - pi pi^T is degenerate only along the constant direction, which does not change pi; so g^T F g > 0 exactly when the update moves pi(.|h*). KL is then > 0 for every eta > 0, not only small ones.",
     )
@@ -141,7 +141,7 @@ def check_cor_3_2() -> Claim:
             f"sympy: on a softmax the exact first-order drift is eta*[kappa_a - kappa_b - (p_a - p_b) sum_j kappa_j] (residual {residual}). "
             f"Three answers, p=(0.6,0.3,0.1), kappa=(1/2,1/2,0): drift/eta = {three} where eq 5 says 0 (kappa_a = kappa_b). "
             f"Exact counterexample with kappa >= 0: p=(1/2,1/4,1/8,1/8), kappa=(11/10,1,0,0) gives drift/eta = {ce} < 0 although kappa_a > kappa_b "
-            f"(no c > 0 fits). Loss core gspo, s=(1,1,1.5), A=(1/3,1/3,-2/3): kappa_a = kappa_b yet drift/eta = {fmt(observed)} "
+            f"(no c > 0 fits). Loss core gspo, s=(1,1,1.5), A=(1/3,1/3,-2/3): kappa_a = kappa_b yet drift/eta {equals(observed)} "
             f"(formula: {fmt(predicted)}). The scores are tied: sum_y p_y grad log pi(y) = {tie} (sympy), so they are never orthogonal "
             f"with one norm; eq 5 holds for every kappa only at p_a = {exact_iff[0] if exact_iff else '?'}"
         ),
@@ -175,8 +175,8 @@ def check_cor_3_4() -> Claim:
             st = group_transform(kind, sbar, a, torch.zeros(3, dtype=torch.long))
         dot = float((a * st).sum())
         rows.append(
-            f"{obj}: A.stilde={fmt(dot)}; score form: shared c={fmt(score.coef)}, |grad|={fmt(score.total_norm)}; "
-            f"ratio form, partly clipped: c={fmt(ratio.coef)}; ratio form, unclipped: c={fmt(unclipped.coef)}, |grad|={fmt(unclipped.total_norm)}"
+            f"{obj}: A.stilde {equals(dot)}; score form: shared c {equals(score.coef)}, |grad| {equals(score.total_norm)}; "
+            f"ratio form, partly clipped: c {equals(ratio.coef)}; ratio form, unclipped: c {equals(unclipped.coef)}, |grad| {equals(unclipped.total_norm)}"
         )
         ok &= abs(dot) < 1e-12 and abs(score.coef) < ZERO_TOL and score.total_norm > 1e-3
         ok &= abs(unclipped.coef) < ZERO_TOL and unclipped.total_norm > 1e-3
@@ -231,7 +231,7 @@ def check_eq_74() -> Claim:
         verdict=HOLDS if ok else FAILS,
         evidence=(
             f"exact: p=(1/2,1/4,1/4), coefficients (-1, 1) on scores e_0-p and e_1-p: sum of coefficients 0, gradient {tuple(str(x) for x in total)}; "
-            f"loss core dfpo_orth: smallest |grad| over 10 tables = {fmt(smallest)}"
+            f"loss core dfpo_orth: smallest |grad| over 10 tables {equals(smallest)}"
         ),
     )
 

@@ -18,7 +18,7 @@ import torch
 from ..core.loss.cancellation import make_shared_prefix_group, shared_token_gradient
 from ..core.loss.objectives import OBJECTIVES
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from .tabular import fmt
+from .tabular import equals, fmt
 
 REWARDS = (1.0, 0.0, 1.0, 0.0, 0.0)
 LENGTHS = (5, 6, 7, 8, 9)
@@ -64,8 +64,8 @@ def check_proximal_penalty_cancel() -> Claim:
         evidence=(
             f"sympy, G = 4: d/dl sum_i w_i tau/2 (l - o)^2 = {grad}; at l = o: {at_one}. Loss core, rewards 1,0,1,0,0, "
             f"lengths {LENGTHS}: kimi15 (token_mean, tau {fmt(tau_kimi)}) residual at log r* = "
-            + ", ".join(f"{fmt(d)}: {fmt(v)} (tau log r* G / N = {fmt(kimi_expected[d])})" for d, v in kimi.items())
-            + f"; dro (token sums, beta {fmt(beta_dro)}) at log r* = 0: {fmt(dro[0.0])}, at 0.5: {fmt(dro[0.5])} (beta log r* = {fmt(beta_dro * 0.5)})"
+            + ", ".join(f"{fmt(d)}: {fmt(v)} (tau log r* G / N {equals(kimi_expected[d])})" for d, v in kimi.items())
+            + f"; dro (token sums, beta {fmt(beta_dro)}) at log r* = 0: {fmt(dro[0.0])}, at 0.5: {fmt(dro[0.5])} (beta log r* {equals(beta_dro * 0.5)})"
         ),
         notes=(
             "The penalty is a trust region, not a signal: it pulls every copy of the shared token back towards pi_old by the "
@@ -96,7 +96,7 @@ def check_positive_nll_cancel() -> Claim:
         verdict=FAILS if ok else HOLDS,
         evidence=(
             f"sympy: d/dl of -mu/N_+ * G_+ l = {grad}. Loss core, vapo_nll (mu {fmt(mu_vapo)}), rewards 1,0,1,0,0, lengths "
-            f"{LENGTHS}, r* = 1: residual {fmt(got)} (-mu G_+ / N_+ = {fmt(expected)}); the same batch with nll_coef = 0 "
+            f"{LENGTHS}, r* = 1: residual {fmt(got)} (-mu G_+ / N_+ {equals(expected)}); the same batch with nll_coef = 0 "
             f"(dapo): {fmt(without)}"
         ),
         notes=(

@@ -18,7 +18,7 @@ import torch
 
 from ..core.loss import stapo_spurious_mask
 from .claim import FAILS, HOLDS, Claim
-from .tabular import ZERO_TOL, fmt, shared_gradient, tabular_group
+from .tabular import ZERO_TOL, equals, fmt, shared_gradient, tabular_group
 
 
 def check_stapo_grad_norm() -> Claim:
@@ -50,7 +50,7 @@ def check_stapo_grad_norm() -> Claim:
         conditions="Symbolic V=3; autograd on random logits, V in {2, 10, 1000}, 60 draws.",
         method="symbolic+numeric",
         verdict=HOLDS if ok else FAILS,
-        evidence=f"sympy residual {residual}; max relative error over 60 autograd draws = {fmt(worst)}",
+        evidence=f"sympy residual {residual}; max relative error over 60 autograd draws {equals(worst)}",
         notes="Gradient with respect to the output logits only (the last layer), as STAPO states it.",
     )
 
@@ -93,7 +93,7 @@ def check_stapo_bounds() -> Claim:
         conditions="V in {2,3,4,10,100,1000}; random softmax draws over temperatures plus adversarial gradient ascent on the upper-bound gap.",
         method="numeric+symbolic",
         verdict=HOLDS if ok else FAILS,
-        evidence=f"max (e^-H - sum p^2) = {fmt(worst_low)}; max (sum p^2 + C_V H^2 - 1) = {fmt(worst_high)} over {n} distributions (ascent included); equality at uniform: residual {eq_uniform}",
+        evidence=f"max (e^-H - sum p^2) {equals(worst_low)}; max (sum p^2 + C_V H^2 - 1) {equals(worst_high)} over {n} distributions (ascent included); equality at uniform: residual {eq_uniform}",
         notes="The lower bound is Jensen's inequality (Renyi-2 entropy <= Shannon entropy). The upper bound is checked numerically, not proven here: no distribution beat it, the worst case is the uniform one where it is tight.",
     )
 
@@ -127,7 +127,7 @@ def check_stapo_cancel() -> Claim:
         method="numeric",
         verdict=FAILS if ok_fail else HOLDS,
         evidence=(
-            f"pi(a*|h*) = {fmt(p_shared)}; mask on the shared position (A<0, A>0, A>0) = {[bool(masked[i, 0]) for i in range(3)]}; "
+            f"pi(a*|h*) {equals(p_shared)}; mask on the shared position (A<0, A>0, A>0) = {[bool(masked[i, 0]) for i in range(3)]}; "
             f"shared coefficient: dapo {fmt(dapo)}, stapo {fmt(stapo)}"
         ),
         notes=(

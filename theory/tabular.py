@@ -170,15 +170,25 @@ def shared_gradient(
     return SharedGradient(coef=coef, off_direction=off, total_norm=float(torch.linalg.vector_norm(grad)), loss=float(loss.detach()))
 
 
+ROUND_OFF = 1e-13
+"""Below this a nonzero value is float round-off: ``fmt`` prints the bound, not the digits."""
+
+
 def fmt(x: float) -> str:
-    """Short float for evidence strings; float round-off below 1e-13 prints as '<1e-13'.
+    """Short float for evidence strings; float round-off below 1e-13 prints as the bound, '< 1e-13' (or '> -1e-13').
 
     Round-off residues differ between CPUs and BLAS builds; printing them as a bound keeps the
     generated ledger identical across machines while still saying how small they were.
     """
-    if x != 0 and abs(x) < 1e-13:
-        return "<1e-13" if x > 0 else "-<1e-13"
+    if x != 0 and abs(x) < ROUND_OFF:
+        return f"< {ROUND_OFF:g}" if x > 0 else f"> -{ROUND_OFF:g}"
     return f"{x:.3g}"
+
+
+def equals(x: float) -> str:
+    """``fmt(x)`` after the relation it states: '= 0.0973', or '< 1e-13' for round-off (never '= < 1e-13')."""
+    shown = fmt(x)
+    return shown if shown[0] in "<>" else f"= {shown}"
 
 
 def own_token_coefficients(

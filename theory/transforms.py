@@ -26,7 +26,7 @@ from ..core.loss import (
     truncate_rebalance,
 )
 from .claim import FAILS, HOLDS, HOLDS_UNDER_CONDITIONS, Claim
-from .tabular import ZERO_TOL, fmt, log_ratios_for, own_token_coefficients, shared_gradient, tabular_group
+from .tabular import ZERO_TOL, equals, fmt, log_ratios_for, own_token_coefficients, shared_gradient, tabular_group
 
 
 def _t(xs) -> torch.Tensor:
@@ -78,7 +78,7 @@ def check_eq_18() -> Claim:
         conditions="300 random groups (G=2..8, binary rewards, GSPO/GRPO/DAPO clip ranges), paper form and length-aware form; exact rationals for the negative case.",
         method="numeric+symbolic",
         verdict=HOLDS if ok else FAILS,
-        evidence=f"max |a.stilde| over 600 loss-core projections = {fmt(worst)}; exact: A=(-1/3,-1/3,2/3), sbar=(10,1,1) -> stilde = ({', '.join(str(x) for x in v)}), loss core agrees",
+        evidence=f"max |a.stilde| over 600 loss-core projections {equals(worst)}; exact: A=(-1/3,-1/3,2/3), sbar=(10,1,1) -> stilde = ({', '.join(str(x) for x in v)}), loss core agrees",
         notes=(
             "A negative stilde_i flips the sign of A_i*stilde_i: a reverse update on sequence i (the case Thm. K.1 excludes for "
             "Min-Replace). It happens when one side of the group carries a weight far from the others: a negative-advantage "
@@ -125,7 +125,7 @@ def check_eq_51() -> Claim:
         method="numeric",
         verdict=HOLDS if ok else FAILS,
         evidence=(
-            f"{n} exact loss-core QP solutions: max KKT violation (stationarity, dual feasibility, v>=0, A.v=0) = {fmt(worst_kkt)}; "
+            f"{n} exact loss-core QP solutions: max KKT violation (stationarity, dual feasibility, v>=0, A.v=0) {equals(worst_kkt)}; "
             f"all-zero solutions: {zero_hits}; where eq 18 is already non-negative the two agree to {fmt(agree)}; "
             f"truncate-and-rebalance lies up to {fmt(tr_farther)}x farther from sbar than the projection"
         ),
@@ -186,7 +186,7 @@ def check_eq_55() -> Claim:
             f"(with beta = {beta_right}: {dot_right}). Exact counterexample A=(-1,1), sbar=(3,1): printed beta = {b}, stilde = "
             f"({', '.join(str(x) for x in st)}) (negative), A.stilde = {dot}; corrected (loss core): {[round(x, 12) for x in core1]}. "
             f"Floor claim: A=(-1,1/2,1/2), sbar=(1,1/20,3), eps=1/10 -> stilde = ({', '.join(str(x) for x in st2)}) with 2/31 < eps "
-            f"(loss core agrees). Loss core on 300 random groups: max |A.stilde| = {fmt(worst_dot)}, min stilde = {fmt(min_v)} > 0"
+            f"(loss core agrees). Loss core on 300 random groups: max |A.stilde| {equals(worst_dot)}, min stilde {equals(min_v)} > 0"
         ),
         notes=(
             "Two errors: (1) eq 55's beta has a sign error; the rebalancing factor is beta = sum_P A s+ / sum_N (-A) s+ "
@@ -289,9 +289,9 @@ def check_tab_3_no_stopgrad() -> Claim:
         verdict=FAILS if ok else HOLDS,
         evidence=(
             f"sympy: d/dtheta sum_i A_i s_min(theta) with sum A = 0 -> {dJ}; loss core, G=4, unequal lengths, stopgrad='none': "
-            + ", ".join(f"{k} |grad| = {fmt(v)}" for k, v in norms.items())
-            + f"; with the stop-gradient (dfpo_min) |grad| = {fmt(with_sg)}; on-policy (every ratio 1, delta = 0): "
-            + ", ".join(f"{k} |grad| = {fmt(v)}" for k, v in onpolicy.items())
+            + ", ".join(f"{k} |grad| {equals(v)}" for k, v in norms.items())
+            + f"; with the stop-gradient (dfpo_min) |grad| {equals(with_sg)}; on-policy (every ratio 1, delta = 0): "
+            + ", ".join(f"{k} |grad| {equals(v)}" for k, v in onpolicy.items())
         ),
         notes=(
             "Without stop-gradient the DFPO objective is identically zero in theta: Min-Replace gives s_min(theta) * sum_i A_i = 0 and "
@@ -330,7 +330,7 @@ def check_eq_23() -> Claim:
         method="symbolic+numeric",
         verdict=HOLDS_UNDER_CONDITIONS if ok else FAILS,
         evidence=(
-            f"Min-Replace: max Asym(min) - Asym(gspo) over {n} groups = {fmt(worst_min)} (never up). Orth-Proj raised Asym in {orth_up}/{n} groups; "
+            f"Min-Replace: max Asym(min) - Asym(gspo) over {n} groups {equals(worst_min)} (never up). Orth-Proj raised Asym in {orth_up}/{n} groups; "
             f"exact: A=(-1/3,-1/3,2/3), sbar=(1/2,1,1/2) -> stilde=({', '.join(str(x) for x in o)}), Asym {v_base} -> {v_orth}"
         ),
         notes=(
