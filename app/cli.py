@@ -1,8 +1,10 @@
 """``dfpo app``: start the Streamlit explorer (imports stay light here).
 
 The server runs headless with no first-run prompt and no usage statistics, bound to 127.0.0.1 by
-default; the URL is printed once the server answers its health check. SIGTERM and SIGINT are passed
-on to the server, which stops; ``dfpo app`` then exits with 128 + the signal's number (143, 130).
+default; the URL is printed once the server answers its health check, and the server's own log shows only
+its warnings and errors (its info lines, such as Uvicorn's start, would say the address again in another
+form). SIGTERM and SIGINT are passed on to the server, which stops; ``dfpo app`` then exits with 128 + the
+signal's number (143, 130).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def streamlit_command(port: int, address: str) -> list[str]:
         "--server.headless", "true", "--server.showEmailPrompt", "false",
         "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
         "--logger.hideWelcomeMessage", "true",  # dfpo app prints the URL itself, once the server answers
+        "--logger.level", "warning",  # not the server's own info lines ("Uvicorn server started on ..."); its warnings still show
     ]  # fmt: skip
 
 

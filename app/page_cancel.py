@@ -10,6 +10,7 @@ from dfpo.app import data
 from dfpo.app.widgets import KEEP, whole_number_input
 from dfpo.core.loss import AGGREGATIONS, OBJECTIVES
 
+COEFFICIENT = "d loss / d log pi"  # what each bar of the first chart is: the loss's derivative in one completion's copy of the shared token
 SUM_LABEL_MARGIN = 110  # pixels right of the coefficient chart for the 'sum = ...' label ('sum = -1.23e-02' fits)
 
 st.title("Cancellation by hand")
@@ -17,6 +18,11 @@ st.caption(
     "A group of G completions whose first 3 tokens are the same context-token event ('The answer is' in the paper's 10+10 "
     "example). A group-relative objective should leave that shared token no net gradient: the coefficients below must sum "
     "to 0 (paper eq 2). Every number comes from `dfpo.policy_loss`."
+)
+st.caption(
+    f"Each coefficient is {COEFFICIENT}: the loss's derivative in the shared token's log-probability as one completion reads "
+    "it. Training minimises the loss, so a bar below 0 pushes the token up: with a positive weight, a completion with A > 0 "
+    "(green) draws a bar below 0 and one with A < 0 (red) a bar above 0."
 )
 
 
@@ -104,7 +110,8 @@ with right:
     # The sum's label sits in the right margin, level with its line: outside the plotting area, so never over a bar.
     fig.add_annotation(text=f"sum = {residual:.2e}", xref="paper", x=1, xanchor="left", xshift=6, y=residual, yref="y", showarrow=False)
     fig.update_layout(
-        title="coefficient of each completion on the shared token (green: A > 0, red: A < 0)",
+        title=f"coefficient {COEFFICIENT} of each completion on the shared token (green: A > 0, red: A < 0)",
+        yaxis_title=f"{COEFFICIENT} (below 0: pushed up)",
         height=320,
         margin=dict(t=50, b=20, r=SUM_LABEL_MARGIN),
         yaxis_range=data.padded_range([*rows["coefficient on the shared token"], residual, 0.0]),
@@ -130,8 +137,10 @@ with right:
             "post-clip sbar_i": number("sbar_i", help="post-clip sequence ratio sbar_i (eq 47)", format="%.4f"),
             "weight after transform": number("w_i", help="weight after the DFPO transform (eq 18 / 50-55)", format="%.4f"),
             "clipped": st.column_config.CheckboxColumn("clipped", help="every real token of the completion clipped"),
-            "coefficient on the shared token": number("coef_i", help="coefficient on the shared token", format="%.3e"),
+            "coefficient on the shared token": number(
+                "coef_i", help=f"coefficient on the shared token: {COEFFICIENT} in completion i (below 0: a step raises it)", format="%.3e"
+            ),
         },
     )
     st.caption("i: completion; A_i: advantage; L_i: length; s_i, sbar_i: sequence ratio before and after clipping; w_i: weight "
-               "after the transform; coef_i: coefficient on the shared token (their sum is the residual).")  # fmt: skip
+               "after the transform; coef_i: coefficient on the shared token, d loss / d log pi (their sum is the residual).")  # fmt: skip

@@ -65,6 +65,7 @@ def test_dfpo_app_without_a_terminal_prints_the_url_once_up_and_stops_on_a_signa
         assert f"dfpo app: {url}" in out
         assert urllib.request.urlopen(f"{url}/_stcore/health", timeout=5).read() == b"ok"  # up when the URL is printed
         assert "Email" not in out and "usage statistics" not in out
+        assert out.splitlines() == [out.splitlines()[-1]], out  # the URL alone: no raw server log line ("Uvicorn server started")
         proc.send_signal(signum)  # to dfpo app only: it passes the signal on to the server
         assert proc.wait(timeout=30) == code
         assert not _port_open(port)
@@ -105,4 +106,5 @@ def test_dfpo_app_binds_to_loopback_headless_without_prompt_or_statistics():
     assert option("--server.address") == "127.0.0.1" and option("--server.headless") == "true"
     assert option("--server.showEmailPrompt") == "false" and option("--browser.gatherUsageStats") == "false"
     assert STREAMLIT_ENV["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] == "false"
+    assert option("--logger.level") == "warning"  # the server's info lines (Uvicorn's start) stay off the console
     assert build_parser().parse_args(["app", "--headless"]).headless  # the README's older command line still parses
