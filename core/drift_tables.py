@@ -17,6 +17,10 @@ Rules (``dfpo.core.stats``'s, as ``dfpo compare`` and the toy's attribution use 
 4. Replication: a finding is written only when the discovery and the confirmation documents, on disjoint seeds,
    give the same decisive verdict (reproduced, contradicted or negligible; more or less than half); inconclusive
    is never "no change". The sentence quotes the confirmation set's figures.
+5. Degenerate: a comparison whose two arms have the same value on all but fewer than ``MIN_INFORMATIVE`` of a seed
+   set's paired seeds compares a quantity with itself, and a cross share whose objective's batch gave the events no
+   gradient (direct and cross both 0) on all but fewer than ``MIN_INFORMATIVE`` seeds is 0 by construction there; on
+   either set it is said to be degenerate (``degenerate``), never counted as a finding.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ cancellation there), how much the events moved, and how much of it came through 
 MIN_SEEDS = 8
 """Fewer seeds than this draw a warning, as in ``dfpo compare``."""
 KIND_WORDS = {"shared": "a shared token", "equivalent": "an equivalent pair's log-odds"}
+MIN_INFORMATIVE = 2
+"""Rule 5: the seeds of a set that must carry information (arms that differ; a batch gradient) for a comparison or a
+share to say something: as many as an interval needs."""
 
 
 def values(doc: dict, label: str, kind: str, figure: str) -> dict[int, float]:
@@ -237,6 +244,8 @@ class Finding:
     """False when either seed set had too few seeds with events for an interval (no comparison was made)."""
     verdicts: tuple[str, str] = ("", "")
     """The discovery's and the confirmation's verdict (or side)."""
+    degenerate: str = ""
+    """Why it says nothing (rule 5, ``degenerate``), '' when it is informative on both sets."""
 
 
 _VERDICT_WORDS = {"reproduced": "lowers", "contradicted": "raises", "negligible": "changes by less than 2% of the control"}
@@ -251,15 +260,52 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def identical_seeds(doc: dict, method: str, control: str, kind: str, figure: str) -> tuple[int, int, bool]:
+    """(paired seeds on which ``method`` and ``control`` have the same value of ``figure``, paired seeds, whether every
+    such value is 0)."""
+    a, b = values(doc, method, kind, figure), values(doc, control, kind, figure)
+    same = [s for s in set(a) & set(b) if a[s] == b[s]]
+    return len(same), len(set(a) & set(b)), all(a[s] == 0 for s in same)
+
+
+def idle_seeds(doc: dict, label: str, kind: str) -> tuple[int, int]:
+    """(seeds on which ``label``'s batch gave ``kind``'s events no gradient, direct and cross both 0, so only the
+    optimiser's state and weight decay moved them; seeds with such events)."""
+    direct, cross = values(doc, label, kind, "direct"), values(doc, label, kind, "cross")
+    seeds = set(direct) & set(cross)
+    return sum(direct[s] == 0 and cross[s] == 0 for s in seeds), len(seeds)
+
+
+def degenerate(discovery: dict, confirmation: dict, key: tuple[str, ...]) -> str:
+    """Rule 5: why the comparison or share ``key`` (a ``Finding.key``) says nothing on the two documents, as a clause;
+    '' when both sets have ``MIN_INFORMATIVE`` seeds that carry information."""
+    docs = (("discovery", discovery), ("confirmation", confirmation))
+    if key[0] == "control":
+        _, method, control, kind, figure = key
+        counts = {which: identical_seeds(doc, method, control, kind, figure) for which, doc in docs}
+        if all(n - same >= MIN_INFORMATIVE for same, n, _ in counts.values()):
+            return ""
+        zero = all(z for _, _, z in counts.values())
+        seeds = " and ".join(f"{same} of {n} seeds ({which})" for which, (same, n, _) in counts.items())
+        return f"the two have the same value{', 0,' if zero else ''} on {seeds}: a quantity compared with itself"
+    _, objective, kind = key
+    counts = {which: idle_seeds(doc, objective, kind) for which, doc in docs}
+    if all(n - idle >= MIN_INFORMATIVE for idle, n in counts.values()):
+        return ""
+    seeds = " and ".join(f"{idle} of {n} seeds ({which})" for which, (idle, n) in counts.items())
+    return f"the batch gave these events no gradient (direct and cross both 0) on {seeds}, where the share is 0 by construction"
+
+
 def replication(discovery: dict, confirmation: dict) -> list[Finding]:
-    """Every matched-control comparison and every cross share of the two documents (rule 4), in table order."""
+    """Every matched-control comparison and every cross share of the two documents (rules 4 and 5), in table order."""
     out = []
     conf = {(c.method, c.control, c.kind, c.figure): c for c in comparisons(confirmation)}
     for d in comparisons(discovery):
         key = (d.method, d.control, d.kind, d.figure)
         c = conf.get(key)
         decisive = d.verdict in _VERDICT_WORDS
-        agree = c is not None and decisive and c.verdict == d.verdict
+        why = degenerate(discovery, confirmation, ("control", *key)) if c is not None else ""
+        agree = c is not None and decisive and c.verdict == d.verdict and not why
         sentence = ""
         if agree:
             iv = c.interval
@@ -269,12 +315,13 @@ def replication(discovery: dict, confirmation: dict) -> list[Finding]:
                 f"({iv.n} seeds, control mean {fmt(c.control_mean)})."
             )
         computed = c is not None and d.interval is not None and c.interval is not None
-        out.append(Finding(("control", *key), agree, sentence, computed, (d.verdict, "" if c is None else c.verdict)))
+        out.append(Finding(("control", *key), agree, sentence, computed, (d.verdict, "" if c is None else c.verdict), why))
     for figure in SHARE_TESTS:
         conf_shares = {(s.objective, s.kind): s for s in cross_shares(confirmation, figure)}
         for d in cross_shares(discovery, figure):
             c = conf_shares.get((d.objective, d.kind))
-            agree = c is not None and d.side != "inconclusive" and c.side == d.side
+            why = degenerate(discovery, confirmation, (figure, d.objective, d.kind)) if c is not None else ""
+            agree = c is not None and d.side != "inconclusive" and c.side == d.side and not why
             sentence = ""
             if agree:
                 iv = c.interval
@@ -284,27 +331,39 @@ def replication(discovery: dict, confirmation: dict) -> list[Finding]:
                     f"confirmation set ({iv.n} seeds)."
                 )
             verdicts = (d.side, "" if c is None else c.side)
-            out.append(Finding((figure, d.objective, d.kind), agree, sentence, c is not None, verdicts))
+            out.append(Finding((figure, d.objective, d.kind), agree, sentence, c is not None, verdicts, why))
     return out
 
 
 def findings_markdown(pairs: list[tuple[str, dict, dict]]) -> str:
-    """The replicated findings of each (title, discovery, confirmation) as a markdown list, and how many of the
-    comparisons made did not replicate (they are not written as findings)."""
+    """The replicated findings of each (title, discovery, confirmation) as a markdown list, the degenerate ones (rule
+    5) with why, and how many of the comparisons made did not replicate (they are not written as findings)."""
     lines = []
     for title, discovery, confirmation in pairs:
         found = replication(discovery, confirmation)
         kept = [f for f in found if f.replicated]
         made = [f for f in found if f.computed]
+        void = [f for f in made if f.degenerate]
         seeds = f"seeds {_span(discovery['seeds'])} (discovery) and {_span(confirmation['seeds'])} (confirmation)"
         lines.append(f"- **{title}** ({seeds}; `{discovery['command']}`):")
         lines += [f"  - {f.sentence}" for f in kept]
-        lines += [f"  - No finding: {_no_finding(f)}." for f in made if not f.replicated and f.key[0] == "control"]
+        lines += [f"  - Degenerate, not a finding: {_what(f)}: {f.degenerate}." for f in void]
+        lines += [f"  - No finding: {_no_finding(f)}." for f in made if not f.replicated and not f.degenerate and f.key[0] == "control"]
         lines.append(
-            f"  - {len(made) - len(kept)} of the {len(made)} comparisons and shares made on both sets did not replicate and are not "
-            f"findings; {len(found) - len(made)} could not be made (too few seeds with such events)."
+            f"  - {len(made) - len(kept) - len(void)} of the {len(made)} comparisons and shares made on both sets did not replicate "
+            f"and are not findings;{f' {len(void)} were degenerate;' if void else ''} {len(found) - len(made)} could not be made (too few seeds with such "
+            "events)."
         )
     return "\n".join(lines)
+
+
+def _what(f: Finding) -> str:
+    """What a comparison or share is about, without its verdicts."""
+    if f.key[0] == "control":
+        _, method, control, kind, figure = f.key
+        return f"`{method}` against `{control}` on {_FIGURE_WORDS[figure].removesuffix(' of')} of {KIND_WORDS[kind]}"
+    figure, objective, kind = f.key
+    return f"the cross term's share {SHARE_WORDS[figure]} under `{objective}` for {KIND_WORDS[kind]}"
 
 
 def _no_finding(f: Finding) -> str:

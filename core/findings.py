@@ -18,7 +18,8 @@ control's level: ``negligible`` (the interval lies within the margin), ``lower``
 
 - negligible on both sets -> "METRIC: no change larger than X% of the control" (X: the widest bound of both);
 - lower (higher) on both -> "METRIC lower (higher): m% [lo%, hi%]" (the confirmation set relative to the control's
-  level; the discovery set's in brackets after it);
+  level; the discovery set's in brackets after it; a metric of either sign, ``SIGNED``, in its own units with the
+  control's mean beside it);
 - inconclusive on either set, the other not contradicting it -> "METRIC: not shown either way";
 - two different claims -> "METRIC: did not replicate (discovery: V1; confirmation: V2)".
 
@@ -68,8 +69,8 @@ METRICS: dict[str, str] = {
     "jitter2": "train-reward jitter (Jitter2, eq 20)",
     "entropy_last10": "rollout entropy (last 10 steps)",
     "residual": "shared-token residual (eq 2)",
-    "tax_kl": "learning tax (KL of pi_init to the policy at the eval prompts' own positions, pi_init's top 256 tokens and one bin "
-    "for the rest, final eval; Prop. 3.1)",
+    "tax_kl": "learning-tax proxy (KL of pi_init to the policy at the eval prompts' own positions, which never get a gradient, "
+    "not at Prop. 3.1's shared completion contexts; pi_init's top 256 tokens and one bin for the rest, final eval)",
     "equiv_entropy": "entropy over the surface forms of equivalent correct answers (last 10 steps)",
     "shared_events": "shared events per step (eq 2, mean over steps)",
     "residual_length": "length part of the shared-token residual (eq 2's residual due to the 1/length aggregation weight, mean over "
@@ -92,8 +93,19 @@ BOUNDS: dict[str, stats.Bounds] = {
 }
 """The values a dfpo compare outcome can take: a row's interval is cut to them (``cut_interval``), which keeps its coverage
 (the true mean lies inside) and never shows an impossible end."""
-CAVEATS = {("compare", "asym"): "computed on the weights after the transform, which Min-Replace equalises: lower by construction"}
-"""A caveat a metric's phrase carries in a kind of evidence."""
+CAVEATS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("compare", "asym"): ((), "computed on the weights after the transform, which Min-Replace equalises: lower by construction"),
+    ("compare", "residual_length"): (
+        ("dfpo_min", "length_aware=true"),
+        "length-aware Min-Replace makes each member's weight / length equal across its group, the inequality this part "
+        "measures: lower by construction",
+    ),
+}
+"""A caveat a metric's phrase carries in a kind of evidence: (what the method's label must all hold for it to apply,
+none for every method; the caveat)."""
+SIGNED = ("residual_length",)
+"""Metrics that take either sign, with a control mean that can lie near 0: a change relative to that mean would divide
+by it ("-258.6% of a 0.054 control"), so their changes are printed in the metric's own units beside the control's mean."""
 CENSORED = ("steps_to_kappa", "tax_at_kappa")
 
 
@@ -129,10 +141,12 @@ class Verdict:
     word: str
     interval: object
     level: float | None
+    absolute: bool = False
+    """Printed in the metric's own units beside the control's level, never relative to it (``SIGNED``)."""
 
     def relative(self) -> tuple[float, float, float] | None:
-        """(center, low, high) in % of the control's level; None without a level."""
-        if self.level is None or abs(self.level) <= 1e-12:
+        """(center, low, high) in % of the control's level; None without a level or for an absolute verdict."""
+        if self.absolute or self.level is None or abs(self.level) <= 1e-12:
             return None
         return tuple(100 * v / abs(self.level) for v in self.interval.as_tuple())
 
@@ -238,7 +252,7 @@ def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdi
         word = "lower"
     else:
         word = "inconclusive"
-    return Verdict(word, ci, level)
+    return Verdict(word, ci, level, absolute=row.metric in SIGNED)
 
 
 @dataclass
@@ -280,12 +294,24 @@ def _pct(v: float) -> str:
 
 
 def _rel_text(v: Verdict) -> str:
+    """The verdict's interval in % of the control's level, or in the metric's own units with the control's level beside
+    it where it has one (an absolute verdict, or a level of 0)."""
     rel = v.relative()
     if rel is None:
-        return stats.interval_text(v.interval, "{:+.3g}")
+        level = "" if v.level is None else f" (control mean {stats.format_number(v.level, '{:+.3g}')})"
+        return stats.interval_text(v.interval, "{:+.3g}") + level
     c, lo, hi = rel
     why = stats.unbounded_reason(v.interval)
     return f"{_pct(c)}, no interval ({why})" if why else f"{_pct(c)} [{_pct(lo)}, {_pct(hi)}]"
+
+
+def _own_units_bound(pair: tuple[Verdict, Verdict]) -> str:
+    """' larger than X' (the widest end of both intervals, in the metric's own units) for absolute verdicts; ''
+    otherwise (a level of 0: the interval is exactly 0)."""
+    if not all(v.absolute and v.level is not None for v in pair):
+        return ""
+    widest = max(abs(x) for v in pair for x in v.interval.as_tuple()[1:])
+    return f" larger than {widest:.3g} (control means {', '.join(stats.format_number(v.level, '{:+.3g}') for v in pair)})"
 
 
 def agreement(discovery: str, confirmation: str) -> str:
@@ -307,7 +333,7 @@ def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:
     if kind == "negligible":
         widest = max(abs(x) for v in pair if v.relative() for x in v.relative()[1:]) if all(v.relative() for v in pair) else None
         rounded_up = max(math.ceil(widest * 10) / 10, 0.1) if widest is not None else None  # never "larger than 0.0%"
-        bound = f" larger than {rounded_up:.1f}% of the control" if rounded_up is not None else ""
+        bound = f" larger than {rounded_up:.1f}% of the control" if rounded_up is not None else _own_units_bound(pair)
         return f"{metric_name}: no change{bound}"
     if kind == "effect":
         return f"{metric_name} {c.word}: {_rel_text(c)} (discovery set: {_rel_text(d)})"
@@ -318,6 +344,12 @@ def phrase(metric_name: str, pair: tuple[Verdict, Verdict]) -> str:
     return f"{metric_name}: did not replicate (discovery: {d.word} {_rel_text(d)}; confirmation: {c.word} {_rel_text(c)})"
 
 
+def caveat_text(kind: str, row: Row) -> str:
+    """The caveat (``CAVEATS``) ``row``'s metric carries in evidence of ``kind`` for its method; '' when none applies."""
+    holds, caveat = CAVEATS.get((kind, row.metric), ((), ""))
+    return caveat if all(part in row.method for part in holds) else ""
+
+
 def control_text(evidence: Mapping, which: str, row: Row) -> str:
     """What kind of control ``row.control`` is for ``row.method``, from the stored tables' matched-control column."""
     if not row.control:
@@ -326,10 +358,35 @@ def control_text(evidence: Mapping, which: str, row: Row) -> str:
     if matched is None:
         return f"against {row.control}"
     if matched == []:
-        return f"against its trust-region-matched control {row.control}"
+        return f"against its trust-region-matched control {row.control}" + update_norm_text(evidence, row)
     if matched == ["step size"]:
-        return f"against its step-size-matched control {row.control}"
+        return f"against its step-size-matched control {row.control}" + update_norm_text(evidence, row)
     return f"against {row.control}, which differs in {', '.join(matched)}"
+
+
+def update_norm_change(evidence: Mapping, which: str, row: Row) -> float | None:
+    """The method's mean update norm per step relative to the control's, minus 1, on one seed set of a dfpo compare
+    table (its ``update_norm`` column, ``log.update_norm``); None where a run did not record it."""
+    if evidence["kind"] != "compare" or not row.control:
+        return None
+    m, _, c, _ = paired_values(evidence, which, dataclasses.replace(row, metric="update_norm"))
+    if not (np.isfinite(m).all() and np.isfinite(c).all()) or float(np.mean(c)) <= 0:
+        return None
+    return float(np.mean(m)) / float(np.mean(c)) - 1
+
+
+def update_norm_text(evidence: Mapping, row: Row) -> str:
+    """', its mean update norm per step within N% of the method's (+a% on the confirmation set, +b% on the discovery
+    set)': how closely a matched control's step size matches, from the stored tables (N the whole percent at or above
+    the larger of the two); '' where the tables do not record update norms."""
+    changes = {which: update_norm_change(evidence, which, row) for which in SETS}
+    if any(v is None for v in changes.values()):
+        return ""
+    within = max(1, math.ceil(round(100 * max(abs(v) for v in changes.values()), 9)))
+    return (
+        f" (the method's mean update norm per step within {within}% of the control's: {_pct(100 * changes['confirmation'])} on the "
+        f"confirmation set, {_pct(100 * changes['discovery'])} on the discovery set)"
+    )
 
 
 def finding_sentences(summary: Summary, finding: Finding) -> list[str]:
@@ -350,7 +407,7 @@ def finding_sentences(summary: Summary, finding: Finding) -> list[str]:
                     "(median)",
                     "(mean)" if kinds[0] == kinds[1] else f"({kinds[0]} on the discovery set, {kinds[1]} on the confirmation set)",
                 )
-            caveat = CAVEATS.get((ev["kind"], r.metric))
+            caveat = caveat_text(ev["kind"], r)
             phrases.append(phrase(name + (f" ({caveat})" if caveat else ""), summary.verdicts[r.key()]))
         out.append(f"{where}, `{method}` {control_text(ev, 'confirmation', rows[0])}: " + "; ".join(phrases) + ".")
     return out
@@ -390,7 +447,15 @@ def replication_sentence(summary: Summary, experiment: str) -> str:
     where = summary.evidence[experiment].get("title", experiment)
     if not effects:
         return f"{where}, none of the {len(rows)} rows replicated an effect on both seed sets ({tail})."
-    named = "; ".join(f"`{r.method}` {'against ' + (r.control or '0')}: {METRICS[r.metric].split(' (')[0]} {w}" for r, w in effects)
+    evidence_kind = summary.evidence[experiment]["kind"]
+
+    def effect(r: Row, w: str) -> str:
+        caveat = caveat_text(evidence_kind, r)
+        return f"`{r.method}` {'against ' + (r.control or '0')}: {METRICS[r.metric].split(' (')[0]} {w}" + (
+            f" ({caveat.rsplit(': ', 1)[-1]})" if caveat else ""
+        )
+
+    named = "; ".join(effect(r, w) for r, w in effects)
     return f"{where}, {len(effects)} of the {len(rows)} rows replicated an effect on both seed sets ({named})" + (
         f"; of the others, {tail}." if tail else "."
     )

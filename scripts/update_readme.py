@@ -37,7 +37,7 @@ from dfpo.commands import (
     param_atlas_block,
 )
 from dfpo.core.files import write_text_atomic
-from dfpo.core.findings import read_ledger, summaries, summary_markdown
+from dfpo.core.findings import METRICS, read_ledger, summaries, summary_markdown
 from dfpo.core.metric_registry import markdown_table
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.config import config_to_dict, load_config
@@ -408,7 +408,10 @@ def smollm2_table(path: pathlib.Path = RUN_TABLE) -> str:
             f"{f['reward_first']} -> {f['reward_last']}; its 10-step mean {f['ma10']} (`reward/steps_to_kappa_ma10`)",
         ),
         (f"held-out avg@{f['k']} at steps {f['eval_step_list']}", f["avg"]),
-        ("learning tax `eval/tax_kl` at the same steps", f["tax"]),
+        (
+            f"{METRICS['tax_kl'].split(' (')[0]} `eval/tax_kl` (KL at the eval prompts' own positions, which never get a gradient) at the same steps",
+            f["tax"],
+        ),
         (f"rollout entropy, steps {f['head']} -> {f['tail']}", f"{f['entropy_head']} -> {f['entropy_tail']}"),
         (
             f'share of the "a + b = c" form, steps {f["head"]} -> {f["tail"]}',

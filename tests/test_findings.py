@@ -169,6 +169,7 @@ def test_the_learning_tax_and_cpu_seconds_say_what_they_contain():
     from dfpo.core.findings import METRICS
 
     assert "Prop. 3.1" in METRICS["tax_kl"] and "top 256" in METRICS["tax_kl"] and "eval prompts" in METRICS["tax_kl"]
+    assert METRICS["tax_kl"].startswith("learning-tax proxy") and "never get a gradient" in METRICS["tax_kl"]
     assert "equivalent correct answers" in METRICS["equiv_entropy"] and "last 10 steps" in METRICS["equiv_entropy"]
     assert "1/length" in METRICS["residual_length"] and "CPU seconds" in METRICS["cpu_s"]
     assert not any("|" in METRICS[m] for m in NEW_OUTCOMES)  # a name never breaks the markdown it is written into
@@ -246,3 +247,86 @@ def test_the_real_model_sentence_says_when_nothing_replicated():
 def test_readme_says_what_replicated_on_the_real_model():
     readme = (ROOT / "README.md").read_text()
     assert re.search(r"On SmolLM2-135M-Instruct \(sum task, CPU\), (\d+ of the \d+|none of the \d+) rows replicated", readme)
+
+
+# ----- issue 57: what the real model's sentences may say -------------------------------------------------------------
+
+
+def test_a_signed_metric_reads_in_its_own_units_beside_the_control_mean_and_length_aware_carries_its_caveat():
+    """residual_length takes either sign: its change is never a percent of a control mean near 0, and under length-aware
+    Min-Replace it is lower by construction (CAVEATS); under another method it carries no caveat."""
+    from dfpo.core.findings import Finding, Row, finding_sentences
+
+    values = {"residual_length": [-0.08, -0.1, -0.06, -0.09]}
+    for method, caveat in (("dfpo_min:length_aware=true", True), ("dfpo_min", False)):
+        ev = _compare_evidence({method: values, "gspo": {"residual_length": [0.05, 0.06, 0.04, 0.05]}})
+        finding = Finding("f", "a topic", (Row("synthetic", method, "gspo", "residual_length", ("lower", "lower")),))
+        (sentence,) = finding_sentences(Summary("attribution", [finding], {"synthetic": ev}), finding)
+        phrase = sentence.split(": ", 1)[1]
+        assert "lower: -0.133 [" in phrase and "(control mean +0.05)" in phrase and "%" not in phrase
+        assert ("lower by construction" in phrase) == caveat
+
+
+def test_the_stored_length_part_of_the_residual_is_in_absolute_units_computed_from_its_records():
+    import numpy as np
+
+    from dfpo.core.findings import finding_sentences
+
+    page = summaries(FINDINGS, EVIDENCE, "attribution")
+    (finding,) = [f for f in page.findings if any(r.metric == "residual_length" for r in f.rows)]
+    text = " ".join(finding_sentences(page, finding))
+    (row,) = [r for r in finding.rows if r.metric == "residual_length"]
+    records = EVIDENCE[row.experiment]["sets"]["confirmation"]["doc"]["records"]
+    seeds = sorted(records[row.control], key=int)
+    method = np.array([records[row.method][s]["residual_length"] for s in seeds])
+    control = np.array([records[row.control][s]["residual_length"] for s in seeds])
+    assert f"lower: {np.mean(method - control):+.3g} [" in text and f"(control mean {np.mean(control):+.3g})" in text
+    assert "lower by construction" in text and not re.search(r"residual \(eq 2's residual due.*?lower: [-+][\d.]+%", text)
+
+
+def test_a_topic_says_step_size_matched_only_where_the_stored_tables_match_the_step_size():
+    """A finding's topic calling its control step-size-matched needs every row's control to be step-size-matched in the
+    stored tables (the score form's gspo_noclip is only trust-region-matched: its step size is said as a figure)."""
+    from dfpo.core.findings import control_text
+
+    for f in FINDINGS:
+        if "step-size-matched" in f.topic:
+            for r in f.rows:
+                assert "step-size-matched" in control_text(EVIDENCE[r.experiment], "confirmation", r), (f.id, r.key())
+
+
+def test_the_update_norm_match_is_a_figure_computed_from_the_stored_tables():
+    import numpy as np
+
+    from dfpo.core.findings import Row, control_text
+
+    ev = EVIDENCE["smollm2"]
+    row = Row("smollm2", "dfpo_min:stopgrad=score", "gspo_noclip", "eval", ("inconclusive", "inconclusive"))
+    change = {}
+    for which in SETS:
+        records = ev["sets"][which]["doc"]["records"]
+        seeds = sorted(records[row.control], key=int)
+        m, c = ([records[label][s]["update_norm"] for s in seeds] for label in (row.method, row.control))
+        change[which] = 100 * (np.mean(m) / np.mean(c) - 1)
+    text = control_text(ev, "confirmation", row)
+    within = math.ceil(max(abs(v) for v in change.values()))
+    assert text.startswith("against its trust-region-matched control gspo_noclip (") and f"within {within}% of the control's" in text
+    assert f"{change['confirmation']:+.1f}% on the confirmation set, {change['discovery']:+.1f}% on the discovery set" in text
+
+
+def test_a_synthetic_update_norm_two_percent_above_the_controls_reads_within_2_percent():
+    from dfpo.core.findings import Row, update_norm_text
+
+    ev = _compare_evidence({"m": {"update_norm": [1.02, 2.04]}, "c": {"update_norm": [1.0, 2.0]}})
+    ev["sets"] = {w: {**s, "controls": {"m - c": []}} for w, s in ev["sets"].items()}
+    text = update_norm_text(ev, Row("synthetic", "m", "c", "eval", ("inconclusive", "inconclusive")))
+    assert "within 2% of the control's: +2.0% on the confirmation set, +2.0% on the discovery set" in text
+    without = _compare_evidence({"m": {"eval": [0.5, 0.6]}, "c": {"eval": [0.5, 0.6]}})
+    assert update_norm_text(without, Row("synthetic", "m", "c", "eval", ("inconclusive", "inconclusive"))) == ""
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/attribution.md", "docs/trainer.md"])
+def test_the_real_models_tax_is_named_a_proxy_wherever_a_page_prints_it(page):
+    """SmolLM2's eval/tax_kl is a KL at the prompt positions, which never get a gradient: never 'learning tax' bare."""
+    text = (ROOT / page).read_text()
+    assert "learning tax (KL of pi_init" not in text and "learning tax `eval/tax_kl`" not in text

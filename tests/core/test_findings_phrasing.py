@@ -128,3 +128,17 @@ def test_a_row_it_cannot_bound_says_why_instead_of_inf():
     pair = (Verdict("lower", stats.paired_censored_interval([50.0] * 8, [False] * 7 + [True], [60.0] * 8, None, tests=42), 60.0),) * 2
     text = phrase("steps", (pair[0], pair[1]))
     assert "inf" not in text and "no interval (n = 8 seeds: a sign-test interval of the median at level 0.9988 needs >= 11)" in text
+
+
+def test_an_absolute_verdict_reads_in_the_metrics_own_units_beside_the_control_mean():
+    """A metric of either sign (SIGNED) is never a percent of its control's mean, which can lie near 0."""
+    pair = tuple(Verdict("lower", stats.Interval(-0.139, -0.194, -0.084, 8, 0.95, 52), 0.0537, absolute=True) for _ in range(2))
+    assert pair[0].relative() is None
+    text = phrase("length part", pair)
+    assert (
+        text
+        == "length part lower: -0.139 [-0.194, -0.084] (control mean +0.0537) (discovery set: -0.139 [-0.194, -0.084] (control mean +0.0537))"
+    )
+    small = tuple(Verdict("negligible", stats.Interval(1e-4, -2e-4, 3e-4, 8, 0.95, 1), 0.05, absolute=True) for _ in range(2))
+    assert phrase("length part", small) == "length part: no change larger than 0.0003 (control means +0.05, +0.05)"
+    assert "%" not in phrase("length part", small)

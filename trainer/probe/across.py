@@ -34,13 +34,20 @@ KEYS = (
     "shared_momentum",
     "shared_decay",
     "shared_measured",
+    "shared_predicted",
+    "shared_error",
+    "shared_error_ratio",
     "shared_batch_cross_share",
     "equiv_logodds_direct",
     "equiv_logodds_cross",
     "equiv_logodds_momentum",
     "equiv_logodds_measured",
+    "equiv_logodds_predicted",
+    "equiv_logodds_error",
+    "equiv_logodds_error_ratio",
 )
-"""The drift/* keys a stored row keeps (a key a step did not log is left out of its row)."""
+"""The drift/* keys a stored row keeps (a key a step did not log is left out of its row). A document stored before
+the prediction and its error were kept has neither (``error_sentence`` says so)."""
 PARTS = ("direct", "cross", "momentum", "decay", "measured")
 """The parts the figure draws for shared events, in this order."""
 
@@ -83,16 +90,20 @@ def found_per_step(doc: dict) -> list[float]:
 
 
 def summary_sentence(doc: dict) -> str:
-    """What the stored runs say, generated: found shared events per probed step (median, range), equivalent pairs,
-    and each objective's mean shares of direct, cross and momentum in the shared events' first-order prediction."""
+    """What the stored runs say, generated: how many seeds they rest on, found shared events per probed step (median,
+    range), equivalent pairs, the first-order error (or that the document does not store it), and each objective's mean
+    shares of direct, cross and momentum in the shared events' first-order prediction."""
     found = found_per_step(doc)
     pairs = [row.get("equiv_pairs", 0.0) for run in doc["runs"].values() for row in run["steps"]]
     labels = ", ".join(f"`{label}`" for label in doc["runs"])
     steps = sorted({row["step"] for run in doc["runs"].values() for row in run["steps"]})
+    seeds = sorted({run["seed"] for run in doc["runs"].values()})
     text = (
-        f"`log.param_drift` in {len(doc['runs'])} training runs ({labels}; probed at steps {', '.join(map(str, steps))}) found "
+        f"`log.param_drift` in {len(doc['runs'])} training runs, one seed an objective ({'seed' if len(seeds) == 1 else 'seeds'} "
+        f"{', '.join(map(str, seeds))}: no interval over seeds; {labels}; probed at steps {', '.join(map(str, steps))}) found "
         f"a median of {statistics.median(found):g} shared events a probed step (min {min(found):g}, max {max(found):g}, "
-        f"{len(found)} probed steps) and {sum(1 for p in pairs if p > 0)} of {len(pairs)} probed steps had an equivalent pair."
+        f"{len(found)} probed steps) and {sum(1 for p in pairs if p > 0)} of {len(pairs)} probed steps had an equivalent pair. "
+        + error_sentence(doc)
     )
     parts = []
     for label, run in doc["runs"].items():
@@ -102,6 +113,18 @@ def summary_sentence(doc: dict) -> str:
     if parts:
         text += " Mean abs share of the shared events' first-order prediction over its probed steps: " + "; ".join(parts) + "."
     return text
+
+
+def error_sentence(doc: dict) -> str:
+    """The largest first-order error of the shared events over every stored probed step (error / mean abs measured), or
+    that the document does not store the prediction and its error (stored before ``KEYS`` kept them)."""
+    ratios = [row["shared_error_ratio"] for run in doc["runs"].values() for row in run["steps"] if "shared_error_ratio" in row]
+    if not ratios:
+        return (
+            "The document stores neither the first-order prediction nor its error, so how far the parts below are from the "
+            "measured change is not known (a document stored by this version keeps both)."
+        )
+    return f"The first-order prediction misses the shared events' measured change by at most {100 * max(ratios):.1f}% of it."
 
 
 def _mean_shares(steps: list[dict]) -> dict[str, float]:

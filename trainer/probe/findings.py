@@ -5,6 +5,11 @@ set on disjoint seeds, written by the commands ``STORED`` names. ``findings_bloc
 that docs/probe.md, docs/cancellation.md and docs/attribution.md hold (``scripts/update_readme.py``): only what both
 sets agree on is written (``dfpo.core.drift_tables.replication``). This is the one place those sentences come from,
 so they can move into a findings ledger as they are.
+
+Beside the replicated findings each pair's block says (``pair_notes``): on how many seeds an objective's batch gave the
+probed events no gradient (so only the optimiser's state moved them, and a comparison or a share there is degenerate,
+``dfpo.core.drift_tables.degenerate``), the largest first-order error of both sets, and each share that both sets put
+near one half (``NEAR_HALF``) without deciding its side.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...core.drift_tables import findings_markdown
+from ...core.drift_tables import KIND_WORDS, KINDS, SHARE_TESTS, SHARE_WORDS, cross_shares, findings_markdown, values
 from ...core.probe import OLD_RULE, document_rule
 
 STORED = (
@@ -82,9 +87,97 @@ def titled(title: str, discovery: dict, confirmation: dict) -> str:
     return title
 
 
+NEAR_HALF = 0.25
+"""A cross share is "about half" when both seed sets' adjusted intervals hold 1/2 and lie within 1/2 +- this."""
+
+
+def idle_seeds(doc: dict, label: str) -> list[int]:
+    """The seeds on which ``label``'s batch gave every probed event no gradient (direct and cross both 0 for each kind of
+    event the seed had): only the optimiser's state from earlier steps and weight decay moved them."""
+    out = []
+    for seed in doc["seeds"]:
+        parts = [(values(doc, label, kind, "direct").get(seed), values(doc, label, kind, "cross").get(seed)) for kind in KINDS]
+        held = [(d, c) for d, c in parts if d is not None and c is not None]
+        if held and all(d == 0 and c == 0 for d, c in held):
+            out.append(seed)
+    return out
+
+
+def idle_sentence(discovery: dict, confirmation: dict) -> str:
+    """Which objectives' batch gave the probed events no gradient, and on how many of both sets' seeds ('' when none)."""
+    total = len(discovery["seeds"]) + len(confirmation["seeds"])
+    counts = {label: len(idle_seeds(discovery, label)) + len(idle_seeds(confirmation, label)) for label in discovery["objectives"]}
+    if not any(counts.values()):
+        return ""
+    groups: dict[int, list[str]] = {}
+    for label, n in counts.items():
+        groups.setdefault(n, []).append(f"`{label}`")
+    parts = [f"under {' and '.join(labels)} on {n} of {total} seeds" for n, labels in sorted(groups.items(), reverse=True)]
+    return (
+        "The batch gave the probed events no gradient at the probed step (direct and cross both 0, so only the optimiser's "
+        f"state from earlier steps and weight decay moved them) {'; '.join(parts)}."
+    )
+
+
+def error_sentence(discovery: dict, confirmation: dict) -> str:
+    """The largest first-order error (error_ratio: mean abs(measured - predicted) over a seed's events / their mean abs
+    measured change) of both sets, and where it is ('' when no record holds one)."""
+    ratios = [
+        (r["error_ratio"], r["objective"], r["kind"], r["seed"])
+        for d in (discovery, confirmation)
+        for r in d["records"]
+        if "error_ratio" in r
+    ]
+    if not ratios:
+        return ""
+    worst, label, kind, seed = max(ratios)
+    return (
+        f"First-order error: the prediction (direct + cross + momentum + decay) misses the measured change by at most {100 * worst:.1f}% "
+        f"of it (mean abs over a seed's events), on every objective, kind of event and seed of both sets (the worst: `{label}`, "
+        f"{KIND_WORDS[kind]}, seed {seed})."
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def half_sentences(discovery: dict, confirmation: dict) -> list[str]:
+    """Each cross share that neither set puts on one side of 1/2 but both put within ``NEAR_HALF`` of it: about half."""
+    out = []
+    for figure in SHARE_TESTS:
+        conf = {(s.objective, s.kind): s for s in cross_shares(confirmation, figure)}
+        for d in cross_shares(discovery, figure):
+            c = conf.get((d.objective, d.kind))
+            pair = (d.interval, c.interval) if c is not None else ()
+            if not pair or not all(0.5 - NEAR_HALF <= iv.low <= 0.5 <= iv.high <= 0.5 + NEAR_HALF for iv in pair):
+                continue
+            out.append(
+                f"Under `{d.objective}` about half {SHARE_WORDS[figure]} for {KIND_WORDS[d.kind]} comes through the cross term "
+                f"(the rest of the batch's gradient): {_pct(c.interval.mean)} [{_pct(c.interval.low)}, {_pct(c.interval.high)}] on the "
+                f"confirmation set, {_pct(d.interval.mean)} [{_pct(d.interval.low)}, {_pct(d.interval.high)}] on the discovery set "
+                f"(both intervals hold one half and lie within {_pct(0.5 - NEAR_HALF)}-{_pct(0.5 + NEAR_HALF)}; neither side replicates)."
+            )
+    return out
+
+
+def pair_notes(discovery: dict, confirmation: dict) -> list[str]:
+    """What a pair's block says beside its findings: the seeds without a batch gradient, the first-order error, and the
+    shares near one half."""
+    return [t for t in (idle_sentence(discovery, confirmation), error_sentence(discovery, confirmation)) if t] + half_sentences(
+        discovery, confirmation
+    )
+
+
+def pair_block(title: str, discovery: dict, confirmation: dict) -> str:
+    """One stored pair's markdown: its replicated findings (``findings_markdown``), then its ``pair_notes``."""
+    notes = [f"  - {n}" for n in pair_notes(discovery, confirmation)]
+    return "\n".join([findings_markdown([(titled(title, discovery, confirmation), discovery, confirmation)]), *notes])
+
+
 def findings_block(folder: Path) -> str:
-    """The replicated findings of every stored pair, as markdown."""
-    return findings_markdown([(titled(*pair), pair[1], pair[2]) for pair in load_stored(folder)])
+    """The replicated findings of every stored pair, with each pair's notes, as markdown."""
+    return "\n".join(pair_block(*pair) for pair in load_stored(folder))
 
 
 REAL_MODEL = "smollm2"
@@ -109,7 +202,7 @@ def real_model_block(folder: Path, figure: str) -> str:
             "",
             f"- discovery set: {events_sentence(disc)} {pairs_sentence(disc)}",
             f"- confirmation set: {events_sentence(conf)} {pairs_sentence(conf)}",
-            findings_markdown([(titled(title, disc, conf), disc, conf)]),
+            pair_block(title, disc, conf),
             "",
             f"Across training (`{drift['command']}` for each objective): {across.summary_sentence(drift)}",
             "",
