@@ -129,3 +129,29 @@ def test_the_graph_covers_the_whole_installed_package():
     graph = import_graph()
     assert {"dfpo.cli", "dfpo.core.probe", "dfpo.trainer.run.code", "dfpo.trainer.run.folder"} <= set(graph)
     assert "dfpo.trainer.run.code" in graph["dfpo.trainer.run.folder"]
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module a chain of imports leads to from ``start`` (``start`` itself left out unless a cycle returns)."""
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        if (node := todo.pop()) not in seen:
+            seen.add(node)
+            todo.extend(graph.get(node, ()))
+    return seen
+
+
+def test_the_run_folder_code_does_not_depend_on_the_training_stages():
+    """trainer/run (the run folder, its logs and checkpoints) is what the stages write into, never the reverse: no
+    chain of imports leads from a dfpo.trainer.run module to dfpo.trainer.stages (the file names both use, such as
+    tax_reference.pt, are spelt in run.layout)."""
+    graph = import_graph()
+    reached = {
+        (module, target)
+        for module in graph
+        if module.startswith("dfpo.trainer.run.")
+        for target in reachable(graph, module)
+        if target.startswith("dfpo.trainer.stages")
+    }
+    assert not reached, sorted(reached)

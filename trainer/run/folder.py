@@ -42,7 +42,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
-from ..stages.tax import TAX_REFERENCE
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
 from .code import code_record, recorded_sources, source_sha256
 from .layout import RunDir
@@ -66,7 +65,7 @@ SAVE_PRETRAINED_FILES = frozenset(
 init_model/ whose save was cut off before its record may hold."""
 
 
-ATOMIC_FILES = RunDir.STARTUP_FILES | {TAX_REFERENCE}
+ATOMIC_FILES = RunDir.STARTUP_FILES | {RunDir.TAX_REFERENCE}
 """The files written before a first checkpoint through a temporary ``.NAME.*.tmp`` beside them (``write_text_atomic``,
 ``tax.save_reference``), which a kill may leave behind."""
 
@@ -200,10 +199,10 @@ def write_init_model(folder: Path, save: Callable[[Path], None]) -> None:
         ) from None
 
 
-UNCHECKPOINTED_FILES = RunDir.STARTUP_FILES | set(RunDir.LOGS) | {TAX_REFERENCE}
+UNCHECKPOINTED_FILES = RunDir.STARTUP_FILES | set(RunDir.LOGS) | {RunDir.TAX_REFERENCE}
 """What a run that never wrote a checkpoint may leave (besides init_model/ and tb/, and the temporary files of
 ``_is_own_temp_file``): its start-up files, and of a run with train.save_every = 0 that died before its end, its logs
-and the learning tax's pi_init (``stages.tax.TAX_REFERENCE``, written at the step-0 eval). Clearing that one is right:
+and the learning tax's pi_init (``RunDir.TAX_REFERENCE``, written by ``stages.tax`` at the step-0 eval). Clearing that one is right:
 the run starts again from the initial weights and its step-0 eval scores pi_init again."""
 TENSORBOARD_PREFIX = "events.out.tfevents."
 """The name of every file TensorBoard's SummaryWriter writes into tb/."""

@@ -11,6 +11,7 @@ instead of joining names to a path. Standard library only, so the explorer reads
     .lock               the process that trains here now
     init_model/         the tiny preset's warm-started model (safetensors)
     tb/                 TensorBoard events          curves.png     the run's curves
+    tax_reference.pt    pi_init at the eval prompts' positions, scored at the step-0 eval (``stages.tax``)
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class RunDir:
     INIT_MODEL = "init_model"
     TENSORBOARD = "tb"
     CURVES = "curves.png"
+    TAX_REFERENCE = "tax_reference.pt"
+    """Written by ``stages.tax`` (pi_init for eval/tax_kl), read by ``run.folder`` (a file a fresh start may clear)."""
 
     LOGS = (METRICS, EVALS, SAMPLES)
     """The JSON Lines logs, in the order the trainer opens them."""

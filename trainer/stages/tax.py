@@ -30,9 +30,11 @@ import torch
 from torch import Tensor
 
 from ...core.files import WriteFailed, describe_write_error, write_atomic
+from ..run.layout import RunDir
 
-TAX_REFERENCE = "tax_reference.pt"
-"""The run folder's file holding pi_init at the eval prompts' positions (a dict of tensors, read with weights_only)."""
+TAX_REFERENCE = RunDir.TAX_REFERENCE
+"""The run folder's file holding pi_init at the eval prompts' positions (a dict of tensors, read with weights_only);
+its name is spelt in ``run.layout``, where ``run.folder`` reads it too."""
 TOP_K = 256
 """pi_init's tokens kept exactly per position; the rest is one bin."""
 BATCH_PROMPTS = 16
