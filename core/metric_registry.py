@@ -238,7 +238,8 @@ METRICS: tuple[Metric, ...] = (
         "forms/{name}",
         "mean",
         "arithmetic tasks: share of completions of each surface form (add/equiv: number, swap, split, echo, invalid; "
-        "sum: number, equation, sentence, wrong)",
+        "sum and sum_template: number, equation, sentence, wrong; sum_template also template, the share that restate "
+        "the problem before a result, 'a + b + c = N', right or wrong: dfpo.trainer.tasks.in_template)",
         _TRAINER,
     ),
     *(
@@ -293,11 +294,35 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "eval/tax_kl",
         "mean",
-        "learning tax (Prop. 3.1): KL(pi_init || pi_now) of the next-token distribution at the eval prompts' own positions "
-        "(tokens never generated nor scored), mean over positions; pi_init coarsened to its top-k tokens and one bin for "
-        "the rest (a lower bound of the full KL, exact when k >= vocab; dfpo.trainer.stages.tax)",
+        "a proxy of the learning tax at positions that never get a gradient: KL(pi_init || pi_now) of the next-token "
+        "distribution at the eval prompts' own positions (the chat template and the question: tokens never generated nor "
+        "scored, moved only through shared parameters), mean over positions; pi_init coarsened to its top-k tokens and one "
+        "bin for the rest (a lower bound of the full KL, exact when k >= vocab; dfpo.trainer.stages.tax). The tax where "
+        "Prop. 3.1 puts it is eval/template_kl",
         _EVAL,
     ),
+    Metric(
+        "eval/template_kl",
+        "mean",
+        "learning tax where Prop. 3.1 puts it (tasks with an answer template: sum_template): KL(pi_init || pi_now) at the "
+        "template's positions of each eval problem, teacher-forced (prompt + 'a + b + c = ': the distributions that "
+        "predict the template's tokens, the shared contexts of a warmed-up group), mean over positions; coarsened as "
+        "eval/tax_kl (dfpo.trainer.stages.tax)",
+        _EVAL,
+    ),
+    Metric(
+        "eval/template",
+        "mean",
+        "sum_template: share of the eval samples (k per prompt) that restate the problem before a result (dfpo.trainer.tasks.in_template)",
+        _EVAL,
+    ),
+    Metric(
+        "eval/greedy_acc",
+        "mean",
+        "eval.greedy, at step 0 and the end: share of eval prompts whose greedy completion (temperature 0) is correct",
+        _EVAL,
+    ),
+    Metric("eval/greedy_template", "mean", "eval.greedy, sum_template: share of the greedy completions in the template", _EVAL),
 )
 
 

@@ -10,7 +10,8 @@ A config file is TOML with a few top-level keys and one table per section::
     [objective]  name of a dfpo.OBJECTIVES preset and its overrides
     [optim]      AdamW, schedule, mini-batches, accumulation, clipping
     [train]      steps, checkpoints, non-finite guard
-    [eval]       avg@k every N steps
+    [eval]       avg@k every N steps, a greedy eval at the ends
+    [warmup]     a supervised warm-up of any model, cached and shared by every run of an experiment
     [log]        samples, TensorBoard, progress bar, diagnostics
 
 Every field is declared once with ``dfpo.core.settings.setting``: its default, what it means, and its
@@ -44,7 +45,7 @@ from .run.layout import RunDir
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-TASKS = ("add", "equiv", "sum", "jsonl", "reasoning_gym", "hf")
+TASKS = ("add", "equiv", "sum", "sum_template", "jsonl", "reasoning_gym", "hf")
 REWARD_KINDS = ("auto", "exact", "last_int", "math_verify", "equiv", "reasoning_gym", "user")
 CHAT_TEMPLATE = ("auto", "on", "off")
 MOVED_KEYS = {
@@ -104,7 +105,9 @@ class DataConfig:
     task: str = setting(
         "add",
         "add (integer 'a+b='), equiv (a+b with several correct surface forms), sum ('What is a + b? Answer with just the "
-        "number.': a chat model's task), jsonl, reasoning_gym, hf.",
+        "number.': a chat model's task), sum_template (the same sums, 'First write the sum as an equation, then the "
+        "result.': answers that restate the problem, 'a + b = N', share their first tokens across a group), jsonl, "
+        "reasoning_gym, hf.",
         choices=TASKS,
     )
     path: str = setting("", 'task=jsonl: a JSONL file with one {"prompt": ..., "answer": ...} object per line.')
@@ -120,6 +123,12 @@ class DataConfig:
     operands: int = setting(2, "task=sum: numbers added in each problem.", bounds=Bounds(2, 8))
     train_size: int = setting(5000, "Built-in and reasoning_gym tasks: number of train problems generated.", bounds=Bounds(1))
     eval_size: int = setting(64, "Number of held-out problems for evaluation.", bounds=Bounds(1))
+    eval_seed: int = setting(
+        -1,
+        "Generated tasks (built-in, reasoning_gym): seed of the held-out problems; -1 = the run's seed + 10007. Set it (>= 0) "
+        "to hold out the same problems in every run of an experiment; warmup.steps > 0 needs it.",
+        bounds=Bounds(-1, 2**32 - 1),
+    )
     prompt_template: str = setting(
         "{prompt}", "Prompt text with {prompt} replaced by the raw prompt (plain replacement: other braces stay)."
     )
@@ -142,7 +151,7 @@ class DataConfig:
 class RewardConfig:
     kind: str = setting(
         "auto",
-        "Correctness reward: auto (by task: last_int for sum), exact, last_int (the last number written equals the integer answer), "
+        "Correctness reward: auto (by task: last_int for sum and sum_template), exact, last_int (the last number written equals the integer answer), "
         "math_verify, equiv, reasoning_gym, user.",
         choices=REWARD_KINDS,
     )
@@ -306,6 +315,31 @@ class EvalConfig:
     k: int = setting(4, "Samples per eval prompt for avg@k.", bounds=Bounds(1))
     temperature: float = setting(1.0, "Eval sampling temperature (at least 0.01, as rollout.temperature).", bounds=Bounds(MIN_TEMPERATURE))
     kappa: float = setting(0.5, "Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve.", bounds=Bounds(-math.inf))
+    greedy: bool = setting(
+        False,
+        "Also decode every held-out problem greedily (temperature 0) at step 0 and at the end: eval/greedy_acc (and, for "
+        "sum_template, eval/greedy_template), a figure with little sampling noise.",
+    )
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    steps: int = setting(
+        0,
+        "Supervised warm-up steps on the task's targets (sum_template: 'a + b = N') before RL, for any model (0 = none; the "
+        "tiny preset's own warm start is model.sft_steps). The warmed-up model is cached under cache_dir, keyed by the "
+        "model, the data settings and these keys: every run of an experiment reuses it.",
+        bounds=Bounds(0),
+    )
+    batch_size: int = setting(8, "Examples per warm-up step.", bounds=Bounds(1))
+    lr: float = setting(2e-5, "AdamW learning rate of the warm-up.", bounds=Bounds(0, low_open=True))
+    seed: int = setting(
+        0,
+        "The warm-up's own seed (its train problems, their order; the tiny preset's initialisation), not the run's: runs "
+        "of every seed start from the same warmed-up model.",
+        bounds=Bounds(0, 2**32 - 1),
+    )
+    cache_dir: str = setting("", "Folder of cached warm-ups ('' = $DFPO_CACHE/warmup, else ~/.cache/dfpo/warmup).")
 
 
 @dataclass(frozen=True)
@@ -372,7 +406,12 @@ class Config:
         factory=TrainConfig, doc="The run: steps, checkpoints, the non-finite guard and how several processes share the model."
     )
     eval: EvalConfig = setting(
-        factory=EvalConfig, doc="Evaluation: avg@k on held-out problems every N steps, and the kappa of Steps(reward >= kappa)."
+        factory=EvalConfig,
+        doc="Evaluation: avg@k on held-out problems every N steps, a greedy eval at step 0 and the end, and the kappa of Steps(reward >= kappa).",
+    )
+    warmup: WarmupConfig = setting(
+        factory=WarmupConfig,
+        doc="A supervised warm-up of the model on the task's targets before RL, from its own seed, cached and reused by every run of an experiment.",
     )
     log: LogConfig = setting(
         factory=LogConfig, doc="Logging: sample completions, TensorBoard, wandb, the progress bar and the Energy and residual diagnostics."
@@ -551,6 +590,23 @@ def validate(cfg: Config) -> None:
         raise ValueError(f"log.energy_buckets must be increasing shares in (0, 1), got {buckets!r}")
     if cfg.reward.kind in ("equiv",) and cfg.data.task not in ("equiv", "add"):
         raise ValueError('reward.kind = "equiv" works only with data.task = "add" or "equiv"')
+    check_warmup(cfg)
+
+
+GENERATED_TASKS = ("add", "equiv", "sum", "sum_template", "reasoning_gym")
+"""Tasks whose held-out problems are drawn from a seed (``tasks.eval_split_seed``)."""
+
+
+def check_warmup(cfg: Config) -> None:
+    """A warm-up from its own seed must hold out the run's held-out problems: with a generated task, whose eval split
+    follows the run's seed unless data.eval_seed fixes it, warmup.steps > 0 needs data.eval_seed >= 0 (else the
+    warm-up of one cell could train on another cell's held-out problems). One sentence."""
+    if cfg.warmup.steps > 0 and cfg.data.task in GENERATED_TASKS and cfg.data.eval_seed < 0:
+        raise ValueError(
+            f"warmup.steps={cfg.warmup.steps} warms the model up once for every run seed, but data.eval_seed = -1 draws "
+            f"data.task = {cfg.data.task!r}'s held-out problems from each run's seed, so the warm-up could train on them; "
+            "set data.eval_seed to a seed (e.g. 0)"
+        )
 
 
 def check_decode(cfg: Config) -> None:

@@ -139,11 +139,14 @@ def sft_warm_start(
     seed: int,
     device,
     on_step: Callable[[int, float], None] | None = None,
+    encode_prompt: Callable[[object], list[int]] | None = None,
 ) -> list[float]:
     """Supervised steps on prompt -> target<eos> (loss on target tokens only). Returns the losses.
 
     ``target_fn(example, rng) -> str`` gives the supervised target (the answer, or one of the
     equivalent surface forms for the equiv task). ``on_step(steps_done, loss)`` after each step (progress lines).
+    ``encode_prompt(example) -> ids``: the prompt as the policy reads it (a chat model's template; ``warmup``); the
+    raw prompt's tokens when None (the tiny preset).
     """
     if steps <= 0:
         return []
@@ -158,7 +161,7 @@ def sft_warm_start(
             batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
             seqs = []
             for ex in batch:
-                p = tokenizer(ex.prompt, add_special_tokens=False).input_ids
+                p = tokenizer(ex.prompt, add_special_tokens=False).input_ids if encode_prompt is None else list(encode_prompt(ex))
                 c = tokenizer(target_fn(ex, rng), add_special_tokens=False).input_ids + [eos]
                 seqs.append((p, c))
             width = max(len(p) + len(c) for p, c in seqs)
@@ -306,8 +309,19 @@ class Model:
 
 
 def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: Path, say: Callable[[str], None]) -> None:
-    """The tiny preset from scratch: char tokenizer, Qwen2 initialised with ``seed``, ``mcfg.sft_steps`` supervised
-    steps on the task's ``sft_target``; model and tokenizer saved to ``init_dir``."""
+    """The tiny preset from scratch (``warm_started_tiny``), model and tokenizer saved to ``init_dir``."""
+    model, tok = warm_started_tiny(mcfg, task, examples, seed=seed, device=device, say=say)
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    write_init_model(init_dir, save)
+
+
+def warm_started_tiny(mcfg, task: str, examples, *, seed: int, device, say: Callable[[str], None]):
+    """(model, tokenizer) of the tiny preset from scratch: char tokenizer, Qwen2 initialised with ``seed``,
+    ``mcfg.sft_steps`` supervised steps on the task's ``sft_target``."""
     tok = build_char_tokenizer()
     model = build_tiny_model(mcfg, tok, seed).to(device)
     t0, lines = time.time(), logs.Every(logs.PROGRESS_EVERY_S)
@@ -330,12 +344,7 @@ def warm_start_tiny(mcfg, task: str, examples, *, seed: int, device, init_dir: P
     )
     if losses:
         say(f"tiny preset: {mcfg.sft_steps} SFT steps in {time.time() - t0:.1f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-
-    def save(folder: Path) -> None:
-        model.save_pretrained(folder)
-        tok.save_pretrained(folder)
-
-    write_init_model(init_dir, save)
+    return model, tok
 
 
 def load_policy(
@@ -349,20 +358,25 @@ def load_policy(
     train_examples,
     on_rank0: Callable,
     say: Callable[[str], None],
+    warm: Path | None = None,
 ) -> Model:
     """The policy of ``cfg.model``: the tiny preset (warmed up and saved under RUN_DIR/init_model by rank 0 on a
-    fresh run, reloaded from there by every rank) or a local/hub model; the reference model when ``with_ref`` and
-    no LoRA; gradient checkpointing and LoRA adapters as configured; in train mode."""
+    fresh run, reloaded from there by every rank) or a local/hub model; or ``warm``, the folder of a supervised
+    warm-up of either (warmup.steps > 0: ``warmup.ensure_warm_model``, which the trainer calls first), read as data
+    only; the reference model when ``with_ref`` and no LoRA; gradient checkpointing and LoRA adapters as configured;
+    in train mode."""
     m = cfg.model
     init_dir = RunDir(run_dir).init_model
-    if m.name == "tiny":
+    if warm is not None:  # the same folder on every rank and in every run of the same warm-up
+        source = str(warm)
+    elif m.name == "tiny":
         if not resume:  # rank 0 warms up and saves; every rank loads the saved model below
             on_rank0(lambda: warm_start_tiny(m, cfg.data.task, train_examples, seed=cfg.seed, device=device, init_dir=init_dir, say=say))
         source = str(init_dir)
     else:
         source = m.name
     weights_dtype = dtype if m.name != "tiny" else torch.float32
-    from_run_folder = m.name == "tiny"
+    from_run_folder = m.name == "tiny" or warm is not None  # a folder dfpo wrote: safetensors, no remote code
     model, tok = load_pretrained_policy(source, m, device, weights_dtype, from_run_folder=from_run_folder)
     check_pad_token(tok, m.pad_token)
     ref = None

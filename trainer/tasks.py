@@ -12,9 +12,15 @@ Every source yields ``Example(prompt, answer, meta)``. Built-in tasks:
   data.min_operand..data.max_operand) -> "49", scored by the last integer of the completion (``reward.kind =
   "last_int"``). A correct answer still has several surface forms ("49", "12 + 7 + 30 = 49", "The answer is
   49."): ``sum_surface_form`` names them for the same drift diagnostics.
+- ``sum_template``: a task on which whole groups share tokens (issue 58): "What is 12 + 7 + 30? First write the sum
+  as an equation, then the result." -> "49", scored as ``sum``; its supervised target (``template_answer``) restates
+  the problem before the result, "12 + 7 + 30 = 49", so a policy warmed up on it writes the same tokens
+  "12 + 7 + 30 = " in every completion of a group: the shared contexts of Prop. 3.1. ``answer_template`` is that
+  prefix (the teacher-forced positions of ``eval/template_kl``), ``in_template`` whether a completion restates it.
 
-What the trainer asks of a task, besides its examples: ``sft_target`` (the tiny preset's warm-start target) and
-``surface_form_shares`` (the ``forms/*`` metrics of the arithmetic tasks). How a prompt becomes token ids (the prompt
+What the trainer asks of a task, besides its examples: ``sft_target`` (the target of the tiny preset's warm start and
+of ``warmup``'s), ``surface_form_shares`` (the ``forms/*`` metrics of the arithmetic tasks), ``answer_template`` and
+``template_share`` (the template of ``sum_template``). How a prompt becomes token ids (the prompt
 template, the tokenizer's chat template with data.system_prompt's system turn, the length limit) is ``prompts``.
 """
 
@@ -124,11 +130,60 @@ def sum_example(operands: tuple[int, ...] | list[int]) -> Example:
     return Example(prompt=SUM_PROMPT.format(terms=terms), answer=str(sum(operands)), meta={"operands": list(operands)})
 
 
+SUM_TEMPLATE_PROMPT = "What is {terms}? First write the sum as an equation, then the result."
+"""The ``sum_template`` task's prompt (issue 58's wording); {terms} as in SUM_PROMPT."""
+
+
+def sum_template_example(operands: tuple[int, ...] | list[int]) -> Example:
+    """The sum_template problem of ``operands``: "What is 12 + 7 + 30? First write the sum as an equation, then the
+    result." -> "49" (scored by the last integer, as ``sum``)."""
+    terms = " + ".join(str(x) for x in operands)
+    return Example(prompt=SUM_TEMPLATE_PROMPT.format(terms=terms), answer=str(sum(operands)), meta={"operands": list(operands)})
+
+
+TEMPLATE_TASKS = ("sum_template",)
+"""Tasks whose answers restate the problem before the result (``answer_template``)."""
+
+
+def answer_template(example: Example) -> str:
+    """The template a ``sum_template`` answer starts with: the problem restated as an equation up to its result,
+    "12 + 7 + 30 = " (the tokens every completion of a warmed-up group shares)."""
+    return " + ".join(str(x) for x in example.meta["operands"]) + " = "
+
+
+def template_answer(example: Example) -> str:
+    """The supervised target of ``sum_template``: the template, then the result ("12 + 7 + 30 = 49")."""
+    return answer_template(example) + example.answer
+
+
+def in_template(completion: str, example: Example) -> bool:
+    """Whether ``completion`` restates its problem before a result: it starts (after whitespace) with the problem's
+    operands in order joined by "+", then "=", then a number ("12 + 7 + 30 = 49", "12+7+30=48": yes, right or wrong;
+    "49", "7 + 12 + 30 = 49", "The sum is 12 + 7 + 30 = 49": no)."""
+    terms = r"\s*\+\s*".join(str(x) for x in example.meta["operands"])
+    return re.match(rf"\s*{terms}\s*=\s*-?[0-9]", completion) is not None
+
+
+def template_share(task: str, completions: list[str], examples: list[Example]) -> float | None:
+    """The share of ``completions`` (one per entry of ``examples``) that are ``in_template``; None for a task without a
+    template (every task but TEMPLATE_TASKS) or no completion."""
+    if task not in TEMPLATE_TASKS or not completions:
+        return None
+    return sum(in_template(text, ex) for text, ex in zip(completions, examples)) / len(completions)
+
+
 def make_sum_examples(
-    n: int, operands: int, min_operand: int, max_operand: int, seed: int, exclude: set[tuple[int, ...]] = frozenset()
+    n: int,
+    operands: int,
+    min_operand: int,
+    max_operand: int,
+    seed: int,
+    exclude: set[tuple[int, ...]] = frozenset(),
+    example: Callable[[tuple[int, ...]], Example] = sum_example,
 ) -> list[Example]:
     """n ``sum`` problems of ``operands`` numbers in min_operand..max_operand, from a seeded generator, avoiding the
-    operand tuples in ``exclude`` (the eval split's; order counts: 3 + 4 and 4 + 3 are two problems)."""
+    operand tuples in ``exclude`` (the eval split's; order counts: 3 + 4 and 4 + 3 are two problems); ``example``
+    makes each problem (``sum_template_example`` for that task)."""
     if len(exclude) >= operand_space(operands, min_operand, max_operand):
         raise ValueError(
             f"data.eval_size leaves no train problems with {_range_text(operands, min_operand, max_operand)}; lower data.eval_size"
@@ -138,7 +193,7 @@ def make_sum_examples(
     while len(out) < n:
         t = _draw(rng, operands, min_operand, max_operand)
         if t not in exclude:
-            out.append(sum_example(t))
+            out.append(example(t))
     return out
 
 
@@ -264,26 +319,31 @@ def surface_form_shares(task: str, completions: list[str], examples: list[Exampl
 
     add, equiv: ``forms/<form>``, the share of the completions in each of SURFACE_FORMS (how the policy spreads its
     mass over equivalent correct answers).
-    sum: ``forms/<form>``, the share of the completions in each of SUM_FORMS (``sum_surface_form``; they add up to 1),
+    sum, sum_template: ``forms/<form>``, the share of the completions in each of SUM_FORMS (``sum_surface_form``; they add up to 1),
     and ``forms/equiv_entropy``: the entropy in nats of the distribution of the forms number / equation / sentence
     among the step's CORRECT completions only (the 'wrong' ones left out; 0 when fewer than 2 are correct; at most
     ln 3 = 1.0986): the drift between equivalent correct answers (paper sec. 3, Prop. 3.1) as one number, which
-    falls as the policy settles on one form."""
+    falls as the policy settles on one form. sum_template also: ``forms/template``, the share ``in_template``."""
     if task in ("equiv", "add"):
         forms = [surface_form(text, ex) for text, ex in zip(completions, examples)]
         return {f"forms/{name}": forms.count(name) / len(forms) for name in SURFACE_FORMS}
-    if task == "sum":
+    if task in ("sum", *TEMPLATE_TASKS):
         forms = [sum_surface_form(text, ex) for text, ex in zip(completions, examples)]
         shares = {f"forms/{name}": forms.count(name) / len(forms) for name in SUM_FORMS}
-        return shares | {"forms/equiv_entropy": form_entropy([f for f in forms if f != "wrong"])}
+        shares |= {"forms/equiv_entropy": form_entropy([f for f in forms if f != "wrong"])}
+        share = template_share(task, completions, examples)
+        return shares if share is None else shares | {"forms/template": share}
     return {}
 
 
 def sft_target(task: str) -> Callable[[Example, random.Random], str]:
-    """The supervised target of the tiny preset's warm start: a random correct surface form of a+b for equiv
-    (so that every form has mass to start from), the answer for every other task."""
+    """The supervised target of a warm start (the tiny preset's, ``warmup``'s): a random correct surface form of a+b
+    for equiv (so that every form has mass to start from), the template then the result for sum_template
+    ("12 + 7 + 30 = 49"), the answer for every other task."""
     if task == "equiv":
         return lambda ex, rng: equiv_targets(ex.meta["a"], ex.meta["b"], rng)
+    if task in TEMPLATE_TASKS:
+        return lambda ex, rng: template_answer(ex)
     return lambda ex, rng: ex.answer
 
 
@@ -398,22 +458,30 @@ def load_hf(name: str, subset: str, split: str, prompt_field: str, answer_field:
     return [Example(prompt=row[prompt_field], answer=_gsm8k_answer(str(row[answer_field]))) for row in ds]
 
 
+def eval_split_seed(data, seed: int) -> int:
+    """The seed of the eval split of a generated task: data.eval_seed when set (>= 0: the same held-out problems for
+    every run seed, so every cell of an experiment and a warm-up from its own seed hold out the same ones), else the
+    run's seed + 10007."""
+    return data.eval_seed if data.eval_seed >= 0 else seed + 10_007
+
+
 def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
     """(train, eval) examples of a DataConfig. Cheap for built-in tasks; raises ValueError on bad input."""
-    task = data.task
+    task, eval_seed = data.task, eval_split_seed(data, seed)
     if task in ("add", "equiv"):  # eval problems are held out: no train problem has their (a, b)
         check_operand_range(data.min_operand, data.max_operand)
         if data.operands != 2:
             raise ValueError(f'data.operands={data.operands} applies to data.task = "sum"; "{task}" adds two numbers, so leave it at 2')
-        pairs = held_out_pairs(data.eval_size, data.max_operand, seed + 10_007, data.min_operand)
+        pairs = held_out_pairs(data.eval_size, data.max_operand, eval_seed, data.min_operand)
         evals = [add_example(a, b) for a, b in pairs]
         train = make_add_examples(data.train_size, data.max_operand, seed, exclude=set(pairs), min_operand=data.min_operand)
         return train, evals
-    if task == "sum":  # the same: no train problem has an eval problem's operand tuple
+    if task in ("sum", "sum_template"):  # the same: no train problem has an eval problem's operand tuple
         check_operand_range(data.min_operand, data.max_operand)
-        held = held_out_tuples(data.eval_size, data.operands, data.min_operand, data.max_operand, seed + 10_007)
-        train = make_sum_examples(data.train_size, data.operands, data.min_operand, data.max_operand, seed, exclude=set(held))
-        return train, [sum_example(t) for t in held]
+        make = sum_example if task == "sum" else sum_template_example
+        held = held_out_tuples(data.eval_size, data.operands, data.min_operand, data.max_operand, eval_seed)
+        train = make_sum_examples(data.train_size, data.operands, data.min_operand, data.max_operand, seed, exclude=set(held), example=make)
+        return train, [make(t) for t in held]
     if task == "jsonl":
         train = load_jsonl(data.path)
         if data.eval_path:
@@ -426,7 +494,7 @@ def load_splits(data, seed: int) -> tuple[list[Example], list[Example]]:
         return train[data.eval_size :], train[: data.eval_size]
     if task == "reasoning_gym":
         train = load_reasoning_gym(data.name, data.train_size, seed)
-        evals = load_reasoning_gym(data.name, data.eval_size, seed + 10_007)
+        evals = load_reasoning_gym(data.name, data.eval_size, eval_seed)
         return train, evals
     if task == "hf":
         train = load_hf(data.name, data.subset, data.split, data.prompt_field, data.answer_field)

@@ -80,6 +80,7 @@ from .stages.rollout import RolloutStage
 from .stages.update import NonFiniteLossError, UpdateStage, accumulate_gradients
 from .tasks import duplicate_prompts, load_splits
 from .vllm_engine import VLLMEngine, check_vllm_available
+from .warmup import ensure_warm_model, warm_folder
 
 __all__ = [
     "MicroBatch",  # the names below stay importable from here for the code that imported them before the split
@@ -111,6 +112,7 @@ def rollout_engine(cfg: Config, policy: Model, device: torch.device, amp: torch.
             policy.model, policy.tok.pad_token_id, policy.eos_ids, cfg.rollout.batch_size, amp, DecodeOptions.from_config(cfg.rollout)
         )
     folder = str(cfg.folder.init_model) if cfg.model.name == "tiny" else resolve_model_name(cfg.model.name)  # a GGUF: its folder
+    folder = str(warm_folder(cfg) or folder)  # warmup.steps > 0: the cached warm-up the policy was loaded from
     context = getattr(policy.model.config, "max_position_embeddings", 2048)
     return VLLMEngine(folder, eos_ids=policy.eos_ids, device=device, seed=cfg.seed, max_model_len=context)
 
@@ -223,6 +225,9 @@ class Trainer:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_run_file(RunDir(run_dir).config, config_to_toml(cfg))  # on resume: with any --set train.steps
         seed_everything(cfg.seed)  # Python's and NumPy's generators too: identical runs write identical checkpoints
+        warm = warm_folder(cfg)  # warmup.steps > 0: the cached warm-up, built by rank 0 when missing
+        if warm is not None:
+            self.parallel.on_rank0(lambda: ensure_warm_model(cfg, device=self.device, say=self._tell))
         self.policy = load_policy(
             cfg,
             run_dir=run_dir,
@@ -233,6 +238,7 @@ class Trainer:
             train_examples=inputs.sft_examples,
             on_rank0=self.parallel.on_rank0,
             say=self._tell,
+            warm=warm,
         )
         self.parallel.shard(self.policy.model)  # FSDP2: the decoder layers are sharded, the rest stays whole
         self._phase(
@@ -344,7 +350,9 @@ class Trainer:
         self._tell(f"dfpo train: start-up {n}/{self.START_UP_PHASES}: {what}")
 
     def _model_phase(self, resume: bool) -> str:
-        m = self.cfg.model
+        m, w = self.cfg.model, self.cfg.warmup
+        if w.steps:  # the cached warm-up (``warmup``), built first when missing
+            return f"the model {m.name!r} after its supervised warm-up ({w.steps} steps of {w.batch_size} examples, cached)"
         if m.name != "tiny":
             return f"loading the model {m.name!r}"
         if resume or m.sft_steps == 0:

@@ -194,7 +194,8 @@ class RewardSpec:
 def reward_spec(kind: str, task: str, user_fn: str = "") -> RewardSpec:
     """The RewardSpec of a RewardConfig.kind ('auto' picks by task); ValueError on an unknown kind or a bad pairing."""
     if kind == "auto":
-        kind = {"add": "exact", "equiv": "equiv", "sum": "last_int", "reasoning_gym": "reasoning_gym"}.get(task, "math_verify")
+        by_task = {"add": "exact", "equiv": "equiv", "sum": "last_int", "sum_template": "last_int", "reasoning_gym": "reasoning_gym"}
+        kind = by_task.get(task, "math_verify")
     if kind not in KINDS:
         raise ValueError(f"reward.kind {kind!r} unknown")
     if kind == "reasoning_gym" and task != "reasoning_gym":

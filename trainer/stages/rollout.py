@@ -13,10 +13,14 @@ errors give 0 and are counted) and lays them out with ``build_batch``. Choices:
    groups remain or ``rollout.max_extra_batches`` extra draws were made (then the step trains on the groups it
    has; with none at all, on the last draw as it is).
 3. Evaluation (``evaluate``) samples k completions of every eval prompt with its own forked RNG, so that it
-   changes nothing the training draws, and measures the learning tax on the eval prompts' own positions
-   (``eval/tax_kl``, ``tax.TaxMeter``: against pi_init, scored at the step-0 evaluation and kept in the run folder).
-   It needs the policy itself: ``policy_model``, which the trainer always passes (a vLLM engine holds no ``.model``),
-   else the HF engine's model; without either it is not logged.
+   changes nothing the training draws, and measures the learning tax (``tax.TaxMeter``: against pi_init, scored at
+   the step-0 evaluation and kept in the run folder): at the template's positions of a task with an answer template
+   (``eval/template_kl``) and, as a proxy, at the eval prompts' own positions (``eval/tax_kl``). It needs the policy
+   itself: ``policy_model``, which the trainer always passes (a vLLM engine holds no ``.model``), else the HF
+   engine's model; without either neither is logged. For a task with a template the share of the samples that
+   restate it is ``eval/template``.
+4. With eval.greedy, the evaluations at step 0 and at the end (step train.steps) also decode one greedy completion
+   of every eval prompt (``greedy_eval``): ``eval/greedy_acc``, and ``eval/greedy_template`` for a template task.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ from ..sampler import (
     sampler_logp,
     truncates,
 )
-from ..tasks import PromptSampler
-from .tax import TAX_REFERENCE, TaxMeter
+from ..tasks import TEMPLATE_TASKS, PromptSampler, answer_template, template_answer, template_share
+from .tax import TAX_REFERENCE, TaxMeter, template_ids
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,11 @@ class RolloutStage:
         self.tax = None
         """``eval/tax_kl``'s meter (None without the policy model: a vLLM engine and no ``policy_model``)."""
         if model is not None:
-            self.tax = TaxMeter(model, self.eval_prompt_ids, cfg.folder / TAX_REFERENCE, device, writes=parallel.is_main)
+            templates = None
+            if cfg.data.task in TEMPLATE_TASKS:  # the template's tokens after each eval prompt (eval/template_kl)
+                templates = template_ids(tok, [answer_template(ex) for ex in eval_examples], [template_answer(ex) for ex in eval_examples])
+            path = cfg.folder / TAX_REFERENCE
+            self.tax = TaxMeter(model, self.eval_prompt_ids, path, device, writes=parallel.is_main, template_ids=templates)
 
     def encode(self, examples: list) -> list[list[int]]:
         """The prompts' token ids (template, chat template, length limit: ``prompts.encode_prompts``)."""
@@ -274,4 +282,34 @@ class RolloutStage:
             for j, i in enumerate(part_mine):
                 rows[i] = part_correct[j * k : (j + 1) * k]
         correct = torch.tensor(rows, dtype=torch.float32).view(n, k)
-        return {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())} | tax
+        out = {"step": step, f"eval/avg@{k}": float(correct.mean()), f"eval/pass@{k}": float((correct > 0).any(1).float().mean())}
+        out |= self.template_metrics("eval/template", [i for i in mine for _ in range(k)], texts)
+        if cfg.eval.greedy and step in (0, cfg.train.steps):
+            out |= self.greedy_eval()
+        return out | tax
+
+    def template_metrics(self, key: str, indices: list[int], texts: list[str]) -> dict:
+        """{key: the share of ``texts`` (completions of the eval prompts ``indices``, this process's) that restate their
+        problem's template}, over every process's; {} for a task without a template."""
+        if self.cfg.data.task not in TEMPLATE_TASKS:
+            return {}
+        hits, total = 0.0, 0
+        share = template_share(self.cfg.data.task, texts, [self.eval_examples[i] for i in indices]) if texts else None
+        for part_share, part_n in self.parallel.gather_objects((share, len(texts))):
+            if part_share is not None:
+                hits, total = hits + part_share * part_n, total + part_n
+        return {key: hits / total} if total else {}
+
+    def greedy_eval(self) -> dict:
+        """One greedy completion (temperature 0, ``greedy_params``) of every eval prompt: ``eval/greedy_acc``, the share
+        correct, and for a template task ``eval/greedy_template``. Each process decodes every world-th prompt."""
+        n = len(self.eval_examples)
+        mine = self.parallel.my_share(n)
+        with self.parallel.gathered():  # a different number of forwards on each process
+            ids = [self.eval_prompt_ids[i] for i in mine]
+            tokens = self.engine.sample(ids, 1, greedy_params(self.cfg.rollout.max_new_tokens)).tokens if ids else []
+        texts = self.tok.batch_decode(tokens, skip_special_tokens=True)
+        exs = [self.eval_examples[i] for i in mine]
+        rew = self.rewards([e.prompt for e in exs], texts, exs) if exs else None
+        correct = [c for part in self.parallel.gather_objects([] if rew is None else rew.correct) for c in part]
+        return {"eval/greedy_acc": sum(correct) / n} | self.template_metrics("eval/greedy_template", mine, texts)

@@ -1,11 +1,22 @@
-"""The learning tax on the LLM (paper Prop. 3.1): how far the policy drifts on tokens the reward never scores.
+"""The learning tax on the LLM (paper Prop. 3.1): how far the policy drifts at contexts the reward never tells apart.
 
-``eval/tax_kl`` = KL(pi_init || pi_now) of the next-token distribution at the eval prompts' own positions, averaged
-over positions: at every prompt position j = 0 .. P - 2 the distribution that predicts prompt token j + 1 (the chat
-template, the system turn, the question: tokens the policy never generates and the reward never scores; the last
-position, which predicts the first completion token, is left out). pi_init is the policy at step 0 (after any warm
-start), scored once at the step-0 evaluation and kept in memory and in the run folder (``TAX_REFERENCE``), so a
-resumed run measures against the same pi_init.
+Two figures, each KL(pi_init || pi_now) of the next-token distribution averaged over a set of teacher-forced
+positions of the eval problems:
+
+- ``eval/template_kl``, the tax where the paper puts it (tasks with an answer template, ``tasks.TEMPLATE_TASKS``):
+  at the positions of the template every correct answer starts with, Prop. 3.1's shared contexts. Each eval prompt
+  is followed by its template ("12 + 7 + 30 = ", ``tasks.answer_template``, tokenized as inside the full answer:
+  ``template_ids``) and the distributions that predict the template's tokens are compared: the positions P - 1 ..
+  P + T - 2 of prompt + template. These are contexts the policy generates and the gradient reaches, but whose
+  tokens every completion of a group shares, so a group-relative objective that cancels there leaves them be.
+- ``eval/tax_kl``, a proxy: at the eval prompts' own positions, j = 0 .. P - 2, the distribution that predicts
+  prompt token j + 1 (the chat template, the system turn, the question; the last position, which predicts the
+  first completion token, is left out). These positions never get a gradient: what moves them is only what the
+  updates elsewhere drag along through shared parameters. The key is kept for the data stored under it.
+
+pi_init is the policy at step 0 (after any warm start), scored once at the step-0 evaluation and kept in memory and
+in the run folder (``TAX_REFERENCE``, both sets of positions in one file), so a resumed run measures against the
+same pi_init.
 
 Memory: pi_init is kept as its top ``TOP_K`` log-probs and their token ids per position plus the log of the mass
 outside them (8 bytes x TOP_K + 4 per position; 2 KB at TOP_K = 256, so 64 prompts x 44 positions hold 5.8 MB where
@@ -60,30 +71,71 @@ def prompts_digest(prompt_ids: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Where a KL is measured: token sequences and, in each, the span of positions whose next-token distribution
+    counts (``spans[i] = (start, stop)``: positions start .. stop - 1 of ``sequences[i]``)."""
+
+    sequences: list[list[int]]
+    spans: list[tuple[int, int]]
+    digest: str
+    """What a stored reference must have been scored on (a resumed run checks it)."""
+
+
+def prompt_positions(prompt_ids: list[list[int]]) -> Positions:
+    """``eval/tax_kl``'s positions: every prompt position but the last (0 .. P - 2, each predicting the next prompt token)."""
+    return Positions(prompt_ids, [(0, len(p) - 1) for p in prompt_ids], prompts_digest(prompt_ids))
+
+
+def template_positions(prompt_ids: list[list[int]], template_ids: list[list[int]]) -> Positions:
+    """``eval/template_kl``'s positions: prompt + template, and the positions P - 1 .. P + T - 2 that predict the
+    template's T tokens (teacher-forced: the template is fed, not sampled)."""
+    sequences = [p + t for p, t in zip(prompt_ids, template_ids)]
+    spans = [(len(p) - 1, len(p) + len(t) - 1) for p, t in zip(prompt_ids, template_ids)]
+    return Positions(sequences, spans, hashlib.sha256(json.dumps([sequences, spans]).encode()).hexdigest())
+
+
+def template_ids(tok, prompt_texts: list[str], answers: list[str]) -> list[list[int]]:
+    """The token ids of each template (``prompt_texts[i]``, e.g. "12 + 7 + 30 = ") as the tokenizer splits it inside
+    its full answer (``answers[i]``, "12 + 7 + 30 = 49"): the tokens of the answer that end within the template, so a
+    trailing space that the tokenizer joins to the result's first digit is left to the result."""
+    out = []
+    for template, answer in zip(prompt_texts, answers):
+        enc = tok(answer, add_special_tokens=False, return_offsets_mapping=True)
+        out.append([i for i, (_, end) in zip(enc.input_ids, enc.offset_mapping) if end <= len(template)])
+    return out
+
+
 @torch.no_grad()
-def prompt_logp(model, prompt_ids: list[list[int]], device, batch_prompts: int = BATCH_PROMPTS):
-    """log pi(. | prompt[:j+1]) at every prompt position j = 0 .. P - 2 of every prompt, in order: yields (n, V) float32
-    blocks, one per batch of prompts (n = their positions). Right padding, positions counted from each prompt's start."""
+def position_logp(model, where: Positions, device, batch_prompts: int = BATCH_PROMPTS):
+    """log pi(. | sequence[:j+1]) at the positions ``where`` names, every sequence in order: yields (n, V) float32
+    blocks, one per batch of sequences (n = their positions). Right padding, positions counted from each sequence's
+    start."""
     was_training = model.training
     model.eval()
     try:
-        for s in range(0, len(prompt_ids), batch_prompts):
-            part = [p for p in prompt_ids[s : s + batch_prompts]]
+        for s in range(0, len(where.sequences), batch_prompts):
+            part, spans = where.sequences[s : s + batch_prompts], where.spans[s : s + batch_prompts]
             width = max(len(p) for p in part)
-            ids = torch.zeros(len(part), width, dtype=torch.long)
-            att = torch.zeros(len(part), width, dtype=torch.long)
-            for i, p in enumerate(part):
+            ids = torch.zeros(len(part), width, dtype=torch.long)  # (n, L)
+            att = torch.zeros(len(part), width, dtype=torch.long)  # (n, L)
+            keep = torch.zeros(len(part), width, dtype=torch.bool)  # (n, L) the positions that count
+            for i, (p, (start, stop)) in enumerate(zip(part, spans)):
                 ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
                 att[i, : len(p)] = 1
-            position_ids = (att.cumsum(-1) - 1).clamp(min=0)  # (n, P)
+                keep[i, start:stop] = True
+            position_ids = (att.cumsum(-1) - 1).clamp(min=0)  # (n, L)
             logits = model(
                 input_ids=ids.to(device), attention_mask=att.to(device), position_ids=position_ids.to(device), use_cache=False
-            ).logits
-            keep = att.clone()  # (n, P) the positions predicting a prompt token: every real one but the last
-            keep[torch.arange(len(part)), att.sum(-1) - 1] = 0
-            yield torch.log_softmax(logits.float()[keep.bool().to(logits.device)], dim=-1)  # (positions, V)
+            ).logits  # (n, L, V)
+            yield torch.log_softmax(logits.float()[keep.to(logits.device)], dim=-1)  # (positions, V)
     finally:
         model.train(was_training)
+
+
+def prompt_logp(model, prompt_ids: list[list[int]], device, batch_prompts: int = BATCH_PROMPTS):
+    """log pi(. | prompt[:j+1]) at every prompt position j = 0 .. P - 2 of every prompt (``prompt_positions``)."""
+    return position_logp(model, prompt_positions(prompt_ids), device, batch_prompts)
 
 
 def rest_logp(logp: Tensor, top_ids: Tensor) -> Tensor:
@@ -91,15 +143,16 @@ def rest_logp(logp: Tensor, top_ids: Tensor) -> Tensor:
     return logp.scatter(-1, top_ids, -math.inf).logsumexp(-1)
 
 
-def build_reference(model, prompt_ids: list[list[int]], device, k: int = TOP_K) -> TaxReference:
-    """pi_init's top-k log-probs and rest mass at every prompt position of ``prompt_ids``."""
+def build_reference(model, prompt_ids: list[list[int]] | Positions, device, k: int = TOP_K) -> TaxReference:
+    """pi_init's top-k log-probs and rest mass at the positions ``where`` names (token ids: every prompt position)."""
+    where = prompt_ids if isinstance(prompt_ids, Positions) else prompt_positions(prompt_ids)
     ids, lps, rests = [], [], []
-    for logp in prompt_logp(model, prompt_ids, device):
+    for logp in position_logp(model, where, device):
         top_logp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (n, k) each
         ids.append(top_ids.cpu())
         lps.append(top_logp.cpu())
         rests.append(rest_logp(logp, top_ids).cpu())
-    return TaxReference(torch.cat(ids), torch.cat(lps), torch.cat(rests), prompts_digest(prompt_ids))
+    return TaxReference(torch.cat(ids), torch.cat(lps), torch.cat(rests), where.digest)
 
 
 def coarse_kl(ref_top_logp: Tensor, ref_rest: Tensor, top_ids: Tensor, logp: Tensor) -> Tensor:
@@ -112,10 +165,12 @@ def coarse_kl(ref_top_logp: Tensor, ref_rest: Tensor, top_ids: Tensor, logp: Ten
     return top + rest
 
 
-def tax_kl(model, prompt_ids: list[list[int]], ref: TaxReference, device) -> float:
-    """``eval/tax_kl``: the mean over every prompt position of ``coarse_kl`` between ``ref`` and ``model`` now."""
+def tax_kl(model, prompt_ids: list[list[int]] | Positions, ref: TaxReference, device) -> float:
+    """The mean over the positions ``ref`` was scored at (token ids: every prompt position, ``eval/tax_kl``; a
+    ``template_positions``: ``eval/template_kl``) of ``coarse_kl`` between ``ref`` and ``model`` now."""
+    where = prompt_ids if isinstance(prompt_ids, Positions) else prompt_positions(prompt_ids)
     total, n = 0.0, 0
-    for logp in prompt_logp(model, prompt_ids, device):
+    for logp in position_logp(model, where, device):
         rows = slice(n, n + logp.shape[0])
         kl = coarse_kl(ref.top_logp[rows].to(logp.device), ref.rest_logp[rows].to(logp.device), ref.top_ids[rows].to(logp.device), logp)
         total += float(kl.double().sum())
@@ -123,23 +178,39 @@ def tax_kl(model, prompt_ids: list[list[int]], ref: TaxReference, device) -> flo
     return total / n if n else math.nan
 
 
-def save_reference(ref: TaxReference, path: Path) -> None:
-    """Write ``ref`` to ``path`` atomically (``core.files.write_atomic``: a temporary ``.NAME.*.tmp`` beside it,
-    renamed over it); a full disk or a permission error is ``WriteFailed`` naming the file."""
+TEMPLATE_PREFIX = "template_"
+"""The file's keys of the template reference: the prompt reference's with this prefix."""
+
+
+def _entries(ref: TaxReference, prefix: str = "") -> dict:
+    return {
+        f"{prefix}top_ids": ref.top_ids,
+        f"{prefix}top_logp": ref.top_logp,
+        f"{prefix}rest_logp": ref.rest_logp,
+        f"{prefix}prompts_sha256": ref.prompts_sha256,
+    }
+
+
+def save_reference(ref: TaxReference, path: Path, template: TaxReference | None = None) -> None:
+    """Write ``ref`` (and the template positions' reference ``template``, under ``TEMPLATE_PREFIX`` keys) to ``path``
+    atomically (``core.files.write_atomic``: a temporary ``.NAME.*.tmp`` beside it, renamed over it); a full disk or a
+    permission error is ``WriteFailed`` naming the file."""
     path = Path(path)
-    data = {"top_ids": ref.top_ids, "top_logp": ref.top_logp, "rest_logp": ref.rest_logp, "prompts_sha256": ref.prompts_sha256}
+    data = _entries(ref) | ({} if template is None else _entries(template, TEMPLATE_PREFIX))
     try:
         write_atomic(path, lambda fh: torch.save(data, fh))
     except OSError as err:
         raise WriteFailed(f"writing {describe_write_error(path, err)}; eval/tax_kl needs it to go on after a resume") from None
 
 
-def load_reference(path: Path) -> TaxReference | str:
-    """The reference stored at ``path``, or one sentence saying why it cannot be used (read with ``weights_only``: data
-    never runs as code)."""
+def load_reference(path: Path, prefix: str = "") -> TaxReference | str:
+    """The reference stored at ``path`` (``prefix`` = ``TEMPLATE_PREFIX``: the template positions'), or one sentence
+    saying why it cannot be used (read with ``weights_only``: data never runs as code)."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-        ref = TaxReference(data["top_ids"], data["top_logp"], data["rest_logp"], str(data["prompts_sha256"]))
+        if prefix and f"{prefix}top_ids" not in data:
+            return f"{path} holds no reference at the template's positions (written before eval/template_kl was logged)"
+        ref = TaxReference(*(data[f"{prefix}{k}"] for k in ("top_ids", "top_logp", "rest_logp")), str(data[f"{prefix}prompts_sha256"]))
     except FileNotFoundError:
         return f"{path} is missing (the run began before eval/tax_kl was logged, or the file was removed)"
     except Exception as err:  # a damaged or foreign file: the metric is left out, the run goes on
@@ -150,32 +221,67 @@ def load_reference(path: Path) -> TaxReference | str:
     return ref
 
 
-class TaxMeter:
-    """``eval/tax_kl`` of a run: the reference is built at the step-0 evaluation and saved to the run folder, or, when
-    the run resumes, read from there; without one (a run started before this metric) the key is left out."""
+@dataclass
+class _Site:
+    """One set of positions a TaxMeter measures: its key, its positions, its keys' prefix in the file, its reference."""
 
-    def __init__(self, model, prompt_ids: list[list[int]], path: Path, device, *, writes: bool):
+    key: str
+    where: Positions
+    prefix: str
+    ref: TaxReference | None = None
+    missing: str | None = None
+    """Why its reference cannot be used (a bare reason), once looked for and not found."""
+
+
+class TaxMeter:
+    """``eval/tax_kl`` of a run, and ``eval/template_kl`` when the task has a template (``template_ids``: the template's
+    tokens after each eval prompt): the references are built at the step-0 evaluation and saved to the run folder in
+    one file, or, when the run resumes, read from there; a key whose reference is missing (a run started before it
+    was logged) is left out, and ``unavailable`` says why."""
+
+    def __init__(
+        self, model, prompt_ids: list[list[int]], path: Path, device, *, writes: bool, template_ids: list[list[int]] | None = None
+    ):
         self.model, self.prompt_ids, self.path, self.device, self.writes = model, prompt_ids, Path(path), device, writes
-        self.ref: TaxReference | None = None
-        self.unavailable: str | None = None
-        """Why the key is not logged (one sentence), once the reference was looked for and not found."""
+        self.sites = [_Site("eval/tax_kl", prompt_positions(prompt_ids), "")]
+        if template_ids is not None:
+            self.sites.append(_Site("eval/template_kl", template_positions(prompt_ids, template_ids), TEMPLATE_PREFIX))
+
+    @property
+    def ref(self) -> TaxReference | None:
+        """The prompt positions' reference (``eval/tax_kl``'s)."""
+        return self.sites[0].ref
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why keys are not logged, in one sentence (the keys that share a reason named together); None when all are."""
+        reasons: dict[str, list[str]] = {}
+        for site in self.sites:
+            if site.missing is not None:
+                reasons.setdefault(site.missing, []).append(site.key)
+        if not reasons:
+            return None
+        return "; ".join(f"{' and '.join(keys)} {'is' if len(keys) == 1 else 'are'} not logged: {why}" for why, keys in reasons.items())
+
+    def _load(self, site: _Site) -> None:
+        found = load_reference(self.path, site.prefix)
+        if isinstance(found, str):
+            site.missing = found
+        elif found.prompts_sha256 != site.where.digest:
+            site.missing = f"{self.path} was scored on other eval prompts than this run's"
+        else:
+            site.ref = found
 
     def measure(self, step: int) -> dict:
-        """{'eval/tax_kl': value} at ``step``, or {} without a reference."""
+        """{key: value} of every site with a reference at ``step`` ({} without eval prompts)."""
         if not self.prompt_ids:
             return {}
         if step == 0:  # the policy at step 0 is pi_init (a run resumed from its step-0 checkpoint gives the same one)
-            self.ref, self.unavailable = build_reference(self.model, self.prompt_ids, self.device), None
+            for site in self.sites:
+                site.ref, site.missing = build_reference(self.model, site.where, self.device), None
             if self.writes:
-                save_reference(self.ref, self.path)
-        elif self.ref is None and self.unavailable is None:
-            found = load_reference(self.path)
-            if isinstance(found, str):
-                self.unavailable = f"eval/tax_kl is not logged: {found}"
-            elif found.prompts_sha256 != prompts_digest(self.prompt_ids):
-                self.unavailable = f"eval/tax_kl is not logged: {self.path} was scored on other eval prompts than this run's"
-            else:
-                self.ref = found
-        if self.ref is None:
-            return {}
-        return {"eval/tax_kl": tax_kl(self.model, self.prompt_ids, self.ref, self.device)}
+                save_reference(self.sites[0].ref, self.path, self.sites[1].ref if len(self.sites) > 1 else None)
+        for site in self.sites:
+            if site.ref is None and site.missing is None:
+                self._load(site)
+        return {site.key: tax_kl(self.model, site.where, site.ref, self.device) for site in self.sites if site.ref is not None}
