@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.settings import finite_number
 from ..toy import layout as toy_layout
 from ..toy.metric_names import RENAMED as TOY_RENAMED
 from ..trainer.run.layout import RunDir
-from ..trainer.run.logs import finite_number
 
 TRAINER, TOY = "trainer", "toy"
 CHUNK = 8 << 20

@@ -260,6 +260,12 @@ def _untyped(s: str) -> object:
 # --- checking --------------------------------------------------------------------------------------------------
 
 
+def finite_number(value: object) -> bool:
+    """A real number (bool excluded) that is neither NaN nor infinite: the one such check of dfpo (settings' bounds,
+    reward weights, the logs the explorer and the probe read back)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_type(key: str, value: object, type_: Any) -> object:
     """``value`` as the declared ``type_`` (an int is accepted, and converted, where a float is declared);
     ValueError naming the key and the value otherwise. Floats must be finite; untyped fields take anything."""
@@ -298,7 +304,7 @@ def check_text(key: str, value: str) -> None:
 def check_bounds(key: str, value: object, bounds: Bounds, obj: object = None) -> None:
     """ValueError naming the key and the value unless ``value`` is a finite number within ``bounds``
     (ends that name a field are read from ``obj``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not finite_number(value):
         raise ValueError(f"{key} must be a finite number, got {value!r}")
     if not bounds.contains(value, obj):
         raise ValueError(f"{key} must be {bounds.phrase(obj)}, got {value!r}")

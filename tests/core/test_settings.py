@@ -212,6 +212,25 @@ def test_objective_bounds_use_the_same_check():
         resolve_objective("grpo", cov_control="clip_cov", cov_clip_low=2.0, cov_clip_high=1.0)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, True, False, "1", None, [1.0]])
+def test_what_is_not_a_finite_number_is_refused_by_the_one_check_and_by_bounds(value):
+    """finite_number is the one finite-number check: NaN, an infinity, a bool or a non-number fail it, and a bound
+    refuses exactly those values in one sentence."""
+    from dfpo.core.settings import finite_number
+
+    bounds = SPEC_FIELDS["eps_low"].bounds_for(ObjectiveSpec(name="x", description="y"))
+    assert not finite_number(value)
+    with pytest.raises(ValueError, match=r"^eps_low must be a finite number, got "):
+        check_bounds("eps_low", value, bounds)
+
+
+@pytest.mark.parametrize("value", [0, 1, -3, 0.5, 1e300, -0.0])
+def test_a_finite_int_or_float_is_a_finite_number(value):
+    from dfpo.core.settings import finite_number
+
+    assert finite_number(value)
+
+
 def test_a_new_declaration_is_checked_parsed_and_documented():
     """The mechanism is not tied to the three configs: a dataclass declared with setting() gets all of it."""
 

@@ -76,8 +76,8 @@ from ...core.files import check_writable_folder, write_run_file
 from ...core.loss import ObjectiveSpec, group_advantages, objective_from_label, unmatched_components
 from ...core.loss.advantages import GREEDY_BASELINE, LENGTH_WEIGHTED, MULTI_REWARD, TOKEN_LEVEL
 from ...core.probe import OLD_RULE, RULE_WORDS, DriftBatch, document_rule, probe_step, summary
+from ...core.settings import finite_number
 from ..config import Config, config_from_dict, load_config
-from ..run.logs import finite_number
 from . import DEFAULT_OBJECTIVES
 
 PROBE_DEFAULTS = (

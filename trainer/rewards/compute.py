@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..run.logs import finite_number
+from ...core.settings import finite_number
 from ..tasks import Example, last_int_correct, sum_value
 from .pool import DEFAULT_MEMORY_LIMIT_MB, RewardPool, check_pool_settings
 from .worker import KINDS, MAX_ABS_REWARD, Outcome, as_reward, describe_error, load_user_fn, parse_user_fn, score

@@ -18,11 +18,6 @@ from ...core.files import WriteFailed, describe_write_error, write_text_atomic
 from .layout import RunDir
 
 
-def finite_number(value) -> bool:
-    """A real number (bool excluded) that is neither NaN nor infinite."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def finite_only(metrics: dict) -> tuple[dict, list[str]]:
     """Drop non-finite numbers (NaN never reaches a log); return (clean, dropped keys)."""
     clean, dropped = {}, []
