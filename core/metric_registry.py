@@ -97,6 +97,20 @@ METRICS: tuple[Metric, ...] = (
         "sequence weight, or the token mean of post-clip token weights",
         _LOSS,
     ),
+    Metric(
+        "weights/spread",
+        "mean",
+        "max_i w_i - min_i w_i within each group, averaged over groups: w_i is the sequence weight of weights/asym (the "
+        "importance ratio after the objective's transform); 0 when a group's weights are one value",
+        _LOSS,
+    ),
+    Metric(
+        "shared/whole_group_positions",
+        "sum",
+        "cancel='shared_whole' only: the (group, position) events whose prefix and token every completion of the group "
+        "holds, taken out of the gradient (summed over the step's loss calls: once per optim.epochs pass)",
+        _LOSS,
+    ),
     Metric("mask/frac", "mean", "share of real tokens dropped by the token mask (STAPO, top-entropy, OPSM)", _LOSS),
     Metric(
         "ratio/clamped_frac",

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .loss.cancel import shared_mask
 from .loss.core import asymmetry
 
 __all__ = [
@@ -112,28 +113,6 @@ def frequent_energy(norm: Tensor, token_ids: Tensor, mask: Tensor, vocab_size: i
     sums = energy_sums(norm, token_ids, mask, frequency_buckets(token_ids, mask, [share], vocab_size))  # (2,)
     total = sums.sum()
     return torch.where(total > 0, sums[0] / total.clamp(min=1e-300), torch.zeros_like(total))
-
-
-def shared_mask(keys: Tensor, mask: Tensor, group_ids: Tensor, *, prefix: bool = True) -> Tensor:
-    """(B, T) bool: the positions whose context-token pair every member of the row's group holds (eq 2's h*, v).
-
-    keys (B, T): what must agree (token ids; in the tabular toy, row * V + token); mask (B, T): real tokens;
-    group_ids (B,). Position t of a group is shared when the group has at least two members, every member
-    is real at t and has the first member's key at t, and, with ``prefix`` (a sequence model, whose
-    context at t is the prefix 0..t-1 after the group's common prompt), at every earlier position too.
-    """
-    mask = mask.bool()
-    B, T = keys.shape
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    n = counts.numel()
-    rows = torch.arange(B, device=keys.device)
-    first = torch.full((n,), B, dtype=torch.long, device=keys.device).scatter_reduce(0, inverse, rows, reduce="amin")  # (n,)
-    agree = (keys == keys.index_select(0, first.index_select(0, inverse))) & mask  # (B, T) the first member's key at t
-    disagree = torch.zeros(n, T, dtype=torch.long, device=keys.device).index_add_(0, inverse, (~agree).long())
-    shared = (disagree == 0) & (counts >= 2)[:, None]  # (n, T)
-    if prefix:
-        shared = shared.long().cumprod(-1).bool()
-    return shared.index_select(0, inverse)  # (index_select: advanced indexing is ~100x slower on small CPU tensors)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,10 @@ class ProbeStart:
         """(d loss / d log pi (S, B, T), the loss core's metrics) of objective ``name`` on the batch at ``logpi``."""
         b, roll = self.batch_of[name], self.roll
         lp = torch.where(roll.mask, gather_tokens(logpi, roll.rows, roll.tokens), torch.zeros(()))  # (S, B, T)
-        return loss_coefficients(self.specs[name], lp, b.old_logp, b.adv, roll.mask, roll.group, b.entropy, b.n_groups, self.task.max_len)
+        return loss_coefficients(
+            self.specs[name], lp, b.old_logp, b.adv, roll.mask, roll.group, b.entropy, b.n_groups, self.task.max_len,
+            tokens=roll.tokens, rows=roll.rows,
+        )  # fmt: skip
 
 
 def probe_start(config: ToyConfig) -> ProbeStart:

@@ -76,7 +76,8 @@ def validate(config: ToyConfig) -> tuple[Task, dict[str, object]]:
     specs = {}
     for name in c.objectives:
         spec = objective_from_label(parse_run_label(name).objective, **dict(c.overrides))  # ValueError for unknown names/overrides
-        unsupported = {arg: why for arg, why in spec.required_inputs().items() if not (arg == "entropy" and spec.token_mask != "none")}
+        provided = {"token_ids"} | ({"entropy"} if spec.token_mask != "none" else set())  # loss_coefficients passes them
+        unsupported = {arg: why for arg, why in spec.required_inputs().items() if arg not in provided}
         if unsupported:
             raise ValueError(
                 f"objective {name!r} needs {', '.join(f'{arg} for {why}' for arg, why in unsupported.items())}, which the toy lab "
@@ -241,7 +242,18 @@ def _drop_mask(spec, lp: Tensor, old: Tensor, entropy: Tensor | None, adv: Tenso
 
 
 def loss_coefficients(
-    spec, lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, group: Tensor, entropy: Tensor, n_groups: int, max_len: int
+    spec,
+    lp: Tensor,
+    old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    entropy: Tensor,
+    n_groups: int,
+    max_len: int,
+    *,
+    tokens: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Each seed's own d loss_s / d logp_it, (S, B, T), from one batched loss call, and the core's
     metrics (pooled over seeds).
@@ -252,6 +264,9 @@ def loss_coefficients(
     and passed as the completion mask (dropped tokens then leave the aggregation, which is STAPO's
     renormalisation). Any other coupling (a covariance control over the batch), and any other masked objective
     (an unrenormalised mask such as OPSM, a mask at sequence level), runs one loss call per seed.
+    ``tokens`` and ``rows`` (S, B, T), the tokens and their parameter rows, reach the core as ``token_ids`` and
+    ``context_ids``: the tabular policy's context at t is its row, so the exact-cancellation arm (``cancel``) finds the
+    (row, token) events a whole group holds, as the toy's shared residual reads them.
     """
     S, B, T = lp.shape
     leaf = lp.detach().requires_grad_(True)
@@ -270,6 +285,8 @@ def loss_coefficients(
                 mask=mask[s],
                 group_ids=group[s],
                 entropy=None if entropy is None else entropy[s],
+                token_ids=None if tokens is None else tokens[s],
+                context_ids=None if rows is None else rows[s],
                 **kwargs,
             )
             coefs.append(torch.autograd.grad(loss, leaf)[0][s])
@@ -290,6 +307,8 @@ def loss_coefficients(
         mask=loss_mask.reshape(S * B, T),
         group_ids=gid,
         entropy=None if entropy is None else entropy.reshape(S * B, T),
+        token_ids=None if tokens is None else tokens.reshape(S * B, T),
+        context_ids=None if rows is None else rows.reshape(S * B, T),
         **kwargs,
     )
     coef = torch.autograd.grad(loss, leaf)[0]
@@ -346,7 +365,7 @@ def train_objective(
                 logpi = log_policy(theta, legal)  # (S, R, V)
                 lp = gather_tokens(logpi, rows, toks)  # (S, B, T)
                 lp = torch.where(mask, lp, torch.zeros_like(lp))
-            coef, core = loss_coefficients(spec, lp, old, adv, mask, group, ent, batch.n_groups, task.max_len)
+            coef, core = loss_coefficients(spec, lp, old, adv, mask, group, ent, batch.n_groups, task.max_len, tokens=toks, rows=rows)
             with torch.no_grad():
                 theta.grad = table_gradient(coef, logpi, rows, toks, mask)  # (S, R, V) closed form of autograd's
                 upd = _update_metrics(

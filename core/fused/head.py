@@ -158,7 +158,7 @@ def _loss_inputs(
         raise ValueError(f"old_logp must have shape (B, T) = {(B, T)} like targets, got old_logp.shape={tuple(placeholder.shape)}")
     if tuple(mask.shape) != (B, T):
         raise ValueError(f"mask must have shape (B, T) = {(B, T)} like targets, got mask.shape={tuple(mask.shape)}")
-    x = _Inputs(spec, old_logp, advantages, mask, group_ids, ref_logp, rollout_logp)
+    x = _Inputs(spec, old_logp, advantages, mask, group_ids, ref_logp, rollout_logp, targets if spec.needs_token_ids else None)
     placeholder = torch.where(mask.bool(), placeholder.to(dtype), 0.0).nan_to_num(0.0).clamp(min=-LOGP_FLOOR)  # (B, T)
     entropy_buf = torch.zeros((B, T), dtype=dtype, device=device) if keep_entropy else None
     with torch.no_grad():  # every check of policy_loss, on (B, T) placeholders, before the V-sized work

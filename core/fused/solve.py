@@ -27,6 +27,7 @@ class _Inputs:
     group_ids: Tensor
     ref_logp: Tensor | None
     rollout_logp: Tensor | None
+    token_ids: Tensor | None = None  # the targets, where the spec reads them (the exact-cancellation arm)
 
     def loss(self, logp: Tensor, entropy: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         """``policy_loss`` of the spec on these inputs with ``logp`` (and ``entropy``); old_logp None: ``logp`` itself, detached."""
@@ -40,6 +41,7 @@ class _Inputs:
             entropy=entropy,
             ref_logp=self.ref_logp,
             rollout_logp=self.rollout_logp,
+            token_ids=self.token_ids,
         )
 
     def coefficients(self, logp: Tensor, entropy: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, dict[str, Tensor]]:

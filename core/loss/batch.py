@@ -1,5 +1,6 @@
 """The data the loss core passes between its steps: the checked inputs (``LossBatch``), what a ratio shape returns
-(``PolicyTerms``) and what the components' pipeline steps read (``LossContext``)."""
+(``PolicyTerms``), what the components' pipeline steps read (``LossContext``) and what a position's (context, token)
+event is made of (``TokenEvents``)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ class LossBatch:
         else:
             row_adv, token_adv = adv, adv[:, None].expand(mask.shape)  # (B,), (B, T) view
         return cls(logp, old_logp, row_adv, token_adv, mask, lengths, Groups.of(group_ids), per_token_adv=adv.ndim == 2)
+
+
+@dataclass(frozen=True)
+class TokenEvents:
+    """What names each position's (context, token) event (eq 2's (h*, v)): read by the exact-cancellation arm only."""
+
+    token_ids: Tensor | None
+    """(B, T) integer: the token at each position (None: not passed)."""
+    context_ids: Tensor | None
+    """(B, T) integer: the context each token was drawn in, where the caller names it (the toy's parameter row); None:
+    the context is the prompt and the completion's tokens before t, a group sharing its prompt."""
+    mask: Tensor
+    """(B, T) bool: real tokens."""
+    group_ids: Tensor
+    """(B,) integer group labels."""
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from .advantages import group_advantages
 from .aggregation import AGGREGATIONS
 from .batch import LossBatch
 from .core import policy_loss
-from .objectives import OBJECTIVES, resolve_objective
+from .objectives import OBJECTIVES, objective_from_label, resolve_objective
 from .ratios import sequence_log_ratio
 from .shapes import RATIO_SHAPES
+from .spec import ObjectiveSpec
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class SharedPrefixGroup:
     advantages: Tensor  # (G,)
     group_ids: Tensor  # (G,)
     rollout_logp: Tensor  # (G, T) the sampler's log-probs: one value at the shared event, random at each own token
+    token_ids: Tensor | None = None  # (G, T) the tokens: one id per shared position, each completion's own ids after them
 
     def logp(self) -> Tensor:
         """(G, T): the shared leaf broadcast into every row, then each row's own tokens."""
@@ -76,15 +78,23 @@ def make_shared_prefix_group(
     old_logp = logp - shift
     mismatch = rollout_scale * torch.randn(G, T, generator=gen, dtype=dtype)  # (G, T) log pi_old - log pi_rollout
     mismatch[:, :prefix_len] = mismatch[0, :prefix_len]
-    return SharedPrefixGroup(shared, own, old_logp, mask, advantages, group_ids, old_logp - mismatch)
+    positions = torch.arange(T)  # (T,)
+    token_ids = torch.where(positions < prefix_len, positions, positions + T * (1 + torch.arange(G))[:, None])  # (G, T) own ids differ
+    return SharedPrefixGroup(shared, own, old_logp, mask, advantages, group_ids, old_logp - mismatch, token_ids)
 
 
-def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides: object) -> Tensor:
-    """d loss / d log pi(shared token) summed over the group (prefix_len,): zero iff it cancels."""
+def _spec(objective: str | ObjectiveSpec, overrides: dict[str, object]) -> ObjectiveSpec:
+    """The spec of a preset name, a label (``gspo_noclip:cancel=shared_whole``) or a spec, with ``overrides`` applied last."""
+    return resolve_objective(objective_from_label(objective) if isinstance(objective, str) else objective, **overrides)
+
+
+def shared_token_gradient(objective: str | ObjectiveSpec, group: SharedPrefixGroup, **overrides: object) -> Tensor:
+    """d loss / d log pi(shared token) summed over the group (prefix_len,): zero iff it cancels. ``objective``: a preset
+    name, a label or a spec; ``overrides`` change it further."""
     logp = group.logp()
     entropy = torch.ones_like(logp)
     loss, _ = policy_loss(
-        objective,
+        _spec(objective, overrides),
         logp=logp,
         old_logp=group.old_logp,
         advantages=group.advantages,
@@ -93,8 +103,8 @@ def shared_token_gradient(objective: str, group: SharedPrefixGroup, **overrides:
         entropy=entropy,
         rollout_logp=group.rollout_logp,
         ref_logp=group.old_logp,  # the reference is the policy that sampled (read by online IPO and a KL term only)
+        token_ids=group.token_ids,  # read by the exact-cancellation arm only
         batch_metrics=False,  # the gradient alone is read
-        **overrides,
     )
     (grad,) = torch.autograd.grad(loss, group.shared_logp, allow_unused=True)
     return torch.zeros_like(group.shared_logp) if grad is None else grad
@@ -126,7 +136,7 @@ class GroupBreakdown:
 
 def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) -> GroupBreakdown:
     """Decompose one group's shared-token gradient by completion, with the weights behind it."""
-    spec = resolve_objective(objective, **overrides)
+    spec = _spec(objective, overrides)
     logp = group.logp().detach().requires_grad_()  # (G, T): one leaf per completion's copy of the shared token
     loss, metrics = policy_loss(
         spec,
@@ -138,6 +148,7 @@ def group_breakdown(objective, group: SharedPrefixGroup, **overrides: object) ->
         entropy=torch.ones_like(logp),
         rollout_logp=group.rollout_logp,
         ref_logp=group.old_logp,  # the reference is the policy that sampled (read by online IPO and a KL term only)
+        token_ids=group.token_ids,  # read by the exact-cancellation arm only
     )
     (grad,) = torch.autograd.grad(loss, logp)
     lengths = group.mask.sum(-1)

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate
-from .batch import LossBatch, LossContext, PolicyTerms
-from .groups import Groups, group_sum
+from .batch import LossBatch, LossContext, PolicyTerms, TokenEvents
+from .groups import Groups, group_amax, group_amin, group_sum
 from .objectives import resolve_objective
 from .ratios import clamped_share
 from .shapes import RATIO_SHAPES
@@ -106,6 +106,18 @@ def _check_inputs(
             f"got {[float(advantages[i]) for i in bad]} at indices {bad}: rescale the rewards"
         )
     return mask
+
+
+def _check_ids(mask: Tensor, **ids: Tensor | None) -> None:
+    """ValueError naming the first of ``ids`` (token_ids, context_ids) that is given but is not an integer tensor of
+    ``mask``'s shape (B, T)."""
+    for name, x in ids.items():
+        if x is None:
+            continue
+        if tuple(x.shape) != tuple(mask.shape):
+            raise ValueError(f"{name} must have shape (B, T) = {tuple(mask.shape)} like logp, got {name}.shape={tuple(x.shape)}")
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor (one id per position), got dtype={x.dtype}")
 
 
 def _check_token_advantages(spec: ObjectiveSpec, advantages: Tensor) -> None:
@@ -200,6 +212,19 @@ def asymmetry(weights: Tensor, adv: Tensor, group_ids: Tensor | Groups, valid: T
     return var.clamp(max=torch.finfo(weights.dtype).max).to(weights.dtype)
 
 
+def group_spread(weights: Tensor, group_ids: Tensor | Groups, valid: Tensor) -> Tensor:
+    """max_i w_i - min_i w_i within each group, averaged over the groups that have a valid row (0-d): how far the
+    sequence weights of eq 23 (stilde_i after the group transform, a row's mean token weight at token level) are from
+    one value per group, the case where a shared token cancels by the advantages' zero sum. weights, valid: (B,)."""
+    groups = Groups.of(group_ids)
+    index, n = groups.index, groups.n
+    high = group_amax(torch.where(valid, weights, float("-inf")), index, n)  # (n,)
+    low = group_amin(torch.where(valid, weights, float("inf")), index, n)  # (n,)
+    has = group_sum(valid.long(), index, n) > 0  # (n,) a group with a valid row
+    spread = torch.where(has, high - low, 0.0)  # (n,)
+    return spread.sum() / has.sum().clamp(min=1)
+
+
 def _clip_shares(terms: PolicyTerms, kept: Tensor, valid_rows: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """clip/frac_low and clip/frac_high: share of non-empty sequences (sequence clip) or of kept tokens."""
     if terms.clip_per_sequence:
@@ -225,6 +250,8 @@ def policy_loss(
     entropy: Tensor | None = None,
     ref_logp: Tensor | None = None,
     rollout_logp: Tensor | None = None,
+    token_ids: Tensor | None = None,
+    context_ids: Tensor | None = None,
     batch_metrics: bool = True,
     **overrides: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -233,21 +260,30 @@ def policy_loss(
     Shapes: logp, old_logp, mask, entropy, ref_logp, rollout_logp (B, T); group_ids (B,); advantages (B,), one per
     completion, or (B, T), one per token (the optimal token baseline; refused by a spec that reads one per completion,
     ``spec.completion_advantage_reasons()``: a sequence ratio, OPSM, online IPO).
-    ``rollout_logp`` (the sampler's log-probs) is read by the spec's ``rollout_correction`` only.
+    ``rollout_logp`` (the sampler's log-probs) is read by the spec's ``rollout_correction`` only. ``token_ids`` (B, T)
+    integer, the completions' tokens, and ``context_ids`` (B, T) integer, the context of each token where it is not the
+    prefix (the toy's parameter rows), are read by the exact-cancellation arm (``cancel``, ``dfpo.core.loss.cancel``) only.
     ``objective`` is an ObjectiveSpec (used as it is: a spec is valid by construction) or the
     name of a preset of ``OBJECTIVES``; ``overrides`` change its components one by one.
     Computed in ``logp``'s dtype, at least float32 (``compute_dtype``): the loss and metrics come back in it.
     A missing ``entropy`` / ``ref_logp`` / ``rollout_logp`` the spec needs (``spec.required_inputs()``) is
     refused before any other work. ``batch_metrics=False`` leaves out the metrics of the whole batch that the loss
-    does not read (loss/policy, clip/*, ratio/*, weights/asym): the same loss, for a caller that reads only it or
+    does not read (loss/policy, clip/*, ratio/*, weights/asym, weights/spread): the same loss, for a caller that reads only it or
     its gradient (the atlas page calls this ~2,000 times per seed).
     """
     spec = objective if isinstance(objective, ObjectiveSpec) and not overrides else resolve_objective(objective, **overrides)
-    _check_required(spec, {"entropy": entropy, "ref_logp": ref_logp, "rollout_logp": rollout_logp})
+    _check_required(spec, {"entropy": entropy, "ref_logp": ref_logp, "rollout_logp": rollout_logp, "token_ids": token_ids})
     mask = _check_inputs(logp, old_logp, advantages, mask, group_ids, entropy, ref_logp, rollout_logp)
+    _check_ids(mask, token_ids=token_ids, context_ids=context_ids)
     _check_token_advantages(spec, advantages)
     dtype = compute_dtype(logp)  # float32 for half-precision inputs
     logp = _sanitise(_to_compute(logp, dtype, "logp"), mask)  # (B, T)
+    metrics: dict[str, Tensor] = {}
+    events = TokenEvents(token_ids, context_ids, mask, group_ids)
+    for component in COMPONENTS:  # the exact-cancellation arm: the same values, no gradient at whole-group shared tokens
+        if component.logp_step:
+            logp, step_metrics = component.logp_step(spec, logp, events)  # (B, T)
+            metrics.update(step_metrics)
     old_logp, ref_logp, rollout_logp = (None if t is None else t.detach().to(dtype) for t in (old_logp, ref_logp, rollout_logp))
     entropy = _to_compute(entropy, dtype, "entropy")
     x = LossBatch.of(logp, _sanitise(old_logp, mask), advantages, mask, group_ids)  # advantages (B,) or (B, T)
@@ -264,7 +300,6 @@ def policy_loss(
         ref_logp=_sanitise(ref_logp, mask),
         rollout_logp=_sanitise(rollout_logp, mask),
     )
-    metrics: dict[str, Tensor] = {}
     dropped, leaves_count, renormalised = torch.zeros_like(mask), torch.zeros_like(mask), False
     for component in COMPONENTS:  # the token mask, the rollout rejection: tokens out of the policy gradient
         if component.token_filter:
@@ -306,6 +341,7 @@ def policy_loss(
             "ratio/mean": torch.where(mask, terms.ratio, 0.0).sum() / n_real,
             "ratio/max": _ratio_max(terms.ratio, mask),
             "weights/asym": asymmetry(terms.weight, x.adv, x.groups, valid_rows),
+            "weights/spread": group_spread(terms.weight, x.groups, valid_rows),
             "ratio/clamped_frac": clamped_share(logp, x.old_logp, mask),
         }
     )

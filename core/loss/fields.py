@@ -32,6 +32,7 @@ META_KEY = "dfpo"
 
 OWNERS = (
     "preset",  # name, description, sources: bookkeeping, not a component of the loss
+    "cancel",  # reads the log-probs before the ratio: their gradient stopped at whole-group shared tokens
     "ratio",
     "clip",
     "transform",
@@ -182,7 +183,8 @@ class Component:
 
     Each hook takes the spec (and, for the pipeline steps, the loss's context); a component that has nothing to
     say for a hook leaves it None. The loss pipeline drops every ``token_filter``'s tokens, runs every ``token_step``
-    in component order on the per-token loss (B, T), aggregates it, then adds every ``loss_term``.
+    in component order on the per-token loss (B, T), aggregates it, then adds every ``loss_term``; before all of
+    them, every ``logp_step`` on the log-probs.
     """
 
     owner: str
@@ -193,6 +195,9 @@ class Component:
     """The optional ``policy_loss`` arguments this component needs for a spec, each with the setting that needs it."""
     batch_coupling: Callable[[object], list[str]] | None = None
     """Why this component makes a batch's loss differ from the weighted sum of its micro-batches' losses ([]: it does not)."""
+    logp_step: Callable[..., tuple[object, dict[str, object]]] | None = None
+    """(spec, logp (B, T), events ``TokenEvents``) -> (logp (B, T), metrics): the log-probs every later step reads, before
+    the ratio shape; the same values, with the gradient stopped at some positions (the exact-cancellation arm)."""
     token_filter: Callable[..., tuple[object | None, bool, dict[str, object]]] | None = None
     """(spec, context) -> (dropped (B, T) bool or None, renormalise, metrics): real tokens taken out of the policy gradient
     (and, with renormalise, out of the aggregation's count) before any ``token_step``; the context's ``kept`` and

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from .adaptive_entropy import ENTROPY_COEF_DELTA, ENTROPY_COEF_MAX, ENTROPY_COEF_MIN, ENTROPY_CONTROL_COMPONENT, ENTROPY_TARGET
 from .advantages import ADV_EPS, ADV_SCALE, ADVANTAGE_COMPONENT
 from .aggregation import AGGREGATION, AGGREGATION_COMPONENT, MAX_COMPLETION_LENGTH
+from .cancel import CANCEL, CANCEL_COMPONENT
 from .clipping import (
     CLIP,
     CLIP_COMPONENT,
@@ -55,6 +56,7 @@ from .shapes import RATIO_COMPONENT, RATIO_LEVEL, RATIO_SHAPES
 from .transforms import LENGTH_AWARE, STOPGRAD, TR_FLOOR, TRANSFORM, TRANSFORM_COMPONENT
 
 COMPONENTS: tuple[Component, ...] = (
+    CANCEL_COMPONENT,
     RATIO_COMPONENT,
     CLIP_COMPONENT,
     TRANSFORM_COMPONENT,
@@ -92,6 +94,8 @@ class ObjectiveSpec:
     """Preset name, e.g. ``"dfpo_min"``."""
     description: str = spec_field(dataclasses.MISSING, _bookkeeping("the preset's one-line description (not a component)"))
     """One line saying what the objective is."""
+    # cancel: dfpo.core.loss.cancel
+    cancel: str = CANCEL
     # ratio: dfpo.core.loss.shapes
     ratio_level: str = RATIO_LEVEL
     # clip: dfpo.core.loss.clipping
@@ -214,6 +218,11 @@ class ObjectiveSpec:
     def needs_rollout_logp(self) -> bool:
         """``policy_loss`` needs ``rollout_logp``: a rollout correction or rejection outside bypass mode."""
         return "rollout_logp" in self.required_inputs()
+
+    @property
+    def needs_token_ids(self) -> bool:
+        """``policy_loss`` needs ``token_ids``: the exact-cancellation arm (cancel != 'none') finds the shared tokens."""
+        return "token_ids" in self.required_inputs()
 
     def completion_advantage_reasons(self) -> list[str]:
         """What in this spec reads one advantage per completion, so that per-token advantages (B, T), such as the

@@ -34,7 +34,7 @@ from .advantages import group_advantages
 from .aggregation import aggregate
 from .batch import LossBatch
 from .core import policy_loss
-from .objectives import resolve_objective
+from .objectives import objective_from_label, resolve_objective
 from .shapes import RATIO_SHAPES
 from .spec import COMPONENTS, SPEC_FIELDS, ObjectiveSpec
 
@@ -51,6 +51,10 @@ EXAMPLE_MASK = ((1, 1, 1), (1, 1, 0), (1, 1, 1), (1, 0, 0))
 EXAMPLE_LOG_RATIO = ((0.10, -0.05, 0.30), (-0.30, 0.10, 0.0), (0.0002, -0.0001, 0.0002), (0.40, 0.0, 0.0))
 """log pi_theta - log pi_old at each token of the example batch (B, T): completion 3 inside GSPO's tight sequence range,
 the others outside it; one token (0.3) outside PPO's token range."""
+EXAMPLE_TOKENS = ((5, 7, 2), (5, 3, 0), (5, 7, 9), (5, 0, 0))
+"""Token ids of the example batch (B, T), passed where the spec reads them (the exact-cancellation arm): every completion
+opens with token 5, the one position the whole group shares (eq 2); completions 1 and 3 also share token 7 after it,
+an event only part of the group holds."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class ExampleBatch:
     mask: Tensor  # (B, T) bool
     group_ids: Tensor  # (B,)
     optional: dict[str, Tensor]
-    """The optional ``policy_loss`` inputs the spec needs (entropy, ref_logp, rollout_logp), nothing else."""
+    """The optional ``policy_loss`` inputs the spec needs (entropy, ref_logp, rollout_logp, token_ids), nothing else."""
 
     def loss_inputs(self) -> dict[str, Tensor]:
         """The keyword arguments of ``policy_loss`` (everything but the objective)."""
@@ -87,6 +91,7 @@ def example_batch(spec: ObjectiveSpec) -> ExampleBatch:
         "entropy": torch.full((4, 3), 0.5, dtype=dtype) + 0.1 * torch.arange(3, dtype=dtype),  # (4, 3)
         "ref_logp": old_logp - 0.1,  # (4, 3)
         "rollout_logp": old_logp + 0.02,  # (4, 3)
+        "token_ids": torch.tensor(EXAMPLE_TOKENS),  # (4, 3)
     }
     optional = {name: values[name] for name in spec.required_inputs()}
     return ExampleBatch(rewards, advantages, logp, old_logp, mask, group_ids, optional)
@@ -208,7 +213,7 @@ def _hook_owners() -> dict[CodeType, str]:
     """The code of each component's pipeline hook -> the component (``Component.owner``)."""
     owners = {}
     for component in COMPONENTS:
-        for hook in (component.token_filter, component.token_step, component.loss_term):
+        for hook in (component.logp_step, component.token_filter, component.token_step, component.loss_term):
             if hook is not None and hasattr(hook, "__code__"):
                 owners[hook.__code__] = component.owner
     return owners
@@ -297,7 +302,7 @@ def _stages(spec: ObjectiveSpec, calls: list[Call], mask: Tensor) -> tuple[list[
 def trace_objective(objective: str | ObjectiveSpec) -> Trace:
     """Follow ``objective`` (a preset name, a label or a spec) through ``policy_loss`` and its backward on
     ``example_batch``: its stages in the order applied, the loss, the gradient and the plumbing counted."""
-    spec = resolve_objective(objective)
+    spec = objective_from_label(objective) if isinstance(objective, str) else resolve_objective(objective)
     batch = example_batch(spec)
     calls, loss = _record(spec, batch)
     stages, plumbing, idle = _stages(spec, calls, batch.mask)
@@ -316,6 +321,7 @@ def trace_lines(trace: Trace) -> list[str]:
         f"example batch: one group of 4 completions, float64; lengths {describe(b.mask.sum(-1))}",
         f"  rewards {describe(b.rewards)} -> advantages (adv_scale={spec.adv_scale}) {describe(b.advantages)}",
         f"  log pi - log pi_old per token {describe(b.logp.detach() - b.old_logp, b.mask)}",
+        *([f"  token ids {describe(b.optional['token_ids'], b.mask)}"] if "token_ids" in b.optional else []),
         "",
         "stages, in the order policy_loss applies them (indented: inside the stage above):",
     ]

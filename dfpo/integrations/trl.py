@@ -396,6 +396,7 @@ class DFPOGRPOTrainer(GRPOTrainer):
             entropy=entropy if needs_entropy else None,
             ref_logp=inputs.get("ref_per_token_logps") if spec.needs_ref_logp else None,
             rollout_logp=rollout_logp if (spec.needs_rollout_logp or extra) else None,
+            token_ids=completion_ids if spec.needs_token_ids else None,  # the exact-cancellation arm: a group shares its prompt
             **extra,
         )
         mode = "train" if self.model.training else "eval"

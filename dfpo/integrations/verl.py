@@ -95,6 +95,12 @@ def make_verl_policy_loss(spec: ObjectiveSpec, group_size: int | None = None):
             f"objective {spec.name!r} reads the reference policy's log-probs ({needs_ref}), which verl does not pass to a policy "
             "loss: use verl's own KL (actor.use_kl_loss) for a KL term, or dfpo train / the TRL integration for online IPO"
         )
+    needs_tokens = spec.required_inputs().get("token_ids")
+    if needs_tokens is not None:
+        raise ValueError(
+            f"objective {spec.name!r} reads the completions' token ids ({needs_tokens}), which verl does not pass to a policy "
+            "loss: use dfpo train or the TRL integration for it"
+        )
     warned = []
     per_token = spec.takes_token_advantages  # verl's (B, T) advantages reach the loss core as they are
 

@@ -8,7 +8,16 @@ from batches import random_batch
 
 from dfpo import OBJECTIVES, policy_loss
 
-BATCH_KEYS = {"loss/policy", "clip/frac_low", "clip/frac_high", "ratio/mean", "ratio/max", "weights/asym", "ratio/clamped_frac"}
+BATCH_KEYS = {
+    "loss/policy",
+    "clip/frac_low",
+    "clip/frac_high",
+    "ratio/mean",
+    "ratio/max",
+    "weights/asym",
+    "weights/spread",
+    "ratio/clamped_frac",
+}
 
 
 @pytest.mark.parametrize("objective", sorted(OBJECTIVES))

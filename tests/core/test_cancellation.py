@@ -36,6 +36,7 @@ Summary (policy term; beta = 0):
 | dro (gpg + beta/2 log^2 r, token sums) | cancels  | cancels   | fails (as kimi15) |
 | vapo_nll (dapo + mu NLL)    | fails                | fails     | fails (-mu / N_+ at every positive copy) |
 | online_ipo (pairwise IPO)   | cancels              | cancels   | cancels (+c on y_w's copy, -c on y_l's, 0 on the others) |
+| any preset, cancel=shared_whole | cancels          | cancels   | cancels (every copy's gradient is 0: test_cancel_shared_whole.py) |
 
 (*) with the default per-sequence mean; a length-free aggregation (token_mean) cancels.
 """
@@ -291,6 +292,8 @@ def family_of(spec) -> str | None:
     """The family whose verdict an objective follows, read off its components (None: a component this file states no
     verdict for, e.g. a ratio shape or clip rule registered outside dfpo). An objective registered from existing parts
     gets its verdict here without an edit to this file."""
+    if spec.cancel != "none":
+        return "exact"  # the exact-cancellation arm: sg(log pi) at every whole-group shared token, whatever else the spec says
     if spec.ipo_beta > 0:
         return "ipo"  # the pairwise loss replaces the policy term: ratio and clip settings do not reach the gradient
     if spec.transform != "none":
@@ -430,6 +433,8 @@ def expected_to_cancel(objective: str, aggregation: str, equal_lengths: bool, sh
         pytest.skip(f"objective {objective!r} has a component registered outside dfpo: no verdict stated (the atlas measures it)")
     length_free = aggregation != "seq_mean_token_mean"
     terms = OBJECTIVES[objective]
+    if family == "exact":
+        return True  # no copy of the shared token gets a gradient
     if family == "ipo":
         return True  # h's gradient is +c at y_w's copy and -c at y_l's; the group's other copies get nothing
     if terms.nll_coef > 0:

@@ -118,7 +118,7 @@ def _grads(model) -> list[torch.Tensor]:
     return grads
 
 
-@pytest.mark.parametrize("objective", ["dfpo_min:eps_low=0.2:eps_high=0.2", "gspo", "grpo", "topr"])
+@pytest.mark.parametrize("objective", ["dfpo_min:eps_low=0.2:eps_high=0.2", "gspo", "grpo", "topr", "gspo_noclip:cancel=shared_whole"])
 def test_the_loss_and_gradient_equal_dfpos_own_trainer_on_the_same_rows(tmp_path, objective):
     """The same model, objective, old log-probs and advantages: the subclass's loss and gradient on TRL's layout
     of a batch (groups in a shuffled order, as _prepare_inputs hands them over) equal those of dfpo's own

@@ -122,6 +122,7 @@ def micro_loss(
         entropy=entropy if spec.needs_entropy else None,
         ref_logp=ref_logp,
         rollout_logp=rollout_logp,
+        token_ids=b.completion_ids.to(device) if spec.needs_token_ids else None,  # the exact-cancellation arm's shared tokens
     )
     detached = TokenScores(logp.detach(), None if entropy is None else entropy.detach(), scores.kept)
     return MicroLoss(loss, metrics, detached, True, lambda: None if logp.grad is None else logp.grad.detach())
