@@ -30,14 +30,15 @@ def toy_table(task: str, labels: tuple[str, ...], seeds: int) -> drift.Table:
 
 
 def bars(rows: list[dict], parts: list[str], title: str) -> go.Figure:
-    """Mean |part| per objective for one event kind, on a log axis (the parts span orders of magnitude)."""
+    """Mean |part| per objective for one event kind, on a linear axis from 0, so a bar's length is proportional to its
+    value (a log axis drew a part two thirds the size of another as a sliver of it); the table gives every value."""
     fig = go.Figure()
     for part in parts:
         fig.add_trace(
             go.Bar(x=[plotly_text(r["objective"]) for r in rows], y=[r.get(part) for r in rows], name=part, marker_color=COLOURS[part])
         )
-    fig.update_layout(barmode="group", title=plotly_text(title), yaxis_title="mean abs change of log pi (log axis)", height=360)
-    fig.update_yaxes(type="log")
+    fig.update_layout(barmode="group", title=plotly_text(title), yaxis_title="mean abs change of log pi", height=360)
+    fig.update_yaxes(type="linear", rangemode="tozero")
     return fig
 
 

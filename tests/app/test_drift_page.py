@@ -88,11 +88,28 @@ def test_the_default_inputs_draw_both_charts_and_explain_every_empty_cell():
     assert at.selectbox(key="drift_task").value == "family" and at.number_input(key="drift_seeds").value == 8
     charts = _charts(at)
     assert len(charts) == 2 and all(_ys(c) and max(_ys(c)) > 0 for c in charts)
-    assert all(c["layout"]["yaxis"]["type"] == "log" for c in charts)
+    assert all(c["layout"]["yaxis"]["type"] == "linear" and c["layout"]["yaxis"]["rangemode"] == "tozero" for c in charts)
     frame = at.dataframe[0].value
     assert set(frame["seeds"]) == {8}
     _every_blank_is_explained(at, frame)
     assert not at.info  # nothing replaced a chart
+
+
+def test_a_bars_length_is_proportional_to_its_value(tmp_path):
+    """Invariant: one bar's drawn length over another's is their values' ratio in the table (a linear axis from 0); a
+    log axis drew a part two thirds the size of another as a sliver of it (issue 57)."""
+    (tmp_path / "probe.json").write_text(json.dumps(_doc(momentum=True)))
+    at = _page()
+    at.text_input(key="drift_folder").set_value(str(tmp_path)).run()
+    assert not at.exception
+    shared = _charts(at)[-1]  # the folder's only chart: its document has no equivalent pair
+    axis = shared["layout"]["yaxis"]
+    assert axis["type"] == "linear" and axis["rangemode"] == "tozero"
+    bars = {t["name"]: _ys({"data": [t]})[0] for t in shared["data"]}  # gspo's bar of each part
+    frame = at.dataframe[1].value
+    row = frame[(frame["objective"] == "gspo") & (frame["events"] == "shared")].iloc[0]
+    assert bars["direct"] / bars["cross"] == pytest.approx(row["direct"] / row["cross"])
+    assert bars["direct"] / bars["measured"] == pytest.approx(row["direct"] / row["measured"])
 
 
 def test_the_seeds_shown_are_the_seeds_chosen_and_a_seed_without_events_is_named():
