@@ -18,4 +18,5 @@ Modules (one line each; ``tests/core/test_core_modules.py`` fails when a module 
     param_atlas      cancellation verdicts in parameter space: each correction, rejection, KL estimator and objective
     drift_tables     the drift probe's stored document read into intervals, matched comparisons and replicated findings
     findings         the findings ledger: every sentence about this project's experiments, generated from stored tables
+    registration     experiments registered before their data: rows, margins, one family per experiment, the answer
 """
