@@ -8,6 +8,7 @@ dfpo train --print-config ...             (the resolved config as TOML, every ke
 dfpo train --curves RUN_DIR               (RUN_DIR/curves.png from its logs; written at the end of every run too)
 dfpo compare --objectives A,B [--config FILE]   (default configs/smollm2-cpu.toml: the packaged SmolLM2-135M-Instruct;
                                                  --config configs/tiny-cpu.toml for the tiny offline model)
+dfpo pilot --config FILE [--set ...] [--out DIR] (the four gates a recipe must pass before a comparison; ``pilot``)
 
 Without --config the run takes every key's default (docs/config.md), as verl's trainer runs its built-in config
 when given none: the tiny offline model on "a+b=", into runs/default. A signal at any moment ends the command
@@ -292,6 +293,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pilot(args: argparse.Namespace) -> int:
+    from .pilot import pilot_command  # deferred: torch (see the module docstring)
+
+    return pilot_command(args)
+
+
 def mixed_code_refusal(out: Path) -> str | None:
     """Why this code may not add cells to ``out`` (some of its runs other code trained), or None. ``dfpo compare``
     refuses with it at the first cell it would train, before anything trains; an experiment whose every cell is
@@ -456,3 +463,19 @@ def register(subparsers) -> None:
         "source fingerprint; by default such an --out is refused before anything trains)",
     )
     p.set_defaults(func=_cmd_compare)
+
+    p = subparsers.add_parser(
+        "pilot",
+        help="the four gates a recipe must pass before a comparison uses it (pass@1, template share, whole-group shared "
+        "positions, weight spread), from 5 steps of its control on its warmed-up model",
+        description="Train the recipe's control for 5 steps (its warm-up first) into OUT/control and print four gates: "
+        "pass@1 of the step-0 eval in [0.15, 0.5]; answers in the template >= 50%; whole-group shared positions >= 8 a "
+        "step (median over steps 1-5); the spread of the sequence weights in a group >= 1e-2 (median over steps 1-5) with "
+        "4 optimiser steps per rollout. Writes OUT/pilot.json; exit status 0 when all four pass, 1 otherwise.",
+    )
+    p.add_argument("--config", default=None, help="the recipe: a TOML config (e.g. configs/smollm2-template.toml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override (repeatable)")
+    p.add_argument("--objective", default=None, help="the control's objective (default: the config's objective.name)")
+    p.add_argument("--out", default="runs/pilot", help="output folder: OUT/control (the run) and OUT/pilot.json (default runs/pilot)")
+    p.add_argument("--show", default=None, metavar="PILOT_JSON", help="print a stored pilot.json as a markdown table and exit")
+    p.set_defaults(func=_cmd_pilot)
