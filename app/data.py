@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core import stats
 from ..core.loss import AGGREGATIONS, OBJECTIVES, resolve_objective
 from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the core
     ATLAS_COLUMNS,
@@ -28,6 +29,7 @@ from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the c
     shared_token_gradient,
 )
 from ..toy import train as toy_train
+from ..toy.checks import PREDICTIONS, comparison_pairs
 from ..toy.cli import toy_threads
 from ..toy.config import ToyConfig
 from ..toy.report import prediction_checks, summarise, summary_table, to_numpy
@@ -193,17 +195,31 @@ def atlas_objective_cells(objective: str, residuals: list[tuple[float, ...]]) ->
 # ----------------------------------------------------------------------------- toy lab
 
 
+TOY_LABELS = ("gspo", "dfpo_min", "gspo_noclip", "dfpo_min:stopgrad=score")
+"""The toy lab's default objectives: DFPO in both stop-gradient forms, each beside its matched GSPO control."""
+
+
+def prediction_seeds(labels: tuple[str, ...]) -> int:
+    """The fewest seeds at which the page's Prediction 1 (eq 19, steps to the reward threshold: a censored outcome) gets
+    its sign-test interval of the median at the level of the page's prediction table, which adjusts every paper
+    prediction for every pair of ``toy.checks.comparison_pairs`` together (Bonferroni; all of them, the most checks the
+    table makes, so the seeds are enough when it makes fewer). With fewer seeds the table falls back to the mean's
+    t-interval, and a run that never reaches the threshold leaves that row without one."""
+    tests = len(PREDICTIONS) * len(comparison_pairs(list(labels), ToyConfig(objectives=tuple(labels))))
+    return stats.sign_test_min_seeds(stats.bonferroni_level(0.95, max(1, tests)))
+
+
 @dataclass(frozen=True)
 class ToySettings:
     """One comparison of the toy lab page; the defaults are its default comparison: DFPO in both
-    stop-gradient forms, each beside its matched GSPO control."""
+    stop-gradient forms, each beside its matched GSPO control, on as many seeds as Prediction 1 needs."""
 
     task: str = "family"
-    labels: tuple[str, ...] = ("gspo", "dfpo_min", "gspo_noclip", "dfpo_min:stopgrad=score")
+    labels: tuple[str, ...] = TOY_LABELS
     group_size: int = 8
     inner_steps: int = 4
     steps: int = 150
-    seeds: int = 8
+    seeds: int = prediction_seeds(TOY_LABELS)
     mode: str = "sampled"
     optimizer: str = "sgd"
     lr: float = 0.5
