@@ -407,6 +407,182 @@ _FIELDS = ("coef", "direct", "cross", "measured", "value", "momentum", "decay")
 """``EventDrift``'s float fields in constructor order."""
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What one real optimiser step on the batch gives the first-order split: per trainable parameter (lists in
+    ``params`` order), the update and its parts; per token, the loss core's coefficients."""
+
+    params: list[Tensor]
+    coef: Tensor
+    """(B, T) c = d L / d log pi at the batch's real tokens (0 elsewhere), on the model's device."""
+    grad_scale: float
+    """s: the factor gradient clipping put on the gradient (1 when it did not clip)."""
+    delta: list[Tensor]
+    """Delta theta = theta_1 - theta_0, the real update."""
+    own: list[Tensor]
+    """-P s grad L: this batch's part of the update."""
+    decay: list[Tensor]
+    """Weight decay's part of the update (``decay_update``)."""
+    precond: list[Tensor]
+    """P (``preconditioner``)."""
+    theta1: list[Tensor]
+    """The parameters after the step."""
+    metrics: dict[str, Tensor]
+    """The loss core's metrics of the step (detached)."""
+
+    @property
+    def coef_cpu(self) -> Tensor:
+        return self.coef.double().cpu()  # (B, T)
+
+
+@dataclass(frozen=True)
+class _EventRows:
+    """The rows any probed event reads: log pi of their completion tokens after the step and, with the graph to the
+    parameters, at theta_0."""
+
+    local: dict[int, int]
+    """A batch row -> its index in ``before`` and ``after``."""
+    before: Tensor | None
+    """(m, T) log pi at theta_0, with the graph (None: no rows)."""
+    after: Tensor | None
+    """(m, T) float64 on the CPU: log pi after the step (None: no rows)."""
+
+
+def _pick_events(batch: DriftBatch, rule: str, max_events: int) -> tuple[ProbeEvents, ProbeEvents, Tensor]:
+    """The shared events ``rule`` finds in the batch, the at most ``max_events`` of them the probe takes (spread
+    round-robin over the groups), and the equivalent pairs it takes ((n, 2), at most ``max_events``; none without
+    ``batch.correct``)."""
+    tokens, mask, groups = batch.tokens.cpu(), batch.mask.bool().cpu(), batch.group_ids.cpu()  # the events' bookkeeping
+    found = probe_events(tokens, mask, groups, rule)
+    picked = spread(torch.arange(found.where.shape[0])[:, None], groups[found.where[:, 0]], max_events)[:, 0]  # (n,)
+    taken = ProbeEvents(found.where[picked], found.members[picked], found.whole[picked])  # (n, 2), (n, B), (n,)
+    pairs = torch.zeros(0, 2, dtype=torch.long)
+    if batch.correct is not None:
+        pairs = equivalent_pairs(tokens, mask, groups, batch.correct.cpu())
+        pairs = spread(pairs, groups[pairs[:, 0]], max_events)
+    return found, taken, pairs
+
+
+def _take_step(
+    score: Score,
+    optimizer: torch.optim.Optimizer,
+    params: list[Tensor],
+    theta0: list[Tensor],
+    batch: DriftBatch,
+    spec: ObjectiveSpec,
+    max_grad_norm: float,
+) -> _Step:
+    """One optimiser step on the batch: the loss core's loss and coefficients c = d L / d log pi, the (clipped)
+    gradient, the update and its parts (module docstring). The parameters are left at theta_1."""
+    optimizer.zero_grad(set_to_none=True)
+    logp, entropy = score(torch.arange(batch.tokens.shape[0]))  # (B, T)
+    logp.retain_grad()
+    loss, metrics = _loss(spec, batch, logp, entropy)
+    loss.backward()
+    mask = batch.mask.bool().to(logp.device)
+    coef = torch.zeros_like(logp) if logp.grad is None else torch.where(mask, logp.grad.detach(), 0.0)  # (B, T)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if math.isfinite(max_grad_norm) else None
+    grad_scale = 1.0 if norm is None or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)  # torch's clip_coef
+    had = _momentum_flags(optimizer, params)
+    stepped = [p.grad is not None for p in params]  # torch's optimisers skip a parameter without a gradient
+    grad = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]  # s grad L, as the optimiser sees it
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    delta = [p.detach() - t0 for p, t0 in zip(params, theta0)]
+    precond = preconditioner(optimizer, params, had_momentum=had, stepped=stepped)
+    own = [-pc * g for pc, g in zip(precond, grad)]
+    del grad
+    decay = decay_update(optimizer, params, theta0, precond, stepped)
+    theta1 = [p.detach().clone() for p in params]
+    return _Step(params, coef, grad_scale, delta, own, decay, precond, theta1, {k: v.detach() for k, v in metrics.items()})
+
+
+def _score_event_rows(score: Score, params: Sequence[Tensor], theta0: Sequence[Tensor], rows: Tensor) -> _EventRows:
+    """The event rows ``rows`` (m,) scored after the step, then the parameters put back to theta_0 and the rows scored
+    again there with their graph."""
+    with torch.no_grad():
+        after = score(rows)[0].double().cpu() if rows.numel() else None  # (m, T)
+        for p, t0 in zip(params, theta0):
+            p.copy_(t0)
+    before = score(rows)[0] if rows.numel() else None  # (m, T) with the graph at theta_0
+    return _EventRows({int(r): k for k, r in enumerate(rows.tolist())}, before, after)
+
+
+def _drift(where: Tensor, parts: list[dict[str, Tensor]], **extra: Tensor) -> EventDrift:
+    """``EventDrift`` of the events at ``where`` from each event's parts (``_FIELDS``)."""
+    return EventDrift(where, *(torch.stack([p[key] for p in parts]) for key in _FIELDS), **extra)
+
+
+def _shared_event_parts(step: _Step, rows: _EventRows, row: int, t: int, members: Tensor, coef_cpu: Tensor) -> dict[str, Tensor]:
+    """The first-order parts of one shared event (h*, v) at (``row``, ``t``), held by ``members`` (B,) bool."""
+    k = rows.local[row]
+    c_sum = coef_cpu[members, t].sum()  # eq 2's sum over the event's members S of c_i,t*
+    g = _grads(rows.before[k, t], step.params)
+    predicted, batch_part, decay_part = _dot(g, step.delta), _dot(g, step.own), _dot(g, step.decay)
+    direct = -step.grad_scale * c_sum * _weighted_dot(g, step.precond, g)
+    value = rows.before[k, t].detach().double().cpu()
+    parts = dict(coef=c_sum, direct=direct, cross=batch_part - direct, measured=rows.after[k, t] - value, value=value)
+    parts.update(momentum=predicted - batch_part - decay_part, decay=decay_part)
+    return parts
+
+
+def _shared_drift(step: _Step, rows: _EventRows, shared: ProbeEvents) -> EventDrift:
+    """The probed shared events' first-order split and measured change."""
+    if shared.where.shape[0] == 0:
+        return _empty()
+    coef_cpu = step.coef_cpu
+    parts = [_shared_event_parts(step, rows, row, t, shared.members[e], coef_cpu) for e, (row, t) in enumerate(shared.where.tolist())]
+    return _drift(shared.where, parts, members=shared.members.sum(-1), whole=shared.whole)
+
+
+def _row_terms(step: _Step, rows: _EventRows, row: int, mask_row: Tensor) -> dict[str, Tensor]:
+    """<g_row, .> of Delta theta, of the batch's and decay's update and of P u_row; log pi(y_row) before and after.
+    ``mask_row`` (T,) bool on the CPU: the row's real tokens."""
+    k, m = rows.local[row], mask_row.to(rows.before.device)
+    seq = torch.where(m, rows.before[k], 0.0).sum()
+    own_c = torch.where(m, rows.before[k] * step.coef[row].to(rows.before.device), 0.0).sum()  # sum_t c_t log pi_t, c detached
+    g, u = _grads(seq, step.params), _grads(own_c, step.params)
+    return {
+        "delta": _dot(g, step.delta),
+        "batch": _dot(g, step.own),
+        "decay": _dot(g, step.decay),
+        "self": _weighted_dot(g, step.precond, u),
+        "before": seq.detach().double().cpu(),
+        "after": torch.where(mask_row, rows.after[k], 0.0).sum(),
+    }
+
+
+def _mean_coef(coef_cpu: Tensor, mask_cpu: Tensor, row: int) -> Tensor:
+    """The mean c over a row's real tokens (0 for a row without any)."""
+    return coef_cpu[row][mask_cpu[row]].mean() if bool(mask_cpu[row].any()) else coef_cpu.new_zeros(())
+
+
+def _pair_drift(step: _Step, rows: _EventRows, pairs: Tensor, mask_cpu: Tensor) -> EventDrift:
+    """The equivalent pairs' (n, 2) first-order split and measured change of their log-odds (eq 5)."""
+    if pairs.shape[0] == 0:
+        return _empty()
+    terms = {r: _row_terms(step, rows, r, mask_cpu[r]) for r in torch.unique(pairs.flatten()).tolist()}
+    coef_cpu, parts = step.coef_cpu, []
+    for a, b in pairs.tolist():
+        gap = {key: terms[a][key] - terms[b][key] for key in terms[a]}  # the log-odds' <g_a - g_b, .>
+        direct = -step.grad_scale * gap["self"]
+        coef = _mean_coef(coef_cpu, mask_cpu, a) - _mean_coef(coef_cpu, mask_cpu, b)
+        pair = dict(coef=coef, direct=direct, cross=gap["batch"] - direct, measured=gap["after"] - gap["before"])
+        pair.update(value=gap["before"], momentum=gap["delta"] - gap["batch"] - gap["decay"], decay=gap["decay"])
+        parts.append(pair)
+    return _drift(pairs, parts)
+
+
+def _put_back(optimizer: torch.optim.Optimizer, params: Sequence[Tensor], theta: Sequence[Tensor], state: dict | None) -> None:
+    """The parameters set to ``theta`` and, unless ``state`` is None, the optimiser's state to ``state``."""
+    with torch.no_grad():
+        for p, t in zip(params, theta):
+            p.copy_(t)
+    if state is not None:
+        optimizer.load_state_dict(state)
+    optimizer.zero_grad(set_to_none=True)
+
+
 def probe_step(
     score: Score,
     optimizer: torch.optim.Optimizer,
@@ -434,115 +610,23 @@ def probe_step(
         raise ValueError(f"max_grad_norm must be > 0 (math.inf: no clipping), got max_grad_norm={max_grad_norm}")
     spec = resolve_objective(objective)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-    mask = batch.mask.bool()
-    tokens_cpu, mask_cpu, groups_cpu = batch.tokens.cpu(), mask.cpu(), batch.group_ids.cpu()  # the events' bookkeeping
-    found = probe_events(tokens_cpu, mask_cpu, groups_cpu, events)
-    picked = spread(torch.arange(found.where.shape[0])[:, None], groups_cpu[found.where[:, 0]], max_events)[:, 0]  # (n,)
-    shared, members, whole = found.where[picked], found.members[picked], found.whole[picked]  # (n, 2), (n, B), (n,)
-    pairs = torch.zeros(0, 2, dtype=torch.long)
-    if batch.correct is not None:
-        pairs = equivalent_pairs(tokens_cpu, mask_cpu, groups_cpu, batch.correct.cpu())
-        pairs = spread(pairs, groups_cpu[pairs[:, 0]], max_events)
+    found, shared, pairs = _pick_events(batch, events, max_events)
     saved_state = copy.deepcopy(optimizer.state_dict())
     theta0 = [p.detach().clone() for p in params]
-
-    # 1. the step: the loss core's loss and coefficients c = d L / d log pi, the (clipped) gradient, the update
-    optimizer.zero_grad(set_to_none=True)
-    all_rows = torch.arange(batch.tokens.shape[0])
-    logp, entropy = score(all_rows)  # (B, T)
-    logp.retain_grad()
-    loss, metrics = _loss(spec, batch, logp, entropy)
-    loss.backward()
-    coef = torch.zeros_like(logp) if logp.grad is None else torch.where(mask.to(logp.device), logp.grad.detach(), 0.0)  # (B, T)
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if math.isfinite(max_grad_norm) else None
-    grad_scale = 1.0 if norm is None or norm <= max_grad_norm else max_grad_norm / (norm + 1e-6)  # torch's clip_coef
-    had = _momentum_flags(optimizer, params)
-    stepped = [p.grad is not None for p in params]  # torch's optimisers skip a parameter without a gradient
-    grad = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]  # s grad L, as the optimiser sees it
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    delta = [p.detach() - t0 for p, t0 in zip(params, theta0)]  # Delta theta, the real update
-    precond = preconditioner(optimizer, params, had_momentum=had, stepped=stepped)
-    own = [-pc * g for pc, g in zip(precond, grad)]  # -P s grad L: this batch's part of the update
-    del grad
-    decay = decay_update(optimizer, params, theta0, precond, stepped)  # weight decay's part
-    theta1 = [p.detach().clone() for p in params]
-
-    # 2. the event rows after the step, then back to theta_0 and their graph there
-    rows = torch.unique(torch.cat([shared[:, 0], pairs.flatten()]))  # (m,) the rows any event reads
-    local = {int(r): k for k, r in enumerate(rows.tolist())}
-    with torch.no_grad():
-        after = score(rows)[0].double().cpu() if rows.numel() else None  # (m, T)
-        for p, t0 in zip(params, theta0):
-            p.copy_(t0)
-    before = score(rows)[0] if rows.numel() else None  # (m, T) with the graph at theta_0
-    coef_cpu = coef.double().cpu()
-
-    def shared_drift() -> EventDrift:
-        if shared.shape[0] == 0:
-            return _empty()
-        out = {key: [] for key in _FIELDS}
-        for e, (row, t) in enumerate(shared.tolist()):
-            k = local[row]
-            c_sum = coef_cpu[members[e], t].sum()  # eq 2's sum over the event's members S of c_i,t*
-            g = _grads(before[k, t], params)
-            predicted, batch_part, decay_part = _dot(g, delta), _dot(g, own), _dot(g, decay)
-            direct = -grad_scale * c_sum * _weighted_dot(g, precond, g)
-            value = before[k, t].detach().double().cpu()
-            parts = dict(coef=c_sum, direct=direct, cross=batch_part - direct, measured=after[k, t] - value, value=value)
-            parts.update(momentum=predicted - batch_part - decay_part, decay=decay_part)
-            for key in _FIELDS:
-                out[key].append(parts[key])
-        return EventDrift(shared, *(torch.stack(out[key]) for key in _FIELDS), members=members.sum(-1), whole=whole)
-
-    def row_terms(row: int) -> dict[str, Tensor]:
-        """<g_row, .> of Delta theta, of the batch's and decay's update and of P u_row; log pi(y_row) before and after."""
-        k, m = local[row], mask_cpu[row].to(before.device)
-        seq = torch.where(m, before[k], 0.0).sum()
-        own_c = torch.where(m, before[k] * coef[row].to(before.device), 0.0).sum()  # sum_t c_t log pi_t, c detached
-        g, u = _grads(seq, params), _grads(own_c, params)
-        return {
-            "delta": _dot(g, delta),
-            "batch": _dot(g, own),
-            "decay": _dot(g, decay),
-            "self": _weighted_dot(g, precond, u),
-            "before": seq.detach().double().cpu(),
-            "after": torch.where(mask_cpu[row], after[k], 0.0).sum(),
-        }
-
-    def pair_drift() -> EventDrift:
-        if pairs.shape[0] == 0:
-            return _empty()
-        terms = {r: row_terms(r) for r in torch.unique(pairs.flatten()).tolist()}
-        out = {key: [] for key in _FIELDS}
-        for a, b in pairs.tolist():
-            ta, tb = terms[a], terms[b]
-            gap = {key: ta[key] - tb[key] for key in ta}  # the log-odds' <g_a - g_b, .>
-            mean_c = lambda r: coef_cpu[r][mask_cpu[r]].mean() if bool(mask_cpu[r].any()) else coef_cpu.new_zeros(())  # noqa: E731
-            direct = -grad_scale * gap["self"]
-            parts = dict(coef=mean_c(a) - mean_c(b), direct=direct, cross=gap["batch"] - direct, measured=gap["after"] - gap["before"])
-            parts.update(value=gap["before"], momentum=gap["delta"] - gap["batch"] - gap["decay"], decay=gap["decay"])
-            for key in _FIELDS:
-                out[key].append(parts[key])
-        return EventDrift(pairs, *(torch.stack(out[key]) for key in _FIELDS))
-
+    step = _take_step(score, optimizer, params, theta0, batch, spec, max_grad_norm)
+    rows = _score_event_rows(score, params, theta0, torch.unique(torch.cat([shared.where[:, 0], pairs.flatten()])))
     try:
         report = DriftReport(
-            shared_drift(),
-            pair_drift(),
-            {k: v.detach() for k, v in metrics.items()},
-            float(grad_scale),
+            _shared_drift(step, rows, shared),
+            _pair_drift(step, rows, pairs, batch.mask.bool().cpu()),
+            step.metrics,
+            float(step.grad_scale),
             rule=events,
             found=int(found.where.shape[0]),
             found_whole=int(found.whole.sum()),
         )
     finally:
-        with torch.no_grad():
-            for p, t in zip(params, theta1 if keep_step else theta0):
-                p.copy_(t)
-        if not keep_step:
-            optimizer.load_state_dict(saved_state)
-        optimizer.zero_grad(set_to_none=True)
+        _put_back(optimizer, params, step.theta1 if keep_step else theta0, None if keep_step else saved_state)
     return report
 
 
