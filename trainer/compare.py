@@ -185,7 +185,9 @@ def check_identity(plan: Plan, label: str, seed: int) -> None:
             f"{path} holds the run {found.get('objective')} seed {found.get('seed')}, not {expected['objective']} seed {seed}; {NOTHING_RUN}"
         )
     check_settings(path, config)
-    if found != expected:
+    # A cell trained before a setting existed hashed only the settings it had; check_settings has just found the new
+    # ones at their defaults, so its identity is the one over its own keys.
+    if found != expected and found != run_identity(config_to_dict(config), keys=set(stored_settings(path))):
         raise ValueError(
             f"{path} holds a run of {expected['objective']} seed {seed} with another config (config "
             f"{str(found.get('config_sha256'))[:12]}, not {expected['config_sha256'][:12]} of --config {plan.config}"
@@ -208,13 +210,16 @@ def stored_settings(path: Path) -> dict:
         ) from None
 
 
-def settings_differences(stored: dict, wanted: dict) -> list[tuple[str, object, object]]:
+def settings_differences(stored: dict, wanted: dict, defaults: dict | None = None) -> list[tuple[str, object, object]]:
     """(dotted key, the cell's value, the command's value) of every setting in which a cell's config (``stored``, flat)
-    differs from the one this command would train it with (``wanted``, flat), ``PER_CELL_SETTINGS`` aside; a key
-    only one side has counts as a difference (its value on the other side: ``MISSING``)."""
+    differs from the one this command would train it with (``wanted``, flat), ``PER_CELL_SETTINGS`` aside. A key only
+    the command has is a setting added after the cell was trained: it counts as the same only where the command asks
+    its default (``defaults``, flat: a new setting's default keeps the behaviour the cell was trained with); any other
+    key only one side has is a difference (its value on the other side: ``MISSING``)."""
+    defaults = defaults or {}
     keys = sorted((set(stored) | set(wanted)) - set(PER_CELL_SETTINGS))
     found = [(k, stored.get(k, MISSING), wanted.get(k, MISSING)) for k in keys]
-    return [(k, a, b) for k, a, b in found if a != b]
+    return [(k, a, b) for k, a, b in found if a != b and not (a == MISSING and k in defaults and b == defaults[k])]
 
 
 MISSING = "(not set)"
@@ -238,7 +243,7 @@ def check_settings(path: Path, config: Config) -> None:
     every setting ``config`` has (``settings_differences``): a cell trained under other settings (train.steps,
     eval.every, ... which a resume may change and the run's identity leaves out) is never reused or reported under
     this command's settings."""
-    diffs = settings_differences(stored_settings(path), flat_items(config_to_dict(config)))
+    diffs = settings_differences(stored_settings(path), flat_items(config_to_dict(config)), flat_items(config_to_dict(Config())))
     if not diffs:
         return
     (key, was, asks), rest = diffs[0], diffs[1:]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dfpo.cli import main
 from dfpo.trainer import compare as C
-from dfpo.trainer.config import config_to_dict, config_to_toml, load_config
+from dfpo.trainer.config import Config, config_to_dict, config_to_toml, load_config
 from dfpo.trainer.run.folder import run_identity
 from dfpo.trainer.run.layout import RunDir
 from dfpo.trainer.run.resume import flat_items
@@ -106,6 +106,38 @@ def test_a_cell_of_other_code_is_read_under_its_settings_and_refused_under_other
     assert "was trained with train.steps=5, this command asks 6" in capsys.readouterr().err
 
 
+def _as_older_dfpo(plan, lacking: str) -> None:
+    """Rewrite every cell as a dfpo that had no setting ``lacking`` would have left it: a config.toml without the key
+    and a mark whose identity hashes only the keys it had."""
+    import tomllib
+
+    import tomli_w
+
+    from dfpo.trainer.run.folder import write_mark
+
+    section, key = lacking.split(".")
+    for label in plan.labels:
+        for s in plan.seeds:
+            path = C.run_dir(plan, label, s)
+            config = tomllib.loads((path / RunDir.CONFIG).read_text())
+            del config[section][key]
+            (path / RunDir.CONFIG).write_text(tomli_w.dumps(config))
+            keys = set(flat_items(config))
+            write_mark(path, checkpointed=True, identity=run_identity(config_to_dict(C.run_config(plan, label, s)), keys=keys))
+
+
+def test_cells_of_an_older_dfpo_are_read_where_a_new_setting_keeps_its_default(tmp_path, monkeypatch):
+    """A cell trained before eval.greedy existed is the same run as one asked with eval.greedy at its default (false),
+    and is refused, naming the setting, when the command asks it on."""
+    _never_train(monkeypatch)
+    plan = _plan(tmp_path, [], seeds=8)
+    _fake_runs(plan)
+    _as_older_dfpo(plan, "eval.greedy")
+    assert C.compare(plan, progress=lambda _: None, warn=lambda _: None).is_file()
+    with pytest.raises(ValueError, match=r"eval\.greedy=\(not set\), this command asks true"):
+        C.compare(_plan(tmp_path, ["eval.greedy=true"], seeds=8), progress=lambda _: None, warn=lambda _: None)
+
+
 def test_a_moved_out_folder_is_reused_its_run_dir_aside(tmp_path):
     """run_dir is where the cell's folder is, not how it trained: an --out moved elsewhere is still reported."""
     elsewhere = _plan(tmp_path, [], out="before-the-move")
@@ -149,6 +181,20 @@ def test_every_setting_but_the_folder_counts(key, new):
     assert [k for k, _, _ in C.settings_differences(_FLAT, wanted)] == expected
     lacking = C.settings_differences(_FLAT, {k: v for k, v in _FLAT.items() if k != key})  # a key one side lacks counts
     assert lacking == ([] if key in C.PER_CELL_SETTINGS else [(key, _FLAT[key], C.MISSING)])
+
+
+_DEFAULTS = flat_items(config_to_dict(Config()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(sorted(_DEFAULTS)), new=st.one_of(st.integers(-3, 3), st.text(max_size=3), st.booleans()))
+def test_a_setting_added_after_the_cell_counts_only_at_its_default(key, new):
+    """Invariant: a setting a cell's config lacks (added to dfpo later) matches only where the command asks its default."""
+    stored = {k: v for k, v in _DEFAULTS.items() if k != key}
+    asked = C.settings_differences(stored, dict(_DEFAULTS), _DEFAULTS)
+    assert asked == []
+    other = C.settings_differences(stored, dict(_DEFAULTS) | {key: new}, _DEFAULTS)
+    assert other == ([] if key in C.PER_CELL_SETTINGS or new == _DEFAULTS[key] else [(key, C.MISSING, new)])
 
 
 # ----- a cell that trains says how it is getting on -----

@@ -127,11 +127,12 @@ def objective_label(name: str, overrides: dict) -> str:
     return ":".join([name, *parts])
 
 
-def run_identity(config: dict) -> dict:
+def run_identity(config: dict, keys: set[str] | None = None) -> dict:
     """The identity of the run a config (``config_to_dict``, or one read back from JSON) defines: its objective
-    label, its seed, and the SHA-256 of every key but those a resume may change (``RESUME_IGNORED``)."""
+    label, its seed, and the SHA-256 of every key but those a resume may change (``RESUME_IGNORED``). ``keys``: only
+    these dotted keys enter the hash (the identity a run of an older dfpo, whose config had only those, recorded)."""
     objective = config.get("objective") or {}
-    defining = {k: v for k, v in flat_items(config).items() if not _resume_may_change(k)}
+    defining = {k: v for k, v in flat_items(config).items() if not _resume_may_change(k) and (keys is None or k in keys)}
     return {
         "objective": objective_label(str(objective.get("name")), objective.get("overrides") or {}),
         "seed": config.get("seed"),
