@@ -17,8 +17,12 @@ from tiny_run import TINY_MODEL_SETS
 
 from dfpo.cli import main
 from dfpo.core.drift_tables import comparisons, summary_table
-from dfpo.trainer.probe import command as probe_command
-from dfpo.trainer.probe.command import bar_stats, empty_reason, make_plan, matched_controls, panel_layout, render_markdown, write_outputs
+from dfpo.trainer.probe import one_seed, seeds
+from dfpo.trainer.probe import plan as probe_plan
+from dfpo.trainer.probe.command import write_outputs
+from dfpo.trainer.probe.figure import bar_stats, empty_reason, panel_layout
+from dfpo.trainer.probe.plan import make_plan, matched_controls
+from dfpo.trainer.probe.report import render_markdown
 
 FAST = [*TINY_MODEL_SETS, "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3"]
 
@@ -67,7 +71,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path, change, message):
 
 
 def test_a_label_reading_an_input_the_probe_does_not_compute_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(probe_command, "PROBE_INPUTS", ("entropy", "rollout_logp"))  # as if the probe had no reference
+    monkeypatch.setattr(probe_plan, "PROBE_INPUTS", ("entropy", "rollout_logp"))  # as if the probe had no reference
     with pytest.raises(ValueError, match=r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"):
         _plan(tmp_path, objectives="gspo,online_ipo")
 
@@ -142,20 +146,20 @@ def test_a_probe_stopped_part_way_goes_on_at_the_next_seed_and_refuses_a_seed_of
             raise KeyboardInterrupt  # the first run dies in its second seed
         return [{"seed": seed, "objective": "gspo", "kind": "shared", "events": 3}]
 
-    monkeypatch.setattr(probe_command, "probe_seed", fake_probe_seed)
+    monkeypatch.setattr(seeds, "probe_seed", fake_probe_seed)
     plan = _plan(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        probe_command.run_probe(plan)
+        seeds.run_probe(plan)
     said = []
-    doc = probe_command.run_probe(plan, said.append)
+    doc = seeds.run_probe(plan, said.append)
     assert probed == [0, 1, 1] and [r["seed"] for r in doc["records"]] == [0, 1]  # seed 0 once, seed 1 again
     assert said[0].startswith("dfpo probe: seed 0 (1/2): probed before, read from") and said[1] == "dfpo probe: seed 1 (2/2)"
     seed0 = Path(plan.out) / "seeds" / "seed0.json"
     with pytest.raises(ValueError, match=r"seed0.json was probed with other settings or code \(max_events differ\)"):
-        probe_command.run_probe(_plan(tmp_path, max_events=5))
+        seeds.run_probe(_plan(tmp_path, max_events=5))
     seed0.write_text('{"seed": 0, "records": []}')
     with pytest.raises(ValueError, match=r"seed0.json is not a stored seed of dfpo probe: move it away to probe seed 0 again"):
-        probe_command.run_probe(plan)
+        seeds.run_probe(plan)
     assert probed == [0, 1, 1]  # nothing was probed by the refused runs
 
 
@@ -166,7 +170,7 @@ READS_REF_OR_SAMPLER = ("online_ipo", "grpo:beta=0.04", "dapo:rollout_correction
 
 def test_labels_reading_the_reference_or_the_sampler_give_finite_figures(tmp_path):
     plan = _plan(tmp_path, objectives=",".join(READS_REF_OR_SAMPLER), sets=EVENTS)
-    doc = probe_command.run_probe(plan)
+    doc = seeds.run_probe(plan)
     shared = [r for r in doc["records"] if r["kind"] == "shared"]
     assert {(r["seed"], r["objective"]) for r in shared} == {(s, o) for s in (0, 1) for o in READS_REF_OR_SAMPLER}
     assert all(r["events"] > 0 for r in shared)  # the figures below are of real events
@@ -181,7 +185,7 @@ def test_the_reference_is_the_starting_policy_and_pi_old_the_sampler(tmp_path, m
     from dfpo.trainer.tasks import load_splits
 
     seen = {}
-    sample, step = probe_command.sample_rollout, probe_command.probe_step
+    sample, step = one_seed.sample_rollout, one_seed.probe_step
 
     def record_rollout(*args):
         seen["rollout"], seen["old_logp"] = sample(*args)
@@ -191,15 +195,15 @@ def test_the_reference_is_the_starting_policy_and_pi_old_the_sampler(tmp_path, m
         seen.setdefault("batches", []).append(batch)
         return step(score, optimizer, batch, spec, **kw)
 
-    monkeypatch.setattr(probe_command, "sample_rollout", record_rollout)
-    monkeypatch.setattr(probe_command, "probe_step", record_batch)
+    monkeypatch.setattr(one_seed, "sample_rollout", record_rollout)
+    monkeypatch.setattr(one_seed, "probe_step", record_batch)
     plan = _plan(tmp_path, objectives="grpo:beta=0.04,gspo", move_steps=2)
-    probe_command.probe_seed(plan, 3, lambda msg: None)
+    one_seed.probe_seed(plan, 3, lambda msg: None)
     rollout, batches = seen["rollout"], seen["batches"]
     assert len(batches) == 4  # two move steps, then each label's step
     cfg = config_from_dict({**config_to_dict(plan.config), "seed": 3})
     train, _ = load_splits(cfg.data, cfg.seed)
-    start = probe_command.build_start(plan, cfg, train, lambda msg: None, with_ref=False)  # seed 3's policy, built again
+    start = one_seed.build_start(plan, cfg, train, lambda msg: None, with_ref=False)  # seed 3's policy, built again
     expected, _ = batch_logp(start.model, rollout.batch, start.device, 64)  # (B, T) log pi_start of the sampled tokens
     for batch in batches:  # every step reads the starting policy as pi_ref, the move steps' moves notwithstanding
         assert torch.equal(batch.ref_logp, expected) and torch.equal(batch.rollout_logp, rollout.sampler_logp)

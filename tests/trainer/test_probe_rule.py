@@ -15,7 +15,8 @@ from dfpo.core.loss import group_advantages
 from dfpo.core.metric_registry import lookup
 from dfpo.core.param_atlas import SharedWeightsLM
 from dfpo.core.probe import DriftBatch, document_rule, probe_step
-from dfpo.trainer.probe.command import SHARED_RULE, events_sentence, render_markdown
+from dfpo.trainer.probe.report import events_sentence, render_markdown
+from dfpo.trainer.probe.seeds import SHARED_RULE
 from dfpo.trainer.probe.stage import drift_metrics
 
 STORED = Path(__file__).resolve().parents[2] / "docs" / "probe" / "add-discovery.json"
