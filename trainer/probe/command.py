@@ -22,7 +22,7 @@ then each objective with a group transform against its matched control (the firs
 trust region it shares, ``unmatched_components``), paired over seeds, intervals Bonferroni-adjusted over that
 table (``dfpo.core.stats``), each cell with its verdict on "restoring cancellation lowers the drift".
 
-Choices made here (the issue leaves them open; what a TRL / verl user would expect):
+Choices made here, where the paper says nothing (each what a TRL / verl user would expect):
 1. The probe's batch is one mini-batch of every group of the rollout (one loss call), its step the trainer's:
    AdamW with ``optim``'s settings (``--run``: with the checkpoint's moments and learning rate), gradient clipping
    at ``optim.max_grad_norm``. Sampling always uses transformers' ``generate`` loop on the policy (the HF engine).
