@@ -317,8 +317,8 @@ class EvalConfig:
     kappa: float = setting(0.5, "Threshold of Steps(reward >= kappa) (eq 19), on the train reward curve.", bounds=Bounds(-math.inf))
     greedy: bool = setting(
         False,
-        "Also decode every held-out problem greedily (temperature 0) at step 0 and at the end: eval/greedy_acc (and, for "
-        "sum_template, eval/greedy_template), a figure with little sampling noise.",
+        "Also decode every held-out problem greedily (temperature 0) at the evaluations of step 0 and the end (eval.every > 0): "
+        "eval/greedy_acc (and, for sum_template, eval/greedy_template), a figure with little sampling noise.",
     )
 
 
