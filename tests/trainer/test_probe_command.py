@@ -70,6 +70,23 @@ def test_bad_input_is_refused_before_any_work(tmp_path, change, message):
         _plan(tmp_path, **change)
 
 
+@pytest.mark.parametrize(
+    ("argv", "sentence"),
+    [
+        (["--bogus"], "--bogus is not an option of dfpo probe"),
+        (["--seeds", "2", "--bogus", "x"], "--bogus, x are not options of dfpo probe"),
+    ],
+)
+def test_an_unknown_option_is_refused_in_one_line_under_dfpo_probes_usage(capsys, argv, sentence):
+    """`dfpo probe --bogus` names --bogus as not an option of dfpo probe, under dfpo probe's usage (not dfpo's)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["probe", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: dfpo probe ")
+    assert err.strip().splitlines()[-1] == f"dfpo probe: error: {sentence}; dfpo probe --help lists its options"
+    assert err.count("error") == 1
+
+
 def test_a_label_reading_an_input_the_probe_does_not_compute_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_plan, "PROBE_INPUTS", ("entropy", "rollout_logp"))  # as if the probe had no reference
     with pytest.raises(ValueError, match=r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"):

@@ -13,6 +13,20 @@ import shlex
 from . import DEFAULT_OBJECTIVES
 
 
+class OwnUsageParser(argparse.ArgumentParser):
+    """A command's parser that refuses an argument it does not know itself, in one sentence under its own usage.
+
+    argparse hands a sub-command's unknown arguments up to the top parser, which refuses them under ``dfpo``'s usage
+    ("unrecognized arguments"), saying neither which command they were given to nor what it takes."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            what = "is not an option" if len(extras) == 1 else "are not options"
+            self.error(f"{', '.join(extras)} {what} of {self.prog}; {self.prog} --help lists its options")
+        return namespace, extras
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The command as it ran, every setting spelled out (probe.md and probe.json record it)."""
     words = ["dfpo", "probe", "--objectives", args.objectives, "--seeds", str(args.seeds), "--first-seed", str(args.first_seed)]
@@ -59,6 +73,7 @@ def register(subparsers) -> None:
         "first-order error above half the measured change is flagged. Writes OUT/probe.json, OUT/probe.md and "
         "OUT/probe.png (docs/probe.md).",
     )
+    p.__class__ = OwnUsageParser  # an unknown argument is refused under dfpo probe's usage, not dfpo's
     p.add_argument("--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated objective labels (default {DEFAULT_OBJECTIVES})")
     p.add_argument(
         "--seeds",
