@@ -87,6 +87,20 @@ def test_an_unknown_option_is_refused_in_one_line_under_dfpo_probes_usage(capsys
     assert err.count("error") == 1
 
 
+def test_dfpo_probe_takes_by_default_as_many_seeds_as_its_tables_need(tmp_path, monkeypatch):
+    """Without --seeds the probe runs MIN_SEEDS seeds, the fewest whose tables draw no too-few-seeds warning (it ran 4
+    and warned that fewer than 8 were too few); the command line it records names that number."""
+    from dfpo.core.drift_tables import MIN_SEEDS
+    from dfpo.trainer.probe import command
+
+    planned = []
+    monkeypatch.setattr(command, "probe_command", lambda plan, quiet: planned.append(plan) or "")
+    assert main(["probe", "--out", str(tmp_path / "out")]) == 0
+    assert planned[0].seeds == tuple(range(MIN_SEEDS)) and f"--seeds {MIN_SEEDS} " in planned[0].command
+    doc = _doc({"gspo": [1.0] * MIN_SEEDS, "dfpo_min": [0.5] * MIN_SEEDS})
+    assert "seeds (fewer than" not in render_markdown(doc)
+
+
 def test_a_label_reading_an_input_the_probe_does_not_compute_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(probe_plan, "PROBE_INPUTS", ("entropy", "rollout_logp"))  # as if the probe had no reference
     with pytest.raises(ValueError, match=r"'online_ipo' reads ref_logp \(ipo_beta=0.1.*which the probe does not compute"):

@@ -1,7 +1,7 @@
 """`dfpo probe`: parameter-space drift of several objectives on one batch from one starting point (imports stay
 light here; the work is ``dfpo.trainer.probe.command``, which imports torch and transformers when it runs).
 
-dfpo probe [--objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score] [--seeds 4] [--first-seed 0]
+dfpo probe [--objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score] [--seeds N] [--first-seed 0]
            [--config FILE] [--set KEY=VALUE ...] | [--run RUN_DIR]   [--out runs/probe]
 """
 
@@ -39,8 +39,11 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    from ...core.drift_tables import MIN_SEEDS
     from .command import make_plan, probe_command  # deferred: torch (see the module docstring)
 
+    if args.seeds is None:  # as many as the tables need: fewer draw a too-few-seeds warning (render_markdown)
+        args.seeds = MIN_SEEDS
     plan = make_plan(
         objectives=args.objectives,
         seeds=args.seeds,
@@ -78,8 +81,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--seeds",
         type=int,
-        default=4,
-        help="how many seeds; each gives its own policy and batch, and the tables average over them (default 4)",
+        default=None,
+        help="how many seeds; each gives its own policy and batch, and the tables average over them (default: the fewest "
+        "whose tables draw no too-few-seeds warning, dfpo.core.drift_tables.MIN_SEEDS; the command line probe.md records "
+        "names the number)",
     )
     p.add_argument(
         "--first-seed", type=int, default=0, help="first seed (default 0); a set that confirms a finding must not overlap the first"

@@ -1,6 +1,6 @@
 """``dfpo probe``: parameter-space drift of several objectives on the same batch from the same starting point.
 
-    dfpo probe --objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score --seeds 4 --out runs/probe
+    dfpo probe --objectives gspo,dfpo_min,gspo_noclip,dfpo_min:stopgrad=score --out runs/probe
     dfpo probe --run runs/tiny-gspo --seeds 8 --first-seed 100
 
 For each seed: a policy (the tiny preset warmed up with that seed, or ``--run``'s checkpoint, loaded through the
