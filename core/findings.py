@@ -11,8 +11,8 @@ The claims ledger (``dfpo.theory``) checks the paper's claims; this one checks o
 
 A row's verdict is read off the interval of its paired difference (``dfpo.core.stats``; the censoring-aware
 median interval for steps to a threshold; a mean's interval cut to the values the metric can take, ``BOUNDS``),
-Bonferroni-adjusted over every row the summary reads on that seed set (``Summary.family``: multiplicity across
-everything one summary draws on), against a margin of 2% of the
+Bonferroni-adjusted over the rows the summary reads from that row's own experiment on that seed set
+(``Summary.families``: one family per experiment), against a margin of 2% of the
 control's level: ``negligible`` (the interval lies within the margin), ``lower`` / ``higher`` (it excludes 0),
 ``inconclusive`` (neither). Each verdict pair maps to one fixed phrasing (``phrase``):
 
@@ -36,6 +36,7 @@ import json
 import math
 import re
 import tomllib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,7 +260,10 @@ def row_verdict(evidence: Mapping, which: str, row: Row, *, tests: int) -> Verdi
 class Summary:
     """Every finding one page shows, with the verdicts of all their rows on both seed sets.
 
-    ``family`` is the number of distinct rows the summary reads: each interval is adjusted for all of them, to ``level``."""
+    The multiplicity family is one experiment: ``families[e]`` is the number of distinct rows the summary reads from
+    experiment ``e``, and each of its intervals is adjusted for all of them, to ``level_of(e)`` (issue 58: an effect
+    counts only where both disjoint seed sets agree, each set at level 0.05 / R of its own experiment's R rows; one
+    family across unrelated experiments made a new experiment's rows change old verdicts)."""
 
     name: str
     findings: list[Finding]
@@ -268,12 +272,16 @@ class Summary:
 
     def __post_init__(self) -> None:
         rows = {r.key(): r for f in self.findings for r in f.rows}
-        self.family = len(rows)
-        self.level = stats.bonferroni_level(0.95, self.family)  # each interval's level: 95% over the whole family
+        self.families = dict(sorted(Counter(r.experiment for r in rows.values()).items()))
         for key, row in rows.items():
             if row.experiment not in self.evidence:
                 raise ValueError(f"no stored evidence {row.experiment!r} (docs/attribution/data/{row.experiment}.json) for row {key}")
-            self.verdicts[key] = tuple(row_verdict(self.evidence[row.experiment], s, row, tests=self.family) for s in SETS)
+            tests = self.families[row.experiment]
+            self.verdicts[key] = tuple(row_verdict(self.evidence[row.experiment], s, row, tests=tests) for s in SETS)
+
+    def level_of(self, experiment: str) -> float:
+        """Each interval's level in ``experiment``: 95% over that experiment's rows."""
+        return stats.bonferroni_level(0.95, self.families[experiment])
 
     def mismatches(self) -> list[str]:
         """Every row whose verdicts are not what its finding expects, as 'finding: row: expected a/b, stored c/d'."""
@@ -426,11 +434,15 @@ def render_findings(summary: Summary, *, anchor_page: str = "") -> str:
 
 def family_note(summary: Summary) -> str:
     """One sentence naming the summary's multiplicity family."""
-    level = summary.level
+    small, big = min(summary.families.values()), max(summary.families.values())
+    span = f"{stats.bonferroni_level(0.95, small):.4g} for {small} rows" + (
+        f" to {stats.bonferroni_level(0.95, big):.4g} for {big}" if big != small else ""
+    )
     return (
-        f"Every interval is over paired seeds and Bonferroni-adjusted for all {summary.family} rows these findings read on each "
-        f"seed set (each at level {level:.4g}); the confirmation set's numbers come first, the discovery set's in brackets. "
-        f"Negligible: within {MARGIN:.0%} of the control's level on both sets."
+        f"Every interval is over paired seeds and Bonferroni-adjusted, on each seed set, for the R rows these findings "
+        f"read from its own experiment (level 1 - 0.05/R: {span}; {len(summary.families)} experiments, "
+        f"{sum(summary.families.values())} rows); an effect counts only where both seed sets agree; the confirmation set's "
+        f"numbers come first, the discovery set's in brackets. Negligible: within {MARGIN:.0%} of the control's level on both sets."
     )
 
 

@@ -180,7 +180,7 @@ def render(template: str) -> str:
     text = template.replace("{DEMO}", cancellation_demo())
     text = text.replace("{PROBE}", findings_block(ROOT / "docs" / "probe"))  # the block update_readme.py keeps fresh
     text = text.replace("{FINDINGS}", summary_markdown(summary))
-    text = text.replace("{SIGN_SEEDS}", str(stats.sign_test_min_seeds(summary.level)))
+    text = text.replace("{SIGN_SEEDS}", str(stats.sign_test_min_seeds(summary.level_of("smollm2"))))
     text = re.sub(r"\{SEEDS:([\w-]+):(\w+)\}", lambda m: seed_set(evidence, m.group(1), m.group(2)), text)
     return re.sub(r"\{EXPERIMENT:([\w-]+)\}", lambda m: experiment(m.group(1), evidence), text)
 

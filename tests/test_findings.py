@@ -54,12 +54,23 @@ def test_each_conclusion_is_supported_by_its_rows(finding):
     assert not conclusion_problems(finding)
 
 
-def test_one_family_for_a_summary_and_the_same_verdicts_on_every_page():
+def test_one_family_per_experiment_and_the_same_verdicts_on_every_page():
+    """Issue 58: the Bonferroni family is one experiment's rows, so a page that shows more experiments changes no verdict."""
     readme = summaries(FINDINGS, EVIDENCE, "readme")
     page = summaries(FINDINGS, EVIDENCE, "attribution")
-    assert readme.family == len({r.key() for f in readme.findings for r in f.rows})
+    for summary in (readme, page):
+        rows = {r.key(): r for f in summary.findings for r in f.rows}
+        assert summary.families == {e: sum(r.experiment == e for r in rows.values()) for e in {r.experiment for r in rows.values()}}
     shared = set(readme.verdicts) & set(page.verdicts)
-    assert all(readme.verdicts[k][i].word == page.verdicts[k][i].word for k in shared for i in range(2)) or readme.family != page.family
+    same_family = [k for k in shared if readme.families[k[0]] == page.families[k[0]]]
+    assert all(readme.verdicts[k][i].word == page.verdicts[k][i].word for k in same_family for i in range(2))
+
+
+def test_adding_an_experiment_changes_no_verdict_of_another():
+    full = summaries(FINDINGS, EVIDENCE, "attribution")
+    without = [f for f in full.findings if all(r.experiment != "smollm2" for r in f.rows)]
+    fewer = Summary("x", without, EVIDENCE)
+    assert all(fewer.verdicts[k] == full.verdicts[k] for k in fewer.verdicts)
 
 
 def test_the_two_seed_sets_of_every_experiment_are_disjoint():
