@@ -121,10 +121,17 @@ def ratio_stats(new_logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tens
     }
 
 
-def loss_error(value: float, reference: float) -> dict:
-    """``value`` against the float32 ``reference``: |difference| and, where the reference is not 0, relative to it."""
+def loss_error(value: float, reference: float, scale: float) -> dict:
+    """``value`` against the float32 ``reference``: |difference|, relative to the reference where it is not 0, and
+    relative to ``scale``, the mean |A_i| of the batch (a loss at ratio 1 is a weighted mean of A_i terms, and
+    group-normalised advantages sum to 0 in each group, so the reference itself is often round-off)."""
     diff = abs(value - reference)
-    return {"value": value, "abs_error": diff, "rel_error": diff / abs(reference) if reference != 0 else None}
+    return {
+        "value": value,
+        "abs_error": diff,
+        "rel_error": diff / abs(reference) if reference != 0 else None,
+        "error_per_mean_abs_adv": diff / scale if scale > 0 else None,
+    }
 
 
 def grad_agreement(grads: list[torch.Tensor], reference: list[torch.Tensor]) -> dict:
@@ -274,14 +281,15 @@ def objective_figures(fixed: FixedRollout, label: str, old: dict[str, torch.Tens
     """For one objective: (loss per pipeline against float32, gradient agreement per pipeline with float32, pi_theta
     (B, T) per pipeline). ``old``: pi_old per precision ("float32", "bf16"). One float32 gradient is kept at a time."""
     reference = scored(fixed, label, old["float32"], None)
-    loss = {"float32": {**loss_error(reference.loss, reference.loss), "clip": clip_metrics(reference.metrics)}}
+    scale = float(fixed.advantages[label].abs().mean())
+    loss = {"float32": {**loss_error(reference.loss, reference.loss, scale), "clip": clip_metrics(reference.metrics)}}
     grad = {"float32": grad_agreement(reference.grads, reference.grads)}
     new = {"float32": reference.logp}
     for name, (old_amp, new_amp) in PIPELINES.items():
         if name == "float32":
             continue
         run = scored(fixed, label, old["bf16" if old_amp is not None else "float32"], new_amp)
-        loss[name] = {**loss_error(run.loss, reference.loss), "clip": clip_metrics(run.metrics)}
+        loss[name] = {**loss_error(run.loss, reference.loss, scale), "clip": clip_metrics(run.metrics)}
         grad[name] = grad_agreement(run.grads, reference.grads)
         new[name] = run.logp
         del run
@@ -353,13 +361,17 @@ def report_lines(result: dict) -> list[str]:
         )
     lines.append("")
     lines.append(
-        f"{'objective':<24} {'pipeline':<8} {'loss':>11} {'loss rel err':>12} {'grad cosine':>11} {'|g| rel err':>11} {'|g-g32|/|g32|':>13}"
+        f"{'objective':<24} {'pipeline':<8} {'loss':>11} {'|dL|':>9} {'|dL|/|L32|':>10} {'|dL|/mean|A|':>12} {'clipped':>7} "
+        f"{'grad cosine':>11} {'|g| rel err':>11} {'|g-g32|/|g32|':>13}"
     )
     for label, per in result["loss"].items():
         for name, loss in per.items():
             g = result["gradient"][label][name]
+            clip = loss["clip"]
+            clipped = clip["clip/frac_low"] + clip["clip/frac_high"] if {"clip/frac_low", "clip/frac_high"} <= set(clip) else None
             lines.append(
-                f"{label:<24} {name:<8} {num(loss['value'], '.4g'):>11} {num(loss['rel_error']):>12} {num(g['cosine'], '.6f'):>11} "
+                f"{label:<24} {name:<8} {num(loss['value'], '.4g'):>11} {num(loss['abs_error'], '.2g'):>9} {num(loss['rel_error'], '.2g'):>10} "
+                f"{num(loss['error_per_mean_abs_adv'], '.2g'):>12} {num(clipped, '.2f'):>7} {num(g['cosine'], '.6f'):>11} "
                 f"{num(g['norm_rel_error']):>11} {num(g['diff_rel_error']):>13}"
             )
     return lines

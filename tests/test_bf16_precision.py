@@ -87,9 +87,12 @@ def test_grad_agreement_cosine_and_relative_errors():
     assert zero["cosine"] is None and zero["norm_rel_error"] is None
 
 
-def test_loss_error_has_no_relative_error_against_a_zero_loss():
-    assert bench.loss_error(0.5, 0.4) == pytest.approx({"value": 0.5, "abs_error": 0.1, "rel_error": 0.25})
-    assert bench.loss_error(1e-8, 0.0)["rel_error"] is None
+def test_loss_error_is_relative_to_the_reference_and_to_the_mean_advantage():
+    assert bench.loss_error(0.5, 0.4, 0.2) == pytest.approx(
+        {"value": 0.5, "abs_error": 0.1, "rel_error": 0.25, "error_per_mean_abs_adv": 0.5}
+    )
+    zero = bench.loss_error(1e-8, 0.0, 0.0)
+    assert zero["rel_error"] is None and zero["error_per_mean_abs_adv"] is None
 
 
 def test_cpuinfo_model_and_bf16_flags():
@@ -139,7 +142,7 @@ def test_a_run_on_the_tiny_model_writes_every_figure(tmp_path, capsys):
     sets = [x for s in TINY_SETS for x in ("--set", s)]
     assert bench.main(["--config", "", "--out", str(out), *sets]) == 0
     printed = capsys.readouterr().out
-    assert "seq outside band" in printed and "grad cosine" in printed
+    assert "seq outside band" in printed and "grad cosine" in printed and "|dL|/mean|A|" in printed
     r = json.loads(out.read_text())
     assert r["threads"] == 1 and r["torch"] == torch.__version__ and r["issue"] == 59
     assert set(r["ratio"]) == {"float32", "bf16", "mixed", "sampler_float32", "sampler_mixed"}
