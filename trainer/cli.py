@@ -83,6 +83,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_to_toml(cfg), end="")
         return 0
+    if args.resume is not None and (done := _finished_run(Path(args.resume), cfg)):  # nothing to train, nothing touched
+        if dp.launched_rank() == 0:
+            print(f"dfpo: {done}", file=sys.stderr, flush=True)
+        return _decided(0)
     if args.config is None and args.resume is None and not args.silent and dp.launched_rank() == 0:
         print(no_config_message(cfg), file=sys.stderr, flush=True)
     if args.nproc is not None and dp.launched_world_size() == 1:
@@ -93,6 +97,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
             signals.decided(status)
             return status
     return _train(cfg, args)
+
+
+def _finished_run(run_dir: Path, cfg: Config) -> str | None:
+    from .run.resume import finished_run_message  # deferred: torch (see the module docstring)
+
+    return finished_run_message(run_dir, cfg.train.steps)
 
 
 def no_config_message(cfg: Config) -> str:

@@ -70,6 +70,7 @@ from .run.checkpoint import seed_everything
 from .run.folder import NullLock, prepare_run_folder
 from .run.layout import RunDir
 from .run.logs import Every
+from .run.resume import finished_run_message
 from .run.signals import StopSignals, TrainingInterrupted
 from .run.state import Checkpointer, RunLogs, RunState
 from .sampler import HFGenerateEngine
@@ -145,6 +146,8 @@ class Trainer:
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False):
         self.built_at = time.monotonic()  # the start-up's clock (summary.json's wall_s_start_up)
         self.cfg = cfg
+        if resume and (done := finished_run_message(cfg.folder.path, cfg.train.steps)):  # before the lock: nothing is touched
+            raise ValueError(done)
         parallel.check_launch(cfg)  # before any work, before joining the group
         device = resolve_device(cfg.device)
         self.parallel = parallel.join(cfg, device.type)

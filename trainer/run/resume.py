@@ -134,3 +134,26 @@ def no_checkpoint_message(run_dir: Path, cfg: Config) -> str:
     else:
         why = "the run stopped before its first checkpoint; start it again"
     return f"--resume {run_dir}: no {RunDir.CHECKPOINT} in it: {why}"
+
+
+def finished_run_message(run_dir: Path, steps: int) -> str | None:
+    """The one line ``dfpo train --resume RUN_DIR`` says, before any work, when the run already finished its ``steps``
+    steps (its summary.json says so); None when it has steps to go, or no readable summary.
+
+    Such a resume trains nothing and writes nothing (summary.json, the logs, the checkpoint stay as they were), and the
+    command exits 0: a job script that resumes whatever it finds (after a requeue, a reboot) must not fail, nor redo
+    anything, once its run is done, and a transformers/TRL ``Trainer`` resumed at its last step trains no step and
+    raises no error either. To train further, raise train.steps (a resume may: ``RESUME_SETTABLE``)."""
+    import json
+
+    summary_path = RunDir(run_dir).summary
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("steps") != steps or isinstance(summary.get("steps"), bool):
+        return None
+    return (
+        f"--resume {run_dir}: the run already finished its {steps} steps, so nothing was trained and {summary_path} is as it "
+        f"was; to train it further: dfpo train --resume {run_dir} --set train.steps=N (N > {steps})"
+    )
