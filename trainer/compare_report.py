@@ -33,7 +33,11 @@ OUTCOMES = (
     ("residual", "shared-token residual eq 2 (mean over steps)", "{:+.3f}"),
     ("clip_frac", "clipped fraction (mean over steps)", "{:+.3f}"),
     ("asym", "Asym eq 23 (mean over steps, post-transform weights)", "{:+.2e}"),
-    ("tax_kl", "learning tax: KL(pi_init || pi) at the eval prompts' positions, final eval (Prop. 3.1)", "{:+.2e}"),
+    (
+        "tax_kl",
+        "learning-tax proxy: KL(pi_init || pi) at the eval prompts' own positions (no gradient reaches them), final eval",
+        "{:+.2e}",
+    ),
     ("equiv_entropy", "entropy over equivalent correct answers, last 10 steps", "{:+.3f}"),
     ("shared_events", "shared events eq 2 per step (mean over steps)", "{:+.1f}"),
     ("residual_length", "length part of the residual, eq 67's 1/|y_i| (mean over steps)", "{:+.3f}"),
