@@ -20,7 +20,7 @@ from dfpo.core.drift_tables import comparisons, summary_table
 from dfpo.trainer.probe import one_seed, seeds
 from dfpo.trainer.probe import plan as probe_plan
 from dfpo.trainer.probe.command import write_outputs
-from dfpo.trainer.probe.figure import bar_stats, empty_reason, panel_layout
+from dfpo.trainer.probe.figure import PANEL_INCHES, absent_kinds_line, bar_stats, drawn_kinds, empty_reason, panel_layout
 from dfpo.trainer.probe.plan import make_plan, matched_controls
 from dfpo.trainer.probe.report import render_markdown
 
@@ -296,6 +296,28 @@ def test_probe_png_layout_logs_a_span_names_zero_parts_and_counts_seeds():
     assert not panel_layout(_doc({"gspo": [1.0, 1.1], "dfpo_min": [1.0, 1.2]}), "shared")["log"]  # bars within 10x: linear
     assert "1 seed: no whisker (an interval needs 2 seeds)" in panel_layout(_doc({"gspo": [1.0]}), "shared")["notes"]
     assert "no group held two correct answers" in empty_reason(doc, "equivalent") and "4 seeds" in empty_reason(doc, "equivalent")
+
+
+def _png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk's width
+
+
+def test_probe_png_draws_only_the_panels_with_data_and_names_the_others(tmp_path):
+    """A kind no objective has figures of gets no panel (the default add task holds no equivalent pairs: half of
+    probe.png was empty); the line under the title names it and says why. A document without events gets one panel."""
+    shared_only = _split_doc(0.1)
+    both = _doc({"gspo": [1.0, 1.1], "dfpo_min": [0.5, 0.6]}, kinds=("shared", "equivalent"))
+    none = _doc({"gspo": [1.0, 1.1], "dfpo_min": [0.5, 0.6]}, kinds=())
+    assert drawn_kinds(shared_only) == ["shared"] and drawn_kinds(both) == ["shared", "equivalent"] and drawn_kinds(none) == []
+    assert absent_kinds_line(shared_only) == (
+        "no panel of equivalent answers' log-odds: no group held two correct answers with different tokens in the batches of 4 seeds"
+    )
+    assert absent_kinds_line(both) == ""
+    widths = {}
+    for name, doc in (("shared_only", shared_only), ("both", both), ("none", none)):
+        write_outputs(doc, tmp_path / name)
+        widths[name] = _png_width(tmp_path / name / "probe.png")
+    assert widths == {"shared_only": PANEL_INCHES * 100, "both": 2 * PANEL_INCHES * 100, "none": PANEL_INCHES * 100}
 
 
 def test_probe_md_names_shares_of_the_first_order_prediction_and_flags_a_large_error(tmp_path):
