@@ -227,17 +227,9 @@ def stopped_at_once_message(signum: int, trainer, run_dir: str, resume: bool) ->
             f"the checkpoint is unchanged; resume with: dfpo train --resume {run_dir}" if resume else "start it again with the same command"
         )
         return f"{name} during start-up: stopped before the first training step; {tail}"
-    if not RunDir(run_dir).checkpoint.is_file():  # train.save_every = 0: nothing to resume from
-        return (
-            f"{name} again: stopped at once during step {trainer.step_now}; the run writes no checkpoint (train.save_every = 0): "
-            "start it again with the same command (it starts from step 0 in the same folder)"
-        )
-    if trainer.last_checkpoint_step >= trainer.step_now:
-        return f"{name} again: stopped at once; the checkpoint of step {trainer.last_checkpoint_step} is written; resume with: dfpo train --resume {run_dir}"
-    return (
-        f"{name} again: stopped at once during step {trainer.step_now}, which is lost; resume from the checkpoint "
-        f"of step {trainer.last_checkpoint_step} with: dfpo train --resume {run_dir}"
-    )
+    from .run.stop_messages import stopped_at_once_line
+
+    return stopped_at_once_line(signum, trainer.stop_point(), run_dir)  # every step lost named (stop_messages)
 
 
 def relaunch_command(args: argparse.Namespace) -> list[str]:

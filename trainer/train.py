@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
-from ..core.files import write_run_file
+from ..core.files import WriteFailed, write_run_file
 from ..core.loss import ObjectiveSpec, resolve_objective
 from ..core.loss.advantages import GREEDY_BASELINE, TOKEN_LEVEL
 from . import entropy_control, parallel
@@ -69,10 +70,11 @@ from .run import logs
 from .run.checkpoint import seed_everything
 from .run.folder import NullLock, prepare_run_folder
 from .run.layout import RunDir
-from .run.logs import Every
+from .run.progress import Progress, duration, evals_left, time_left
 from .run.resume import finished_run_message
-from .run.signals import StopSignals, TrainingInterrupted
-from .run.state import Checkpointer, RunLogs, RunState
+from .run.signals import StopSignals, TrainingInterrupted, stop_beneath
+from .run.state import Checkpointer, FinishedStep, RunLogs, RunState
+from .run.stop_messages import StopPoint, first_signal_line
 from .sampler import HFGenerateEngine
 from .stages.advantages import advantages
 from .stages.metrics import Stopwatch, run_summary, step_metrics, write_samples
@@ -137,10 +139,12 @@ class Trainer:
 
     The run folder is locked from construction until ``run`` returns (or ``close`` is called).
 
-    What it prints on stderr (rank 0 speaks for the run; warnings that need the user are printed in every mode):
-    by default the start-up phases, a progress bar (``log.progress``) and per-step lines (a skipped optimiser step,
-    dropped non-finite metrics); ``quiet``: the start-up phases and the warm-up's result, a progress line at most
-    every ``logs.PROGRESS_EVERY_S`` seconds and a last line, no bar and no per-step lines; ``silent``: none of them.
+    What it prints on stderr (rank 0 speaks for the run; warnings that need the user, and the answer to a signal,
+    are printed in every mode): by default the start-up phases, a progress bar (``log.progress``; its estimate
+    ``bar_postfix``), a line before and after each evaluation and per-step lines (a skipped optimiser step, dropped
+    non-finite metrics); ``quiet``: the start-up phases and the warm-up's result, a progress line at most every
+    ``logs.PROGRESS_EVERY_S`` seconds and a last line, no bar, no evaluation or per-step lines; both: a heartbeat
+    line (``run.progress``) whenever ``logs.PROGRESS_EVERY_S`` seconds passed without a line; ``silent``: none of them.
     """
 
     def __init__(self, cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False):
@@ -160,6 +164,16 @@ class Trainer:
         self.lock = self.parallel.on_rank0(lambda: prepare_run_folder(run_dir, resume=resume, steps=cfg.train.steps)) or NullLock()
         self.rewards = None
         self._tax_warned = False  # eval/tax_kl's missing reference said (``_warn_tax_unavailable``)
+        self.progress = Progress(self._progress_write, every_s=logs.PROGRESS_EVERY_S)
+        """What the run is doing and for how long: the heartbeat, the time left, the first signal's line."""
+        self.finished: FinishedStep | None = None
+        """The last finished step's checkpoint parts besides the weights (``Checkpointer.finished_step``)."""
+        self.finished_is_live = True
+        """The weights and the optimiser still hold the last finished step (False from the next step's first optimiser
+        step until it ends): a checkpoint of it can still be written."""
+        self.evaluating = False
+        self.stop: StopSignals | None = None
+        self._bar = None
         try:
             with quiet_loading() if self.quiet else contextlib.nullcontext():  # no conversion line, no loading bars
                 inputs = self.parallel.agree(lambda: self._check(cfg, resume))  # refused on every process, reported once
@@ -368,8 +382,10 @@ class Trainer:
         """Rollout -> advantages -> old (and reference) log-probs -> the K optimiser steps -> metrics."""
         cfg, clock = self.cfg, Stopwatch()
         self.state.step_now = step
+        self.progress.stage = "the rollouts: sampling and scoring"
         rollout = self.rollout_stage.run(step, seed_per_group=self.state.seed_per_group)
         clock.lap("rollout")
+        self.progress.stage = "the old log-probs"
         per_token = self.spec.adv_scale in TOKEN_LEVEL  # the optimal token baseline reads pi_old at every token first
         adv = advantages(
             rollout,
@@ -382,6 +398,9 @@ class Trainer:
         plan = self.update_stage.plan(step, rollout.batch)  # every optimiser step's micro-batches, this process's rows
         old = self.old_logp_stage.run(rollout, plan)  # pi_old, pi_ref
         clock.lap("old_logp")
+        self._checkpoint_before_update(step)
+        self.finished_is_live = False  # from here the weights are no longer the finished step's
+        self.progress.stage = "the optimiser steps"
         upd = self.update_stage.run(
             step, rollout, plan, old, adv, self.state, entropy_control.step_spec(self.spec, self.state.entropy_control)
         )
@@ -392,6 +411,7 @@ class Trainer:
                 self.spec, self.state.entropy_control, old.first.logp, rollout.batch.mask
             )
         clock.lap("update")
+        self.progress.stage = "the metrics"
         probe_start = time.time()
         drift = {} if self.drift_stage is None else self.drift_stage.run(step, rollout, plan, old, adv)  # model left as it was
         probe_s = time.time() - probe_start
@@ -434,15 +454,20 @@ class Trainer:
     # -- run -----------------------------------------------------------------------------------
 
     def run(self, stop: StopSignals | None = None) -> dict:
-        """Train to cfg.train.steps; SIGINT/SIGTERM stop after the current step with a checkpoint
-        (``TrainingInterrupted``), a second one at once (``StoppedAtOnce``). ``stop``: the signal handling the
-        command line installed before construction (else the run installs its own). The run folder's lock and the
-        reward workers are released however the run ends."""
+        """Train to cfg.train.steps. The first SIGINT/SIGTERM is answered at once by one line (``first_signal_line``:
+        what the run does, about how long it takes, what a second signal costs) and stops the run after the current
+        step with a checkpoint (``TrainingInterrupted``); during an evaluation it stops at once, losing nothing (the
+        evaluation runs again on resume). A second one stops at once (``StoppedAtOnce``), after writing the checkpoint
+        of the last finished step while the weights are still its own (``_checkpoint_before_update``,
+        ``_checkpoint_at_once``). ``stop``: the signal handling the command line installed before construction (else
+        the run installs its own). The run folder's lock and the reward workers are released however the run ends."""
         threads_before = torch.get_num_threads()
         if self.cfg.threads:
             torch.set_num_threads(self.cfg.threads)
+        self.stop = StopSignals(immediate=False) if stop is None else stop
+        self.stop.first_words = self._first_signal_words
         try:
-            with StopSignals(immediate=False) if stop is None else contextlib.nullcontext(stop.training()) as self.stop:
+            with self.stop if stop is None else contextlib.nullcontext(stop.training()):
                 return self._run()
         finally:
             torch.set_num_threads(threads_before)  # the process-wide setting is left as found
@@ -453,16 +478,81 @@ class Trainer:
         if self.rewards is not None and hasattr(self.rewards, "close"):
             self.rewards.close()
 
+    def stop_point(self) -> StopPoint:
+        """Where the run stands, for the lines that answer a signal (``stop_messages``)."""
+        finished = self.finished.step if self.finished is not None else self.state.start_step
+        on_disk = RunDir(self.cfg.folder.path).checkpoint.is_file()
+        return StopPoint(
+            step_now=max(self.state.step_now, finished),
+            finished=finished,
+            checkpoint=self.state.last_checkpoint_step if on_disk else None,
+            keeps_checkpoints=self.cfg.train.save_every > 0,
+            savable=self.finished_is_live and self.parallel.world == 1,
+            evaluating=self.evaluating,
+            seconds_in=self.progress.seconds_in(),
+            step_s=self.progress.step_s(),
+        )
+
+    def _first_signal_words(self, signum: int) -> None:
+        """Said by the signal watcher the moment the first signal of training arrives, by rank 0 in every mode (it
+        answers the user), through the bar's writer."""
+        if not self.parallel.is_main:
+            return
+        self.progress.note = f"stopping after it ({signal.Signals(signum).name})"
+        self.progress.say(f"dfpo: {first_signal_line(signum, self.stop_point())}")
+
     def _stop_if_asked(self, step: int) -> None:
         """After a finished step: on a signal recorded by any process, checkpoint this step (unless just
         written) and stop (every process, at the same step)."""
         signum = self.parallel.any_signal(self.stop.signum)
-        if signum is None:
-            return
+        if signum is not None:
+            self._checkpoint_and_stop(signum, step)
+
+    def _checkpoint_and_stop(self, signum: int, step: int, during: str = "") -> None:
+        """Write the checkpoint of the finished step ``step`` (unless on disk, or the run writes none) and raise
+        ``TrainingInterrupted``."""
         saves = self.cfg.train.save_every > 0
         if self.state.last_checkpoint_step != step and saves:
-            self.checkpointer.save(step, self.state)
-        raise TrainingInterrupted(signum, step, self.cfg.folder.path, checkpointed=saves or self.state.last_checkpoint_step == step > 0)
+            if during and self.parallel.is_main:  # no first line was said: say now what the seconds of the write are for
+                name = signal.Signals(signum).name
+                self.progress.say(f"dfpo: {name}: {during} stopped at once; writing the checkpoint of step {step}, then stopping")
+            finished = self.finished if self.finished is not None and self.finished.step == step else None
+            self.checkpointer.save(step, self.state, finished=finished)
+        checkpointed = saves or self.state.last_checkpoint_step == step > 0
+        raise TrainingInterrupted(signum, step, self.cfg.folder.path, checkpointed=checkpointed, during=during)
+
+    def _checkpoint_before_update(self, step: int) -> None:
+        """A first signal came during step ``step`` before its optimiser steps: write the checkpoint of the finished
+        step ``step - 1`` now, while the weights and the optimiser are still its own, so that a second signal during
+        the optimiser steps loses no finished step. Every process decides at the same point (the signal is agreed on
+        as in ``_stop_if_asked``); nothing is asked when that checkpoint is on disk already."""
+        f = self.finished
+        if self.stop is None or f is None or self.cfg.train.save_every == 0 or self.state.last_checkpoint_step == f.step:
+            return
+        if self.parallel.any_signal(self.stop.signum) is None:
+            return
+        self.progress.stage = f"the checkpoint of step {f.step}, before the optimiser steps"
+        self.checkpointer.save(f.step, self.state, finished=f)
+
+    def _checkpoint_at_once(self) -> None:
+        """A stop at once (a second signal) during training: write the checkpoint of the last finished step when the
+        weights and the optimiser still hold it, it is not on disk, and its own write was not what the signal cut
+        short. One process only: on several, the others may be anywhere, and a checkpoint needs them all. A write
+        that fails or that a further signal cuts short keeps the previous checkpoint (the stop's line says which)."""
+        f = self.finished
+        if (
+            f is None
+            or self.stop is None
+            or not self.finished_is_live
+            or self.parallel.world > 1
+            or self.cfg.train.save_every == 0
+            or self.state.last_checkpoint_step == f.step
+            or self.checkpointer.failed_step == f.step
+        ):
+            return
+        self.stop.handled()  # no redelivery of the signal in the middle of the write
+        with contextlib.suppress(WriteFailed):
+            self.checkpointer.save(f.step, self.state, finished=f)
 
     def close(self) -> None:
         """Close the logs and release the run folder without training (``run`` does this itself)."""
@@ -470,35 +560,105 @@ class Trainer:
         self._close_rewards()
         self.lock.release()
 
+    # -- what the run says --------------------------------------------------------------------
+
+    def _progress_write(self, line: str) -> None:
+        """One line on stderr, through the bar's writer while a bar is drawn (the bar is drawn again below it)."""
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def _say_progress(self, line: str) -> None:
+        """A line of the default mode (an evaluation's start and end), bar-safe: not with --quiet or --silent."""
+        if not self.quiet:
+            self.progress.say(line)
+
+    def _show_step(self, m: dict, step: int, loop_s: float) -> None:
+        """The bar moves one step (its estimate: the recent steps' seconds, evaluations apart), or without a bar a
+        progress line when one is due."""
+        cfg = self.cfg
+        left = time_left(
+            cfg.train.steps - step, evals_left(step, cfg.train.steps, cfg.eval.every), self.progress.step_s(), self.progress.eval_s()
+        )
+        if self._bar is not None:
+            self._bar.set_postfix_str(bar_postfix(m["reward/mean"], self.progress.step_s(), left), refresh=False)
+            self._bar.update(1)
+            self.progress.shown()
+        elif not self.silent and self.progress.due():
+            self.progress.say(progress_line(step, cfg.train.steps, m["reward/mean"], loop_s, left))
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _step(self, step: int) -> dict:
+        """``train_step``, timed, its metrics logged; then it is the last finished step (``finished``)."""
+        self.progress.begin(f"step {step} of {self.cfg.train.steps}")
+        m = self.train_step(step)
+        self.logs.metrics.write(m)
+        self.logs.scalars.log(m, step)
+        self.progress.step_done(self.progress.seconds_in())
+        self.finished, self.finished_is_live = self.checkpointer.finished_step(step, self.state), True
+        return m
+
+    def _evaluate_in_loop(self, step: int, *, final: bool = False) -> dict:
+        """``evaluate`` after step ``step``, with a line before it (what it evaluates, how many prompts) and one after
+        (its scores, its seconds), not with --quiet. On one process a signal during it stops it at once
+        (``StopSignals.at_once``): it is no part of the training state and runs again on resume, so the run writes
+        the checkpoint of step ``step`` (unless on disk) and stops, losing nothing. On several processes the signal
+        waits for its end; the run then stops before the next step."""
+        n, k = len(self.rollout_stage.eval_examples), self.cfg.eval.k
+        what = f"{n} held-out prompts x {k} samples"
+        self.progress.begin(f"the evaluation at step {step}", what)
+        self._say_progress(f"dfpo train: evaluation at step {step}: avg@{k} and pass@{k} on {what}")
+        self.evaluating = True
+        try:
+            with self.stop.at_once() if self.parallel.world == 1 else contextlib.nullcontext():
+                out = self.evaluate(step)
+        except BaseException as err:
+            stopped = stop_beneath(err)
+            if stopped is None:
+                raise
+            self.stop.handled()  # no redelivery of the signal in the middle of the checkpoint
+            self.evaluating = False
+            self._checkpoint_and_stop(stopped.signum, step, during=f"the evaluation at step {step}")
+        finally:
+            self.evaluating = False
+        seconds = self.progress.seconds_in()
+        self.progress.eval_done(seconds)
+        self._say_progress(f"dfpo train: evaluation at step {step} done in {duration(seconds)}: {eval_scores(out)}")
+        if not final:
+            self._stop_if_asked(step)
+        return out
+
     def _run(self) -> dict:
         cfg, start = self.cfg, self.state.start_step
-        bar, lines = None, Every(logs.PROGRESS_EVERY_S)  # without a bar: a progress line when one is due
         if cfg.log.progress and not self.quiet:
-            from tqdm import tqdm
-
-            bar = tqdm(total=cfg.train.steps, initial=start, desc="dfpo train", unit="step", dynamic_ncols=True, mininterval=2.0)
+            self._bar = progress_bar(cfg.train.steps, start)
         t_start, cpu_start = time.monotonic(), time.process_time()
         start_up_s = t_start - self.built_at
+        self.finished, self.finished_is_live = self.checkpointer.finished_step(start, self.state), True
+        if not self.silent:
+            self.progress.start_heartbeat()
         try:
             self._stop_if_asked(start)  # a signal during start-up: the step-0 (or resumed) checkpoint is there
             for s in range(start, cfg.train.steps):
                 if cfg.eval.every and s % cfg.eval.every == 0:
-                    self.evaluate(s)
-                m = self.train_step(s + 1)
-                self.logs.metrics.write(m)
-                self.logs.scalars.log(m, s + 1)
+                    self._evaluate_in_loop(s)
+                m = self._step(s + 1)
                 if checkpoint_due(s + 1, cfg.train):
-                    self.checkpointer.save(s + 1, self.state)
-                if bar is not None:
-                    bar.set_postfix(reward=f"{m['reward/mean']:.3f}", step_s=f"{m['time/step_s']:.2f}", refresh=False)
-                    bar.update(1)
-                elif lines.due():
-                    self._tell(progress_line(s + 1, cfg.train.steps, m["reward/mean"], time.monotonic() - t_start))
+                    self.checkpointer.save(s + 1, self.state, finished=self.finished)
+                self._show_step(m, s + 1, time.monotonic() - t_start)
                 self._stop_if_asked(s + 1)
-            final_eval = self.evaluate(cfg.train.steps) if cfg.eval.every else {}
+            final_eval = self._evaluate_in_loop(cfg.train.steps, final=True) if cfg.eval.every else {}
+        except BaseException as err:
+            if stop_beneath(err) is not None:  # a stop at once: keep the last finished step if it can still be written
+                self._checkpoint_at_once()
+            raise
         finally:
-            if bar is not None:
-                bar.close()
+            self.progress.stop_heartbeat()
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
             self.logs.close()
         if not self.parallel.is_main:  # rank 0 reads the log and writes the summary
             return {}
@@ -533,9 +693,48 @@ def probe_times(times: dict[str, float], probe_s: float | None) -> dict[str, flo
     return {**times, "time/step_s": times["time/step_s"] - probe_s, "time/probe_s": probe_s}
 
 
-def progress_line(step: int, steps: int, reward: float, loop_s: float) -> str:
-    """The progress line printed without a bar: the step, the step's mean train reward, the loop's seconds so far."""
-    return f"dfpo train: step {step}/{steps}, reward {reward:.3f} (mean of the step's rollouts), {loop_s:.0f} s in the training loop"
+def progress_line(step: int, steps: int, reward: float, loop_s: float, left_s: float | None = None) -> str:
+    """The progress line printed without a bar: the step, the step's mean train reward, the loop's seconds so far and
+    the time left (``progress.time_left``: steps and evaluations each at their own rate) when known."""
+    left = f", about {duration(left_s)} left" if left_s is not None else ""
+    return (
+        f"dfpo train: step {step}/{steps}, reward {reward:.3f} (mean of the step's rollouts), {duration(loop_s)} in the training loop{left}"
+    )
+
+
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+"""tqdm's bar without its own rate and estimate (they would count an evaluation as a step): ``bar_postfix`` says ours."""
+
+
+def progress_bar(steps: int, start: int):
+    """The tqdm bar of the training steps on stderr (its estimate is ``bar_postfix``'s)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=steps,
+        initial=start,
+        desc="dfpo train",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=2.0,
+        bar_format=BAR_FORMAT,
+        file=sys.stderr,
+    )
+
+
+def bar_postfix(reward: float, step_s: float | None, left_s: float | None) -> str:
+    """The bar's text after the elapsed time: the last step's mean reward, the recent steps' seconds (evaluations left
+    out) and the time left."""
+    rate = f", {step_s:.1f} s/step" if step_s is not None else ""
+    left = f", ~{duration(left_s)} left" if left_s is not None else ""
+    return f"reward={reward:.3f}{rate}{left}"
+
+
+def eval_scores(out: dict) -> str:
+    """An evaluation's scores in one phrase: 'avg@2 0.156, pass@2 0.281'."""
+    return ", ".join(
+        f"{key.split('/', 1)[1]} {value:.3f}" for key, value in out.items() if key.startswith("eval/") and isinstance(value, float)
+    )
 
 
 def train(cfg: Config, *, resume: bool = False, quiet: bool = False, silent: bool = False) -> dict:

@@ -461,7 +461,11 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_resumes(tmp_path)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     kept = json.loads((run / RunDir.CHECKPOINT_META).read_text())["step"]
-    assert re.search(rf"SIGINT again: stopped at once during step \d+, which is lost; resume from the checkpoint of step {kept}", err), err
+    assert re.search(
+        rf"SIGINT again: stopped at once during step {kept + 1}, which is lost \(it runs again on resume\); no finished step is lost: "
+        rf"the checkpoint of step {kept}, the last finished one, is on disk",
+        err,
+    ), err
     resumed = subprocess.run(
         [sys.executable, "-m", "dfpo", "train", "--quiet", "--resume", str(run), "--set", f"train.steps={kept + 1}"],
         capture_output=True,

@@ -82,11 +82,20 @@ def _lines(err: str) -> list[str]:
     return [re.sub(r"\d+\.\d+|\d+ s\b", "#", line).split(": start-up")[0] for line in err.splitlines()]
 
 
+def _evaluation_lines(step: int) -> list[str]:
+    """The default mode's lines around an evaluation (QUICK: 4 eval prompts, eval.k = 2), numbers blanked."""
+    return [
+        f"dfpo train: evaluation at step {step}: avg@2 and pass@2 on 4 held-out prompts x 2 samples",
+        f"dfpo train: evaluation at step {step} done in #: avg@2 #, pass@2 #, tax_kl #",
+    ]
+
+
 @pytest.mark.parametrize("flag", ["", "--quiet", "--silent"])
 def test_what_each_mode_prints_on_stderr(tmp_path, capsys, monkeypatch, flag):
     """The two tiny runs of the README printed nothing for 106 s and 50 s with --quiet. Default: start-up phases,
-    per-step lines, progress lines (no bar here: log.progress = false), a last line; --quiet: the same without the
-    per-step lines; --silent: nothing on stderr, and summary.json still on stdout. A progress line is due after
+    a line before and after each evaluation, per-step lines, progress lines with the time left (no bar here:
+    log.progress = false), a last line; --quiet: the same without the evaluation and per-step lines; --silent:
+    nothing on stderr, and summary.json still on stdout. A progress line is due after
     every step and every warm-up step here (PROGRESS_EVERY_S = 0)."""
     from dfpo.trainer import train as train_mod
     from dfpo.trainer.run import logs as runlog
@@ -109,10 +118,13 @@ def test_what_each_mode_prints_on_stderr(tmp_path, capsys, monkeypatch, flag):
         "tiny preset: SFT step 2/3, loss #, # in the warm-up",
         "tiny preset: 3 SFT steps in #s, loss # -> #",
         "dfpo train",  # start-up 3/3
+        *(_evaluation_lines(0) if not flag else []),
         *(["per-step line 1"] if not flag else []),
-        "dfpo train: step 1/2, reward # (mean of the step's rollouts), # in the training loop",
+        "dfpo train: step 1/2, reward # (mean of the step's rollouts), # in the training loop, about # left",
+        *(_evaluation_lines(1) if not flag else []),
         *(["per-step line 2"] if not flag else []),
-        "dfpo train: step 2/2, reward # (mean of the step's rollouts), # in the training loop",
+        "dfpo train: step 2/2, reward # (mean of the step's rollouts), # in the training loop, about # left",
+        *(_evaluation_lines(2) if not flag else []),
         f"dfpo train: done, 2 steps in # s (# s before the first); {run / RunDir.SUMMARY} written",
     ]
     assert _lines(err) == expected, err

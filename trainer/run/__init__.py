@@ -12,4 +12,6 @@ Modules:
     signals.py     SIGINT/SIGTERM from the program's first moment to its last: one line, the shell's status
                    before and after the trainer's own handling (``ExitOnSignal``), a checkpoint after the step
                    during it (``StopSignals``); standard library only, imported before anything else
+    stop_messages.py  what a run says to a signal: the first one's line at once, what a stop at once leaves
+    progress.py    what the run is doing and for how long: the heartbeat, seconds per step, the time left
 """

@@ -175,17 +175,20 @@ def held() -> contextlib.AbstractContextManager:
 
 
 class TrainingInterrupted(Exception):
-    """SIGINT or SIGTERM stopped the run after a step; a checkpoint of that step was written (``checkpointed``), or
-    none for a run that writes none during training (train.save_every = 0)."""
+    """SIGINT or SIGTERM stopped the run after a step, or at once ``during`` an evaluation after it (which runs
+    again on resume); a checkpoint of that step was written (``checkpointed``), or none for a run that writes none
+    during training (train.save_every = 0)."""
 
-    def __init__(self, signum: int, step: int, run_dir: Path, *, checkpointed: bool = True):
+    def __init__(self, signum: int, step: int, run_dir: Path, *, checkpointed: bool = True, during: str = ""):
         self.signum, self.step, self.run_dir = signum, step, run_dir
         name = signal.Signals(signum).name
+        where = f"stopped at once during {during}, after step {step}" if during else f"stopped after step {step}"
         if checkpointed:
-            super().__init__(f"{name}: stopped after step {step}, checkpoint written; resume with: dfpo train --resume {run_dir}")
+            again = f" ({during} runs again on resume)" if during else ""
+            super().__init__(f"{name}: {where}, checkpoint of step {step} written{again}; resume with: dfpo train --resume {run_dir}")
         else:
             super().__init__(
-                f"{name}: stopped after step {step}; the run writes no checkpoint (train.save_every = 0), so it cannot be "
+                f"{name}: {where}; the run writes no checkpoint (train.save_every = 0), so it cannot be "
                 "resumed: start it again with the same command (it starts from step 0 in the same folder)"
             )
 
@@ -227,8 +230,10 @@ class StopSignals:
     During start-up (``immediate`` True) a signal raises ``StoppedAtOnce`` at once: there is no step to finish.
     Once training (``training()``), the first signal is only recorded (``signum``): the loop finishes its step,
     writes a checkpoint and stops. A second signal raises ``StoppedAtOnce``: whoever sends it twice wants out now.
-    Handlers are installed in the main thread only (elsewhere Python cannot); outside the block the previous
-    handlers are back.
+    Inside ``at_once()`` (an evaluation, no part of the training state) the first signal raises it too. The first
+    signal of training is answered at once by ``first_words`` (from the watcher thread below, so even while the main
+    thread is inside a long call). Handlers are installed in the main thread only (elsewhere Python cannot); outside
+    the block the previous handlers are back.
 
     Python ignores an exception raised while a finaliser (``__del__``, run by the garbage collector at any
     moment) is on the stack, and a handler that raises there would be lost: the run would go on training. So
@@ -236,7 +241,8 @@ class StopSignals:
     (``_thread.interrupt_main``) every ``REDELIVER_S`` seconds until the block is left; and Python's report of
     the ignored exception (``sys.unraisablehook``) is replaced, inside the block, by waking that thread at once
     (not by redelivering from the hook, which runs inside the finaliser too), so no "Exception ignored"
-    traceback reaches the user.
+    traceback reaches the user. Once the main thread has caught the stop (``handled()``) the redelivery ends, so
+    that it does not cut short the checkpoint the way out writes.
 
     Python runs a handler only between bytecodes of the main thread, and one call into C can take minutes (the
     backward pass of a 0.6B model on a busy CPU: two SIGTERMs went unanswered for over two minutes). So the
@@ -265,6 +271,10 @@ class StopSignals:
         self._old_wakeup_fd = -1
         self.last_words: Callable[[int], None] = lambda signum: None
         """What the watcher says before it ends a process the main thread cannot stop (the caller sets it)."""
+        self.first_words: Callable[[int], None] = lambda signum: None
+        """What the watcher says the moment the first SIGINT or SIGTERM of training arrives, whatever the main thread
+        is doing (the caller sets it: what the run will do, about how long it takes, what a second signal costs)."""
+        self._redelivery = 0  # the generation of the redelivery thread; ``handled`` ends the current one
 
     def __enter__(self) -> StopSignals:
         self._inside = True
@@ -295,9 +305,20 @@ class StopSignals:
                 if signum not in (signal.SIGINT, signal.SIGTERM, PARENT_DEATH):
                     continue
                 at_once = self.immediate or (seen and signum != PARENT_DEATH)
+                first_in_training = not at_once and not seen and signum != PARENT_DEATH
                 seen = True
                 if at_once:
                     self._stop_unless_taken(signum)
+                elif first_in_training:
+                    self._say_first_words(signum)
+
+    def _say_first_words(self, signum: int) -> None:
+        """``first_words(signum)`` from the watcher; a failure there must not end the watcher (it still has to stop the
+        process on a second signal)."""
+        try:
+            self.first_words(signum)
+        except Exception:  # noqa: BLE001 - a line that cannot be said is no reason to lose the stop
+            pass
 
     def _stop_unless_taken(self, signum: int) -> None:
         """End the process with 128 + ``signum`` unless the main thread takes the stop within GRACE_S seconds."""
@@ -315,6 +336,29 @@ class StopSignals:
         self.immediate = False
         return self
 
+    @contextlib.contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Inside the block every signal stops at once (``StoppedAtOnce``), the first one too, and one recorded before
+        the block stops it as it starts: for work that is no part of the training state (an evaluation), so that
+        nothing finished is lost by stopping it."""
+        was = self.immediate
+        self.immediate = True
+        try:
+            if self.signum is not None:
+                self._taken.set()
+                raise StoppedAtOnce(self.signum)
+            yield
+        finally:
+            self.immediate = was
+
+    def handled(self) -> None:
+        """The main thread holds the stop (it caught ``StoppedAtOnce`` and is on its way out, writing what it can):
+        the signal is no longer delivered again (that would cut short a checkpoint written on the way out). A new
+        signal still stops at once."""
+        with self._lock:
+            self._redelivery += 1
+            self._redelivering = False
+
     def _handle(self, signum, frame) -> None:
         if signum == PARENT_DEATH and not self.immediate:  # the kernel may send it once per launcher thread
             self.signum = self.signum or signum
@@ -329,9 +373,11 @@ class StopSignals:
     def _redeliver_until_left(self, signum: int) -> None:
         """Deliver ``signum`` to the main thread again every REDELIVER_S seconds while the block is not left (see the
         class docstring: a finaliser may have swallowed the exception)."""
-        if self._redelivering:
-            return
-        self._redelivering = True
+        with self._lock:
+            if self._redelivering:
+                return
+            self._redelivering = True
+            generation = self._redelivery
 
         def again() -> None:
             while True:
@@ -339,7 +385,7 @@ class StopSignals:
                 self._wake.clear()
                 time.sleep(0.01)  # out of the finaliser that swallowed the stop
                 with self._lock:
-                    if not self._inside:
+                    if not self._inside or self._redelivery != generation:  # left, or ``handled``
                         return
                     _thread.interrupt_main(signum)
 

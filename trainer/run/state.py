@@ -11,6 +11,7 @@ closed (a full disk) is one ``WriteFailed`` sentence.
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,17 @@ class RunLogs:
             )
 
 
+@dataclass(frozen=True)
+class FinishedStep:
+    """What a checkpoint of a finished step holds besides the weights and the optimiser's state, taken as the step
+    ends (``Checkpointer.finished_step``): the schedule, the prompt order, the RNG states and the counters, a few
+    kilobytes. The next step moves all of them before its first optimiser step changes the weights, so with these a
+    checkpoint of the finished step can still be written until then (``Checkpointer.save(finished=...)``)."""
+
+    step: int
+    parts: dict
+
+
 class Checkpointer:
     """Saves and restores the training state of a run: trainable parameters, optimiser, schedule, prompt order,
     RNG states and the ``RunState`` counters."""
@@ -88,31 +100,55 @@ class Checkpointer:
         self.model, self.optimizer, self.scheduler, self.prompts = model, optimizer, scheduler, prompts
         self.marked = False
         """Whether this session's first checkpoint has written the folder's mark (checkpointed, with the identity)."""
+        self.failed_step: int | None = None
+        """The step of the last checkpoint whose write failed or was cut short (by a signal: whoever sent it wants out,
+        so a stop at once does not write it again)."""
 
     @property
     def path(self) -> Path:
         return RunDir(self.run_dir).checkpoint
 
-    def save(self, step: int, state: RunState) -> Path:
-        """Rank 0 writes the checkpoint: whole tensors, the one-process format, and the world size that trained it."""
+    def finished_step(self, step: int, state: RunState) -> FinishedStep:
+        """The parts of the checkpoint of ``step`` that are not weights or optimiser state, as they are now (copies)."""
+        parts = {
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
+            "sampler": dict(self.prompts.state_dict()),
+            "rng": rng_state(),
+            "nonfinite_in_row": state.nonfinite_in_row,
+            "updates_done": state.updates_done,
+            "seed_per_group": state.seed_per_group,
+        }
+        if state.entropy_control is not None:
+            parts[entropy_control.CHECKPOINT_KEY] = entropy_control.state_dict(state.entropy_control)
+        return FinishedStep(step, parts)
+
+    def save(self, step: int, state: RunState, *, finished: FinishedStep | None = None) -> Path:
+        """Rank 0 writes the checkpoint: whole tensors, the one-process format, and the world size that trained it.
+        ``finished``: the parts of the finished step ``step`` taken as it ended (the weights and optimiser must still
+        be its own), else those of now. ``state.last_checkpoint_step`` is ``step`` once the checkpoint is written."""
+        if finished is not None and finished.step != step:
+            raise ValueError(f"the parts of step {finished.step} cannot make the checkpoint of step {step}")
+        try:
+            path = self._save(step, finished or self.finished_step(step, state))
+        except BaseException:
+            self.failed_step = step
+            raise
         state.last_checkpoint_step = step
+        return path
+
+    def _save(self, step: int, finished: FinishedStep) -> Path:
         if not self.parallel.builds_checkpoint:  # DDP, rank > 0: rank 0 holds the same parameters and optimiser state
             self.parallel.on_rank0(lambda: None)
             return self.path
+        parts = finished.parts
         content = {
             "step": step,
             "model": self.parallel.trainable_state(self.model),
             "optimizer": self.parallel.optimizer_state(self.optimizer),
-            "scheduler": self.scheduler.state_dict(),
-            "sampler": self.prompts.state_dict(),
-            "rng": rng_state(),
-            "nonfinite_in_row": state.nonfinite_in_row,
-            "updates_done": state.updates_done,
+            **{k: parts[k] for k in ("scheduler", "sampler", "rng", "nonfinite_in_row", "updates_done")},
             "world_size": self.parallel.world,
-            "seed_per_group": state.seed_per_group,
-        }
-        if state.entropy_control is not None:
-            content[entropy_control.CHECKPOINT_KEY] = entropy_control.state_dict(state.entropy_control)
+            **{k: v for k, v in parts.items() if k not in ("scheduler", "sampler", "rng", "nonfinite_in_row", "updates_done")},
+        }  # the keys in the order checkpoints were always written (identical runs write identical bytes)
 
         def write() -> Path:
             config = config_to_dict(self.cfg)
