@@ -13,11 +13,18 @@ One rollout chunk is a prefill and then one token a step. Everything a step comp
   never change, so on CUDA the step can run as a CUDA graph (``torch.compile(mode="reduce-overhead")``).
 
 The buffers are read back once, at the end.
+
+``DFPO_CUDA_DEFAULTS=1`` (``cuda_defaults_forced``) makes a CPU take the choices CUDA would: a static cache read back
+every 16 steps, the decode step through torch.compile (traced whole, ``fullgraph=True``, with the ``aot_eager`` backend:
+CUDA graphs need CUDA), and, in ``policy.resolve_amp``, bf16 autocast over float32 master weights. It rehearses the GPU
+path where no GPU is (CI's device-versions environment, ``scripts/gpu_checks.sh --rehearse``); it is slower than the
+CPU's own choices and never the default.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +36,29 @@ from .config import decode_graph_refused
 CACHE_BUCKET = 64
 """A static cache's length is prompt width + max_new_tokens rounded up to this, so that rollouts whose prompts differ
 a little in length reuse one compiled step."""
+
+CUDA_DEFAULTS_ENV = "DFPO_CUDA_DEFAULTS"
+"""The environment variable that makes a CPU take the CUDA defaults (``cuda_defaults_forced``)."""
+
+
+def cuda_defaults_forced() -> bool:
+    """Whether ``DFPO_CUDA_DEFAULTS`` is 1 (unset, empty or 0: not); any other value is one sentence."""
+    value = os.environ.get(CUDA_DEFAULTS_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"{CUDA_DEFAULTS_ENV}={value!r}: set it to 1 to give a CPU the CUDA defaults (static KV cache, compiled decode "
+            "step, bf16 autocast), or to 0 or nothing for the CPU's own"
+        )
+    return value == "1"
+
+
+def graph_compile_options(device: torch.device) -> dict:
+    """torch.compile's arguments for the decode step on ``device``: a CUDA graph on CUDA; on a CPU given the CUDA
+    defaults, the whole step traced as one graph (a graph break, which would split a CUDA graph, is an error) and run
+    by ``aot_eager``."""
+    if device.type == "cuda":
+        return dict(mode="reduce-overhead", dynamic=False)
+    return dict(backend="aot_eager", fullgraph=True, dynamic=False)
 
 
 @dataclass(frozen=True)
@@ -44,13 +74,15 @@ class DecodeOptions:
         return cls(rollout.sync_every, rollout.kv_cache, rollout.decode_graph)
 
     def resolve(self, device: torch.device) -> ResolvedDecode:
-        """The concrete choices on ``device``; a choice the device cannot run is one sentence."""
-        on_cuda = device.type == "cuda"
+        """The concrete choices on ``device`` (a CPU's are CUDA's under ``DFPO_CUDA_DEFAULTS=1``); a choice the device
+        cannot run is one sentence."""
+        forced = device.type == "cpu" and cuda_defaults_forced()
+        on_cuda = device.type == "cuda" or forced
         static = self.kv_cache == "static" or (self.kv_cache == "auto" and on_cuda)
         if self.decode_graph == "on" and not (on_cuda and static):
             raise decode_graph_refused(f"the rollout runs on {device.type}" if not on_cuda else "rollout.kv_cache = 'dynamic'")
         graph = self.decode_graph == "on" or (self.decode_graph == "auto" and on_cuda and static)
-        sync_every = self.sync_every or (1 if device.type == "cpu" else 16)
+        sync_every = self.sync_every or (1 if device.type == "cpu" and not forced else 16)
         return ResolvedDecode(sync_every=sync_every, static_cache=static, graph=graph)
 
 

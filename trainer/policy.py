@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .decode import cuda_defaults_forced
 from .packaged_model import resolve_model_name
 from .run import logs
 from .run.folder import write_init_model
@@ -53,12 +54,32 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype of forward passes (None = no autocast)."""
+    """Autocast dtype of forward passes (None = no autocast). "bf16" runs on CUDA and on a CPU with bf16 in hardware
+    (``cpu_bf16_flags``); "auto" is bf16 on CUDA, and on a CPU given the CUDA defaults (``DFPO_CUDA_DEFAULTS=1``, which
+    also allows "bf16" on any CPU), else none."""
+    forced = device.type == "cpu" and cuda_defaults_forced()
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    if name != "none" and device.type != "cuda":
-        raise ValueError(f'model.amp = "{name}" needs a CUDA device; use "auto" or "none" on CPU')
+        return torch.bfloat16 if (device.type == "cuda" and torch.cuda.is_bf16_supported()) or forced else None
+    if name == "bf16" and device.type == "cpu" and not forced and not cpu_bf16_flags():
+        raise ValueError(
+            'model.amp = "bf16" on a CPU needs bf16 in hardware (avx512_bf16 or amx_bf16 among /proc/cpuinfo\'s flags), '
+            'which this CPU lacks; use "auto" or "none" here, or a CUDA device'
+        )
+    if name == "fp16" and device.type != "cuda":
+        raise ValueError(f'model.amp = "fp16" needs a CUDA device; use "auto", "none" or "bf16" on {device.type}')
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[name]
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
+    """The flags of /proc/cpuinfo (or of ``cpuinfo``'s text) that say the CPU computes bf16 in hardware: avx512_bf16,
+    amx_bf16 ([] where neither, or where the file cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split(":", 1)[-1].split()}
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
 
 
 def build_char_tokenizer():
@@ -261,6 +282,55 @@ def enable_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@dataclass
+class DecodeCopy:
+    """The policy's matmul weights in the autocast dtype, for decoding (``decode_copy``): the rollout's step reads them
+    as they are instead of casting each float32 master weight at every step (a compiled step does not keep autocast's
+    casts between steps). ``model`` is a module like the policy whose ``nn.Linear`` weights and biases are ``dtype``
+    copies; every other parameter and buffer (embeddings, norms, RoPE's frequencies) is the policy's own tensor.
+    Under autocast it computes what the policy does (autocast casts a linear layer's float32 operands to ``dtype`` by
+    the same rounding), so its samples and log-probs are the policy's."""
+
+    model: torch.nn.Module
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    """(copy, master) of every copied tensor: ``refresh`` writes the master weights into the copies."""
+
+    def refresh(self) -> None:
+        """The policy's current weights into the copies: once a rollout, before its first step."""
+        with torch.no_grad():
+            for copy, master in self.pairs:
+                copy.copy_(master)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c, _ in self.pairs)
+
+
+def decode_copy(model: torch.nn.Module, dtype: torch.dtype) -> DecodeCopy | None:
+    """A ``DecodeCopy`` of ``model`` in ``dtype``; None where there is nothing to gain or it cannot be made: no linear
+    weight wider than ``dtype``, or parameters sharded across processes (FSDP's DTensors, which every process must
+    gather together)."""
+    import copy
+
+    params = list(model.parameters())
+    if any(type(p).__name__ == "DTensor" for p in params):
+        return None
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not any(m.weight.is_floating_point() and m.weight.element_size() > dtype.itemsize for m in linears):
+        return None
+    shared = {id(t): t for t in [*params, *model.buffers()]}  # deepcopy's memo: these stay the policy's own tensors
+    twin = copy.deepcopy(model, memo=shared)
+    pairs = []
+    for (_, mine), (_, master) in zip(twin.named_modules(), model.named_modules()):
+        if isinstance(mine, torch.nn.Linear):
+            for name in ("weight", "bias"):
+                source = getattr(master, name)
+                if source is not None:
+                    setattr(mine, name, torch.nn.Parameter(source.detach().to(dtype), requires_grad=False))
+                    pairs.append((getattr(mine, name), source))
+    return DecodeCopy(twin.eval(), pairs)
 
 
 def wrap_lora(model, mcfg):

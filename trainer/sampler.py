@@ -15,13 +15,25 @@ so that ``logits[:, P - 1 : P + T - 1]`` predict the completion tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from .decode import CACHE_BUCKET, DecodeOptions, StepOut, decode_loop, read_back, round_up, row_uniforms, score_step
+from .decode import (
+    CACHE_BUCKET,
+    DecodeOptions,
+    StepOut,
+    decode_loop,
+    graph_compile_options,
+    read_back,
+    round_up,
+    row_uniforms,
+    score_step,
+)
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,12 @@ class HFGenerateEngine:
     row is masked (and, with a dynamic cache, dropped at the next read back), tokens are drawn by inverse CDF from
     one uniform per (row, step), and every sampled token's log-prob and the entropy of its distribution are returned,
     so the trainer knows pi_rollout. ``decode`` chooses the cache, the read-back interval and the CUDA graph.
+
+    Under autocast (``amp_dtype``) over wider master weights the step reads a ``policy.DecodeCopy`` of the linear
+    weights in the autocast dtype, refreshed once a rollout, and a static cache holds its keys and values in that dtype
+    (``autocast_static_cache``). The engine holds one static cache at a time (``_static_cache``): a rollout of other
+    rows, or wider than the held cache, frees it (and its compiled steps) before allocating its own, so the memory a
+    static cache takes is that of the largest rollout (``memory.memory_needs`` counts it), not the sum over shapes.
     """
 
     def __init__(
@@ -132,12 +150,17 @@ class HFGenerateEngine:
     ):
         self.model, self.pad_id, self.eos_ids, self.batch_size = model, pad_id, set(eos_ids), batch_size
         self.amp_dtype = amp_dtype
-        self.resolved = (decode or DecodeOptions()).resolve(next(model.parameters()).device)  # a choice the device cannot run fails here
-        self._static_caches: dict[tuple, object] = {}  # (rows, width, amp dtype) -> a StaticCache reused across rollouts
-        self._graphs: dict[tuple, object] = {}  # (sampling params, cache key) -> the compiled decode step
+        self.device = next(model.parameters()).device
+        self.resolved = (decode or DecodeOptions()).resolve(self.device)  # a choice the device cannot run fails here
+        self._held: tuple[tuple[int, int], object] | None = None  # ((rows, width), the StaticCache reused across rollouts)
+        self._graphs: dict[tuple, object] = {}  # (sampling, rows, width) -> the compiled decode step on the held cache
+        self._copy = None  # the policy.DecodeCopy the steps read (None: the model itself)
 
     def sync_weights(self, model) -> None:
-        """Nothing to copy: the engine samples from the trainer's model object itself."""
+        """Sample from ``model`` (the trainer's model object itself: nothing to copy, unless it is another object, whose
+        decoding copy and compiled steps are made anew)."""
+        if model is not self.model:
+            self._copy, self._graphs = None, {}
         self.model = model
 
     def generate(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> list[list[int]]:
@@ -156,11 +179,12 @@ class HFGenerateEngine:
         chunk = self.batch_size or len(expanded)
         was_training = self.model.training
         self.model.eval()
+        decoder = self._decoder()  # the decoding copy refreshed with the current weights, once for the whole rollout
         out = Samples([], [], [], [])
         try:
             for start in range(0, len(expanded), chunk):
                 part_seeds = None if row_seeds is None else row_seeds[start : start + chunk]
-                part = self._sample_chunk(expanded[start : start + chunk], params, part_seeds)
+                part = self._sample_chunk(decoder, expanded[start : start + chunk], params, part_seeds)
                 out.tokens += part.tokens
                 out.logprobs += part.logprobs
                 out.entropies += part.entropies
@@ -169,19 +193,42 @@ class HFGenerateEngine:
             self.model.train(was_training)
         return out
 
-    def _sample_chunk(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Samples:
-        device = next(self.model.parameters()).device
+    def _decoder(self):
+        """The module the decode steps run: the policy's ``DecodeCopy`` in the autocast dtype (made at the first rollout,
+        refreshed at each), or the policy itself without autocast or where no copy can be made."""
+        from .policy import decode_copy
+
+        if self.amp_dtype is None:
+            return self.model
+        if self._copy is None:
+            self._copy = decode_copy(self.model, self.amp_dtype) or False
+        if self._copy is False:
+            return self.model
+        self._copy.refresh()
+        return self._copy.model
+
+    @property
+    def decode_copy_bytes(self) -> int:
+        """Bytes held by the decoding copy of the weights (0: none)."""
+        return self._copy.bytes if self._copy else 0
+
+    def _sample_chunk(self, decoder, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Samples:
+        device = self.device
         ids, att = left_pad(prompts, self.pad_id)  # (N, W)
         ids, att = ids.to(device), att.to(device)
         N, W, T = ids.shape[0], ids.shape[1], params.max_new_tokens
         uniforms = torch.zeros(N, T, dtype=torch.float64, device=device) if params.greedy else row_uniforms(N, T, seeds, device)
         tempering, truncating = temperature_warpers(params), truncation_warpers(params)
-        static_width = round_up(W + T, CACHE_BUCKET) if self.resolved.static_cache else None
-        cache = self._static_cache(N, static_width) if static_width else self._dynamic_cache()
-        cache_kw = {cache_keyword(self.model): cache}  # the KV cache, by the name this transformers takes it
+        if self.resolved.static_cache:
+            cache = self._static_cache(N, round_up(W + T, CACHE_BUCKET))
+            static_width = self._held[0][1]  # the held cache's width: at least W + T
+        else:
+            cache, static_width = self._dynamic_cache(), None
+        keyword = cache_keyword(decoder)  # the KV cache, by the name this transformers takes it
+        cache_kw = {keyword: cache}
 
         def forward(step_ids, mask, positions):  # (n, w) -> the last position's logits (n, V)
-            return self.model(
+            return decoder(
                 input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
             ).logits[:, -1]
 
@@ -189,23 +236,24 @@ class HFGenerateEngine:
             return score_step(forward(step_ids, mask, positions), u, tempering, truncating, params.greedy)
 
         def run(graph: bool):
-            # One autocast region around the whole loop: eager autocast caches its casts of the float32 master weights
-            # until the region ends, so each weight is cast once a rollout, not once a step.
+            # One autocast region around the whole loop: eager autocast caches its casts of float32 weights (those the
+            # decoding copy leaves to it) until the region ends, so each is cast once a rollout, not once a step.
             with autocast(device, self.amp_dtype):
                 return decode_loop(
-                    step, self._graph_step(step, (params, N, static_width)) if graph else step, ids, att, uniforms,
-                    eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
+                    step, self._graph_step(step, (sampling_key(params), N, static_width)) if graph else step, ids, att,
+                    uniforms, eos=torch.tensor(sorted(self.eos_ids), device=device), pad_id=self.pad_id,
                     sync_every=self.resolved.sync_every, static_width=static_width,
-                    drop_rows=None if static_width else cache.batch_select_indices,
+                    drop_rows=None if static_width else cache_kw[keyword].batch_select_indices,
                 )  # fmt: skip
 
         try:
             buffers, steps = run(self.resolved.graph)
-        except Exception as err:  # noqa: BLE001 - whatever the compiler raised: decode eagerly instead, once
+        except Exception as err:  # noqa: BLE001 - whatever the compiled step raised: decode eagerly instead, once
             if not self.resolved.graph:
                 raise
             self._graph_failed(err)
-            cache.reset()
+            # not on the cache that failed: it may hold a partial prefill, or tensors allocated in the failed call's dtypes
+            cache_kw[keyword] = self._static_cache(N, static_width, fresh=True) if static_width else self._dynamic_cache()
             buffers, steps = run(False)
         tokens, logprobs, entropies, untruncated = read_back(buffers, steps, self.eos_ids)
         return Samples(tokens, logprobs, entropies, untruncated)
@@ -215,38 +263,53 @@ class HFGenerateEngine:
 
         return DynamicCache(config=self.model.config)
 
-    def _static_cache(self, rows: int, width: int):
-        """A StaticCache of ``width`` columns for ``rows`` rows, reset and reused for the same shape (a compiled decode
-        step replays its graph on the same cache tensors)."""
-        from transformers import StaticCache
-
-        key = (rows, width, self.amp_dtype)
-        if key in self._static_caches:
-            self._static_caches[key].reset()
-        else:
-            self._static_caches[key] = StaticCache(config=self.model.config, max_cache_len=width)
-        return self._static_caches[key]
+    def _static_cache(self, rows: int, width: int, fresh: bool = False):
+        """A StaticCache for ``rows`` rows at least ``width`` columns wide: the held one, reset, where it has those rows
+        and is wide enough (``fresh``: never); else the held one and the steps compiled on it are freed first, and a new
+        one is allocated (in the autocast dtype, ``autocast_static_cache``) and held."""
+        if self._held is not None:
+            (held_rows, held_width), cache = self._held
+            if not fresh and held_rows == rows and held_width >= width:
+                cache.reset()
+                return cache
+            self._held, self._graphs = None, {}  # the graphs replay on the held cache's tensors: they go with it
+            del cache
+        cache = autocast_static_cache(self.model.config, width, self.amp_dtype)
+        self._held = ((rows, width), cache)
+        return cache
 
     def _graph_failed(self, err: Exception) -> None:
-        """The compiled decode step failed: say so in one line and decode eagerly from now on (same samples, slower)."""
+        """The compiled decode step failed: say so in one line, naming the error at the root of what torch.compile
+        raised, and decode eagerly from now on."""
         import warnings
 
-        first_line = (str(err).strip().splitlines() or [""])[0][:200]
+        root = root_cause(err)
+        first_line = (str(root).strip().splitlines() or [""])[0][:240]
+        same = (
+            "the same samples, without the compiled step"
+            if self.amp_dtype is None
+            else f"in {str(self.amp_dtype).removeprefix('torch.')} the eager step's log-probs differ from the compiled "
+            "step's by round-off, about 2e-3, and a near-tie can draw another token"
+        )
         warnings.warn(
-            f"rollout.decode_graph: the compiled decode step failed ({type(err).__name__}: {first_line}); this rollout "
-            "and the next ones decode eagerly (the same samples, without the CUDA graph); set rollout.decode_graph = 'off' "
-            "to skip the attempt",
+            f"rollout.decode_graph: the decode step failed under torch.compile ({type(root).__name__}: {first_line}); this "
+            f"rollout is decoded again eagerly on a fresh cache, and the next ones eagerly too ({same}); set "
+            "rollout.decode_graph = 'off' to skip the attempt",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         self.resolved = dataclasses.replace(self.resolved, graph=False)
         self._graphs.clear()
 
     def _graph_step(self, step, key: tuple):
-        """The decode step through torch.compile(mode="reduce-overhead"), captured as a CUDA graph and replayed: one per
-        (sampling parameters, batch rows, cache width), whose closure holds that shape's reused static cache."""
+        """The decode step through torch.compile (``decode.graph_compile_options``: on CUDA a CUDA graph, captured once
+        and replayed), one per (sampling parameters, batch rows, cache width). A compiled step keeps the closure of the
+        rollout it was made in, whose cache is the held one (a new cache drops the compiled steps); each is compiled
+        from its own copy of the step's code, so that torch.compile's cache of one code object never fills up with the
+        shapes of a long run (past its recompile limit it would decode eagerly, saying nothing)."""
         if key not in self._graphs:
-            self._graphs[key] = torch.compile(step, mode="reduce-overhead", dynamic=False)
+            fresh = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__, step.__closure__)
+            self._graphs[key] = torch.compile(fresh, **graph_compile_options(self.device))
         compiled = self._graphs[key]
 
         def replay(*args):
@@ -254,6 +317,47 @@ class HFGenerateEngine:
             return compiled(*args)
 
         return replay
+
+
+def sampling_key(params: SamplingParams) -> tuple:
+    """What of the sampling parameters a compiled decode step depends on: not ``max_new_tokens`` (a step is the same
+    whatever the number of steps), so rollouts of different lengths on one cache share one compiled step."""
+    return (params.temperature, params.top_p, params.top_k, params.greedy)
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The exception at the end of ``err``'s chain of causes (what torch.compile wrapped, e.g. the operation's own
+    RuntimeError inside a BackendCompilerFailed), or ``err`` itself."""
+    seen = {id(err)}
+    while err.__cause__ is not None and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    return err
+
+
+def autocast_static_cache(config, width: int, dtype: torch.dtype | None):
+    """A transformers StaticCache of ``width`` columns whose layers hold keys and values in ``dtype`` (None: as they
+    come). Under autocast over float32 weights a layer's keys come out in float32 (RoPE's cos/sin, Qwen3's k-norm) and
+    its values in the autocast dtype; transformers 5.17 allocates both in the keys' dtype and its ``index_copy_`` then
+    refuses the values, 5.25 holds float32 keys at twice the memory. Each layer here casts both to ``dtype`` before
+    storing them (attention under autocast reads them in ``dtype`` either way)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=config, max_cache_len=width)
+    if dtype is not None:
+        for layer in cache.layers:
+            layer.__class__ = casting_layer(type(layer), dtype)
+    return cache
+
+
+@functools.cache
+def casting_layer(base: type, dtype: torch.dtype) -> type:
+    """``base`` (a transformers cache layer class) whose ``update`` casts the keys and values to ``dtype`` first."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return base.update(self, key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
+
+    return type(f"{base.__name__}In{str(dtype).removeprefix('torch.')}", (base,), {"update": update, "kv_dtype": dtype})
 
 
 def cache_keyword(model) -> str:

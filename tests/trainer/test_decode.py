@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dfpo.trainer.config import ModelConfig, apply_overrides, config_from_dict
-from dfpo.trainer.decode import DecodeOptions, inverse_cdf_draw, row_uniforms
+from dfpo.trainer.decode import DecodeOptions, graph_compile_options, inverse_cdf_draw, row_uniforms
 from dfpo.trainer.decode_counts import DispatchCounter, count_host_reads
 from dfpo.trainer.policy import build_char_tokenizer, build_tiny_model
 from dfpo.trainer.sampler import HFGenerateEngine, SamplingParams
@@ -66,6 +66,7 @@ def test_the_accelerator_loop_reads_back_once_every_sync_every_steps():
     buffers, are the same for every length)."""
     model, tok = _model()
     engine = _engine(model, tok, eos={UNREACHABLE_EOS}, kv_cache="static", sync_every=16)
+    _reads(engine, tok, 65)  # the held cache, wide enough for both: each run below resets and reuses it
     assert _reads(engine, tok, 65) - _reads(engine, tok, 33) == 2
 
 
@@ -162,7 +163,7 @@ def test_the_decode_step_traces_as_one_graph_and_is_not_recompiled_across_rollou
     first = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
     with torch._dynamo.config.patch(error_on_recompile=True):
         second = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
-    assert compile_calls == [dict(mode="reduce-overhead", dynamic=False)]
+    assert compile_calls == [graph_compile_options(torch.device("cpu"))]  # once, for both rollouts
     assert first.tokens == second.tokens == eager.tokens
     torch.testing.assert_close(torch.tensor(sum(first.logprobs, [])), torch.tensor(sum(eager.logprobs, [])), rtol=0, atol=1e-5)
 
@@ -187,8 +188,105 @@ def test_a_decode_graph_that_fails_to_compile_is_one_warning_and_the_rollout_dec
     engine.resolved = type(engine.resolved)(sync_every=4, static_cache=True, graph=True)
     with pytest.warns(
         RuntimeWarning,
-        match=r"^rollout.decode_graph: the compiled decode step failed \(RuntimeError: backend 'inductor' failed\); this rollout",
+        match=r"^rollout.decode_graph: the decode step failed under torch.compile \(RuntimeError: backend 'inductor' failed\); this "
+        r"rollout is decoded again eagerly on a fresh cache, and the next ones eagerly too \(the same samples, without the "
+        r"compiled step\)",
     ):
         got = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
     again = engine.sample(_prompts(tok), 2, params, seeds=[1, 2, 3])
     assert got.tokens == again.tokens == eager.tokens and len(attempts) == 1 and engine.resolved.graph is False
+
+
+def _eager_compile(monkeypatch):
+    """torch.compile traced whole with the eager backend (reduce-overhead needs CUDA); returns the list of calls."""
+    calls = []
+    real_compile = torch.compile
+
+    def compile_eagerly(fn, **kwargs):
+        calls.append(kwargs)
+        return real_compile(fn, backend="eager", fullgraph=True, dynamic=False)
+
+    monkeypatch.setattr(torch, "compile", compile_eagerly)
+    return calls
+
+
+def _graph_engine(model, tok, **decode):
+    engine = _engine(model, tok, kv_cache="static", sync_every=4, **decode)
+    engine.resolved = type(engine.resolved)(sync_every=4, static_cache=True, graph=True)
+    return engine
+
+
+def test_a_failed_compiled_step_names_the_root_error_and_is_retried_on_a_fresh_cache(monkeypatch):
+    """The warning names the error torch.compile wrapped (the end of its chain of causes), and the eager retry runs on
+    a new cache, not on the one the failed step had written into."""
+    model, tok = _model()
+    eager = _engine(model, tok, kv_cache="static", sync_every=4).sample(_prompts(tok), 2, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
+    engine = _graph_engine(model, tok)
+    failed = []
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args):
+            failed.append(engine._held[1])
+            try:
+                raise IndexError("index 9 is out of bounds for dimension 2 with size 8")
+            except IndexError as inner:
+                raise RuntimeError("backend='inductor' raised:\nsee the cause") from inner
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    with pytest.warns(
+        RuntimeWarning, match=r"failed under torch.compile \(IndexError: index 9 is out of bounds for dimension 2 with size 8\)"
+    ):
+        got = engine.sample(_prompts(tok), 2, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
+    assert got.tokens == eager.tokens and len(failed) == 1 and engine._held[1] is not failed[0]
+
+
+def test_the_engine_holds_one_static_cache_and_reuses_it_for_narrower_rollouts_of_its_rows():
+    """A rollout of other rows frees the held cache before allocating its own; one of the same rows that fits in the
+    held width resets and reuses it."""
+    import gc
+    import weakref
+
+    model, tok = _model()
+    engine = _engine(model, tok, kv_cache="static", sync_every=16)
+    engine.sample(_prompts(tok), 2, SamplingParams(max_new_tokens=60), seeds=[1, 2, 3])  # 6 rows, width 128
+    first = weakref.ref(engine._held[1])
+    engine.sample(_prompts(tok), 4, SamplingParams(max_new_tokens=10), seeds=[1, 2, 3])  # 12 rows: a new cache
+    gc.collect()
+    assert first() is None and engine._held[0] == (12, 64)
+    held = engine._held[1]
+    engine.sample(_prompts(tok), 4, SamplingParams(max_new_tokens=20), seeds=[1, 2, 3])  # 12 rows, fits in 64: reused
+    assert engine._held[1] is held
+
+
+def test_rollouts_of_different_lengths_on_one_cache_share_one_compiled_step(monkeypatch):
+    """The compiled step is keyed by what it computes (sampling parameters, rows, cache width), not by max_new_tokens:
+    a short and a long rollout on one cache compile once (benchmarks/decode_step.py's two rollouts did twice)."""
+    import torch._dynamo
+
+    calls = _eager_compile(monkeypatch)
+    model, tok = _model()
+    engine = _graph_engine(model, tok, eos={UNREACHABLE_EOS})
+    torch._dynamo.reset()
+    for steps in (10, 40, 10):  # widths 6 + 10 and 6 + 40, both within 64
+        engine.sample(_prompts(tok), 2, SamplingParams(max_new_tokens=steps), seeds=[1, 2, 3])
+    assert len(calls) == 1 and len(engine._graphs) == 1
+
+
+def test_alternating_shapes_compile_each_anew_without_reaching_torch_compiles_recompile_limit(monkeypatch):
+    """Train and eval rollouts of other rows alternate through a run; each new cache's step is compiled from its own
+    copy of the step's code, so no code object collects guards for every shape (past the recompile limit torch.compile
+    would decode eagerly without a word), and the samples stay the eager ones."""
+    import torch._dynamo
+
+    _eager_compile(monkeypatch)
+    model, tok = _model()
+    params = SamplingParams(max_new_tokens=6)
+    eager = {n: _engine(model, tok, kv_cache="static", sync_every=4).sample(_prompts(tok), n, params, seeds=[1, 2, 3]) for n in (2, 3)}
+    engine = _graph_engine(model, tok)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (2, 3, 2, 3, 2, 3):
+            assert engine.sample(_prompts(tok), n, params, seeds=[1, 2, 3]).tokens == eager[n].tokens
+    assert engine.resolved.graph

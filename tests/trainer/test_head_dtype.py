@@ -256,8 +256,10 @@ def test_the_updates_head_under_bf16_autocast_runs_in_the_head_dtype_and_the_mas
     assert heads == [(expected, expected)] * (3 if fused_head == "eager" else 4)
     weight = forward.plain_lm_head(model)
     assert weight.dtype == weight.grad.dtype == torch.float32 and bool(torch.isfinite(weight.grad).all())
-    decoder = [dtypes for dtypes, shapes in seen.seen if all(V not in shape for shape in shapes)]
-    assert set(decoder) == {(torch.bfloat16, torch.bfloat16)}  # the decoder ran under autocast, whatever head_dtype
+    # the decoder ran under autocast, whatever head_dtype; left out: RoPE's outer product of frequencies and positions
+    # (inner dimension 1), which transformers 5.17 computes as a float32 matmul with autocast off (5.25: no matmul)
+    decoder = [dtypes for dtypes, (a, b) in seen.seen if V not in a + b and a[-1] > 1]
+    assert set(decoder) == {(torch.bfloat16, torch.bfloat16)}
 
 
 def test_the_old_and_reference_log_prob_passes_follow_head_dtype():
