@@ -87,7 +87,7 @@ from .run.code import recorded_sources
 from .run.folder import folder_identity, read_mark, run_identity
 from .run.layout import RunDir
 from .run.machine import recorded_machine
-from .run.resume import flat_items
+from .run.resume import flat_items, same_setting
 
 __all__ = ["CENSORED", "MIN_SEEDS", "OUTCOMES", "Plan", "compare", "make_plan", "read_run", "render_compare", "run_dir"]
 
@@ -216,10 +216,8 @@ def settings_differences(stored: dict, wanted: dict, defaults: dict | None = Non
     the command has is a setting added after the cell was trained: it counts as the same only where the command asks
     its default (``defaults``, flat: a new setting's default keeps the behaviour the cell was trained with); any other
     key only one side has is a difference (its value on the other side: ``MISSING``)."""
-    defaults = defaults or {}
     keys = sorted((set(stored) | set(wanted)) - set(PER_CELL_SETTINGS))
-    found = [(k, stored.get(k, MISSING), wanted.get(k, MISSING)) for k in keys]
-    return [(k, a, b) for k, a, b in found if a != b and not (a == MISSING and k in defaults and b == defaults[k])]
+    return [(k, stored.get(k, MISSING), wanted.get(k, MISSING)) for k in keys if not same_setting(k, stored, wanted, defaults or {})]
 
 
 MISSING = "(not set)"

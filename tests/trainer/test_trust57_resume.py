@@ -80,3 +80,19 @@ def test_only_a_summary_of_exactly_those_steps_makes_a_run_finished(tmp_path, su
     assert finished_run_message(tmp_path, 1) is None
     (tmp_path / RunDir.SUMMARY).write_text('{"steps": 1}')
     assert finished_run_message(tmp_path, 1) is not None
+
+
+def test_a_checkpoint_of_an_older_dfpo_resumes_where_each_new_setting_holds_its_default(tmp_path):
+    """A checkpoint written before eval.greedy existed resumes at eval.greedy's default, and is refused naming it
+    when config.toml asks it on."""
+    import dataclasses
+
+    from dfpo.trainer.config import Config, config_to_dict
+    from dfpo.trainer.run.resume import check_same_config
+
+    saved = config_to_dict(Config())
+    del saved["eval"]["greedy"]
+    check_same_config(tmp_path, saved, Config())
+    on = dataclasses.replace(Config(), eval=dataclasses.replace(Config().eval, greedy=True))
+    with pytest.raises(ValueError, match=r"eval\.greedy \(None in the checkpoint, True in config\.toml\)"):
+        check_same_config(tmp_path, saved, on)

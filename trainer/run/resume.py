@@ -25,12 +25,21 @@ def flat_items(table: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_differences(a: dict, b: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Dotted keys whose values differ between two config dicts (``config_to_dict``), except ``ignore`` and the
-    keys under them."""
-    fa, fb = flat_items(a), flat_items(b)
+def same_setting(key: str, was: dict, now: dict, defaults: dict) -> bool:
+    """Whether flat configs ``was`` (a run's, or a checkpoint's) and ``now`` agree on ``key``. A key only ``now`` has
+    is a setting added to dfpo after ``was`` was written: it agrees only where ``now`` holds its default (``defaults``,
+    flat), which keeps the behaviour the run had; any other key only one side has disagrees."""
+    if key not in was and key in now and key in defaults:
+        return now[key] == defaults[key]
+    return was.get(key, _MISSING) == now.get(key, _MISSING)
+
+
+def config_differences(a: dict, b: dict, *, ignore: tuple[str, ...] = (), defaults: dict | None = None) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (``config_to_dict``; ``a`` the older), except
+    ``ignore`` and the keys under them; a key ``a`` lacks agrees where ``b`` holds its default (``same_setting``)."""
+    fa, fb, fd = flat_items(a), flat_items(b), flat_items(defaults or {})
     skipped = lambda key: any(key == p or key.startswith(p + ".") for p in ignore)  # noqa: E731
-    return sorted(k for k in set(fa) | set(fb) if not skipped(k) and fa.get(k, _MISSING) != fb.get(k, _MISSING))
+    return sorted(k for k in set(fa) | set(fb) if not skipped(k) and not same_setting(k, fa, fb, fd))
 
 
 _MISSING = object()
@@ -55,7 +64,7 @@ def check_same_config(run_dir: str | Path, saved: dict | None, cfg: Config) -> N
     if saved is None:
         return
     current = config_to_dict(cfg)
-    diff = config_differences(saved, current, ignore=RESUME_IGNORED)
+    diff = config_differences(saved, current, ignore=RESUME_IGNORED, defaults=config_to_dict(Config()))
     if diff:
         raise ValueError(config_mismatch_message(run_dir, diff, saved, current))
 
