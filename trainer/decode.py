@@ -165,6 +165,12 @@ def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+def static_cache_width(prompt_width: int, max_new_tokens: int) -> int:
+    """The columns of a static cache for prompts of ``prompt_width`` and ``max_new_tokens`` new tokens: their sum
+    rounded up to ``CACHE_BUCKET``."""
+    return round_up(prompt_width + max_new_tokens, CACHE_BUCKET)
+
+
 @dataclass
 class DecodeState:
     """What the loop carries between steps. ``rows`` are the buffer rows still in the batch: ``slice(None)`` while

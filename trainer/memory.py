@@ -9,13 +9,19 @@ then grows its memory with no message until the machine kills it.
 The estimate is a lower bound, so that a run it refuses cannot fit, and a run that fits is never refused:
 
 - weights (and the reference model of a KL term without LoRA): parameters x bytes per parameter;
+- under autocast over wider master weights, the HF engine's decoding copy of the linear weights in the autocast dtype
+  (``policy.DecodeCopy``: every weight but the embedding's and the norms', the tied head included);
 - training state: gradients and AdamW's two moments, 3 x the trainable parameters' bytes (LoRA adapters: 0);
 - the largest of the phases, which never overlap:
   - the tiny preset's supervised warm start: ``model.sft_batch_size`` rows of at least 2 tokens, their float32
     logits and the logits' gradient (2 x rows x tokens x vocab x 4 bytes) and the layers' activations;
   - sampling: the key/value cache of the completions sampled at once (``rollout.prompts_per_step`` x
     ``rollout.group_size`` per process, at most ``rollout.batch_size`` when set; evaluation: ``data.eval_size`` x
-    ``eval.k``), each at least the shortest prompt plus one token long, and the token ids of the rollout batch;
+    ``eval.k``), each at least the shortest prompt plus one token long, and the token ids of the rollout batch; a
+    static cache (CUDA's default) is allocated whole at once, so its rows are counted at ``static_width`` columns
+    (the shortest prompt plus rollout.max_new_tokens, rounded up as the engine does). The engine holds one static
+    cache at a time (it frees the held one before a rollout of another shape), so sampling's and evaluation's never
+    add up;
   - the update: the activations a backward pass keeps for one micro-batch (whole groups: ``optim.microbatch_groups``,
     else ``optim.minibatch_groups``, x ``rollout.group_size`` rows), each row at least the shortest prompt plus
     one token long; one layer's input only with gradient checkpointing.
@@ -45,6 +51,8 @@ class ModelShape:
     layers: int
     kv_width: int
     """Key/value heads x head dimension: the width of one layer's cached keys (and values) per token."""
+    tied: bool = False
+    """The LM head is the embedding matrix."""
 
 
 def decoder_params(vocab: int, hidden: int, intermediate: int, layers: int, q_width: int, kv_width: int, tied: bool) -> int:
@@ -60,7 +68,7 @@ def tiny_shape(mcfg, vocab: int) -> ModelShape:
     head_dim = mcfg.tiny_hidden // mcfg.tiny_heads
     kv_width = max(1, mcfg.tiny_heads // 2) * head_dim
     params = decoder_params(vocab, mcfg.tiny_hidden, mcfg.tiny_intermediate, mcfg.tiny_layers, mcfg.tiny_hidden, kv_width, tied=True)
-    return ModelShape(params, vocab, mcfg.tiny_hidden, mcfg.tiny_intermediate, mcfg.tiny_layers, kv_width)
+    return ModelShape(params, vocab, mcfg.tiny_hidden, mcfg.tiny_intermediate, mcfg.tiny_layers, kv_width, tied=True)
 
 
 def pretrained_shape(config) -> ModelShape | None:
@@ -75,7 +83,14 @@ def pretrained_shape(config) -> ModelShape | None:
     intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     params = decoder_params(vocab, hidden, intermediate, layers, heads * head_dim, kv_width, tied)
-    return ModelShape(params, vocab, hidden, intermediate, layers, kv_width)
+    return ModelShape(params, vocab, hidden, intermediate, layers, kv_width, tied)
+
+
+def linear_params(shape: ModelShape) -> int:
+    """Parameters of the linear layers (attention, MLP and the LM head, tied or not): all but the embedding's, unless
+    it is the head, and the norms'."""
+    norms = (2 * shape.layers + 1) * shape.hidden
+    return shape.params - (0 if shape.tied else shape.vocab * shape.hidden) - norms
 
 
 @dataclass(frozen=True)
@@ -108,10 +123,10 @@ class _Sizes:
     activations_per_token: int
 
 
-def _sizes(cfg, shape: ModelShape) -> _Sizes:
+def _sizes(cfg, shape: ModelShape, amp_bytes: int = 0) -> _Sizes:
     m = cfg.model
     param = 4 if m.name == "tiny" or m.dtype == "auto" else PARAM_BYTES[m.dtype]
-    act = 2 if m.amp in ("bf16", "fp16") else param
+    act = amp_bytes or (2 if m.amp in ("bf16", "fp16") else param)
     per_token_layer = shape.hidden if m.gradient_checkpointing else 4 * shape.hidden + 3 * shape.intermediate
     return _Sizes(param, shape.layers * 2 * shape.kv_width * act, shape.layers * per_token_layer * act)
 
@@ -135,21 +150,23 @@ def _warm_start(cfg, shape: ModelShape, sizes: _Sizes) -> Need:
     )
 
 
-def _sampling(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int) -> Need:
+def _sampling(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int, cached: int) -> Need:
     r = cfg.rollout
     batch_rows = math.ceil(r.prompts_per_step / world) * r.group_size
     rows, settings = _rows_at_once(
         batch_rows, r.batch_size, (("rollout.prompts_per_step", r.prompts_per_step), ("rollout.group_size", r.group_size))
     )
     batch_ids = batch_rows * world * seq * 8  # every process holds the whole batch's int64 ids
-    cache = rows * seq * (sizes.kv_per_token + 4) + rows * shape.vocab * 4  # keys, values, log-probs; last logits
+    cache = rows * cached * sizes.kv_per_token + rows * seq * 4 + rows * shape.vocab * 4  # keys, values; log-probs; last logits
     return Need(f"sampling {rows} completions at once", cache + batch_ids, settings, "sampling")
 
 
-def _evaluation(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int) -> Need:
+def _evaluation(cfg, shape: ModelShape, sizes: _Sizes, world: int, cached: int) -> Need:
     all_rows = math.ceil(cfg.data.eval_size / world) * cfg.eval.k
     rows, settings = _rows_at_once(all_rows, cfg.rollout.batch_size, (("data.eval_size", cfg.data.eval_size), ("eval.k", cfg.eval.k)))
-    return Need(f"evaluating {rows} completions at once", rows * seq * sizes.kv_per_token + rows * shape.vocab * 4, settings, "evaluation")
+    return Need(
+        f"evaluating {rows} completions at once", rows * cached * sizes.kv_per_token + rows * shape.vocab * 4, settings, "evaluation"
+    )
 
 
 def _update(cfg, sizes: _Sizes, seq: int, world: int) -> Need:
@@ -163,13 +180,28 @@ def _update(cfg, sizes: _Sizes, seq: int, world: int) -> Need:
     return Need(f"the update's activations for {rows} rows", rows * seq * sizes.activations_per_token, settings, "update")
 
 
-def memory_needs(cfg, shape: ModelShape, *, shortest_prompt: int, with_ref: bool, world: int = 1, resume: bool = False) -> list[Need]:
+def memory_needs(
+    cfg,
+    shape: ModelShape,
+    *,
+    shortest_prompt: int,
+    with_ref: bool,
+    world: int = 1,
+    resume: bool = False,
+    static_width: int = 0,
+    amp_bytes: int = 0,
+) -> list[Need]:
     """What a run of ``cfg`` on a model of ``shape`` holds in memory at the least, per process (see the module
-    docstring). ``shortest_prompt``: tokens of the shortest encoded prompt; ``with_ref``: the objective has a KL term."""
-    m, sizes = cfg.model, _sizes(cfg, shape)
+    docstring). ``shortest_prompt``: tokens of the shortest encoded prompt; ``with_ref``: the objective has a KL term;
+    ``static_width``: the columns of the rollouts' static KV cache at the least (0: a dynamic cache, which grows);
+    ``amp_bytes``: bytes of the autocast dtype the run resolved (0: none, or as ``model.amp`` names it)."""
+    m, sizes = cfg.model, _sizes(cfg, shape, amp_bytes)
     model_settings = _model_settings(cfg)
     weights = shape.params * sizes.param
     needs = [Need("the weights", weights, model_settings)]
+    if amp_bytes and amp_bytes < sizes.param and cfg.rollout.engine == "hf":
+        copy = Need("the decoding copy of the linear weights in the autocast dtype", linear_params(shape) * amp_bytes, model_settings)
+        needs.append(copy)
     if with_ref and m.lora_r <= 0:
         needs.append(Need("the reference model", weights, model_settings))
     if m.lora_r <= 0:  # LoRA's adapters are left out (a lower bound)
@@ -177,9 +209,10 @@ def memory_needs(cfg, shape: ModelShape, *, shortest_prompt: int, with_ref: bool
     if m.name == "tiny" and m.sft_steps > 0 and not resume:
         needs.append(_warm_start(cfg, shape, sizes))
     seq = shortest_prompt + 1
-    needs.append(_sampling(cfg, shape, sizes, seq, world))
+    cached = max(seq, static_width)  # a row's cached positions
+    needs.append(_sampling(cfg, shape, sizes, seq, world, cached))
     if cfg.eval.every:
-        needs.append(_evaluation(cfg, shape, sizes, seq, world))
+        needs.append(_evaluation(cfg, shape, sizes, world, cached))
     needs.append(_update(cfg, sizes, seq, world))
     return needs
 

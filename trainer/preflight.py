@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 
 from .config import Config
+from .decode import DecodeOptions, static_cache_width
 from .memory import available_memory, check_memory, memory_needs, pretrained_shape, tiny_shape
 from .packaged_model import resolve_model_name
-from .policy import check_completion_fits, tokenizer_and_context
+from .policy import check_completion_fits, resolve_amp, tokenizer_and_context
 from .prompts import encode_prompts, prompt_char_limit
 
 
@@ -100,6 +101,12 @@ def check_memory_fits(cfg: Config, lengths: PromptLengths, *, device: torch.devi
             shape = None
     if shape is None:
         return
-    needs = memory_needs(cfg, shape, shortest_prompt=lengths.shortest, with_ref=with_ref, world=world, resume=resume)
+    decode, amp = DecodeOptions.from_config(cfg.rollout).resolve(device), resolve_amp(cfg.model.amp, device)
+    static = cfg.rollout.engine == "hf" and decode.static_cache
+    static_width = static_cache_width(lengths.shortest, cfg.rollout.max_new_tokens) if static else 0
+    needs = memory_needs(
+        cfg, shape, shortest_prompt=lengths.shortest, with_ref=with_ref, world=world, resume=resume, static_width=static_width,
+        amp_bytes=amp.itemsize if amp else 0,
+    )  # fmt: skip
     available, where = available_memory(device)
     check_memory(needs, available, where, processes=world if device.type == "cpu" else 1)

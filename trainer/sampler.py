@@ -24,15 +24,14 @@ from typing import Protocol
 import torch
 
 from .decode import (
-    CACHE_BUCKET,
     DecodeOptions,
     StepOut,
     decode_loop,
     graph_compile_options,
     read_back,
-    round_up,
     row_uniforms,
     score_step,
+    static_cache_width,
 )
 
 
@@ -220,7 +219,7 @@ class HFGenerateEngine:
         uniforms = torch.zeros(N, T, dtype=torch.float64, device=device) if params.greedy else row_uniforms(N, T, seeds, device)
         tempering, truncating = temperature_warpers(params), truncation_warpers(params)
         if self.resolved.static_cache:
-            cache = self._static_cache(N, round_up(W + T, CACHE_BUCKET))
+            cache = self._static_cache(N, static_cache_width(W, T))
             static_width = self._held[0][1]  # the held cache's width: at least W + T
         else:
             cache, static_width = self._dynamic_cache(), None

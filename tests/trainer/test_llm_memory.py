@@ -127,3 +127,53 @@ def test_a_tiny_model_whose_heads_have_an_odd_size_is_refused_before_any_work(tm
     with pytest.raises(ValueError, match=r"^model.tiny_hidden=6 must be a multiple of model.tiny_heads=2 with an even head size"):
         Trainer(tiny_config(tmp_path, "model.tiny_hidden=6", "model.tiny_heads=2"), quiet=True)
     assert not (tmp_path / "run").exists()
+
+
+def _qwen3_06b_needs(**kw):
+    """configs/qwen3-0.6b-gsm8k.toml's needs on Qwen3-0.6B's shape, with a shortest prompt of 60 tokens."""
+    from dfpo.trainer.config import load_config
+    from dfpo.trainer.memory import ModelShape, decoder_params
+    from dfpo.trainer.model_shapes import QWEN3_06B
+
+    f = QWEN3_06B
+    kv = f["num_key_value_heads"] * f["head_dim"]
+    params = decoder_params(
+        f["vocab_size"],
+        f["hidden_size"],
+        f["intermediate_size"],
+        f["num_hidden_layers"],
+        f["num_attention_heads"] * f["head_dim"],
+        kv,
+        True,
+    )
+    shape = ModelShape(params, f["vocab_size"], f["hidden_size"], f["intermediate_size"], f["num_hidden_layers"], kv, tied=True)
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "qwen3-0.6b-gsm8k.toml")
+    return {n.what: n for n in memory_needs(cfg, shape, shortest_prompt=60, with_ref=False, **kw)}
+
+
+def test_a_static_cache_is_counted_whole_and_the_decoding_copy_beside_the_weights():
+    """CUDA's static cache holds every row at its full width from the start: for configs/qwen3-0.6b-gsm8k.toml evaluation
+    (1024 completions at once, bf16 keys and values, 28 layers x 8 x 128 of each per token) at least 1024 x 576 columns
+    (60 + 512 rounded up to 64) x 112 KiB = 63 GiB, where a dynamic cache's lower bound is the 61-token prompt's; and
+    the bf16 copy of the linear weights the rollout decodes from (the tied head included) is held the whole run."""
+    dynamic = _qwen3_06b_needs(amp_bytes=2)
+    static = _qwen3_06b_needs(amp_bytes=2, static_width=576)
+    per_token = 28 * 2 * 8 * 128 * 2
+    evaluation = "evaluating 1024 completions at once"
+    assert static[evaluation].bytes - dynamic[evaluation].bytes == 1024 * (576 - 61) * per_token
+    assert 62 * GIB < static[evaluation].bytes < 64 * GIB
+    copy = static["the decoding copy of the linear weights in the autocast dtype"]
+    assert copy.phase == "" and copy.bytes == 2 * (static["the weights"].bytes // 4 - (2 * 28 + 1) * 1024)
+    assert "the decoding copy of the linear weights in the autocast dtype" not in _qwen3_06b_needs(static_width=576)  # no autocast
+
+
+def test_the_decoding_copy_counts_what_the_engine_holds():
+    import torch
+
+    from dfpo.trainer.memory import linear_params
+    from dfpo.trainer.policy import decode_copy
+
+    cfg = config_from_dict(apply_overrides({}, []))
+    tok = build_char_tokenizer()
+    model = build_tiny_model(cfg.model, tok, seed=0)
+    assert decode_copy(model, torch.bfloat16).bytes == 2 * linear_params(tiny_shape(cfg.model, len(tok)))
