@@ -39,7 +39,10 @@ def test_the_sentence_and_the_figure_come_from_the_stored_document(drift_runs, t
     doc = json.loads(json.dumps(across.store(drift_runs, "cmd")))  # what a reader gets back from the JSON file
     found = across.found_per_step(doc)
     text = across.summary_sentence(doc)
-    assert text.startswith("`log.param_drift` in 2 training runs (`grpo`, `dfpo_min:stopgrad=score`; probed at steps 1, 2)")
+    assert text.startswith(
+        "`log.param_drift` in 2 training runs, one seed an objective (seed 0: no interval over seeds; `grpo`, "
+        "`dfpo_min:stopgrad=score`; probed at steps 1, 2)"
+    )
     assert f"(min {min(found):g}, max {max(found):g}, 4 probed steps)" in text
     across.plot(doc, tmp_path / "drift.png")
     assert (tmp_path / "drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
