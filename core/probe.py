@@ -613,9 +613,10 @@ def probe_step(
     found, shared, pairs = _pick_events(batch, events, max_events)
     saved_state = copy.deepcopy(optimizer.state_dict())
     theta0 = [p.detach().clone() for p in params]
-    step = _take_step(score, optimizer, params, theta0, batch, spec, max_grad_norm)
-    rows = _score_event_rows(score, params, theta0, torch.unique(torch.cat([shared.where[:, 0], pairs.flatten()])))
-    try:
+    step = None
+    try:  # an optimiser the probe cannot read is found after its step: the model and its state are put back all the same
+        step = _take_step(score, optimizer, params, theta0, batch, spec, max_grad_norm)
+        rows = _score_event_rows(score, params, theta0, torch.unique(torch.cat([shared.where[:, 0], pairs.flatten()])))
         report = DriftReport(
             _shared_drift(step, rows, shared),
             _pair_drift(step, rows, pairs, batch.mask.bool().cpu()),
@@ -626,7 +627,8 @@ def probe_step(
             found_whole=int(found.whole.sum()),
         )
     finally:
-        _put_back(optimizer, params, step.theta1 if keep_step else theta0, None if keep_step else saved_state)
+        kept = keep_step and step is not None
+        _put_back(optimizer, params, step.theta1 if kept else theta0, None if kept else saved_state)
     return report
 
 

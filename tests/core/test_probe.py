@@ -3,6 +3,7 @@ the split's invariants, and its refusals."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -402,3 +403,16 @@ def test_summary_shares_are_of_the_first_order_prediction():
     assert s["predicted"] == pytest.approx(2.0) and s["error"] == pytest.approx(12.0) and s["error_ratio"] == pytest.approx(12 / 10)
     still = summary(EventDrift(where, f(0, 0), f(0, 0), f(0, 0), f(0, 0), f(0, 0)))
     assert "cross_share" not in still and "error_ratio" not in still and still["momentum"] == 0.0
+
+
+def test_an_optimiser_the_probe_cannot_read_leaves_the_model_as_it_was():
+    """The Adagrad refusal comes after its step; the parameters and the optimiser's state are put back before it."""
+    model = TinyLM()
+    batch = grouped_batch(model, 7)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.5)
+    state = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match="SGD, Adam and AdamW"):
+        probe_step(scorer(model, batch), opt, batch, "grpo", keep_step=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(torch.equal(a["sum"], b["sum"]) for a, b in zip(state["state"].values(), opt.state_dict()["state"].values(), strict=True))
