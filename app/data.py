@@ -28,6 +28,7 @@ from ..core.loss.cancellation import (  # noqa: F401  the atlas lives with the c
     make_shared_prefix_group,
     shared_token_gradient,
 )
+from ..core.settings import finite_number
 from ..toy import train as toy_train
 from ..toy.checks import PREDICTIONS, comparison_pairs
 from ..toy.cli import toy_threads
@@ -259,7 +260,7 @@ def toy_settings(task: str, labels_text: str, group_size, inner_steps, steps, se
     values = {"group_size": group_size, "inner_steps": inner_steps, "steps": steps, "seeds": seeds, "lr": lr}
     for name, value in values.items():
         what, low, high = TOY_LIMITS[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not finite_number(value):
             raise ValueError(f"{what} must be a number, got {name}={value!r}")
         if name != "lr" and value != int(value):
             raise ValueError(f"{what} must be a whole number, got {name}={value:g}")

@@ -23,12 +23,12 @@ verdicts, the config) and ``pilot_table`` renders it as markdown for the docs (`
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.files import write_run_file
+from ..core.settings import finite_number
 from .run.layout import RunDir
 from .run.logs import JsonlLog
 
@@ -82,9 +82,7 @@ class Gate:
 
 def _finite(value) -> float | None:
     """A logged number, or None (absent, not a number, not finite: a log never holds NaN, but a file may)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return float(value) if finite_number(value) else None
 
 
 def step0_eval(evals: list[dict]) -> dict:
