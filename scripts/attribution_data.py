@@ -201,15 +201,24 @@ REGISTERED = ROOT / "docs" / "attribution" / "registered"
 the rows; ``--registered NAME`` stores docs/attribution/data/NAME.json from the sets' compare.json."""
 
 
+def mark_created(mark: Path) -> datetime:
+    """When a cell started: its run mark's ``created`` (written before the cell's first step; kept when the folder is
+    copied), else the mark file's modification time."""
+    try:
+        created = json.loads(read_utf8(mark)).get("created")
+        return datetime.fromisoformat(created)
+    except (ValueError, TypeError, AttributeError):
+        return datetime.fromtimestamp(mark.stat().st_mtime, tz=UTC)
+
+
 def data_started(folders: list[Path]) -> datetime:
-    """When the first cell of these comparison folders started: the oldest run mark (.dfpo-run.json, written before a
-    cell's first step) under any of them."""
+    """When the first cell of these comparison folders started: the oldest run mark (.dfpo-run.json) under any of them."""
     from dfpo.trainer.run.layout import RunDir
 
-    marks = [m.stat().st_mtime for f in folders for m in f.rglob(RunDir.MARK)]
+    marks = [mark_created(m) for f in folders for m in f.rglob(RunDir.MARK)]
     if not marks:
         raise SystemExit(f"attribution_data: no cell has started under {', '.join(map(str, folders))}")
-    return datetime.fromtimestamp(min(marks), tz=UTC)
+    return min(marks)
 
 
 def registered_evidence(name: str) -> dict:
