@@ -18,6 +18,10 @@ one line with:
   large device-to-device copy). The goal: within 4x of the floor.
 
 No row ever ends (the EOS id is outside the vocabulary), so every row decodes every step. Weights are random.
+Both rollouts of a mode run on one cache (--prompt-len + --long within the same multiple of 64 columns as
+--prompt-len + --short: checked) and so on one compiled step: the graph column says how many were compiled (1).
+With DFPO_CUDA_DEFAULTS=1 a CPU runs CUDA's choices (bf16 autocast, static+graph compiled with aot_eager), the
+rehearsal of scripts/gpu_checks.sh --rehearse; its ops are not counted for static+graph.
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ def copy_bandwidth(device: str, mib: int = 1024) -> float:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * src.numel() / best
+
+
+def compiled_steps(engine) -> int:
+    """How many decode steps the engine compiled (one per sampling parameters, rows and cache width)."""
+    return len(engine._graphs)
 
 
 def engine_for(model, mode: str, amp):
@@ -169,16 +178,26 @@ def parse(argv):
         p.error(
             "--device cuda: no CUDA device is visible to torch on this machine; run it on a GPU machine (scripts/gpu_checks.sh) or use --device cpu"
         )
-    if args.modes and "static+graph" in args.modes and args.device != "cuda":
-        p.error("--modes static+graph captures a CUDA graph: it needs --device cuda")
+    from dfpo.trainer.decode import CACHE_BUCKET, cuda_defaults_forced, static_cache_width
+
+    args.cuda_choices = args.device == "cuda" or cuda_defaults_forced()
+    if args.modes and "static+graph" in args.modes and not args.cuda_choices:
+        p.error("--modes static+graph captures a CUDA graph: it needs --device cuda (or DFPO_CUDA_DEFAULTS=1 to rehearse it on the CPU)")
     args.shape = args.shape or ("qwen3-0.6b" if args.device == "cuda" else "tiny")
-    args.modes = args.modes or (["static+graph", "static", "dynamic"] if args.device == "cuda" else ["dynamic", "static"])
+    args.modes = args.modes or (["static+graph", "static", "dynamic"] if args.cuda_choices else ["dynamic", "static"])
+    widths = static_cache_width(args.prompt_len, args.short), static_cache_width(args.prompt_len, args.long)
+    if "static+graph" in args.modes and widths[0] != widths[1]:
+        p.error(
+            f"--prompt-len {args.prompt_len} with --short {args.short} and --long {args.long} needs caches of {widths[0]} and "
+            f"{widths[1]} columns, so the decode step would compile twice; keep --prompt-len + --long within {widths[0]} "
+            f"(caches grow by {CACHE_BUCKET} columns)"
+        )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    amp = torch.bfloat16 if args.device == "cuda" else None
+    amp = torch.bfloat16 if args.cuda_choices else None
     model = build(args.shape, args.device)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(1, model.config.vocab_size, (args.rows, args.prompt_len), generator=gen).tolist()
@@ -192,16 +211,21 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; floor {floor:.3f} ms a step (weights once in {amp}, KV cache at the mean length)"
         )
-    print(f"{'mode':13s} {'host reads/step':>15s} {'ops/step outside':>16s} {'ops/step model':>14s} {'ms/step':>8s} {'x floor':>8s}")
+    print(
+        f"{'mode':13s} {'host reads/step':>15s} {'ops/step outside':>16s} {'ops/step model':>14s} {'graphs':>6s} {'ms/step':>8s} {'x floor':>8s}"
+    )
     for mode in args.modes:
         engine = engine_for(model, mode, amp)
-        reads, other, inside = counts_per_step(engine, model, prompts, args.short, args.long, count_ops=args.device == "cpu")
+        count_ops = args.device == "cpu" and mode != "static+graph"
+        reads, other, inside = counts_per_step(engine, model, prompts, args.short, args.long, count_ops=count_ops)
         timing = ""
         if bandwidth:
             ms = ms_per_step(engine, prompts, args.short, args.long, args.repeats)
             verdict = "PASS" if ms / floor <= FLOOR_GOAL else "MISS"
             timing = f" {ms:8.3f} {ms / floor:7.2f}x  goal <= {FLOOR_GOAL:.0f}x: {verdict}"
-        print(f"{mode:13s} {reads:15.3f} {other:16.1f} {inside:14.1f}{timing}", flush=True)
+        graphs = compiled_steps(engine) if engine.resolved.graph else 0
+        fell_back = "" if engine.resolved.graph or mode != "static+graph" else "  (the compiled step failed: decoded eagerly)"
+        print(f"{mode:13s} {reads:15.3f} {other:16.1f} {inside:14.1f} {graphs:6d}{timing}{fell_back}", flush=True)
     return 0
 
 

@@ -4,6 +4,7 @@
     python benchmarks/vs_trl.py --quick         # CPU: grpo only, 2 pairs, 2 steps (a few minutes on 2 cores)
     python benchmarks/vs_trl.py --device cuda   # GPU: issue 48's measurement at Qwen3-0.6B's shape (about 4 minutes on an H200)
     python benchmarks/vs_trl.py --device cpu --shape tiny --max-new 16 --steps 2 --trials 3   # the GPU protocol rehearsed
+    python benchmarks/vs_trl.py --model smollm2-135m-instruct --device cpu     # CPU: the packaged SmolLM2, A B B A
 
 The CPU comparison (no ``--shape``, ``--device cpu``): both sides get the same model (a Qwen2-style config with a 32k
 vocabulary, built from a config and saved to a temp folder: no download), the same tokenizer (word-level, 32k
@@ -20,6 +21,14 @@ batches; the first is a warm-up and is left out of the times. Printed per trial:
 rollout (generation and rewards), old log-probs, update; completion tokens per second; peak RSS. Then, per objective,
 the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
 
+``--model smollm2-135m-instruct`` runs the same CPU comparison on the packaged SmolLM2-135M-Instruct (converted once
+into dfpo's cache; its own tokenizer, raw prompts on both sides: dfpo data.chat_template=off) with the sides
+alternated A B B A (``--pairs`` 2). ``--amp bf16`` runs both sides under bf16 autocast over float32 weights (dfpo
+model.amp=bf16, TRL bf16=True), where the CPU computes bf16 in hardware (avx512_bf16 or amx_bf16); elsewhere it is
+refused in one sentence before any work. The CPU comparison refuses to time, in one sentence, when the 1-minute load
+average is above ``--max-load`` (default 0.7: another process is running; 0 = no check): its figures would be the
+other process's as much as the code's.
+
 The GPU protocol (``--device cuda``, or any ``--shape``), issue 48's measurement as one command: a Qwen3-0.6B-shaped
 model (``--shape qwen3-0.6b``, the default: dfpo.trainer.model_shapes.QWEN3_06B, random init, saved in bfloat16 as the
 real checkpoint is, loaded as float32 by both sides) with a word-level tokenizer covering all 151,936 rows, full
@@ -28,14 +37,17 @@ model.amp=bf16; TRL model_init_kwargs dtype float32 and bf16=True), 8 prompts x 
 tokens (a random model draws EOS about once in 152k tokens, so completions run to the limit), grpo, 4 optimiser steps
 per rollout batch, no KL. Three sides: dfpo with the sampler's log-probs (``rollout.old_logp=sampler``: under autocast
 'auto' resolves to 'recompute', see trainer/stages/old_logp.py), dfpo recomputing them (``recompute``: TRL's work),
-and TRL's GRPOTrainer (HF generate). ``--trials`` trials in the order A B C C B A (repeated), each in a fresh process;
-on CUDA, trials that would not finish before ``--deadline-s`` (from the command's start) are not started and one
-still running at it is stopped, so the command ends in time and prints what it measured. Printed: the card and the
+and TRL's GRPOTrainer (HF generate). ``--trials`` trials in the order A C B B C A (repeated: TRL second, so a short
+run has every side), each in a fresh process sharing one torch.compile cache folder (the first dfpo trial compiles
+the decode step, the others mostly read it back); on CUDA, trials that would not finish before ``--deadline-s`` (from
+the command's start) are not started and one still running at it is stopped, so the command ends in time and prints
+what it measured; a goal no trial measured makes the exit status 1. Printed: the card and the
 versions, each trial's completion tok/s, step, rollout, old log-prob and update seconds (means over the timed steps)
 and peak memory (CUDA: torch.cuda.max_memory_allocated of the trial's process; CPU: its peak RSS), a table per side,
 then the issue's goals read off it, each with PASS or MISS. ``--shape tiny`` on the CPU rehearses the same protocol at
-a tiny shape in seconds; dfpo's model.amp needs CUDA, so on the CPU both sides run float32 without autocast (said in
-the header).
+a tiny shape in seconds: float32 without autocast on both sides, or, with DFPO_CUDA_DEFAULTS=1 in the environment
+(scripts/gpu_checks.sh --rehearse), CUDA's choices on the CPU (bf16 autocast, a static cache, the decode step compiled)
+on dfpo's sides and bf16 autocast on TRL's (said in the header).
 
 Imports are deferred into the functions on purpose: a trial's process imports only its own side's stack (dfpo's
 trainer or TRL's; the TRL side takes dfpo's prompt generator and nothing else of it), so that neither side's peak
@@ -48,6 +60,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import resource
 import statistics
 import subprocess
@@ -70,11 +83,18 @@ TINY = dict(
 )  # fmt: skip
 """A Qwen3-style model small enough to rehearse the GPU protocol on a CPU in seconds."""
 SIDES = ("dfpo-sampler", "dfpo-recompute", "trl")
-"""The GPU protocol's sides, in the order of a trial sequence's first half (A B C, then C B A)."""
+"""The GPU protocol's sides, in the order of its tables."""
+ORDER = ("dfpo-sampler", "trl", "dfpo-recompute")
+"""The order of a trial sequence's first half (A C B, then B C A): TRL second, so that three trials measure every side."""
 DFPO_OLD_LOGP = {"dfpo-sampler": "sampler", "dfpo-recompute": "recompute"}
 PROTOCOL_PROMPTS = 8
-CUDA_DEADLINE_S = 210.0
-"""--device cuda's default --deadline-s: scripts/gpu_checks.sh gives the command 235 s; the deadline counts from its start, model build included."""
+CUDA_DEADLINE_S = 280.0
+"""--device cuda's default --deadline-s: scripts/gpu_checks.sh gives the command 300 s; the deadline counts from its start,
+model build included, and holds the first three trials (A C B, one of each side) at about 80 s a trial."""
+MODELS = ("built", "smollm2-135m-instruct")
+"""The CPU comparison's models: the Qwen2-style model built from a config (the default), or the packaged SmolLM2."""
+MAX_LOAD = 0.7
+"""The CPU comparison's default --max-load: above this 1-minute load average another process is running."""
 GOALS = (
     ("tokens_per_s", "dfpo-recompute", ">=", 2.0, "dfpo / TRL completion tok/s at equal work"),
     ("tokens_per_s", "dfpo-sampler", ">=", 2.5, "dfpo / TRL completion tok/s with the sampler's log-probs"),
@@ -95,9 +115,10 @@ class Work:
     max_new: int = MAX_NEW
     minibatches: int = MINIBATCHES
     device: str = "cpu"
-    bf16: bool = False  # float32 master weights under bf16 autocast (CUDA only: dfpo's model.amp needs it)
+    bf16: bool = False  # float32 master weights under bf16 autocast (CUDA, a CPU with bf16 in hardware, or the CUDA defaults)
     checkpointing: bool = False
     protocol: bool = False  # the GPU protocol: device, dtype and autocast named, no checkpoints written, TRL loads by path
+    raw_prompts: bool = False  # dfpo data.chat_template=off, as TRL sees a plain-text prompt (a model with a chat template)
 
 
 def qwen3_06b() -> dict:
@@ -196,6 +217,10 @@ def dfpo_settings(
         amp = "bf16" if work.bf16 else "none"
         sets += [f"device={work.device}", "model.dtype=float32", f"model.amp={amp}", "train.save_every=0", "train.save_final=false"]
         sets += ["log.tensorboard=false"]
+    elif work.bf16:
+        sets.append("model.amp=bf16")
+    if work.raw_prompts:
+        sets.append("data.chat_template=off")
     return sets + list(extra)
 
 
@@ -219,7 +244,9 @@ def run_dfpo(
         "tokens": [r["completion/length"] * work.prompts * work.group for r in rows],
     }
     result = {k: statistics.mean(v) for k, v in per_step.items()}
-    return result | {"per_step": per_step, "pi_old": "sampler" if trainer.old_logp_from_sampler() else "recompute"}
+    engine = getattr(trainer.rollout_stage, "engine", None)
+    graph = bool(getattr(getattr(engine, "resolved", None), "graph", False))  # still on after the run: no fallback
+    return result | {"per_step": per_step, "pi_old": "sampler" if trainer.old_logp_from_sampler() else "recompute", "decode_graph": graph}
 
 
 def run_trl(folder: str, objective: str, steps: int, threads: int, out: Path, work: Work = Work()) -> dict:
@@ -327,8 +354,9 @@ def peak_gib(device: str) -> float:
 
 
 def trial_order(trials: int) -> list[str]:
-    """The sides of ``trials`` trials: A B C C B A, repeated (each side as often early as late)."""
-    cycle = list(SIDES) + list(reversed(SIDES))
+    """The sides of ``trials`` trials: A C B B C A, repeated (each side as often early as late; TRL second, so the first
+    three trials measure every side)."""
+    cycle = list(ORDER) + list(reversed(ORDER))
     return [cycle[i % len(cycle)] for i in range(trials)]
 
 
@@ -387,7 +415,7 @@ def summary_table(sides: dict[str, dict]) -> list[str]:
 
 # -- the command ---------------------------------------------------------------------------------------------------------
 
-LEGACY_ONLY = ("objectives", "pairs", "hidden", "layers", "dfpo_old_logp")
+LEGACY_ONLY = ("objectives", "pairs", "hidden", "layers", "dfpo_old_logp", "model", "amp", "max_load")
 PROTOCOL_ONLY = ("trials", "max_new", "deadline_s", "dfpo_set")
 
 
@@ -405,6 +433,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="CPU comparison: layers (default 2)")
     p.add_argument("--threads", type=int, help="torch threads per trial (default 2 on the CPU; 0 = torch's default, on CUDA)")
     p.add_argument("--quick", action="store_true", help="CPU comparison: grpo only, 2 pairs, 2 steps")
+    p.add_argument(
+        "--model", choices=MODELS,
+        help="CPU comparison: the model (default built: a Qwen2-style config; smollm2-135m-instruct: the packaged SmolLM2, A B B A)",
+    )  # fmt: skip
+    p.add_argument("--amp", choices=["none", "bf16"], help="CPU comparison: bf16 autocast on both sides (a CPU with bf16 in hardware)")
+    p.add_argument(
+        "--max-load", type=float,
+        help=f"CPU comparison: refuse to time above this 1-minute load average (default {MAX_LOAD:g}; 0 = no check)",
+    )  # fmt: skip
     p.add_argument(
         "--dfpo-old-logp", choices=["auto", "sampler", "recompute"],
         help="CPU comparison: dfpo's rollout.old_logp (default auto): 'recompute' runs an old-log-prob forward as TRL does (the ablation of the sampler's log-probs)",
@@ -454,8 +491,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         if bad:
             p.error(f"--dfpo-set takes KEY=VALUE (a dfpo setting, as dfpo train --set), got {bad[0]!r}")
     else:
-        args.objectives = args.objectives or ["grpo", "gspo"]
-        args.pairs = 3 if args.pairs is None else args.pairs
+        args.model = args.model or "built"
+        args.objectives = args.objectives or (["grpo"] if args.model != "built" else ["grpo", "gspo"])
+        args.pairs = (2 if args.model != "built" else 3) if args.pairs is None else args.pairs
+        args.amp = args.amp or "none"
+        args.max_load = MAX_LOAD if args.max_load is None else args.max_load
+        if args.max_load < 0:
+            p.error(f"--max-load must be 0 (no check) or positive, got {args.max_load:g}")
+        if args.model != "built" and (args.hidden is not None or args.layers is not None):
+            p.error(f"--hidden and --layers shape the built model; --model {args.model} has its own shape")
         args.hidden = 128 if args.hidden is None else args.hidden
         args.layers = 2 if args.layers is None else args.layers
         args.threads = 2 if args.threads is None else args.threads
@@ -473,17 +517,72 @@ def main(argv: list[str] | None = None) -> int:
     return legacy_main(args)
 
 
+def load_refusal(max_load: float, load: float | None = None, cores: int | None = None) -> str | None:
+    """None where the 1-minute load average (``load``, read from the OS when None) is at most ``max_load`` or the check
+    is off (0); else the one sentence that refuses to time."""
+    import os
+
+    if max_load <= 0:
+        return None
+    load = os.getloadavg()[0] if load is None else load
+    if load <= max_load:
+        return None
+    cores = os.cpu_count() if cores is None else cores
+    return (
+        f"vs_trl: not timing: the 1-minute load average is {load:.2f} on {cores} cores, above --max-load {max_load:g}, so "
+        "another process is running and its work would be in the figures; run it on a quiet machine, or pass --max-load 0 "
+        "to time anyway"
+    )
+
+
+def amp_refusal(amp: str) -> str | None:
+    """None where the CPU comparison can run ``--amp`` here; else the trainer's own sentence for model.amp on this CPU."""
+    if amp == "none":
+        return None
+    import torch
+
+    from dfpo.trainer.policy import resolve_amp
+
+    try:
+        resolve_amp(amp, torch.device("cpu"))
+    except ValueError as err:
+        return f"vs_trl: --amp {amp}: {err}"
+    return None
+
+
+def comparison_model(args, folder: Path) -> tuple[str, str]:
+    """(the folder both sides load, the header's words for it): the built Qwen2-style model, or the packaged SmolLM2
+    converted into dfpo's cache (a missing package is the trainer's one sentence)."""
+    if args.model == "built":
+        build_model(folder, args.hidden, args.layers)
+        return str(folder), f"Qwen2-style, vocab {VOCAB}, hidden {args.hidden}, {args.layers} layers"
+    from dfpo.trainer.packaged_model import resolve_model_name
+
+    path = resolve_model_name(args.model)
+    return path, f"{args.model} (the packaged SmolLM2-135M-Instruct, {path}), raw prompts on both sides"
+
+
 def legacy_main(args) -> int:
-    """The CPU comparison: dfpo and TRL alternated A B, B A per objective (unchanged since before the GPU protocol)."""
+    """The CPU comparison: dfpo and TRL alternated A B, B A per objective (unchanged since before the GPU protocol, but
+    for --model, --amp and the load check)."""
     if args.quick:
         args.objectives, args.pairs, args.steps = ["grpo"], 2, 2
     if args.steps < 2 or args.pairs < 1:
         raise SystemExit(f"--steps must be >= 2 (one warm-up) and --pairs >= 1, got --steps {args.steps} --pairs {args.pairs}")
-    folder = Path(tempfile.mkdtemp(prefix="vs_trl_model_"))
-    build_model(folder, args.hidden, args.layers)
-    print(f"model: Qwen2-style, vocab {VOCAB}, hidden {args.hidden}, {args.layers} layers; {PROMPTS} prompts x G={G}, "
-          f"<= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout batch, {args.threads} threads, CPU float32; "
-          f"dfpo rollout.old_logp={args.dfpo_old_logp}, optim.fused_head={args.dfpo_fused_head}")  # fmt: skip
+    refused = load_refusal(args.max_load) or amp_refusal(args.amp)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    try:
+        folder, described = comparison_model(args, Path(tempfile.mkdtemp(prefix="vs_trl_model_")))
+    except ValueError as err:
+        print(f"vs_trl: --model {args.model}: {err}", file=sys.stderr)
+        return 2
+    work = Work(bf16=args.amp == "bf16", raw_prompts=args.model != "built")
+    precision = "CPU bf16 autocast over float32 weights" if work.bf16 else "CPU float32"
+    print(f"model: {described}; {PROMPTS} prompts x G={G}, <= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout "
+          f"batch, {args.threads} threads, {precision}; dfpo rollout.old_logp={args.dfpo_old_logp}, "
+          f"optim.fused_head={args.dfpo_fused_head}")  # fmt: skip
     print(
         f"{'objective':9s} {'side':5s} {'rollout s':>9s} {'old-logp s':>10s} {'update s':>9s} {'step s':>7s} {'tok/s':>7s} {'peak MiB':>9s}"
     )
@@ -492,8 +591,10 @@ def legacy_main(args) -> int:
         for pair in range(args.pairs):
             got = {}
             for side in ("dfpo", "trl") if pair % 2 == 0 else ("trl", "dfpo"):
-                cmd = [sys.executable, __file__, "--side", side, "--objective", objective, "--model-dir", str(folder), "--steps", str(args.steps),
+                cmd = [sys.executable, __file__, "--side", side, "--objective", objective, "--model-dir", folder, "--steps", str(args.steps),
                        "--threads", str(args.threads), "--dfpo-old-logp", args.dfpo_old_logp, "--dfpo-fused-head", args.dfpo_fused_head]  # fmt: skip
+                if work != Work():
+                    cmd += ["--work", json.dumps(dataclasses.asdict(work))]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
                 if proc.returncode or line is None:
@@ -548,14 +649,18 @@ def protocol_main(args) -> int:
     built = time.monotonic()
     params = build_shaped_model(folder, fields)
     built = time.monotonic() - built
+    from dfpo.trainer.decode import cuda_defaults_forced
+
+    forced = not cuda and cuda_defaults_forced()  # DFPO_CUDA_DEFAULTS=1: the rehearsal takes CUDA's choices on the CPU
     work = Work(
-        prompts=PROTOCOL_PROMPTS, max_new=args.max_new, device=args.device, bf16=cuda, checkpointing=True, protocol=True
+        prompts=PROTOCOL_PROMPTS, max_new=args.max_new, device=args.device, bf16=cuda or forced, checkpointing=True, protocol=True
     )  # fmt: skip
     f = fields
     precision = (
         "float32 master weights under bf16 autocast (dfpo model.dtype=float32 model.amp=bf16; TRL model_init_kwargs dtype float32, bf16=True)"
+        + ("; dfpo on CUDA's choices (DFPO_CUDA_DEFAULTS=1: static cache, compiled decode step), the CPU rehearsal" if forced else "")
         if work.bf16
-        else "float32 without autocast on both sides (dfpo's model.amp needs CUDA; TRL bf16=False), the CPU rehearsal"
+        else "float32 without autocast on both sides (TRL bf16=False), the CPU rehearsal; DFPO_CUDA_DEFAULTS=1 rehearses CUDA's choices"
     )
     memory = "torch.cuda.max_memory_allocated of the trial's process" if cuda else "the trial process's peak RSS (ru_maxrss)"
     print(
@@ -568,15 +673,16 @@ def protocol_main(args) -> int:
         f"per trial, the first a warm-up left out; {args.threads or 'default'} torch threads\n"
         f"sides: dfpo-sampler (rollout.old_logp=sampler), dfpo-recompute (rollout.old_logp=recompute, TRL's work), trl "
         f"(GRPOTrainer, HF generate); dfpo optim.fused_head={args.dfpo_fused_head}"
-        f"{''.join(' ' + s for s in args.dfpo_set)}; {args.trials} trials, A B C C B A, each in a fresh process"
+        f"{''.join(' ' + s for s in args.dfpo_set)}; {args.trials} trials, A C B B C A, each in a fresh process"
         f"{f', none started after {args.deadline_s:g} s' if args.deadline_s else ''}; peak GiB = {memory}",
         flush=True,
     )
     print(
         f"{'trial':>5s} {'side':14s} {'pi_old':9s} {'tok/s':>7s} {'step s':>7s} {'rollout s':>9s} {'old-logp s':>10s} "
-        f"{'update s':>9s} {'peak GiB':>8s}",
+        f"{'update s':>9s} {'peak GiB':>8s} graph",
         flush=True,
     )
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(folder.parent / f"{folder.name}_compile"))  # one compile cache for all trials
     results: dict[str, list[dict]] = {}
     order, longest, failed = trial_order(args.trials), 0.0, False
     for i, side in enumerate(order, 1):
@@ -591,7 +697,7 @@ def protocol_main(args) -> int:
         cmd += [f"--dfpo-set={s}" for s in args.dfpo_set]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env)
         except subprocess.TimeoutExpired:
             print(f"{i:5d} {side:14s} stopped at --deadline-s {args.deadline_s:g} after {time.monotonic() - t0:.0f} s", flush=True)
             break
@@ -603,12 +709,17 @@ def protocol_main(args) -> int:
             continue
         r = json.loads(line[len("RESULT ") :])
         results.setdefault(side, []).append(r)
+        graph = {True: "on", False: "off"}.get(r.get("decode_graph"), "-")  # off on dfpo's side: the compiled step fell back
         print(f"{i:5d} {side:14s} {r['pi_old']:9s} {r['tokens_per_s']:7.0f} {r['step_s']:7.2f} {r['rollout_s']:9.2f} "
-              f"{r['old_logp_s']:10.2f} {r['update_s']:9.2f} {r['peak_gib']:8.2f}", flush=True)  # fmt: skip
+              f"{r['old_logp_s']:10.2f} {r['update_s']:9.2f} {r['peak_gib']:8.2f} {graph}", flush=True)  # fmt: skip
     sides = {side: side_summary(trials) for side, trials in results.items()}
     print("\n".join(summary_table(sides) + goal_lines(sides)))
+    unmeasured = [side for side in SIDES if side not in sides]
+    if unmeasured:
+        print(f"vs_trl: no {', '.join(unmeasured)} trial finished, so {'no goal' if len(unmeasured) == len(SIDES) else 'some goals'} "
+              "could be read; exit status 1", flush=True)  # fmt: skip
     print(f"vs_trl: {time.monotonic() - start:.0f} s in all", flush=True)
-    return 1 if failed else 0
+    return 1 if failed or unmeasured else 0
 
 
 if __name__ == "__main__":

@@ -43,3 +43,27 @@ def test_the_floor_counts_each_weight_once_and_the_kv_cache_at_the_mean_length(b
     assert bench.floor_ms(model, rows=4, prompt_len=10, long=20, amp=torch.bfloat16, bandwidth=1e9) == pytest.approx(
         (2 * params + kv) / 1e9 * 1e3
     )
+
+
+def test_with_the_cuda_defaults_the_two_rollouts_share_one_compiled_step(bench, capsys, monkeypatch):
+    """DFPO_CUDA_DEFAULTS=1 rehearses the CUDA run on the CPU: static+graph (compiled with aot_eager, bf16 autocast)
+    compiles one decode step for its short and its long rollout, and reads back once a sync interval."""
+    import torch._dynamo
+
+    monkeypatch.setenv("DFPO_CUDA_DEFAULTS", "1")
+    torch._dynamo.reset()
+    assert bench.main(["--rows", "3", "--prompt-len", "4", "--short", "2", "--long", "34", "--modes", "static+graph"]) == 0
+    out = capsys.readouterr().out
+    assert "autocast torch.bfloat16" in out.splitlines()[0]
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("static+graph")]
+    assert float(row[1]) == pytest.approx(2 / 32, abs=1e-3) and row[4] == "1" and "failed" not in out
+
+
+def test_rollouts_that_would_need_two_caches_are_refused_before_any_work(bench, capsys, monkeypatch):
+    monkeypatch.setenv("DFPO_CUDA_DEFAULTS", "1")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--prompt-len", "60", "--short", "2", "--long", "10"])
+    assert stop.value.code == 2
+    assert "needs caches of 64 and 128 columns, so the decode step would compile twice; keep --prompt-len + --long within 64" in (
+        capsys.readouterr().err
+    )
