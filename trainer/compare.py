@@ -80,6 +80,7 @@ from ..core.calibration import Calibration, calibrate
 from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
+from ..core.loss.objectives import format_override
 from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_text, config_to_dict, load_config
@@ -142,7 +143,7 @@ def run_sets(plan: Plan, label: str, seed: int) -> list[str]:
     run_label = parse_run_label(label)
     name, overrides = parse_objective_label(run_label.objective)
     sets = [*plan.sets, f"seed={seed}", f"objective.name={name}", f"run_dir={run_dir(plan, label, seed)}"]
-    sets += [f"objective.overrides.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+    sets += [f"objective.overrides.{format_override(k, v)}" for k, v in overrides.items()]
     return sets + ([f"optim.lr={run_label.lr!r}"] if run_label.lr is not None else [])
 
 

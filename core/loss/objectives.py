@@ -508,6 +508,21 @@ def parse_objective_label(label: str) -> tuple[str, dict[str, object]]:
     return name, overrides
 
 
+def format_override(key: str, value: object) -> str:
+    """``key=value`` as a label writes one override: a bool as ``true`` / ``false``, anything else as ``str(value)``
+    (``eps_low=0.2``, ``stopgrad=score``, ``dual_clip_c=None``); ``parse_override`` reads the value back."""
+    return f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+def format_objective_label(name: str, overrides: Mapping[str, object] = MappingProxyType({})) -> str:
+    """``("dfpo_min", {"stopgrad": "score", "length_aware": True})`` -> ``"dfpo_min:length_aware=true:stopgrad=score"``.
+
+    The inverse of ``parse_objective_label``: the preset, then each override (``format_override``) after a colon,
+    sorted by key, so a run's label does not depend on the order its overrides were given in; ``dfpo compare``, the
+    run folder's identity and ``dfpo probe``'s store spell labels with it."""
+    return ":".join([name, *(format_override(k, v) for k, v in sorted(overrides.items()))])
+
+
 def objective_parts(
     objective: str, overrides: Mapping[str, object] = MappingProxyType({}), *, overrides_name: str = "the overrides given with it"
 ) -> tuple[str, dict[str, object]]:

@@ -21,6 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ...core.loss.objectives import format_objective_label
 from ..compare import read_metrics_rows
 from ..run.layout import RunDir
 
@@ -65,8 +66,7 @@ def probed_steps(run: Path) -> list[dict]:
 
 def run_label(cfg) -> str:
     """The objective label of a run's config (name and overrides, as dfpo compare spells them)."""
-    overrides = "".join(f":{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(cfg.objective.overrides.items()))
-    return cfg.objective.name + overrides
+    return format_objective_label(cfg.objective.name, cfg.objective.overrides)
 
 
 def store(runs: list[Path], command: str) -> dict:

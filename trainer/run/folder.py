@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...core.files import WriteFailed, check_writable_folder, describe_write_error, write_error, write_run_file, write_text_atomic
+from ...core.loss.objectives import format_objective_label
 from .checkpoint import check_checkpoint, checkpoint_step, read_meta
 from .code import code_record, recorded_sources, source_sha256
 from .layout import RunDir
@@ -123,8 +124,7 @@ def _resume_may_change(key: str) -> bool:
 
 def objective_label(name: str, overrides: dict) -> str:
     """``dfpo_min:length_aware=true:stopgrad=score``: the preset and its overrides as ``dfpo compare`` labels it."""
-    parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(overrides.items())]
-    return ":".join([name, *parts])
+    return format_objective_label(name, overrides)
 
 
 def run_identity(config: dict, keys: set[str] | None = None) -> dict:
