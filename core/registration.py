@@ -365,7 +365,7 @@ def stage_sentence(
     """The one sentence README opens with for this experiment: what it found, or that it found nothing, and what size
     of effect its seeds could have seen."""
     seeds = " and ".join(f"{s.seeds}" for s in registration.sets)
-    where = f"registered in {status.registering_commit[:7]} before its data" if status else "not registered before its data"
+    where = f"registered before its data in {status.registering_commit[:7]}" if status else "not registered before its data"
     effects = [r for r in results if r.word in ("higher", "lower") and r.registered]
     if effects:
         found = "; ".join(
@@ -397,3 +397,33 @@ def evaluate_stored(registration: Registration, stored: Mapping) -> list[RowResu
     """``evaluate`` on a stored registered experiment's tables."""
     docs = {name: data["doc"] for name, data in stored["sets"].items()}
     return evaluate(registration, docs, status_from_evidence(stored))
+
+
+def pending_sentence(registration: Registration, commit: str | None) -> str:
+    """What a registered experiment whose tables are not stored yet says: registered where, and nothing found yet."""
+    where = f"registered before its data in {commit[:7]}" if commit else "registered, not yet committed"
+    seeds = " and ".join(f"{s.seeds}" for s in registration.sets)
+    return (
+        f"{registration.title} ({where}; {len(registration.rows)} rows, {seeds} seeds): no table is stored yet, so it has "
+        "found nothing yet; its rows and commands are in "
+        f"[docs/attribution/registered/{registration.experiment}.toml](docs/attribution/registered/{registration.experiment}.toml)."
+    )
+
+
+def registered_sentences(root: Path, metric_names: Mapping[str, str]) -> list[str]:
+    """One generated sentence per registered experiment (docs/attribution/registered/*.toml), in name order: what its
+    stored tables found (``stage_sentence``), or that none is stored yet (``pending_sentence``)."""
+    import json
+
+    out = []
+    for path in sorted((root / "docs" / "attribution" / "registered").glob("*.toml")):
+        registration = read_registration(path)
+        stored_path = root / "docs" / "attribution" / "data" / f"{registration.experiment}.json"
+        if stored_path.is_file():
+            stored = json.loads(stored_path.read_text(encoding="utf-8"))
+            results = evaluate_stored(registration, stored)
+            out.append(stage_sentence(registration, results, status_from_evidence(stored), metric_names))
+        else:
+            history = file_history(path.relative_to(root), root) if (root / ".git").exists() else []
+            out.append(pending_sentence(registration, history[0][0] if history else None))
+    return out

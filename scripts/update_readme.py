@@ -39,6 +39,7 @@ from dfpo.commands import (
 from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import METRICS, read_ledger, summaries, summary_markdown
 from dfpo.core.metric_registry import markdown_table
+from dfpo.core.registration import registered_sentences
 from dfpo.theory.ledger import count_line, render_markdown, run_ledger
 from dfpo.trainer.config import config_to_dict, load_config
 from dfpo.trainer.probe.findings import REAL_MODEL, findings_block, real_model_block
@@ -100,8 +101,9 @@ def _findings() -> str:
         f"{what}: discovery {pair[0]}, confirmation {pair[1]}" if pair else f"{what}: none stored in this version"
         for what, pair in parts.items()
     )
+    registered = "".join(f"{line}\n\n" for line in registered_sentences(ROOT, METRICS))
     return (
-        "Generated from the findings ledger ([docs/attribution/findings.toml](docs/attribution/findings.toml)) on the tables "
+        registered + "Generated from the findings ledger ([docs/attribution/findings.toml](docs/attribution/findings.toml)) on the tables "
         f"stored in docs/attribution/data/ ({where}); the tables and the commands that printed them are in "
         "[docs/attribution.md](docs/attribution.md). " + summary_markdown(summary)
     )

@@ -190,7 +190,7 @@ def test_the_opening_sentence_names_a_replicated_effect_with_its_numbers():
     results = reg.evaluate(r, _docs(0.3, 0.001), _status(True))
     text = reg.stage_sentence(r, results, _status(True), {"eval": "final eval"})
     assert results[0].word == "higher"
-    assert "registered in abcdef1" in text and "1 of 1 registered rows" in text and "final eval" in text
+    assert "registered before its data in abcdef1" in text and "1 of 1 registered rows" in text and "final eval" in text
     assert "as the paper's and the hypothesis's predictions" in reg.row_sentence(results[0], "final eval")
 
 
@@ -216,3 +216,17 @@ def test_a_missing_set_names_the_command_that_makes_it():
     del docs["x-b"]
     with pytest.raises(ValueError, match="--first-seed 10 --out runs/x-b"):
         reg.evaluate(r, docs, None)
+
+
+def test_readme_opens_with_a_sentence_for_every_registered_experiment():
+    sentences = reg.registered_sentences(ROOT, {})
+    assert len(sentences) == len(REGISTERED)
+    readme = (ROOT / "README.md").read_text()
+    assert all(s in readme for s in sentences)
+    assert readme.index(sentences[0]) < readme.index("Generated from the findings ledger")
+
+
+def test_an_experiment_without_stored_tables_has_found_nothing_yet():
+    r = reg.load_registration(document())
+    text = reg.pending_sentence(r, "0123456789")
+    assert "registered before its data in 0123456" in text and "found nothing yet" in text and "1 rows, 4 and 4 seeds" in text
