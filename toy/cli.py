@@ -49,6 +49,32 @@ ABLATION = (
 )
 SPREAD_PAIR = ("gspo:eps_low=0.2:eps_high=0.2", "dfpo_min:eps_low=0.2:eps_high=0.2")
 
+DESCRIPTIONS = {
+    "toy": "The tabular softmax lab: a policy that is one softmax per context row, on token-level tasks small enough to "
+    "enumerate (tenplusten, the paper's App. A example, and the parametric family), so the expected reward, the learning "
+    "tax at the template rows every correct answer shares (Prop. 3.1), the drift between equivalent correct answers "
+    "(Cor. 3.2) and the entropy are measured exactly. Every objective goes through the loss core the LLM trainer uses "
+    "(dfpo.policy_loss). 'dfpo toy TOY_COMMAND --help' lists a command's options.",
+    "run": "Trains every objective label (a preset, or a preset with components changed: dfpo_min:stopgrad=score; "
+    "@lr=VALUE sets its own learning rate) on a toy task, --seeds runs each, all drawn from one generator seeded with "
+    "--seed, and writes the run folder --out: config.json, metrics.jsonl (one line per objective, seed and step), "
+    "metrics_mean.csv, summary.md (the tables and the paper's checks, also printed) and the PNG curves. --match-step adds "
+    "each DFPO label's step-size-matched control; --discovery shows another seed set's verdicts beside these.",
+    "ablate": "The standard ablation: 'dfpo toy run' with its objectives fixed to DFPO in both stop-gradient forms, each "
+    "beside the GSPO control that shares its trust region: " + ", ".join(ABLATION) + ". Same options and run folder as "
+    "'dfpo toy run', without --objectives.",
+    "spread": "Does DFPO's in-group transform matter once the trust region is matched? Trains --baseline and --method "
+    "(a matched pair: no trust-region component apart, dfpo.core.loss.unmatched_components; refused otherwise) at each "
+    "of --values of one setting (--knob) that widens the spread of the sequence ratios within a group, and reports the "
+    "paired difference (method - baseline) of steps to kappa (eq 19), final reward, learning tax and equivalent-set "
+    "entropy against the measured spread (ratio/spread). Writes config.json, spread.json, summary.md and spread.png to --out.",
+    "sweep-g": "The toy's analogue of the paper's Table 4, where DFPO's gain over GSPO grows with the group size G: trains "
+    "--baseline and --method on paired seeds at each group size of --gs and reports the method's gain in final and mean "
+    "expected reward, steps to kappa and learning tax, each interval Bonferroni-adjusted over the table. Writes "
+    "summary.md, gains.json, one folder of metrics per G (G2/, G4/, ...) and gain_vs_G.png to --out.",
+}
+"""What ``--help`` says of ``dfpo toy`` and of each of its commands."""
+
 
 def _pairs(items: list[str] | None, flag: str, parse=None) -> dict[str, object]:
     """KEY=VALUE pairs (several per flag, comma separated, or the flag repeated); each value parsed by
@@ -297,12 +323,14 @@ def _cmd_sweep_g(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``dfpo toy`` with its ``run`` and ``sweep-g`` subcommands."""
-    toy = subparsers.add_parser("toy", help="tabular softmax lab: learning tax, equivalent-answer drift, entropy collapse")
+    """Add ``dfpo toy`` with its ``run``, ``ablate``, ``spread`` and ``sweep-g`` subcommands, each described (``DESCRIPTIONS``)."""
+    toy = subparsers.add_parser(
+        "toy", help="tabular softmax lab: learning tax, equivalent-answer drift, entropy collapse", description=DESCRIPTIONS["toy"]
+    )
     sub = toy.add_subparsers(dest="toy_command", metavar="TOY_COMMAND")
     toy.set_defaults(func=lambda args: (toy.print_help(), 0)[1])
 
-    p = sub.add_parser("run", help="train every objective on a toy task and write a run folder")
+    p = sub.add_parser("run", help="train every objective on a toy task and write a run folder", description=DESCRIPTIONS["run"])
     p.add_argument(
         "--objectives", default=DEFAULT_OBJECTIVES, help=f"comma-separated labels, PRESET[:KEY=VALUE...] (default {DEFAULT_OBJECTIVES})"
     )
@@ -311,13 +339,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_match_step(p)
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("ablate", help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls")
+    p = sub.add_parser(
+        "ablate",
+        help="the standard ablation: DFPO in both stop-gradient forms next to matched GSPO controls",
+        description=DESCRIPTIONS["ablate"],
+    )
     _add_common(p)
     _add_discovery(p, "config.json and metrics.jsonl")
     _add_match_step(p)
     p.set_defaults(func=_cmd_ablate)
 
-    p = sub.add_parser("spread", help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows")
+    p = sub.add_parser(
+        "spread",
+        help="paired effect of a DFPO variant over its matched baseline as the within-group ratio spread grows",
+        description=DESCRIPTIONS["spread"],
+    )
     p.add_argument(
         "--knob", default="inner_steps", help="config field to sweep: inner_steps, lr, group_size or init_noise (default inner_steps)"
     )
@@ -328,7 +364,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_discovery(p, "config.json and spread.json")
     p.set_defaults(func=_cmd_spread)
 
-    p = sub.add_parser("sweep-g", help="gain of a DFPO variant over GSPO as the group size grows (the toy's Table 4)")
+    p = sub.add_parser(
+        "sweep-g", help="gain of a DFPO variant over GSPO as the group size grows (the toy's Table 4)", description=DESCRIPTIONS["sweep-g"]
+    )
     p.add_argument("--gs", default="2,4,8,16", help="group sizes (default 2,4,8,16)")
     p.add_argument("--baseline", default="gspo", help="baseline objective (default gspo)")
     p.add_argument("--method", default="dfpo_min", help="method objective (default dfpo_min)")
