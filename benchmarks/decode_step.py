@@ -122,7 +122,7 @@ def counts_per_step(engine, model, prompts, short: int, long: int, count_ops: bo
         reads[steps] = sum(got.values())
         if not count_ops:  # a dispatch mode would send a compiled step back through dynamo, and slows a GPU run
             continue
-        counter = DispatchCounter().watch(model)
+        counter = DispatchCounter().watch(engine.decoding_module)  # the policy, or the decoding copy its steps run
         with counter:
             engine.sample(prompts, 1, SamplingParams(max_new_tokens=steps), seeds=seeds)
         counter.remove_hooks()

@@ -416,7 +416,7 @@ def summary_table(sides: dict[str, dict]) -> list[str]:
 # -- the command ---------------------------------------------------------------------------------------------------------
 
 LEGACY_ONLY = ("objectives", "pairs", "hidden", "layers", "dfpo_old_logp", "model", "amp", "max_load")
-PROTOCOL_ONLY = ("trials", "max_new", "deadline_s", "dfpo_set")
+PROTOCOL_ONLY = ("trials", "max_new", "deadline_s", "dfpo_set", "json")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -457,6 +457,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help=f"GPU protocol: seconds from the start after which no trial runs (default {CUDA_DEADLINE_S:g} on CUDA, 0 = none on the CPU)",
     )  # fmt: skip
     p.add_argument("--dfpo-set", action="append", metavar="KEY=VALUE", help="GPU protocol: a dfpo setting for both dfpo sides (repeatable)")
+    p.add_argument("--json", metavar="PATH", help="GPU protocol: also write the trials, the per-side figures and the goal lines there")
     p.add_argument("--side", choices=["dfpo", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--objective", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -713,7 +714,12 @@ def protocol_main(args) -> int:
         print(f"{i:5d} {side:14s} {r['pi_old']:9s} {r['tokens_per_s']:7.0f} {r['step_s']:7.2f} {r['rollout_s']:9.2f} "
               f"{r['old_logp_s']:10.2f} {r['update_s']:9.2f} {r['peak_gib']:8.2f} {graph}", flush=True)  # fmt: skip
     sides = {side: side_summary(trials) for side, trials in results.items()}
-    print("\n".join(summary_table(sides) + goal_lines(sides)))
+    goals = goal_lines(sides)
+    print("\n".join(summary_table(sides) + goals))
+    if args.json:
+        record = {"card": card, "versions": versions(), "shape": args.shape, "work": dataclasses.asdict(work), "order": order,
+                  "results": results, "sides": sides, "goals": goals, "seconds": time.monotonic() - start}  # fmt: skip
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     unmeasured = [side for side in SIDES if side not in sides]
     if unmeasured:
         print(f"vs_trl: no {', '.join(unmeasured)} trial finished, so {'no goal' if len(unmeasured) == len(SIDES) else 'some goals'} "

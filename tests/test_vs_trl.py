@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from script_modules import ROOT, load_script
@@ -160,26 +161,36 @@ def test_gpu_checks_without_cuda_says_so_in_one_line_and_exits_2():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     env = dict(os.environ, PYTHON=sys.executable)
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_checks.sh"), "/nonexistent-never-made"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 2 and proc.stdout == ""
+    out = ROOT / "build" / "gpu-checks-never-made"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_checks.sh"), str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "" and not out.exists()
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("no CUDA device: ")
 
 
-def test_gpu_checks_time_limits_add_up_to_the_eight_minutes():
-    """Every step has its own `timeout`, and their sum (the fused_head loop's twice) is the one the comment states, <= 470 s."""
+def test_gpu_checks_plan_fits_one_600_s_command_with_time_to_spare(tmp_path):
+    """--plan lists the GPU run's steps with their limits: vs_trl first, then decode_step, then the gpu-marked tests,
+    their limits adding up to the 540 s the header states (the fused_head runs only within it), nothing run or made."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_checks.sh"), "--plan", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    steps = [line.removeprefix("plan: ").split(" s ", 1) for line in proc.stdout.splitlines()]
+    always = {name: int(limit) for limit, name in steps if "only while" not in name}
+    assert sum(always.values()) == 540 <= 600 - 60
+    names = list(always)
+    assert names.index("vs_trl") < names.index("decode_step") < names.index("core gpu tests") < names.index("trainer gpu test")
+    assert [name for _, name in steps if "only while" in name] == [
+        f"fused_head H={h}, only while the 540 s budget allows it" for h in (1024, 4096)
+    ]
     text = (ROOT / "scripts" / "gpu_checks.sh").read_text()
-    limits = [int(line.split()[1]) for line in map(str.strip, text.splitlines()) if line.startswith("timeout ")]
-    total = sum(limits) + next(
-        int(x.split()[1]) for x in map(str.strip, text.splitlines()) if "fused_head.py" in x and x.startswith("timeout")
-    )
-    assert total <= 470 and f"add up to {total} s" in text
-    commands = [x for x in map(str.strip, text.splitlines()) if x.startswith(("$py ", "nvidia-smi"))]
+    assert "add up to\n# 540 s" in text and not (tmp_path / "out").exists()
+    commands = [x for x in map(str.strip, text.splitlines()) if x.startswith(('"$py" ', "$py ", "nvidia-smi"))]
     assert commands == []  # nothing runs without its own limit
-    assert (
-        text.index("benchmarks/vs_trl.py --device cuda") < text.index("benchmarks/decode_step.py --device cuda") < text.index("-m pytest")
-    )
+
+
+def test_the_gpu_protocol_writes_its_json_where_asked(bench):
+    args = bench.parse(["--device", "cuda", "--json", "/x/vs_trl.json"])
+    assert args.json == "/x/vs_trl.json"
 
 
 @pytest.mark.slow
@@ -233,3 +244,33 @@ def test_bf16_on_a_cpu_without_it_in_hardware_is_the_trainers_sentence(bench, mo
     assert bench.amp_refusal("bf16").startswith('vs_trl: --amp bf16: model.amp = "bf16" on a CPU needs bf16 in hardware')
     monkeypatch.setattr(policy, "cpu_bf16_flags", lambda: ["avx512_bf16"])
     assert bench.amp_refusal("bf16") is None and bench.amp_refusal("none") is None
+
+
+DEVICE_PYTHON = os.environ.get("DFPO_DEVICE_PYTHON", str(ROOT / ".venv-device" / "bin" / "python"))
+"""The device-versions environment (scripts/device_env.sh: torch 2.11, transformers 5.17), as CI builds it."""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(DEVICE_PYTHON).exists(), reason=f"no device-versions environment at {DEVICE_PYTHON} (scripts/device_env.sh)")
+def test_gpu_checks_rehearsed_on_the_cpu_in_the_device_versions_environment(tmp_path):
+    """bash scripts/gpu_checks.sh --rehearse OUT: the GPU machine's steps on the CPU with the image's versions and CUDA's
+    choices (DFPO_CUDA_DEFAULTS=1), from a bundle installed with no network; every step passes, every dfpo trial keeps
+    its compiled decode step, and every log and JSON lands in OUT."""
+    import json
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=DEVICE_PYTHON, OMP_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_checks.sh"), "--rehearse", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((out / "gpu_checks.json").read_text())
+    assert record["rehearsal"] and record["exit"] == 0
+    assert [s["step"] for s in record["steps"]][-4:] == ["vs_trl", "decode_step", "core gpu tests", "device-versions tests"]
+    assert all((out / s["log"]).is_file() for s in record["steps"])
+    trials = json.loads((out / "vs_trl.json").read_text())
+    assert sorted(trials["results"]) == ["dfpo-recompute", "dfpo-sampler", "trl"]
+    assert all(r["decode_graph"] for side in ("dfpo-sampler", "dfpo-recompute") for r in trials["results"][side])
+    assert "torch 2.11.0" in trials["versions"] and "transformers 5.17.0" in trials["versions"]
+    (graph_row,) = [x.split() for x in (out / "decode_step.log").read_text().splitlines() if x.startswith("static+graph")]
+    assert graph_row[4] == "1"  # one compiled step for the short and the long rollout

@@ -308,28 +308,31 @@ class DecodeCopy:
         return sum(c.numel() * c.element_size() for c, _ in self.pairs)
 
 
-def decode_copy(model: torch.nn.Module, dtype: torch.dtype) -> DecodeCopy | None:
-    """A ``DecodeCopy`` of ``model`` in ``dtype``; None where there is nothing to gain or it cannot be made: no linear
-    weight wider than ``dtype``, or parameters sharded across processes (FSDP's DTensors, which every process must
-    gather together)."""
+def decode_copy(model: torch.nn.Module, dtype: torch.dtype | None) -> DecodeCopy | None:
+    """A ``DecodeCopy`` of ``model`` in ``dtype`` (None, or no linear weight wider than ``dtype``: every tensor shared,
+    nothing copied). The copy carries none of the hooks that make the input embeddings require grad (transformers adds
+    them with gradient checkpointing): decoding computes no gradient, and torch.compile cannot trace their
+    ``requires_grad_``, so a compiled step on the policy itself fell back to eager. None where no copy can be made:
+    parameters sharded across processes (FSDP's DTensors, which every process must gather together)."""
     import copy
 
     params = list(model.parameters())
     if any(type(p).__name__ == "DTensor" for p in params):
         return None
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if not any(m.weight.is_floating_point() and m.weight.element_size() > dtype.itemsize for m in linears):
-        return None
     shared = {id(t): t for t in [*params, *model.buffers()]}  # deepcopy's memo: these stay the policy's own tensors
     twin = copy.deepcopy(model, memo=shared)
+    grad_hooks = {h.id for m in model.modules() for h in getattr(m, "_require_grads_hooks", None) or []}
     pairs = []
     for (_, mine), (_, master) in zip(twin.named_modules(), model.named_modules()):
-        if isinstance(mine, torch.nn.Linear):
-            for name in ("weight", "bias"):
-                source = getattr(master, name)
-                if source is not None:
-                    setattr(mine, name, torch.nn.Parameter(source.detach().to(dtype), requires_grad=False))
-                    pairs.append((getattr(mine, name), source))
+        for hook in grad_hooks:
+            mine._forward_hooks.pop(hook, None)
+        if dtype is None or not isinstance(mine, torch.nn.Linear):
+            continue
+        for name in ("weight", "bias"):
+            source = getattr(master, name)
+            if source is not None and source.is_floating_point() and source.element_size() > dtype.itemsize:
+                setattr(mine, name, torch.nn.Parameter(source.detach().to(dtype), requires_grad=False))
+                pairs.append((getattr(mine, name), source))
     return DecodeCopy(twin.eval(), pairs)
 
 

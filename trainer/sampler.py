@@ -193,11 +193,12 @@ class HFGenerateEngine:
         return out
 
     def _decoder(self):
-        """The module the decode steps run: the policy's ``DecodeCopy`` in the autocast dtype (made at the first rollout,
-        refreshed at each), or the policy itself without autocast or where no copy can be made."""
+        """The module the decode steps run: the policy's ``DecodeCopy`` (made at the first rollout, refreshed at each)
+        under autocast, where it holds the linear weights in the autocast dtype, or with a compiled step, where it
+        carries no hook that asks for gradients; else, or where no copy can be made, the policy itself."""
         from .policy import decode_copy
 
-        if self.amp_dtype is None:
+        if self.amp_dtype is None and not self.resolved.graph:
             return self.model
         if self._copy is None:
             self._copy = decode_copy(self.model, self.amp_dtype) or False
@@ -205,6 +206,11 @@ class HFGenerateEngine:
             return self.model
         self._copy.refresh()
         return self._copy.model
+
+    @property
+    def decoding_module(self):
+        """The module the last rollout decoded with (``_decoder``'s choice): the policy or its decoding copy."""
+        return self._copy.model if self._copy else self.model
 
     @property
     def decode_copy_bytes(self) -> int:

@@ -213,3 +213,29 @@ def test_bf16_autocast_on_a_cpu_needs_bf16_in_hardware(monkeypatch):
         policy.resolve_amp("bf16", cpu)
     with pytest.raises(ValueError, match=r'^model.amp = "fp16" needs a CUDA device; use "auto", "none" or "bf16" on cpu$'):
         policy.resolve_amp("fp16", cpu)
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, None], ids=["bf16 autocast", "float32"])
+def test_the_compiled_step_of_a_model_with_gradient_checkpointing_does_not_fall_back(monkeypatch, amp):
+    """Gradient checkpointing makes transformers hook the input embeddings to require grad, a requires_grad_ that
+    torch.compile cannot trace: the compiled step fell back to eager in every vs_trl protocol trial. The decoding copy
+    carries no such hook, and the policy keeps its own (training needs it)."""
+    import warnings
+
+    import torch._dynamo
+
+    from dfpo.trainer.policy import enable_checkpointing
+
+    monkeypatch.setenv("DFPO_CUDA_DEFAULTS", "1")
+    model = qwen3_tiny()
+    enable_checkpointing(model)
+    hooks = len(model.model.embed_tokens._forward_hooks)
+    assert hooks >= 1
+    eng = engine(model, amp=amp)
+    assert eng.resolved.graph
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = eng.sample(prompts(), 2, SamplingParams(max_new_tokens=20), seeds=[1, 2, 3])
+    assert eng.resolved.graph and len(got.tokens) == 6
+    assert len(model.model.embed_tokens._forward_hooks) == hooks and not eng.decoding_module.model.embed_tokens._forward_hooks
