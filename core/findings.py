@@ -78,6 +78,11 @@ METRICS: dict[str, str] = {
     "steps; negative where the weights shrink the residual)",
     "cpu_s": "CPU seconds of the run's last dfpo train process",
     "reward_rise5": "train-reward rise (mean of the last 5 steps minus that of the first 5)",
+    "template_kl": "learning tax (KL of pi_init to the policy at the answer template's positions, teacher-forced, final eval; Prop. 3.1)",
+    "greedy_eval": "greedy eval accuracy (final eval)",
+    "shared_whole": "positions a whole group shares per step (mean over steps)",
+    "residual_whole": "shared-token residual at the positions a whole group shares (eq 2)",
+    "weights_spread": "in-group spread of the sequence weights (mean over steps)",
 }
 """What each metric is called in a sentence."""
 BOUNDS: dict[str, stats.Bounds] = {
@@ -91,6 +96,11 @@ BOUNDS: dict[str, stats.Bounds] = {
     "cpu_s": (0.0, None),
     "update_norm": (0.0, None),  # a norm
     "reward_rise5": (-1.0, 1.0),  # a difference of two mean rewards in [0, 1]
+    "template_kl": (0.0, None),
+    "greedy_eval": (0.0, 1.0),
+    "shared_whole": (0.0, None),
+    "residual_whole": (0.0, 1.0),
+    "weights_spread": (0.0, None),
 }
 """The values a dfpo compare outcome can take: a row's interval is cut to them (``cut_interval``), which keeps its coverage
 (the true mean lies inside) and never shows an impossible end."""

@@ -412,8 +412,12 @@ def read_run(path: Path) -> dict[str, float]:
     ``diag/shared_events``, ``diag/shared_residual`` and ``diag/shared_residual_length``; ``update_norm`` the mean of
     ``optim/update_norm`` (log.update_norm); ``reward_rise5`` the mean train reward of the last 5 steps minus that of
     the first 5 (NaN under 10 steps); ``cpu_s`` the summary's
-    ``cpu_s_process`` (CPU seconds of the run's last ``dfpo train`` process: a resumed run's last session). An
-    outcome the logs do not hold is NaN (its cells read n/a).
+    ``cpu_s_process`` (CPU seconds of the run's last ``dfpo train`` process: a resumed run's last session);
+    ``template_kl`` and ``greedy_eval`` the final eval's ``eval/template_kl`` (the learning tax at the template's
+    positions, Prop. 3.1) and ``eval/greedy_acc`` (eval.greedy); ``shared_whole``, ``residual_whole`` and
+    ``weights_spread`` the means of ``diag/shared_positions`` (positions a whole group shares),
+    ``diag/shared_residual_whole`` (eq 2's residual there) and ``weights/spread``. An outcome the logs do not hold is
+    NaN (its cells read n/a).
     """
     summary = _read_summary(RunDir(path).summary)
     rows = read_metrics_rows(RunDir(path).metrics)
@@ -440,6 +444,11 @@ def read_run(path: Path) -> dict[str, float]:
         "update_norm": _mean(_logged(rows, "optim/update_norm")),
         "reward_rise5": reward_rise(rows, 5),
         "cpu_s": _number(summary.get("cpu_s_process")),
+        "template_kl": _number(final.get("eval/template_kl")),
+        "greedy_eval": _number(final.get("eval/greedy_acc")),
+        "shared_whole": _mean(_logged(rows, "diag/shared_positions")),
+        "residual_whole": _mean(_logged(rows, "diag/shared_residual_whole")),
+        "weights_spread": _mean(_logged(rows, "weights/spread")),
     }
 
 

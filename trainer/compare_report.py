@@ -44,6 +44,11 @@ OUTCOMES = (
     ("update_norm", "update norm per step (log.update_norm; mean over steps)", "{:+.2e}"),
     ("reward_rise5", "train reward rise: last 5 steps minus first 5", "{:+.3f}"),
     ("cpu_s", "CPU seconds of the run's last dfpo train process", "{:+.0f}"),
+    ("template_kl", "learning tax: KL(pi_init || pi) at the template's positions, teacher-forced, final eval (Prop. 3.1)", "{:+.2e}"),
+    ("greedy_eval", "greedy eval accuracy, final eval (eval.greedy)", "{:+.3f}"),
+    ("shared_whole", "positions a whole group shares, per step (mean over steps)", "{:+.1f}"),
+    ("residual_whole", "eq 2 residual at the positions a whole group shares (mean over steps)", "{:+.3f}"),
+    ("weights_spread", "in-group spread of the sequence weights (weights/spread; mean over steps)", "{:+.2e}"),
 )
 VALUE_FORMATS = {
     "eval": "{:.4f}",
@@ -61,6 +66,11 @@ VALUE_FORMATS = {
     "update_norm": "{:.4g}",
     "reward_rise5": "{:.4f}",
     "cpu_s": "{:.0f}",
+    "template_kl": "{:.4g}",
+    "greedy_eval": "{:.4f}",
+    "shared_whole": "{:.1f}",
+    "residual_whole": "{:.4f}",
+    "weights_spread": "{:.4g}",
 }
 """How a per-seed value is printed."""
 CENSORED = ("steps_to_kappa",)
@@ -92,9 +102,16 @@ def pair_interval(records: Records, method: str, baseline: str, key: str, *, tes
     return stats.paired_interval(m - b, tests=tests)
 
 
+def outcomes_of(records: Records) -> tuple:
+    """The ``OUTCOMES`` some record holds: a comparison stored before an outcome existed shows no column for it (a record
+    read now holds every outcome, NaN where its logs have none, and shows it as n/a)."""
+    held = {key for by_seed in records.values() for record in by_seed.values() for key in record}
+    return tuple(o for o in OUTCOMES if o[0] in held)
+
+
 def pair_intervals(records: Records, pairs) -> dict:
     """(method, baseline, outcome) -> interval, each Bonferroni-adjusted over every interval of the table."""
-    cells = [(m, b, key) for m, b in pairs for key, _, _ in OUTCOMES]
+    cells = [(m, b, key) for m, b in pairs for key, _, _ in outcomes_of(records)]
     available = [c for c in cells if pair_interval(records, *c, tests=1) is not None]
     tests = len(available) or 1
     return {c: (pair_interval(records, *c, tests=tests) if c in available else None) for c in cells}
@@ -109,10 +126,11 @@ def match_text(matched: dict, method: str, baseline: str) -> str:
 
 def paired_table(records: Records, pairs, matched: dict, intervals: dict) -> list[str]:
     """Markdown: per (method, control) pair and outcome, the paired difference [adjusted 95% CI]; * where it excludes 0."""
-    lines = ["| method - control | matched control? | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 2) + "|"]
+    outcomes = outcomes_of(records)
+    lines = ["| method - control | matched control? | " + " | ".join(t for _, t, _ in outcomes) + " |", "|---" * (len(outcomes) + 2) + "|"]
     for m, b in pairs:
         cells = []
-        for key, _, fmt in OUTCOMES:
+        for key, _, fmt in outcomes:
             ci = intervals[(m, b, key)]
             cells.append("n/a" if ci is None else stats.interval_text(ci, fmt) + (" *" if ci.excludes_zero else ""))
         lines.append(f"| {m} - {b} | {match_text(matched, m, b)} | " + " | ".join(cells) + " |")
@@ -131,9 +149,10 @@ def level_cell(records: Records, label: str, key: str) -> str:
 
 def level_table(records: Records) -> list[str]:
     """Markdown: per label, each outcome's level over seeds (what the differences are differences of)."""
-    lines = ["| objective | " + " | ".join(t for _, t, _ in OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 1) + "|"]
+    outcomes = outcomes_of(records)
+    lines = ["| objective | " + " | ".join(t for _, t, _ in outcomes) + " |", "|---" * (len(outcomes) + 1) + "|"]
     for label in records:
-        lines.append(f"| {label} | " + " | ".join(level_cell(records, label, key) for key, _, _ in OUTCOMES) + " |")
+        lines.append(f"| {label} | " + " | ".join(level_cell(records, label, key) for key, _, _ in outcomes) + " |")
     return lines
 
 
@@ -166,7 +185,7 @@ def per_seed_tables(records: Records, pairs) -> list[str]:
     """Markdown: one table per outcome, a row per seed with every label's value and each pair's difference."""
     baseline_seeds = sorted(next(iter(records.values())))
     lines = []
-    for key, title, fmt in OUTCOMES:
+    for key, title, fmt in outcomes_of(records):
         lines += [
             f"{title}:",
             "",
@@ -301,7 +320,7 @@ def drawable_outcomes(records: Records, pairs, intervals: dict) -> list[tuple[st
     get no panel."""
     return [
         (key, title)
-        for key, title, _ in OUTCOMES
+        for key, title, _ in outcomes_of(records)
         if any(_finite_interval(intervals[(m, b, key)]) or pair_differences(records, m, b, key).size for m, b in pairs)
     ]
 
@@ -362,7 +381,7 @@ def difference_figure(doc: dict):
             ax.tick_params(axis="x", labelsize=7)
             ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels such as 0.0025 apart, never touching
             ax.grid(alpha=0.3, axis="x")
-        left_out = [title for key, title, _ in OUTCOMES if key not in dict(panels)]
+        left_out = [title for key, title, _ in outcomes_of(records) if key not in dict(panels)]
         if left_out:
             note = "not drawn (no finite difference in any pair): " + "; ".join(left_out)
             fig.supxlabel(textwrap.fill(note, 40 * columns), fontsize=7)

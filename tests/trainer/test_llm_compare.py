@@ -49,7 +49,28 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     expected |= {"jitter2": nan, "entropy_last10": nan, "residual": nan}  # not in these logs: n/a, never 0
     expected |= {"tax_kl": nan, "equiv_entropy": nan, "shared_events": nan, "residual_length": nan, "cpu_s": nan, "update_norm": nan}
     expected |= {"reward_rise5": 0.7}  # last five 0.5 .. 0.9 (mean 0.7) minus the first five 0.0
+    expected |= {"template_kl": nan, "greedy_eval": nan, "shared_whole": nan, "residual_whole": nan, "weights_spread": nan}
     assert rec == pytest.approx(expected, nan_ok=True)  # censored: the run's 15 steps + 1, a lower bound
+
+
+def test_read_run_takes_the_template_tax_the_greedy_eval_and_the_whole_group_diagnostics(tmp_path):
+    """The final eval's eval/template_kl and eval/greedy_acc; diag/shared_positions, diag/shared_residual_whole and
+    weights/spread averaged over the steps that logged them (issue 58's stage-1 outcomes)."""
+    _write_run(tmp_path / "a", 0.5, [0.5] * 4, 3)
+    summary = json.loads((tmp_path / "a" / RunDir.SUMMARY).read_text())
+    summary["final_eval"] |= {"eval/template_kl": 0.004, "eval/greedy_acc": 0.3125}
+    (tmp_path / "a" / RunDir.SUMMARY).write_text(json.dumps(summary))
+    rows = [json.loads(line) for line in (tmp_path / "a" / RunDir.METRICS).read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["diag/shared_positions"] = 8 + i
+        r["weights/spread"] = 0.01 * (i + 1)
+        if i < 2:
+            r["diag/shared_residual_whole"] = 0.5 * i
+    (tmp_path / "a" / RunDir.METRICS).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rec = read_run(tmp_path / "a")
+    assert (rec["template_kl"], rec["greedy_eval"]) == (0.004, 0.3125)
+    assert rec["shared_whole"] == pytest.approx(9.5) and rec["residual_whole"] == pytest.approx(0.25)
+    assert rec["weights_spread"] == pytest.approx(0.025)
 
 
 def test_the_reward_rise_needs_two_windows_that_do_not_overlap():
@@ -90,7 +111,13 @@ def test_paired_table_reports_the_mean_paired_difference_and_its_adjusted_t_inte
     # 5 intervals (the outcomes these records hold): each at level 1 - 0.05/5, t_{0.995, 3} = 5.841, half width 0.0477
     assert "| +0.020 [-0.028, +0.068] |" in line and "| yes |" in line
     assert line.count("+0.000 [+0.000, +0.000]") == 2  # reward and clip fraction: no difference
-    assert line.count("| n/a ") == 10  # jitter2, entropy, residual, tax, equiv. entropy, events, length part, update, rise, CPU
+    # outcomes no record holds (a comparison stored before they existed) get no column; one held as NaN reads n/a
+    assert line.count("|") == 5 + 3 and "n/a" not in line
+    with_nan = {label: {s: dict(r, tax_kl=math.nan) for s, r in by_seed.items()} for label, by_seed in records.items()}
+    (line,) = [
+        x for x in paired_table(with_nan, pairs, {"dfpo_min - gspo": []}, pair_intervals(with_nan, pairs)) if x.startswith("| dfpo_min")
+    ]
+    assert line.count("| n/a ") == 1
     assert pair_intervals(records, pairs)[("dfpo_min", "gspo", "eval")].tests == 5
     # steps: a sign test of 4 pairs reaches no level 0.99, and the cell says so instead of printing [-inf, inf]
     assert "| median +0.0, no interval (n = 4 seeds: a sign-test interval of the median at level 0.99 needs >= 8) |" in line
@@ -219,10 +246,11 @@ def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_
     rows = (plan.out / "per_seed.csv").read_text().splitlines()
     assert rows[0] == (
         "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,"
-        "tax_kl,equiv_entropy,shared_events,residual_length,update_norm,reward_rise5,cpu_s,kappa_reached"
+        "tax_kl,equiv_entropy,shared_events,residual_length,update_norm,reward_rise5,cpu_s,"
+        "template_kl,greedy_eval,shared_whole,residual_whole,weights_spread,kappa_reached"
     )
     assert (
-        rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,0,nan,1" and len(rows) == 1 + 2 * 8
+        rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,0,nan,nan,nan,nan,nan,nan,1" and len(rows) == 1 + 2 * 8
     )  # rise 0: flat rewards
     doc = json.loads((plan.out / "compare.json").read_text())  # what the page re-renders the tables from
     assert C.render_compare(doc) == text.splitlines()[: len(C.render_compare(doc))]
