@@ -41,7 +41,9 @@ lock=(
   charset-normalizer==3.5.3 urllib3==2.8.0
 )
 python3 -m venv "$env_dir"
-"$env_dir/bin/pip" install -q --no-deps "${lock[@]}"
+# uv installs the lock's 3 GB in about half a minute where pip took four and a half (it downloads in parallel).
+"$env_dir/bin/pip" install -q uv==0.13.9
+"$env_dir/bin/uv" pip install -q --no-deps --python "$env_dir/bin/python" "${lock[@]}"
 "$env_dir/bin/pip" install -q --no-deps -e .
 # Importing the trainer fails here, at build time, on a module still missing.
 "$env_dir/bin/python" -c "
