@@ -18,10 +18,10 @@ The estimate is a lower bound, so that a run it refuses cannot fit, and a run th
   - sampling: the key/value cache of the completions sampled at once (``rollout.prompts_per_step`` x
     ``rollout.group_size`` per process, at most ``rollout.batch_size`` when set; evaluation: ``data.eval_size`` x
     ``eval.k``), each at least the shortest prompt plus one token long, and the token ids of the rollout batch; a
-    static cache (CUDA's default) is allocated whole at once, so its rows are counted at ``static_width`` columns
-    (the shortest prompt plus rollout.max_new_tokens, rounded up as the engine does). The engine holds one static
-    cache at a time (it frees the held one before a rollout of another shape), so sampling's and evaluation's never
-    add up;
+    static cache (CUDA's default) is allocated whole at once, ``static_width`` columns a row (the shortest prompt
+    plus rollout.max_new_tokens, rounded up as the engine does), and held between rollouts, through the update: it is
+    counted as held the whole run, the larger of sampling's and evaluation's (the engine holds one at a time, freeing
+    it before a rollout of another shape, so the two never add up);
   - the update: the activations a backward pass keeps for one micro-batch (whole groups: ``optim.microbatch_groups``,
     else ``optim.minibatch_groups``, x ``rollout.group_size`` rows), each row at least the shortest prompt plus
     one token long; one layer's input only with gradient checkpointing.
@@ -150,23 +150,46 @@ def _warm_start(cfg, shape: ModelShape, sizes: _Sizes) -> Need:
     )
 
 
-def _sampling(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int, cached: int) -> Need:
+def _sampling_rows(cfg, world: int) -> tuple[int, tuple, int]:
+    """(rows sampled at once, the settings that set them, the rollout batch's rows per process)."""
     r = cfg.rollout
     batch_rows = math.ceil(r.prompts_per_step / world) * r.group_size
     rows, settings = _rows_at_once(
         batch_rows, r.batch_size, (("rollout.prompts_per_step", r.prompts_per_step), ("rollout.group_size", r.group_size))
     )
+    return rows, settings, batch_rows
+
+
+def _evaluation_rows(cfg, world: int) -> tuple[int, tuple]:
+    """(rows evaluated at once, the settings that set them)."""
+    all_rows = math.ceil(cfg.data.eval_size / world) * cfg.eval.k
+    return _rows_at_once(all_rows, cfg.rollout.batch_size, (("data.eval_size", cfg.data.eval_size), ("eval.k", cfg.eval.k)))
+
+
+def _sampling(cfg, shape: ModelShape, sizes: _Sizes, seq: int, world: int, cached: int) -> Need:
+    """Sampling's phase: the KV cache of ``cached`` positions a row (0: a static cache, counted as held), the log-probs,
+    the last logits and the batch's ids."""
+    rows, settings, batch_rows = _sampling_rows(cfg, world)
     batch_ids = batch_rows * world * seq * 8  # every process holds the whole batch's int64 ids
     cache = rows * cached * sizes.kv_per_token + rows * seq * 4 + rows * shape.vocab * 4  # keys, values; log-probs; last logits
     return Need(f"sampling {rows} completions at once", cache + batch_ids, settings, "sampling")
 
 
 def _evaluation(cfg, shape: ModelShape, sizes: _Sizes, world: int, cached: int) -> Need:
-    all_rows = math.ceil(cfg.data.eval_size / world) * cfg.eval.k
-    rows, settings = _rows_at_once(all_rows, cfg.rollout.batch_size, (("data.eval_size", cfg.data.eval_size), ("eval.k", cfg.eval.k)))
+    rows, settings = _evaluation_rows(cfg, world)
     return Need(
         f"evaluating {rows} completions at once", rows * cached * sizes.kv_per_token + rows * shape.vocab * 4, settings, "evaluation"
     )
+
+
+def _static_cache(cfg, sizes: _Sizes, width: int, world: int) -> Need:
+    """The static KV cache the engine holds between rollouts, through the update too: one at a time, so the larger of
+    sampling's and evaluation's, each row ``width`` columns."""
+    held = [_sampling_rows(cfg, world)[:2]]
+    if cfg.eval.every:
+        held.append(_evaluation_rows(cfg, world))
+    rows, settings = max(held, key=lambda h: h[0])
+    return Need(f"the static KV cache of {rows} completions x {width} positions", rows * width * sizes.kv_per_token, settings)
 
 
 def _update(cfg, sizes: _Sizes, seq: int, world: int) -> Need:
@@ -209,7 +232,9 @@ def memory_needs(
     if m.name == "tiny" and m.sft_steps > 0 and not resume:
         needs.append(_warm_start(cfg, shape, sizes))
     seq = shortest_prompt + 1
-    cached = max(seq, static_width)  # a row's cached positions
+    cached = 0 if static_width else seq  # a row's cached positions in a phase (a static cache is held: counted below)
+    if static_width:
+        needs.append(_static_cache(cfg, sizes, max(seq, static_width), world))
     needs.append(_sampling(cfg, shape, sizes, seq, world, cached))
     if cfg.eval.every:
         needs.append(_evaluation(cfg, shape, sizes, world, cached))

@@ -151,17 +151,21 @@ def _qwen3_06b_needs(**kw):
     return {n.what: n for n in memory_needs(cfg, shape, shortest_prompt=60, with_ref=False, **kw)}
 
 
-def test_a_static_cache_is_counted_whole_and_the_decoding_copy_beside_the_weights():
-    """CUDA's static cache holds every row at its full width from the start: for configs/qwen3-0.6b-gsm8k.toml evaluation
-    (1024 completions at once, bf16 keys and values, 28 layers x 8 x 128 of each per token) at least 1024 x 576 columns
-    (60 + 512 rounded up to 64) x 112 KiB = 63 GiB, where a dynamic cache's lower bound is the 61-token prompt's; and
-    the bf16 copy of the linear weights the rollout decodes from (the tied head included) is held the whole run."""
+def test_a_static_cache_is_counted_whole_and_held_and_the_decoding_copy_beside_the_weights():
+    """CUDA's static cache holds every row at its full width from the start and stays allocated between rollouts (the
+    update included): for configs/qwen3-0.6b-gsm8k.toml the larger is evaluation's (1024 completions at once, bf16 keys
+    and values, 28 layers x 8 x 128 of each per token), at least 1024 x 576 columns (60 + 512 rounded up to 64) x
+    112 KiB = 63 GiB held the whole run, where a dynamic cache's lower bound is evaluation's phase at the 61-token
+    prompt; and the bf16 copy of the linear weights the rollout decodes from (the tied head included) is held too."""
     dynamic = _qwen3_06b_needs(amp_bytes=2)
     static = _qwen3_06b_needs(amp_bytes=2, static_width=576)
     per_token = 28 * 2 * 8 * 128 * 2
     evaluation = "evaluating 1024 completions at once"
-    assert static[evaluation].bytes - dynamic[evaluation].bytes == 1024 * (576 - 61) * per_token
-    assert 62 * GIB < static[evaluation].bytes < 64 * GIB
+    held = static["the static KV cache of 1024 completions x 576 positions"]
+    assert held.phase == "" and held.bytes == 1024 * 576 * per_token and 62 * GIB < held.bytes < 64 * GIB
+    assert held.settings == (("data.eval_size", 256), ("eval.k", 4))
+    assert dynamic[evaluation].bytes - static[evaluation].bytes == 1024 * 61 * per_token  # the phase keeps the logits only
+    assert total_bytes(list(static.values())) > total_bytes(list(dynamic.values())) + 55 * GIB  # 62.5 held, 6.7 of a phase before
     copy = static["the decoding copy of the linear weights in the autocast dtype"]
     assert copy.phase == "" and copy.bytes == 2 * (static["the weights"].bytes // 4 - (2 * 28 + 1) * 1024)
     assert "the decoding copy of the linear weights in the autocast dtype" not in _qwen3_06b_needs(static_width=576)  # no autocast
