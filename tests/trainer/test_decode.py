@@ -277,7 +277,11 @@ def test_rollouts_of_different_lengths_on_one_cache_share_one_compiled_step(monk
 def test_alternating_shapes_compile_each_anew_without_reaching_torch_compiles_recompile_limit(monkeypatch):
     """Train and eval rollouts of other rows alternate through a run; each new cache's step is compiled from its own
     copy of the step's code, so no code object collects guards for every shape (past the recompile limit torch.compile
-    would decode eagerly without a word), and the samples stay the eager ones."""
+    would decode eagerly without a word), the samples stay the eager ones, and a freed cache is not kept alive by the
+    steps compiled on it."""
+    import gc
+    import weakref
+
     import torch._dynamo
 
     _eager_compile(monkeypatch)
@@ -286,7 +290,10 @@ def test_alternating_shapes_compile_each_anew_without_reaching_torch_compiles_re
     eager = {n: _engine(model, tok, kv_cache="static", sync_every=4).sample(_prompts(tok), n, params, seeds=[1, 2, 3]) for n in (2, 3)}
     engine = _graph_engine(model, tok)
     torch._dynamo.reset()
+    held = []
     with torch._dynamo.config.patch(error_on_recompile=True):
         for n in (2, 3, 2, 3, 2, 3):
             assert engine.sample(_prompts(tok), n, params, seeds=[1, 2, 3]).tokens == eager[n].tokens
-    assert engine.resolved.graph
+            held.append(weakref.ref(engine._held[1]))
+    gc.collect()
+    assert engine.resolved.graph and [h() is not None for h in held] == [False] * 5 + [True]  # the compiled steps let go
