@@ -78,6 +78,8 @@ class Registration:
     sets: tuple[SeedSet, ...]
     command: str
     rows: tuple[RegisteredRow, ...]
+    pilot: str = ""
+    """The stored pilot the recipe passed (a path under the repository), '' where none was run."""
 
     def commands(self) -> list[str]:
         """The command that trains each seed set, in the order of ``sets``."""
@@ -161,6 +163,7 @@ def load_registration(raw: Mapping, where: str = "registration") -> Registration
         sets=sets,
         command=command,
         rows=rows,
+        pilot=str(raw.get("pilot", "")),
     )
 
 
@@ -399,20 +402,21 @@ def evaluate_stored(registration: Registration, stored: Mapping) -> list[RowResu
     return evaluate(registration, docs, status_from_evidence(stored))
 
 
-def pending_sentence(registration: Registration, commit: str | None) -> str:
+def pending_sentence(registration: Registration, commit: str | None, docs: str = "docs/") -> str:
     """What a registered experiment whose tables are not stored yet says: registered where, and nothing found yet."""
     where = f"registered before its data in {commit[:7]}" if commit else "registered, not yet committed"
     seeds = " and ".join(f"{s.seeds}" for s in registration.sets)
     return (
         f"{registration.title} ({where}; {len(registration.rows)} rows, {seeds} seeds): no table is stored yet, so it has "
         "found nothing yet; its rows and commands are in "
-        f"[docs/attribution/registered/{registration.experiment}.toml](docs/attribution/registered/{registration.experiment}.toml)."
+        f"[docs/attribution/registered/{registration.experiment}.toml]({docs}attribution/registered/{registration.experiment}.toml)."
     )
 
 
-def registered_sentences(root: Path, metric_names: Mapping[str, str]) -> list[str]:
+def registered_sentences(root: Path, metric_names: Mapping[str, str], docs: str = "docs/") -> list[str]:
     """One generated sentence per registered experiment (docs/attribution/registered/*.toml), in name order: what its
-    stored tables found (``stage_sentence``), or that none is stored yet (``pending_sentence``)."""
+    stored tables found (``stage_sentence``), or that none is stored yet (``pending_sentence``; its link relative to a
+    page whose path to docs/ is ``docs``: 'docs/' from README, '' from a page in docs/)."""
     import json
 
     out = []
@@ -425,5 +429,15 @@ def registered_sentences(root: Path, metric_names: Mapping[str, str]) -> list[st
             out.append(stage_sentence(registration, results, status_from_evidence(stored), metric_names))
         else:
             history = file_history(path.relative_to(root), root) if (root / ".git").exists() else []
-            out.append(pending_sentence(registration, history[0][0] if history else None))
+            out.append(pending_sentence(registration, history[0][0] if history else None, docs))
     return out
+
+
+def rows_table(registration: Registration) -> str:
+    """Markdown: the registered rows as committed (method, control, outcome, predicted directions, margin)."""
+    lines = ["| method | control | outcome | the paper predicts | the hypothesis | negligible within |", "|---|---|---|---|---|---|"]
+    for r in registration.rows:
+        margin = f"+-{r.margin:g}" if r.margin_kind == "absolute" else f"+-{r.margin:.0%} of the control's mean"
+        primary = " (primary)" if r.primary else ""
+        lines.append(f"| `{r.method}` | `{r.control}` | {r.metric}{primary} | {r.paper} | {r.hypothesis} | {margin} |")
+    return "\n".join(lines)

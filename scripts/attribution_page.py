@@ -8,7 +8,8 @@ its multiplicity note and one item per finding, ``dfpo.core.findings``), {EXPERI
 experiment's two seed sets and the tables they printed, re-rendered from docs/attribution/data/name.json by the
 same functions that print them: ``dfpo.toy.report.render_summary``, ``dfpo.toy.spread.render_spread``,
 ``dfpo.trainer.compare_report.render_compare``), {SEEDS:name:set} (a seed set as the command names it), {SIGN_SEEDS}
-(the fewest seeds a sign-test interval needs at the findings' Bonferroni level).
+(the fewest seeds a sign-test interval needs at the findings' Bonferroni level), {REGISTERED} (every experiment
+registered before its data: its rows, pilot and, once stored, its answer; ``registered_section``).
 Store new evidence first with scripts/attribution_data.py.
 """
 
@@ -170,6 +171,31 @@ def experiment(name: str, evidence: dict) -> str:
     return cmds + "\n\n" + TABLES[ev["kind"]](ev) + figure(name)
 
 
+def registered_section() -> str:
+    """Each experiment registered before its data (docs/attribution/registered/): what it found (or that nothing is
+    stored yet), its commands, its rows as registered, the pilot its recipe passed, and one sentence per row once its
+    tables are stored (``dfpo.core.registration``)."""
+    import json
+
+    from dfpo.core.findings import METRICS
+    from dfpo.core.registration import evaluate_stored, read_registration, registered_sentences, row_sentence, rows_table
+    from dfpo.trainer.pilot import pilot_table, read_pilot
+
+    parts = []
+    paths = sorted((LEDGER / "registered").glob("*.toml"))
+    for path, opening in zip(paths, registered_sentences(ROOT, METRICS, docs=""), strict=True):
+        reg = read_registration(path)
+        block = [f"### {reg.title}", "", opening, "", commands(*reg.commands()), "", rows_table(reg)]
+        if reg.pilot:
+            block += ["", pilot_table(read_pilot(ROOT / reg.pilot))]
+        stored = LEDGER / "data" / f"{reg.experiment}.json"
+        if stored.is_file():
+            results = evaluate_stored(reg, json.loads(stored.read_text(encoding="utf-8")))
+            block += [""] + [f"- {row_sentence(r, METRICS.get(r.row.metric, r.row.metric))}" for r in results]
+        parts.append("\n".join(block))
+    return "\n\n".join(parts)
+
+
 def seed_set(evidence: dict, name: str, which: str) -> str:
     return evidence[name]["sets"][which]["seed_set"]
 
@@ -180,6 +206,7 @@ def render(template: str) -> str:
     text = template.replace("{DEMO}", cancellation_demo())
     text = text.replace("{PROBE}", findings_block(ROOT / "docs" / "probe"))  # the block update_readme.py keeps fresh
     text = text.replace("{FINDINGS}", summary_markdown(summary))
+    text = text.replace("{REGISTERED}", registered_section())
     text = text.replace("{SIGN_SEEDS}", str(stats.sign_test_min_seeds(summary.level_of("smollm2"))))
     text = re.sub(r"\{SEEDS:([\w-]+):(\w+)\}", lambda m: seed_set(evidence, m.group(1), m.group(2)), text)
     return re.sub(r"\{EXPERIMENT:([\w-]+)\}", lambda m: experiment(m.group(1), evidence), text)

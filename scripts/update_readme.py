@@ -101,7 +101,8 @@ def _findings() -> str:
         f"{what}: discovery {pair[0]}, confirmation {pair[1]}" if pair else f"{what}: none stored in this version"
         for what, pair in parts.items()
     )
-    registered = "".join(f"{line}\n\n" for line in registered_sentences(ROOT, METRICS))
+    sentences = registered_sentences(ROOT, METRICS)
+    registered = " ".join(sentences) + "\n\n" if sentences else ""
     return (
         registered + "Generated from the findings ledger ([docs/attribution/findings.toml](docs/attribution/findings.toml)) on the tables "
         f"stored in docs/attribution/data/ ({where}); the tables and the commands that printed them are in "

@@ -230,3 +230,11 @@ def test_an_experiment_without_stored_tables_has_found_nothing_yet():
     r = reg.load_registration(document())
     text = reg.pending_sentence(r, "0123456789")
     assert "registered before its data in 0123456" in text and "found nothing yet" in text and "1 rows, 4 and 4 seeds" in text
+
+
+def test_the_rows_table_is_what_was_registered():
+    r = reg.read_registration(ROOT / "docs" / "attribution" / "registered" / "smollm2-stage1.toml")
+    table = reg.rows_table(r)
+    assert table.count("\n") == 1 + len(r.rows) and "template_kl (primary)" in table
+    assert "+-10% of the control's mean" in table and "+-0.02" in table
+    assert r.pilot and (ROOT / r.pilot).is_file()
