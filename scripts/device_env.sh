@@ -11,7 +11,7 @@
 #   (torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl, the image's own torch 2.11.0+cu130), and even its CPU library
 #   (libtorch_cpu.so) links libcudart and libcupti, so it needs the CUDA libraries to import. They are installed; on a
 #   machine without a GPU torch.cuda.is_available() is False and everything runs on the CPU. Left out, as a CPU never
-#   loads them: triton (CUDA kernels), cuda-bindings, cusolver (CUDA linear algebra) and nvrtc (runtime compilation).
+#   loads them: triton (CUDA kernels), cuda-bindings, cusolver (CUDA linear algebra), nvrtc (runtime compilation), nvtx.
 # - The versions are a lock (installed with --no-deps, no resolution): pip would otherwise add what is left out above,
 #   and the image's other packages (peft, accelerate, ...) to whatever versions it resolved that day. pandas, pyarrow
 #   and xxhash stand for what the image has and TRL's rehearsal needs; TRL itself comes from the bundle
