@@ -80,6 +80,12 @@ class OneProcess:
         """Whether this process writes the run folder and speaks for the run."""
         return self.rank == 0
 
+    @property
+    def alone(self) -> bool:
+        """Whether this process is the whole run: it may stop at once, or write a checkpoint, without its peers (on
+        several processes the others may be anywhere, and a checkpoint needs them all)."""
+        return self.world == 1
+
     # -- set-up and control -----------------------------------------------------------------
 
     def local_device(self, device: torch.device) -> torch.device:

@@ -487,7 +487,7 @@ class Trainer:
             finished=finished,
             checkpoint=self.state.last_checkpoint_step if on_disk else None,
             keeps_checkpoints=self.cfg.train.save_every > 0,
-            savable=self.finished_is_live and self.parallel.world == 1,
+            savable=self.finished_is_live and self.parallel.alone,
             evaluating=self.evaluating,
             seconds_in=self.progress.seconds_in(),
             step_s=self.progress.step_s(),
@@ -544,7 +544,7 @@ class Trainer:
             f is None
             or self.stop is None
             or not self.finished_is_live
-            or self.parallel.world > 1
+            or not self.parallel.alone
             or self.cfg.train.save_every == 0
             or self.state.last_checkpoint_step == f.step
             or self.checkpointer.failed_step == f.step
@@ -612,7 +612,7 @@ class Trainer:
         self._say_progress(f"dfpo train: evaluation at step {step}: avg@{k} and pass@{k} on {what}")
         self.evaluating = True
         try:
-            with self.stop.at_once() if self.parallel.world == 1 else contextlib.nullcontext():
+            with self.stop.at_once() if self.parallel.alone else contextlib.nullcontext():
                 out = self.evaluate(step)
         except BaseException as err:
             stopped = stop_beneath(err)
