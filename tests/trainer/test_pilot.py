@@ -9,7 +9,7 @@ import statistics
 from types import SimpleNamespace
 
 import pytest
-from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
+from tiny_run import FORMAT_REWARD_SETS, TEMPLATE_TASK_SETS
 
 from dfpo.trainer import pilot
 from dfpo.trainer.config import apply_overrides, config_from_dict
@@ -129,12 +129,7 @@ def test_show_trains_nothing_and_refuses_training_flags():
 
 
 SETS = [
-    *TINY_MODEL_SETS,
-    "data.task=sum_template",
-    "data.operands=3",
-    "data.train_size=40",
-    "data.eval_size=4",
-    "data.eval_seed=0",
+    *TEMPLATE_TASK_SETS,
     "warmup.steps=2",
     "warmup.batch_size=4",
     "rollout.prompts_per_step=4",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
+from tiny_run import FORMAT_REWARD_SETS, TEMPLATE_TASK_SETS
 
 from dfpo.trainer.config import apply_overrides, config_from_dict, load_config
 from dfpo.trainer.rewards.compute import correctness_fn
@@ -186,12 +186,7 @@ def test_an_older_reference_file_without_the_template_says_so_in_one_sentence(tm
 # -- a tiny run ------------------------------------------------------------------------------------------------------
 
 SETS = [
-    *TINY_MODEL_SETS,
-    "data.task=sum_template",
-    "data.operands=3",
-    "data.train_size=40",
-    "data.eval_size=4",
-    "data.eval_seed=0",
+    *TEMPLATE_TASK_SETS,
     "rollout.prompts_per_step=2",
     "rollout.group_size=4",
     "rollout.max_new_tokens=6",

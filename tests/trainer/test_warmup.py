@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from tiny_run import FORMAT_REWARD_SETS, TINY_MODEL_SETS
+from tiny_run import FORMAT_REWARD_SETS, TEMPLATE_TASK_SETS
 
 from dfpo.trainer import warmup
 from dfpo.trainer.config import apply_overrides, config_from_dict
@@ -19,12 +19,7 @@ from dfpo.trainer.tasks import load_splits
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SETS = [
-    *TINY_MODEL_SETS,
-    "data.task=sum_template",
-    "data.operands=3",
-    "data.train_size=40",
-    "data.eval_size=4",
-    "data.eval_seed=0",
+    *TEMPLATE_TASK_SETS,
     "warmup.steps=4",
     "warmup.batch_size=4",
     "warmup.lr=1e-2",

@@ -22,6 +22,15 @@ TINY_MODEL_SETS = [
     "model.sft_batch_size=8",
     "data.max_operand=9",
 ]
+TEMPLATE_TASK_SETS = [
+    *TINY_MODEL_SETS,
+    "data.task=sum_template",
+    "data.operands=3",
+    "data.train_size=40",
+    "data.eval_size=4",
+    "data.eval_seed=0",
+]
+"""The tiny model on the template sum task ('a + b + c = N'): 40 training and 4 held-out problems, the same for every seed."""
 FORMAT_REWARD_SETS = ["reward.format_weight=1.0", 'reward.format_regex="^[0-9a-zA-Z]"']
 LOG_EVERY_STEP_SETS = [
     "train.save_every=1",
