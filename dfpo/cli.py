@@ -9,6 +9,7 @@ handler), so `dfpo --help` and `dfpo objectives` start fast:
     dfpo toy ...               tabular softmax lab (dfpo.toy.cli)
     dfpo train ...             LLM trainer (dfpo.trainer.cli)
     dfpo compare ...           objectives on the LLM trainer over paired seeds (dfpo.trainer.cli)
+    dfpo pilot ...             a recipe's four gates before any comparison (dfpo.trainer.cli)
     dfpo probe ...             parameter-space drift per objective (dfpo.trainer.probe.cli)
     dfpo app ...               the Streamlit explorer and its pages (dfpo.app.cli)
 

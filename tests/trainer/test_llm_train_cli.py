@@ -79,7 +79,7 @@ def _lines(err: str) -> list[str]:
     """stderr's lines with their numbers of seconds and losses blanked, the start-up's long phase text cut."""
     import re
 
-    return [re.sub(r"\d+\.\d+|\d+ s\b", "#", line).split(": start-up")[0] for line in err.splitlines()]
+    return [re.sub(r"\d+\.\d+ s\b|\d+\.\d+|\d+ s\b", "#", line).split(": start-up")[0] for line in err.splitlines()]
 
 
 def _evaluation_lines(step: int) -> list[str]:
@@ -125,7 +125,7 @@ def test_what_each_mode_prints_on_stderr(tmp_path, capsys, monkeypatch, flag):
         *(["per-step line 2"] if not flag else []),
         "dfpo train: step 2/2, reward # (mean of the step's rollouts), # in the training loop, about # left",
         *(_evaluation_lines(2) if not flag else []),
-        f"dfpo train: done, 2 steps in # s (# s before the first); {run / RunDir.SUMMARY} written",
+        f"dfpo train: done, 2 steps in # (# before the first); {run / RunDir.SUMMARY} written",
     ]
     assert _lines(err) == expected, err
 
