@@ -78,7 +78,13 @@ def test_shared_sources_trust_region_and_component_fields_are_derived_from_the_d
     assert TRUST_REGION_FIELDS == tuple(n for n in COMPONENT_FIELDS if SPEC_FIELDS[n].trust_region)
     # The mechanism under comparison is the transform and its parameters, or the exact-cancellation arm that bounds what
     # any transform gains (issue 58); everything else is held equal.
-    assert {n for n in COMPONENT_FIELDS if not SPEC_FIELDS[n].trust_region} == {"cancel", "transform", "tr_floor", "stopgrad", "length_aware"}
+    assert {n for n in COMPONENT_FIELDS if not SPEC_FIELDS[n].trust_region} == {
+        "cancel",
+        "transform",
+        "tr_floor",
+        "stopgrad",
+        "length_aware",
+    }
     assert [r["field"] for r in component_rows()] == list(COMPONENT_FIELDS)
 
 
