@@ -21,9 +21,10 @@ batches; the first is a warm-up and is left out of the times. Printed per trial:
 rollout (generation and rewards), old log-probs, update; completion tokens per second; peak RSS. Then, per objective,
 the ratio dfpo / TRL of tokens per second for each pair, and its median and range.
 
-``--model smollm2-135m-instruct`` runs the same CPU comparison on the packaged SmolLM2-135M-Instruct (converted once
-into dfpo's cache; its own tokenizer, raw prompts on both sides: dfpo data.chat_template=off) with the sides
-alternated A B B A (``--pairs`` 2). ``--amp bf16`` runs both sides under bf16 autocast over float32 weights (dfpo
+``--model smollm2-135m-instruct`` runs the CPU comparison on the packaged SmolLM2-135M-Instruct (converted once into
+dfpo's cache; its own tokenizer, raw prompts on both sides: dfpo data.chat_template=off) at the work of
+configs/smollm2-cpu.toml (SMOLLM2_WORK: 4 prompts x G = 8, up to 16 new tokens, 2 optimiser steps per rollout batch)
+with the sides alternated A B B A (``--pairs`` 2). ``--amp bf16`` runs both sides under bf16 autocast over float32 weights (dfpo
 model.amp=bf16, TRL bf16=True), where the CPU computes bf16 in hardware (avx512_bf16 or amx_bf16); elsewhere it is
 refused in one sentence before any work. The CPU comparison refuses to time, in one sentence, when the 1-minute load
 average is above ``--max-load`` (default 0.7: another process is running; 0 = no check): its figures would be the
@@ -93,6 +94,9 @@ CUDA_DEADLINE_S = 270.0
 model build included, and holds the first three trials (A C B, one of each side) at about 75 s a trial."""
 MODELS = ("built", "smollm2-135m-instruct")
 """The CPU comparison's models: the Qwen2-style model built from a config (the default), or the packaged SmolLM2."""
+SMOLLM2_WORK = dict(prompts=4, group=8, max_new=16, minibatches=2)
+"""The SmolLM2 comparison's work, configs/smollm2-cpu.toml's (issue 59 item 4): 4 prompts x G = 8, 16 new tokens,
+2 optimiser steps per rollout batch (one epoch of 2 mini-batches of 2 groups)."""
 MAX_LOAD = 0.7
 """The CPU comparison's default --max-load: above this 1-minute load average another process is running."""
 GOALS = (
@@ -563,6 +567,13 @@ def comparison_model(args, folder: Path) -> tuple[str, str]:
     return path, f"{args.model} (the packaged SmolLM2-135M-Instruct, {path}), raw prompts on both sides"
 
 
+def comparison_work(args) -> Work:
+    """The CPU comparison's work: the built model's defaults, or SMOLLM2_WORK on raw prompts for the packaged SmolLM2;
+    bf16 autocast on both sides with ``--amp bf16``."""
+    sized = {} if args.model == "built" else dict(SMOLLM2_WORK, raw_prompts=True)
+    return Work(bf16=args.amp == "bf16", **sized)
+
+
 def legacy_main(args) -> int:
     """The CPU comparison: dfpo and TRL alternated A B, B A per objective (unchanged since before the GPU protocol, but
     for --model, --amp and the load check)."""
@@ -579,9 +590,9 @@ def legacy_main(args) -> int:
     except ValueError as err:
         print(f"vs_trl: --model {args.model}: {err}", file=sys.stderr)
         return 2
-    work = Work(bf16=args.amp == "bf16", raw_prompts=args.model != "built")
+    work = comparison_work(args)
     precision = "CPU bf16 autocast over float32 weights" if work.bf16 else "CPU float32"
-    print(f"model: {described}; {PROMPTS} prompts x G={G}, <= {MAX_NEW} new tokens, {MINIBATCHES} optimiser steps per rollout "
+    print(f"model: {described}; {work.prompts} prompts x G={work.group}, <= {work.max_new} new tokens, {work.minibatches} optimiser steps per rollout "
           f"batch, {args.threads} threads, {precision}; dfpo rollout.old_logp={args.dfpo_old_logp}, "
           f"optim.fused_head={args.dfpo_fused_head}")  # fmt: skip
     print(

@@ -214,6 +214,14 @@ def test_the_smollm2_comparison_alternates_a_b_b_a_on_raw_prompts(bench, tmp_pat
     assert sets[-2:] == ["model.amp=bf16", "data.chat_template=off"]  # the settings it always ran, then these
 
 
+def test_the_smollm2_comparison_does_the_work_of_its_cpu_config(bench):
+    """4 prompts x 8, 16 new tokens, 2 optimiser steps a rollout: configs/smollm2-cpu.toml's work (issue 59 item 4)."""
+    work = bench.comparison_work(bench.parse(["--model", "smollm2-135m-instruct", "--amp", "bf16"]))
+    assert (work.prompts, work.group, work.max_new, work.minibatches, work.raw_prompts, work.bf16) == (4, 8, 16, 2, True, True)
+    built = bench.comparison_work(bench.parse([]))
+    assert built == bench.Work()  # the built model's comparison is unchanged
+
+
 @pytest.mark.parametrize(
     "load, max_load, refused",
     [(0.3, 0.7, False), (0.7, 0.7, False), (1.9, 0.7, True), (9.0, 0.0, False)],
