@@ -174,3 +174,24 @@ def test_a_folder_without_its_record_is_refused_in_one_sentence_before_any_work(
         with pytest.raises(ValueError, match=r"is in the way of the warm-up: it holds no warmup.json.*nothing was deleted"):
             warmup.ensure_warm_model(cfg, device=torch.device("cpu"))
     assert os.listdir(folder) == ["stray"] and [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+def test_the_probe_starts_from_the_trainers_warm_up_not_from_the_model_it_was_made_from(tmp_path):
+    """dfpo probe on a config with a warm-up probes the policy its runs start from (issue 58 item 8): the cached
+    warm-up's weights, built when missing, not the tiny preset's in-memory warm start."""
+    from safetensors.torch import load_file
+
+    from dfpo.trainer.probe.one_seed import build_start
+    from dfpo.trainer.probe.plan import make_plan
+
+    sets = [*SETS, f'warmup.cache_dir="{tmp_path / "cache"}"']
+    plan = make_plan(
+        objectives="grpo", seeds=1, first_seed=0, config=None, sets=sets, run=None, move_steps=0, max_events=4, out=str(tmp_path / "p")
+    )
+    cfg = _cfg(tmp_path)
+    train, _ = load_splits(cfg.data, cfg.seed)
+    start = build_start(plan, plan.config, train, lambda line: None, with_ref=False)
+    folder = warmup.warm_folder(cfg)
+    saved = {k: v for f in folder.glob("*.safetensors") for k, v in load_file(f).items()}
+    params = dict(start.model.named_parameters())
+    assert saved and all(torch.equal(params[name], saved[name]) for name in saved if name in params)

@@ -36,11 +36,12 @@ Choices made here, where the paper says nothing (each what a TRL / verl user wou
    ``shared_events``); a document without that field (the ones stored before it) used the "whole" rule: only what
    every completion of a group holds.
 3. A seed sets the policy (tiny preset: its initialisation and warm start) and the batch; with ``--run`` the
-   policy is the checkpoint's and a seed sets the batch only.
+   policy is the checkpoint's and a seed sets the batch only. A config with a supervised warm-up (warmup.steps > 0,
+   ``dfpo.trainer.warmup``) starts from the trainer's cached warm-up (built when missing), as its runs do.
 4. The reference pi_ref (a KL term ``beta > 0``, online IPO's log-ratio, anything that reads ``ref_logp``) is the
    trainer's: the model a run starts from, frozen, scored by the trainer's own reference pass
    (``OldLogpStage.reference_logp``) on the probe's batch once per seed, before any step. Without ``--run`` that is
-   the policy the probe starts from (the warm-started tiny preset, or the pretrained model), so pi_ref = pi_old at
+   the policy the probe starts from (the warm-started tiny preset, the warm-up, or the pretrained model), so pi_ref = pi_old at
    the start; with ``--run`` it is the run's reference (RUN_DIR/init_model for the tiny preset, the model's name
    otherwise, the base model with the adapters off under LoRA), not its checkpoint: the KL the run's next step would
    see. It is built and scored only when some label reads it.

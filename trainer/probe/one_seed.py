@@ -52,10 +52,12 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
     )
     from ..run.checkpoint import load_checkpoint
     from ..tasks import sft_target
+    from ..warmup import ensure_warm_model, warm_folder
 
     device = resolve_device(cfg.device)
     dtype, amp = resolve_dtype(cfg.model.dtype, device), resolve_amp(cfg.model.amp, device)
-    if cfg.model.name == "tiny" and plan.run is None:  # in memory: nothing is written
+    warm = warm_folder(cfg)  # warmup.steps > 0: the trainer's cached warm-up (built now when missing), as it starts
+    if cfg.model.name == "tiny" and plan.run is None and warm is None:  # in memory: nothing is written
         tok = build_char_tokenizer()
         model = build_tiny_model(cfg.model, tok, cfg.seed).to(device)
         sft_warm_start(
@@ -75,6 +77,8 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
         ref = model if with_ref else None  # the starting policy; reference_logp scores it before any step moves it
     else:
         run_dir = plan.run if plan.run is not None else Path(".")  # a pretrained model is read from its name, not this
+        if warm is not None:  # with --run too: the trainer's reference model is the warm-up
+            ensure_warm_model(cfg, device=device, say=say)
         policy = load_policy(
             cfg,
             run_dir=run_dir,
@@ -85,6 +89,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
             train_examples=train_examples,
             on_rank0=lambda fn: fn(),
             say=say,
+            warm=warm,
         )
         model, tok, eos_ids, ref = policy.model, policy.tok, policy.eos_ids, policy.ref
     o = cfg.optim
