@@ -287,6 +287,25 @@ def draw_curves(stored: dict) -> None:
             plot_curves(data["doc"], curves_figure(stored["name"], which))
 
 
+def rows_figure(name: str) -> Path:
+    """Where a registered experiment's per-row picture is drawn (docs/attribution/NAME-rows.png)."""
+    return FIGURES / f"{name}-rows.png"
+
+
+def draw_registered(name: str, stored: dict) -> None:
+    """A registered experiment's pictures, from its stored tables: one panel per registered row (each outcome's paired
+    differences on every set, ``dfpo.trainer.registered_figure``), and each seed set's reward and eval curves."""
+    from dfpo.core.findings import METRICS
+    from dfpo.core.registration import read_registration
+    from dfpo.trainer.compare_report import plot_curves
+    from dfpo.trainer.registered_figure import plot_registered
+
+    plot_registered(read_registration(REGISTERED / f"{name}.toml"), stored, METRICS, rows_figure(name))
+    for which, data in stored["sets"].items():
+        if data["doc"].get("curves"):
+            plot_curves(data["doc"], curves_figure(name, which))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the commands to run, in order, and exit")
@@ -296,11 +315,7 @@ def main() -> int:
     if args.registered:
         stored = registered_evidence(args.registered)
         write_json(DATA / f"{args.registered}.json", stored)
-        for which, data in stored["sets"].items():
-            if data["doc"].get("curves"):
-                from dfpo.trainer.compare_report import plot_curves
-
-                plot_curves(data["doc"], curves_figure(args.registered, which))
+        draw_registered(args.registered, stored)
         print(f"wrote docs/attribution/data/{args.registered}.json")
         return 0
     if args.print:

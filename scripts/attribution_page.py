@@ -171,6 +171,13 @@ def experiment(name: str, evidence: dict) -> str:
     return cmds + "\n\n" + TABLES[ev["kind"]](ev) + figure(name)
 
 
+def registered_pictures(reg) -> list[str]:
+    """Markdown image lines of a stored registered experiment: its per-row picture, then each seed set's curves, where
+    ``scripts/attribution_data.py --registered`` drew them."""
+    names = [f"{reg.experiment}-rows.png"] + [f"{reg.experiment}-{s.name}-curves.png" for s in reg.sets]
+    return [f"![{name[:-4]}](attribution/{name})" for name in names if (LEDGER / name).is_file()]
+
+
 def registered_section() -> str:
     """Each experiment registered before its data (docs/attribution/registered/): what it found (or that nothing is
     stored yet), its commands, its rows as registered, the pilot its recipe passed, and one sentence per row once its
@@ -192,6 +199,7 @@ def registered_section() -> str:
         if stored.is_file():
             results = evaluate_stored(reg, json.loads(stored.read_text(encoding="utf-8")))
             block += [""] + [f"- {row_sentence(r, METRICS.get(r.row.metric, r.row.metric))}" for r in results]
+            block += ["", *registered_pictures(reg)]
         parts.append("\n".join(block))
     return "\n\n".join(parts)
 

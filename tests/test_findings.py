@@ -341,3 +341,19 @@ def test_the_real_models_tax_is_named_a_proxy_wherever_a_page_prints_it(page):
     """SmolLM2's eval/tax_kl is a KL at the prompt positions, which never get a gradient: never 'learning tax' bare."""
     text = (ROOT / page).read_text()
     assert "learning tax (KL of pi_init" not in text and "learning tax `eval/tax_kl`" not in text
+
+
+def test_a_stored_registered_experiment_shows_its_pictures_and_a_pending_one_none(tmp_path, monkeypatch):
+    """Issue 58 item 7: once its tables are stored, a registered experiment's section embeds the per-row picture and
+    each seed set's curves that attribution_data.py --registered drew; before that, no picture is named."""
+    page = _script("attribution_page")
+    reg = type("Reg", (), {"experiment": "x", "sets": [type("S", (), {"name": "x-a"})(), type("S", (), {"name": "x-b"})()]})()
+    monkeypatch.setattr(page, "LEDGER", tmp_path)
+    assert page.registered_pictures(reg) == []
+    for name in ("x-rows.png", "x-x-a-curves.png", "x-x-b-curves.png"):
+        (tmp_path / name).write_bytes(b"\x89PNG")
+    assert page.registered_pictures(reg) == [
+        "![x-rows](attribution/x-rows.png)",
+        "![x-x-a-curves](attribution/x-x-a-curves.png)",
+        "![x-x-b-curves](attribution/x-x-b-curves.png)",
+    ]
