@@ -391,6 +391,7 @@ def _loss(spec: ObjectiveSpec, batch: DriftBatch, logp: Tensor, entropy: Tensor 
         entropy=entropy if spec.needs_entropy else None,
         ref_logp=batch.ref_logp if spec.needs_ref_logp else None,
         rollout_logp=batch.rollout_logp if spec.needs_rollout_logp else None,
+        token_ids=batch.tokens if spec.needs_token_ids else None,  # the exact-cancellation arm's shared tokens
     )
 
 

@@ -186,6 +186,20 @@ def test_one_group_equal_coefficients_orthogonal_events_have_no_cross_term(size,
 # ----------------------------------------------------------------------------- events and refusals
 
 
+def test_the_exact_cancellation_arm_leaves_whole_group_events_no_coefficient_and_no_direct_part():
+    """Under cancel=shared_whole a token every completion of a group holds gets no gradient (issue 58): the probe's
+    whole-group events have coefficient 0 and direct part 0, where the control's do not."""
+    model = TinyLM()
+    batch = grouped_batch(model, 5)
+    arm = probe_step(
+        scorer(model, batch), torch.optim.SGD(model.parameters(), lr=0.01), batch, "gspo_noclip:cancel=shared_whole", events="whole"
+    )
+    control = probe_step(scorer(model, batch), torch.optim.SGD(model.parameters(), lr=0.01), batch, "gspo_noclip", events="whole")
+    assert len(arm.shared) == len(control.shared) > 0
+    assert float(arm.shared.coef.abs().max()) == 0.0 and float(arm.shared.direct.abs().max()) == 0.0
+    assert float(control.shared.coef.abs().max()) > 0.0
+
+
 def test_events_and_pairs():
     tokens = torch.tensor([[1, 2, 3], [1, 2, 4], [1, 5, 3], [7, 7, 7], [7, 7, 8]])
     mask = torch.ones(5, 3, dtype=torch.bool)

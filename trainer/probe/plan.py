@@ -62,7 +62,7 @@ def matched_controls(labels: Sequence[str]) -> dict[str, str]:
 READS_MORE_THAN_THE_TOTAL = (*LENGTH_WEIGHTED, *MULTI_REWARD, *GREEDY_BASELINE, *TOKEN_LEVEL)
 """Advantage estimators the probe cannot compute from the rollout's total rewards alone: the scales of
 ``dfpo.core.loss.advantages`` that read completion lengths, reward columns, a greedy completion or per-token statistics."""
-PROBE_INPUTS = ("entropy", "ref_logp", "rollout_logp")
+PROBE_INPUTS = ("entropy", "ref_logp", "rollout_logp", "token_ids")
 """The loss inputs beyond the batch's that the probe computes (choices 4 and 5); a label reading another is refused."""
 
 
