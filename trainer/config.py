@@ -65,6 +65,8 @@ PARALLEL = ("ddp", "fsdp2")
 FUSED_HEAD = ("eager", "compile", "off")
 HEAD_DTYPES = ("autocast", "float32")
 """``optim.head_dtype``'s values (``dfpo.trainer.forward.head_matmul_dtype``)."""
+SHARED_PROMPT = ("auto", "off")
+"""``optim.shared_prompt``'s values (``dfpo.trainer.forward.shared_prompt_runs``)."""
 MIN_TEMPERATURE = 0.01
 """The lowest sampling temperature: vLLM clamps lower ones to it, and logits divided by much less overflow."""
 
@@ -287,6 +289,11 @@ class OptimConfig:
         "autocast",
         "The LM head's matmul in the update and in recomputed log-probs under autocast: 'autocast' runs it in the autocast dtype (bf16 or fp16 operands) with float32 accumulation and float32 softmax statistics, as TRL and Liger do; 'float32' keeps the weight's dtype (float32 master weights) for exactness studies. Without autocast (CPU float32) both are the weight's dtype.",
         choices=HEAD_DTYPES,
+    )
+    shared_prompt: str = setting(
+        "auto",
+        "The training forward (the update's and recomputed log-probs') over a group's shared prompt: 'auto' runs the decoder over each distinct prompt once (with gradients), repeats its keys and values to the group's rows and runs the completions against them (the same hidden states to float32 round-off, the prompt's gradient summed over its rows), where the rows of each prompt are contiguous and fewer prompts than rows, and the model is a plain full-attention decoder (eager or sdpa attention, no gradient checkpointing, no FSDP2 sharding); 'off' runs every row's prompt + completion, as before.",
+        choices=SHARED_PROMPT,
     )
 
 

@@ -275,6 +275,7 @@ class Trainer:
             from_sampler=old_logp_from_sampler(cfg.rollout, inputs.amp, inputs.dtype),
             rows_per_forward=(cfg.optim.microbatch_groups or cfg.optim.minibatch_groups) * cfg.rollout.group_size,
             head_dtype=cfg.optim.head_dtype,
+            shared_prompt=cfg.optim.shared_prompt,
         )
         self.update_stage = UpdateStage(
             self.policy.model,

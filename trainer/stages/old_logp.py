@@ -66,15 +66,16 @@ class OldLogProbs:
 
 @torch.no_grad()
 def batch_logp(
-    model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtype=None, head_dtype: str = "autocast"
+    model, batch: RolloutBatch, device, rows_per_chunk: int, amp_dtype=None, head_dtype: str = "autocast", shared_prompt: str = "off"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp, entropy) (B, T) under ``model``, in chunks of rows (each trimmed of padding), no grad; the LM head's
-    matmuls in ``forward.head_matmul_dtype(amp_dtype, head_dtype)``."""
+    matmuls in ``forward.head_matmul_dtype(amp_dtype, head_dtype)``, a group's shared prompt run once with
+    ``shared_prompt`` "auto" (``forward.completion_hidden``)."""
     logp, entropy = torch.zeros(batch.mask.shape), torch.zeros(batch.mask.shape)
     for s in range(0, batch.mask.shape[0], rows_per_chunk):
         rows = torch.arange(s, min(s + rows_per_chunk, batch.mask.shape[0]))
         part, width = batch.rows(rows).trimmed()
-        scores = completion_logprobs(model, part, device, amp_dtype, with_entropy=True, head_dtype=head_dtype)
+        scores = completion_logprobs(model, part, device, amp_dtype, with_entropy=True, head_dtype=head_dtype, shared_prompt=shared_prompt)
         logp[rows, :width], entropy[rows, :width] = scores.logp.float().cpu(), scores.entropy.float().cpu()
     return logp, entropy
 
@@ -117,6 +118,7 @@ class OldLogpStage:
         from_sampler: bool,
         rows_per_forward: int,
         head_dtype: str = "autocast",
+        shared_prompt: str = "off",
     ):
         self.model, self.ref_model, self.spec, self.parallel = model, ref_model, spec, parallel
         self.device, self.amp, self.from_sampler = device, amp, from_sampler
@@ -124,6 +126,8 @@ class OldLogpStage:
         """Rows of one no-grad forward pass: a micro-batch's worth of groups."""
         self.head_dtype = head_dtype
         """``optim.head_dtype``: the dtype of the LM head's matmuls under autocast (``forward.head_matmul_dtype``)."""
+        self.shared_prompt = shared_prompt
+        """``optim.shared_prompt``: "auto" runs a group's shared prompt once (``forward.completion_hidden``)."""
 
     def run(self, rollout: Rollout, plan: list[list[torch.Tensor]]) -> OldLogProbs:
         """pi_old of every row the first optimiser step of ``plan`` does not score itself, and pi_ref."""
@@ -149,7 +153,14 @@ class OldLogpStage:
             rows = torch.arange(s, min(s + self.rows_per_forward, B))
             part, width = batch.rows(rows).trimmed()
             scores = completion_logprobs(
-                self.model, part, self.device, self.amp, with_entropy=False, keep_hidden=True, head_dtype=self.head_dtype
+                self.model,
+                part,
+                self.device,
+                self.amp,
+                with_entropy=False,
+                keep_hidden=True,
+                head_dtype=self.head_dtype,
+                shared_prompt=self.shared_prompt,
             )
             _, collision = vocab_stats(self.model, scores, part, self.device)  # (b, width) sum_v pi_v^2
             real = part.mask.to(collision.device)
@@ -170,7 +181,9 @@ class OldLogpStage:
         index = rows.nonzero().flatten()
         with self.parallel.gathered():  # entered by every process: it gathers the layers
             if len(index):
-                logp, entropy = batch_logp(self.model, batch.rows(index), self.device, self.rows_per_forward, self.amp, self.head_dtype)
+                logp, entropy = batch_logp(
+                    self.model, batch.rows(index), self.device, self.rows_per_forward, self.amp, self.head_dtype, self.shared_prompt
+                )
                 first.record(index, logp, entropy)
         return time.time() - t0
 
@@ -182,10 +195,10 @@ class OldLogpStage:
         index = rows.nonzero().flatten()
         part = batch if len(index) == rows.shape[0] else batch.rows(index)
         if self.ref_model is not None:
-            logp = batch_logp(self.ref_model, part, self.device, self.rows_per_forward, self.amp, self.head_dtype)[0]
+            logp = batch_logp(self.ref_model, part, self.device, self.rows_per_forward, self.amp, self.head_dtype, self.shared_prompt)[0]
         else:
             with self.model.disable_adapter(), self.parallel.gathered():  # LoRA: the base model is the reference
-                logp = batch_logp(self.model, part, self.device, self.rows_per_forward, self.amp, self.head_dtype)[0]
+                logp = batch_logp(self.model, part, self.device, self.rows_per_forward, self.amp, self.head_dtype, self.shared_prompt)[0]
         out = torch.zeros(batch.mask.shape)  # (B, T)
         out[index, : logp.shape[1]] = logp
         return out

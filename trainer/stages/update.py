@@ -83,11 +83,21 @@ class MicroLoss:
 
 
 def micro_loss(
-    model, mb: MicroBatch, spec: ObjectiveSpec, device, amp_dtype, *, fused_head: str, keep_hidden: bool, head_dtype: str = "autocast"
+    model,
+    mb: MicroBatch,
+    spec: ObjectiveSpec,
+    device,
+    amp_dtype,
+    *,
+    fused_head: str,
+    keep_hidden: bool,
+    head_dtype: str = "autocast",
+    shared_prompt: str = "off",
 ) -> MicroLoss | None:
     """Score micro-batch ``mb`` with the policy and take the objective's loss: the LM head fused with the loss
     (``fused_completion_loss``, ``fused_head`` eager or compile) or log-probs first, then ``policy_loss`` (``off``,
-    and a head that is not plain); the head's matmuls in ``forward.head_matmul_dtype(amp_dtype, head_dtype)``. Entropy is computed when the objective reads it, or for the first pass's record
+    and a head that is not plain); the head's matmuls in ``forward.head_matmul_dtype(amp_dtype, head_dtype)``, the decoder
+    over a group's shared prompt once with ``shared_prompt`` "auto" (``forward.completion_hidden``). Entropy is computed when the objective reads it, or for the first pass's record
     (a micro-batch without old log-probs takes its own, detached). None: a non-finite log-prob and no loss to take."""
     b = mb.batch
     mask = b.mask.to(device)  # (b, T)
@@ -100,13 +110,15 @@ def micro_loss(
         fused = fused_completion_loss(
             model, b, device, amp_dtype, spec, old_logp=old_logp, advantages=advantages, ref_logp=ref_logp,
             rollout_logp=rollout_logp, with_entropy=with_entropy, keep_hidden=keep_hidden, compile=fused_head == "compile",
-            head_dtype=head_dtype,
+            head_dtype=head_dtype, shared_prompt=shared_prompt,
         )  # fmt: skip
         if fused is not None:
             out, scores = fused
             coef = (lambda: None) if out.logp_grad is None else (lambda: out.logp_grad * mb.weight)
             return MicroLoss(out.loss, out.metrics, scores, out.finite, coef)
-    scores = completion_logprobs(model, b, device, amp_dtype, with_entropy=with_entropy, keep_hidden=keep_hidden, head_dtype=head_dtype)
+    scores = completion_logprobs(
+        model, b, device, amp_dtype, with_entropy=with_entropy, keep_hidden=keep_hidden, head_dtype=head_dtype, shared_prompt=shared_prompt
+    )
     logp, entropy = scores.logp, scores.entropy  # (b, T)
     if not bool(torch.isfinite(logp.detach())[mask].all()):
         nan_loss = torch.where(mask, logp, 0.0).sum() * 0.0 + math.nan  # kept on the graph: sharded ranks still run backward
@@ -141,6 +153,7 @@ def accumulate_gradients(
     stop_early: bool = True,
     fused_head: str = "eager",
     head_dtype: str = "autocast",
+    shared_prompt: str = "off",
 ) -> tuple[dict, bool]:
     """Forward/backward every micro-batch with its weight; returns (metrics, all finite).
 
@@ -149,7 +162,8 @@ def accumulate_gradients(
     training: every rank must take part in every forward and backward). A micro-batch without old log-probs takes
     its own, detached (the first optimiser step of a rollout batch), and records them and their entropy in
     ``first_pass``. ``fused_head`` (``optim.fused_head``): how each micro-batch is scored (``micro_loss``);
-    ``head_dtype`` (``optim.head_dtype``): the dtype of its LM head's matmuls under autocast.
+    ``head_dtype`` (``optim.head_dtype``): the dtype of its LM head's matmuls under autocast; ``shared_prompt``
+    (``optim.shared_prompt``): whether its decoder runs a group's shared prompt once (``forward.completion_hidden``).
     """
     records: list[dict[str, float]] = []  # one per micro-batch, combined by each key's reduction at the end
     weights: list[float] = []
@@ -158,7 +172,15 @@ def accumulate_gradients(
         b = mb.batch
         mask = b.mask.to(device)  # (b, T)
         part = micro_loss(
-            model, mb, spec, device, amp_dtype, fused_head=fused_head, keep_hidden=diagnostics is not None, head_dtype=head_dtype
+            model,
+            mb,
+            spec,
+            device,
+            amp_dtype,
+            fused_head=fused_head,
+            keep_hidden=diagnostics is not None,
+            head_dtype=head_dtype,
+            shared_prompt=shared_prompt,
         )
         if not part.finite:
             if stop_early:
@@ -281,6 +303,7 @@ class UpdateStage:
                 stop_early=self.parallel.stop_early,
                 fused_head=cfg.optim.fused_head,
                 head_dtype=cfg.optim.head_dtype,
+                shared_prompt=cfg.optim.shared_prompt,
             )
             finite, metrics = self.parallel.combine_gradients(finite, metrics, weights, self.params)
             norm = None
