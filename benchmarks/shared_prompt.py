@@ -61,11 +61,12 @@ def make_batch(vocab: int, groups: int, group_size: int, prompt: int, completion
     return build_batch(prompts, completions, group_size, pad_id=0, eos_ids={1}, max_new_tokens=completion)
 
 
-def step(model, batch, mode: str) -> tuple[float, torch.Tensor, list[torch.Tensor]]:
-    """Seconds of one forward + backward of ``logp.sum()`` with ``shared_prompt=mode``; its log-probs and gradients."""
+def step(model, batch, mode: str, amp: torch.dtype | None = None) -> tuple[float, torch.Tensor, list[torch.Tensor]]:
+    """Seconds of one forward + backward of ``logp.sum()`` with ``shared_prompt=mode`` (under ``amp`` autocast where
+    given); its log-probs and gradients."""
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
-    logp = completion_logprobs(model, batch, "cpu", with_entropy=False, shared_prompt=mode).logp  # (B, T)
+    logp = completion_logprobs(model, batch, "cpu", amp, with_entropy=False, shared_prompt=mode).logp  # (B, T)
     logp.sum().backward()
     seconds = time.perf_counter() - t0
     return seconds, logp.detach(), [p.grad.clone() for p in model.parameters()]
@@ -78,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=25, help="tokens of the longest prompt")
     parser.add_argument("--completion", type=int, default=14, help="tokens of the longest completion")
     parser.add_argument("--rounds", type=int, default=3, help="A B B A rounds after the warm-up")
+    parser.add_argument(
+        "--amp", choices=["none", "bf16"], default="none", help="bf16 autocast over the float32 weights (a CPU with bf16 in hardware)"
+    )
     args = parser.parse_args(argv)
+    amp = torch.bfloat16 if args.amp == "bf16" else None
     torch.set_num_threads(1)
     model, which = load_model()
     model.eval()
@@ -91,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"batch: {B} rows ({args.groups} groups x {args.group_size}), {L} columns (prompt width {batch.prompt_width}), runs {runs.tolist()}"
     )
-    print("threads: 1")
+    print(f"threads: 1, {'bf16 autocast over float32 weights' if amp else 'float32'}")
     times: dict[str, list[float]] = {"auto": [], "off": []}
-    _, logp_auto, grad_auto = step(model, batch, "auto")  # warm-up of each, and the values compared
-    _, logp_off, grad_off = step(model, batch, "off")
+    _, logp_auto, grad_auto = step(model, batch, "auto", amp)  # warm-up of each, and the values compared
+    _, logp_off, grad_off = step(model, batch, "off", amp)
     for _ in range(args.rounds):
         for mode in ("off", "auto", "auto", "off"):
-            times[mode].append(step(model, batch, mode)[0])
+            times[mode].append(step(model, batch, mode, amp)[0])
     med = {mode: statistics.median(t) for mode, t in times.items()}
     real = batch.mask
     logp_diff = float((logp_auto - logp_off)[real].abs().max())
