@@ -37,6 +37,20 @@ from .rewards.compute import RewardBatch
 from .sampler import Samples
 
 
+KERNEL_KEYS = ("fused", "foreach")
+"""An optimiser's implementation keywords, which ``load_state_dict`` would take from the checkpoint's param groups."""
+
+
+def load_keeping_kernel(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load ``state`` into ``optimizer`` but keep the kernel this process chose (``KERNEL_KEYS``): a checkpoint written
+    with torch's fused AdamW on one process must not switch FSDP2's sharded parameters to the fused kernel, which
+    refuses DTensors, nor a fused-capable layout back to the loop."""
+    kernel = [{k: group.get(k) for k in KERNEL_KEYS} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keys in zip(optimizer.param_groups, kernel):
+        group.update(keys)
+
+
 def gather_groups(parts: list[tuple], n_groups: int, G: int) -> tuple[Samples, list[str], RewardBatch]:
     """The whole batch from every process's (group indices, Samples, texts, RewardBatch) of its groups,
     laid out group-major in global group order as one process would have sampled it."""
@@ -187,8 +201,8 @@ class OneProcess:
         dp.load_full(param, full)
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
-        """Load a one-process optimiser state."""
-        optimizer.load_state_dict(state)
+        """Load a one-process optimiser state (``load_keeping_kernel``)."""
+        load_keeping_kernel(optimizer, state)
 
 
 class DataParallel(OneProcess):
@@ -290,7 +304,7 @@ class ShardedDataParallel(DataParallel):
         return dp.full_optimizer_state(optimizer)
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
+        load_keeping_kernel(optimizer, state)
         dp.shard_optimizer_state(optimizer)
 
 

@@ -30,3 +30,19 @@ def test_the_fused_kernel_takes_the_loops_steps_to_round_off():
         ends.append([p.detach() for p in params])
     for a, b in zip(*ends):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_checkpoint_written_by_the_fused_kernel_does_not_switch_the_loader_to_it():
+    """A fused run's optimiser state, loaded where the layout asks for the loop (FSDP2), keeps the loop and the moments."""
+    from dfpo.trainer.parallel import load_keeping_kernel
+
+    params = [torch.nn.Parameter(torch.randn(4, 3))]
+    fused = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    params[0].grad = torch.randn(4, 3)
+    fused.step()
+    loop = torch.optim.AdamW([torch.nn.Parameter(params[0].detach().clone())], lr=1e-3, foreach=False)
+    load_keeping_kernel(loop, fused.state_dict())
+    group = loop.param_groups[0]
+    assert (group["fused"], group["foreach"]) == (None, False)
+    moment = next(iter(loop.state.values()))["exp_avg"]
+    assert torch.equal(moment, next(iter(fused.state.values()))["exp_avg"])

@@ -15,6 +15,7 @@ import torch
 from ...core.loss import ObjectiveSpec, group_advantages, objective_from_label
 from ...core.probe import DriftBatch, probe_step, summary
 from ..config import Config, config_from_dict, config_to_dict
+from ..parallel import load_keeping_kernel
 from .plan import ProbePlan
 
 
@@ -104,7 +105,7 @@ def build_start(plan: ProbePlan, cfg: Config, train_examples: list, say: Callabl
             for n, p in model.named_parameters():
                 if n in saved["model"]:
                     p.copy_(saved["model"][n].to(p.device, p.dtype))
-        optimizer.load_state_dict(saved["optimizer"])  # the run's moments and learning rate
+        load_keeping_kernel(optimizer, saved["optimizer"])  # the run's moments and learning rate
     return Start(model, tok, eos_ids, optimizer, device, amp, dtype, ref)
 
 
