@@ -36,7 +36,6 @@ from .minibatches import accumulation_weights
 from .rewards.compute import RewardBatch
 from .sampler import Samples
 
-
 KERNEL_KEYS = ("fused", "foreach")
 """An optimiser's implementation keywords, which ``load_state_dict`` would take from the checkpoint's param groups."""
 
