@@ -171,24 +171,23 @@ def shared_gradient(
 
 
 ROUND_OFF = 1e-13
-"""Below this a nonzero value is float round-off: ``fmt`` prints the bound, not the digits."""
+"""Below this in size a value is float round-off: ``fmt`` prints the bound, not the digits."""
 
 
 def fmt(x: float) -> str:
-    """Short float for evidence strings; float round-off below 1e-13 prints as the bound, '< 1e-13' (or '> -1e-13').
+    """Short float for evidence strings; a value within 1e-13 of 0, exactly 0 included, prints as '0 (within 1e-13)'.
 
-    Round-off residues differ between CPUs and BLAS builds; printing them as a bound keeps the
-    generated ledger identical across machines while still saying how small they were.
+    Round-off residues differ between CPUs and BLAS builds, down to exactly 0 on one machine and 3e-16 or -3e-16 on
+    another; one string for all of them keeps the generated ledger identical across machines.
     """
-    if x != 0 and abs(x) < ROUND_OFF:
-        return f"< {ROUND_OFF:g}" if x > 0 else f"> -{ROUND_OFF:g}"
+    if abs(x) < ROUND_OFF:
+        return f"0 (within {ROUND_OFF:g})"
     return f"{x:.3g}"
 
 
 def equals(x: float) -> str:
-    """``fmt(x)`` after the relation it states: '= 0.0973', or '< 1e-13' for round-off (never '= < 1e-13')."""
-    shown = fmt(x)
-    return shown if shown[0] in "<>" else f"= {shown}"
+    """``fmt(x)`` after the relation it states: '= 0.0973', or '= 0 (within 1e-13)' for round-off."""
+    return f"= {fmt(x)}"
 
 
 def own_token_coefficients(
