@@ -26,7 +26,7 @@ from dfpo.commands import cancellation_demo
 from dfpo.core import stats
 from dfpo.core.files import write_text_atomic
 from dfpo.core.findings import read_ledger, summaries, summary_markdown
-from dfpo.trainer.probe.findings import findings_block
+from dfpo.trainer.probe.findings import findings_block, template_block
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "scripts" / "attribution.tmpl.md"
@@ -215,6 +215,7 @@ def render(template: str) -> str:
     text = text.replace("{PROBE}", findings_block(ROOT / "docs" / "probe"))  # the block update_readme.py keeps fresh
     text = text.replace("{FINDINGS}", summary_markdown(summary))
     text = text.replace("{REGISTERED}", registered_section())
+    text = text.replace("{TEMPLATE_PROBE}", template_block(ROOT / "docs" / "probe"))
     text = text.replace("{SIGN_SEEDS}", str(stats.sign_test_min_seeds(summary.level_of("smollm2"))))
     text = re.sub(r"\{SEEDS:([\w-]+):(\w+)\}", lambda m: seed_set(evidence, m.group(1), m.group(2)), text)
     return re.sub(r"\{EXPERIMENT:([\w-]+)\}", lambda m: experiment(m.group(1), evidence), text)

@@ -59,3 +59,39 @@ def test_the_equivalent_pairs_sentence_counts_the_seeds_whose_batch_held_one():
     records = [{"seed": s, "kind": "equivalent", "events": n} for s, n in ((0, 3.0), (0, 1.0), (1, 0.0), (2, 2.0))]
     records.append({"seed": 1, "kind": "shared", "events": 5.0})
     assert pairs_sentence({"seeds": [0, 1, 2], "records": records}) == "Equivalent pairs: in 2 of 3 seeds' batches."
+
+
+def test_an_objectives_parts_are_the_means_over_seeds_of_its_shared_records():
+    """parts_sentence: each figure averaged over the seeds that hold shared events; other kinds and labels left out."""
+    from dfpo.trainer.probe.findings import parts_sentence
+
+    def record(seed, label, kind, scale):
+        figures = {"coef": 1.0, "direct": 2.0, "cross": 3.0, "momentum": 4.0, "measured": 5.0, "direct_share": 0.01, "error_ratio": 0.1}
+        return {"seed": seed, "objective": label, "kind": kind, **{k: v * scale for k, v in figures.items()}}
+
+    doc = {
+        "records": [
+            record(0, "a", "shared", 1),
+            record(1, "a", "shared", 3),
+            record(0, "b", "shared", 100),
+            record(0, "a", "equivalent", 50),
+        ]
+    }
+    assert (
+        parts_sentence(doc, "a")
+        == "`a`: coef 2, direct 4, cross 6, momentum 8, measured 10; the direct part is 2% of the first-order prediction; first-order error 20.0% of the measured change"
+    )
+
+
+def test_the_stored_template_probe_cancels_the_direct_part_of_the_whole_group_events():
+    """Eq 2's cancellation on the real model: under the exact-cancellation arm the probed shared events' direct part is
+    under 1% of gspo_noclip's on each stored seed set (the arm zeroes it on whole-group events; subset events remain)."""
+    from dfpo.trainer.probe.findings import TEMPLATE, values
+
+    at = [disc for _, disc, _ in STORED].index(f"{TEMPLATE}-discovery.json")
+    _, disc, conf = load_stored(DOCS)[at]
+    for doc in (disc, conf):
+        control = values(doc, "gspo_noclip", "shared", "direct")
+        cancelled = values(doc, "gspo_noclip:cancel=shared_whole", "shared", "direct")
+        assert len(control) == len(cancelled) == 8
+        assert sum(cancelled.values()) < 0.01 * sum(control.values())

@@ -46,6 +46,12 @@ STORED = (
         "smollm2-discovery.json",
         "smollm2-confirmation.json",
     ),
+    (
+        "Whole-group shared tokens, SmolLM2-135M-Instruct after the template warm-up (template sum task), "
+        "gspo_noclip and its exact-cancellation arm",
+        "smollm2-template-discovery.json",
+        "smollm2-template-confirmation.json",
+    ),
 )
 """(title, discovery document, confirmation document) in ``docs/probe/``. Re-make them with (add task)
 ``dfpo probe --seeds 8 --first-seed 0 --out runs/probe-d`` and ``--first-seed 100`` (confirmation); the equiv task
@@ -54,7 +60,9 @@ topr,kimi15,dro,vapo_nll,dapo,gpg``; the reference terms are ``dfpo probe --obje
 --seeds 8`` and ``--first-seed 100``; SmolLM2 is ``dfpo probe --config configs/smollm2-cpu.toml --seeds 8 --first-seed 0
 --max-events 8 --set threads=1`` and ``--first-seed 100`` (9 to 28 min a seed at one thread on the 2-core machine
 beside other work, most of it the equivalent pairs' gradients; it stores each seed and goes on after a stop);
-copy each probe.json to the name above. The tiny preset's stored ones predate the subset
+the template task (issue 58 item 8) is ``dfpo probe --objectives gspo_noclip,gspo_noclip:cancel=shared_whole --config
+configs/smollm2-template.toml --set threads=1 --max-events 8 --seeds 8 --first-seed 0`` and ``--first-seed 100``, from
+the warm-up every stage-1 cell starts from; copy each probe.json to the name above. The tiny preset's stored ones predate the subset
 rule (``dfpo.core.probe.EVENT_RULES``): their shared events are the whole-group ones (``titled`` says so), and a
 re-made one would probe eq 2's subset events instead (on the add task's seed 0: 58 found, 11 of them whole-group)."""
 
@@ -216,3 +224,52 @@ def pairs_sentence(doc: dict) -> str:
     different tokens), from its records."""
     seeds = {r["seed"] for r in doc["records"] if r["kind"] == "equivalent" and r.get("events", 0) > 0}
     return f"Equivalent pairs: in {len(seeds)} of {len(doc['seeds'])} seeds' batches."
+
+
+TEMPLATE = "smollm2-template"
+"""The stored pair of the template task before training (``STORED``'s TEMPLATE-discovery.json and -confirmation.json):
+the experiment of issue 58 item 8, gspo_noclip against its exact-cancellation arm where whole groups share tokens."""
+
+TEMPLATE_MACHINE = "a 2-core Intel Xeon (23 GiB, one torch thread), beside a training stream"
+"""Where the stored template probe ran (its documents do not record the machine): the session of 2026-12-06."""
+
+TEMPLATE_PARTS = ("coef", "direct", "cross", "momentum", "measured")
+"""The figures of a shared event the template paragraph prints per objective: |c|, the three parts of the first-order
+prediction a step without weight decay has, and the measured change of log pi (``dfpo.core.probe.summary``); then the
+direct part's share of the prediction, which is what cancelling the event's own coefficient can take away in one step."""
+
+
+def parts_sentence(doc: dict, label: str) -> str:
+    """An objective's shared events in one probe document: the mean over seeds of each ``TEMPLATE_PARTS`` figure (each
+    a seed's mean absolute value over its probed events) and of the first-order error ratio."""
+    means = []
+    for figure in (*TEMPLATE_PARTS, "direct_share", "error_ratio"):
+        per_seed = list(values(doc, label, "shared", figure).values())
+        means.append(sum(per_seed) / len(per_seed) if per_seed else float("nan"))
+    *parts, direct_share, error = means
+    said = ", ".join(f"{name} {value:.3g}" for name, value in zip(TEMPLATE_PARTS, parts))
+    return (
+        f"`{label}`: {said}; the direct part is {100 * direct_share:.2g}% of the first-order prediction; "
+        f"first-order error {100 * error:.1f}% of the measured change"
+    )
+
+
+def template_block(folder: Path) -> str:
+    """docs/attribution.md's paragraph on the probe of the template task before training (issue 58 item 8), generated
+    from its stored documents alone: the shared events each set's batches held and how many every completion of a
+    group holds, and each objective's mean parts per set (the replicated findings are in ``findings_block``)."""
+    from .report import events_sentence  # deferred: torch
+
+    at = [disc for _, disc, _ in STORED].index(f"{TEMPLATE}-discovery.json")
+    _, disc, conf = load_stored(folder)[at]
+    minutes = f"{disc['wall_s'] / 60:.0f} and {conf['wall_s'] / 60:.0f} min"
+    lines = [
+        f"Before any training step, from the warmed-up model every stage-1 cell starts from ({minutes} for the two seed "
+        f"sets on {TEMPLATE_MACHINE}; figures are means over seeds of each seed's mean absolute value over "
+        "its probed events, in log pi):",
+        "",
+    ]
+    for name, doc in (("discovery", disc), ("confirmation", conf)):
+        parts = "; ".join(parts_sentence(doc, label) for label in doc["objectives"])
+        lines.append(f"- {name} set (seeds {doc['seeds'][0]}-{doc['seeds'][-1]}): {events_sentence(doc)} {parts}.")
+    return "\n".join(lines)
