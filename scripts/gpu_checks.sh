@@ -12,14 +12,14 @@
 #    no network into OUT/site (pip --target, on PYTHONPATH), then every module the steps import checked, one line each;
 #    without a CUDA device (and without --rehearse): one line saying so, exit status 2, nothing else run;
 # 1. benchmarks/vs_trl.py --device cuda: issue 48's measurement, trials A C B B C A (TRL second), its own --deadline-s
-#    (270 s from its start) stopping the trials in time to print the table and the goal lines, OUT/vs_trl.json;
+#    (260 s from its start) stopping the trials in time to print the table and the goal lines, OUT/vs_trl.json;
 # 2. benchmarks/decode_step.py --device cuda: the decode step against its memory floor, one compiled step per mode;
 # 3. the gpu-marked tests: the loss core's (fused_policy_loss, token_logprobs, the casts in place) and the trainer's
 #    (a tiny run under bf16 autocast: the static cache, the compiled decode step, the decoding copy on CUDA);
 # 4. only while the time allows (the elapsed time + its limit within 540 s): benchmarks/fused_head.py at issue 48's
 #    goal sizes, bf16, V = 151,936, 8 x 2048, H = 1024 then 4096 (fused_once against the floors).
 # Each step has its own time limit, so a slow one leaves the later ones their time. The limits of steps 0-3 add up to
-# 540 s: torch and CUDA 20 + install 30 + imports 15 + nvidia-smi 5 + vs_trl 290 + decode_step 70 + core tests 40 +
+# 540 s: torch and CUDA 20 + install 20 + imports 35 + nvidia-smi 5 + vs_trl 280 + decode_step 70 + core tests 40 +
 # trainer test 70 (--plan lists them; a test adds them up).
 # The exit status is the first step's that failed (124: its time ran out), 0 when none did; the last lines list each,
 # and OUT/gpu_checks.json holds them (name, exit status, seconds, log).
@@ -112,9 +112,9 @@ if [ "$plan" -eq 0 ] && ! ls "$bundle"/*.whl >/dev/null 2>&1; then
   record "bundle" 1 0 "-"
   finish
 fi
-step "install the bundle" 30 install.log "$py" -m pip install -q --no-index --no-deps --target "$out/site" "$bundle"/*.whl
+step "install the bundle" 20 install.log "$py" -m pip install -q --no-index --no-deps --target "$out/site" "$bundle"/*.whl
 export PYTHONPATH="$out/site${PYTHONPATH:+:$PYTHONPATH}"
-step "imports" 15 imports.log "$py" -P -c "
+step "imports" 35 imports.log "$py" -P -c "
 import importlib, sys
 missing = []
 for name in ('torch', 'transformers', 'tomli_w', 'dfpo.trainer.train', 'trl', 'datasets', 'math_verify', 'pytest', 'hypothesis'):
@@ -134,14 +134,14 @@ fi
 
 # 1-3. The measurements, then the tests.
 if [ "$rehearse" -eq 0 ]; then
-  step "vs_trl" 290 vs_trl.log "$py" -P benchmarks/vs_trl.py --device cuda --json "$out/vs_trl.json"
+  step "vs_trl" 280 vs_trl.log "$py" -P benchmarks/vs_trl.py --device cuda --json "$out/vs_trl.json"
   step "decode_step" 70 decode_step.log "$py" -P benchmarks/decode_step.py --device cuda
   step "core gpu tests" 40 pytest_core_gpu.log "$py" -P -m pytest -q -p no:cacheprovider -m gpu tests/core/test_fused.py \
     tests/core/test_logprobs.py tests/core/test_cast_in_place.py
   step "trainer gpu test" 70 pytest_trainer_gpu.log "$py" -P -m pytest -q -p no:cacheprovider -m gpu tests/trainer/test_llm_e2e.py
 else
-  step "vs_trl" 290 vs_trl.log "$py" -P benchmarks/vs_trl.py --device cpu --shape tiny --max-new 4 --steps 2 --trials 3 \
-    --threads 1 --deadline-s 270 --json "$out/vs_trl.json"
+  step "vs_trl" 280 vs_trl.log "$py" -P benchmarks/vs_trl.py --device cpu --shape tiny --max-new 4 --steps 2 --trials 3 \
+    --threads 1 --deadline-s 260 --json "$out/vs_trl.json"
   step "decode_step" 75 decode_step.log "$py" -P benchmarks/decode_step.py --device cpu --rows 4 --prompt-len 8 --short 2 \
     --long 18
   step "core gpu tests" 40 pytest_core_gpu.log "$py" -P -m pytest -q -p no:cacheprovider -m gpu tests/core/test_fused.py \
