@@ -526,8 +526,14 @@ def summaries(findings: Iterable[Finding], evidence: Mapping[str, Mapping], name
     return Summary(name, [f for f in findings if name in f.summaries], evidence)
 
 
+REGISTERED_KIND = "registered-compare"
+"""The kind scripts/attribution_data.py --registered gives a registered experiment's stored tables."""
+
+
 def read_ledger(folder) -> tuple[list[Finding], dict[str, dict]]:
-    """(findings, evidence by experiment name) from a folder holding findings.toml and data/NAME.json."""
+    """(findings, evidence by experiment name) from a folder holding findings.toml and data/NAME.json: the discovery and
+    confirmation pairs the findings read; a registered experiment's tables (kind ``REGISTERED_KIND``) are left to
+    ``dfpo.core.registration``, which judges them by their own registered rows."""
     folder = Path(folder)
     try:
         findings = load_findings(tomllib.loads((folder / "findings.toml").read_text(encoding="utf-8")))
@@ -536,7 +542,9 @@ def read_ledger(folder) -> tuple[list[Finding], dict[str, dict]]:
     evidence = {}
     for path in sorted((folder / "data").glob("*.json")):
         try:
-            evidence[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not JSON ({err})") from None
+        if not (isinstance(doc, dict) and doc.get("kind") == REGISTERED_KIND):
+            evidence[path.stem] = doc
     return findings, evidence

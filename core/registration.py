@@ -362,6 +362,29 @@ def row_sentence(result: RowResult, metric_name: str) -> str:
     return f"{head}: not shown either way ({intervals}); these seeds could detect only an effect of about {detectable:.3g} or more."
 
 
+def rest_clause(rest: Sequence[RowResult]) -> str:
+    """What the rows without a counted effect say, by kind: exploratory (never counted), negligible, did not replicate,
+    and not shown either way with the smallest effect each row's seeds could have seen, in its outcome's units."""
+    exploratory = [r for r in rest if not r.registered]
+    counted = [r for r in rest if r.registered]
+    parts = []
+    if exploratory:
+        parts.append(f"{len(exploratory)} exploratory (added after the data: never counted)")
+    negligible = [r for r in counted if r.word == "negligible"]
+    if negligible:
+        parts.append(f"{len(negligible)} negligible on every set (within the registered margin)")
+    split = [r for r in counted if r.word == "did not replicate"]
+    if split:
+        parts.append(f"{len(split)} did not replicate (the sets disagree)")
+    unshown = [r for r in counted if r.word == "inconclusive"]
+    if unshown:
+        sizes = ", ".join(f"{max(v.detectable for v in r.per_set):.3g} on `{r.row.metric}` against `{r.row.control}`" for r in unshown)
+        parts.append(
+            f"{len(unshown)} not shown either way, which is not 'no change': the seeds could detect only an effect of about {sizes} or more"
+        )
+    return "; ".join(parts)
+
+
 def stage_sentence(
     registration: Registration, results: Sequence[RowResult], status: RowStatus | None, metric_names: Mapping[str, str]
 ) -> str:
@@ -376,8 +399,11 @@ def stage_sentence(
             f"({', '.join(_num(v.interval.mean) for v in r.per_set)})"
             for r in effects
         )
-        rest = len(results) - len(effects)
-        return f"{registration.title} ({where}; {seeds} seeds): {len(effects)} of {len(results)} registered rows show the same effect on every set: {found}; the other {rest} do not."
+        rest = [r for r in results if r not in effects]
+        return (
+            f"{registration.title} ({where}; {seeds} seeds): {len(effects)} of {len(results)} registered rows show the same "
+            f"effect on every set: {found}; of the other {len(rest)}, {rest_clause(rest)}."
+        )
     named = next((r for r in results if r.row.primary), results[0])
     return (
         f"{registration.title} ({where}; {seeds} seeds): none of its {len(results)} rows shows an effect on every set; "

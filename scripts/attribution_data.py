@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dfpo.core.files import read_utf8, write_text_atomic
+from dfpo.core.findings import REGISTERED_KIND
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"
@@ -237,7 +238,7 @@ def registered_evidence(name: str) -> dict:
     return rounded(
         {
             "name": name,
-            "kind": "registered-compare",
+            "kind": REGISTERED_KIND,
             "title": reg.title,
             "machine": reg.machine,
             "registration": str(path.relative_to(ROOT)),

@@ -357,3 +357,17 @@ def test_a_stored_registered_experiment_shows_its_pictures_and_a_pending_one_non
         "![x-x-a-curves](attribution/x-x-a-curves.png)",
         "![x-x-b-curves](attribution/x-x-b-curves.png)",
     ]
+
+
+def test_the_findings_ledger_leaves_a_registered_experiments_tables_to_its_registration(tmp_path):
+    """read_ledger: data/NAME.json of kind registered-compare (judged by its registered rows) is not a findings pair."""
+    import shutil
+
+    from dfpo.core.findings import REGISTERED_KIND
+
+    (tmp_path / "data").mkdir()
+    shutil.copy(LEDGER / "findings.toml", tmp_path / "findings.toml")
+    (tmp_path / "data" / "pair.json").write_text('{"kind": "compare", "sets": {}}')
+    (tmp_path / "data" / "stage.json").write_text(f'{{"kind": "{REGISTERED_KIND}", "sets": {{}}}}')
+    _, evidence = read_ledger(tmp_path)
+    assert list(evidence) == ["pair"]

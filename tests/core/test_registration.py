@@ -194,6 +194,20 @@ def test_the_opening_sentence_names_a_replicated_effect_with_its_numbers():
     assert "as the paper's and the hypothesis's predictions" in reg.row_sentence(results[0], "final eval")
 
 
+def test_the_rows_without_an_effect_are_said_by_kind_with_what_the_seeds_could_see():
+    """rest_clause: negligible, split and inconclusive rows are counted apart; an inconclusive row names its detectable
+    effect in its outcome's units, and an exploratory row is never counted."""
+    r = reg.load_registration(document())
+    (flat,) = reg.evaluate(r, _docs(0.0, 0.3), _status(True))
+    (late,) = reg.evaluate(r, _docs(0.3, 0.001), _status(False))
+    text = reg.rest_clause([flat, late])
+    size = max(v.detectable for v in flat.per_set)
+    assert text == (
+        "1 exploratory (added after the data: never counted); 1 not shown either way, which is not 'no change': the seeds "
+        f"could detect only an effect of about {size:.3g} on `eval` against `c` or more"
+    )
+
+
 def test_nothing_found_is_said_with_the_effect_the_seeds_could_see():
     r = reg.load_registration(document())
     results = reg.evaluate(r, _docs(0.0, 0.3), _status(True))
@@ -219,7 +233,9 @@ def test_a_missing_set_names_the_command_that_makes_it():
 
 
 def test_readme_opens_with_a_sentence_for_every_registered_experiment():
-    sentences = reg.registered_sentences(ROOT, {})
+    from dfpo.core.findings import METRICS  # the outcome names README's sentences use
+
+    sentences = reg.registered_sentences(ROOT, METRICS)
     assert len(sentences) == len(REGISTERED)
     readme = (ROOT / "README.md").read_text()
     assert all(s in readme for s in sentences)
