@@ -181,11 +181,12 @@ def registered_pictures(reg) -> list[str]:
 def registered_section() -> str:
     """Each experiment registered before its data (docs/attribution/registered/): what it found (or that nothing is
     stored yet), its commands, its rows as registered, the pilot its recipe passed, and one sentence per row once its
-    tables are stored (``dfpo.core.registration``)."""
+    tables are stored (``dfpo.core.registration``), and what each seed set cost on which machines, as its cells recorded."""
     import json
 
     from dfpo.core.findings import METRICS
     from dfpo.core.registration import evaluate_stored, read_registration, registered_sentences, row_sentence, rows_table
+    from dfpo.trainer.compare_report import cost_lines
     from dfpo.trainer.pilot import pilot_table, read_pilot
 
     parts = []
@@ -197,8 +198,10 @@ def registered_section() -> str:
             block += ["", pilot_table(read_pilot(ROOT / reg.pilot))]
         stored = LEDGER / "data" / f"{reg.experiment}.json"
         if stored.is_file():
-            results = evaluate_stored(reg, json.loads(stored.read_text(encoding="utf-8")))
+            doc = json.loads(stored.read_text(encoding="utf-8"))
+            results = evaluate_stored(reg, doc)
             block += [""] + [f"- {row_sentence(r, METRICS.get(r.row.metric, r.row.metric))}" for r in results]
+            block += [""] + [f"- `{name}`: {' '.join(cost_lines(data['doc'].get('cost'))).strip()}" for name, data in doc["sets"].items()]
             block += ["", *registered_pictures(reg)]
         parts.append("\n".join(block))
     return "\n\n".join(parts)
