@@ -235,6 +235,14 @@ METRICS: tuple[Metric, ...] = (
         _TRAINER,
     ),
     Metric(
+        "diag/shared_coef_whole",
+        "mean",
+        "the coefficient mass at the events a whole group holds, sum over them of sum_i |d loss / d log pi| (the "
+        "denominator of diag/shared_residual_whole): exactly 0 under cancel=shared_whole, where no gradient reaches "
+        "those positions and the residual is 0/0, so this is what shows the cancellation acted in a run",
+        _TRAINER,
+    ),
+    Metric(
         "diag/shared_residual_whole",
         "mean",
         "diag/shared_residual over the events a whole group holds (every completion of the group shares the prefix and "

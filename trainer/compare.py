@@ -416,7 +416,8 @@ def read_run(path: Path) -> dict[str, float]:
     ``template_kl`` and ``greedy_eval`` the final eval's ``eval/template_kl`` (the learning tax at the template's
     positions, Prop. 3.1) and ``eval/greedy_acc`` (eval.greedy); ``shared_whole``, ``residual_whole`` and
     ``weights_spread`` the means of ``diag/shared_positions`` (positions a whole group shares),
-    ``diag/shared_residual_whole`` (eq 2's residual there) and ``weights/spread``. An outcome the logs do not hold is
+    ``diag/shared_residual_whole`` (eq 2's residual there) and ``weights/spread``; ``coef_whole`` the mean of
+    ``diag/shared_coef_whole`` (the coefficient mass there: 0 under exact cancellation). An outcome the logs do not hold is
     NaN (its cells read n/a).
     """
     summary = _read_summary(RunDir(path).summary)
@@ -448,6 +449,7 @@ def read_run(path: Path) -> dict[str, float]:
         "greedy_eval": _number(final.get("eval/greedy_acc")),
         "shared_whole": _mean(_logged(rows, "diag/shared_positions")),
         "residual_whole": _mean(_logged(rows, "diag/shared_residual_whole")),
+        "coef_whole": _mean(_logged(rows, "diag/shared_coef_whole")),
         "weights_spread": _mean(_logged(rows, "weights/spread")),
     }
 

@@ -48,6 +48,7 @@ OUTCOMES = (
     ("greedy_eval", "greedy eval accuracy, final eval (eval.greedy)", "{:+.3f}"),
     ("shared_whole", "positions a whole group shares, per step (mean over steps)", "{:+.1f}"),
     ("residual_whole", "eq 2 residual at the positions a whole group shares (mean over steps)", "{:+.3f}"),
+    ("coef_whole", "coefficient mass sum |d loss / d log pi| at the positions a whole group shares (mean over steps)", "{:+.2e}"),
     ("weights_spread", "in-group spread of the sequence weights (weights/spread; mean over steps)", "{:+.2e}"),
 )
 VALUE_FORMATS = {

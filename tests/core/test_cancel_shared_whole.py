@@ -310,3 +310,20 @@ def test_the_fused_lm_head_reads_its_targets_as_the_token_ids(layout):
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert float(metrics["shared/whole_group_positions"]) == float(ref_metrics["shared/whole_group_positions"]) == 2.0
+
+
+def test_the_trainers_whole_group_coefficient_mass_is_0_under_the_arm_and_not_without_it():
+    """diag/shared_coef_whole (what a run logs to show the arm acted; its residual there is 0/0) read off the same
+    d loss / d log pi the trainer feeds its diagnostics: 0 exactly with cancel=shared_whole, positive without."""
+    from dfpo.trainer.diagnostics import StepDiagnostics
+    from dfpo.trainer.stages.metrics import diagnostic_metrics
+
+    batch = make_batch(**FIXED)
+    ones = torch.ones_like(batch["logp"])
+    mass = {}
+    for label in ("gspo_noclip", f"gspo_noclip:cancel={ARM}"):
+        _, _, grad = _loss(label, batch)
+        d = StepDiagnostics()
+        d.add(grad, ones, ones, batch["token_ids"], batch["mask"], batch["group_ids"], None)
+        mass[label] = diagnostic_metrics(d)["diag/shared_coef_whole"]
+    assert mass[f"gspo_noclip:cancel={ARM}"] == 0.0 < mass["gspo_noclip"]

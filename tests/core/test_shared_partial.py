@@ -196,6 +196,8 @@ def test_trainers_diagnostics_count_partial_events_and_the_length_part():
     assert m["diag/shared_residual"] == pytest.approx(7.0 / 12.0)
     assert m["diag/shared_residual_length"] == pytest.approx(0.5 / 12.0)
     assert m["diag/shared_residual_whole"] == pytest.approx(1.0 / 6.0)
+    assert m["diag/shared_coef_whole"] == pytest.approx(6.0)  # twice the micro-batch's 3.0: the residual's denominator
+    assert diagnostic_metrics(StepDiagnostics())["diag/shared_coef_whole"] == 0.0  # logged at 0 (0/0 has no residual)
     merged = StepDiagnostics()
     merged.merge(d)
     merged.merge(d)  # what the data-parallel strategy does with every process's sums

@@ -291,7 +291,7 @@ def test_compare_png_draws_only_outcomes_with_data_with_titles_apart(tmp_path, c
     pairs = [tuple(p) for p in doc["pairs"]]
     drawn = [key for key, _ in drawable_outcomes(records, pairs, pair_intervals(records, pairs))]
     empty = {"jitter2", "entropy_last10", "residual", "tax_kl", "equiv_entropy", "shared_events", "residual_length"}
-    empty |= {"update_norm", "cpu_s", "template_kl", "greedy_eval", "shared_whole", "residual_whole", "weights_spread"}
+    empty |= {"update_norm", "cpu_s", "template_kl", "greedy_eval", "shared_whole", "residual_whole", "coef_whole", "weights_spread"}
     empty |= {"steps_to_kappa"} if censored else set()
     assert drawn == [key for key, _, _ in OUTCOMES if key not in empty]
     fig = difference_figure(doc)

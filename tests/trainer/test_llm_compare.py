@@ -50,6 +50,7 @@ def test_read_run_takes_the_final_eval_the_last_ten_rewards_and_censors_steps(tm
     expected |= {"tax_kl": nan, "equiv_entropy": nan, "shared_events": nan, "residual_length": nan, "cpu_s": nan, "update_norm": nan}
     expected |= {"reward_rise5": 0.7}  # last five 0.5 .. 0.9 (mean 0.7) minus the first five 0.0
     expected |= {"template_kl": nan, "greedy_eval": nan, "shared_whole": nan, "residual_whole": nan, "weights_spread": nan}
+    expected |= {"coef_whole": nan}
     assert rec == pytest.approx(expected, nan_ok=True)  # censored: the run's 15 steps + 1, a lower bound
 
 
@@ -64,13 +65,14 @@ def test_read_run_takes_the_template_tax_the_greedy_eval_and_the_whole_group_dia
     for i, r in enumerate(rows):
         r["diag/shared_positions"] = 8 + i
         r["weights/spread"] = 0.01 * (i + 1)
+        r["diag/shared_coef_whole"] = 0.0 if i else 2.0
         if i < 2:
             r["diag/shared_residual_whole"] = 0.5 * i
     (tmp_path / "a" / RunDir.METRICS).write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     rec = read_run(tmp_path / "a")
     assert (rec["template_kl"], rec["greedy_eval"]) == (0.004, 0.3125)
     assert rec["shared_whole"] == pytest.approx(9.5) and rec["residual_whole"] == pytest.approx(0.25)
-    assert rec["weights_spread"] == pytest.approx(0.025)
+    assert rec["weights_spread"] == pytest.approx(0.025) and rec["coef_whole"] == pytest.approx(0.5)
 
 
 def test_the_reward_rise_needs_two_windows_that_do_not_overlap():
@@ -247,10 +249,10 @@ def test_compare_prints_every_seed_of_every_outcome_and_writes_per_seed_csv(tmp_
     assert rows[0] == (
         "label,seed,eval,reward_last10,steps_to_kappa,jitter2,entropy_last10,residual,clip_frac,asym,"
         "tax_kl,equiv_entropy,shared_events,residual_length,update_norm,reward_rise5,cpu_s,"
-        "template_kl,greedy_eval,shared_whole,residual_whole,weights_spread,kappa_reached"
+        "template_kl,greedy_eval,shared_whole,residual_whole,coef_whole,weights_spread,kappa_reached"
     )
     assert (
-        rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,0,nan,nan,nan,nan,nan,nan,1" and len(rows) == 1 + 2 * 8
+        rows[1] == "gspo,10,0.3,0.5,12,nan,nan,nan,0.3,0.5,nan,nan,nan,nan,nan,0,nan,nan,nan,nan,nan,nan,nan,1" and len(rows) == 1 + 2 * 8
     )  # rise 0: flat rewards
     doc = json.loads((plan.out / "compare.json").read_text())  # what the page re-renders the tables from
     assert C.render_compare(doc) == text.splitlines()[: len(C.render_compare(doc))]

@@ -53,13 +53,15 @@ class Stopwatch:
 
 def diagnostic_metrics(d: StepDiagnostics) -> dict:
     """Energy's share per frequency bucket (eq 24) and the shared-token cancellation residual of a step (eq 2):
-    over every shared event, its length part (eq 67's 1/|y_i|), and over the events a whole group holds."""
+    over every shared event, its length part (eq 67's 1/|y_i|), and over the events a whole group holds, with the
+    coefficient mass there (the residual's denominator, logged even at 0, where the residual itself is 0/0)."""
     m: dict = {}
     if d.energy is not None and float(d.energy.sum()) > 0:
         share = d.energy / d.energy.sum()
         for b, v in enumerate(share.tolist()):
             m[f"energy/bucket{b}"] = v
     m["diag/shared_positions"] = d.shared_positions
+    m["diag/shared_coef_whole"] = d.shared_den  # sum |c| at the whole-group events: 0 where no gradient reaches them
     m["diag/shared_events"] = d.events
     if d.event_den > 0:
         m["diag/shared_residual"] = d.event_num / d.event_den
