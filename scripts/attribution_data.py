@@ -222,6 +222,21 @@ def data_started(folders: list[Path]) -> datetime:
     return min(marks)
 
 
+def control_gates(reg, folder: Path, seeds: list[int]) -> list[dict]:
+    """The pilot's four gates on each control cell of one seed set (the objective its stored pilot trained), read from
+    the cells' logs (``dfpo.trainer.pilot.gates_over_cells``)."""
+    from dfpo.trainer.pilot import gates_over_cells, read_pilot
+    from dfpo.trainer.run.layout import RunDir
+    from dfpo.trainer.run.logs import JsonlLog
+
+    control = read_pilot(ROOT / reg.pilot)["objective"]
+    cells = {}
+    for seed in seeds:
+        run = RunDir(folder / control.replace(":", "__").replace("=", "-") / f"seed{seed}")
+        cells[seed] = (JsonlLog.read(run.evals), JsonlLog.read(run.metrics))
+    return gates_over_cells(cells)
+
+
 def registered_evidence(name: str) -> dict:
     """A registered experiment's stored tables, naming the commit that registered it and when its data began."""
     from dfpo.core.registration import read_registration, row_status
@@ -235,6 +250,7 @@ def registered_evidence(name: str) -> dict:
     started = data_started(folders)
     status = row_status(path.relative_to(ROOT), ROOT, started)
     sets = {s.name: compare_set(f, c) for s, f, c in zip(reg.sets, folders, reg.commands(), strict=True)}
+    gates = {s.name: control_gates(reg, f, s.seed_list()) for s, f in zip(reg.sets, folders, strict=True)} if reg.pilot else {}
     return rounded(
         {
             "name": name,
@@ -247,6 +263,7 @@ def registered_evidence(name: str) -> dict:
             "data_started": started.isoformat(),
             "registered_rows": sorted(list(k) for k in status.registered),
             "sets": sets,
+            **({"gates": gates} if gates else {}),
         }
     )
 

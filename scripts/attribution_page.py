@@ -187,7 +187,7 @@ def registered_section() -> str:
     from dfpo.core.findings import METRICS
     from dfpo.core.registration import evaluate_stored, read_registration, registered_sentences, row_sentence, rows_table
     from dfpo.trainer.compare_report import cost_lines
-    from dfpo.trainer.pilot import pilot_table, read_pilot
+    from dfpo.trainer.pilot import gates_sentence, pilot_table, read_pilot
 
     parts = []
     paths = sorted((LEDGER / "registered").glob("*.toml"))
@@ -202,6 +202,8 @@ def registered_section() -> str:
             results = evaluate_stored(reg, doc)
             block += [""] + [f"- {row_sentence(r, METRICS.get(r.row.metric, r.row.metric))}" for r in results]
             block += [""] + [f"- `{name}`: {' '.join(cost_lines(data['doc'].get('cost'))).strip()}" for name, data in doc["sets"].items()]
+            gates = doc.get("gates", {})
+            block += [f"- the pilot's gates on `{name}`'s control cells: {gates_sentence(summary)}." for name, summary in gates.items()]
             block += ["", *registered_pictures(reg)]
         parts.append("\n".join(block))
     return "\n\n".join(parts)

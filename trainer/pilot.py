@@ -173,6 +173,40 @@ def pilot_sets(out: Path, objective: str | None = None) -> list[str]:
     return sets + ([f"objective.name={json.dumps(objective)}"] if objective else [])
 
 
+def gates_over_cells(cells: dict[int, tuple[list[dict], list[dict]]]) -> list[dict]:
+    """The four gates on a comparison's control cells (seed -> its eval.jsonl and metrics.jsonl rows), read as the pilot
+    reads its run (steps 1-5, the step-0 eval): per gate its name, bound, how many cells it was measured on and passed
+    on, and the median of the measured values (None where no cell measured it). The recipe's gates on the seeds
+    actually run, beside the pilot's one run."""
+    per_cell = [gates(evals, metrics) for evals, metrics in cells.values()]
+    out = []
+    for found in zip(*per_cell, strict=True):
+        measured = [g.value for g in found if g.value is not None]
+        out.append(
+            {
+                "name": found[0].name,
+                "bound": found[0].bound,
+                "cells": len(found),
+                "measured": len(measured),
+                "passed": sum(g.verdict == "pass" for g in found),
+                "median": statistics.median(measured) if measured else None,
+            }
+        )
+    return out
+
+
+def gates_sentence(summary: list[dict]) -> str:
+    """``gates_over_cells`` in one sentence: each gate, how many cells passed it and the median measured."""
+    parts = []
+    for g in summary:
+        if not g["measured"]:
+            parts.append(f"{g['name']} not measured on any of the {g['cells']} cells")
+            continue
+        unmeasured = f", not measured on {g['cells'] - g['measured']}" if g["measured"] < g["cells"] else ""
+        parts.append(f"{g['name']} {g['bound']} on {g['passed']} of {g['cells']} cells (median {g['median']:.3g}{unmeasured})")
+    return "; ".join(parts)
+
+
 def pilot_result(cfg, evals: list[dict], metrics: list[dict], warm_folder: Path | None) -> dict:
     """The stored pilot: each gate (value, key, bound, verdict, sentence), whether all four pass, the recipe."""
     from .config import config_to_dict

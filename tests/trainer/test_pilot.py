@@ -176,3 +176,45 @@ def test_dfpo_pilot_trains_the_control_five_steps_and_stores_and_shows_its_gates
     assert printed.strip() == pilot.pilot_table(result)
     assert main(["pilot", "--show", str(out / pilot.PILOT_FILE)]) == 0
     assert capsys.readouterr().out.strip() == pilot.pilot_table(result)
+
+
+def test_the_gates_on_the_control_cells_count_each_gate_over_the_cells_actually_run():
+    """gates_over_cells: each gate read per cell as the pilot reads its run; passed and measured counted over the cells,
+    the median over the measured ones; a cell that logged no step-0 eval is not measured there, never a number."""
+    cells = {
+        1: (_evals(avg=0.3), _metrics()),
+        2: (_evals(avg=0.6), _metrics(shared=(2, 3, 4, 5, 6))),
+        3: ([], _metrics(spread=(0.001,) * 5)),
+    }
+    summary = {g["name"]: g for g in pilot.gates_over_cells(cells)}
+    assert summary["pass@1"] == {
+        "name": "pass@1",
+        "bound": "in [0.15, 0.5]",
+        "cells": 3,
+        "measured": 2,
+        "passed": 1,
+        "median": pytest.approx(0.45),
+    }
+    shared = summary["whole-group shared positions a step"]
+    assert (shared["passed"], shared["measured"], shared["median"]) == (2, 3, 10)
+    spread = summary["weight spread in a group"]
+    assert (spread["passed"], spread["median"]) == (2, 0.03)
+    text = pilot.gates_sentence(list(summary.values()))
+    assert "pass@1 in [0.15, 0.5] on 1 of 3 cells (median 0.45, not measured on 1)" in text
+    assert "weight spread in a group >= 0.01 on 2 of 3 cells (median 0.03)" in text
+
+
+def test_the_stored_experiment_reads_the_gates_from_the_control_its_pilot_trained(tmp_path):
+    """scripts/attribution_data.py's control_gates: the cells of the stored pilot's objective (gspo_noclip for stage 1),
+    each from its own eval.jsonl and metrics.jsonl; a seed with no cell is counted and not measured."""
+    from script_modules import load_script
+
+    data = load_script("scripts/attribution_data.py")
+    cell = tmp_path / "gspo_noclip" / "seed0"
+    cell.mkdir(parents=True)
+    (cell / "eval.jsonl").write_text("\n".join(json.dumps(r) for r in _evals()) + "\n")
+    (cell / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _metrics()) + "\n")
+    (tmp_path / "gspo_noclip__cancel-shared_whole" / "seed0").mkdir(parents=True)  # the other arm: never read
+    reg = SimpleNamespace(pilot="docs/pilot/smollm2-template-stage1.json")
+    summary = data.control_gates(reg, tmp_path, [0, 1])
+    assert [(g["cells"], g["measured"], g["passed"]) for g in summary] == [(2, 1, 1)] * 4
