@@ -225,16 +225,14 @@ def data_started(folders: list[Path]) -> datetime:
 def control_gates(reg, folder: Path, seeds: list[int]) -> list[dict]:
     """The pilot's four gates on each control cell of one seed set (the objective its stored pilot trained), read from
     the cells' logs (``dfpo.trainer.pilot.gates_over_cells``)."""
+    from dfpo.trainer.compare import label_folder
     from dfpo.trainer.pilot import gates_over_cells, read_pilot
     from dfpo.trainer.run.layout import RunDir
     from dfpo.trainer.run.logs import JsonlLog
 
-    control = read_pilot(ROOT / reg.pilot)["objective"]
-    cells = {}
-    for seed in seeds:
-        run = RunDir(folder / control.replace(":", "__").replace("=", "-") / f"seed{seed}")
-        cells[seed] = (JsonlLog.read(run.evals), JsonlLog.read(run.metrics))
-    return gates_over_cells(cells)
+    control = label_folder(read_pilot(ROOT / reg.pilot)["objective"])
+    runs = [RunDir(folder / control / f"seed{seed}") for seed in seeds]
+    return gates_over_cells([(JsonlLog.read(run.evals), JsonlLog.read(run.metrics)) for run in runs])
 
 
 def registered_evidence(name: str) -> dict:

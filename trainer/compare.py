@@ -129,8 +129,13 @@ def make_plan(objectives: str, baseline: str | None, seeds: int, first_seed: int
     return Plan(labels, baseline, tuple(range(first_seed, first_seed + seeds)), config, tuple(sets or []), Path(out))
 
 
+def label_folder(label: str) -> str:
+    """The folder name of an objective label's cells: 'dfpo_min:stopgrad=score' -> 'dfpo_min__stopgrad-score'."""
+    return label.replace(":", "__").replace("=", "-")
+
+
 def run_dir(plan: Plan, label: str, seed: int) -> Path:
-    return plan.out / label.replace(":", "__").replace("=", "-") / f"seed{seed}"
+    return plan.out / label_folder(label) / f"seed{seed}"
 
 
 class RunFailed(ValueError):

@@ -173,12 +173,12 @@ def pilot_sets(out: Path, objective: str | None = None) -> list[str]:
     return sets + ([f"objective.name={json.dumps(objective)}"] if objective else [])
 
 
-def gates_over_cells(cells: dict[int, tuple[list[dict], list[dict]]]) -> list[dict]:
-    """The four gates on a comparison's control cells (seed -> its eval.jsonl and metrics.jsonl rows), read as the pilot
+def gates_over_cells(cells: list[tuple[list[dict], list[dict]]]) -> list[dict]:
+    """The four gates on a comparison's control cells (each its eval.jsonl and metrics.jsonl rows), read as the pilot
     reads its run (steps 1-5, the step-0 eval): per gate its name, bound, how many cells it was measured on and passed
     on, and the median of the measured values (None where no cell measured it). The recipe's gates on the seeds
     actually run, beside the pilot's one run."""
-    per_cell = [gates(evals, metrics) for evals, metrics in cells.values()]
+    per_cell = [gates(evals, metrics) for evals, metrics in cells]
     out = []
     for found in zip(*per_cell, strict=True):
         measured = [g.value for g in found if g.value is not None]

@@ -181,11 +181,11 @@ def test_dfpo_pilot_trains_the_control_five_steps_and_stores_and_shows_its_gates
 def test_the_gates_on_the_control_cells_count_each_gate_over_the_cells_actually_run():
     """gates_over_cells: each gate read per cell as the pilot reads its run; passed and measured counted over the cells,
     the median over the measured ones; a cell that logged no step-0 eval is not measured there, never a number."""
-    cells = {
-        1: (_evals(avg=0.3), _metrics()),
-        2: (_evals(avg=0.6), _metrics(shared=(2, 3, 4, 5, 6))),
-        3: ([], _metrics(spread=(0.001,) * 5)),
-    }
+    cells = [
+        (_evals(avg=0.3), _metrics()),
+        (_evals(avg=0.6), _metrics(shared=(2, 3, 4, 5, 6))),
+        ([], _metrics(spread=(0.001,) * 5)),
+    ]
     summary = {g["name"]: g for g in pilot.gates_over_cells(cells)}
     assert summary["pass@1"] == {
         "name": "pass@1",

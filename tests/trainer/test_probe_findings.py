@@ -86,10 +86,9 @@ def test_an_objectives_parts_are_the_means_over_seeds_of_its_shared_records():
 def test_the_stored_template_probe_cancels_the_direct_part_of_the_whole_group_events():
     """Eq 2's cancellation on the real model: under the exact-cancellation arm the probed shared events' direct part is
     under 1% of gspo_noclip's on each stored seed set (the arm zeroes it on whole-group events; subset events remain)."""
-    from dfpo.trainer.probe.findings import TEMPLATE, values
+    from dfpo.trainer.probe.findings import TEMPLATE, stored_pair, values
 
-    at = [disc for _, disc, _ in STORED].index(f"{TEMPLATE}-discovery.json")
-    _, disc, conf = load_stored(DOCS)[at]
+    _, disc, conf = stored_pair(DOCS, TEMPLATE)
     for doc in (disc, conf):
         control = values(doc, "gspo_noclip", "shared", "direct")
         cancelled = values(doc, "gspo_noclip:cancel=shared_whole", "shared", "direct")

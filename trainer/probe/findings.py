@@ -67,21 +67,29 @@ rule (``dfpo.core.probe.EVENT_RULES``): their shared events are the whole-group 
 re-made one would probe eq 2's subset events instead (on the add task's seed 0: 58 found, 11 of them whole-group)."""
 
 
+def load_pair(folder: Path, title: str, disc: str, conf: str) -> tuple[str, dict, dict]:
+    """(title, discovery, confirmation) of one ``STORED`` pair; ValueError naming a missing or overlapping file."""
+    docs = []
+    for name in (disc, conf):
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"no stored probe document {path}: re-make it with the command in dfpo.trainer.probe.findings.STORED")
+        docs.append(json.loads(path.read_text()))
+    shared = sorted(set(docs[0]["seeds"]) & set(docs[1]["seeds"]))
+    if shared:
+        raise ValueError(f"{disc} and {conf} share seeds {shared}: a confirmation set must be disjoint from its discovery set")
+    return title, docs[0], docs[1]
+
+
 def load_stored(folder: Path) -> list[tuple[str, dict, dict]]:
-    """(title, discovery, confirmation) of every ``STORED`` pair; ValueError naming a missing or overlapping file."""
-    out = []
-    for title, disc, conf in STORED:
-        docs = []
-        for name in (disc, conf):
-            path = folder / name
-            if not path.is_file():
-                raise ValueError(f"no stored probe document {path}: re-make it with the command in dfpo.trainer.probe.findings.STORED")
-            docs.append(json.loads(path.read_text()))
-        shared = sorted(set(docs[0]["seeds"]) & set(docs[1]["seeds"]))
-        if shared:
-            raise ValueError(f"{disc} and {conf} share seeds {shared}: a confirmation set must be disjoint from its discovery set")
-        out.append((title, docs[0], docs[1]))
-    return out
+    """``load_pair`` of every ``STORED`` pair."""
+    return [load_pair(folder, *pair) for pair in STORED]
+
+
+def stored_pair(folder: Path, name: str) -> tuple[str, dict, dict]:
+    """``load_pair`` of the ``STORED`` pair whose documents are NAME-discovery.json and NAME-confirmation.json."""
+    (pair,) = [p for p in STORED if p[1] == f"{name}-discovery.json"]
+    return load_pair(folder, *pair)
 
 
 def titled(title: str, discovery: dict, confirmation: dict) -> str:
@@ -199,8 +207,7 @@ def real_model_block(folder: Path, figure: str) -> str:
     from . import across  # deferred: it reads run logs through dfpo.trainer.compare (numpy)
     from .command import events_sentence  # deferred: torch
 
-    at = [disc for _, disc, _ in STORED].index(f"{REAL_MODEL}-discovery.json")
-    title, disc, conf = load_stored(folder)[at]
+    title, disc, conf = stored_pair(folder, REAL_MODEL)
     drift = json.loads((folder / f"{REAL_MODEL}-drift.json").read_text(encoding="utf-8"))
     minutes = f"{disc['wall_s'] / 60:.0f} and {conf['wall_s'] / 60:.0f} min"
     return "\n".join(
@@ -260,8 +267,7 @@ def template_block(folder: Path) -> str:
     group holds, and each objective's mean parts per set (the replicated findings are in ``findings_block``)."""
     from .report import events_sentence  # deferred: torch
 
-    at = [disc for _, disc, _ in STORED].index(f"{TEMPLATE}-discovery.json")
-    _, disc, conf = load_stored(folder)[at]
+    _, disc, conf = stored_pair(folder, TEMPLATE)
     minutes = f"{disc['wall_s'] / 60:.0f} and {conf['wall_s'] / 60:.0f} min"
     lines = [
         f"Before any training step, from the warmed-up model every stage-1 cell starts from ({minutes} for the two seed "
