@@ -71,6 +71,7 @@ VALUE_FORMATS = {
     "greedy_eval": "{:.4f}",
     "shared_whole": "{:.1f}",
     "residual_whole": "{:.4f}",
+    "coef_whole": "{:.4g}",
     "weights_spread": "{:.4g}",
 }
 """How a per-seed value is printed."""
