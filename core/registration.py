@@ -428,6 +428,59 @@ def evaluate_stored(registration: Registration, stored: Mapping) -> list[RowResu
     return evaluate(registration, docs, status_from_evidence(stored))
 
 
+def _spread(values: np.ndarray) -> str:
+    """'median m (range lo-hi)' of finite values, 3 significant digits."""
+    return f"median {np.median(values):.3g} (range {values.min():.3g} to {values.max():.3g})"
+
+
+def coefficient_clause(method: np.ndarray, control: np.ndarray) -> str:
+    """What the coefficient mass at whole-group positions (``coef_whole``, mean over a cell's steps) is under the method
+    and its control; '' where the cells did not log it. Exactly 0 is said as a count of cells (no gradient reached those
+    positions in any step), never as a rounded median."""
+    method, control = method[np.isfinite(method)], control[np.isfinite(control)]
+    if not method.size:
+        return ""
+    zero = int(np.sum(method == 0.0))
+    said = (
+        f"exactly 0 in {zero} of its {method.size} cells"
+        if zero == method.size
+        else f"{_spread(method)}, exactly 0 in {zero} of {method.size} cells"
+    )
+    return f"coefficient mass at the positions a whole group shares (mean over steps) {said}" + (
+        f", its control's {_spread(control)}" if control.size else ""
+    )
+
+
+def update_norm_clause(method: np.ndarray, control: np.ndarray) -> str:
+    """The method's update norm per step over its control's, per paired seed (both finite and the control's > 0); ''
+    where no seed has both."""
+    both = np.isfinite(method) & np.isfinite(control) & (control > 0)
+    if not both.any():
+        return ""
+    ratio = method[both] / control[both]  # (paired seeds,)
+    return f"update norm per step {_spread(ratio)} times its control's over {int(both.sum())} paired seeds"
+
+
+def mechanism_lines(registration: Registration, stored: Mapping) -> list[str]:
+    """Reported beside the rows, not tested (issue 58 stage 1: B's whole-group residual, 0 by construction, and B's
+    update norm against A's): per seed set and per registered (method, control) pair, ``coefficient_clause`` and
+    ``update_norm_clause`` from the stored records; a pair whose cells logged neither says nothing."""
+    pairs = list(dict.fromkeys((r.method, r.control) for r in registration.rows))
+    lines = []
+    for s in registration.sets:
+        doc = stored["sets"][s.name]["doc"]
+        seeds = s.seed_list()
+        for method, control in pairs:
+            clauses = [
+                clause(set_values(doc, method, metric, seeds), set_values(doc, control, metric, seeds))
+                for clause, metric in ((coefficient_clause, "coef_whole"), (update_norm_clause, "update_norm"))
+            ]
+            said = "; ".join(c for c in clauses if c)
+            if said:
+                lines.append(f"`{method}` against `{control}` on `{s.name}` (not tested): {said}.")
+    return lines
+
+
 def pending_sentence(registration: Registration, commit: str | None, docs: str = "docs/") -> str:
     """What a registered experiment whose tables are not stored yet says: registered where, and nothing found yet."""
     where = f"registered before its data in {commit[:7]}" if commit else "registered, not yet committed"

@@ -185,7 +185,7 @@ def registered_section() -> str:
     import json
 
     from dfpo.core.findings import METRICS
-    from dfpo.core.registration import evaluate_stored, read_registration, registered_sentences, row_sentence, rows_table
+    from dfpo.core.registration import evaluate_stored, mechanism_lines, read_registration, registered_sentences, row_sentence, rows_table
     from dfpo.trainer.compare_report import cost_lines
     from dfpo.trainer.pilot import gates_sentence, pilot_table, read_pilot
 
@@ -201,6 +201,7 @@ def registered_section() -> str:
             doc = json.loads(stored.read_text(encoding="utf-8"))
             results = evaluate_stored(reg, doc)
             block += [""] + [f"- {row_sentence(r, METRICS.get(r.row.metric, r.row.metric))}" for r in results]
+            block += [f"- {line}" for line in mechanism_lines(reg, doc)]
             block += [""] + [f"- `{name}`: {' '.join(cost_lines(data['doc'].get('cost'))).strip()}" for name, data in doc["sets"].items()]
             gates = doc.get("gates", {})
             block += [f"- the pilot's gates on `{name}`'s control cells: {gates_sentence(summary)}." for name, summary in gates.items()]

@@ -254,3 +254,35 @@ def test_the_rows_table_is_what_was_registered():
     assert table.count("\n") == 1 + len(r.rows) and "template_kl (primary)" in table
     assert "+-10% of the control's mean" in table and "+-0.02" in table
     assert r.pilot and (ROOT / r.pilot).is_file()
+
+
+def _stored(coef_m, coef_c, norm_m, norm_c):
+    """A stored experiment of document(): both sets hold the same per-seed coef_whole and update_norm records."""
+    doc = {"records": {"m": {}, "c": {}}}
+    for label, coef, norm in (("m", coef_m, norm_m), ("c", coef_c, norm_c)):
+        for seeds in (range(0, 4), range(10, 14)):
+            doc["records"][label].update(
+                {str(s): {"coef_whole": cw, "update_norm": un} for s, cw, un in zip(seeds, coef, norm, strict=True)}
+            )
+    return {"sets": {"x-a": {"doc": doc}, "x-b": {"doc": doc}}}
+
+
+def test_exact_cancellation_reads_as_exactly_zero_in_every_cell_beside_its_controls_mass():
+    """B's whole-group coefficient mass is 0 by construction: said as a count of cells, the control's as a spread."""
+    r = reg.load_registration(document())
+    lines = reg.mechanism_lines(r, _stored([0.0] * 4, [0.8, 1.0, 1.2, 1.9], [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 2.0]))
+    assert len(lines) == 2 and lines[0].startswith("`m` against `c` on `x-a` (not tested)")
+    assert "exactly 0 in 4 of its 4 cells, its control's median 1.1 (range 0.8 to 1.9)" in lines[0]
+    assert "update norm per step median 2 (range 1 to 3) times its control's over 4 paired seeds" in lines[0]
+
+
+def test_a_mass_above_zero_is_never_rounded_to_zero():
+    text = reg.coefficient_clause(np.array([0.0, 1e-9]), np.array([1.0, 1.0]))
+    assert "exactly 0 in 1 of 2 cells" in text and "exactly 0 in 2" not in text
+
+
+def test_a_pair_that_logged_neither_outcome_says_nothing():
+    r = reg.load_registration(document())
+    nan = [float("nan")] * 4
+    assert reg.mechanism_lines(r, _stored(nan, nan, nan, nan)) == []
+    assert reg.update_norm_clause(np.array([1.0, 2.0]), np.array([0.0, float("nan")])) == ""
