@@ -385,6 +385,39 @@ def rest_clause(rest: Sequence[RowResult]) -> str:
     return "; ".join(parts)
 
 
+EXACT_CANCELLATION = "cancel=shared_whole"
+"""The label option of the exact-cancellation arm (docs/loss.md): no gradient at the positions a whole group shares."""
+
+
+def ceiling_clause(results: Sequence[RowResult], metric_names: Mapping[str, str]) -> str:
+    """What a registered primary row of an exact-cancellation arm against its control says about every in-group
+    transform (issue 58: stage 2 runs only if it shows an effect); '' where the primary row is not such a row or was
+    added after the data. The arm takes eq 2's gradient at the positions a whole group shares away and changes nothing
+    else, so its difference from the control bounds what any in-group transform can gain through that gradient."""
+    primary = next((r for r in results if r.row.primary and r.registered), None)
+    if primary is None or EXACT_CANCELLATION not in primary.row.method.split(":")[1:]:
+        return ""
+    metric = metric_names.get(primary.row.metric, primary.row.metric)
+    head = (
+        f"exact cancellation takes away eq 2's gradient at the positions a whole group shares and nothing else, so its "
+        f"difference on {metric} bounds what any in-group transform can gain through that gradient"
+    )
+    if primary.word in ("higher", "lower"):
+        return f"{head}: it is {primary.word} on every set, so the next stage (a transform against this bound) is to run"
+    if primary.word == "negligible":
+        bound = max(v.bound for v in primary.per_set)
+        return (
+            f"{head}: it is within +-{bound:.3g} on every set, so no in-group transform can change {metric} by more through "
+            "this mechanism here, and the next stage is not run"
+        )
+    detectable = max(v.detectable for v in primary.per_set)
+    return (
+        f"{head}: {'it is not shown either way' if primary.word == 'inconclusive' else 'its seed sets disagree'}, so no in-group "
+        f"transform is shown to gain through this mechanism here (an effect smaller than about {detectable:.3g} would not "
+        "have been seen), and the next stage is not run"
+    )
+
+
 def stage_sentence(
     registration: Registration, results: Sequence[RowResult], status: RowStatus | None, metric_names: Mapping[str, str]
 ) -> str:
@@ -402,14 +435,20 @@ def stage_sentence(
         rest = [r for r in results if r not in effects]
         return (
             f"{registration.title} ({where}; {seeds} seeds): {len(effects)} of {len(results)} registered rows show the same "
-            f"effect on every set: {found}; of the other {len(rest)}, {rest_clause(rest)}."
+            f"effect on every set: {found}; of the other {len(rest)}, {rest_clause(rest)}{_then(results, metric_names)}."
         )
     named = next((r for r in results if r.row.primary), results[0])
     return (
         f"{registration.title} ({where}; {seeds} seeds): none of its {len(results)} rows shows an effect on every set; "
         f"this is not 'no change': on {metric_names.get(named.row.metric, named.row.metric)} (`{named.row.method}` against "
-        f"`{named.row.control}`) the seeds could detect only a change of about {max(v.detectable for v in named.per_set):.3g} or more."
+        f"`{named.row.control}`) the seeds could detect only a change of about {max(v.detectable for v in named.per_set):.3g} or "
+        f"more{_then(results, metric_names)}."
     )
+
+
+def _then(results: Sequence[RowResult], metric_names: Mapping[str, str]) -> str:
+    clause = ceiling_clause(results, metric_names)
+    return f"; {clause}" if clause else ""
 
 
 def status_from_evidence(stored: Mapping) -> RowStatus:

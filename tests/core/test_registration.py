@@ -286,3 +286,31 @@ def test_a_pair_that_logged_neither_outcome_says_nothing():
     nan = [float("nan")] * 4
     assert reg.mechanism_lines(r, _stored(nan, nan, nan, nan)) == []
     assert reg.update_norm_clause(np.array([1.0, 2.0]), np.array([0.0, float("nan")])) == ""
+
+
+CANCEL_ROW = dict(ROW, method="m:cancel=shared_whole", primary=True)
+
+
+@pytest.mark.parametrize(
+    "shift, sd, says",
+    [
+        (0.3, 0.001, "it is higher on every set, so the next stage (a transform against this bound) is to run"),
+        (0.0, 0.001, "within +-0.02 on every set, so no in-group transform can change final eval by more"),
+        (0.0, 0.3, "it is not shown either way, so no in-group transform is shown to gain through this mechanism here"),
+    ],
+)
+def test_an_exact_cancellation_primary_row_says_what_it_bounds_and_whether_the_next_stage_runs(shift, sd, says):
+    """B - A bounds every in-group transform's gain through eq 2's gradient: the opening sentence says so from the row."""
+    r = reg.load_registration(document(rows=[CANCEL_ROW]))
+    docs = _docs(shift, sd)
+    docs = {name: {"records": {"m:cancel=shared_whole": d["records"]["m"], "c": d["records"]["c"]}} for name, d in docs.items()}
+    keys = frozenset({("m:cancel=shared_whole", "c", "eval")})
+    t = datetime(2026, 12, 1, tzinfo=UTC)
+    status = reg.RowStatus("abcdef1234", t, t + timedelta(hours=1), keys)
+    text = reg.stage_sentence(r, reg.evaluate(r, docs, status), status, {"eval": "final eval"})
+    assert "bounds what any in-group transform can gain" in text and says in text and text.endswith(".")
+
+
+def test_a_row_without_the_exact_cancellation_arm_says_nothing_about_a_bound():
+    r = reg.load_registration(document(rows=[dict(ROW, primary=True)]))
+    assert reg.ceiling_clause(reg.evaluate(r, _docs(0.3, 0.001), _status(True)), {}) == ""
