@@ -389,7 +389,7 @@ EXACT_CANCELLATION = "cancel=shared_whole"
 """The label option of the exact-cancellation arm (docs/loss.md): no gradient at the positions a whole group shares."""
 
 
-def ceiling_clause(results: Sequence[RowResult], metric_names: Mapping[str, str]) -> str:
+def ceiling_clause(results: Sequence[RowResult]) -> str:
     """What a registered primary row of an exact-cancellation arm against its control says about every in-group
     transform (issue 58: stage 2 runs only if it shows an effect); '' where the primary row is not such a row or was
     added after the data. The arm takes eq 2's gradient at the positions a whole group shares away and changes nothing
@@ -397,17 +397,16 @@ def ceiling_clause(results: Sequence[RowResult], metric_names: Mapping[str, str]
     primary = next((r for r in results if r.row.primary and r.registered), None)
     if primary is None or EXACT_CANCELLATION not in primary.row.method.split(":")[1:]:
         return ""
-    metric = metric_names.get(primary.row.metric, primary.row.metric)
     head = (
-        f"exact cancellation takes away eq 2's gradient at the positions a whole group shares and nothing else, so its "
-        f"difference on {metric} bounds what any in-group transform can gain through that gradient"
+        "exact cancellation takes away eq 2's gradient at the positions a whole group shares and nothing else, so its "
+        "difference on the primary outcome bounds what any in-group transform can gain there through that gradient"
     )
     if primary.word in ("higher", "lower"):
         return f"{head}: it is {primary.word} on every set, so the next stage (a transform against this bound) is to run"
     if primary.word == "negligible":
         bound = max(v.bound for v in primary.per_set)
         return (
-            f"{head}: it is within +-{bound:.3g} on every set, so no in-group transform can change {metric} by more through "
+            f"{head}: it is within +-{bound:.3g} on every set, so no in-group transform can change it by more through "
             "this mechanism here, and the next stage is not run"
         )
     detectable = max(v.detectable for v in primary.per_set)
@@ -435,19 +434,19 @@ def stage_sentence(
         rest = [r for r in results if r not in effects]
         return (
             f"{registration.title} ({where}; {seeds} seeds): {len(effects)} of {len(results)} registered rows show the same "
-            f"effect on every set: {found}; of the other {len(rest)}, {rest_clause(rest)}{_then(results, metric_names)}."
+            f"effect on every set: {found}; of the other {len(rest)}, {rest_clause(rest)}{_then(results)}."
         )
     named = next((r for r in results if r.row.primary), results[0])
     return (
         f"{registration.title} ({where}; {seeds} seeds): none of its {len(results)} rows shows an effect on every set; "
         f"this is not 'no change': on {metric_names.get(named.row.metric, named.row.metric)} (`{named.row.method}` against "
         f"`{named.row.control}`) the seeds could detect only a change of about {max(v.detectable for v in named.per_set):.3g} or "
-        f"more{_then(results, metric_names)}."
+        f"more{_then(results)}."
     )
 
 
-def _then(results: Sequence[RowResult], metric_names: Mapping[str, str]) -> str:
-    clause = ceiling_clause(results, metric_names)
+def _then(results: Sequence[RowResult]) -> str:
+    clause = ceiling_clause(results)
     return f"; {clause}" if clause else ""
 
 

@@ -295,7 +295,7 @@ CANCEL_ROW = dict(ROW, method="m:cancel=shared_whole", primary=True)
     "shift, sd, says",
     [
         (0.3, 0.001, "it is higher on every set, so the next stage (a transform against this bound) is to run"),
-        (0.0, 0.001, "within +-0.02 on every set, so no in-group transform can change final eval by more"),
+        (0.0, 0.001, "within +-0.02 on every set, so no in-group transform can change it by more"),
         (0.0, 0.3, "it is not shown either way, so no in-group transform is shown to gain through this mechanism here"),
     ],
 )
@@ -313,4 +313,4 @@ def test_an_exact_cancellation_primary_row_says_what_it_bounds_and_whether_the_n
 
 def test_a_row_without_the_exact_cancellation_arm_says_nothing_about_a_bound():
     r = reg.load_registration(document(rows=[dict(ROW, primary=True)]))
-    assert reg.ceiling_clause(reg.evaluate(r, _docs(0.3, 0.001), _status(True)), {}) == ""
+    assert reg.ceiling_clause(reg.evaluate(r, _docs(0.3, 0.001), _status(True))) == ""
