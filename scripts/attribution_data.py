@@ -289,12 +289,12 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def curves_figure(name: str, which: str) -> Path:
-    """Where a comparison's reward and eval curves of one seed set are drawn (docs/attribution/NAME-WHICH-curves.png)."""
+    """Where a comparison's curves per outcome of one seed set are drawn (docs/attribution/NAME-WHICH-curves.png)."""
     return FIGURES / f"{name}-{which}-curves.png"
 
 
 def draw_curves(stored: dict) -> None:
-    """Each seed set's reward and eval curves of a comparison, drawn from the stored evidence (not from runs/), where
+    """Each seed set's curves per outcome of a comparison, drawn from the stored evidence (not from runs/), where
     its compare.json kept them."""
     from dfpo.trainer.compare_report import plot_curves
 
@@ -310,7 +310,7 @@ def rows_figure(name: str) -> Path:
 
 def draw_registered(name: str, stored: dict) -> None:
     """A registered experiment's pictures, from its stored tables: one panel per registered row (each outcome's paired
-    differences on every set, ``dfpo.trainer.registered_figure``), and each seed set's reward and eval curves."""
+    differences on every set, ``dfpo.trainer.registered_figure``), and each seed set's curves per outcome (compare.CURVES, where its cells logged them)."""
     from dfpo.core.findings import METRICS
     from dfpo.core.registration import read_registration
     from dfpo.trainer.compare_report import plot_curves

@@ -459,21 +459,38 @@ def read_run(path: Path) -> dict[str, float]:
     }
 
 
-def read_curve(path: Path) -> dict[str, list]:
-    """One finished run's curves: ``reward``, the mean train reward (``reward/mean``) of each logged step as
-    ``[step, value]``, and ``eval``, the held-out avg@k of each evaluation (eval.jsonl, step 0 included) as
-    ``[step, value]``; a value that is not a finite number is left out."""
-    rows = read_metrics_rows(RunDir(path).metrics)
-    evals = read_metrics_rows(RunDir(path).evals) if RunDir(path).evals.is_file() else []
+CURVES = (
+    ("reward", "metrics", "reward/mean"),
+    ("eval", "evals", "eval/avg@"),
+    ("greedy_eval", "evals", "eval/greedy_acc"),
+    ("template_kl", "evals", "eval/template_kl"),
+    ("tax_kl", "evals", "eval/tax_kl"),
+    ("entropy", "metrics", "entropy/rollout"),
+    ("equiv_entropy", "metrics", "forms/equiv_entropy"),
+)
+"""(curve, log, key) of each curve ``read_curve`` keeps: a key ending in '@' is a prefix (``eval/avg@k`` for any k)."""
 
-    def points(rows: list[dict], pick) -> list[list[float]]:
-        found = [(row.get("step"), pick(row)) for row in rows]
+
+def read_curve(path: Path) -> dict[str, list]:
+    """One finished run's curves (``CURVES``), each ``[step, value]`` for every logged row of its log that holds the
+    key: ``reward`` the mean train reward of each step, ``eval`` the held-out avg@k of each evaluation (step 0
+    included), and where the run logged them greedy accuracy, the learning tax at the template's positions, the
+    prompt-position proxy, rollout entropy and the entropy over equivalent answers; a value that is not a finite
+    number is left out, and a curve no row logged is not kept (except ``reward`` and ``eval``, kept empty)."""
+    logs = {
+        "metrics": read_metrics_rows(RunDir(path).metrics),
+        "evals": read_metrics_rows(RunDir(path).evals) if RunDir(path).evals.is_file() else [],
+    }
+
+    def pick(row: dict, key: str):
+        return next((v for k, v in row.items() if k.startswith(key)), None) if key.endswith("@") else row.get(key)
+
+    def points(rows: list[dict], key: str) -> list[list[float]]:
+        found = [(row.get("step"), pick(row, key)) for row in rows]
         return [[int(step), float(v)] for step, v in found if isinstance(step, int) and math.isfinite(_number(v))]
 
-    return {
-        "reward": points(rows, lambda row: row.get("reward/mean")),
-        "eval": points(evals, lambda row: next((v for k, v in row.items() if k.startswith("eval/avg@")), None)),
-    }
+    curves = {name: points(logs[log], key) for name, log, key in CURVES}
+    return {name: pts for name, pts in curves.items() if pts or name in ("reward", "eval")}
 
 
 def reward_rise(rows: list[dict], k: int) -> float:
@@ -704,7 +721,7 @@ def compare(plan: Plan, *, jobs: int = 1, progress=None, warn=None, every_s: flo
         warn(text)
     plot_differences(doc, plan.out / "compare.png")
     plot_curves(doc, plan.out / "curves.png")
-    lines = [*render_compare(doc, warnings=warnings), "![paired differences](compare.png)", "", "![reward and eval curves](curves.png)"]
+    lines = [*render_compare(doc, warnings=warnings), "![paired differences](compare.png)", "", "![curves per outcome](curves.png)"]
     write_text_atomic(plan.out / "per_seed.csv", per_seed_csv(records))
     write_text_atomic(plan.out / "records.json", json.dumps(doc["records"], indent=2))
     write_text_atomic(plan.out / "compare.json", json.dumps(doc, indent=2) + "\n")

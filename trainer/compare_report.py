@@ -411,37 +411,62 @@ def plot_differences(doc: dict, path: Path) -> None:
 
 
 def mean_curve(curves: dict[str, dict], kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, mean, standard error) over seeds of one label's ``kind`` curve ("reward" or "eval", ``read_curve``), at
-    the steps every seed logged (a step some seed lacks is not averaged over fewer seeds)."""
-    by_seed = [{int(step): value for step, value in curve[kind]} for curve in curves.values()]
+    """(steps, mean, standard error) over seeds of one label's ``kind`` curve (a name of ``compare.CURVES``), at the
+    steps every seed logged (a step some seed lacks is not averaged over fewer seeds; a seed without the curve leaves
+    none)."""
+    by_seed = [{int(step): value for step, value in curve.get(kind, [])} for curve in curves.values()]
     steps = sorted(set.intersection(*(set(points) for points in by_seed))) if by_seed else []
     values = np.array([[points[step] for step in steps] for points in by_seed], dtype=float).reshape(len(by_seed), len(steps))
     se = values.std(axis=0, ddof=1) / np.sqrt(len(by_seed)) if len(by_seed) > 1 else np.zeros(len(steps))
     return np.array(steps), values.mean(axis=0), se
 
 
+CURVE_TITLES = {
+    "reward": "train reward (reward/mean)",
+    "eval": "held-out avg@k",
+    "greedy_eval": "greedy eval accuracy (eval/greedy_acc)",
+    "template_kl": "learning tax at the template's positions (eval/template_kl)",
+    "tax_kl": "learning-tax proxy at the eval prompts' positions (eval/tax_kl)",
+    "entropy": "rollout entropy (entropy/rollout)",
+    "equiv_entropy": "entropy over equivalent correct answers (forms/equiv_entropy)",
+}
+"""The panel title of each curve ``compare.read_curve`` keeps, in drawing order."""
+
+
+def drawn_curves(doc: dict) -> list[str]:
+    """The curves of ``CURVE_TITLES`` some label logged on every seed at one step at least (reward and eval always)."""
+    return [kind for kind in CURVE_TITLES if kind in ("reward", "eval") or any(mean_curve(c, kind)[0].size for c in doc["curves"].values())]
+
+
 def plot_curves(doc: dict, path: Path) -> None:
-    """Two panels: each label's mean train reward per step and its mean held-out avg@k at each evaluation, over the
-    seeds, with a band of one standard error across seeds."""
+    """One panel per curve the runs logged (``drawn_curves``): each label's mean over the seeds at each logged step (an
+    evaluation's curve at each evaluation, step 0 included), with a band of one standard error across seeds."""
     import matplotlib  # deferred, as in plot_differences
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeds = doc["seeds"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
-    for ax, kind, title in zip(axes, ("reward", "eval"), ("train reward (reward/mean)", "held-out avg@k")):
+    kinds = drawn_curves(doc)
+    cols = 2 if len(kinds) <= 4 else 3
+    rows = -(-len(kinds) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), dpi=110, squeeze=False)
+    axes = grid.ravel()
+    for ax, kind in zip(axes, kinds, strict=False):
+        per_step = kind in ("reward", "entropy", "equiv_entropy")
         for label, curves in doc["curves"].items():
             steps, mean, se = mean_curve(curves, kind)
             if steps.size:
-                (line,) = ax.plot(steps, mean, marker="o" if kind == "eval" else None, ms=4, label=label)
+                (line,) = ax.plot(steps, mean, marker=None if per_step else "o", ms=4, label=label)
                 ax.fill_between(steps, mean - se, mean + se, alpha=0.15, color=line.get_color())
         ax.set_xlabel("step")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(CURVE_TITLES[kind], fontsize=9)
         ax.grid(alpha=0.3)
+    for ax in axes[len(kinds) :]:
+        ax.set_visible(False)
     if axes[0].lines:
         axes[0].legend(fontsize=7)
     fig.suptitle(f"mean over {len(seeds)} seeds ({seeds[0]}..{seeds[-1]}), band: one standard error across seeds", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))  # room for the suptitle
     fig.savefig(path)
     plt.close(fig)

@@ -331,7 +331,30 @@ def test_compare_draws_each_labels_mean_reward_and_eval_curve_from_every_seed(tm
     assert steps.tolist() == list(range(1, 21)) and mean.tolist() == [0.5] * 20 and se.tolist() == [0.0] * 20  # no step 21
     steps, mean, se = mean_curve(gspo, "eval")
     assert steps.tolist() == [0, 20] and mean == pytest.approx([0.2, 0.35]) and se == pytest.approx([0.0, 0.05])
-    assert (plan.out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "![reward and eval curves](curves.png)" in text
+    assert (plan.out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "![curves per outcome](curves.png)" in text
+
+
+def test_every_outcome_a_run_logged_gets_its_curve_and_its_panel(tmp_path):
+    """The learning tax at the template's positions, greedy accuracy and the entropy over equivalent answers are drawn
+    where the runs logged them (issue 58: curves of A and B per outcome); a curve no run logged gets no panel."""
+    from dfpo.trainer.compare_report import drawn_curves, mean_curve
+
+    plan = _fake_plan(tmp_path, seeds=2)
+    _fake_runs(plan)
+    for label in plan.labels:
+        for s in plan.seeds:
+            evals = [{"step": 0, "eval/avg@2": 0.3, "eval/template_kl": 0.0, "eval/greedy_acc": 0.4}]
+            evals += [{"step": 20, "eval/avg@2": 0.2, "eval/template_kl": 1e-4 * (s - 9), "eval/greedy_acc": 0.25}]
+            (run_dir(plan, label, s) / RunDir.EVALS).write_text("\n".join(json.dumps(e) for e in evals) + "\n")
+            with open(RunDir(run_dir(plan, label, s)).metrics, "a") as fh:
+                fh.write(json.dumps({"step": 21, "reward/mean": 0.5, "forms/equiv_entropy": 0.1}) + "\n")
+    C.compare(plan, progress=lambda _: None, warn=lambda _: None)
+    doc = json.loads((plan.out / "compare.json").read_text())
+    assert drawn_curves(doc) == ["reward", "eval", "greedy_eval", "template_kl", "equiv_entropy"]
+    steps, mean, _ = mean_curve(doc["curves"]["gspo"], "template_kl")
+    assert steps.tolist() == [0, 20] and mean == pytest.approx([0.0, 1.5e-4])
+    assert "tax_kl" not in doc["curves"]["gspo"]["10"]  # never logged: no empty curve kept
+    assert (plan.out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_attribution_page_draws_each_sets_curves_from_the_stored_evidence_and_shows_them(tmp_path, monkeypatch):
