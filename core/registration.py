@@ -232,6 +232,9 @@ class SetVerdict:
     """The negligible margin in the outcome's units."""
     detectable: float
     """The smallest |effect| these seeds detect with probability ``POWER`` at this level (outcome's units)."""
+    constant: float = math.nan
+    """The one value every cell of both arms took, where they all took the same (else NaN): such an outcome cannot
+    tell the arms apart, whatever its word."""
 
 
 def margin_bound(row: RegisteredRow, control_mean: float) -> float:
@@ -270,7 +273,9 @@ def registered_verdict(method: Sequence[float], control: Sequence[float], row: R
     ci = stats.paired_interval(m - c, level=level, tests=1)
     mean = float(c.mean())
     bound = margin_bound(row, mean)
-    return SetVerdict(word_of(ci, bound), ci, mean, bound, detectable_effect(m - c, level))
+    values = np.concatenate([m, c])  # (2 seeds,)
+    constant = float(values[0]) if np.all(values == values[0]) else math.nan
+    return SetVerdict(word_of(ci, bound), ci, mean, bound, detectable_effect(m - c, level), constant)
 
 
 def combined_word(words: Sequence[str]) -> str:
@@ -303,6 +308,12 @@ class RowResult:
     @property
     def word(self) -> str:
         return combined_word([v.word for v in self.per_set])
+
+    @property
+    def constant(self) -> bool:
+        """Every cell of both arms on every set took one and the same value: the outcome did not vary at all here."""
+        values = {v.constant for v in self.per_set}
+        return len(values) == 1 and math.isfinite(next(iter(values)))
 
 
 def set_values(doc: Mapping, label: str, metric: str, seeds: Sequence[int]) -> np.ndarray:
@@ -346,6 +357,9 @@ def row_sentence(result: RowResult, metric_name: str) -> str:
     if not result.registered:
         head += " (exploratory: added after the data)"
     intervals = "; ".join(f"{_num(v.interval.mean)} [{_num(v.interval.low)}, {_num(v.interval.high)}]" for v in result.per_set)
+    if result.constant:
+        value = result.per_set[0].constant
+        return f"{head}: {value:.3g} in every cell of both arms on every set, so this outcome cannot tell them apart on this task."
     if word in ("higher", "lower"):
         said = [f"{who}'s" for who, d in (("the paper", row.paper), ("the hypothesis", row.hypothesis)) if d != "none" and d == word]
         against = [f"{who}'s" for who, d in (("the paper", row.paper), ("the hypothesis", row.hypothesis)) if d not in ("none", word)]
@@ -370,6 +384,10 @@ def rest_clause(rest: Sequence[RowResult]) -> str:
     parts = []
     if exploratory:
         parts.append(f"{len(exploratory)} exploratory (added after the data: never counted)")
+    constant = [r for r in counted if r.constant]
+    if constant:
+        parts.append(f"{len(constant)} took one value in every cell of both arms (it cannot tell them apart here)")
+    counted = [r for r in counted if not r.constant]
     negligible = [r for r in counted if r.word == "negligible"]
     if negligible:
         parts.append(f"{len(negligible)} negligible on every set (within the registered margin)")

@@ -314,3 +314,21 @@ def test_an_exact_cancellation_primary_row_says_what_it_bounds_and_whether_the_n
 def test_a_row_without_the_exact_cancellation_arm_says_nothing_about_a_bound():
     r = reg.load_registration(document(rows=[dict(ROW, primary=True)]))
     assert reg.ceiling_clause(reg.evaluate(r, _docs(0.3, 0.001), _status(True))) == ""
+
+
+def test_an_outcome_that_never_varied_is_said_to_tell_nothing_not_to_be_negligible():
+    """A registered outcome equal to one value in every cell of both arms (the entropy over equivalent answers when
+    every correct answer takes the template) cannot tell the arms apart: its sentence and the rest clause say so."""
+    r = reg.load_registration(document())
+    docs = {
+        name: {"records": {lab: {str(first + i): {"eval": 0.0} for i in range(4)} for lab in "mc"}}
+        for name, first in (("x-a", 0), ("x-b", 10))
+    }
+    (result,) = reg.evaluate(r, docs, _status(True))
+    assert result.constant and result.word == "negligible"
+    assert reg.row_sentence(result, "final eval").endswith(
+        ": 0 in every cell of both arms on every set, so this outcome cannot tell them apart on this task."
+    )
+    assert reg.rest_clause([result]) == "1 took one value in every cell of both arms (it cannot tell them apart here)"
+    (varied,) = reg.evaluate(r, _docs(0.0, 0.001), _status(True))
+    assert not varied.constant
