@@ -358,7 +358,7 @@ def row_sentence(result: RowResult, metric_name: str) -> str:
         head += " (exploratory: added after the data)"
     intervals = "; ".join(f"{_num(v.interval.mean)} [{_num(v.interval.low)}, {_num(v.interval.high)}]" for v in result.per_set)
     if result.constant:
-        value = result.per_set[0].constant
+        value = result.per_set[0].constant + 0.0  # -0.0 (a mean of -0.0 entropies) reads as 0
         return f"{head}: {value:.3g} in every cell of both arms on every set, so this outcome cannot tell them apart on this task."
     if word in ("higher", "lower"):
         said = [f"{who}'s" for who, d in (("the paper", row.paper), ("the hypothesis", row.hypothesis)) if d != "none" and d == word]

@@ -330,5 +330,7 @@ def test_an_outcome_that_never_varied_is_said_to_tell_nothing_not_to_be_negligib
         ": 0 in every cell of both arms on every set, so this outcome cannot tell them apart on this task."
     )
     assert reg.rest_clause([result]) == "1 took one value in every cell of both arms (it cannot tell them apart here)"
+    negative_zero = {name: {"records": {lab: {s: {"eval": -0.0} for s in d["records"][lab]} for lab in "mc"}} for name, d in docs.items()}
+    assert ": 0 in every cell" in reg.row_sentence(reg.evaluate(r, negative_zero, _status(True))[0], "final eval")
     (varied,) = reg.evaluate(r, _docs(0.0, 0.001), _status(True))
     assert not varied.constant
