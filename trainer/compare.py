@@ -81,7 +81,7 @@ from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
 from ..core.loss.objectives import format_override
-from .compare_report import CENSORED, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
+from .compare_report import CENSORED, CURVES, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_text, config_to_dict, load_config
 from .run.code import recorded_sources
@@ -459,18 +459,6 @@ def read_run(path: Path) -> dict[str, float]:
     }
 
 
-CURVES = (
-    ("reward", "metrics", "reward/mean"),
-    ("eval", "evals", "eval/avg@"),
-    ("greedy_eval", "evals", "eval/greedy_acc"),
-    ("template_kl", "evals", "eval/template_kl"),
-    ("tax_kl", "evals", "eval/tax_kl"),
-    ("entropy", "metrics", "entropy/rollout"),
-    ("equiv_entropy", "metrics", "forms/equiv_entropy"),
-)
-"""(curve, log, key) of each curve ``read_curve`` keeps: a key ending in '@' is a prefix (``eval/avg@k`` for any k)."""
-
-
 def read_curve(path: Path) -> dict[str, list]:
     """One finished run's curves (``CURVES``), each ``[step, value]`` for every logged row of its log that holds the
     key: ``reward`` the mean train reward of each step, ``eval`` the held-out avg@k of each evaluation (step 0
@@ -489,7 +477,7 @@ def read_curve(path: Path) -> dict[str, list]:
         found = [(row.get("step"), pick(row, key)) for row in rows]
         return [[int(step), float(v)] for step, v in found if isinstance(step, int) and math.isfinite(_number(v))]
 
-    curves = {name: points(logs[log], key) for name, log, key in CURVES}
+    curves = {name: points(logs[log], key) for name, log, key, _ in CURVES}
     return {name: pts for name, pts in curves.items() if pts or name in ("reward", "eval")}
 
 

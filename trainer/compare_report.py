@@ -411,7 +411,7 @@ def plot_differences(doc: dict, path: Path) -> None:
 
 
 def mean_curve(curves: dict[str, dict], kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, mean, standard error) over seeds of one label's ``kind`` curve (a name of ``compare.CURVES``), at the
+    """(steps, mean, standard error) over seeds of one label's ``kind`` curve (a name of ``CURVES``), at the
     steps every seed logged (a step some seed lacks is not averaged over fewer seeds; a seed without the curve leaves
     none)."""
     by_seed = [{int(step): value for step, value in curve.get(kind, [])} for curve in curves.values()]
@@ -421,16 +421,20 @@ def mean_curve(curves: dict[str, dict], kind: str) -> tuple[np.ndarray, np.ndarr
     return np.array(steps), values.mean(axis=0), se
 
 
-CURVE_TITLES = {
-    "reward": "train reward (reward/mean)",
-    "eval": "held-out avg@k",
-    "greedy_eval": "greedy eval accuracy (eval/greedy_acc)",
-    "template_kl": "learning tax at the template's positions (eval/template_kl)",
-    "tax_kl": "learning-tax proxy at the eval prompts' positions (eval/tax_kl)",
-    "entropy": "rollout entropy (entropy/rollout)",
-    "equiv_entropy": "entropy over equivalent correct answers (forms/equiv_entropy)",
-}
-"""The panel title of each curve ``compare.read_curve`` keeps, in drawing order."""
+CURVES = (
+    ("reward", "metrics", "reward/mean", "train reward (reward/mean)"),
+    ("eval", "evals", "eval/avg@", "held-out avg@k"),
+    ("greedy_eval", "evals", "eval/greedy_acc", "greedy eval accuracy (eval/greedy_acc)"),
+    ("template_kl", "evals", "eval/template_kl", "learning tax at the template's positions (eval/template_kl)"),
+    ("tax_kl", "evals", "eval/tax_kl", "learning-tax proxy at the eval prompts' positions (eval/tax_kl)"),
+    ("entropy", "metrics", "entropy/rollout", "rollout entropy (entropy/rollout)"),
+    ("equiv_entropy", "metrics", "forms/equiv_entropy", "entropy over equivalent correct answers (forms/equiv_entropy)"),
+)
+"""(curve, log, key, panel title) of each curve ``compare.read_curve`` keeps, in drawing order: a key ending in '@'
+is a prefix (``eval/avg@k`` for any k); a curve of the metrics log has a point every step, one of the evals log at
+each evaluation."""
+CURVE_TITLES = {name: title for name, _, _, title in CURVES}
+CURVE_LOGS = {name: log for name, log, _, _ in CURVES}
 
 
 def drawn_curves(doc: dict) -> list[str]:
@@ -453,7 +457,7 @@ def plot_curves(doc: dict, path: Path) -> None:
     fig, grid = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), dpi=110, squeeze=False)
     axes = grid.ravel()
     for ax, kind in zip(axes, kinds, strict=False):
-        per_step = kind in ("reward", "entropy", "equiv_entropy")
+        per_step = CURVE_LOGS[kind] == "metrics"
         for label, curves in doc["curves"].items():
             steps, mean, se = mean_curve(curves, kind)
             if steps.size:
