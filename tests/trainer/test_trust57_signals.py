@@ -28,7 +28,7 @@ from tiny_run import timeless_records, train_command
 
 from dfpo.cli import main
 from dfpo.trainer.run.layout import RunDir
-from dfpo.trainer.run.signals import StoppedAtOnce, StopSignals
+from dfpo.trainer.run.signals import PARENT_DEATH, StoppedAtOnce, StopSignals, watcher_action
 from dfpo.trainer.run.stop_messages import StopPoint, first_signal_line, resume_step_after_a_second_signal, stopped_at_once_line
 from dfpo.trainer.stages.rollout import RolloutStage
 from dfpo.trainer.stages.update import UpdateStage
@@ -145,11 +145,37 @@ def test_two_sigints_in_the_optimiser_steps_name_every_finished_step_they_lose(t
     assert _checkpoint_step(run) == 0
 
 
-def test_a_sigint_during_an_evaluation_stops_it_at_once_and_loses_nothing(tmp_path, capsys, monkeypatch, uninterrupted):
+def _watcher_late_by(monkeypatch, seconds: float) -> None:
+    """The signal watcher reads every signal ``seconds`` late, as on a busy machine where it waits for a core: the
+    main thread has stopped the evaluation and left the block by then (CI, 2026-12-07)."""
+    watch = StopSignals._watch
+
+    def late(self, read_fd):
+        delayed_read, delayed_write = os.pipe()
+
+        def pump():
+            while data := os.read(read_fd, 64):
+                time.sleep(seconds)
+                os.write(delayed_write, data)
+            os.close(delayed_write)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            watch(self, delayed_read)
+        finally:
+            os.close(delayed_read)
+
+    monkeypatch.setattr(StopSignals, "_watch", late)
+
+
+@pytest.mark.parametrize("watcher_late_s", [0.0, 1.0], ids=["watcher-on-time", "watcher-late"])
+def test_a_sigint_during_an_evaluation_stops_it_at_once_and_loses_nothing(tmp_path, capsys, monkeypatch, uninterrupted, watcher_late_s):
     """The evaluation after step 2 (SmolLM2's takes about 270 s) is not waited for: the first signal stops it, a line
     says so before the checkpoint of step 2 is written, and the evaluation runs again on resume (one row of it in
-    eval.jsonl)."""
+    eval.jsonl). A watcher that reads the signal late says nothing more."""
     run = tmp_path / "run"
+    if watcher_late_s:
+        _watcher_late_by(monkeypatch, watcher_late_s)
     _sigint_in(monkeypatch, RolloutStage, 2, times=1, method="evaluate")
     assert main(_argv(run)) == 130
     err = capsys.readouterr().err
@@ -299,3 +325,14 @@ def test_the_first_signal_of_training_is_answered_by_the_watcher_once():
         while not said and time.monotonic() < deadline:
             time.sleep(0.01)
         assert said == [signal.SIGTERM] and stop.signum == signal.SIGTERM
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_the_main_thread_already_stopped_at_once_is_never_announced_as_a_first_signal(signum):
+    """The watcher may read an evaluation's signal only after the main thread stopped the evaluation at once and left
+    the block that made signals immediate (CI, 2026-12-07: an extra "the run stops now" line); it says nothing then."""
+    assert watcher_action(signum, immediate=False, seen=False, taken=True) is None
+    assert watcher_action(signum, immediate=False, seen=False, taken=False) == "first words"
+    assert watcher_action(signum, immediate=True, seen=False, taken=False) == "stop"
+    assert watcher_action(signum, immediate=False, seen=True, taken=True) == "stop"
+    assert watcher_action(PARENT_DEATH, immediate=False, seen=True, taken=False) is None

@@ -224,6 +224,21 @@ def stop_beneath(err: BaseException) -> StoppedAtOnce | None:
     return None
 
 
+def watcher_action(signum: int, *, immediate: bool, seen: bool, taken: bool) -> str | None:
+    """What the signal watcher does with a stop signal it has just read: "stop" (end the process unless the main
+    thread takes the stop), "first words" (answer the first signal of training) or None.
+
+    ``taken``: the main thread has already raised the stop at once. The watcher reads the pipe when it gets a core,
+    which on a busy machine can be after the main thread's handler stopped an evaluation at once and left the block
+    that made signals immediate: that signal was answered by the stop, and saying "the run stops now ..." as well
+    would announce a first signal that never waits (CI, 2026-12-07)."""
+    if immediate or (seen and signum != PARENT_DEATH):
+        return "stop"
+    if taken or seen or signum == PARENT_DEATH:
+        return None
+    return "first words"
+
+
 class StopSignals:
     """SIGINT and SIGTERM for the whole of ``dfpo train``, start-up included.
 
@@ -304,12 +319,11 @@ class StopSignals:
             for signum in data:
                 if signum not in (signal.SIGINT, signal.SIGTERM, PARENT_DEATH):
                     continue
-                at_once = self.immediate or (seen and signum != PARENT_DEATH)
-                first_in_training = not at_once and not seen and signum != PARENT_DEATH
+                action = watcher_action(signum, immediate=self.immediate, seen=seen, taken=self._taken.is_set())
                 seen = True
-                if at_once:
+                if action == "stop":
                     self._stop_unless_taken(signum)
-                elif first_in_training:
+                elif action == "first words":
                     self._say_first_words(signum)
 
     def _say_first_words(self, signum: int) -> None:
