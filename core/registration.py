@@ -304,10 +304,27 @@ class RowResult:
     row: RegisteredRow
     per_set: tuple[SetVerdict, ...]
     registered: bool
+    set_names: tuple[str, ...] = ()
+    """The seed sets of ``per_set``, in the same order."""
 
     @property
     def word(self) -> str:
         return combined_word([v.word for v in self.per_set])
+
+    def decided_on_some_sets_only(self) -> str:
+        """Where the row is not shown over its sets but some set decided on its own: what each such set said, e.g.
+        "negligible on `x-a` only (within +-0.02 there)"; '' otherwise. A set's own verdict is no finding (an effect
+        counts only where every set agrees), but leaving it out would hide that the other set is the one that could
+        not tell."""
+        if self.word != "inconclusive" or not self.set_names:
+            return ""
+        parts = []
+        for name, v in zip(self.set_names, self.per_set, strict=True):
+            if v.word == "negligible":
+                parts.append(f"negligible on `{name}` only (within +-{v.bound:.3g} there)")
+            elif v.word in ("higher", "lower"):
+                parts.append(f"{v.word} on `{name}` only")
+        return "; ".join(parts)
 
     @property
     def constant(self) -> bool:
@@ -342,7 +359,8 @@ def evaluate(registration: Registration, docs: Mapping[str, Mapping], status: Ro
                     level,
                 )
             )
-        out.append(RowResult(row, tuple(verdicts), registered=status.is_registered(row) if status else False))
+        registered = status.is_registered(row) if status else False
+        out.append(RowResult(row, tuple(verdicts), registered, tuple(s.name for s in registration.sets)))
     return out
 
 
@@ -373,7 +391,9 @@ def row_sentence(result: RowResult, metric_name: str) -> str:
     if word == "did not replicate":
         return f"{head}: did not replicate ({', '.join(v.word for v in result.per_set)}; {intervals})."
     detectable = max(v.detectable for v in result.per_set)
-    return f"{head}: not shown either way ({intervals}); these seeds could detect only an effect of about {detectable:.3g} or more."
+    alone = result.decided_on_some_sets_only()
+    alone = f"; {alone}" if alone else ""
+    return f"{head}: not shown either way ({intervals}){alone}; these seeds could detect only an effect of about {detectable:.3g} or more."
 
 
 def rest_clause(rest: Sequence[RowResult]) -> str:
@@ -428,8 +448,10 @@ def ceiling_clause(results: Sequence[RowResult]) -> str:
             "this mechanism here, and the next stage is not run"
         )
     detectable = max(v.detectable for v in primary.per_set)
+    alone = primary.decided_on_some_sets_only()
+    unshown = f"it is not shown either way ({alone})" if alone else "it is not shown either way"
     return (
-        f"{head}: {'it is not shown either way' if primary.word == 'inconclusive' else 'its seed sets disagree'}, so no in-group "
+        f"{head}: {unshown if primary.word == 'inconclusive' else 'its seed sets disagree'}, so no in-group "
         f"transform is shown to gain through this mechanism here (an effect smaller than about {detectable:.3g} would not "
         "have been seen), and the next stage is not run"
     )

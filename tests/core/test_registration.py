@@ -334,3 +334,22 @@ def test_an_outcome_that_never_varied_is_said_to_tell_nothing_not_to_be_negligib
     assert ": 0 in every cell" in reg.row_sentence(reg.evaluate(r, negative_zero, _status(True))[0], "final eval")
     (varied,) = reg.evaluate(r, _docs(0.0, 0.001), _status(True))
     assert not varied.constant
+
+
+def test_a_row_not_shown_says_which_set_decided_on_its_own():
+    """A row is not shown when one set is negligible and the other cannot tell (stage 1's primary row: one seed of the
+    second set): its sentence and the bound's clause name the set that decided and its margin, and count nothing."""
+    r = reg.load_registration(document(rows=[CANCEL_ROW]))
+    docs = _docs(0.0, 0.001)
+    docs["x-b"]["records"]["m"] = {s: {"eval": v["eval"] + (0.4 if s == "10" else 0.0)} for s, v in docs["x-b"]["records"]["m"].items()}
+    docs = {name: {"records": {"m:cancel=shared_whole": d["records"]["m"], "c": d["records"]["c"]}} for name, d in docs.items()}
+    keys = frozenset({("m:cancel=shared_whole", "c", "eval")})
+    t = datetime(2026, 12, 1, tzinfo=UTC)
+    status = reg.RowStatus("abcdef1234", t, t + timedelta(hours=1), keys)
+    (result,) = reg.evaluate(r, docs, status)
+    assert [v.word for v in result.per_set] == ["negligible", "inconclusive"] and result.word == "inconclusive"
+    said = "negligible on `x-a` only (within +-0.02 there)"
+    assert f"; {said}; these seeds could detect only" in reg.row_sentence(result, "final eval")
+    assert f"it is not shown either way ({said}), so no in-group transform is shown to gain" in reg.ceiling_clause([result])
+    (flat,) = reg.evaluate(reg.load_registration(document()), _docs(0.0, 0.3), _status(True))
+    assert flat.decided_on_some_sets_only() == "" and "on `x-" not in reg.row_sentence(flat, "final eval")
