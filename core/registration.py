@@ -313,7 +313,7 @@ class RowResult:
 
     def decided_on_some_sets_only(self) -> str:
         """Where the row is not shown over its sets but some set decided on its own: what each such set said, e.g.
-        "negligible on `x-a` only (within +-0.02 there)"; '' otherwise. A set's own verdict is no finding (an effect
+        "negligible on `x-a` only, within +-0.02 there"; '' otherwise. A set's own verdict is no finding (an effect
         counts only where every set agrees), but leaving it out would hide that the other set is the one that could
         not tell."""
         if self.word != "inconclusive" or not self.set_names:
@@ -321,7 +321,7 @@ class RowResult:
         parts = []
         for name, v in zip(self.set_names, self.per_set, strict=True):
             if v.word == "negligible":
-                parts.append(f"negligible on `{name}` only (within +-{v.bound:.3g} there)")
+                parts.append(f"negligible on `{name}` only, within +-{v.bound:.3g} there")
             elif v.word in ("higher", "lower"):
                 parts.append(f"{v.word} on `{name}` only")
         return "; ".join(parts)

@@ -348,7 +348,7 @@ def test_a_row_not_shown_says_which_set_decided_on_its_own():
     status = reg.RowStatus("abcdef1234", t, t + timedelta(hours=1), keys)
     (result,) = reg.evaluate(r, docs, status)
     assert [v.word for v in result.per_set] == ["negligible", "inconclusive"] and result.word == "inconclusive"
-    said = "negligible on `x-a` only (within +-0.02 there)"
+    said = "negligible on `x-a` only, within +-0.02 there"
     assert f"; {said}; these seeds could detect only" in reg.row_sentence(result, "final eval")
     assert f"it is not shown either way ({said}), so no in-group transform is shown to gain" in reg.ceiling_clause([result])
     (flat,) = reg.evaluate(reg.load_registration(document()), _docs(0.0, 0.3), _status(True))
