@@ -304,7 +304,7 @@ class RowResult:
     row: RegisteredRow
     per_set: tuple[SetVerdict, ...]
     registered: bool
-    set_names: tuple[str, ...] = ()
+    set_names: tuple[str, ...]
     """The seed sets of ``per_set``, in the same order."""
 
     @property
@@ -316,7 +316,7 @@ class RowResult:
         "negligible on `x-a` only, within +-0.02 there"; '' otherwise. A set's own verdict is no finding (an effect
         counts only where every set agrees), but leaving it out would hide that the other set is the one that could
         not tell."""
-        if self.word != "inconclusive" or not self.set_names:
+        if self.word != "inconclusive":
             return ""
         parts = []
         for name, v in zip(self.set_names, self.per_set, strict=True):

@@ -81,7 +81,18 @@ from ..core.files import write_text_atomic
 from ..core.labels import parse_run_label
 from ..core.loss import objective_from_label, parse_objective_label, unmatched_components
 from ..core.loss.objectives import format_override
-from .compare_report import CENSORED, CURVES, MIN_SEEDS, OUTCOMES, Records, plot_curves, plot_differences, render_compare, warnings_for
+from .compare_report import (
+    ALWAYS_KEPT,
+    CENSORED,
+    CURVES,
+    MIN_SEEDS,
+    OUTCOMES,
+    Records,
+    plot_curves,
+    plot_differences,
+    render_compare,
+    warnings_for,
+)
 from .compare_report import per_seed_csv as per_seed_csv
 from .config import Config, config_text, config_to_dict, load_config
 from .run.code import recorded_sources
@@ -464,7 +475,7 @@ def read_curve(path: Path) -> dict[str, list]:
     key: ``reward`` the mean train reward of each step, ``eval`` the held-out avg@k of each evaluation (step 0
     included), and where the run logged them greedy accuracy, the learning tax at the template's positions, the
     prompt-position proxy, rollout entropy and the entropy over equivalent answers; a value that is not a finite
-    number is left out, and a curve no row logged is not kept (except ``reward`` and ``eval``, kept empty)."""
+    number is left out, and a curve no row logged is not kept (except ``ALWAYS_KEPT``, kept empty)."""
     logs = {
         "metrics": read_metrics_rows(RunDir(path).metrics),
         "evals": read_metrics_rows(RunDir(path).evals) if RunDir(path).evals.is_file() else [],
@@ -478,7 +489,7 @@ def read_curve(path: Path) -> dict[str, list]:
         return [[int(step), float(v)] for step, v in found if isinstance(step, int) and math.isfinite(_number(v))]
 
     curves = {name: points(logs[log], key) for name, log, key, _ in CURVES}
-    return {name: pts for name, pts in curves.items() if pts or name in ("reward", "eval")}
+    return {name: pts for name, pts in curves.items() if pts or name in ALWAYS_KEPT}
 
 
 def reward_rise(rows: list[dict], k: int) -> float:

@@ -433,13 +433,15 @@ CURVES = (
 """(curve, log, key, panel title) of each curve ``compare.read_curve`` keeps, in drawing order: a key ending in '@'
 is a prefix (``eval/avg@k`` for any k); a curve of the metrics log has a point every step, one of the evals log at
 each evaluation."""
+ALWAYS_KEPT = ("reward", "eval")
+"""The curves a run keeps and a picture draws even where nothing was logged (every run logs both)."""
 CURVE_TITLES = {name: title for name, _, _, title in CURVES}
 CURVE_LOGS = {name: log for name, log, _, _ in CURVES}
 
 
 def drawn_curves(doc: dict) -> list[str]:
-    """The curves of ``CURVE_TITLES`` some label logged on every seed at one step at least (reward and eval always)."""
-    return [kind for kind in CURVE_TITLES if kind in ("reward", "eval") or any(mean_curve(c, kind)[0].size for c in doc["curves"].values())]
+    """The curves of ``CURVE_TITLES`` some label logged on every seed at one step at least (``ALWAYS_KEPT`` always)."""
+    return [kind for kind in CURVE_TITLES if kind in ALWAYS_KEPT or any(mean_curve(c, kind)[0].size for c in doc["curves"].values())]
 
 
 def plot_curves(doc: dict, path: Path) -> None:
